@@ -1,0 +1,16 @@
+"""jax-trn: a JAX PJRT plugin for a simulated AWS Trainium.
+
+    import jax, jax_trn
+    x = jax.device_put(jnp.ones((1024, 1024), jnp.bfloat16), jax.devices("trn")[0])
+    with jax_trn.profile() as prof:
+        jax.jit(lambda a: a @ a)(x).block_until_ready()
+    prof.executions[-1].simulated_time_s
+"""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from jax_trn.profiler import profile, last_execution  # noqa: E402
+from jax_trn.systems import SYSTEMS, configure, get_system  # noqa: E402
+
+__all__ = ["profile", "last_execution", "configure", "get_system", "SYSTEMS", "__version__"]

@@ -1,0 +1,109 @@
+"""Devices (one per physical NeuronCore) and their HBM memory space."""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from jax_trn.systems import System
+
+
+class OutOfMemory(MemoryError):
+    """An allocation past a device's share of its chip's HBM (RESOURCE_EXHAUSTED)."""
+
+
+@dataclass(eq=False)
+class Memory:
+    """The HBM memory space of one device (JAX memory kind "device")."""
+    id: int
+    device: "Device"
+    kind: str = "device"
+    kind_id: int = 0
+
+    @property
+    def debug_string(self) -> str:
+        return f"TrnMemory(id={self.id}, kind={self.kind}, device={self.device.id})"
+
+    @property
+    def to_string(self) -> str:
+        return f"TrnMemory(kind={self.kind}, device={self.device.id})"
+
+
+@dataclass(eq=False)
+class Device:
+    """One physical NeuronCore: `id` is global, chip-major."""
+    id: int
+    chip: int
+    core: int
+    system: System
+    hbm_limit: int                      # bytes: the chip's HBM divided among its cores
+    memory: Memory = field(init=False)
+    bytes_in_use: int = 0
+    peak_bytes_in_use: int = 0
+    num_allocs: int = 0
+    largest_alloc_size: int = 0
+
+    def __post_init__(self):
+        self.memory = Memory(self.id, self)
+        self._lock = threading.Lock()
+
+    @property
+    def coords(self) -> tuple[int, ...]:
+        return self.system.chip_coords[self.chip]
+
+    @property
+    def kind(self) -> str:
+        return f"{self.system.chip_name} {self.system.chip.core.name}"
+
+    @property
+    def attributes(self) -> dict:
+        """Device attributes reported to JAX (ints, strings, int lists)."""
+        return {
+            "chip_index": self.chip,
+            "core_index": self.core,
+            "coords": list(self.coords) + [self.core],
+            "chip_coords": list(self.coords),
+            "generation": self.system.generation,
+            "system": self.system.name,
+            "topology": self.system.topology,
+            "hbm_bytes": self.hbm_limit,
+        }
+
+    @property
+    def debug_string(self) -> str:
+        return f"trn:{self.id}"
+
+    @property
+    def to_string(self) -> str:
+        return f"TrnDevice(id={self.id}, chip={self.chip}, core={self.core})"
+
+    def allocate(self, nbytes: int, what: str = "buffer") -> None:
+        with self._lock:
+            if self.bytes_in_use + nbytes > self.hbm_limit:
+                raise OutOfMemory(
+                    f"RESOURCE_EXHAUSTED: out of HBM on {self.to_string} ({self.kind}) while "
+                    f"allocating {nbytes} bytes for {what}: {self.bytes_in_use} of "
+                    f"{self.hbm_limit} bytes in use, {self.hbm_limit - self.bytes_in_use} free")
+            self.bytes_in_use += nbytes
+            self.num_allocs += 1
+            self.peak_bytes_in_use = max(self.peak_bytes_in_use, self.bytes_in_use)
+            self.largest_alloc_size = max(self.largest_alloc_size, nbytes)
+
+    def free(self, nbytes: int) -> None:
+        with self._lock:
+            self.bytes_in_use -= nbytes
+
+    def memory_stats(self) -> dict[str, int]:
+        return {
+            "bytes_in_use": self.bytes_in_use,
+            "peak_bytes_in_use": self.peak_bytes_in_use,
+            "num_allocs": self.num_allocs,
+            "largest_alloc_size": self.largest_alloc_size,
+            "bytes_limit": self.hbm_limit,
+        }
+
+
+def make_devices(system: System) -> list[Device]:
+    cores = system.cores_per_chip
+    share = system.chip.hbm_bytes // cores
+    return [Device(c * cores + k, c, k, system, share)
+            for c in range(system.num_chips) for k in range(cores)]

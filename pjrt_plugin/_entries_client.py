@@ -1,0 +1,151 @@
+"""Client: creation, devices, memories, compilation and host-to-device transfers."""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from . import _dtypes
+from ._errors import Code, PjrtError
+from ._handles import HANDLES
+from ._mem import get_ptr, read_array, read_bytes, set_ptr
+from ._objects import (CBuffer, CClient, CDevice, CLoadedExecutable, CMemory,
+                       read_named_values)
+from ._registry import entry
+from ._entries_core import new_event
+
+
+def client_of(a) -> CClient:
+    return HANDLES.get(get_ptr(a, "client"), CClient)
+
+
+@entry("PJRT_Client_Create")
+def client_create(a):
+    from jax_trn.runtime.client import create_client
+    options = read_named_values(get_ptr(a, "create_options"), a.num_options)
+    set_ptr(a, "client", CClient(create_client(options)).handle)
+
+
+@entry("PJRT_Client_Destroy")
+def client_destroy(a):
+    HANDLES.free(get_ptr(a, "client"))
+
+
+@entry("PJRT_Client_PlatformName", never_fails=True)
+def client_platform_name(a):
+    address, size = client_of(a).platform_name
+    set_ptr(a, "platform_name", address)
+    a.platform_name_size = size
+
+
+@entry("PJRT_Client_ProcessIndex", never_fails=True)
+def client_process_index(a):
+    a.process_index = 0
+
+
+@entry("PJRT_Client_PlatformVersion", never_fails=True)
+def client_platform_version(a):
+    address, size = client_of(a).platform_version
+    set_ptr(a, "platform_version", address)
+    a.platform_version_size = size
+
+
+@entry("PJRT_Client_Devices", never_fails=True)
+def client_devices(a):
+    address, n = client_of(a).device_array
+    set_ptr(a, "devices", address)
+    a.num_devices = n
+
+
+@entry("PJRT_Client_AddressableDevices", never_fails=True)
+def client_addressable_devices(a):
+    address, n = client_of(a).device_array
+    set_ptr(a, "addressable_devices", address)
+    a.num_addressable_devices = n
+
+
+@entry("PJRT_Client_LookupDevice")
+def client_lookup_device(a):
+    c = client_of(a)
+    set_ptr(a, "device", c.cdevice(c.rt.device(a.id)).handle)
+
+
+@entry("PJRT_Client_LookupAddressableDevice")
+def client_lookup_addressable_device(a):
+    c = client_of(a)
+    set_ptr(a, "addressable_device", c.cdevice(c.rt.device(a.local_hardware_id)).handle)
+
+
+@entry("PJRT_Client_AddressableMemories", never_fails=True)
+def client_addressable_memories(a):
+    address, n = client_of(a).memory_array
+    set_ptr(a, "addressable_memories", address)
+    a.num_addressable_memories = n
+
+
+@entry("PJRT_Client_Compile")
+def client_compile(a):
+    c = client_of(a)
+    from . import _c_api as C
+    program = C.PJRT_Program.from_address(get_ptr(a, "program"))
+    code = read_bytes(get_ptr(program, "code"), program.code_size)
+    fmt = read_bytes(get_ptr(program, "format"), program.format_size).decode()
+    options = read_bytes(get_ptr(a, "compile_options"), a.compile_options_size)
+    executable = c.rt.compile(code, fmt, options)
+    set_ptr(a, "executable", HANDLES.new(CLoadedExecutable(executable, c)))
+
+
+@entry("PJRT_Client_DefaultDeviceAssignment")
+def client_default_device_assignment(a):
+    ids = client_of(a).rt.default_device_assignment(a.num_replicas, a.num_partitions)
+    if len(ids) > a.default_assignment_size:
+        raise PjrtError(Code.INVALID_ARGUMENT, "default_assignment array too small")
+    out = (ctypes.c_int * len(ids)).from_address(get_ptr(a, "default_assignment"))
+    out[:] = ids
+
+
+def _host_array(a, dtype: str, dims: list[int]) -> np.ndarray:
+    """A C-contiguous copy of the caller's host data (any byte strides)."""
+    np_dtype = _np_dtype(dtype)
+    if int(np.prod(dims, dtype=np.int64)) == 0:
+        return np.zeros(dims, np_dtype)
+    strides = read_array(get_ptr(a, "byte_strides"), ctypes.c_int64, a.num_byte_strides)
+    if not strides:
+        strides = list(np.empty(0, np_dtype).reshape([0] + dims[1:]).strides) if dims else []
+    if any(s < 0 for s in strides):
+        raise PjrtError(Code.UNIMPLEMENTED, "negative byte strides in a host buffer")
+    span = np_dtype.itemsize + sum((d - 1) * s for d, s in zip(dims, strides))
+    raw = (ctypes.c_uint8 * span).from_address(get_ptr(a, "data"))
+    view = np.ndarray(dims, np_dtype, buffer=raw, offset=0, strides=strides)
+    return np.array(view, copy=True, order="C")
+
+
+def _np_dtype(name: str):
+    from jax_trn.hw import dtypes
+    return dtypes.np_dtype(name)
+
+
+@entry("PJRT_Client_BufferFromHostBuffer")
+def client_buffer_from_host_buffer(a):
+    c = client_of(a)
+    dtype = _dtypes.to_name(a.type)
+    dims = read_array(get_ptr(a, "dims"), ctypes.c_int64, a.num_dims)
+    device = _target_device(c, a)
+    array = _host_array(a, dtype, dims)
+    buffer = c.rt.buffer_from_host(array, device.rt)
+    set_ptr(a, "buffer", HANDLES.new(CBuffer(buffer, c)))
+    set_ptr(a, "done_with_host_buffer", new_event())
+
+
+def _target_device(c: CClient, a) -> CDevice:
+    if get_ptr(a, "device"):
+        return HANDLES.get(get_ptr(a, "device"), CDevice)
+    if get_ptr(a, "memory"):
+        memory = HANDLES.get(get_ptr(a, "memory"), CMemory)
+        return c.cdevice(memory.rt.device)
+    raise PjrtError(Code.INVALID_ARGUMENT, "BufferFromHostBuffer needs a device or a memory")
+
+
+@entry("PJRT_Client_TopologyDescription")
+def client_topology_description(a):
+    raise PjrtError(Code.UNIMPLEMENTED, "trn: topology descriptions are not implemented yet")

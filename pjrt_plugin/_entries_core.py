@@ -1,0 +1,113 @@
+"""Errors, plugin attributes and events."""
+from __future__ import annotations
+
+import ctypes
+
+from . import _errors
+from ._errors import Error
+from ._handles import HANDLES
+from ._mem import Keep, get_ptr, set_ptr
+from ._objects import CEvent, named_values
+from ._registry import entry
+
+_keep = Keep()
+
+
+@entry("PJRT_Error_Destroy", never_fails=True, void=True)
+def error_destroy(a):
+    HANDLES.free(get_ptr(a, "error"))
+
+
+@entry("PJRT_Error_Message", never_fails=True, void=True)
+def error_message(a):
+    e = HANDLES.get(get_ptr(a, "error"), Error)
+    set_ptr(a, "message", ctypes.addressof(e.buffer))
+    a.message_size = len(e.message)
+
+
+@entry("PJRT_Error_GetCode", never_fails=True)
+def error_get_code(a):
+    a.code = int(HANDLES.get(get_ptr(a, "error"), Error).code)
+
+
+@entry("PJRT_Error_ForEachPayload", never_fails=True)
+def error_for_each_payload(a):
+    return None      # our errors carry no payloads
+
+
+@entry("PJRT_Plugin_Initialize")
+def plugin_initialize(a):
+    return None
+
+
+def _attributes():
+    from jaxlib.mlir.dialects import stablehlo
+    version = lambda s: [int(x) for x in s.split(".")]
+    return named_values(_keep, {
+        "stablehlo_current_version": version(stablehlo.get_current_version()),
+        "stablehlo_minimum_version": version(stablehlo.get_minimum_version()),
+        "xla_version": 2,
+        "supports_cross_host_transfers": False,
+    })
+
+
+_ATTRIBUTES: list = []
+
+
+@entry("PJRT_Plugin_Attributes", never_fails=True)
+def plugin_attributes(a):
+    if not _ATTRIBUTES:
+        _ATTRIBUTES.append(_attributes())
+    address, n = _ATTRIBUTES[0]
+    set_ptr(a, "attributes", address)
+    a.num_attributes = n
+
+
+def new_event(error: BaseException | None = None) -> int:
+    return HANDLES.new(CEvent(error))
+
+
+@entry("PJRT_Event_Destroy", never_fails=True)
+def event_destroy(a):
+    HANDLES.free(get_ptr(a, "event"))
+
+
+@entry("PJRT_Event_IsReady")
+def event_is_ready(a):
+    HANDLES.get(get_ptr(a, "event"), CEvent)
+    a.is_ready = True
+
+
+@entry("PJRT_Event_Error")
+def event_error(a):
+    event = HANDLES.get(get_ptr(a, "event"), CEvent)
+    if event.error is not None:
+        raise event.error
+
+
+@entry("PJRT_Event_Await")
+def event_await(a):
+    event_error(a)
+
+
+_ON_READY = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
+
+
+@entry("PJRT_Event_OnReady")
+def event_on_ready(a):
+    event = HANDLES.get(get_ptr(a, "event"), CEvent)
+    error = _errors.from_exception(event.error) if event.error is not None else None
+    _ON_READY(get_ptr(a, "callback"))(error, get_ptr(a, "user_arg") or None)
+
+
+@entry("PJRT_Event_Create")
+def event_create(a):
+    set_ptr(a, "event", new_event())
+
+
+@entry("PJRT_Event_Set")
+def event_set(a):
+    event = HANDLES.get(get_ptr(a, "event"), CEvent)
+    if a.error_code:
+        msg = ctypes.string_at(get_ptr(a, "error_message"), a.error_message_size).decode()
+        event.error = _errors.PjrtError(_errors.Code(a.error_code), msg)

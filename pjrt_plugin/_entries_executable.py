@@ -1,0 +1,224 @@
+"""Executables: static queries (precomputed), execution, and the Shardings extension."""
+from __future__ import annotations
+
+import ctypes
+
+from ._errors import Code, PjrtError
+from ._handles import HANDLES
+from ._mem import Keep, get_ptr, read_array, read_bytes, set_ptr
+from ._objects import CBuffer, CDevice, CExecutable, CLoadedExecutable
+from ._registry import entry
+from ._entries_core import new_event
+
+_NO_OP_DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda p: None)
+_NO_OP_ADDRESS = ctypes.cast(_NO_OP_DELETER, ctypes.c_void_p).value
+
+
+def _exe(a) -> CExecutable:
+    return HANDLES.get(get_ptr(a, "executable"), CExecutable)
+
+
+def _loaded(a) -> CLoadedExecutable:
+    return HANDLES.get(get_ptr(a, "executable"), CLoadedExecutable)
+
+
+@entry("PJRT_Executable_Destroy")
+def executable_destroy(a):
+    HANDLES.free(get_ptr(a, "executable"))
+
+
+@entry("PJRT_Executable_Name")
+def executable_name(a):
+    address, n = _exe(a).name
+    set_ptr(a, "executable_name", address)
+    a.executable_name_size = n
+
+
+@entry("PJRT_Executable_NumReplicas")
+def executable_num_replicas(a):
+    a.num_replicas = _exe(a).rt.num_replicas
+
+
+@entry("PJRT_Executable_NumPartitions")
+def executable_num_partitions(a):
+    a.num_partitions = _exe(a).rt.num_partitions
+
+
+@entry("PJRT_Executable_NumOutputs")
+def executable_num_outputs(a):
+    a.num_outputs = len(_exe(a).rt.output_types)
+
+
+@entry("PJRT_Executable_SizeOfGeneratedCodeInBytes")
+def executable_code_size(a):
+    a.size_in_bytes = _exe(a).rt.code_size_bytes
+
+
+@entry("PJRT_Executable_GetCostAnalysis")
+def executable_cost_analysis(a):
+    address, n = _exe(a).cost
+    set_ptr(a, "properties", address)
+    a.num_properties = n
+
+
+def _kinds(a, kinds, count_field):
+    names, sizes, n = kinds
+    set_ptr(a, "memory_kinds", names)
+    set_ptr(a, "memory_kind_sizes", sizes)
+    setattr(a, count_field, n)
+
+
+@entry("PJRT_Executable_OutputMemoryKinds")
+def executable_output_memory_kinds(a):
+    _kinds(a, _exe(a).memory_kinds, "num_outputs")
+
+
+@entry("PJRT_Executable_ParameterMemoryKinds")
+def executable_parameter_memory_kinds(a):
+    _kinds(a, _exe(a).param_memory_kinds, "num_parameters")
+
+
+@entry("PJRT_Executable_OptimizedProgram")
+def executable_optimized_program(a):
+    from . import _c_api as C
+    e = _exe(a)
+    program = C.PJRT_Program.from_address(get_ptr(a, "program"))
+    text = e.optimized_mlir
+    set_ptr(program, "format", e.mlir_format[0])
+    program.format_size = e.mlir_format[1]
+    if get_ptr(program, "code"):
+        if program.code_size < len(text):
+            raise PjrtError(Code.INVALID_ARGUMENT, "OptimizedProgram: code buffer too small")
+        ctypes.memmove(get_ptr(program, "code"), text, len(text))
+    program.code_size = len(text)
+
+
+@entry("PJRT_Executable_OutputElementTypes")
+def executable_output_element_types(a):
+    address, n = _exe(a).output_types
+    set_ptr(a, "output_types", address)
+    a.num_output_types = n
+
+
+@entry("PJRT_Executable_OutputDimensions")
+def executable_output_dimensions(a):
+    dims, sizes, n = _exe(a).output_dims
+    set_ptr(a, "dims", dims)
+    set_ptr(a, "dim_sizes", sizes)
+    a.num_outputs = n
+
+
+@entry("PJRT_Executable_Fingerprint")
+def executable_fingerprint(a):
+    address, n = _exe(a).fingerprint
+    set_ptr(a, "executable_fingerprint", address)
+    a.executable_fingerprint_size = n
+
+
+@entry("PJRT_Executable_GetCompiledMemoryStats")
+def executable_compiled_memory_stats(a):
+    stats = _exe(a).rt.memory_stats()
+    for key, value in stats.items():
+        setattr(a, key, value)
+
+
+@entry("PJRT_Executable_GetCompileOptions")
+def executable_compile_options(a):
+    address, n = _exe(a).compile_options
+    set_ptr(a, "serialized_bytes", address)
+    a.serialized_bytes_size = n
+    set_ptr(a, "serialized_compile_options", 0)
+    set_ptr(a, "serialized_compile_options_deleter", _NO_OP_ADDRESS)
+
+
+@entry("PJRT_LoadedExecutable_Destroy", never_fails=True)
+def loaded_destroy(a):
+    HANDLES.free(get_ptr(a, "executable"))
+
+
+@entry("PJRT_LoadedExecutable_GetExecutable", never_fails=True)
+def loaded_get_executable(a):
+    le = HANDLES.get(get_ptr(a, "loaded_executable"), CLoadedExecutable)
+    set_ptr(a, "executable", HANDLES.new(le.executable))
+
+
+@entry("PJRT_LoadedExecutable_AddressableDevices", never_fails=True)
+def loaded_addressable_devices(a):
+    address, n = _loaded(a).devices
+    set_ptr(a, "addressable_devices", address)
+    a.num_addressable_devices = n
+
+
+@entry("PJRT_LoadedExecutable_AddressableDeviceLogicalIds")
+def loaded_logical_ids(a):
+    address, n = _loaded(a).logical_ids
+    set_ptr(a, "addressable_device_logical_ids", address)
+    a.num_addressable_device_logical_ids = n
+
+
+@entry("PJRT_LoadedExecutable_Delete")
+def loaded_delete(a):
+    _loaded(a).deleted = True
+
+
+@entry("PJRT_LoadedExecutable_IsDeleted")
+def loaded_is_deleted(a):
+    a.is_deleted = _loaded(a).deleted
+
+
+@entry("PJRT_LoadedExecutable_Fingerprint")
+def loaded_fingerprint(a):
+    address, n = _loaded(a).fingerprint
+    set_ptr(a, "executable_fingerprint", address)
+    a.executable_fingerprint_size = n
+
+
+@entry("PJRT_LoadedExecutable_GetDeviceAssignment", never_fails=True)
+def loaded_device_assignment(a):
+    address, n = _loaded(a).device_assignment
+    set_ptr(a, "serialized_bytes", address)
+    a.serialized_bytes_size = n
+    set_ptr(a, "serialized_device_assignment", 0)
+    set_ptr(a, "serialized_device_assignment_deleter", _NO_OP_ADDRESS)
+
+
+@entry("PJRT_LoadedExecutable_Execute")
+def loaded_execute(a):
+    le = _loaded(a)
+    if le.deleted:
+        raise PjrtError(Code.FAILED_PRECONDITION, f"executable {le.rt.name} was deleted")
+    n_dev, n_args = a.num_devices, a.num_args
+    lists = read_array(get_ptr(a, "argument_lists"), ctypes.c_void_p, n_dev)
+    args = [[HANDLES.get(p or 0, CBuffer).rt for p in read_array(lst, ctypes.c_void_p, n_args)]
+            for lst in lists]
+    device = None
+    if get_ptr(a, "execute_device"):
+        device = HANDLES.get(get_ptr(a, "execute_device"), CDevice).rt
+    results = le.rt.execute(args, device=device)
+    out_lists = read_array(get_ptr(a, "output_lists"), ctypes.c_void_p, n_dev)
+    for outs, address in zip(results, out_lists):
+        slots = (ctypes.c_void_p * max(1, len(outs))).from_address(address)
+        for j, buf in enumerate(outs):
+            slots[j] = HANDLES.new(CBuffer(buf, le.client))
+    if get_ptr(a, "device_complete_events"):
+        events = (ctypes.c_void_p * n_dev).from_address(get_ptr(a, "device_complete_events"))
+        for i in range(n_dev):
+            events[i] = new_event()
+
+
+# --- Shardings extension ------------------------------------------------------------
+
+@entry("PJRT_Shardings_PJRT_Executable_ParameterShardings")
+def parameter_shardings(a):
+    names, sizes, n = _exe(a).param_shardings
+    set_ptr(a, "shardings", names)
+    set_ptr(a, "sharding_sizes", sizes)
+    a.num_parameters = n
+
+
+@entry("PJRT_Shardings_PJRT_Executable_OutputShardings")
+def output_shardings(a):
+    names, sizes, n = _exe(a).output_shardings
+    set_ptr(a, "shardings", names)
+    set_ptr(a, "sharding_sizes", sizes)
+    a.num_outputs = n

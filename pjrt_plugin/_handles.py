@@ -1,0 +1,52 @@
+"""Opaque C handles for Python objects.
+
+Each handle is the address of a small C block owned here; its first word is the
+object's vtable pointer where the C API defines one (PJRT_Error, PJRT_Memory) and
+NULL otherwise. The registry keeps the Python object alive until the handle is freed.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+
+
+class InvalidHandle(LookupError):
+    pass
+
+
+class Handles:
+    def __init__(self):
+        self._objects: dict[int, tuple[object, ctypes.Array]] = {}
+        self._by_id: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def new(self, obj, vtable: int = 0) -> int:
+        block = (ctypes.c_void_p * 2)(vtable or None, None)
+        address = ctypes.addressof(block)
+        with self._lock:
+            self._objects[address] = (obj, block)
+        return address
+
+    def stable(self, obj, vtable: int = 0) -> int:
+        """One handle per object for its whole life (devices, memories, ...)."""
+        with self._lock:
+            address = self._by_id.get(id(obj))
+        if address is None:
+            address = self.new(obj, vtable)
+            with self._lock:
+                self._by_id[id(obj)] = address
+        return address
+
+    def get(self, address: int, kind: type | tuple = object):
+        entry = self._objects.get(address)
+        if entry is None or not isinstance(entry[0], kind):
+            raise InvalidHandle(f"invalid or freed handle 0x{address or 0:x}")
+        return entry[0]
+
+    def free(self, address: int):
+        with self._lock:
+            entry = self._objects.pop(address, None)
+        return entry[0] if entry else None
+
+
+HANDLES = Handles()

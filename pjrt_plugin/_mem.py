@@ -1,0 +1,61 @@
+"""Raw memory helpers for the C boundary.
+
+Shims read and write pointer-typed fields through their byte offsets, so they do not
+depend on how `_c_api` spells a pointer type (c_void_p, c_char_p or POINTER(T)).
+Everything handed to C (strings, arrays) is kept alive by its owner in `Keep`.
+"""
+from __future__ import annotations
+
+import ctypes
+
+c_void_p = ctypes.c_void_p
+
+
+def _offset(struct: ctypes.Structure, name: str) -> int:
+    return ctypes.addressof(struct) + getattr(type(struct), name).offset
+
+
+def get_ptr(struct: ctypes.Structure, name: str) -> int:
+    """The address stored in a pointer field (0 for NULL)."""
+    return c_void_p.from_address(_offset(struct, name)).value or 0
+
+
+def set_ptr(struct: ctypes.Structure, name: str, address: int) -> None:
+    c_void_p.from_address(_offset(struct, name)).value = address or None
+
+
+def read_bytes(address: int, size: int) -> bytes:
+    return ctypes.string_at(address, size) if size else b""
+
+
+def read_array(address: int, ctype, n: int) -> list:
+    if not n:
+        return []
+    return list((ctype * n).from_address(address))
+
+
+class Keep:
+    """Owns C-visible copies of Python data; addresses stay valid while it lives."""
+
+    def __init__(self):
+        self._items: list = []
+
+    def bytes(self, data: bytes | str) -> tuple[int, int]:
+        """(address, size) of a NUL-terminated copy of `data`."""
+        raw = data.encode() if isinstance(data, str) else data
+        buf = ctypes.create_string_buffer(raw, len(raw) + 1)
+        self._items.append(buf)
+        return ctypes.addressof(buf), len(raw)
+
+    def array(self, ctype, values) -> int:
+        values = list(values)
+        arr = (ctype * max(1, len(values)))(*values)
+        self._items.append(arr)
+        return ctypes.addressof(arr)
+
+    def pointers(self, addresses) -> int:
+        return self.array(c_void_p, addresses)
+
+    def obj(self, cobj) -> int:
+        self._items.append(cobj)
+        return ctypes.addressof(cobj)

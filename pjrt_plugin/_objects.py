@@ -1,0 +1,201 @@
+"""C-side wrappers of runtime objects: what each PJRT handle points to.
+
+Everything an infallible getter returns is computed once here, when the wrapper is
+made, so the getters only copy addresses and numbers.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from . import _c_api as C
+from . import _dtypes
+from ._handles import HANDLES
+from ._mem import Keep, set_ptr
+
+
+def named_values(keep: Keep, values: dict) -> tuple[int, int]:
+    """A PJRT_NamedValue array for a dict of str/int/float/bool/list-of-int."""
+    arr = (C.PJRT_NamedValue * max(1, len(values)))()
+    for nv, (key, value) in zip(arr, values.items()):
+        nv.struct_size = C.struct_size(C.PJRT_NamedValue)
+        address, nv.name_size = keep.bytes(key)
+        set_ptr(nv, "name", address)
+        if isinstance(value, bool):
+            nv.type, nv.bool_value, nv.value_size = C.PJRT_NamedValue_Type.kBool, value, 1
+        elif isinstance(value, int):
+            nv.type, nv.int64_value, nv.value_size = C.PJRT_NamedValue_Type.kInt64, value, 1
+        elif isinstance(value, float):
+            nv.type, nv.float_value, nv.value_size = C.PJRT_NamedValue_Type.kFloat, value, 1
+        elif isinstance(value, (list, tuple)):
+            nv.type = C.PJRT_NamedValue_Type.kInt64List
+            ctypes.c_void_p.from_address(
+                ctypes.addressof(nv) + _union_offset()).value = keep.array(ctypes.c_int64, value)
+            nv.value_size = len(value)
+        else:
+            address, size = keep.bytes(str(value))
+            nv.type, nv.value_size = C.PJRT_NamedValue_Type.kString, size
+            ctypes.c_void_p.from_address(ctypes.addressof(nv) + _union_offset()).value = address
+    return keep.obj(arr), len(values)
+
+
+def _union_offset() -> int:
+    return C.PJRT_NamedValue.value_size.offset - 8
+
+
+def read_named_values(address: int, n: int) -> dict:
+    out = {}
+    for i in range(n):
+        nv = C.PJRT_NamedValue.from_address(address + i * ctypes.sizeof(C.PJRT_NamedValue))
+        key = ctypes.string_at(ctypes.c_void_p.from_buffer(nv, C.PJRT_NamedValue.name.offset)
+                               .value, nv.name_size).decode()
+        payload = ctypes.addressof(nv) + _union_offset()
+        t = nv.type
+        if t == C.PJRT_NamedValue_Type.kString:
+            out[key] = ctypes.string_at(ctypes.c_void_p.from_address(payload).value,
+                                        nv.value_size).decode()
+        elif t == C.PJRT_NamedValue_Type.kInt64:
+            out[key] = ctypes.c_int64.from_address(payload).value
+        elif t == C.PJRT_NamedValue_Type.kInt64List:
+            ptr = ctypes.c_void_p.from_address(payload).value
+            out[key] = list((ctypes.c_int64 * nv.value_size).from_address(ptr)) if ptr else []
+        elif t == C.PJRT_NamedValue_Type.kFloat:
+            out[key] = ctypes.c_float.from_address(payload).value
+        elif t == C.PJRT_NamedValue_Type.kBool:
+            out[key] = ctypes.c_bool.from_address(payload).value
+    return out
+
+
+class CMemory:
+    def __init__(self, memory, client: "CClient"):
+        self.rt = memory
+        self.keep = Keep()
+        self.kind = self.keep.bytes(memory.kind)
+        self.debug_string = self.keep.bytes(memory.debug_string)
+        self.to_string = self.keep.bytes(memory.to_string)
+        self.handle = HANDLES.stable(self)      # vtable NULL: no user-data support
+        self.client = client
+        self.devices = (0, 0)                   # filled by CClient once devices exist
+
+
+class CDevice:
+    def __init__(self, device, client: "CClient"):
+        self.rt = device
+        self.client = client
+        self.keep = Keep()
+        self.kind = self.keep.bytes(device.kind)
+        self.debug_string = self.keep.bytes(device.debug_string)
+        self.to_string = self.keep.bytes(device.to_string)
+        self.attributes = named_values(self.keep, device.attributes)
+        self.handle = HANDLES.stable(self)
+        self.description = HANDLES.stable(CDeviceDescription(self))
+        self.memory = client.memory_of[id(device.memory)]
+        self.memories = (self.keep.pointers([self.memory.handle]), 1)
+
+
+class CDeviceDescription:
+    def __init__(self, device: CDevice):
+        self.device = device
+
+
+class CClient:
+    def __init__(self, runtime_client):
+        self.rt = runtime_client
+        self.keep = Keep()
+        self.platform_name = self.keep.bytes(runtime_client.platform_name)
+        self.platform_version = self.keep.bytes(runtime_client.platform_version)
+        self.memory_of = {id(m): CMemory(m, self) for m in runtime_client.memories}
+        self.devices = [CDevice(d, self) for d in runtime_client.devices]
+        self.device_of = {id(d.rt): d for d in self.devices}
+        for d in self.devices:
+            d.memory.devices = (d.memory.keep.pointers([d.handle]), 1)
+        self.device_array = (self.keep.pointers(d.handle for d in self.devices), len(self.devices))
+        mems = [m.handle for m in self.memory_of.values()]
+        self.memory_array = (self.keep.pointers(mems), len(mems))
+        self.handle = HANDLES.new(self)
+
+    def cdevice(self, device) -> CDevice:
+        return self.device_of[id(device)]
+
+
+class CBuffer:
+    def __init__(self, buffer, client: CClient):
+        self.rt = buffer
+        self.client = client
+        self.keep = Keep()
+        self.dims = (self.keep.array(ctypes.c_int64, buffer.shape), len(buffer.shape))
+        self.element_type = _dtypes.to_pjrt(buffer.dtype)
+        # Dense row-major: minor_to_major = (rank-1, ..., 0), no tiles.
+        self.minor_to_major = (self.keep.array(ctypes.c_int64, range(len(buffer.shape) - 1, -1, -1)),
+                               len(buffer.shape))
+
+    @property
+    def device(self) -> CDevice:
+        return self.client.cdevice(self.rt.device)
+
+
+class CEvent:
+    """All work is synchronous in the simulator: events are born ready."""
+
+    def __init__(self, error: BaseException | None = None):
+        self.error = error
+
+
+class CExecutable:
+    """What PJRT_Executable points to: the compiled program's static description."""
+
+    def __init__(self, executable, client: CClient):
+        self.rt = executable
+        self.client = client
+        self.keep = k = Keep()
+        self.name = k.bytes(executable.name)
+        outs = executable.output_types
+        self.output_types = (k.array(ctypes.c_int, [_dtypes.to_pjrt(t.dtype) for t in outs]),
+                             len(outs))
+        dims = [d for t in outs for d in t.shape]
+        self.output_dims = (k.array(ctypes.c_int64, dims),
+                            k.array(ctypes.c_size_t, [len(t.shape) for t in outs]), len(outs))
+        kinds = [k.bytes("device") for _ in outs]
+        self.memory_kinds = (k.pointers(a for a, _ in kinds),
+                             k.array(ctypes.c_size_t, (n for _, n in kinds)), len(outs))
+        params = executable.param_types
+        pkinds = [k.bytes("device") for _ in params]
+        self.param_memory_kinds = (k.pointers(a for a, _ in pkinds),
+                                   k.array(ctypes.c_size_t, (n for _, n in pkinds)), len(params))
+        self.optimized_mlir = executable.optimized_mlir.encode()
+        self.mlir_format = k.bytes("mlir")
+        self.compile_options = k.bytes(executable.options.raw)
+        self.fingerprint = k.bytes(executable.fingerprint)
+        self.cost = named_values(k, executable.cost_analysis())
+        self.param_shardings = _replicated_shardings(k, len(params))
+        self.output_shardings = _replicated_shardings(k, len(outs))
+
+
+class CLoadedExecutable:
+    def __init__(self, executable, client: CClient):
+        self.rt = executable
+        self.client = client
+        self.keep = Keep()
+        devs = [client.cdevice(d) for d in executable.devices]
+        self.devices = (self.keep.pointers(d.handle for d in devs), len(devs))
+        from jax_trn.runtime.compile_options import serialize_device_assignment
+        rows = tuple(tuple(d.id for d in executable.devices[r * executable.num_partitions:
+                                                             (r + 1) * executable.num_partitions])
+                     for r in range(executable.num_replicas))
+        self.device_assignment = self.keep.bytes(serialize_device_assignment(rows))
+        self.fingerprint = self.keep.bytes(executable.fingerprint)
+        ids = [(r, p) for r in range(executable.num_replicas)
+               for p in range(executable.num_partitions)]
+        flat = [x for pair in ids for x in pair]
+        self.logical_ids = (self.keep.array(ctypes.c_int, flat), len(ids))
+        self.executable = CExecutable(executable, client)
+        self.deleted = False
+
+
+def _replicated_shardings(keep: Keep, n: int) -> tuple[int, int, int]:
+    from jaxlib import xla_client as xc
+    proto = xc.OpSharding()
+    proto.type = xc.OpSharding.Type.REPLICATED
+    data = [keep.bytes(proto.SerializeToString()) for _ in range(n)]
+    return (keep.pointers(a for a, _ in data), keep.array(ctypes.c_size_t, (s for _, s in data)), n)
