@@ -1,0 +1,64 @@
+"""Host <-> device transfers of every dtype the hardware has; clear errors for the rest."""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn,
+          ml_dtypes.float8_e5m2, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
+          np.uint32, np.uint64, np.bool_]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("shape", [(), (0,), (5,), (3, 130), (2, 0, 4)])
+def test_round_trip(jax, trn_devices, dtype, shape):
+    if np.dtype(dtype).itemsize == 8 and not jax.config.jax_enable_x64:
+        pytest.skip("64-bit types need jax_enable_x64")
+    a = (np.arange(int(np.prod(shape))) % 7).astype(dtype).reshape(shape)
+    y = jax.device_put(a, trn_devices[2])
+    assert y.devices() == {trn_devices[2]}
+    assert y.dtype == a.dtype and y.shape == a.shape
+    np.testing.assert_array_equal(np.asarray(y), a)
+
+
+def test_round_trip_64_bit(jax, trn_devices):
+    with jax.enable_x64(True):
+        for dtype in (np.int64, np.uint64):
+            a = np.array([0, 1, 2**40, 2**62], dtype)
+            np.testing.assert_array_equal(np.asarray(jax.device_put(a, trn_devices[1])), a)
+
+
+def test_non_contiguous_host_array(jax, trn):
+    a = np.arange(24, dtype=np.float32).reshape(4, 6)[:, ::2]
+    np.testing.assert_array_equal(np.asarray(jax.device_put(a, trn)), a)
+
+
+@pytest.mark.parametrize("dtype", [np.complex64])
+def test_unsupported_dtype_is_a_clear_error(jax, trn, dtype):
+    with pytest.raises(Exception, match="complex64 is not supported by the Trainium hardware"):
+        jax.device_put(np.ones(3, dtype), trn)
+
+
+def test_float64_is_a_clear_error_under_x64(jax, trn):
+    with jax.enable_x64(True):
+        with pytest.raises(Exception, match="float64 is not supported"):
+            jax.device_put(np.ones(3, np.float64), trn)
+
+
+def test_memory_stats_track_buffers(jax, trn_devices):
+    d = trn_devices[6]
+    before = d.memory_stats()["bytes_in_use"]
+    y = jax.device_put(np.ones((1024,), np.float32), d)
+    stats = d.memory_stats()
+    assert stats["bytes_in_use"] == before + 4096
+    assert stats["bytes_limit"] == 96 * 2**30 // 8
+    y.delete()
+    assert d.memory_stats()["bytes_in_use"] == before
+
+
+def test_copy_between_devices(jax, trn_devices):
+    a = np.arange(10, dtype=np.int32)
+    y = jax.device_put(jax.device_put(a, trn_devices[0]), trn_devices[4])
+    assert y.devices() == {trn_devices[4]}
+    np.testing.assert_array_equal(np.asarray(y), a)
