@@ -41,6 +41,11 @@ DTYPES = {
         "float8_e4m3": np.dtype(ml_dtypes.float8_e4m3),
         "complex64": np.dtype(np.complex64), "complex128": np.dtype(np.complex128),
 }
+# Narrow types ml_dtypes knows; the importer accepts them, lowering decides.
+DTYPES.update({name: np.dtype(getattr(ml_dtypes, name)) for name in (
+        "int2", "uint2", "int4", "uint4", "float8_e4m3fnuz", "float8_e5m2fnuz",
+        "float8_e4m3b11fnuz", "float8_e3m4", "float8_e8m0fnu", "float4_e2m1fn",
+        "float6_e2m3fn", "float6_e3m2fn") if hasattr(ml_dtypes, name)})
 
 
 def np_dtype(name: str) -> np.dtype:
@@ -121,6 +126,14 @@ class Block:
                 for block in region.blocks:
                     block.replace_uses(old, new)
 
+    def replace_all_uses(self, mapping: dict["Value", "Value"]) -> None:
+        """Like `replace_uses`, for many values at once (one walk)."""
+        if not mapping:
+            return
+        for op in walk(self):
+            if any(v in mapping for v in op.operands):
+                op.operands = [mapping.get(v, v) for v in op.operands]
+
 
 @dataclass(eq=False)
 class Region:
@@ -155,7 +168,8 @@ class Op:
         ins = ", ".join(str(v.type) for v in self.operands)
         outs = ", ".join(str(v.type) for v in self.results)
         where = f" at {self.loc}" if self.loc else ""
-        return f"stablehlo.{self.kind}({ins}) -> ({outs}){where}"
+        kind = self.kind if "." in self.kind else f"stablehlo.{self.kind}"
+        return f"{kind}({ins}) -> ({outs}){where}"
 
 
 @dataclass(eq=False)
@@ -174,6 +188,7 @@ class Module:
     functions: dict[str, Function]
     attrs: dict[str, Any] = field(default_factory=dict)
     entry: str = "main"
+    name: str = "module"   # used to name IR dumps
 
     @property
     def main(self) -> Function:
