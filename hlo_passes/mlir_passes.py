@@ -1,0 +1,106 @@
+"""MLIR-level passes, run on the deserialized module before import.
+
+What PJRT hands a plugin went through XLA's `SerializeUsingVersionedStablehlo`, which
+runs the Shardy *round-trip export*: `sdy.mesh` ops, `sdy.sharding` attributes and
+`sdy.sharding_constraint` ops become `mhlo.frontend_attributes = {xla.sdy.* = "..."}`
+strings and `stablehlo.custom_call @Sharding`. We undo that here so that a later Shardy
+stage sees real `sdy` ops:
+
+1. `xla-sdy-round-trip-import-shardy-attrs` (jaxlib registers it): frontend attributes
+   -> `sdy.mesh` ops and `sdy.sharding` attributes.
+2. `custom_call @Sharding {sdy.sharding}` -> `sdy.sharding_constraint` (in Python; the
+   XLA pass that does this is not registered in jaxlib).
+3. `chlo-legalize-to-stablehlo` for programs given as text with chlo ops.
+
+shard_map bodies (`call @xla.sdy.manual_computation_body` between
+`custom_call @xla.sdy.GlobalToLocalShape/LocalToGlobalShape`) are left as they are: the
+XLA pass that rebuilds `sdy.manual_computation` is not registered in jaxlib.
+
+Not used: MLIR's `inline` pass is registered but inlines nothing here (jaxlib does not
+register the func dialect's inliner interface), so calls are inlined on our IR
+(passes/inline_calls.py). `canonicalize` is skipped: it may fold broadcasts into large
+constants, and our own simplifier does the cheap, safe rewrites.
+"""
+from __future__ import annotations
+
+from jaxlib.mlir import ir as mlir_ir
+from jaxlib.mlir import passmanager
+from jaxlib.mlir.dialects import sdy
+from jaxlib.mlir.dialects import stablehlo as shlo
+
+from hlo_passes.errors import HloImportError
+
+SDY_IMPORT = "builtin.module(xla-sdy-round-trip-import-shardy-attrs)"
+CHLO_LEGALIZE = "builtin.module(func.func(chlo-legalize-to-stablehlo))"
+
+_registered = False
+
+
+def register_passes() -> None:
+    """Registers the stablehlo passes (chlo legalization) once per process."""
+    global _registered
+    if not _registered:
+        shlo.register_stablehlo_passes()
+        _registered = True
+
+
+def run_mlir_passes(module: mlir_ir.Module) -> None:
+    """Restores Shardy ops and legalizes chlo, in place."""
+    register_passes()
+    with module.context:
+        if _has_sdy_round_trip_attrs(module):
+            _run(module, SDY_IMPORT)
+            sharding_custom_calls_to_constraints(module)
+        if _has_dialect(module, "chlo."):
+            _run(module, CHLO_LEGALIZE)
+
+
+def _run(module: mlir_ir.Module, pipeline: str) -> None:
+    try:
+        passmanager.PassManager.parse(pipeline).run(module.operation)
+    except mlir_ir.MLIRError as e:
+        raise HloImportError(f"MLIR pipeline {pipeline} failed: {e}") from e
+
+
+def _has_sdy_round_trip_attrs(module: mlir_ir.Module) -> bool:
+    """Round-trip export always records the meshes on the module."""
+    attrs = module.operation.attributes
+    if "mhlo.frontend_attributes" not in attrs:
+        return False
+    frontend = attrs["mhlo.frontend_attributes"]
+    return any(frontend[i].name == "xla.sdy.meshes" for i in range(len(frontend)))
+
+
+def _has_dialect(module: mlir_ir.Module, prefix: str) -> bool:
+    found = []
+    _walk(module.operation, lambda op: found.append(op) if op.name.startswith(prefix)
+          else None)
+    return bool(found)
+
+
+def _walk(op: mlir_ir.Operation, fn) -> None:
+    for region in op.regions:
+        for block in region.blocks:
+            for inner in block.operations:
+                fn(inner.operation)
+                _walk(inner.operation, fn)
+
+
+def sharding_custom_calls_to_constraints(module: mlir_ir.Module) -> int:
+    """`custom_call @Sharding {sdy.sharding}` -> `sdy.sharding_constraint`; returns count."""
+    calls = []
+    _walk(module.operation, lambda op: calls.append(op) if _is_sharding_call(op) else None)
+    for op in calls:
+        sharding = sdy.TensorShardingPerValueAttr(op.attributes["sdy.sharding"])
+        new = sdy.ShardingConstraintOp(op.operands[0], sharding.shardings[0],
+                                       loc=op.location, ip=mlir_ir.InsertionPoint(op))
+        op.results[0].replace_all_uses_with(new.result)
+        op.erase()
+    return len(calls)
+
+
+def _is_sharding_call(op: mlir_ir.Operation) -> bool:
+    return (op.name == "stablehlo.custom_call"
+            and op.attributes["call_target_name"].value == "Sharding"
+            and "sdy.sharding" in op.attributes
+            and len(op.operands) == 1 and len(op.results) == 1)
