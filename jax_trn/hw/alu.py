@@ -1,0 +1,192 @@
+"""ALU operations and ScalarE activation functions, as numpy (§2.3, §2.4, §6.2).
+
+Float operations take and return FP32 arrays (the engines compute in FP32). Integer
+operations take int64 arrays plus the bit width of the operand type and return int64;
+the caller wraps the result into the destination type, so results match XLA's integer
+semantics (two's-complement wraparound; x / 0 = -1, x % 0 = x; shifts by >= width give
+0, or the sign for arithmetic right shifts).
+
+Activation functions are evaluated with exact FP32 numpy math, not the hardware's
+piecewise polynomials (§2.4 [NKI-SHARED]); inputs outside the published ranges give
+the mathematically right answer here, where the hardware would give garbage.
+"""
+from __future__ import annotations
+
+import numpy as np
+import scipy.special as _sp
+
+from .isa import IsaError
+
+__all__ = ["float_op", "int_op", "activation", "reduce_float", "reduce_int",
+           "ALU_OPS", "ACTIVATIONS"]
+
+_F32 = np.float32
+ALIASES = {"power": "pow", "maximum": "max", "minimum": "min", "mod": "remainder",
+           "equal": "is_equal", "less": "is_lt", "less_equal": "is_le",
+           "greater": "is_gt", "greater_equal": "is_ge"}
+
+
+def _flag(x: np.ndarray, like: np.ndarray) -> np.ndarray:
+    return x.astype(like.dtype)
+
+
+def _cmp(fn):
+    return lambda a, b: _flag(fn(a, b), a)
+
+
+def _logic(fn):
+    return lambda a, b: _flag(fn(a != 0, b != 0), a)
+
+
+_COMMON = {
+    "add": np.add, "subtract": np.subtract, "multiply": np.multiply,
+    "max": np.maximum, "min": np.minimum,
+    "is_equal": _cmp(np.equal), "not_equal": _cmp(np.not_equal),
+    "is_lt": _cmp(np.less), "is_le": _cmp(np.less_equal),
+    "is_gt": _cmp(np.greater), "is_ge": _cmp(np.greater_equal),
+    "logical_and": _logic(np.logical_and), "logical_or": _logic(np.logical_or),
+    "logical_xor": _logic(np.logical_xor),
+    "abs_max": lambda a, b: np.maximum(np.abs(a), np.abs(b)),
+    "abs_min": lambda a, b: np.minimum(np.abs(a), np.abs(b)),
+    "bypass": lambda a, b: np.broadcast_to(a, np.broadcast_shapes(a.shape, np.shape(b))),
+}
+
+_FLOAT = {**_COMMON, "divide": np.divide, "pow": np.power, "remainder": np.fmod}
+
+
+def float_op(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    fn = _FLOAT.get(ALIASES.get(op, op))
+    if fn is None:
+        raise IsaError(f"ALU op {op!r} needs integer operands" if op in _INT_ONLY
+                       else f"unknown ALU op {op!r}")
+    with np.errstate(all="ignore"):
+        return np.asarray(fn(a, b), _F32)
+
+
+def _int_div(a: np.ndarray, b: np.ndarray, bits: int) -> np.ndarray:
+    zero = b == 0
+    safe = np.where(zero, 1, b)
+    q = np.abs(a) // np.abs(safe)
+    q = np.where((a < 0) != (safe < 0), -q, q)
+    return np.where(zero, -1, q)
+
+
+def _int_rem(a: np.ndarray, b: np.ndarray, bits: int) -> np.ndarray:
+    zero = b == 0
+    q = _int_div(a, b, bits)
+    return np.where(zero, a, a - q * np.where(zero, 0, b))
+
+
+def _int_pow(a: np.ndarray, b: np.ndarray, bits: int) -> np.ndarray:
+    a, b = np.broadcast_arrays(a, b)
+    out = np.power(a, np.maximum(b, 0))
+    neg = np.where(a == 1, 1, np.where(a == -1, np.where(b % 2 == 0, 1, -1), 0))
+    return np.where(b < 0, neg, out)
+
+
+def _mask(bits: int) -> np.int64:
+    return np.int64(-1) if bits >= 64 else np.int64((1 << bits) - 1)
+
+
+def _shl(a, b, bits):
+    return np.where((b < 0) | (b >= bits), 0, np.left_shift(a, np.clip(b, 0, 63)))
+
+
+def _shr_logical(a, b, bits):
+    ok = (b >= 0) & (b < bits)
+    shifted = np.right_shift(a & _mask(bits), np.clip(b, 0, 63))
+    if bits >= 64:      # int64 >> is arithmetic; clear the copied sign bits
+        shifted &= ~np.left_shift(np.int64(-1), 64 - np.clip(b, 1, 63))
+        shifted = np.where(b == 0, a, shifted)
+    return np.where(ok, shifted, 0)
+
+
+def _shr_arith(a, b, bits):
+    return np.right_shift(a, np.clip(b, 0, bits - 1))
+
+
+_INT_ONLY = {
+    "bitwise_and": lambda a, b, bits: np.bitwise_and(a, b),
+    "bitwise_or": lambda a, b, bits: np.bitwise_or(a, b),
+    "bitwise_xor": lambda a, b, bits: np.bitwise_xor(a, b),
+    "shift_left": _shl, "shift_right_logical": _shr_logical,
+    "shift_right_arithmetic": _shr_arith,
+}
+_INT = {**{k: (lambda fn: lambda a, b, bits: fn(a, b))(fn) for k, fn in _COMMON.items()},
+        **_INT_ONLY, "divide": _int_div, "remainder": _int_rem, "pow": _int_pow}
+ALU_OPS = frozenset(_INT) | frozenset(ALIASES)
+
+
+def int_op(op: str, a: np.ndarray, b: np.ndarray, bits: int) -> np.ndarray:
+    fn = _INT.get(ALIASES.get(op, op))
+    if fn is None:
+        raise IsaError(f"unknown ALU op {op!r}")
+    with np.errstate(all="ignore"):
+        return np.asarray(fn(a, b, bits), np.int64)
+
+
+def _gelu(x):
+    return x * _F32(0.5) * (_F32(1.0) + _sp.erf(x * _F32(0.7071067811865476)))
+
+
+def _gelu_tanh(x):
+    inner = _F32(0.7978845608028654) * (x + _F32(0.044715) * x * x * x)
+    return _F32(0.5) * x * (_F32(1.0) + np.tanh(inner))
+
+
+def _softplus(x):
+    return np.logaddexp(_F32(0.0), x)
+
+
+ACTIVATIONS = {
+    "copy": lambda x: x, "identity": lambda x: x, "bypass": lambda x: x,
+    "exp": np.exp, "log": np.log, "tanh": np.tanh, "sigmoid": _sp.expit,
+    "relu": lambda x: np.maximum(x, _F32(0.0)),
+    "gelu": _gelu, "gelu_apprx_tanh": _gelu_tanh,
+    "gelu_apprx_sigmoid": lambda x: x * _sp.expit(_F32(1.702) * x),
+    "silu": lambda x: x * _sp.expit(x), "softplus": _softplus,
+    "mish": lambda x: x * np.tanh(_softplus(x)),
+    "sqrt": np.sqrt, "rsqrt": lambda x: _F32(1.0) / np.sqrt(x),
+    "reciprocal": lambda x: _F32(1.0) / x, "square": np.square,
+    "abs": np.abs, "sign": np.sign, "erf": _sp.erf, "sin": np.sin, "cos": np.cos,
+    "arctan": np.arctan,
+}
+
+
+def activation(func: str, x: np.ndarray) -> np.ndarray:
+    fn = ACTIVATIONS.get(func)
+    if fn is None:
+        raise IsaError(f"unknown activation function {func!r}")
+    with np.errstate(all="ignore"):
+        return np.asarray(fn(x), _F32)
+
+
+_FLOAT_REDUCE = {"add": np.add, "max": np.maximum, "min": np.minimum,
+                 "multiply": np.multiply}
+_INT_REDUCE = {**_FLOAT_REDUCE, "bitwise_and": np.bitwise_and,
+               "bitwise_or": np.bitwise_or, "bitwise_xor": np.bitwise_xor}
+
+
+def reduce_float(op: str, x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    op = ALIASES.get(op, op)
+    if op in ("abs_max", "abs_min"):
+        x, op = np.abs(x), op[4:]
+    if op in ("logical_and", "logical_or"):
+        fn = np.all if op == "logical_and" else np.any
+        return fn(x != 0, axis=axes).astype(_F32)
+    if op not in _FLOAT_REDUCE:
+        raise IsaError(f"unknown or integer-only reduce op {op!r}")
+    with np.errstate(all="ignore"):
+        return _FLOAT_REDUCE[op].reduce(x, axis=axes, dtype=_F32)
+
+
+def reduce_int(op: str, x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    op = ALIASES.get(op, op)
+    if op in ("abs_max", "abs_min"):
+        x, op = np.abs(x), op[4:]
+    if op in ("logical_and", "logical_or"):
+        fn = np.all if op == "logical_and" else np.any
+        return fn(x != 0, axis=axes).astype(np.int64)
+    if op not in _INT_REDUCE:
+        raise IsaError(f"unknown reduce op {op!r}")
+    return _INT_REDUCE[op].reduce(x, axis=axes, dtype=np.int64)

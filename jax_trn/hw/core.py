@@ -1,0 +1,236 @@
+"""A NeuronCore: memories, engine queues with semaphores, and a discrete-event timeline.
+
+`NeuronCore.run(kernel, dram)` executes a kernel's instructions (§2.1): each engine
+(tensor, vector, scalar, gpsimd) and each DMA queue ("dma0".."dma15") runs its own
+instructions in program order; an instruction starts when its queue is free and its
+semaphore waits are met (`waits = ((queue, count), ...)`: that queue has completed at
+least `count` instructions). Instructions take effect in start-time order, so a
+missing semaphore really does produce a wrong result, as on hardware.
+
+Timing: compute instructions take `cycles / clock` (costs.py); an instruction that had
+to wait for another engine pays the ~100-cycle static overhead (§2.6). A DMA takes
+the ~1.3 us fixed cost (§2.6) and then moves its bytes through the core's DMA engines
+and, when it touches DRAM, the chip's shared HBM (bandwidth.py), at up to
+`engines x 23 B/ns x efficiency(chunk)` (§3.4).
+"""
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+from . import costs
+from .bandwidth import Bandwidth, Hbm, reserve
+from .isa import DmaCopy, Instr, IsaError
+from .memory import OnChipMemory
+from .numerics import Numerics
+from .program import Kernel
+from .spec import CoreSpec
+from .trace import KernelRun, TraceEvent
+
+__all__ = ["NeuronCore", "DeadlockError"]
+
+COMPUTE_QUEUES = ("tensor", "vector", "scalar", "gpsimd")
+
+
+class DeadlockError(RuntimeError):
+    """No queue head can ever run: its semaphore waits are never satisfied."""
+
+
+class NeuronCore:
+    """One simulated NeuronCore of generation `spec`. `hbm` is the chip's shared HBM
+    bandwidth (a private one is made if None)."""
+
+    def __init__(self, spec: CoreSpec, *, hbm: Hbm | None = None, core_id: int = 0,
+                 numerics: Numerics | None = None):
+        self.spec = spec
+        self.core_id = core_id
+        self.hbm = hbm if hbm is not None else Hbm(spec.dma_bytes_per_ns)
+        self.dma_bw = Bandwidth(spec.dma_bytes_per_ns, f"dma.core{core_id}")
+        self.sbuf = OnChipMemory("sbuf", spec.pmax, spec.sbuf_usable_bytes)
+        self.psum = OnChipMemory("psum", spec.pmax, spec.psum_partition_bytes)
+        self._mems = {"sbuf": self.sbuf, "psum": self.psum}
+        self.numerics = numerics if numerics is not None else Numerics.from_env()
+        self.dram: dict[str, np.ndarray] = {}
+        self._clock = dict(spec.clock_ghz)
+
+    def mem(self, tile) -> OnChipMemory:
+        return self._mems[tile.mem]
+
+    def run(self, kernel: Kernel, dram: dict[str, np.ndarray],
+            start_ns: float = 0.0) -> KernelRun:
+        """Execute `kernel` against DRAM arrays `dram` (flat numpy arrays by tensor
+        name, allocated by the caller) starting at simulated time `start_ns`."""
+        self.validate(kernel)
+        self.dram = dram
+        self.dma_bw.prune(start_ns)
+        return _Run(self, kernel, start_ns).run()
+
+    def validate(self, kernel: Kernel) -> None:
+        """Generation constraints and SBUF/PSUM capacity of every instruction."""
+        for i, instr in enumerate(kernel.instructions):
+            try:
+                instr.check(self.spec)
+                for tile in instr.tiles():
+                    self._mems[tile.mem].check(tile)
+            except IsaError as e:
+                raise IsaError(f"{kernel.name}: instruction {i} {_describe(instr)}: {e}") from e
+
+    # --- durations ------------------------------------------------------------------
+
+    def compute_ns(self, instr: Instr) -> float:
+        return instr.cycles(self.spec) / self._clock[instr.engine]
+
+    def overhead_ns(self, instr: Instr) -> float:
+        return self.spec.static_overhead / self._clock[instr.engine]
+
+    def dma_end(self, instr: DmaCopy, start: float) -> float:
+        """Fixed cost, then the bytes through this core's DMA engines and the HBM."""
+        spec = self.spec
+        chunk, engines = costs.dma_shape(instr, spec)
+        eff = spec.dma_efficiency(chunk)
+        lines = [(self.dma_bw, 1.0 / eff)]       # overhead time occupies the engines
+        hbm_sides = instr.hbm_bytes / max(instr.nbytes, 1)
+        if hbm_sides > 0:
+            lines.append((self.hbm, hbm_sides))
+        rate = engines * spec.dma_engine_bytes_per_ns * eff
+        return reserve(lines, start + spec.dma_fixed_ns, instr.nbytes, rate)
+
+
+def _describe(instr: Instr) -> str:
+    return f"{type(instr).__name__}({instr.name!r} on {instr.queue})"
+
+
+class _Run:
+    """The discrete-event simulation of one kernel on one core."""
+
+    def __init__(self, core: NeuronCore, kernel: Kernel, start_ns: float):
+        self.core, self.kernel, self.t0 = core, kernel, start_ns
+        self.queues: dict[str, list[tuple[int, Instr]]] = {}
+        for i, instr in enumerate(kernel.instructions):
+            self.queues.setdefault(instr.queue, []).append((i, instr))
+        self.rank = {q: _queue_rank(q) for q in self.queues}
+        self.free = dict.fromkeys(self.queues, start_ns)   # when the queue is idle
+        self.done: dict[str, list[float]] = {q: [] for q in self.queues}  # end times
+        self.heap: list[tuple[float, int, str]] = []
+        self.parked: dict[str, list[tuple[int, str]]] = {}   # queue -> [(count, waiter)]
+        self.events: list[TraceEvent] = []
+
+    def run(self) -> KernelRun:
+        # 1. every queue head whose waits are known goes on the heap by start time
+        for q in self.queues:
+            self._offer(q)
+        # 2. issue the earliest-starting head; its successor and waiters become offers
+        while self.heap:
+            start, _, q = heapq.heappop(self.heap)
+            self._issue(q, start)
+            self._offer(q)
+            self._wake(q)
+        # 3. anything left can never run
+        self._check_finished()
+        return self._result()
+
+    def _head(self, q: str):
+        n = len(self.done[q])
+        entries = self.queues[q]
+        return entries[n] if n < len(entries) else None
+
+    def _offer(self, q: str) -> None:
+        head = self._head(q)
+        if head is None:
+            return
+        start = self._start_time(q, head[1])
+        if start is not None:
+            heapq.heappush(self.heap, (start, self.rank[q], q))
+
+    def _start_time(self, q: str, instr: Instr) -> float | None:
+        """max(queue free, waits met) (+ static overhead if it waited on another
+        engine); None (and parked) while a wait's instruction is not yet scheduled."""
+        free, met = self.free[q], -np.inf
+        for wq, count in instr.waits:
+            if count <= 0:
+                continue
+            ends = self.done.get(wq)
+            if ends is None or len(ends) < count:
+                self.parked.setdefault(wq, []).append((count, q))
+                return None
+            met = max(met, ends[count - 1])
+        if met >= free and instr.engine != "dma":
+            return met + self.core.overhead_ns(instr)
+        return max(free, met)
+
+    def _wake(self, q: str) -> None:
+        waiting = self.parked.get(q)
+        if not waiting:
+            return
+        n = len(self.done[q])
+        still = [(c, w) for c, w in waiting if c > n]
+        self.parked[q] = still
+        for c, w in waiting:
+            if c <= n:
+                self._offer(w)
+
+    def _issue(self, q: str, start: float) -> None:
+        index, instr = self._head(q)
+        core = self.core
+        core.numerics.at(self.kernel.name, index)
+        instr.execute(core)
+        if instr.engine == "dma":
+            end, nbytes = core.dma_end(instr, start), instr.nbytes
+        else:
+            end, nbytes = start + core.compute_ns(instr), 0
+        self.events.append(TraceEvent(q, type(instr).__name__, instr.name, start, end,
+                                      self.free[q], nbytes, instr.flops, core.core_id))
+        self.free[q] = end
+        self.done[q].append(end)
+
+    def _check_finished(self) -> None:
+        stuck = []
+        for q, entries in self.queues.items():
+            head = self._head(q)
+            if head is not None:
+                stuck.append(f"{q}: instruction {head[0]} {_describe(head[1])} waits "
+                             f"{head[1].waits}, done counts "
+                             f"{ {w: len(self.done.get(w, ())) for w, _ in head[1].waits} }")
+        if stuck:
+            raise DeadlockError(f"kernel {self.kernel.name!r} deadlocked:\n  " + "\n  ".join(stuck))
+
+    def _result(self) -> KernelRun:
+        events = self.events
+        end = max((e.end_ns for e in events), default=self.t0)
+        run = KernelRun(self.kernel.name, self.t0, end, events)
+        run.busy_ns = _busy(events)
+        run.flops = sum(e.flops for e in events)
+        run.hbm_bytes = sum(i.hbm_bytes for i in self.kernel.instructions
+                            if isinstance(i, DmaCopy))
+        return run
+
+
+def _queue_rank(q: str) -> int:
+    """Fixed tie-break order: tensor, vector, scalar, gpsimd, dma0, dma1, ..."""
+    if q in COMPUTE_QUEUES:
+        return COMPUTE_QUEUES.index(q)
+    return len(COMPUTE_QUEUES) + int(q[3:])
+
+
+def _busy(events: list[TraceEvent]) -> dict[str, float]:
+    busy = dict.fromkeys(COMPUTE_QUEUES, 0.0)
+    dma = []
+    for e in events:
+        if e.queue.startswith("dma"):
+            dma.append((e.start_ns, e.end_ns))
+        else:
+            busy[e.queue] += e.end_ns - e.start_ns
+    busy["dma"] = _union_length(dma)
+    return busy
+
+
+def _union_length(intervals: list[tuple[float, float]]) -> float:
+    total, cur_a, cur_b = 0.0, None, None
+    for a, b in sorted(intervals):
+        if cur_b is None or a > cur_b:
+            total += (cur_b - cur_a) if cur_b is not None else 0.0
+            cur_a, cur_b = a, b
+        else:
+            cur_b = max(cur_b, b)
+    return total + ((cur_b - cur_a) if cur_b is not None else 0.0)

@@ -1,0 +1,210 @@
+"""Instruction costs (trainium-hardware.md §6.3, §2.2-§2.6, §3.4) and generation checks.
+
+`CYCLES[type(instr)](instr, spec)` gives engine cycles; N is elements per partition of
+the free axes. The §6.3 formulas are the NC-v2 docstrings [NKI-ISA-2.26]; on v3+ the
+automatic Vector / Scalar performance modes (§2.3, §2.4) divide N for the cases listed
+there. Where the sources give no rule we say what we chose:
+
+- GpSimd compute (iota, memset, tensor_tensor/scalar/copy/select on gpsimd):
+  `gpsimd_startup (150) + N x inputs`, like iota/affine_select in §6.3.
+- VectorE perf modes (v3+, §2.3): tensor_copy / tensor_scalar with every tile a 16-bit
+  float in SBUF run 4x; every other case 2x, which is also what the v3 datapath width
+  of 256 elements per cycle for non-16-bit types (§1.2) gives.
+- TensorE transpose of FP32 data costs 4x on v2 (an FP32 matmul) and 2x on v3+
+  (`is_transpose`, "2x faster for FP32", §2.2).
+
+DMA time is not in cycles: see `dma_shape` and `core.NeuronCore` (fixed cost plus bytes
+over shared bandwidth).
+
+`CHECKS[type(instr)](instr, spec)` raises IsaError for constraints that depend on the
+generation (moving free size, PSUM banks, BF16 PSUM, FP8 modes, DMA queue count).
+"""
+from __future__ import annotations
+
+import math
+
+from . import isa
+from .spec import CoreSpec
+
+_HALF = ("bfloat16", "float16")
+
+
+def _n(tile: isa.Tile) -> int:
+    return tile.free_size
+
+
+def _gpsimd(spec: CoreSpec, n: int, inputs: int = 1) -> float:
+    return spec.gpsimd_startup + n * inputs
+
+
+def _tiles16_sbuf(*tiles) -> bool:
+    return all(isinstance(t, isa.Tile) and t.dtype in _HALF and t.mem == "sbuf"
+               for t in tiles)
+
+
+def nc_matmul(ins: isa.NcMatmul, spec: CoreSpec) -> float:
+    """max(min(64, N_stat), N_mov), x4 for FP32 (TF32 at the BF16 rate), §6.3, §2.2.
+    double_row streams 2 rows per cycle: same cycles for twice the work (§9)."""
+    cycles = max(min(spec.mm_init_latency, ins.m), ins.n)
+    if ins.stationary.dtype == "float32" and ins.precision != "tf32":
+        cycles *= spec.fp32_matmul_factor
+    return float(cycles)
+
+
+def nc_transpose(ins: isa.NcTranspose, spec: CoreSpec) -> float:
+    p, f = ins.data.num_partitions, ins.data.free_size
+    if ins.engine == "vector":
+        return float(max(spec.min_ii, f))
+    cycles = max(p, min(spec.mm_init_latency, f))          # §6.3
+    if ins.data.dtype == "float32":
+        cycles *= spec.fp32_transpose_factor
+    return float(cycles)
+
+
+def activation(ins: isa.Activation, spec: CoreSpec) -> float:
+    """max(MIN_II, N), + MIN_II with the add-reduction (activation_reduce), §6.3."""
+    cycles = max(spec.min_ii, _n(ins.data))
+    return float(cycles + (spec.min_ii if ins.reduce_res is not None else 0))
+
+
+def _copy_like(ins, spec: CoreSpec, src: isa.Tile, scalars=()) -> float:
+    """tensor_copy / tensor_scalar: max(MIN_II, N / perf-mode factor), §6.3, §2.3."""
+    n = _n(src)
+    if ins.engine == "gpsimd":
+        return float(_gpsimd(spec, n))
+    tiles = (ins.dst, src) + tuple(s for s in scalars if isinstance(s, isa.Tile))
+    if ins.engine == "scalar":
+        factor = spec.scalar_fast_bf16 if _tiles16_sbuf(*tiles) else 1
+    elif _tiles16_sbuf(*tiles):
+        factor = spec.vector_fast_copy
+    else:
+        factor = spec.vector_fast_psum
+    return float(max(spec.min_ii, n / factor))
+
+
+def tensor_copy(ins: isa.TensorCopy, spec: CoreSpec) -> float:
+    return _copy_like(ins, spec, ins.src)
+
+
+def tensor_scalar(ins: isa.TensorScalar, spec: CoreSpec) -> float:
+    return _copy_like(ins, spec, ins.data, (ins.operand0, ins.operand1))
+
+
+def _two_input(ins, spec: CoreSpec, a: isa.Tile, b: isa.Tile, fast_op: bool) -> float:
+    """max(MIN_II, N) if an input is in PSUM or all-BF16 add/mul/sub in SBUF, else
+    max(MIN_II, 2N), §6.3."""
+    n = _n(a)
+    if ins.engine == "gpsimd":
+        return float(_gpsimd(spec, n, 2))
+    one_pass = "psum" in (a.mem, b.mem) or (
+        fast_op and all(t.dtype == "bfloat16" and t.mem == "sbuf" for t in (ins.dst, a, b)))
+    return float(max(spec.min_ii, n if one_pass else 2 * n))
+
+
+def tensor_tensor(ins: isa.TensorTensor, spec: CoreSpec) -> float:
+    fast = ins.op in ("add", "multiply", "subtract")
+    return _two_input(ins, spec, ins.data1, ins.data2, fast)
+
+
+def select(ins: isa.Select, spec: CoreSpec) -> float:
+    return _two_input(ins, spec, ins.on_true, ins.on_false, False)
+
+
+def tensor_reduce(ins: isa.TensorReduce, spec: CoreSpec) -> float:
+    """N, or N/2 for BF16 in/out with add or max, §6.3."""
+    n = _n(ins.data)
+    bf16 = ins.data.dtype == ins.dst.dtype == "bfloat16" and ins.op in ("add", "max")
+    return float(n / 2 if bf16 else n)
+
+
+def memset(ins: isa.Memset, spec: CoreSpec) -> float:
+    """max(MIN_II, N/2) for zero in BF16/FP16, else max(MIN_II, N), §6.3."""
+    n = _n(ins.dst)
+    if ins.engine == "gpsimd":
+        return float(_gpsimd(spec, n))
+    fast = ins.value == 0 and ins.dst.dtype in _HALF
+    return float(max(spec.min_ii, n / 2 if fast else n))
+
+
+def iota(ins: isa.Iota, spec: CoreSpec) -> float:
+    return float(_gpsimd(spec, _n(ins.dst)))        # 150 + N, §6.3
+
+
+def dma_copy(ins: isa.DmaCopy, spec: CoreSpec) -> float:
+    return 0.0          # DMA engines are not clocked compute engines; see dma_shape
+
+
+CYCLES = {
+    isa.DmaCopy: dma_copy, isa.NcMatmul: nc_matmul, isa.NcTranspose: nc_transpose,
+    isa.Activation: activation, isa.TensorTensor: tensor_tensor,
+    isa.TensorScalar: tensor_scalar, isa.TensorReduce: tensor_reduce,
+    isa.TensorCopy: tensor_copy, isa.Memset: memset, isa.Iota: iota, isa.Select: select,
+}
+
+
+# --- DMA shape -------------------------------------------------------------------------
+
+def _run_bytes(v) -> int:
+    """Bytes of the longest contiguous run of one DMA side (a descriptor's size)."""
+    if isinstance(v, isa.Tile):
+        return v.bytes_per_partition          # each partition is its own buffer, §3.4
+    run = 1
+    for stride, num in reversed(v.pattern):
+        if num == 1:
+            continue
+        if stride != run:
+            break
+        run *= num
+    return run * isa._dt.itemsize(v.dtype)
+
+
+def dma_shape(ins: isa.DmaCopy, spec: CoreSpec) -> tuple[float, int]:
+    """(chunk bytes, DMA engines used). A transfer is split into contiguous chunks
+    (descriptors) of the shorter contiguous run of its two sides, packetised at 4 KiB
+    and spread over up to 16 engines (§3.4)."""
+    chunk = max(1, min(_run_bytes(ins.src), _run_bytes(ins.dst)))
+    packets = math.ceil(ins.nbytes / chunk) * math.ceil(chunk / spec.dma_packet_bytes)
+    return float(chunk), max(1, min(spec.dma_engines, packets))
+
+
+# --- generation-dependent checks ---------------------------------------------------
+
+def _no_check(ins, spec: CoreSpec) -> None:
+    pass
+
+
+def check_matmul(ins: isa.NcMatmul, spec: CoreSpec) -> None:
+    bf16_dst = ins.dst.dtype == "bfloat16"
+    isa._check(not bf16_dst or spec.psum_bf16, f"BF16 matmul dst needs NC-v4, not "
+               f"{spec.name}, §2.2")
+    limit = spec.max_moving_free * (2 if bf16_dst else 1)
+    isa._check(ins.n <= limit, f"moving free size {ins.n} > {limit} on {spec.name}, §2.2")
+    bank = spec.psum_bank_bytes
+    first, last = ins.dst.offset // bank, (ins.dst.offset + ins.dst.bytes_per_partition - 1) // bank
+    isa._check(spec.matmul_spans_banks or first == last, f"matmul dst bytes "
+               f"[{ins.dst.offset}, +{ins.dst.bytes_per_partition}) cross a 2 KiB PSUM bank, §3.2")
+    isa._check(ins.perf_mode == "none" or spec.fp8_double_row > 1,
+               f"double_row needs NC-v3+, not {spec.name}, §2.2")
+    dts = {ins.stationary.dtype, ins.moving.dtype}
+    isa._check("float8_e4m3fn" not in dts or (spec.ocp_fp8 and "float8_e4m3" not in dts),
+               f"float8_e4m3fn matmul inputs need NC-v4 and cannot mix with float8_e4m3, §2.2")
+
+
+def check_dma(ins: isa.DmaCopy, spec: CoreSpec) -> None:
+    isa._check(ins.dma_queue < spec.dma_queues,
+               f"DMA queue {ins.dma_queue} >= {spec.dma_queues}, §3.4")
+
+
+def check_tensor_scalar(ins: isa.TensorScalar, spec: CoreSpec) -> None:
+    """§6.2: on Trn2 ScalarE tensor_scalar supports only mult/add combos."""
+    allowed = spec.scalar_ts_ops
+    if ins.engine != "scalar" or allowed is None:
+        return
+    for op in (ins.op0, ins.op1):
+        isa._check(op is None or op in allowed, f"ScalarE tensor_scalar cannot do "
+                   f"{op!r} on {spec.name} (only {', '.join(allowed)}), §6.2")
+
+
+CHECKS = {cls: _no_check for cls in CYCLES}
+CHECKS.update({isa.NcMatmul: check_matmul, isa.DmaCopy: check_dma,
+               isa.TensorScalar: check_tensor_scalar})

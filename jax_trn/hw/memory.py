@@ -1,0 +1,117 @@
+"""SBUF, PSUM and DRAM storage for the functional model (trainium-hardware.md §3).
+
+SBUF and PSUM are 2-D byte arrays, 128 partitions x bytes per partition (§3.1, §3.2);
+a `Tile` is a view of them reinterpreted as its dtype. DRAM is a dict of flat numpy
+arrays, one per named tensor, read and written through `DramAP` access patterns.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from . import dtypes as _dt
+from .isa import DramAP, IsaError, Tile
+
+__all__ = ["OnChipMemory", "dram_read", "dram_write", "ap_bounds"]
+
+
+class OnChipMemory:
+    """One of SBUF / PSUM: `partitions` x `nbytes` bytes, zero-initialised."""
+    __slots__ = ("name", "data", "nbytes")
+
+    def __init__(self, name: str, partitions: int, nbytes: int):
+        self.name = name
+        self.nbytes = nbytes
+        self.data = np.zeros((partitions, nbytes), np.uint8)
+
+    def check(self, tile: Tile) -> None:
+        end = tile.offset + tile.bytes_per_partition
+        if tile.offset < 0 or end > self.nbytes:
+            raise IsaError(f"{self.name} tile bytes [{tile.offset}, {end}) outside the "
+                           f"{self.nbytes} bytes per partition")
+
+    def view(self, tile: Tile) -> np.ndarray:
+        """A writable view of the tile, shape `tile.shape`, dtype `tile.dtype`."""
+        self.check(tile)
+        p0 = tile.start_partition
+        rows = self.data[p0:p0 + tile.num_partitions,
+                         tile.offset:tile.offset + tile.bytes_per_partition]
+        return rows.view(_dt.np_dtype(tile.dtype)).reshape(tile.shape)
+
+    def read(self, tile: Tile) -> np.ndarray:
+        return self.view(tile)
+
+    def write(self, tile: Tile, values: np.ndarray) -> None:
+        """Store `values` (already of the tile's dtype; broadcastable to its shape)."""
+        dst = self.view(tile)
+        if values.dtype != dst.dtype:
+            raise TypeError(f"writing {values.dtype} into a {tile.dtype} tile")
+        dst[...] = values
+
+
+def ap_bounds(ap: DramAP) -> tuple[int, int]:
+    """The smallest and largest element index the pattern touches."""
+    lo = hi = ap.offset
+    for stride, num in ap.pattern:
+        span = stride * (num - 1)
+        if span < 0:
+            lo += span
+        else:
+            hi += span
+    return lo, hi
+
+
+def _strided(ap: DramAP, arrays: dict[str, np.ndarray]) -> np.ndarray:
+    try:
+        flat = arrays[ap.tensor]
+    except KeyError:
+        raise IsaError(f"DRAM tensor {ap.tensor!r} is not allocated") from None
+    if flat.dtype != _dt.np_dtype(ap.dtype):
+        raise IsaError(f"DRAM tensor {ap.tensor!r} is {flat.dtype}, pattern says {ap.dtype}")
+    if any(num < 1 for _, num in ap.pattern):
+        raise IsaError(f"empty dimension in access pattern {ap.pattern}")
+    lo, hi = ap_bounds(ap)
+    if lo < 0 or hi >= flat.size:
+        raise IsaError(f"access pattern on {ap.tensor!r} touches elements [{lo}, {hi}] "
+                       f"outside its {flat.size} elements")
+    item = flat.itemsize
+    return as_strided(flat[ap.offset:], shape=ap.shape, strides=[s * item for s, _ in ap.pattern])
+
+
+def dram_read(ap: DramAP, arrays: dict[str, np.ndarray]) -> np.ndarray:
+    """The elements of `ap`, shape `ap.shape` (a read-only strided view)."""
+    view = _strided(ap, arrays)
+    view.flags.writeable = False
+    return view
+
+
+def _disjoint(pattern: tuple[tuple[int, int], ...]) -> bool:
+    """Sufficient test that no two index tuples hit the same element: with dims sorted
+    by |stride|, each stride exceeds the extent of all smaller-stride dims."""
+    dims = sorted((abs(s), n) for s, n in pattern if n > 1)
+    extent = 0
+    for stride, num in dims:
+        if stride <= extent:
+            return False
+        extent += stride * (num - 1)
+    return True
+
+
+def _check_no_overlap(ap: DramAP) -> None:
+    if _disjoint(ap.pattern):
+        return
+    idx = np.full((), ap.offset, np.int64)
+    for stride, num in ap.pattern:
+        idx = idx[..., None] + stride * np.arange(num, dtype=np.int64)
+    if np.unique(idx).size != idx.size:
+        raise IsaError(f"DMA write pattern {ap.pattern} on {ap.tensor!r} writes some "
+                       f"elements more than once")
+
+
+def dram_write(ap: DramAP, arrays: dict[str, np.ndarray], values: np.ndarray) -> None:
+    """Store `values` (of the tensor's dtype, shape `ap.shape`) through the pattern."""
+    view = _strided(ap, arrays)
+    _check_no_overlap(ap)
+    if values.dtype != view.dtype:
+        raise TypeError(f"writing {values.dtype} into {ap.tensor!r} of {view.dtype}")
+    view[...] = values

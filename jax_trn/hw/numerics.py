@@ -1,0 +1,127 @@
+"""Hardware numerics: FP32 compute with casts on the way in and out (§4).
+
+- `to_fp32`: float inputs widen exactly; integers convert like the FP32 datapath does
+  (exact up to 2**24 in magnitude).
+- `cast`: FP32 (or int64) results to a storage type. Floats round to nearest even
+  (ml_dtypes `astype`, which is RNE, like XLA's `convert`) or stochastically (§4
+  [ROUND]). Float -> int truncates toward zero, saturates at the type's range and maps
+  NaN to 0, which is what XLA's `convert` gives on CPU. Int -> int wraps (two's
+  complement), like XLA. Any -> bool is `!= 0`.
+- `round_tf32`: FP32 rounded (RNE) to TF32's 10 mantissa bits, for `precision="tf32"`.
+- `Numerics`: the per-core rounding context. Stochastic rounding is switched on by
+  `JAX_TRN_STOCHASTIC_ROUNDING=1`, seeded by `JAX_TRN_STOCHASTIC_ROUNDING_SEED`
+  (default 0), mirroring `NEURON_RT_STOCHASTIC_ROUNDING_EN/_SEED` (§4 [ROUND]). Its
+  random bits come from a counter-based stream keyed by (seed, kernel, instruction
+  index), so the same program gives the same bits on every run.
+"""
+from __future__ import annotations
+
+import os
+import zlib
+
+import numpy as np
+
+from . import dtypes as _dt
+
+__all__ = ["to_fp32", "cast", "round_tf32", "Numerics", "is_int"]
+
+_F32 = np.dtype(np.float32)
+_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32}
+
+
+def is_int(dt: np.dtype) -> bool:
+    """Integer or bool storage (computed natively, without an FP32 round trip)."""
+    return dt.kind in "iub"
+
+
+def to_fp32(x: np.ndarray) -> np.ndarray:
+    return x if x.dtype == _F32 else x.astype(np.float32)
+
+
+def _float_to_int(x: np.ndarray, dt: np.dtype) -> np.ndarray:
+    info = np.iinfo(dt)
+    y = np.trunc(x.astype(np.float64))
+    y = np.nan_to_num(y, nan=0.0, posinf=float(info.max), neginf=float(info.min))
+    out = np.clip(y, info.min, info.max).astype(dt)
+    if dt.itemsize == 8:                        # float(int64 max) rounds up to 2**63
+        out[y >= float(info.max)] = info.max
+    return out
+
+
+def _stochastic(x: np.ndarray, dt: np.dtype, rng: np.random.Generator) -> np.ndarray:
+    """Round to one of the two neighbours in `dt`, with probability proportional to
+    closeness. Starts from RNE and moves to the other neighbour with probability
+    |x - rne| / |other - rne|; overflow and NaN keep the RNE result."""
+    y = x.astype(dt)
+    y32 = y.astype(np.float32)
+    bits = y.view(_UINT[dt.itemsize])
+    away = np.abs(y32) < np.abs(x)             # sign-magnitude: +1 moves away from 0
+    other = np.where(away, bits + 1, bits - 1).astype(bits.dtype).view(dt)
+    o32 = other.astype(np.float32)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        p = np.abs(x.astype(np.float64) - y32) / np.abs(o32.astype(np.float64) - y32)
+    take = (y32 != x) & np.isfinite(o32) & np.isfinite(y32) & (rng.random(x.shape) < p)
+    return np.where(take, other, y)
+
+
+def cast(x: np.ndarray, dtype, rounding: str = "rne",
+         rng: np.random.Generator | None = None) -> np.ndarray:
+    """Convert an FP32 (or integer) array to storage dtype `dtype` (name or np.dtype)."""
+    dt = _dt.np_dtype(dtype) if isinstance(dtype, str) else dtype
+    if x.dtype == dt:
+        return x
+    if dt.kind == "b":
+        return x != 0
+    if dt.kind in "iu":
+        return x.astype(dt) if is_int(x.dtype) else _float_to_int(x, dt)
+    if rounding == "stochastic" and dt.itemsize < 4 and rng is not None:
+        return _stochastic(to_fp32(x), dt, rng)
+    return x.astype(dt)
+
+
+def round_tf32(x: np.ndarray) -> np.ndarray:
+    """FP32 rounded to nearest even at 10 mantissa bits (TF32 = 1/8/10, §4)."""
+    x = to_fp32(np.asarray(x))
+    bits = x.view(np.uint32)
+    lsb = (bits >> np.uint32(13)) & np.uint32(1)
+    rounded = (bits + np.uint32(0xFFF) + lsb) & np.uint32(0xFFFFE000)
+    return np.where(np.isfinite(x), rounded, bits).view(np.float32)
+
+
+class Numerics:
+    """Rounding context of one core: RNE, or stochastic with a reproducible stream."""
+    __slots__ = ("rounding", "seed", "_key", "_rng")
+
+    def __init__(self, rounding: str = "rne", seed: int = 0):
+        if rounding not in ("rne", "stochastic"):
+            raise ValueError(f"unknown rounding mode {rounding!r}")
+        self.rounding = rounding
+        self.seed = seed
+        self._key: tuple[int, ...] = (seed,)
+        self._rng: np.random.Generator | None = None
+
+    @classmethod
+    def from_env(cls) -> "Numerics":
+        on = os.environ.get("JAX_TRN_STOCHASTIC_ROUNDING", "0") not in ("", "0")
+        seed = int(os.environ.get("JAX_TRN_STOCHASTIC_ROUNDING_SEED", "0"))
+        return cls("stochastic" if on else "rne", seed)
+
+    def at(self, kernel: str, index: int) -> None:
+        """Key the random stream of the instruction about to execute."""
+        if self.rounding == "stochastic":
+            self._key = (self.seed, zlib.crc32(kernel.encode()), index)
+            self._rng = None
+
+    def _generator(self) -> np.random.Generator:
+        if self._rng is None:
+            self._rng = np.random.Generator(np.random.Philox(key=self._key_int()))
+        return self._rng
+
+    def _key_int(self) -> int:
+        seed, kernel, index = (self._key + (0, 0))[:3]
+        return (seed & 0xFFFFFFFF) << 64 | kernel << 32 | (index & 0xFFFFFFFF)
+
+    def cast(self, x: np.ndarray, dtype) -> np.ndarray:
+        if self.rounding == "stochastic":
+            return cast(x, dtype, "stochastic", self._generator())
+        return cast(x, dtype)

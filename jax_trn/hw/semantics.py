@@ -1,0 +1,209 @@
+"""What each instruction does to a core's memories: the living definition of the ISA.
+
+`EXECUTE[type(instr)](instr, core)` applies one instruction. `core` provides `mem(tile)`
+(its SBUF / PSUM `OnChipMemory`), `dram` (name -> flat numpy array) and `numerics` (the
+rounding context). Compute rules (§2.3-§2.5, §4):
+
+- Float work runs in FP32: inputs widen exactly, the result is cast to the destination
+  dtype (RNE or stochastic).
+- If every operand (tiles and immediates) is integer or bool, the op runs natively in
+  int64 and wraps into the destination dtype: no FP32 round trip (GpSimd-style, §2.5).
+  Float immediates with an integral value count as integers.
+- Copies between equal dtypes are bit-exact; int <-> int copies wrap; anything
+  involving a float goes through FP32 (§3.4 for DMA).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import alu as _alu
+from . import dtypes as _dt
+from . import isa
+from .memory import dram_read, dram_write
+from .numerics import is_int, round_tf32, to_fp32
+
+_F32 = np.float32
+_I64 = np.int64
+
+
+# --- operand access -------------------------------------------------------------------
+
+def _read(core, tile: isa.Tile) -> np.ndarray:
+    return core.mem(tile).view(tile)
+
+
+def _store(core, tile: isa.Tile, result: np.ndarray) -> None:
+    """Cast `result` (FP32 or int64) to the tile's dtype and write it."""
+    dt = _dt.np_dtype(tile.dtype)
+    if is_int(result.dtype) and not is_int(dt) and result.dtype != dt:
+        result = result.astype(_F32)      # int -> float goes through the FP32 datapath
+    out = core.numerics.cast(result, dt)
+    view = core.mem(tile).view(tile)
+    view[...] = out.reshape(view.shape) if out.size == view.size else out
+
+
+def _int_imm(v) -> bool:
+    if isinstance(v, isa.Tile):
+        return is_int(_dt.np_dtype(v.dtype))
+    return isinstance(v, (bool, int, np.integer)) or float(v).is_integer()
+
+
+def _scalar(core, v, data: isa.Tile, as_int: bool) -> np.ndarray:
+    """An immediate, or a [P, 1] tile shaped to broadcast over `data`."""
+    if isinstance(v, isa.Tile):
+        x = _read(core, v).reshape((v.num_partitions,) + (1,) * len(data.free))
+    else:
+        x = np.asarray(v)
+    return x.astype(_I64) if as_int else to_fp32(x)
+
+
+def _widen(x: np.ndarray, as_int: bool) -> np.ndarray:
+    return x.astype(_I64) if as_int else to_fp32(x)
+
+
+def _convert(core, x: np.ndarray, dtype: str) -> np.ndarray:
+    """Copy conversion: bit-exact for equal dtypes, wrap for int->int, else via FP32."""
+    dt = _dt.np_dtype(dtype)
+    if x.dtype == dt:
+        return x
+    if is_int(x.dtype) and is_int(dt):
+        return x.astype(dt)
+    return core.numerics.cast(to_fp32(x), dt)
+
+
+def _bits(tile: isa.Tile) -> int:
+    return 8 * _dt.itemsize(tile.dtype)
+
+
+def _binary(op: str, a: np.ndarray, b: np.ndarray, as_int: bool, bits: int) -> np.ndarray:
+    return _alu.int_op(op, a, b, bits) if as_int else _alu.float_op(op, a, b)
+
+
+# --- DMA and TensorE ------------------------------------------------------------------
+
+def _read_operand(core, v) -> np.ndarray:
+    return dram_read(v, core.dram) if isinstance(v, isa.DramAP) else _read(core, v)
+
+
+def dma_copy(ins: isa.DmaCopy, core) -> None:
+    x = _convert(core, _read_operand(core, ins.src), ins.dst.dtype)
+    if isinstance(ins.dst, isa.DramAP):
+        dram_write(ins.dst, core.dram, x.reshape(ins.dst.shape))
+    else:
+        view = _read(core, ins.dst)
+        view[...] = x.reshape(view.shape)
+
+
+def _matmul_operand(core, tile: isa.Tile, rows: int, tf32: bool) -> np.ndarray:
+    x = to_fp32(_read(core, tile)).reshape(rows, -1)
+    return round_tf32(x) if tf32 else x
+
+
+def nc_matmul(ins: isa.NcMatmul, core) -> None:
+    """dst[M,N] (+)= stationary[K,M].T @ moving[K,N] in FP32 (§2.2). double_row
+    contracts over (partition, row) pairs, i.e. K = 2 x partitions."""
+    tf32 = ins.precision == "tf32"
+    st = _matmul_operand(core, ins.stationary, ins.rows, tf32)
+    mv = _matmul_operand(core, ins.moving, ins.rows, tf32)
+    result = np.matmul(st.T, mv)
+    if ins.accumulate:
+        result += to_fp32(_read(core, ins.dst)).reshape(result.shape)
+    _store(core, ins.dst, result)
+
+
+def nc_transpose(ins: isa.NcTranspose, core) -> None:
+    """dst[F, P] = data[P, F], free axes flattened; values converted like a copy."""
+    x = _read(core, ins.data).reshape(ins.data.num_partitions, -1)
+    view = _read(core, ins.dst)
+    view[...] = _convert(core, x.T, ins.dst.dtype).reshape(view.shape)
+
+
+# --- ScalarE / VectorE / GpSimd -------------------------------------------------------
+
+def activation(ins: isa.Activation, core) -> None:
+    """dst = func(data * scale + bias), FP32 inside; reduce_res = sum of the result."""
+    x = to_fp32(_read(core, ins.data))
+    if not (isinstance(ins.scale, (int, float)) and ins.scale == 1.0):
+        x = x * _scalar(core, ins.scale, ins.data, False)
+    if ins.bias is not None:
+        x = x + _scalar(core, ins.bias, ins.data, False)
+    y = _alu.activation(ins.func, x)
+    _store(core, ins.dst, y)
+    if ins.reduce_res is not None:
+        total = np.add.reduce(y.reshape(y.shape[0], -1), axis=1, dtype=_F32)
+        _store(core, ins.reduce_res, total)
+
+
+def tensor_tensor(ins: isa.TensorTensor, core) -> None:
+    a, b = _read(core, ins.data1), _read(core, ins.data2)
+    as_int = is_int(a.dtype) and is_int(b.dtype)
+    b = b.reshape(a.shape)
+    _store(core, ins.dst, _binary(ins.op, _widen(a, as_int), _widen(b, as_int), as_int,
+                                  _bits(ins.data1)))
+
+
+def _apply_scalar(core, x, op, operand, reverse, data, as_int):
+    s = _scalar(core, operand, data, as_int)
+    a, b = (s, x) if reverse else (x, s)
+    return _binary(op, a, b, as_int, _bits(data))
+
+
+def tensor_scalar(ins: isa.TensorScalar, core) -> None:
+    """dst = (data <op0> operand0) <op1> operand1 (operand first when reversed)."""
+    x = _read(core, ins.data)
+    ops = [(ins.op0, ins.operand0, ins.reverse0)]
+    if ins.op1 is not None:
+        ops.append((ins.op1, ins.operand1, ins.reverse1))
+    as_int = is_int(x.dtype) and all(_int_imm(v) for _, v, _ in ops)
+    x = _widen(x, as_int)
+    for op, operand, reverse in ops:
+        x = _apply_scalar(core, x, op, operand, reverse, ins.data, as_int)
+    _store(core, ins.dst, x)
+
+
+def tensor_reduce(ins: isa.TensorReduce, core) -> None:
+    x = _read(core, ins.data)
+    if is_int(x.dtype):
+        r = _alu.reduce_int(ins.op, x.astype(_I64), ins.axes)
+    else:
+        r = _alu.reduce_float(ins.op, to_fp32(x), ins.axes)
+    _store(core, ins.dst, -r if ins.negate else r)
+
+
+def tensor_copy(ins: isa.TensorCopy, core) -> None:
+    view = _read(core, ins.dst)
+    view[...] = _convert(core, _read(core, ins.src), ins.dst.dtype).reshape(view.shape)
+
+
+def memset(ins: isa.Memset, core) -> None:
+    as_int = is_int(_dt.np_dtype(ins.dst.dtype)) and _int_imm(ins.value)
+    _store(core, ins.dst, np.asarray(ins.value, _I64 if as_int else _F32))
+
+
+def iota(ins: isa.Iota, core) -> None:
+    """dst[p, i...] = offset + p * channel_multiplier + sum(step_k * i_k), in int."""
+    t = ins.dst
+    idx = (ins.offset + ins.channel_multiplier * np.arange(t.num_partitions, dtype=_I64))
+    idx = idx.reshape(-1, *([1] * len(ins.pattern)))
+    for k, (step, num) in enumerate(ins.pattern):
+        shape = [1] * (len(ins.pattern) + 1)
+        shape[k + 1] = num
+        idx = idx + step * np.arange(num, dtype=_I64).reshape(shape)
+    _store(core, t, idx)
+
+
+def select(ins: isa.Select, core) -> None:
+    pred = _read(core, ins.pred) != 0
+    a, b = _read(core, ins.on_true), _read(core, ins.on_false)
+    as_int = is_int(a.dtype) and is_int(b.dtype)
+    shape = a.shape
+    r = np.where(pred.reshape(shape), _widen(a, as_int), _widen(b, as_int).reshape(shape))
+    _store(core, ins.dst, r)
+
+
+EXECUTE = {
+    isa.DmaCopy: dma_copy, isa.NcMatmul: nc_matmul, isa.NcTranspose: nc_transpose,
+    isa.Activation: activation, isa.TensorTensor: tensor_tensor,
+    isa.TensorScalar: tensor_scalar, isa.TensorReduce: tensor_reduce,
+    isa.TensorCopy: tensor_copy, isa.Memset: memset, isa.Iota: iota, isa.Select: select,
+}

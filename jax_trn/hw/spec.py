@@ -1,0 +1,176 @@
+"""Trainium generations as data (trainium-hardware.md §1, §2, §3, §9, §10).
+
+`CoreSpec` holds everything the NeuronCore model needs (clocks, array sizes, memories,
+DMA, cost constants); `ChipSpec` adds the chip-level numbers (cores, HBM, peak rates).
+`CHIPS` maps "trn1" / "trn2" / "trn3" to their `ChipSpec`. Generations differ only in
+these numbers, never in code paths.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+KIB = 1024
+GIB = 1024 ** 3
+
+
+@dataclass(frozen=True)
+class CoreSpec:
+    name: str                        # "NeuronCore-v2" | "-v3" | "-v4"
+    generation: str                  # "trn1" | "trn2" | "trn3"
+    clock_ghz: tuple[tuple[str, float], ...]   # engine -> GHz, §1.2 [NKI-ARCH1/2/3]
+    sbuf_partition_bytes: int        # physical bytes per partition, §1.1
+    sbuf_reserved_bytes: int         # kept back by the NKI library, §3.1 [NKILIB]
+    max_moving_free: int             # nc_matmul moving F limit (FP32 dst), §2.2
+    matmul_spans_banks: bool         # v4: one matmul may write several PSUM banks, §2.2
+    fp8_double_row: int              # FP8 double_row speedup (1 = no such mode), §2.2
+    mx_speedup: int                  # MX matmul speedup over BF16 (1 = none), §2.2
+    dma_engine_bytes_per_ns: float   # per DMA engine, §3.4 [NKI-DMABW]
+    vector_fast_copy: int            # v3+ perf mode: SBUF bf16 copy/tensor_scalar, §2.3
+    vector_fast_psum: int            # v3+ perf mode: PSUM / bf16 tensor_tensor, §2.3
+    scalar_fast_bf16: int            # v4 ScalarE 2x BF16 tensor_scalar/copy, §2.4
+    psum_bf16: bool                  # v4 allows BF16 data/dst in PSUM, §3.2
+    ocp_fp8: bool                    # v4 takes float8_e4m3fn matmul inputs, §2.2
+    fp32_transpose_factor: int       # TensorE FP32 transpose cost factor, §2.2
+    scalar_ts_ops: tuple[str, ...] | None   # ScalarE tensor_scalar ops (None: all), §6.2
+    pmax: int = 128                  # PE rows / partitions, §2.2, §3.3
+    pe_cols: int = 128               # PE columns = stationary F limit, §2.2
+    fp32_matmul_factor: int = 4      # FP32 matmul costs 4x, §2.2 [NKI-ARCH1]
+    min_ii: int = 64                 # Vector/Scalar MIN_II cycles, §6.3 [NKI-ISA-2.26]
+    mm_init_latency: int = 64        # TensorE MM_INIT_LATENCY cycles, §2.6 [NKI-ARCH1]
+    static_overhead: int = 100       # cycles, tiny/dependent instructions, §2.6 [NKI-ARCH1]
+    gpsimd_startup: int = 150        # cycles, §2.5/§6.3 [NKI-ISA-2.26]
+    psum_partition_bytes: int = 16 * KIB   # §3.2 [NKI-ARCH1]
+    psum_banks: int = 8                    # §3.2 [NKI-ARCH1]
+    dma_engines: int = 16            # per NC, §3.4 [NKI-DMA]
+    dma_queues: int = 16             # queue IDs per engine, §3.4 [NKI-DMA]
+    dma_fixed_ns: float = 1300.0     # descriptor + semaphore-to-start, §2.6 [NKI-DMABW]
+    dma_packet_bytes: int = 4 * KIB  # default DMA packetisation, §3.4 [CC-OVERLAP]
+    dma_eff_bytes: float = 1024.0    # efficiency curve scale, see `dma_efficiency`
+    vector_transpose_max: int = 32   # VectorE transpose <= 32x32, §2.3 [NKI-ARCH1]
+
+    def clock(self, engine: str) -> float:
+        """GHz of a compute engine, i.e. cycles per ns."""
+        return dict(self.clock_ghz)[engine]
+
+    @property
+    def psum_bank_bytes(self) -> int:
+        return self.psum_partition_bytes // self.psum_banks    # 2 KiB, §3.2
+
+    @property
+    def sbuf_usable_bytes(self) -> int:
+        return self.sbuf_partition_bytes - self.sbuf_reserved_bytes
+
+    @property
+    def dma_bytes_per_ns(self) -> float:
+        """Aggregate DMA bandwidth of one core: 272 / 368 / 528 GB/s, §3.4, §9."""
+        return self.dma_engines * self.dma_engine_bytes_per_ns
+
+    def dma_efficiency(self, chunk_bytes: float) -> float:
+        """Fraction of peak DMA bandwidth reached with contiguous chunks (descriptors)
+        of `chunk_bytes`. §3.4 [NKI-DMABW] gives three points, not a curve: <256 B
+        "badly overhead-bound", 2 KiB "minimum recommended", >=4 KiB "close to
+        saturation". We use 1 - exp(-chunk / 1 KiB), monotone, which gives 0.22 at
+        256 B, 0.86 at 2 KiB, 0.98 at 4 KiB, and ~chunk/1 KiB for tiny chunks (i.e. a
+        fixed ~44 ns per descriptor at 23 B/ns). Our choice, not a vendor curve."""
+        return 1.0 - math.exp(-max(chunk_bytes, 1.0) / self.dma_eff_bytes)
+
+
+def _clocks(tensor: float, vector: float, scalar: float, gpsimd: float):
+    return (("tensor", tensor), ("vector", vector), ("scalar", scalar), ("gpsimd", gpsimd))
+
+
+# §3.1 [NKILIB]: the NKI library keeps 16 KiB + 8 + 256 bytes per partition back on
+# Trn2 (runtime/compiler scratch). We keep the same amount back on every generation.
+_SBUF_RESERVED = 16 * KIB + 8 + 256
+# §6.2 [NKI-ISA]: "Trn2 ScalarE only supports mult/add combos" for tensor_scalar.
+_SCALAR_TS_OPS = ("add", "subtract", "multiply", "bypass")
+
+NC_V2 = CoreSpec(
+    name="NeuronCore-v2", generation="trn1",
+    clock_ghz=_clocks(2.8, 1.12, 1.4, 1.4),        # §1.2 [NKI-ARCH1]
+    sbuf_partition_bytes=192 * KIB,                 # §1.1 [NKI-ARCH1]
+    sbuf_reserved_bytes=_SBUF_RESERVED,             # §3.1 [NKILIB]
+    max_moving_free=512,                            # §2.2 [NKI-ISA]
+    matmul_spans_banks=False,                       # §3.2 [NKI-ARCH1]
+    fp8_double_row=1, mx_speedup=1,                 # §2.2: no fast FP8 on v2
+    dma_engine_bytes_per_ns=17.0,                   # §3.4 [NKI-DMABW]
+    vector_fast_copy=1, vector_fast_psum=1,         # §2.3: perf modes are v3+
+    scalar_fast_bf16=1, psum_bf16=False,            # §2.4, §3.2
+    ocp_fp8=False, fp32_transpose_factor=4,         # §2.2: FP32 matmul, 4x
+    scalar_ts_ops=_SCALAR_TS_OPS,                   # §6.2 (Trn2 rule, assumed on Trn1)
+)
+
+NC_V3 = CoreSpec(
+    name="NeuronCore-v3", generation="trn2",
+    clock_ghz=_clocks(2.4, 0.96, 1.2, 1.2),        # §1.2 [NKI-ARCH2]
+    sbuf_partition_bytes=224 * KIB,                 # §1.1 [NKI-ARCH2]
+    sbuf_reserved_bytes=_SBUF_RESERVED,             # §3.1 [NKILIB]
+    max_moving_free=512,                            # §2.2 [NKI-ISA]
+    matmul_spans_banks=False,                       # §3.2 [NKI-ARCH1]
+    fp8_double_row=2, mx_speedup=1,                 # §2.2 [NKI-ARCH2]
+    dma_engine_bytes_per_ns=23.0,                   # §3.4 [NKI-DMABW]
+    vector_fast_copy=4, vector_fast_psum=2,         # §2.3 [NKI-ARCH2]
+    scalar_fast_bf16=1, psum_bf16=False,            # §2.4, §3.2
+    ocp_fp8=False, fp32_transpose_factor=2,         # §2.2: is_transpose 2x for FP32
+    scalar_ts_ops=_SCALAR_TS_OPS,                   # §6.2 [NKI-ISA]
+)
+
+NC_V4 = CoreSpec(
+    name="NeuronCore-v4", generation="trn3",
+    clock_ghz=_clocks(2.4, 1.2, 1.2, 1.2),         # §1.2 [NKI-ARCH3]
+    sbuf_partition_bytes=256 * KIB,                 # §1.1 [NKI-ARCH3]
+    sbuf_reserved_bytes=_SBUF_RESERVED,             # §3.1 [NKILIB]
+    max_moving_free=4096,                           # §2.2 [NKI-ISA] (FP32 dst)
+    matmul_spans_banks=True,                        # §2.2 [NKI-ISA]
+    fp8_double_row=2, mx_speedup=4,                 # §2.2, §10.5 [NKI-ARCH3]
+    dma_engine_bytes_per_ns=33.0,                   # §3.4 [NKI-DMABW]
+    vector_fast_copy=4, vector_fast_psum=2,         # §2.3 (v3 modes kept on v4)
+    scalar_fast_bf16=2, psum_bf16=True,             # §2.4, §3.2 [NKI-ARCH3]
+    ocp_fp8=True, fp32_transpose_factor=2,          # §2.2 [NKI-ISA]
+    scalar_ts_ops=None,                             # §2.4: Activation2 on v4
+)
+
+
+@dataclass(frozen=True)
+class ChipSpec:
+    name: str                        # "trn1" | "trn2" | "trn3"
+    core: CoreSpec
+    cores: int                       # NeuronCores per chip, §1.1
+    hbm_bytes: int                   # §1.1
+    hbm_bytes_per_ns: float          # chip HBM bandwidth (GB/s == B/ns), §1.1, §10.2
+    peak_tflops: tuple[tuple[str, float], ...] = field(default=())  # per core, §1.2
+
+    def peak_tflops_per_core(self, dtype: str) -> float:
+        """Published dense TensorE peak per core for an input dtype (for MFU)."""
+        table = dict(self.peak_tflops)
+        if dtype.startswith("float8"):
+            return table["fp8"]
+        return table["fp32"] if dtype == "float32" else table["bf16"]
+
+
+# HBM bandwidth choices (§1.1, §10.2): Trn1 820 GB/s [NKI-ARCH1] (the GiB/s variant is
+# 7% more; either exceeds 2 cores x 272 GB/s, so it never binds). Trn2 2.9 TB/s
+# [TRN2-CHIP][SEED-CMP333], consistent with 8 cores x ~362 GB/s (§9). Trn3 4.9 TB/s
+# [TRN3-CHIP], the chip page, like Trn2 (the NKI guide's 4.7 is the conservative one).
+CHIPS = {
+    "trn1": ChipSpec(
+        name="trn1", core=NC_V2, cores=2,           # §1.1 [TRN1-CHIP]
+        hbm_bytes=32 * GIB,                         # §1.1 [TRN1-CHIP]
+        hbm_bytes_per_ns=820.0,                     # §1.1 [NKI-ARCH1], §10.2
+        peak_tflops=(("bf16", 92.0), ("fp8", 92.0), ("fp32", 23.0)),   # §1.2
+    ),
+    "trn2": ChipSpec(
+        name="trn2", core=NC_V3, cores=8,           # §1.1 [TRN2-CHIP]
+        hbm_bytes=96 * GIB,                         # §1.1 [TRN2-CHIP]
+        hbm_bytes_per_ns=2900.0,                    # §1.1 [TRN2-CHIP], §10.2
+        peak_tflops=(("bf16", 79.0), ("fp8", 158.0), ("fp32", 20.0)),  # §1.2
+    ),
+    "trn3": ChipSpec(
+        name="trn3", core=NC_V4, cores=8,           # §1.1 [TRN3-CHIP]
+        hbm_bytes=144 * GIB,                        # §1.1 [TRN3-CHIP]
+        hbm_bytes_per_ns=4900.0,                    # §1.1 [TRN3-CHIP], §10.2
+        # §1.2: 315 is MX only; plain FP8 is double_row = 2x BF16 (§10.5).
+        peak_tflops=(("bf16", 79.0), ("fp8", 158.0), ("fp32", 20.0), ("mx", 315.0)),
+    ),
+}
