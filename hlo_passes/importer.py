@@ -81,7 +81,7 @@ from hlo_passes.errors import HloImportError
 
 _BYTECODE_MAGIC = b"ML\xefR"
 _PRODUCER = re.compile(rb"StableHLO_v(\d+\.\d+\.\d+)\x00")
-_NAME_LOC = re.compile(r'"((?:[^"\\]|\\.)*)"(?=[()])')
+_NAME_LOC = re.compile(r'"((?:[^"\\]|\\.)*)"(?=[(),\]])')  # not followed by ":"
 _FILE_LOC = re.compile(r'"((?:[^"\\]|\\.)*)":(\d+):\d+')
 
 
@@ -151,7 +151,7 @@ def _entry(functions: dict[str, ir.Function]) -> str:
 
 def _import_mesh(op: mlir_ir.Operation, attrs: dict) -> None:
     mesh = sdy.MeshAttr(op.attributes["mesh"])
-    axes = tuple((axis.name, int(axis.size)) for axis in mesh.axes)
+    axes = tuple((a.name, int(a.size)) for a in map(sdy.MeshAxisAttr, mesh.axes))
     attrs.setdefault("sdy.meshes", {})[op.attributes["sym_name"].value] = axes
 
 

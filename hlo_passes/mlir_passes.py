@@ -1,10 +1,13 @@
 """MLIR-level passes, run on the deserialized module before import.
 
-What PJRT hands a plugin went through XLA's `SerializeUsingVersionedStablehlo`, which
-runs the Shardy *round-trip export*: `sdy.mesh` ops, `sdy.sharding` attributes and
-`sdy.sharding_constraint` ops become `mhlo.frontend_attributes = {xla.sdy.* = "..."}`
-strings and `stablehlo.custom_call @Sharding`. We undo that here so that a later Shardy
-stage sees real `sdy` ops:
+PJRT serializes with XLA's `Serialize(module, min(plugin, framework version))`. For
+targets >= 1.11.0 (ours reports jaxlib's current version) that is *mixed* serialization:
+StableHLO as VHLO plus `sdy` ops as they are, so Shardy ops arrive intact. Older targets
+(and `jax._src.lib._jax.mlir.serialize_portable_artifact`) run the Shardy *round-trip
+export* first: `sdy.mesh` ops, `sdy.sharding` attributes and `sdy.sharding_constraint`
+ops become `mhlo.frontend_attributes = {xla.sdy.* = "..."}` strings and
+`stablehlo.custom_call @Sharding`. We undo that here so that a later Shardy stage always
+sees real `sdy` ops:
 
 1. `xla-sdy-round-trip-import-shardy-attrs` (jaxlib registers it): frontend attributes
    -> `sdy.mesh` ops and `sdy.sharding` attributes.
