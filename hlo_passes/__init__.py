@@ -1,0 +1,44 @@
+"""StableHLO in, our small IR out: deserialize, MLIR passes, import, pass pipeline.
+
+    compile_to_ir(code, name=None) -> ir.Module     # what pjrt_plugin calls
+    deserialize(code) -> (mlir context, mlir module)
+    run_mlir_passes(mlir_module)                    # Shardy round-trip import, chlo
+    import_module(mlir_module, name=None) -> ir.Module
+    Pipeline([...], verify=True, dump_dir=$JAX_TRN_DUMP), Fix([...]), verify(module)
+"""
+from __future__ import annotations
+
+from hlo_passes import ir
+from hlo_passes.errors import HloImportError, VerifyError
+from hlo_passes.importer import artifact_version, deserialize, import_module
+from hlo_passes.mlir_passes import run_mlir_passes
+from hlo_passes.passes import cse, dce, inline_calls, simplify
+from hlo_passes.pipeline import Fix, Pipeline
+from hlo_passes.verifier import verify
+
+__all__ = [
+        "HloImportError", "VerifyError", "Fix", "Pipeline", "compile_to_ir",
+        "default_pipeline", "deserialize", "import_module", "ir", "run_mlir_passes",
+        "verify",
+]
+
+
+def default_pipeline(**kwargs) -> Pipeline:
+    """The hardware-agnostic cleanup every program gets after import."""
+    return Pipeline([inline_calls, Fix([simplify, cse, dce])], **kwargs)
+
+
+def compile_to_ir(code: bytes | str, *, name: str | None = None) -> ir.Module:
+    """Bytes from PJRT_Client_Compile (format "mlir") -> verified, cleaned-up IR.
+
+    `name` names the module (and its IR dumps); by default the MLIR module's name
+    ("jit_f"), or "module".
+    """
+    _, mlir_module = deserialize(code)
+    run_mlir_passes(mlir_module)
+    module = import_module(mlir_module, name=name)
+    version = artifact_version(code if isinstance(code, bytes) else b"")
+    if version:
+        module.attrs["stablehlo.version"] = version
+    default_pipeline().run(module)
+    return module
