@@ -25,6 +25,7 @@ operands run natively on GpSimd (§2.5).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Union
 
@@ -118,7 +119,7 @@ class Tile:
 
     @property
     def free_size(self) -> int:
-        return int(np.prod(self.free, dtype=np.int64))
+        return math.prod(self.free)
 
     @property
     def bytes_per_partition(self) -> int:
@@ -148,7 +149,7 @@ class DramAP:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
@@ -404,7 +405,7 @@ class TensorReduce(Instr):
                f"reduce axes {self.axis} must be distinct free axes of {self.data.shape}")
         kept = [n for i, n in enumerate(self.data.free, 1) if i not in axes]
         _check(self.dst.num_partitions == self.data.num_partitions
-               and self.dst.free_size == int(np.prod(kept, dtype=np.int64)),
+               and self.dst.free_size == math.prod(kept),
                f"reducing {self.data.shape} over {self.axis} cannot give {self.dst.shape}")
 
     @property
@@ -450,7 +451,7 @@ class Iota(Instr):
 
     def __post_init__(self):
         _tile(self.dst, "dst", "gpsimd")
-        size = int(np.prod([n for _, n in self.pattern], dtype=np.int64))
+        size = math.prod(n for _, n in self.pattern)
         _check(size == self.dst.free_size,
                f"iota pattern {self.pattern} has {size} elements, dst {self.dst.free_size}")
 

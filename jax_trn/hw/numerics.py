@@ -52,7 +52,8 @@ def _stochastic(x: np.ndarray, dt: np.dtype, rng: np.random.Generator) -> np.nda
     """Round to one of the two neighbours in `dt`, with probability proportional to
     closeness. Starts from RNE and moves to the other neighbour with probability
     |x - rne| / |other - rne|; overflow and NaN keep the RNE result."""
-    y = x.astype(dt)
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = x.astype(dt)
     y32 = y.astype(np.float32)
     bits = y.view(_UINT[dt.itemsize])
     away = np.abs(y32) < np.abs(x)             # sign-magnitude: +1 moves away from 0
@@ -76,7 +77,8 @@ def cast(x: np.ndarray, dtype, rounding: str = "rne",
         return x.astype(dt) if is_int(x.dtype) else _float_to_int(x, dt)
     if rounding == "stochastic" and dt.itemsize < 4 and rng is not None:
         return _stochastic(to_fp32(x), dt, rng)
-    return x.astype(dt)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return x.astype(dt)
 
 
 def round_tf32(x: np.ndarray) -> np.ndarray:

@@ -59,7 +59,10 @@ class CoreSpec:
 
     @property
     def sbuf_usable_bytes(self) -> int:
+        """SBUF bytes per partition a kernel may allocate (the SBUF model's size)."""
         return self.sbuf_partition_bytes - self.sbuf_reserved_bytes
+
+    sbuf_usable_bytes_per_partition = sbuf_usable_bytes
 
     @property
     def dma_bytes_per_ns(self) -> float:

@@ -1,0 +1,107 @@
+"""Hardware numerics: RNE, FP32 PSUM accumulation, DMA casts, stochastic rounding."""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from jax_trn.hw import DramAP, Kernel, Numerics, insert_semaphores, isa
+from jax_trn.hw.numerics import cast, round_tf32, to_fp32
+from tests.sim.helpers import core, run1, tile
+
+BF16 = ml_dtypes.bfloat16
+
+
+def test_bf16_cast_is_round_to_nearest_even():
+    x = np.float32([1 + 2 ** -8, 1 + 3 * 2 ** -8, 1 + 2 ** -8 + 2 ** -20, -(1 + 2 ** -8)])
+    np.testing.assert_array_equal(cast(x, "bfloat16").astype(np.float32),
+                                  [1, 1 + 2 ** -6, 1 + 2 ** -7, -1])
+
+
+def test_to_fp32_is_exact_for_narrow_floats():
+    for dtype in (BF16, np.float16, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2,
+                  ml_dtypes.float8_e4m3):
+        dt = np.dtype(dtype)
+        bits = np.arange(2 ** (8 * dt.itemsize)).astype(f"u{dt.itemsize}")
+        x = bits.view(dt)
+        wide = to_fp32(x)
+        finite = np.isfinite(wide)
+        np.testing.assert_array_equal(wide[finite].astype(dt).view(bits.dtype), bits[finite])
+
+
+def test_round_tf32():
+    x = np.float32([1 + 2 ** -11, 1 + 3 * 2 ** -11, 1 + 2 ** -11 + 2 ** -20, np.inf])
+    np.testing.assert_array_equal(round_tf32(x), [1, 1 + 2 ** -9, 1 + 2 ** -10, np.inf])
+
+
+def test_psum_accumulates_4096_bf16_ones_exactly():
+    """32 matmuls of K=128 ones accumulate 4096 in FP32 PSUM (BF16 would stop at 256)."""
+    st, mv = tile((128, 1), "bfloat16"), tile((128, 8), "bfloat16")
+    d = tile((1, 8), "float32", mem="psum")
+    c = core()
+    c.mem(st).write(st, np.ones(st.shape, BF16))
+    c.mem(mv).write(mv, np.ones(mv.shape, BF16))
+    instrs = [isa.NcMatmul(dst=d, stationary=st, moving=mv, accumulate=i > 0) for i in range(32)]
+    c.run(Kernel("acc", instrs, {}), {})
+    np.testing.assert_array_equal(c.mem(d).read(d), np.full((1, 8), 4096, np.float32))
+
+
+def test_dma_casts_through_fp32():
+    src = np.float32([1 / 3, 70000, -2.5, 1e-8])
+    out = np.zeros(4, np.float16)
+    instr = isa.DmaCopy(dst=DramAP("o", 0, ((1, 4),), "float16"),
+                        src=DramAP("i", 0, ((1, 4),), "float32"))
+    core().run(Kernel("k", [instr], {}), {"i": src, "o": out})
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(out, src.astype(np.float16))
+
+
+def test_dma_int_to_int_copies_directly():
+    src = np.array([2 ** 40 + 1, -1], np.int64)
+    out = np.zeros(2, np.int32)
+    instr = isa.DmaCopy(dst=DramAP("o", 0, ((1, 2),), "int32"),
+                        src=DramAP("i", 0, ((1, 2),), "int64"))
+    core().run(Kernel("k", [instr], {}), {"i": src, "o": out})
+    np.testing.assert_array_equal(out, [1, -1])
+
+
+def _sr_copy(seed: int, x: np.ndarray) -> np.ndarray:
+    s, d = tile((1, x.size)), tile((1, x.size), "bfloat16")
+    c = core(rounding="stochastic", seed=seed)
+    return run1(isa.TensorCopy(dst=d, src=s), {s: x.reshape(1, -1)}, c=c)[0].astype(np.float32)
+
+
+def test_stochastic_rounding_is_unbiased_and_reproducible():
+    x = np.full(20000, 1 + 2 ** -9, np.float32)        # a quarter of a bf16 ulp above 1
+    a, b = _sr_copy(7, x), _sr_copy(7, x)
+    np.testing.assert_array_equal(a, b)                 # same seed, same bits
+    assert set(np.unique(a)) == {1.0, 1 + 2 ** -7}
+    assert abs(a.mean() - x[0]) < 2e-4                  # unbiased on average
+    assert not np.array_equal(a, _sr_copy(8, x))
+
+
+def test_stochastic_rounding_keeps_exact_values_and_specials():
+    x = np.float32([1.0, -2.5, np.inf, np.nan, 0.0, 3.389531e38])
+    out = _sr_copy(1, x)
+    np.testing.assert_array_equal(out[:5], x[:5])
+    assert np.isfinite(out[5]) or np.isinf(out[5])
+
+
+def test_numerics_from_env(monkeypatch):
+    monkeypatch.setenv("JAX_TRN_STOCHASTIC_ROUNDING", "1")
+    monkeypatch.setenv("JAX_TRN_STOCHASTIC_ROUNDING_SEED", "42")
+    n = Numerics.from_env()
+    assert (n.rounding, n.seed) == ("stochastic", 42)
+    monkeypatch.delenv("JAX_TRN_STOCHASTIC_ROUNDING")
+    assert Numerics.from_env().rounding == "rne"
+
+
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2", "float16"])
+def test_stochastic_rounding_picks_a_neighbour(dtype):
+    x = np.random.default_rng(0).normal(size=1000).astype(np.float32)
+    s, d = tile((1, 1000)), tile((1, 1000), dtype)
+    out = run1(isa.TensorCopy(dst=d, src=s), {s: x[None]}, c=core(rounding="stochastic"))
+    rne = x.astype(out.dtype)
+    steps = np.abs(out[0].view(np.uint8 if out.itemsize == 1 else np.uint16).astype(int)
+                   - rne.view(out[0].view(np.uint8 if out.itemsize == 1 else np.uint16).dtype).astype(int))
+    assert steps.max() <= 1 and steps.any()
