@@ -1,0 +1,177 @@
+"""The kernel builder: on-chip memory allocation and instruction emission for one kernel.
+
+Rules allocate SBUF/PSUM tiles (`tile`, `ring`), emit instructions in program order
+(`emit`, `dma`), and `finish` turns the result into a `Kernel` after the sync pass has
+set the semaphore waits. Each engine and DMA queue runs its own subsequence in order, so
+a ring of 2-3 buffers lets the DMA of tile i+1 overlap the compute on tile i: reuse of a
+buffer is a write-after-read hazard the sync pass orders with semaphores.
+"""
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from jax_trn.hw import dtypes as hw_dtypes
+from jax_trn.hw import isa
+from jax_trn.hw.program import DramTensor, Kernel
+
+from .errors import LoweringError
+from .layout import P, Axes
+
+PSUM_BANK_BYTES = 2048      # one accumulation group: 512 FP32 per partition (§3.2)
+PSUM_BANKS = 8
+SBUF_ALIGN = 64
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the code generator needs to know about a NeuronCore (from `hw.spec`)."""
+    sbuf_bytes: int = 192 * 1024          # usable SBUF bytes per partition
+    psum_bytes: int = PSUM_BANKS * PSUM_BANK_BYTES
+    dma_queues: int = 16
+
+    @classmethod
+    def of(cls, spec: Any) -> "Limits":
+        """Reads a `CoreSpec` (or a chip spec with `.core`); missing fields keep defaults."""
+        spec = getattr(spec, "core", spec)
+        return cls(sbuf_bytes=_first(spec, _SBUF_FIELDS, cls.sbuf_bytes),
+                   psum_bytes=_first(spec, _PSUM_FIELDS, cls.psum_bytes),
+                   dma_queues=_first(spec, _QUEUE_FIELDS, cls.dma_queues))
+
+
+_SBUF_FIELDS = ("sbuf_usable_bytes_per_partition", "sbuf_bytes_per_partition",
+                "sbuf_partition_bytes")
+_PSUM_FIELDS = ("psum_bytes_per_partition", "psum_partition_bytes")
+_QUEUE_FIELDS = ("dma_queues", "dma_queues_per_core", "num_dma_queues")
+
+
+def _first(obj: Any, names: tuple[str, ...], default: int) -> int:
+    for n in names:
+        v = getattr(obj, n, None)
+        if isinstance(v, int) and v > 0:
+            return v
+    return default
+
+
+class Allocator:
+    """First-fit allocation of byte ranges within each partition, with free and peak."""
+
+    def __init__(self, mem: str, capacity: int, align: int):
+        self.mem, self.capacity, self.align = mem, capacity, align
+        self.live: dict[int, int] = {}          # offset -> size
+        self.peak = 0
+
+    def alloc(self, nbytes: int, who: str) -> int:
+        nbytes = -(-max(nbytes, 1) // self.align) * self.align
+        at = 0
+        for off in sorted(self.live):
+            if off - at >= nbytes:
+                break
+            at = max(at, off + self.live[off])
+        if at + nbytes > self.capacity:
+            raise LoweringError(
+                f"kernel {who} needs more {self.mem.upper()} than the core has: "
+                f"{at + nbytes} > {self.capacity} bytes per partition")
+        self.live[at] = nbytes
+        self.peak = max(self.peak, at + nbytes)
+        return at
+
+    def free(self, offset: int) -> None:
+        del self.live[offset]
+
+
+class Ring:
+    """Buffers handed out in rotation (multi-buffering)."""
+
+    def __init__(self, tiles: list[isa.Tile]):
+        self.tiles = tiles
+        self._next = itertools.count()
+
+    def next(self) -> isa.Tile:
+        return self.tiles[next(self._next) % len(self.tiles)]
+
+
+def sub(tile: isa.Tile, parts: int | None = None, free: int | tuple[int, ...] | None = None,
+        at: int = 0) -> isa.Tile:
+    """A [parts, free] tile inside `tile`, starting `at` elements into each partition."""
+    free = tile.free if free is None else free
+    free = (free,) if isinstance(free, int) else tuple(free)
+    parts = tile.num_partitions if parts is None else parts
+    return tile.with_(num_partitions=parts, free=free,
+                      offset=tile.offset + at * hw_dtypes.itemsize(tile.dtype))
+
+
+def opcode(cls: type) -> str:
+    """`NcMatmul` -> "nc_matmul"."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__).lower()
+
+
+class KernelBuilder:
+    """Builds one `Kernel`: allocation, instructions in program order, DMA queues."""
+
+    def __init__(self, name: str, limits: Limits = Limits()):
+        self.name, self.limits = name, limits
+        self.instrs: list[isa.Instr] = []
+        self.flops = 0                          # useful FLOPs of the source ops
+        self.dram: dict[str, DramTensor] = {}
+        self.sbuf = Allocator("sbuf", limits.sbuf_bytes, SBUF_ALIGN)
+        self.psum = Allocator("psum", limits.psum_bytes, PSUM_BANK_BYTES)
+        self._queues = itertools.cycle(range(limits.dma_queues))
+        self._evac = itertools.cycle(("vector", "scalar"))
+
+    # --- memory ---------------------------------------------------------------
+
+    def tile(self, free: int | tuple[int, ...], dtype: str, mem: str = "sbuf",
+             parts: int = P) -> isa.Tile:
+        free = (free,) if isinstance(free, int) else tuple(free)
+        t = isa.Tile(mem, 0, parts, 0, free, dtype)
+        offset = self._alloc(mem).alloc(t.bytes_per_partition, self.name)
+        return t.with_(offset=offset)
+
+    def ring(self, depth: int, free: int | tuple[int, ...], dtype: str,
+             mem: str = "sbuf") -> Ring:
+        return Ring([self.tile(free, dtype, mem) for _ in range(depth)])
+
+    def release(self, *tiles: isa.Tile | Ring) -> None:
+        for t in tiles:
+            for tt in (t.tiles if isinstance(t, Ring) else [t]):
+                self._alloc(tt.mem).free(tt.offset)
+
+    def _alloc(self, mem: str) -> Allocator:
+        return self.sbuf if mem == "sbuf" else self.psum
+
+    # --- instructions -----------------------------------------------------------
+
+    def emit(self, cls: type, **fields) -> isa.Instr:
+        instr = cls(name=f"{self.name}/{opcode(cls)}", **fields)
+        self.instrs.append(instr)
+        return instr
+
+    def ap(self, tensor: DramTensor, offset: int, pattern: Axes) -> isa.DramAP:
+        """An access pattern over `tensor` (recorded as used by the kernel)."""
+        self.dram[tensor.name] = tensor
+        return isa.DramAP(tensor.name, offset, tuple(pattern), tensor.dtype)
+
+    def dma(self, dst: isa.Operand, src: isa.Operand) -> isa.Instr:
+        """A DmaCopy on the next DMA queue (round-robin)."""
+        return self.emit(isa.DmaCopy, dst=dst, src=src, dma_queue=next(self._queues))
+
+    def evac_engine(self) -> str:
+        """Alternates PSUM evacuation copies between VectorE and ScalarE."""
+        return next(self._evac)
+
+    def finish(self, ops: Iterable[str] = ()) -> Kernel:
+        return Kernel(name=self.name, instructions=_sync(self.instrs), dram=dict(self.dram),
+                      sbuf_bytes=self.sbuf.peak, psum_bytes=self.psum.peak,
+                      ops=list(ops), flops=self.flops)
+
+
+def _sync(instrs: list[isa.Instr]) -> list[isa.Instr]:
+    """Sets semaphore waits with the hardware's sync pass (identity until it exists)."""
+    if importlib.util.find_spec("jax_trn.hw.sync") is None:
+        return list(instrs)
+    from jax_trn.hw.sync import insert_semaphores
+    return list(insert_semaphores(instrs))

@@ -1,0 +1,217 @@
+"""`lower_module`: one kernel per op of the entry function, in program order.
+
+Buffers: parameters are `arg0..`, results `out0..` (every output its own buffer: a result
+that is a parameter, a non-splat constant or a repeated value gets a copy kernel), and
+other op results are HBM temporaries `t0..`. Constants never run as ops: a splat
+constant becomes a Memset kernel just before its first use; any other constant is
+initial data, a DRAM tensor named "const:<i>" whose array is in `program.constants`
+(the runtime loads it into HBM once per executable).
+"""
+from __future__ import annotations
+
+import itertools
+import os
+from typing import Any
+
+import numpy as np
+
+from hlo_passes import ir
+from jax_trn.hw import isa
+from jax_trn.hw.program import DramTensor, Kernel, Program
+
+from . import movement
+from .builder import KernelBuilder, Limits
+from .errors import LoweringError
+from .listing import format_program
+from .registry import LowerCtx, get_rule
+
+UNSUPPORTED_DTYPES = ("float64", "complex64", "complex128", "int64", "uint64", "token")
+PRECISIONS = {"default": "default", "bfloat16": "default", "high": "high",
+              "tensorfloat32": "high", "highest": "highest", "float32": "highest"}
+RETURNS = ("return", "func.return")
+
+
+def resolve_precision(matmul_precision: str | None) -> str:
+    """What precision DEFAULT means: the argument, else $JAX_TRN_MATMUL_PRECISION."""
+    name = matmul_precision or os.environ.get("JAX_TRN_MATMUL_PRECISION") or "default"
+    try:
+        return PRECISIONS[name.lower()]
+    except KeyError:
+        raise LoweringError(f"unknown matmul precision {name!r}; expected one of "
+                            f"{sorted(PRECISIONS)}") from None
+
+
+def check_dtypes(op: ir.Op) -> None:
+    for v in (*op.operands, *op.results):
+        if v.dtype in UNSUPPORTED_DTYPES or v.dtype not in ir.DTYPES:
+            raise LoweringError(f"{v.dtype} is not supported by the Trainium hardware "
+                                f"({op.describe()})")
+
+
+def splat_value(value: np.ndarray) -> Any | None:
+    """The single value of an all-equal (bitwise) array, else None."""
+    flat = np.ascontiguousarray(value).reshape(-1)
+    if flat.size == 0:
+        return 0
+    as_bytes = flat.view(np.uint8).reshape(flat.size, -1)
+    return flat[0] if (as_bytes == as_bytes[0]).all() else None
+
+
+class _Lowering:
+    """The state of lowering one function: where every value lives, kernels so far."""
+
+    def __init__(self, fn: ir.Function, spec: Any, precision: str, target: str | None):
+        self.fn, self.spec, self.precision, self.target = fn, spec, precision, target
+        self.limits = Limits.of(spec)
+        self.where: dict[int, DramTensor] = {}
+        self.pending: dict[int, ir.Op] = {}         # splat constants not yet written
+        self.consts: dict[str, np.ndarray] = {}     # known values, by DRAM name
+        self.constants: dict[str, np.ndarray] = {}  # initial data for the runtime
+        self.kernels: list[Kernel] = []
+        self.temps: list[DramTensor] = []
+        self._ids = itertools.count()
+        self.params = [self._param(i, a) for i, a in enumerate(fn.args)]
+        self.outputs = [DramTensor(f"out{i}", tuple(t.shape), t.dtype)
+                        for i, t in enumerate(fn.result_types)]
+
+    def _param(self, i: int, arg: ir.Value) -> DramTensor:
+        if arg.dtype in UNSUPPORTED_DTYPES or arg.dtype not in ir.DTYPES:
+            raise LoweringError(f"{arg.dtype} is not supported by the Trainium hardware "
+                                f"(argument {i} of {self.fn.name}: {arg.type})")
+        t = DramTensor(f"arg{i}", tuple(arg.shape), arg.dtype)
+        self.where[id(arg)] = t
+        return t
+
+    # --- the walk ---------------------------------------------------------------------
+
+    def run(self) -> Program:
+        body = self.fn.body
+        if not body.ops or body.terminator.kind not in RETURNS:
+            raise LoweringError(f"function {self.fn.name} does not end in a return")
+        claims = self._claim_outputs(body.terminator)
+        for op in body.ops[:-1]:
+            check_dtypes(op)
+            self._lower(op, claims)
+        self._copy_unclaimed(body.terminator, claims)
+        return self._program()
+
+    def _claim_outputs(self, ret: ir.Op) -> dict[int, DramTensor]:
+        """Results computed by an op write straight into their output buffer (first use)."""
+        claims: dict[int, DramTensor] = {}
+        args = {id(a) for a in self.fn.args}
+        for v, out in zip(ret.operands, self.outputs):
+            if id(v) not in args and id(v) not in claims:
+                claims[id(v)] = out
+        return claims
+
+    def _lower(self, op: ir.Op, claims: dict[int, DramTensor]) -> None:
+        if op.kind == "constant":
+            return self._constant(op, claims)
+        ins = [self._operand(v) for v in op.operands]
+        outs = [self._result(v, claims) for v in op.results]
+        rule = get_rule(op.kind, self.target)
+        if rule is None:
+            raise LoweringError(f"no lowering for {op.describe()}")
+        self._run(op, f"{op.kind}.{next(self._ids)}",
+                  lambda ctx: rule(ctx, *ins, **op.attrs), outs)
+
+    def _operand(self, v: ir.Value) -> DramTensor:
+        if id(v) in self.pending:
+            self._fill(self.pending.pop(id(v)))
+        return self.where[id(v)]
+
+    def _result(self, v: ir.Value, claims: dict[int, DramTensor]) -> DramTensor:
+        t = claims.get(id(v))
+        if t is None:
+            t = DramTensor(f"t{len(self.temps)}", tuple(v.shape), v.dtype)
+            self.temps.append(t)
+        self.where[id(v)] = t
+        return t
+
+    # --- constants ------------------------------------------------------------------------
+
+    def _constant(self, op: ir.Op, claims: dict[int, DramTensor]) -> None:
+        v = op.result
+        value = np.asarray(op.attrs["value"]).astype(ir.np_dtype(v.dtype)).reshape(v.shape)
+        if splat_value(value) is None:
+            t = DramTensor(f"const:{len(self.constants)}", tuple(v.shape), v.dtype)
+            self.constants[t.name] = value
+            self.where[id(v)] = t
+            self.consts[t.name] = value
+            claims.pop(id(v), None)             # outputs get a copy of the data
+            return
+        self.pending[id(v)] = op
+        t = self._result(v, claims)
+        self.consts[t.name] = np.broadcast_to(splat_value(value), v.shape)
+        if id(v) in claims:
+            self._operand(v)
+
+    def _fill(self, op: ir.Op) -> None:
+        t = self.where[id(op.result)]
+        value = splat_value(np.asarray(op.attrs["value"]).astype(ir.np_dtype(t.dtype)))
+        self._run(op, f"constant.{next(self._ids)}",
+                  lambda ctx: movement.fill(ctx.kb, t, value), [t])
+
+    def _copy_unclaimed(self, ret: ir.Op, claims: dict[int, DramTensor]) -> None:
+        for v, out in zip(ret.operands, self.outputs):
+            if claims.get(id(v)) is out:
+                continue
+            src = self._operand(v)
+            self._run(ret, f"copy.{next(self._ids)}",
+                      lambda ctx, src=src, out=out: movement.copy(ctx.kb, out, src), [out])
+
+    # --- kernels ---------------------------------------------------------------------------
+
+    def _run(self, op: ir.Op, name: str, emit, outs: list[DramTensor]) -> None:
+        label = op.kind + (f" at {op.loc}" if op.loc else "")
+        ctx = LowerCtx(self.spec, self.limits, KernelBuilder(name, self.limits), op, outs,
+                       self.consts, self.precision, self._temp, None)
+        ctx.split = lambda suffix: self._split(ctx, name, suffix, label)
+        try:
+            emit(ctx)
+        except isa.IsaError as e:
+            raise LoweringError(f"internal error lowering {op.describe()}: {e}") from e
+        except LoweringError as e:
+            if op.describe() in str(e):
+                raise
+            raise LoweringError(f"{e} ({op.describe()})") from e
+        self.kernels.append(ctx.kb.finish([label]))
+
+    def _split(self, ctx: LowerCtx, name: str, suffix: str, label: str) -> KernelBuilder:
+        self.kernels.append(ctx.kb.finish([label]))
+        return KernelBuilder(f"{name}.{suffix}", self.limits)
+
+    def _temp(self, shape: tuple[int, ...], dtype: str) -> DramTensor:
+        t = DramTensor(f"t{len(self.temps)}", tuple(shape), dtype)
+        self.temps.append(t)
+        return t
+
+    def _program(self) -> Program:
+        program = Program(self.params, self.outputs, self.temps, self.kernels)
+        program.text = format_program(self.params, self.outputs, self.temps, self.kernels,
+                                      self.constants)
+        program.constants = self.constants      # type: ignore[attr-defined]
+        return program
+
+
+def lower_module(module: ir.Module, spec: Any, *, matmul_precision: str | None = None,
+                 target: str | None = None) -> Program:
+    """Lowers the entry function of `module` to a Program for one NeuronCore of `spec`.
+
+    Args:
+      module: the per-device IR (after hlo_passes).
+      spec: the `hw.spec.CoreSpec` (or a chip spec with `.core`).
+      matmul_precision: what a dot_general at precision DEFAULT runs as: "default" (bf16
+        operands), "high" (tf32) or "highest" (fp32); defaults to
+        $JAX_TRN_MATMUL_PRECISION, else "default".
+      target: a generation name ("trn2") selecting target-specific rules, if any.
+
+    Returns:
+      The Program; non-splat constants are in `program.constants` (name -> array).
+
+    Raises:
+      LoweringError: an op without a rule, a dtype the hardware lacks, or a kernel that
+        does not fit the core; the message names the op and its source location.
+    """
+    precision = resolve_precision(matmul_precision)
+    return _Lowering(module.main, spec, precision, target).run()

@@ -1,0 +1,144 @@
+"""Data movement and generated data: reshape, transpose, broadcast_in_dim, copies,
+splat constants (Memset) and iota.
+
+Layout changes are DRAM->DRAM DMAs whose source access pattern does the work (DMA
+engines move HBM<->HBM, §3.4): a transpose reads through permuted strides, a broadcast
+through stride-0 axes. Each copy is cut into chunks of at most `CHUNK_BYTES`, spread
+round-robin over the DMA queues.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from hlo_passes import ir
+from jax_trn.hw import isa
+from jax_trn.hw.program import DramTensor
+
+from .builder import KernelBuilder, sub
+from .elementwise import FMAX, _engine
+from .layout import (P, Axes, box_offset, box_pattern, box_tiles, flat_tiles, merge_axes,
+                     row_major, tiles)
+from .registry import LowerCtx, register_lowering
+
+CHUNK_BYTES = 512 * 1024
+IOTA_START = 150          # GpSimd start-up cycles of an iota (§6.3), for choosing a plan
+
+
+def dram_copy(kb: KernelBuilder, dst: DramTensor, dst_axes: Axes,
+              src: DramTensor, src_axes: Axes) -> None:
+    """DMAs the index space `src_axes` of `src` into `dst_axes` of `dst` (same nums)."""
+    d, s = merge_axes(dst_axes, src_axes)
+    cap = max(1, CHUNK_BYTES // ir.np_dtype(dst.dtype).itemsize)
+    for box in box_tiles([n for _, n in d], cap):
+        kb.dma(kb.ap(dst, box_offset(d, box), box_pattern(d, box)),
+               kb.ap(src, box_offset(s, box), box_pattern(s, box)))
+
+
+def copy(kb: KernelBuilder, dst: DramTensor, src: DramTensor) -> None:
+    dram_copy(kb, dst, row_major(dst.shape), src, row_major(src.shape))
+
+
+def broadcast_axes(shape: tuple[int, ...], out_shape: tuple[int, ...],
+                   dims: tuple[int, ...]) -> Axes:
+    """The axes of `out_shape` reading a `shape` tensor as broadcast_in_dim does.
+
+    >>> broadcast_axes((3, 1), (2, 3, 4), (1, 2))
+    ((0, 2), (1, 3), (0, 4))
+    """
+    src = row_major(shape)
+    strides = [0] * len(out_shape)
+    for i, j in enumerate(dims):
+        if shape[i] == out_shape[j]:
+            strides[j] = src[i][0]
+    return tuple(zip(strides, out_shape))
+
+
+@register_lowering("reshape")
+def _reshape_lower(ctx: LowerCtx, x: DramTensor) -> None:
+    copy(ctx.kb, ctx.outs[0], x)
+
+
+@register_lowering("transpose")
+def _transpose_lower(ctx: LowerCtx, x: DramTensor, *, permutation) -> None:
+    src = row_major(x.shape)
+    out = ctx.outs[0]
+    dram_copy(ctx.kb, out, row_major(out.shape), x, tuple(src[p] for p in permutation))
+
+
+@register_lowering("broadcast_in_dim")
+def _broadcast_in_dim_lower(ctx: LowerCtx, x: DramTensor, *, broadcast_dimensions) -> None:
+    out = ctx.outs[0]
+    src = broadcast_axes(tuple(x.shape), tuple(out.shape), tuple(broadcast_dimensions))
+    dram_copy(ctx.kb, out, row_major(out.shape), x, src)
+
+
+def fill(kb: KernelBuilder, out: DramTensor, value) -> None:
+    """Writes `value` everywhere in `out`: one Memset tile, DMAed out once per block."""
+    blocks = flat_tiles(out.size, FMAX)
+    if not blocks:
+        return
+    tile = kb.tile(max(b.free for b in blocks), out.dtype)
+    value = value.item() if hasattr(value, "item") else value
+    value = int(value) if isinstance(value, bool) else value
+    kb.emit(isa.Memset, dst=tile, value=value, engine=_engine(out.dtype))
+    for b in blocks:
+        kb.dma(kb.ap(out, b.offset, b.pattern), sub(tile, b.parts, b.free))
+    kb.release(tile)
+
+
+# --- iota ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class IotaTile:
+    """dst[p, f] = offset + p * channel_multiplier + step * f, DMAed to `out_offset`."""
+    parts: int
+    free: int
+    step: int
+    offset: int
+    channel_multiplier: int
+    out_offset: int
+    out_pattern: Axes
+
+
+def _iota_flat_rows(a_n: int, b_n: int) -> list[IotaTile]:
+    """Iota along the last axis, each row tiled as [128, F] blocks of its range."""
+    return [IotaTile(t.parts, t.free, 1, t.offset, t.pstride, a * b_n + t.offset, t.pattern)
+            for a in range(a_n) for t in flat_tiles(b_n, FMAX)]
+
+
+def _iota_rows(a_n: int, b_n: int) -> list[IotaTile]:
+    """Iota along the last axis with rows on partitions: every row is 0, 1, 2, ..."""
+    return [IotaTile(pa, fb, 1, b0, 0, a0 * b_n + b0, ((b_n, pa), (1, fb)))
+            for a0, pa in tiles(a_n, P) for b0, fb in tiles(b_n, FMAX)]
+
+
+def _iota_planes(a_n: int, b_n: int, c_n: int) -> list[IotaTile]:
+    """Iota along a middle axis: its index on partitions, the trailing axes on F."""
+    return [IotaTile(pb, fc, 0, b0, 1, (a * b_n + b0) * c_n + c0, ((c_n, pb), (1, fc)))
+            for a in range(a_n) for b0, pb in tiles(b_n, P) for c0, fc in tiles(c_n, FMAX)]
+
+
+def iota_plan(shape: tuple[int, ...], dim: int) -> list[IotaTile]:
+    a_n, b_n, c_n = math.prod(shape[:dim]), shape[dim], math.prod(shape[dim + 1:])
+    if c_n > 1:
+        return _iota_planes(a_n, b_n, c_n)
+    plans = [_iota_rows(a_n, b_n), _iota_flat_rows(a_n, b_n)]
+    return min(plans, key=lambda plan: sum(IOTA_START + t.free for t in plan))
+
+
+@register_lowering("iota")
+def _iota_lower(ctx: LowerCtx, *, iota_dimension) -> None:
+    """Iota writes its integer pattern straight into a tile of the result dtype (like
+    `nki.isa.iota(..., dtype=)`): the cast happens on the way out of GpSimd."""
+    kb, out = ctx.kb, ctx.outs[0]
+    if out.size == 0:
+        return
+    plan = iota_plan(tuple(out.shape), iota_dimension)
+    ring = kb.ring(2, max(t.free for t in plan), out.dtype)
+    for t in plan:
+        dst = sub(ring.next(), t.parts, t.free)
+        kb.emit(isa.Iota, dst=dst, pattern=((t.step, t.free),), offset=t.offset,
+                channel_multiplier=t.channel_multiplier)
+        kb.dma(kb.ap(out, t.out_offset, t.out_pattern), dst)
+    kb.release(ring)
