@@ -38,14 +38,15 @@ class DeadlockError(RuntimeError):
 
 
 class NeuronCore:
-    """One simulated NeuronCore of generation `spec`. `hbm` is the chip's shared HBM
-    bandwidth (a private one is made if None)."""
+    """One simulated NeuronCore of generation `spec`. `hbm` is the chip's HBM
+    bandwidth, shared by passing the same `Hbm` to every core of the chip; with None
+    the core's own DMA engines are the only bandwidth limit."""
 
     def __init__(self, spec: CoreSpec, *, hbm: Hbm | None = None, core_id: int = 0,
                  numerics: Numerics | None = None):
         self.spec = spec
         self.core_id = core_id
-        self.hbm = hbm if hbm is not None else Hbm(spec.dma_bytes_per_ns)
+        self.hbm = hbm
         self.dma_bw = Bandwidth(spec.dma_bytes_per_ns, f"dma.core{core_id}")
         self.sbuf = OnChipMemory("sbuf", spec.pmax, spec.sbuf_usable_bytes)
         self.psum = OnChipMemory("psum", spec.pmax, spec.psum_partition_bytes)
@@ -91,7 +92,7 @@ class NeuronCore:
         eff = spec.dma_efficiency(chunk)
         lines = [(self.dma_bw, 1.0 / eff)]       # overhead time occupies the engines
         hbm_sides = instr.hbm_bytes / max(instr.nbytes, 1)
-        if hbm_sides > 0:
+        if hbm_sides > 0 and self.hbm is not None:
             lines.append((self.hbm, hbm_sides))
         rate = engines * spec.dma_engine_bytes_per_ns * eff
         return reserve(lines, start + spec.dma_fixed_ns, instr.nbytes, rate)
@@ -198,7 +199,7 @@ class _Run:
     def _result(self) -> KernelRun:
         events = self.events
         end = max((e.end_ns for e in events), default=self.t0)
-        run = KernelRun(self.kernel.name, self.t0, end, events)
+        run = KernelRun(self.kernel.name, self.t0, end, events, core=self.core.core_id)
         run.busy_ns = _busy(events)
         run.flops = sum(e.flops for e in events)
         run.hbm_bytes = sum(i.hbm_bytes for i in self.kernel.instructions

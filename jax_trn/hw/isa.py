@@ -4,7 +4,10 @@ Every instruction is a frozen dataclass with NKI-style keyword operands (`dst=`,
 `data=`, ...). Operands are `Tile`s (a region of SBUF or PSUM: a partition range and a
 row-major free-axis block at a byte offset within each partition) or `DramAP`s (an
 access pattern over a DRAM tensor in HBM). Operand constraints are checked when an
-instruction is built (`__post_init__`), so a compiler bug is caught at the instruction.
+instruction is built (`__post_init__`), so a compiler bug is caught at the instruction;
+constraints that depend on the generation are checked by `instr.check(spec)` when a
+`NeuronCore` runs the kernel. `instr.execute(core)` applies it (semantics.py) and
+`instr.cycles(spec)` prices it (costs.py).
 
 | instruction    | engine                 | meaning                                                   |
 |----------------|------------------------|-----------------------------------------------------------|
@@ -14,14 +17,28 @@ instruction is built (`__post_init__`), so a compiler bug is caught at the instr
 | Activation     | scalar                 | dst = func(data * scale + bias); optional add-reduce      |
 | TensorTensor   | vector / gpsimd        | dst = data1 <op> data2                                    |
 | TensorScalar   | vector / scalar/gpsimd | dst = (data <op0> operand0) <op1> operand1                |
-| TensorReduce   | vector                 | dst = reduce<op>(data) over the last free axes            |
+| TensorReduce   | vector                 | dst = reduce<op>(data) over free axes `axis`              |
 | TensorCopy     | vector/scalar/gpsimd   | dst = cast(src)                                           |
 | Memset         | vector / gpsimd        | dst = value                                               |
 | Iota           | gpsimd                 | dst[p, f] = offset + p*channel_multiplier + pattern(f)    |
-| Select         | vector                 | dst = on_true where pred != 0 else on_false               |
+| Select         | vector / gpsimd        | dst = on_true where pred != 0 else on_false               |
 
 Engines compute in FP32 with casts on input and output (§2.3, §2.4, §4); integer
 operands run natively on GpSimd (§2.5).
+
+Checked at construction (IsaError):
+- compute operands are Tiles; GpSimd never touches PSUM (§2.5); a tile of 65-128
+  partitions starts at partition 0, of 33-64 at 0 or 64, of <=32 at a multiple of 32
+  (§3.1); elementwise operands have equal partition counts and element counts, and
+  may change partitions only within <=64-partition groups (§2.3);
+- DmaCopy: Tile or DramAP on both sides, never PSUM, equal element counts (shapes
+  may differ: the data is reshaped row-major);
+- NcMatmul: stationary/moving in SBUF with equal partitions (K), stationary free
+  <= 128, dst [M, N] in PSUM, float inputs, FP32 only with FP32 (§2.2),
+  `precision="tf32"` for FP32 operands rounded to TF32, `perf_mode="double_row"` for
+  FP8 [K, 2, M] x [K, 2, N];
+- NcTranspose: tensor <= 128x128 SBUF -> PSUM, vector <= 32x32 (§6.2);
+- TensorTensor: not both inputs in PSUM (§6.2); TensorReduce: free axes only.
 """
 from __future__ import annotations
 

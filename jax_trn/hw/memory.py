@@ -66,6 +66,8 @@ def _strided(ap: DramAP, arrays: dict[str, np.ndarray]) -> np.ndarray:
         flat = arrays[ap.tensor]
     except KeyError:
         raise IsaError(f"DRAM tensor {ap.tensor!r} is not allocated") from None
+    if flat.ndim != 1 or not flat.flags.c_contiguous:
+        raise IsaError(f"DRAM tensor {ap.tensor!r} must be a flat contiguous array")
     if flat.dtype != _dt.np_dtype(ap.dtype):
         raise IsaError(f"DRAM tensor {ap.tensor!r} is {flat.dtype}, pattern says {ap.dtype}")
     if any(num < 1 for _, num in ap.pattern):

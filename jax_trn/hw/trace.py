@@ -34,6 +34,7 @@ class KernelRun:
     busy_ns: dict[str, float] = field(default_factory=dict)   # engine -> busy ns
     flops: int = 0
     hbm_bytes: int = 0          # bytes DMA'd to or from DRAM
+    core: int = 0               # core_id of the NeuronCore
 
     @property
     def duration_ns(self) -> float:
