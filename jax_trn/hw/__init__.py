@@ -15,6 +15,7 @@ Public names are re-exported here; the modules are:
 """
 from .bandwidth import Bandwidth as Bandwidth, Hbm as Hbm
 from .core import DeadlockError as DeadlockError, NeuronCore as NeuronCore
+from .core import chip_cores as chip_cores
 from .isa import IsaError as IsaError, Tile as Tile, DramAP as DramAP
 from .numerics import Numerics as Numerics
 from .program import DramTensor as DramTensor, Kernel as Kernel, Program as Program

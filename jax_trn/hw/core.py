@@ -25,10 +25,10 @@ from .isa import DmaCopy, Instr, IsaError
 from .memory import OnChipMemory
 from .numerics import Numerics
 from .program import Kernel
-from .spec import CoreSpec
+from .spec import ChipSpec, CoreSpec
 from .trace import KernelRun, TraceEvent
 
-__all__ = ["NeuronCore", "DeadlockError"]
+__all__ = ["NeuronCore", "DeadlockError", "chip_cores"]
 
 COMPUTE_QUEUES = ("tensor", "vector", "scalar", "gpsimd")
 
@@ -96,6 +96,12 @@ class NeuronCore:
             lines.append((self.hbm, hbm_sides))
         rate = engines * spec.dma_engine_bytes_per_ns * eff
         return reserve(lines, start + spec.dma_fixed_ns, instr.nbytes, rate)
+
+
+def chip_cores(chip: ChipSpec) -> list[NeuronCore]:
+    """The NeuronCores of one chip, sharing the chip's HBM bandwidth (§1.1)."""
+    hbm = Hbm(chip.hbm_bytes_per_ns, f"hbm.{chip.name}")
+    return [NeuronCore(chip.core, hbm=hbm, core_id=i) for i in range(chip.cores)]
 
 
 def _describe(instr: Instr) -> str:

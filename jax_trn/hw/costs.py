@@ -10,6 +10,9 @@ there. Where the sources give no rule we say what we chose:
 - VectorE perf modes (v3+, §2.3): tensor_copy / tensor_scalar with every tile a 16-bit
   float in SBUF run 4x; every other case 2x, which is also what the v3 datapath width
   of 256 elements per cycle for non-16-bit types (§1.2) gives.
+- VectorE tensor_tensor / select: §6.3's one-pass case (an input in PSUM, or BF16
+  add/mul/sub in SBUF) extends on v3+ to every BF16 SBUF op ("2x for BF16
+  tensor_tensor SBUF->SBUF", §2.3).
 - TensorE transpose of FP32 data costs 4x on v2 (an FP32 matmul) and 2x on v3+
   (`is_transpose`, "2x faster for FP32", §2.2).
 
@@ -96,8 +99,9 @@ def _two_input(ins, spec: CoreSpec, a: isa.Tile, b: isa.Tile, fast_op: bool) -> 
     n = _n(a)
     if ins.engine == "gpsimd":
         return float(_gpsimd(spec, n, 2))
-    one_pass = "psum" in (a.mem, b.mem) or (
-        fast_op and all(t.dtype == "bfloat16" and t.mem == "sbuf" for t in (ins.dst, a, b)))
+    bf16_sbuf = all(t.dtype == "bfloat16" and t.mem == "sbuf" for t in (ins.dst, a, b))
+    fast_mode = fast_op or spec.vector_fast_psum > 1        # v3+: any BF16 op, §2.3
+    one_pass = "psum" in (a.mem, b.mem) or (bf16_sbuf and fast_mode)
     return float(max(spec.min_ii, n if one_pass else 2 * n))
 
 
