@@ -261,6 +261,18 @@ def test_custom_call_attrs():
     assert bar.attrs["has_side_effect"] is False
 
 
+def test_unconvertible_attributes_fall_back_to_text():
+    # The bindings abort on `NamedAttribute.attr` for dense complex attributes.
+    module = from_text("""
+      func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {
+        %0 = stablehlo.custom_call @foo(%x) {odd = dense<[(1.0, 2.0)]> : tensor<1xcomplex<f32>>, mhlo.frontend_attributes = {c = dense<[(1.0, 2.0)]> : tensor<1xcomplex<f32>>}} : (tensor<4xf32>) -> tensor<4xf32>
+        return %0 : tensor<4xf32>
+      }""")
+    attrs = module.main.body.ops[0].attrs
+    assert attrs["odd"].startswith("dense<(1.0")
+    assert attrs["mhlo.frontend_attributes"]["c"].startswith("dense<(1.0")
+
+
 # ---- Shardy -------------------------------------------------------------------------
 
 
