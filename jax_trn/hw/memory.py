@@ -113,6 +113,8 @@ def _check_no_overlap(ap: DramAP) -> None:
 def dram_write(ap: DramAP, arrays: dict[str, np.ndarray], values: np.ndarray) -> None:
     """Store `values` (of the tensor's dtype, shape `ap.shape`) through the pattern."""
     view = _strided(ap, arrays)
+    if not view.flags.writeable:
+        raise IsaError(f"DRAM tensor {ap.tensor!r} is read-only (a kernel input?)")
     _check_no_overlap(ap)
     if values.dtype != view.dtype:
         raise TypeError(f"writing {values.dtype} into {ap.tensor!r} of {view.dtype}")

@@ -45,7 +45,9 @@ def _store(core, tile: isa.Tile, result: np.ndarray) -> None:
 def _int_imm(v) -> bool:
     if isinstance(v, isa.Tile):
         return is_int(_dt.np_dtype(v.dtype))
-    return isinstance(v, (bool, int, np.integer)) or float(v).is_integer()
+    if isinstance(v, (bool, int, np.integer)):
+        return True
+    return float(v).is_integer() and abs(v) < 2.0 ** 63
 
 
 def _scalar(core, v, data: isa.Tile, as_int: bool) -> np.ndarray:

@@ -59,3 +59,10 @@ def test_write_through_interleaved_but_disjoint_pattern():
 def test_bad_dram_access(arrays, ap, match):
     with pytest.raises(IsaError, match=match):
         dram_read(ap, arrays)
+
+
+def test_writing_a_read_only_tensor_is_an_isa_error():
+    x = np.zeros(4, np.float32)
+    x.flags.writeable = False
+    with pytest.raises(IsaError, match="read-only"):
+        dram_write(DramAP("x", 0, ((1, 4),), "float32"), {"x": x}, np.ones(4, np.float32))
