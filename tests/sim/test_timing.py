@@ -87,18 +87,18 @@ def test_trn1_has_no_perf_modes():
 
 
 def test_dma_128_partitions_x_4kib():
-    """~1.3 us fixed + 512 KiB / 368 GB/s (x 1/efficiency(4 KiB) = 0.98)."""
+    """~1.3 us fixed + 512 KiB / 368 GB/s (x 1/efficiency(4 KiB) = 1/0.94)."""
     t = Tile("sbuf", 0, 128, 0, (1024,), "float32")
     dma = isa.DmaCopy(dst=t, src=DramAP("x", 0, ((1024, 128), (1, 1024)), "float32"))
     r = run([dma], dram={"x": np.zeros(128 * 1024, np.float32)})
     expected = 1300 + 512 * 1024 / 368
-    assert r.end_ns == pytest.approx(expected, rel=0.03)
+    assert r.end_ns == pytest.approx(expected, rel=0.05)
     assert r.hbm_bytes == 512 * 1024 and r.events[0].bytes == 512 * 1024
 
 
 def test_dma_efficiency_is_monotone_and_small_chunks_are_slow():
     eff = [TRN2.dma_efficiency(b) for b in (64, 256, 2048, 4096, 65536)]
-    assert eff == sorted(eff) and eff[1] < 0.3 and eff[3] > 0.95
+    assert eff == sorted(eff) and eff[1] <= 0.5 and eff[2] > 0.85 and eff[3] > 0.9
 
 
 def test_concurrent_dmas_share_the_cores_dma_bandwidth():
