@@ -160,6 +160,11 @@ class DramAP:
     pattern: tuple[tuple[int, int], ...]
     dtype: str
 
+    def __post_init__(self):
+        _check(all(num >= 1 for _, num in self.pattern),
+               f"empty dimension in access pattern {self.pattern}")
+        _dt.np_dtype(self.dtype)      # TypeError for a dtype the hardware lacks
+
     @property
     def shape(self) -> tuple[int, ...]:
         return tuple(n for _, n in self.pattern)
