@@ -5,7 +5,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from jax_trn.hw import DramAP, Kernel, Numerics, insert_semaphores, isa
+from jax_trn.hw import DramAP, Kernel, Numerics, isa
 from jax_trn.hw.numerics import cast, round_tf32, to_fp32
 from tests.sim.helpers import core, run1, tile
 
@@ -101,7 +101,7 @@ def test_stochastic_rounding_picks_a_neighbour(dtype):
     x = np.random.default_rng(0).normal(size=1000).astype(np.float32)
     s, d = tile((1, 1000)), tile((1, 1000), dtype)
     out = run1(isa.TensorCopy(dst=d, src=s), {s: x[None]}, c=core(rounding="stochastic"))
-    rne = x.astype(out.dtype)
-    steps = np.abs(out[0].view(np.uint8 if out.itemsize == 1 else np.uint16).astype(int)
-                   - rne.view(out[0].view(np.uint8 if out.itemsize == 1 else np.uint16).dtype).astype(int))
+    uint = f"u{out.itemsize}"
+    rne = x.astype(out.dtype).view(uint).astype(int)
+    steps = np.abs(out[0].view(uint).astype(int) - rne)
     assert steps.max() <= 1 and steps.any()
