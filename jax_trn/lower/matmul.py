@@ -1,0 +1,273 @@
+"""The TensorE loop nest of one canonical matmul: per batch, out[M, N] = lhs[M, K] @ rhs[K, N].
+
+TensorE computes dst[M, N] (+)= stationary[K, M].T @ moving[K, N] with K on partitions
+(§2.2): lhs tiles are stationary (M <= 128 per tile), rhs tiles moving (N <= 512, one
+PSUM bank of FP32). An operand whose K axis is the contiguous one (lhs [M, K]
+row-major, rhs [N, K]) is loaded naturally (rows of K: long DMA runs) and transposed on
+TensorE into PSUM, then copied to SBUF in the matmul dtype, as the Neuron compiler does.
+Reading it K-major by DMA instead would move 2-4 byte runs, far below DMA efficiency
+(§3.4: ~0.2% at 2 bytes in our model), while a TensorE transpose costs ~128 cycles per
+128x128 tile against 512 per matmul that reuses it.
+
+Loop order (`Plan.kb == K`, the usual case):
+
+    for each block of M rows (as many as fit):   # stationary strips S[K, 128] resident,
+        for each group of N columns (512/1024):   #   transposed once, during group 0
+            load the rhs slice R[K, group]         # double-buffered: streams during
+            for each 128-row tile of the block:    #   the previous group
+                for each 128-deep k-tile:          # k outer: the first matmul needs
+                    for each 512-column tile:      #   only the first k-tile of R
+                        matmul into its PSUM bank, accumulate=(k > 0)
+                copy PSUM -> SBUF casting to the result dtype (VectorE/ScalarE in turn)
+                DMA the [128, group] result out
+
+Each operand is read from HBM once (rhs once per M block). DMAs are issued in program
+order, which is also the order the data is needed: strip 0 first, then the R slice,
+then strip i+1 while tile i computes; strip i+1's transposes are emitted halfway
+through tile i's matmuls so their PSUM evacuation hides behind TensorE work.
+
+When K is too deep for a strip to fit (`Plan.kb < K`), K is cut in blocks and every
+(row tile, column group) accumulates over the blocks in PSUM, reloading both operands.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Callable
+
+from jax_trn.hw import dtypes as hw_dtypes
+from jax_trn.hw import isa
+from jax_trn.hw.program import DramTensor
+
+from .builder import KernelBuilder, sub
+from .errors import LoweringError
+from .layout import P, Axes, tiles
+
+MOVING_MAX = 512            # moving free size: one PSUM bank of FP32 (§2.2)
+GROUP_COLS = (512, 1024)    # N columns accumulated together: deep K / shallow K
+DEEP_K = 1024               # from this K on, the narrower group (see `_candidates`)
+PSUM_BANKS = 8              # accumulation groups in flight ...
+TRANSPOSE_BANKS = 2         # ... minus these when an operand is transposed on TensorE
+SBUF_SHARE = 0.75           # of SBUF a matmul kernel may plan for
+
+
+@dataclass(frozen=True)
+class Operand:
+    """One matmul operand in DRAM: batch axes, then K and its free axis F (M or N)."""
+    t: DramTensor
+    batch: Axes
+    k: tuple[int, int]          # (stride, K)
+    f: tuple[int, int]          # (stride, F)
+    dtype: str                  # SBUF dtype of its tiles (the DMA casts to it)
+    transposed: bool            # load [F, K] rows and transpose on TensorE
+
+    def batch_offset(self, index: tuple[int, ...]) -> int:
+        return sum(s * i for (s, _), i in zip(self.batch, index))
+
+
+# --- planning ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Plan:
+    mb: int                     # M rows whose stationary strips stay resident
+    kb: int                     # K rows per block (all of K unless it is too deep)
+    group: int                  # N columns accumulated together
+
+
+def _plan_bytes(lhs: Operand, rhs: Operand, out_dtype: str, plan: Plan, k: int) -> int:
+    nk = -(-plan.kb // P)
+    li, ri = hw_dtypes.itemsize(lhs.dtype), hw_dtypes.itemsize(rhs.dtype)
+    strips = -(-plan.mb // P) if plan.kb == k else 2
+    total = strips * nk * P * li + 2 * nk * plan.group * ri
+    total += 2 * plan.group * hw_dtypes.itemsize(out_dtype)
+    total += sum(2 * plan.kb * hw_dtypes.itemsize(op.dtype) for op in (lhs, rhs)
+                 if op.transposed)
+    return total
+
+
+def _candidates(m: int, k: int, n: int):
+    """Plans from best to worst: all of K with as many resident rows as possible, then
+    K blocks of decreasing depth. Column groups: the first row tile waits for a whole
+    R slice [K, group] to stream in (DMA-bound), so deep K gets narrow groups; shallow K
+    is bound by the result stores, which want long rows (>= 2 KiB per partition)."""
+    group, mb = min(n, GROUP_COLS[0] if k >= DEEP_K else GROUP_COLS[1]), m
+    while True:
+        yield Plan(mb, k, group)
+        if mb <= P:
+            break
+        mb = max(P, -(-mb // 2 // P) * P)
+    kb = k
+    while kb > P:
+        kb = max(P, (kb // 2) // P * P)
+        yield Plan(P, kb, group)
+
+
+def make_plan(lhs: Operand, rhs: Operand, out_dtype: str, sbuf_bytes: int) -> Plan:
+    """The first candidate plan that fits the SBUF share of a matmul kernel."""
+    budget = int(sbuf_bytes * SBUF_SHARE)
+    k = lhs.k[1]
+    for plan in _candidates(lhs.f[1], k, rhs.f[1]):
+        if _plan_bytes(lhs, rhs, out_dtype, plan, k) <= budget:
+            return plan
+    raise LoweringError("dot_general tiles do not fit in SBUF")
+
+
+# --- loads ---------------------------------------------------------------------------------
+
+@dataclass
+class KMajor:
+    """Operand tiles with K on partitions: k-tile j is [kt, width] at element j*stride."""
+    base: isa.Tile
+    stride: int
+
+    def tile(self, j: int, kt: int, free: int, at: int = 0) -> isa.Tile:
+        return sub(self.base, kt, free, at=j * self.stride + at)
+
+
+@dataclass
+class _Load:
+    """A K-major load in flight: its DMAs are issued; transposes still to emit."""
+    dst: KMajor
+    staged: list[tuple[isa.Tile, int, int]] = field(default_factory=list)  # rows, c0, fc
+
+
+# --- the emitter -----------------------------------------------------------------------------
+
+class MatmulEmitter:
+    """Emits the loop nest of one canonical matmul (see the module docstring)."""
+
+    def __init__(self, kb: KernelBuilder, lhs: Operand, rhs: Operand, out: DramTensor,
+                 plan: Plan, precision: str = "native"):
+        self.kb, self.lhs, self.rhs, self.out, self.plan = kb, lhs, rhs, out, plan
+        self.m, self.k, self.n = lhs.f[1], lhs.k[1], rhs.f[1]
+        self.precision = precision
+        nk = -(-plan.kb // P)
+        deep = plan.kb < self.k
+        self.stage = {id(op): kb.ring(2, plan.kb, op.dtype) for op in (lhs, rhs)
+                      if op.transposed}
+        self.strips = kb.ring(2 if deep else -(-plan.mb // P), nk * P, lhs.dtype)
+        self.slices = kb.ring(2, nk * plan.group, rhs.dtype)
+        self.obuf = kb.ring(2, plan.group, out.dtype)
+        tbanks = TRANSPOSE_BANKS if self.stage else 0
+        self.tps = kb.ring(tbanks, MOVING_MAX, "float32", mem="psum") if tbanks else None
+        self.acc = kb.ring(PSUM_BANKS - tbanks, MOVING_MAX, "float32", mem="psum")
+
+    def run(self) -> None:
+        batch = [n for _, n in self.lhs.batch]
+        for flat, index in enumerate(itertools.product(*map(range, batch))):
+            base = flat * self.m * self.n
+            if self.plan.kb < self.k:
+                self._deep(index, base)
+                continue
+            for mb0, mbn in tiles(self.m, self.plan.mb):
+                self._mblock(index, base, mb0, mbn)
+        rings = [self.strips, self.slices, self.obuf, self.acc, *self.stage.values()]
+        self.kb.release(*rings, *([self.tps] if self.tps else []))
+
+    def _mblock(self, index, base: int, mb0: int, mbn: int) -> None:
+        mtiles = [(mb0 + m0, mt) for m0, mt in tiles(mbn, P)]
+        whole = (0, self.k)
+        strips = [self._finish(self._fetch(self.lhs, index, whole, *mtiles[0], self.strips))]
+        for gi, (g0, gn) in enumerate(tiles(self.n, self.plan.group)):
+            r = self._finish(self._fetch(self.rhs, index, whole, g0, gn, self.slices))
+            for i, (m0, mt) in enumerate(mtiles):
+                midway = None
+                if gi == 0 and i + 1 < len(mtiles):
+                    pending = self._fetch(self.lhs, index, whole, *mtiles[i + 1], self.strips)
+                    midway = (lambda p=pending: strips.append(self._finish(p)), i > 0)
+                accs = self._accs(mt, gn)
+                self._matmuls(accs, strips[i], r, self.k, mt, True, midway)
+                self._drain(accs, base, m0, mt, g0, gn)
+
+    def _deep(self, index, base: int) -> None:
+        """K in blocks: both operands reloaded per (row tile, column group, K block)."""
+        for m0, mt in tiles(self.m, P):
+            for g0, gn in tiles(self.n, self.plan.group):
+                accs = self._accs(mt, gn)
+                for bi, kblock in enumerate(tiles(self.k, self.plan.kb)):
+                    s = self._finish(self._fetch(self.lhs, index, kblock, m0, mt, self.strips))
+                    r = self._finish(self._fetch(self.rhs, index, kblock, g0, gn, self.slices))
+                    self._matmuls(accs, s, r, kblock[1], mt, bi == 0, None)
+                self._drain(accs, base, m0, mt, g0, gn)
+
+    # --- compute ---------------------------------------------------------------------------
+
+    def _accs(self, mt: int, gn: int) -> list[tuple[int, int, isa.Tile]]:
+        return [(c0, ct, sub(self.acc.next(), mt, ct)) for c0, ct in tiles(gn, MOVING_MAX)]
+
+    def _matmuls(self, accs, s: KMajor, r: KMajor, depth: int, mt: int, first: bool,
+                 midway: tuple[Callable, bool] | None) -> None:
+        """k-tiles outer, column tiles inner; `midway` (emit, early) runs after half the
+        k-tiles if `early`, else after all of them."""
+        ktiles = tiles(depth, P)
+        at = (len(ktiles) // 2 if midway[1] else len(ktiles)) if midway else -1
+        for j, (_, kt) in enumerate(ktiles):
+            if j == at:
+                midway[0]()
+            for c0, ct, acc in accs:
+                self.kb.emit(isa.NcMatmul, dst=acc, stationary=s.tile(j, kt, mt),
+                             moving=r.tile(j, kt, ct, at=c0), precision=self.precision,
+                             accumulate=not (first and j == 0))
+        if at == len(ktiles):
+            midway[0]()
+
+    def _drain(self, accs, base: int, m0: int, mt: int, g0: int, gn: int) -> None:
+        """PSUM -> SBUF in the result dtype, then one DMA of the [mt, gn] block."""
+        otile = sub(self.obuf.next(), mt, gn)
+        for c0, ct, acc in accs:
+            self.kb.emit(isa.TensorCopy, dst=sub(otile, mt, ct, at=c0), src=acc,
+                         engine=self.kb.evac_engine())
+        ap = self.kb.ap(self.out, base + m0 * self.n + g0, ((self.n, mt), (1, gn)))
+        self.kb.dma(ap, otile)
+
+    # --- K-major loads -----------------------------------------------------------------------
+
+    def _fetch(self, op: Operand, index, kblock, f0: int, fsize: int, ring) -> _Load:
+        """Issues the DMAs of op[kblock, f0:f0+fsize] as K-major tiles."""
+        load = _Load(KMajor(ring.next(), fsize))
+        base = op.batch_offset(index) + kblock[0] * op.k[0] + f0 * op.f[0]
+        if op.transposed:
+            for c0, fc in tiles(fsize, P):
+                rows = sub(self.stage[id(op)].next(), fc, kblock[1])
+                src = ((op.f[0], fc), (op.k[0], kblock[1]))
+                self.kb.dma(rows, self.kb.ap(op.t, base + c0 * op.f[0], src))
+                load.staged.append((rows, c0, fc))
+            return load
+        for j, (k0, kt) in enumerate(tiles(kblock[1], P)):
+            src = self.kb.ap(op.t, base + k0 * op.k[0], ((op.k[0], kt), (op.f[0], fsize)))
+            self.kb.dma(load.dst.tile(j, kt, fsize), src)
+        return load
+
+    def _finish(self, load: _Load) -> KMajor:
+        """Emits the TensorE transposes of a staged load (none for a direct one)."""
+        for rows, c0, fc in load.staged:
+            for group in _runs(tiles(rows.free_size, P), MOVING_MAX // fc):
+                self._transpose(rows, group, fc, c0, load.dst)
+        return load.dst
+
+    def _transpose(self, rows: isa.Tile, group, fc: int, c0: int, dst: KMajor) -> None:
+        """Transposes k-tiles of `rows` [fc, K] into one PSUM bank, then copies them to
+        `dst`: with one copy when they are adjacent there (a full-width strip)."""
+        bank = self.tps.next()
+        kt = group[0][1][1]
+        for g, (_, (k0, _)) in enumerate(group):
+            self.kb.emit(isa.NcTranspose, dst=sub(bank, kt, fc, at=g * fc),
+                         data=sub(rows, fc, kt, at=k0))
+        if dst.stride == fc:
+            self.kb.emit(isa.TensorCopy, dst=dst.tile(group[0][0], kt, len(group) * fc),
+                         src=sub(bank, kt, len(group) * fc), engine=self.kb.evac_engine())
+            return
+        for g, (j, _) in enumerate(group):
+            self.kb.emit(isa.TensorCopy, dst=dst.tile(j, kt, fc, at=c0),
+                         src=sub(bank, kt, fc, at=g * fc), engine=self.kb.evac_engine())
+
+
+def _runs(ktiles: list[tuple[int, int]], size: int) -> list[list]:
+    """Consecutive (j, (k0, kt)) runs of equal kt, at most `size` long."""
+    out: list[list] = []
+    for j, kt in enumerate(ktiles):
+        if out and len(out[-1]) < size and out[-1][-1][1][1] == kt[1]:
+            out[-1].append((j, kt))
+        else:
+            out.append([(j, kt)])
+    return out
