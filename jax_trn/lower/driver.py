@@ -75,9 +75,6 @@ class _Lowering:
                         for i, t in enumerate(fn.result_types)]
 
     def _param(self, i: int, arg: ir.Value) -> DramTensor:
-        if arg.dtype in UNSUPPORTED_DTYPES or arg.dtype not in ir.DTYPES:
-            raise LoweringError(f"{arg.dtype} is not supported by the Trainium hardware "
-                                f"(argument {i} of {self.fn.name}: {arg.type})")
         t = DramTensor(f"arg{i}", tuple(arg.shape), arg.dtype)
         self.where[id(arg)] = t
         return t
@@ -88,12 +85,21 @@ class _Lowering:
         body = self.fn.body
         if not body.ops or body.terminator.kind not in RETURNS:
             raise LoweringError(f"function {self.fn.name} does not end in a return")
+        self._check_dtypes()
         claims = self._claim_outputs(body.terminator)
         for op in body.ops[:-1]:
-            check_dtypes(op)
             self._lower(op, claims)
         self._copy_unclaimed(body.terminator, claims)
         return self._program()
+
+    def _check_dtypes(self) -> None:
+        """Ops first (their error names a source location), then unused arguments."""
+        for op in self.fn.body.ops:
+            check_dtypes(op)
+        for i, arg in enumerate(self.fn.args):
+            if arg.dtype in UNSUPPORTED_DTYPES or arg.dtype not in ir.DTYPES:
+                raise LoweringError(f"{arg.dtype} is not supported by the Trainium hardware "
+                                    f"(argument {i} of {self.fn.name}: {arg.type})")
 
     def _claim_outputs(self, ret: ir.Op) -> dict[int, DramTensor]:
         """Results computed by an op write straight into their output buffer (first use)."""
@@ -107,13 +113,26 @@ class _Lowering:
     def _lower(self, op: ir.Op, claims: dict[int, DramTensor]) -> None:
         if op.kind == "constant":
             return self._constant(op, claims)
-        ins = [self._operand(v) for v in op.operands]
+        ins = [self.where[id(v)] for v in op.operands]
         outs = [self._result(v, claims) for v in op.results]
         rule = get_rule(op.kind, self.target)
         if rule is None:
             raise LoweringError(f"no lowering for {op.describe()}")
+        start = len(self.kernels)
         self._run(op, f"{op.kind}.{next(self._ids)}",
                   lambda ctx: rule(ctx, *ins, **op.attrs), outs)
+        self._write_used_constants(op, start)
+
+    def _write_used_constants(self, op: ir.Op, start: int) -> None:
+        """Splat constants the op's kernels read are written just before them (a rule
+        may not read one at all, e.g. a reduce's identity init)."""
+        used = {name for k in self.kernels[start:] for name in k.dram}
+        for v in op.operands:
+            if id(v) in self.pending and self.where[id(v)].name in used:
+                mine = self.kernels[start:]
+                del self.kernels[start:]
+                self._fill(self.pending.pop(id(v)))
+                self.kernels.extend(mine)
 
     def _operand(self, v: ir.Value) -> DramTensor:
         if id(v) in self.pending:
@@ -187,6 +206,8 @@ class _Lowering:
         return t
 
     def _program(self) -> Program:
+        used = {name for k in self.kernels for name in k.dram}
+        self.temps = [t for t in self.temps if t.name in used]   # e.g. unwritten splats
         program = Program(self.params, self.outputs, self.temps, self.kernels)
         program.text = format_program(self.params, self.outputs, self.temps, self.kernels,
                                       self.constants)

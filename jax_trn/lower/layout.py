@@ -105,11 +105,13 @@ def box_tiles(sizes: Sequence[int], cap: int) -> list[Box]:
     [((0, 0, 0), (6, 3, 7)), ((6, 0, 0), (4, 3, 7))]
     >>> box_tiles((2, 300), 128)[:3]
     [((0, 0), (1, 128)), ((0, 128), (1, 128)), ((0, 256), (1, 44))]
-    >>> box_tiles((), 128), box_tiles((0, 5), 128)
-    ([((), ())], [])
+    >>> box_tiles((), 128), box_tiles((0, 5), 128), box_tiles((5, 0), 128)
+    ([((), ())], [], [])
     """
     if not sizes:
         return [((), ())]
+    if 0 in sizes:
+        return []
     s, inner = len(sizes) - 1, 1
     while s > 0 and inner * sizes[s] <= cap:
         inner, s = inner * sizes[s], s - 1
@@ -133,6 +135,8 @@ def line_tiles(sizes: Sequence[int], cap: int) -> list[Box]:
     """
     if not sizes:
         return [((), ())]
+    if 0 in sizes:
+        return []
     return [(outer + (c0,), (1,) * len(outer) + (c,))
             for outer in itertools.product(*map(range, sizes[:-1]))
             for c0, c in tiles(sizes[-1], cap)]

@@ -36,7 +36,9 @@ def dram_copy(kb: KernelBuilder, dst: DramTensor, dst_axes: Axes,
 
 
 def copy(kb: KernelBuilder, dst: DramTensor, src: DramTensor) -> None:
-    dram_copy(kb, dst, row_major(dst.shape), src, row_major(src.shape))
+    """A contiguous copy of all elements (shapes may differ: reshape)."""
+    flat = ((1, dst.size),)
+    dram_copy(kb, dst, flat, src, flat)
 
 
 def broadcast_axes(shape: tuple[int, ...], out_shape: tuple[int, ...],

@@ -1,8 +1,8 @@
 """reduce with add / max / min (and `and` / `or` on bool) over any axes.
 
-Partial results accumulate in FP32 and are cast to the result type at the end (integer
-reductions are exact while values stay below 2**24). Three tilings, by where the
-contiguous axis of the input is:
+Partial results accumulate in FP32 for floats and natively in int32 for integers and
+bool (exact, wrapping like XLA), and are cast to the result type at the end. Three
+tilings, by where the contiguous axis of the input is:
 
 - rows: the innermost axis is reduced. Kept positions go on partitions, the reduced
   axes on the free axis (the DMA access pattern moves them innermost); TensorReduce
@@ -27,7 +27,7 @@ from jax_trn.hw import isa
 from jax_trn.hw.program import DramTensor
 
 from .builder import KernelBuilder, sub
-from .elementwise import FMAX, TILE_OPS, Src, Step
+from .elementwise import FMAX, TILE_OPS, Src, Step, _engine
 from .errors import LoweringError
 from .layout import (P, Axes, box_offset, box_pattern, box_tiles, flat_tiles, line_tiles,
                      merge_axes, row_major)
@@ -36,7 +36,6 @@ from .registry import LowerCtx, register_lowering
 
 COMBINERS = {"add": "add", "maximum": "max", "minimum": "min"}
 BOOL_COMBINERS = {"and": "min", "or": "max", "maximum": "max", "minimum": "min"}
-ACC = "float32"
 
 
 def combiner(op: ir.Op, dtype: str) -> str:
@@ -73,13 +72,15 @@ class _Reducer:
     def __init__(self, kb: KernelBuilder, x: DramTensor, out: DramTensor, alu: str,
                  init: DramTensor | None):
         self.kb, self.x, self.out, self.alu = kb, x, out, alu
+        self.acc_dtype = acc = "float32" if ir.is_float(x.dtype) else "int32"
+        self.engine = _engine(acc)
         self.ident = identity(alu, x.dtype)
         self.init = self._load_init(init) if init is not None else None
         self.tiles = kb.ring(3, FMAX, x.dtype)
-        self.parts = kb.ring(2, 1, ACC)
-        self.accs = kb.ring(2, 1, ACC)
-        self.psum = kb.ring(2, P, ACC, mem="psum")
-        self.res = kb.ring(2, 1, out.dtype) if out.dtype != ACC else None
+        self.parts = kb.ring(2, 1, acc)
+        self.accs = kb.ring(2, 1, acc)
+        self.psum = kb.ring(2, P, acc, mem="psum")
+        self.res = kb.ring(2, 1, out.dtype) if out.dtype != acc else None
 
     def _load_init(self, init: DramTensor) -> isa.Tile:
         tile = self.kb.tile(1, init.dtype)
@@ -99,11 +100,12 @@ class _Reducer:
         return dst
 
     def combine(self, acc: isa.Tile, part: isa.Tile) -> None:
-        self.kb.emit(isa.TensorTensor, dst=acc, data1=acc, data2=part, op=self.alu)
+        self.kb.emit(isa.TensorTensor, dst=acc, data1=acc, data2=part, op=self.alu,
+                     engine=self.engine)
 
     def accumulator(self, free: int) -> isa.Tile:
-        acc = self.kb.tile(free, ACC)
-        self.kb.emit(isa.Memset, dst=acc, value=self.ident)
+        acc = self.kb.tile(free, self.acc_dtype)
+        self.kb.emit(isa.Memset, dst=acc, value=self.ident, engine=self.engine)
         return acc
 
     def finish(self, res: isa.Tile, offset: int, pattern: Axes) -> None:

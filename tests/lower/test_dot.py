@@ -1,0 +1,183 @@
+"""dot_general lowered to TensorE matmuls, run on the simulated NeuronCore."""
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from hlo_passes import ir
+from jax_trn.hw.numerics import round_tf32
+
+from .irbuild import FnBuilder
+from .runner import SPEC, run
+from jax_trn.lower import lower_module
+
+BF16 = ml_dtypes.bfloat16
+
+
+def _free(rank, batch, contract):
+    return [d for d in range(rank) if d not in (*batch, *contract)]
+
+
+def dot_module(ls, rs, lb=(), rb=(), lc=(1,), rc=(0,), dtype="float32", rdtype=None,
+               out_dtype=None, precision=()):
+    b = FnBuilder()
+    x, y = b.arg(ls, dtype), b.arg(rs, rdtype or dtype)
+    out = [ls[d] for d in lb] + [ls[d] for d in _free(len(ls), lb, lc)] + \
+        [rs[d] for d in _free(len(rs), rb, rc)]
+    r = b.op("dot_general", [x, y], out, out_dtype or dtype, lhs_batching_dimensions=lb,
+             rhs_batching_dimensions=rb, lhs_contracting_dimensions=lc,
+             rhs_contracting_dimensions=rc, precision_config=precision)
+    return b.ret(r)
+
+
+def dot_ref(x, y, lb=(), rb=(), lc=(1,), rc=(0,)) -> np.ndarray:
+    """float64 dot_general: transpose to [B, M, K] x [B, K, N], matmul, reshape."""
+    lf, rf = _free(x.ndim, lb, lc), _free(y.ndim, rb, rc)
+    xs, ys = np.transpose(x, (*lb, *lf, *lc)), np.transpose(y, (*rb, *rc, *rf))
+    bsz = [x.shape[d] for d in lb]
+    m, n, k = (math.prod(x.shape[d] for d in lf), math.prod(y.shape[d] for d in rf),
+               math.prod(x.shape[d] for d in lc))
+    out = np.matmul(xs.reshape(math.prod(bsz), m, k).astype(np.float64),
+                    ys.reshape(math.prod(bsz), k, n).astype(np.float64))
+    return out.reshape(tuple(bsz + [x.shape[d] for d in lf] + [y.shape[d] for d in rf]))
+
+
+def rand(shape, dtype, seed):
+    x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+    return x.astype(ir.np_dtype(dtype))
+
+
+CASES = [  # lhs, rhs, lb, rb, lc, rc
+    ((7, 5), (5, 3), (), (), (1,), (0,)),
+    ((130, 200), (200, 70), (), (), (1,), (0,)),
+    ((2, 130, 200), (2, 200, 70), (0,), (0,), (2,), (1,)),
+    ((130, 200), (70, 200), (), (), (1,), (1,)),          # rhs [N, K]: TensorE transposes
+    ((200, 130), (200, 70), (), (), (0,), (0,)),          # lhs [K, M]: direct load
+    ((300,), (300, 600), (), (), (0,), (0,)),             # vector x matrix
+    ((300,), (300,), (), (), (0,), (0,)),                 # inner product -> scalar
+    ((3, 4, 50), (4, 50, 6), (), (), (1, 2), (0, 1)),     # two contracting dims
+    ((3, 4, 5), (5, 2, 4), (), (), (1,), (2,)),
+    ((4, 3, 6), (6, 3, 4), (1,), (1,), (2, 0), (0, 2)),   # non-mergeable: copied first
+    ((0, 5), (5, 3), (), (), (1,), (0,)),
+    ((4, 0), (0, 3), (), (), (1,), (0,)),                 # K = 0 -> zeros
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}x{c[1]}")
+def test_dot_bf16(case):
+    ls, rs, lb, rb, lc, rc = case
+    x, y = rand(ls, "bfloat16", 1), rand(rs, "bfloat16", 2)
+    out = run(dot_module(ls, rs, lb, rb, lc, rc, "bfloat16", out_dtype="float32"), x, y)
+    np.testing.assert_allclose(out.outputs[0], dot_ref(x, y, lb, rb, lc, rc), rtol=1e-5,
+                               atol=1e-4)
+
+
+@pytest.mark.parametrize("case", CASES[:5], ids=lambda c: f"{c[0]}x{c[1]}")
+def test_dot_f32_default_runs_bf16_operands(case):
+    ls, rs, lb, rb, lc, rc = case
+    x, y = rand(ls, "float32", 3), rand(rs, "float32", 4)
+    out = run(dot_module(ls, rs, lb, rb, lc, rc), x, y).outputs[0]
+    rounded = dot_ref(x.astype(BF16), y.astype(BF16), lb, rb, lc, rc)
+    np.testing.assert_allclose(out, rounded, rtol=1e-5, atol=1e-4)
+    assert np.abs(out - dot_ref(x, y, lb, rb, lc, rc)).max() > 1e-4   # not fp32
+
+
+@pytest.mark.parametrize("config,how", [(("HIGHEST", "HIGHEST"), {}),
+                                        ((), {"matmul_precision": "highest"})])
+def test_dot_f32_highest_is_fp32(config, how):
+    x, y = rand((130, 200), "float32", 5), rand((200, 70), "float32", 6)
+    out = run(dot_module((130, 200), (200, 70), precision=config), x, y, **how).outputs[0]
+    np.testing.assert_allclose(out, dot_ref(x, y), rtol=1e-5, atol=1e-5)
+
+
+def test_dot_f32_high_is_tf32(monkeypatch):
+    monkeypatch.setenv("JAX_TRN_MATMUL_PRECISION", "high")
+    x, y = rand((130, 200), "float32", 7), rand((200, 70), "float32", 8)
+    out = run(dot_module((130, 200), (200, 70)), x, y).outputs[0]
+    np.testing.assert_allclose(out, dot_ref(round_tf32(x), round_tf32(y)), rtol=1e-5,
+                               atol=1e-4)
+
+
+def test_dot_bf16_result_rounds_once():
+    x, y = rand((130, 200), "bfloat16", 9), rand((200, 70), "bfloat16", 10)
+    out = run(dot_module((130, 200), (200, 70), dtype="bfloat16"), x, y).outputs[0]
+    assert out.dtype == BF16
+    np.testing.assert_allclose(out.astype(np.float32), dot_ref(x, y), rtol=1e-2, atol=1e-2)
+
+
+def test_dot_int32_is_exact_below_2_24():
+    rng = np.random.default_rng(11)
+    x, y = rng.integers(-50, 50, (130, 200), np.int32), rng.integers(-50, 50, (200, 70), np.int32)
+    out = run(dot_module((130, 200), (200, 70), dtype="int32"), x, y).outputs[0]
+    np.testing.assert_array_equal(out, x.astype(np.int64) @ y)
+
+
+def test_dot_mixed_bf16_f32_casts_up():
+    x, y = rand((7, 5), "bfloat16", 12), rand((5, 3), "float32", 13)
+    m = dot_module((7, 5), (5, 3), rdtype="float32", precision=("HIGHEST", "HIGHEST"))
+    out = run(m, x, y).outputs[0]
+    np.testing.assert_allclose(out, dot_ref(x, y), rtol=1e-6, atol=1e-6)
+
+
+def test_dot_fp8_runs_natively():
+    m = dot_module((64, 128), (128, 32), dtype="float8_e4m3", rdtype="float8_e5m2",
+                   out_dtype="float32")
+    mm = [i for i in lower_module(m, SPEC).kernels[0].instructions
+          if type(i).__name__ == "NcMatmul"]
+    assert {(i.stationary.dtype, i.moving.dtype) for i in mm} == {("float8_e4m3",
+                                                                  "float8_e5m2")}
+
+
+@pytest.mark.xfail(reason="hw.memory reads DRAM through as_strided, which rejects "
+                   "ml_dtypes float8 types", raises=TypeError, strict=False)
+def test_dot_fp8_numerics():
+    x, y = rand((64, 128), "float8_e4m3", 14), rand((128, 32), "float8_e5m2", 15)
+    m = dot_module((64, 128), (128, 32), dtype="float8_e4m3", rdtype="float8_e5m2",
+                   out_dtype="float32")
+    out = run(m, x, y).outputs[0]
+    np.testing.assert_allclose(out, dot_ref(x, y), rtol=1e-5, atol=1e-4)
+
+
+def test_dot_large_k_and_n_blocks():
+    """K deep enough for 512-column groups, N over several groups, M over 128."""
+    x, y = rand((200, 1100), "bfloat16", 16), rand((1100, 1300), "bfloat16", 17)
+    out = run(dot_module((200, 1100), (1100, 1300), dtype="bfloat16", out_dtype="float32"),
+              x, y).outputs[0]
+    np.testing.assert_allclose(out, dot_ref(x, y), rtol=1e-4, atol=1e-3)
+
+
+def test_dot_deep_k_fallback():
+    """A tiny SBUF forces K blocks accumulating across blocks in PSUM."""
+    import dataclasses
+    spec = dataclasses.replace(SPEC, sbuf_partition_bytes=SPEC.sbuf_reserved_bytes + 6000)
+    x, y = rand((130, 1024), "bfloat16", 18), rand((1024, 70), "bfloat16", 19)
+    m = dot_module((130, 1024), (1024, 70), dtype="bfloat16", out_dtype="float32")
+    program = lower_module(m, spec)
+    from .runner import run_program
+    out = run_program(program, [x, y], spec).outputs[0]
+    np.testing.assert_allclose(out, dot_ref(x, y), rtol=1e-4, atol=1e-3)
+
+
+# --- structure -------------------------------------------------------------------------------
+
+def test_dot_1024_bf16_instruction_counts():
+    m = dot_module((1024, 1024), (1024, 1024), dtype="bfloat16")
+    k = lower_module(m, SPEC).kernels[0]
+    counts = Counter(type(i).__name__ for i in k.instructions)
+    assert counts["NcMatmul"] == 8 * 8 * 2          # M tiles x K tiles x 512-col tiles
+    assert counts["NcTranspose"] == 8 * 8           # every lhs 128x128 tile, once
+    assert counts["DmaCopy"] == 8 + 2 * 8 + 8 * 2   # lhs rows, rhs k-tiles, stores
+    assert k.flops == 2 * 1024 ** 3
+    assert k.psum_bytes <= 16 * 1024 and k.sbuf_bytes <= SPEC.sbuf_usable_bytes
+
+
+def test_dot_1024_bf16_time_near_roofline():
+    """Simulated time of a 1024^3 bf16 matmul on one trn2 core vs the 79 TFLOPS peak."""
+    a = rand((1024, 1024), "bfloat16", 20)
+    res = run(dot_module((1024, 1024), (1024, 1024), dtype="bfloat16"), a, a)
+    roofline_ns = 2 * 1024 ** 3 / 79e12 * 1e9
+    assert roofline_ns < res.ns < 1.6 * roofline_ns, res.ns

@@ -1,0 +1,175 @@
+"""Elementwise ops lowered and run on the simulated NeuronCore, against numpy."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hlo_passes import ir
+
+from . import reference as ref
+from .irbuild import FnBuilder, binary, unary
+from .runner import run
+
+SHAPES = [(), (0,), (7,), (128,), (130, 3), (3, 5, 7)]
+BIG = (256, 512)
+FLOAT_UNARY = ["negate", "abs", "exponential", "log", "tanh", "logistic", "sqrt", "rsqrt",
+               "sign"]
+FLOAT_BINARY = ["add", "subtract", "multiply", "divide", "maximum", "minimum", "power",
+                "remainder"]
+INT_UNARY = ["negate", "abs", "not"]
+INT_BINARY = ["add", "subtract", "multiply", "divide", "maximum", "minimum", "power",
+              "and", "or", "xor"]
+POSITIVE = {"log", "sqrt", "rsqrt", "power"}
+
+
+def make(shape, dtype: str, kind: str = "", seed: int = 0, role: int = 0) -> np.ndarray:
+    """Inputs suited to `kind`: positive for log/sqrt, nonzero divisors, small powers."""
+    rng = np.random.default_rng(seed + 7 * role)
+    if ir.is_float(dtype):
+        x = rng.standard_normal(shape).astype(np.float32) * 2
+        if kind in POSITIVE and role == 0:
+            x = np.abs(x) + 0.25
+        if kind in ("divide", "remainder") and role == 1:
+            x = np.where(np.abs(x) < 0.5, 1.5, x)
+        if kind == "power" and role == 1:
+            x = np.clip(x, -2, 2)
+        return x.astype(ir.np_dtype(dtype))
+    if dtype == "bool":
+        return rng.integers(0, 2, shape).astype(bool)
+    lo, hi = ((-5, 6) if role == 0 else (0, 6)) if kind == "power" else (-1000, 1000)
+    x = rng.integers(lo, hi, shape)
+    if kind == "divide" and role == 1:
+        x = np.where(x == 0, 3, x)
+    return x.astype(ir.np_dtype(dtype))
+
+
+def check_unary(kind, shape, dtype):
+    x = make(shape, dtype, kind)
+    out = run(unary(kind, shape, dtype), x).outputs[0]
+    ref.assert_close(out, ref.elementwise(kind, dtype, x), dtype)
+
+
+def check_binary(kind, shape, dtype):
+    x, y = make(shape, dtype, kind, role=0), make(shape, dtype, kind, role=1)
+    out = run(binary(kind, shape, dtype), x, y).outputs[0]
+    ref.assert_close(out, ref.elementwise(kind, dtype, x, y), dtype)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("kind", FLOAT_UNARY)
+def test_float_unary(kind, dtype, shape):
+    check_unary(kind, shape, dtype)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("kind", FLOAT_BINARY)
+def test_float_binary(kind, dtype, shape):
+    check_binary(kind, shape, dtype)
+
+
+@pytest.mark.parametrize("shape", [(), (7,), (130, 3), (3, 5, 7)])
+@pytest.mark.parametrize("kind", INT_UNARY)
+def test_int_unary(kind, shape):
+    check_unary(kind, shape, "int32")
+
+
+@pytest.mark.parametrize("shape", [(), (7,), (130, 3), (3, 5, 7)])
+@pytest.mark.parametrize("kind", INT_BINARY)
+def test_int_binary(kind, shape):
+    check_binary(kind, shape, "int32")
+
+
+@pytest.mark.parametrize("kind", ["and", "or", "xor", "maximum", "minimum"])
+def test_bool_binary(kind):
+    check_binary(kind, (130, 3), "bool")
+
+
+def test_bool_not():
+    check_unary("not", (130, 3), "bool")
+
+
+@pytest.mark.parametrize("kind,dtype", [("add", "float32"), ("exponential", "bfloat16"),
+                                        ("multiply", "int32"), ("divide", "float32")])
+def test_large(kind, dtype):
+    (check_binary if kind in FLOAT_BINARY + INT_BINARY else check_unary)(kind, BIG, dtype)
+
+
+def test_int_divide_truncates_toward_zero():
+    x = np.array([-7, 7, -8, 5, -1], np.int32)
+    y = np.array([2, -2, 3, 3, 5], np.int32)
+    out = run(binary("divide", (5,), "int32"), x, y).outputs[0]
+    np.testing.assert_array_equal(out, [-3, -3, -2, 1, 0])
+
+
+def test_bf16_add_rounds_once():
+    """bf16 add is bf16(f32(a) + f32(b)): one rounding, like XLA on CPU."""
+    a = np.array([1.0, 256.0], ir.np_dtype("bfloat16"))
+    b = np.array([2.0 ** -8, 1.0], ir.np_dtype("bfloat16"))
+    out = run(binary("add", (2,), "bfloat16"), a, b).outputs[0]
+    np.testing.assert_array_equal(out, (a.astype(np.float32) + b.astype(np.float32))
+                                  .astype(ir.np_dtype("bfloat16")))
+
+
+# --- compare / select / convert / clamp ---------------------------------------------------
+
+@pytest.mark.parametrize("shape", [(), (7,), (130, 3), (3, 5, 7)])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int32"])
+@pytest.mark.parametrize("direction", list(ref.COMPARE_REF))
+def test_compare(direction, dtype, shape):
+    x = make(shape, dtype, seed=1)
+    y = np.where(make(shape, "bool", seed=2), x, make(shape, dtype, seed=3))
+    m = binary("compare", shape, dtype, out_dtype="bool", comparison_direction=direction,
+               compare_type="FLOAT" if ir.is_float(dtype) else "SIGNED")
+    out = run(m, x, y).outputs[0]
+    np.testing.assert_array_equal(out, ref.COMPARE_REF[direction](x, y))
+
+
+@pytest.mark.parametrize("shape", [(), (0,), (7,), (130, 3)])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int32", "bool"])
+def test_select(dtype, shape):
+    b = FnBuilder()
+    p, x, y = b.arg(shape, "bool"), b.arg(shape, dtype), b.arg(shape, dtype)
+    m = b.ret(b.op("select", [p, x, y], shape, dtype))
+    args = make(shape, "bool", seed=5), make(shape, dtype, seed=6), make(shape, dtype, seed=7)
+    out = run(m, *args).outputs[0]
+    np.testing.assert_array_equal(out, np.where(*args))
+
+
+CONVERTS = [("float32", "bfloat16"), ("bfloat16", "float32"), ("float32", "int32"),
+            ("int32", "float32"), ("int32", "bfloat16"), ("float32", "bool"),
+            ("int32", "bool"), ("bool", "float32"), ("bool", "int32"), ("int32", "int8"),
+            ("float32", "float16"), ("uint8", "int32")]
+
+
+@pytest.mark.parametrize("shape", [(), (7,), (130, 3)])
+@pytest.mark.parametrize("src,dst", CONVERTS)
+def test_convert(src, dst, shape):
+    x = make(shape, src, seed=4) * (3 if src != "bool" else 1)
+    out = run(unary("convert", shape, src, out_dtype=dst), x).outputs[0]
+    with np.errstate(invalid="ignore"):
+        expected = x.astype(np.float32).astype(ir.np_dtype(dst)) if ir.is_float(src) \
+            and ir.is_int(dst) else x.astype(ir.np_dtype(dst))
+    np.testing.assert_array_equal(out, expected)
+
+
+def test_convert_float_to_int_saturates_and_zeroes_nan():
+    x = np.array([1.7, -1.7, np.nan, 3e10, -3e10], np.float32)
+    out = run(unary("convert", (5,), "float32", out_dtype="int32"), x).outputs[0]
+    np.testing.assert_array_equal(out, [1, -1, 0, 2**31 - 1, -2**31])
+
+
+@pytest.mark.parametrize("scalar_bounds", [True, False])
+@pytest.mark.parametrize("dtype", ["float32", "int32"])
+def test_clamp(dtype, scalar_bounds):
+    shape = (130, 3)
+    bshape = () if scalar_bounds else shape
+    b = FnBuilder()
+    lo, x, hi = b.arg(bshape, dtype), b.arg(shape, dtype), b.arg(bshape, dtype)
+    m = b.ret(b.op("clamp", [lo, x, hi], shape, dtype))
+    lo_v = np.full(bshape, -300, ir.np_dtype(dtype))
+    hi_v = np.full(bshape, 400, ir.np_dtype(dtype))
+    x_v = make(shape, dtype) * (300 if ir.is_float(dtype) else 1)
+    out = run(m, lo_v, x_v, hi_v).outputs[0]
+    np.testing.assert_array_equal(out, np.clip(x_v, lo_v, hi_v))

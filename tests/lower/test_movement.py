@@ -1,0 +1,118 @@
+"""reshape / transpose / broadcast_in_dim / iota / constants / output copies, run on the
+simulated NeuronCore."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hlo_passes import ir
+
+from .irbuild import FnBuilder
+from .runner import run
+from .test_elementwise import make
+
+
+def one_op(kind, in_shape, out_shape, dtype="float32", **attrs):
+    b = FnBuilder()
+    x = b.arg(in_shape, dtype)
+    return b.ret(b.op(kind, [x], out_shape, dtype, **attrs))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int32", "bool"])
+@pytest.mark.parametrize("src,dst", [((), (1, 1)), ((0, 3), (3, 0)), ((130, 3), (3, 130)),
+                                     ((3, 5, 7), (105,)), ((256, 512), (512, 256))])
+def test_reshape(src, dst, dtype):
+    x = make(src, dtype)
+    out = run(one_op("reshape", src, dst, dtype), x).outputs[0]
+    np.testing.assert_array_equal(out, x.reshape(dst))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int32"])
+@pytest.mark.parametrize("shape,perm", [((130, 3), (1, 0)), ((3, 5, 7), (2, 0, 1)),
+                                        ((3, 5, 7), (0, 2, 1)), ((2, 3, 4, 5), (3, 1, 0, 2)),
+                                        ((0, 4), (1, 0)), ((), ())])
+def test_transpose(shape, perm, dtype):
+    x = make(shape, dtype)
+    out_shape = tuple(shape[p] for p in perm)
+    out = run(one_op("transpose", shape, out_shape, dtype, permutation=perm), x).outputs[0]
+    np.testing.assert_array_equal(out, np.transpose(x, perm))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int32"])
+@pytest.mark.parametrize("src,dst,dims", [((), (7,), ()), ((3,), (130, 3), (1,)),
+                                          ((130,), (130, 3), (0,)),
+                                          ((5, 1), (3, 5, 7), (1, 2)),
+                                          ((1, 7), (3, 5, 7), (0, 2)),
+                                          ((4,), (0, 4), (1,))])
+def test_broadcast_in_dim(src, dst, dims, dtype):
+    x = make(src, dtype)
+    m = one_op("broadcast_in_dim", src, dst, dtype, broadcast_dimensions=dims)
+    out = run(m, x).outputs[0]
+    expand = [dst[d] if d in dims else 1 for d in range(len(dst))]
+    view = x.reshape([src[dims.index(d)] if d in dims else 1 for d in range(len(dst))])
+    assert len(expand) == len(dst)
+    np.testing.assert_array_equal(out, np.broadcast_to(view, dst))
+
+
+@pytest.mark.parametrize("dtype", ["int32", "float32", "bfloat16"])
+@pytest.mark.parametrize("shape,dim", [((), 0), ((0,), 0), ((7,), 0), ((300,), 0),
+                                       ((1024, 1024), 1), ((130, 3), 0), ((130, 3), 1),
+                                       ((3, 5, 7), 1), ((2, 200, 3), 0)])
+def test_iota(shape, dim, dtype):
+    if shape == () and dim == 0:
+        pytest.skip("iota needs rank >= 1")
+    b = FnBuilder()
+    m = b.ret(b.op("iota", [], shape, dtype, iota_dimension=dim))
+    out = run(m).outputs[0]
+    idx = np.arange(shape[dim]).reshape([-1 if d == dim else 1 for d in range(len(shape))])
+    np.testing.assert_array_equal(out, np.broadcast_to(idx, shape).astype(ir.np_dtype(dtype)))
+
+
+# --- constants and outputs --------------------------------------------------------------
+
+@pytest.mark.parametrize("value,dtype", [(1.5, "float32"), (-np.inf, "float32"),
+                                         (7, "int32"), (True, "bool"), (0.0, "bfloat16")])
+@pytest.mark.parametrize("shape", [(), (0,), (130, 3)])
+def test_splat_constant_is_a_memset(value, dtype, shape):
+    b = FnBuilder()
+    r = run(b.ret(b.const(np.full(shape, value), dtype)))
+    np.testing.assert_array_equal(r.outputs[0], np.full(shape, value, ir.np_dtype(dtype)))
+    assert not r.program.constants
+    ops = {type(i).__name__ for k in r.program.kernels for i in k.instructions}
+    assert ops <= {"Memset", "DmaCopy"}
+
+
+def test_non_splat_constant_is_initial_data():
+    b = FnBuilder()
+    x = b.arg((4,))
+    c = b.const([1.0, 2.0, 3.0, 4.0])
+    r = run(b.ret(b.op("add", [x, c], (4,), "float32"), c), np.ones(4, np.float32))
+    assert list(r.program.constants) == ["const:0"]
+    np.testing.assert_array_equal(r.outputs[0], [2, 3, 4, 5])
+    np.testing.assert_array_equal(r.outputs[1], [1, 2, 3, 4])     # a copy, not an alias
+
+
+def test_every_output_is_its_own_buffer():
+    b = FnBuilder()
+    x = b.arg((130, 3))
+    y = b.op("negate", [x], (130, 3), "float32")
+    r = run(b.ret(x, y, y), make((130, 3), "float32"))
+    names = [o.name for o in r.program.outputs]
+    assert names == ["out0", "out1", "out2"]
+    np.testing.assert_array_equal(r.outputs[0], make((130, 3), "float32"))
+    np.testing.assert_array_equal(r.outputs[1], -make((130, 3), "float32"))
+    np.testing.assert_array_equal(r.outputs[2], r.outputs[1])
+    assert [k.name.split(".")[0] for k in r.program.kernels] == ["negate", "copy", "copy"]
+
+
+def test_identity_init_constant_is_never_written():
+    """A constant only used as a reduce's identity init needs no kernel."""
+    from .irbuild import combiner
+    b = FnBuilder()
+    x = b.arg((130, 3))
+    init = b.const(0.0)
+    r = b.op("reduce", [x, init], (130,), "float32", regions=[combiner("add", "float32")],
+             dimensions=(1,))
+    res = run(b.ret(r), np.ones((130, 3), np.float32))
+    assert [k.name.split(".")[0] for k in res.program.kernels] == ["reduce"]
+    np.testing.assert_array_equal(res.outputs[0], np.full(130, 3.0, np.float32))

@@ -1,0 +1,182 @@
+"""Structure of lowered programs: errors, buffers, kernels, instruction streams, listing.
+No simulator needed."""
+from __future__ import annotations
+
+import dataclasses
+import doctest
+from collections import Counter
+
+import pytest
+
+from jax_trn.hw import isa
+from jax_trn.lower import LOWERINGS, LoweringError, lower_module, register_lowering
+from jax_trn.lower import builder, dot, layout, movement
+from jax_trn.lower.builder import KernelBuilder, Limits
+from jax_trn.lower.registry import get_rule
+
+from .irbuild import FnBuilder, binary, unary
+from .runner import SPEC
+
+
+@pytest.mark.parametrize("module", [layout, dot, movement])
+def test_doctests(module):
+    assert doctest.testmod(module).failed == 0
+
+
+@pytest.mark.parametrize("n,size", [(0, 128), (1, 128), (128, 128), (300, 128), (7, 2)])
+def test_tiles_cover_the_range(n, size):
+    chunks = layout.tiles(n, size)
+    assert [i for s, c in chunks for i in range(s, s + c)] == list(range(n))
+    assert all(0 < c <= size for _, c in chunks)
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 127, 128, 129, 390, 128 * 4096 + 5])
+def test_flat_tiles_cover_each_element_once(n):
+    seen = Counter()
+    for t in layout.flat_tiles(n, 2048):
+        assert 1 <= t.parts <= 128 and 1 <= t.free <= 2048
+        seen.update(t.offset + p * t.pstride + f for p in range(t.parts) for f in range(t.free))
+    assert seen == Counter(range(n))
+
+
+@pytest.mark.parametrize("sizes,cap", [((10, 3, 7), 128), ((2, 300), 128), ((5,), 2),
+                                       ((3, 1, 4), 5)])
+def test_box_tiles_cover_each_index_once(sizes, cap):
+    import itertools
+    seen = Counter()
+    for starts, counts in layout.box_tiles(sizes, cap):
+        assert layout.box_size((starts, counts)) <= cap
+        seen.update(itertools.product(*(range(s, s + c) for s, c in zip(starts, counts))))
+    assert seen == Counter(itertools.product(*map(range, sizes)))
+
+
+# --- errors ---------------------------------------------------------------------------------
+
+def test_unsupported_op_names_op_types_and_location():
+    with pytest.raises(LoweringError) as e:
+        lower_module(unary("cosine", (8,)), SPEC)
+    assert str(e.value) == ("no lowering for stablehlo.cosine(float32[8]) -> (float32[8]) "
+                            "at test.py:1")
+
+
+@pytest.mark.parametrize("dtype", ["float64", "complex64", "int64"])
+def test_unsupported_dtype(dtype):
+    with pytest.raises(LoweringError) as e:
+        lower_module(binary("add", (3,), dtype), SPEC)
+    assert str(e.value).startswith(f"{dtype} is not supported by the Trainium hardware")
+    assert f"stablehlo.add({dtype}[3], {dtype}[3]) -> ({dtype}[3]) at test.py:1" in str(e.value)
+
+
+def test_unsupported_dtype_of_an_unused_argument():
+    b = FnBuilder()
+    b.arg((2,), "float64")
+    x = b.arg((2,))
+    with pytest.raises(LoweringError, match=r"float64 is not supported .*argument 0"):
+        lower_module(b.ret(x), SPEC)
+
+
+def test_kernel_too_big_for_sbuf():
+    tiny = dataclasses.replace(SPEC, sbuf_partition_bytes=SPEC.sbuf_reserved_bytes + 256)
+    with pytest.raises(LoweringError, match=r"more SBUF than the core has.*stablehlo.add"):
+        lower_module(binary("add", (128, 4096)), tiny)
+
+
+def test_psum_allocator_counts_banks():
+    kb = KernelBuilder("k", Limits())
+    for _ in range(8):
+        kb.tile(1, "float32", mem="psum")
+    with pytest.raises(LoweringError, match="PSUM"):
+        kb.tile(1, "float32", mem="psum")
+
+
+def test_allocator_reuses_freed_space():
+    kb = KernelBuilder("k", Limits())
+    a, b = kb.tile(100, "float32"), kb.tile(100, "float32")
+    kb.release(a)
+    c = kb.tile(50, "float32")
+    assert c.offset == a.offset and kb.sbuf.peak == b.offset + 448
+
+
+def test_bad_matmul_precision():
+    with pytest.raises(LoweringError, match="unknown matmul precision"):
+        lower_module(binary("add", (3,)), SPEC, matmul_precision="fastest")
+
+
+# --- program shape ----------------------------------------------------------------------------
+
+def test_params_outputs_and_temps():
+    b = FnBuilder()
+    x, y = b.arg((130, 3)), b.arg((130, 3))
+    s = b.op("add", [x, y], (130, 3), "float32")
+    e = b.op("exponential", [s], (130, 3), "float32")
+    p = lower_module(b.ret(e), SPEC)
+    assert [t.name for t in p.params] == ["arg0", "arg1"]
+    assert [(t.name, t.shape) for t in p.outputs] == [("out0", (130, 3))]
+    assert [t.name for t in p.temps] == ["t0"]
+    assert [k.name for k in p.kernels] == ["add.0", "exponential.1"]
+    assert p.kernels[1].ops == ["exponential at test.py:1"]
+
+
+def test_add_instruction_stream():
+    k = lower_module(binary("add", (130, 3)), SPEC).kernels[0]
+    kinds = [type(i).__name__ for i in k.instructions]
+    # a [128, 3] block and a [2, 1] tail: load, load, add, store each
+    assert kinds == ["DmaCopy", "DmaCopy", "TensorTensor", "DmaCopy"] * 2
+    assert {i.name for i in k.instructions} == {"add.0/dma_copy", "add.0/tensor_tensor"}
+    queues = [i.dma_queue for i in k.instructions if isinstance(i, isa.DmaCopy)]
+    assert queues == list(range(6))                     # round-robin
+    assert k.instructions[2].waits == (("dma0", 1), ("dma1", 1))   # semaphores set
+
+
+def test_engines_follow_dtype():
+    def engines(kind, dtype):
+        k = lower_module(binary(kind, (7,), dtype) if kind != "exponential"
+                         else unary(kind, (7,), dtype), SPEC).kernels[0]
+        return {i.engine for i in k.instructions if not isinstance(i, isa.DmaCopy)}
+    assert engines("add", "float32") == {"vector"}
+    assert engines("add", "int32") == {"gpsimd"}
+    assert engines("power", "float32") == {"gpsimd"}
+    assert engines("exponential", "bfloat16") == {"scalar"}
+
+
+def test_size_zero_output_is_an_empty_kernel():
+    p = lower_module(binary("add", (0, 5)), SPEC)
+    assert len(p.kernels) == 1 and p.kernels[0].instructions == []
+
+
+def test_program_text_lists_kernels():
+    text = lower_module(binary("add", (130, 3)), SPEC).text
+    assert "params: arg0: float32[130,3], arg1: float32[130,3]" in text
+    assert "kernel add.0  [add at test.py:1]" in text
+    assert "8 instrs (dma 6, vector 2)" in text
+
+
+def test_rules_table():
+    for kind in ("add", "exponential", "compare", "select", "convert", "broadcast_in_dim",
+                 "reshape", "transpose", "dot_general", "reduce", "iota"):
+        assert kind in LOWERINGS
+    assert LOWERINGS["add"].func is LOWERINGS["multiply"].func    # one generic rule
+
+
+def test_target_specific_rule_wins():
+    calls = []
+
+    @register_lowering("negate", target="trn_test")
+    def _negate_test(ctx, x):
+        calls.append(x.name)
+
+    try:
+        assert get_rule("negate", "trn_test") is _negate_test
+        assert get_rule("negate") is LOWERINGS["negate"]
+        lower_module(unary("negate", (3,)), SPEC, target="trn_test")
+        assert calls == ["arg0"]
+    finally:
+        from jax_trn.lower import registry
+        registry._TARGET_LOWERINGS.pop("trn_test")
+
+
+def test_limits_from_spec():
+    limits = Limits.of(SPEC)
+    assert limits.sbuf_bytes == SPEC.sbuf_usable_bytes
+    assert limits.psum_bytes == 16 * 1024 and limits.dma_queues == 16
+    assert builder.Limits.of(object()) == Limits()
