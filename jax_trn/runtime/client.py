@@ -63,7 +63,9 @@ class Client:
         module = hlo_passes.compile_to_ir(code, name=name)
         name = module.attrs.get("sym_name", name) or name
         program = lower_module(module, self.system.chip.core)
-        return Executable(str(name), program, module, devices, opts)
+        from .program_mlir import program_mlir
+        return Executable(str(name), program, module, devices, opts,
+                          program_mlir(str(name), program))
 
     def _assigned_devices(self, opts) -> list[Device]:
         n = opts.num_replicas * opts.num_partitions
