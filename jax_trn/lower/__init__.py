@@ -13,3 +13,4 @@ from . import elementwise as _elementwise  # noqa: F401  (registers rules)
 from . import movement as _movement  # noqa: F401
 from . import dot as _dot  # noqa: F401
 from . import reduce as _reduce  # noqa: F401
+from . import relayout as _relayout  # noqa: F401

@@ -1,10 +1,9 @@
-"""Data movement and generated data: reshape, transpose, broadcast_in_dim, copies,
-splat constants (Memset) and iota.
+"""Copies and generated data: DRAM->DRAM copies (reshape, output copies), splat
+constants (Memset) and iota. Transpose and broadcast_in_dim are in `relayout.py`.
 
-Layout changes are DRAM->DRAM DMAs whose source access pattern does the work (DMA
-engines move HBM<->HBM, §3.4): a transpose reads through permuted strides, a broadcast
-through stride-0 axes. Each copy is cut into chunks of at most `CHUNK_BYTES`, spread
-round-robin over the DMA queues.
+A DRAM->DRAM copy is a DMA whose access patterns do the work (DMA engines move
+HBM<->HBM, §3.4), cut into chunks of at most `CHUNK_BYTES`, spread round-robin over
+the DMA queues.
 """
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ from jax_trn.hw.program import DramTensor
 from .builder import KernelBuilder, sub
 from .elementwise import FMAX, _engine
 from .layout import (P, Axes, box_offset, box_pattern, box_tiles, flat_tiles, merge_axes,
-                     row_major, tiles)
+                     tiles)
 from .registry import LowerCtx, register_lowering
 
 CHUNK_BYTES = 512 * 1024
@@ -41,38 +40,9 @@ def copy(kb: KernelBuilder, dst: DramTensor, src: DramTensor) -> None:
     dram_copy(kb, dst, flat, src, flat)
 
 
-def broadcast_axes(shape: tuple[int, ...], out_shape: tuple[int, ...],
-                   dims: tuple[int, ...]) -> Axes:
-    """The axes of `out_shape` reading a `shape` tensor as broadcast_in_dim does.
-
-    >>> broadcast_axes((3, 1), (2, 3, 4), (1, 2))
-    ((0, 2), (1, 3), (0, 4))
-    """
-    src = row_major(shape)
-    strides = [0] * len(out_shape)
-    for i, j in enumerate(dims):
-        if shape[i] == out_shape[j]:
-            strides[j] = src[i][0]
-    return tuple(zip(strides, out_shape))
-
-
 @register_lowering("reshape")
 def _reshape_lower(ctx: LowerCtx, x: DramTensor) -> None:
     copy(ctx.kb, ctx.outs[0], x)
-
-
-@register_lowering("transpose")
-def _transpose_lower(ctx: LowerCtx, x: DramTensor, *, permutation) -> None:
-    src = row_major(x.shape)
-    out = ctx.outs[0]
-    dram_copy(ctx.kb, out, row_major(out.shape), x, tuple(src[p] for p in permutation))
-
-
-@register_lowering("broadcast_in_dim")
-def _broadcast_in_dim_lower(ctx: LowerCtx, x: DramTensor, *, broadcast_dimensions) -> None:
-    out = ctx.outs[0]
-    src = broadcast_axes(tuple(x.shape), tuple(out.shape), tuple(broadcast_dimensions))
-    dram_copy(ctx.kb, out, row_major(out.shape), x, src)
 
 
 def fill(kb: KernelBuilder, out: DramTensor, value) -> None:

@@ -12,6 +12,20 @@ from .runner import run
 from .test_elementwise import make
 
 
+def test_relayout_paths_and_speed():
+    """Matrix transposes go through TensorE, row broadcasts through SBUF, and both
+    are far faster than a DMA reading 4-byte runs."""
+    from collections import Counter
+    from jax_trn.lower import lower_module
+    from .runner import SPEC
+    t = lower_module(one_op("transpose", (256, 512), (512, 256), permutation=(1, 0)), SPEC)
+    assert Counter(type(i).__name__ for i in t.kernels[0].instructions)["NcTranspose"] == 8
+    bc = one_op("broadcast_in_dim", (256,), (256, 512), broadcast_dimensions=(0,))
+    x = make((256, 512), "float32")
+    assert run(one_op("transpose", (256, 512), (512, 256), permutation=(1, 0)), x).ns < 20e3
+    assert run(bc, x[:, 0].copy()).ns < 10e3
+
+
 def one_op(kind, in_shape, out_shape, dtype="float32", **attrs):
     b = FnBuilder()
     x = b.arg(in_shape, dtype)
@@ -27,10 +41,12 @@ def test_reshape(src, dst, dtype):
     np.testing.assert_array_equal(out, x.reshape(dst))
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int32"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int32", "bool"])
 @pytest.mark.parametrize("shape,perm", [((130, 3), (1, 0)), ((3, 5, 7), (2, 0, 1)),
                                         ((3, 5, 7), (0, 2, 1)), ((2, 3, 4, 5), (3, 1, 0, 2)),
-                                        ((0, 4), (1, 0)), ((), ())])
+                                        ((0, 4), (1, 0)), ((), ()), ((600, 700), (1, 0)),
+                                        ((2, 130, 300), (0, 2, 1)),
+                                        ((4, 130, 6), (1, 0, 2))])
 def test_transpose(shape, perm, dtype):
     x = make(shape, dtype)
     out_shape = tuple(shape[p] for p in perm)
@@ -43,7 +59,9 @@ def test_transpose(shape, perm, dtype):
                                           ((130,), (130, 3), (0,)),
                                           ((5, 1), (3, 5, 7), (1, 2)),
                                           ((1, 7), (3, 5, 7), (0, 2)),
-                                          ((4,), (0, 4), (1,))])
+                                          ((4,), (0, 4), (1,)), ((), (3000,), ()),
+                                          ((256,), (256, 3000), (0,)),
+                                          ((3, 4), (3, 5, 4, 6), (0, 2))])
 def test_broadcast_in_dim(src, dst, dims, dtype):
     x = make(src, dtype)
     m = one_op("broadcast_in_dim", src, dst, dtype, broadcast_dimensions=dims)
