@@ -23,11 +23,15 @@ import math
 
 from hlo_passes import ir
 from jax_trn.hw import dtypes as hw_dtypes
+from jax_trn.hw import isa
 from jax_trn.hw.program import DramTensor
 
-from .layout import Axes, merge_axes, row_major
+from .builder import KernelBuilder, sub
+from .elementwise import FMAX
+from .layout import P, Axes, box_offset, box_pattern, line_tiles, merge_axes, row_major, tiles
 from .matmul import MatmulEmitter, Operand, make_plan
-from .movement import dram_copy, fill
+from .movement import fill
+from .relayout import relayout
 from .registry import LowerCtx, register_lowering
 
 LEVELS = {"default": 0, "high": 1, "highest": 2}
@@ -102,7 +106,7 @@ def _canonical(ctx: LowerCtx, t: DramTensor, b: Axes, f: Axes, k: Axes, dtype: s
         return op
     order = (*b, *f, *k) if lhs else (*b, *k, *f)
     copy = ctx.temp(tuple(n for _, n in order), t.dtype)
-    dram_copy(ctx.kb, copy, row_major(copy.shape), t, order)
+    relayout(ctx.kb, copy, row_major(copy.shape), t, order)
     nb = len(b)
     axes = row_major(copy.shape)
     bb = axes[:nb]
@@ -132,5 +136,43 @@ def _dot_general_lower(ctx: LowerCtx, lhs: DramTensor, rhs: DramTensor, *,
     rop = _canonical(ctx, rhs, rb, rf, rc, rdt, lhs=False)
     if lop.t is not lhs or rop.t is not rhs:
         ctx.next_kernel("dot")
+    if lop.f[1] == rop.f[1] == 1 and lop.batch and precision == "native":
+        return _inner_products(ctx.kb, lop, rop, out)
     plan = make_plan(lop, rop, out.dtype, ctx.limits.sbuf_bytes)
     MatmulEmitter(ctx.kb, lop, rop, out, plan, precision).run()
+
+
+# --- batched inner products ------------------------------------------------------------------
+
+def _inner_products(kb: KernelBuilder, lhs: Operand, rhs: Operand, out: DramTensor) -> None:
+    """out[b] = sum_k lhs[b, k] * rhs[b, k] (M = N = 1): batches on partitions, K on F;
+    VectorE multiplies (exact for bf16 operands in FP32) and reduces along F. One
+    128x1x1 matmul per batch would leave TensorE ~0% used."""
+    (lb, rb, ob), k = merge_axes(lhs.batch, rhs.batch, row_major([n for _, n in lhs.batch])), \
+        lhs.k[1]
+    ins = (kb.ring(3, FMAX, lhs.dtype), kb.ring(3, FMAX, rhs.dtype))
+    prods, accs = kb.ring(2, FMAX, "float32"), kb.ring(2, 1, "float32")
+    res = kb.ring(2, 1, out.dtype)
+    for box in line_tiles([n for _, n in lb], P):
+        parts = box_pattern(lb, box)[-1][1]
+        acc = sub(accs.next(), parts, 1)
+        for i, (k0, kc) in enumerate(tiles(k, FMAX)):
+            x, y = (_load_rows(kb, op, axes, box, k0, kc, ring)
+                    for op, axes, ring in ((lhs, lb, ins[0]), (rhs, rb, ins[1])))
+            prod = sub(prods.next(), parts, kc)
+            kb.emit(isa.TensorTensor, dst=prod, data1=x, data2=y, op="multiply")
+            part = acc if i == 0 else sub(prods.next(), parts, 1)
+            kb.emit(isa.TensorReduce, dst=part, data=prod, op="add")
+            if i:
+                kb.emit(isa.TensorTensor, dst=acc, data1=acc, data2=part, op="add")
+        dst = sub(res.next(), parts, 1)
+        kb.emit(isa.TensorCopy, dst=dst, src=acc)
+        kb.dma(kb.ap(out, box_offset(ob, box), box_pattern(ob, box)[-1:] + ((1, 1),)), dst)
+    kb.release(*ins, prods, accs, res)
+
+
+def _load_rows(kb, op: Operand, axes: Axes, box, k0: int, kc: int, ring) -> isa.Tile:
+    tile = sub(ring.next(), box_pattern(axes, box)[-1][1], kc)
+    src = box_pattern(axes, box)[-1:] + ((op.k[0], kc),)
+    kb.dma(tile, kb.ap(op.t, box_offset(axes, box) + k0 * op.k[0], src))
+    return tile

@@ -62,6 +62,8 @@ CASES = [  # lhs, rhs, lb, rb, lc, rc
     ((3, 4, 50), (4, 50, 6), (), (), (1, 2), (0, 1)),     # two contracting dims
     ((3, 4, 5), (5, 2, 4), (), (), (1,), (2,)),
     ((4, 3, 6), (6, 3, 4), (1,), (1,), (2, 0), (0, 2)),   # non-mergeable: copied first
+    ((300, 70), (300, 70), (0,), (0,), (1,), (1,)),      # batched inner products
+    ((2, 3, 50), (50, 3, 2), (0, 1), (2, 1), (2,), (0,)),
     ((0, 5), (5, 3), (), (), (1,), (0,)),
     ((4, 0), (0, 3), (), (), (1,), (0,)),                 # K = 0 -> zeros
 ]
@@ -76,7 +78,7 @@ def test_dot_bf16(case):
                                atol=1e-4)
 
 
-@pytest.mark.parametrize("case", CASES[:5], ids=lambda c: f"{c[0]}x{c[1]}")
+@pytest.mark.parametrize("case", CASES[:5] + CASES[10:12], ids=lambda c: f"{c[0]}x{c[1]}")
 def test_dot_f32_default_runs_bf16_operands(case):
     ls, rs, lb, rb, lc, rc = case
     x, y = rand(ls, "float32", 3), rand(rs, "float32", 4)
