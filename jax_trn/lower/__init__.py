@@ -14,3 +14,4 @@ from . import movement as _movement  # noqa: F401
 from . import dot as _dot  # noqa: F401
 from . import reduce as _reduce  # noqa: F401
 from . import relayout as _relayout  # noqa: F401
+from . import slicing as _slicing  # noqa: F401

@@ -28,7 +28,8 @@ from jax_trn.hw.program import DramTensor
 
 from .builder import KernelBuilder, sub
 from .elementwise import FMAX
-from .layout import P, Axes, box_offset, box_pattern, line_tiles, merge_axes, row_major, tiles
+from .layout import (P, Axes, View, box_offset, box_pattern, line_tiles, merge_axes,
+                     row_major, tiles)
 from .matmul import MatmulEmitter, Operand, make_plan
 from .movement import fill
 from .relayout import relayout
@@ -106,7 +107,7 @@ def _canonical(ctx: LowerCtx, t: DramTensor, b: Axes, f: Axes, k: Axes, dtype: s
         return op
     order = (*b, *f, *k) if lhs else (*b, *k, *f)
     copy = ctx.temp(tuple(n for _, n in order), t.dtype)
-    relayout(ctx.kb, copy, row_major(copy.shape), t, order)
+    relayout(ctx.kb, View.of(copy), View(t, order))
     nb = len(b)
     axes = row_major(copy.shape)
     bb = axes[:nb]

@@ -33,7 +33,9 @@ IN_DEPTH, STEP_DEPTH = 3, 2
 
 ALU = {"add": "add", "subtract": "subtract", "multiply": "multiply", "divide": "divide",
        "maximum": "max", "minimum": "min", "power": "power", "remainder": "remainder",
-       "and": "bitwise_and", "or": "bitwise_or", "xor": "bitwise_xor"}
+       "and": "bitwise_and", "or": "bitwise_or", "xor": "bitwise_xor",
+       "shift_left": "shift_left", "shift_right_logical": "shift_right_logical",
+       "shift_right_arithmetic": "shift_right_arithmetic"}
 BOOL_ALU = {"and": "min", "or": "max", "xor": "not_equal", "maximum": "max", "minimum": "min"}
 ACTIVATION = {"exponential": "exp", "log": "log", "tanh": "tanh", "logistic": "sigmoid",
               "sqrt": "sqrt", "rsqrt": "rsqrt", "sign": "sign"}

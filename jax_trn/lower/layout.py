@@ -2,8 +2,8 @@
 
 An `Axes` value describes how a logical index space sits in a DRAM tensor: (stride,
 num) pairs in elements, outermost first, the same convention as `isa.DramAP.pattern`.
-Views (transpose, broadcast, dot/reduce canonical forms) are just re-ordered or
-zero-strided `Axes`; a tile is a box of such a space (`box_tiles`), and its DMA pattern
+Views (transpose, broadcast, slices, dot/reduce canonical forms) are re-ordered,
+offset or zero-strided `Axes` (`View`); a tile is a box of such a space (`box_tiles`), and its DMA pattern
 is the box's (stride, count) pairs (`box_pattern`).
 """
 from __future__ import annotations
@@ -12,6 +12,8 @@ import itertools
 import math
 from dataclasses import dataclass
 from typing import Sequence
+
+from jax_trn.hw.program import DramTensor
 
 P = 128                                  # partitions (§3.3 pmax)
 Axes = tuple[tuple[int, int], ...]       # (stride, num), outermost first
@@ -70,6 +72,19 @@ def row_major(shape: Sequence[int]) -> Axes:
     for i in range(len(shape) - 2, -1, -1):
         strides[i] = strides[i + 1] * shape[i + 1]
     return tuple(zip(strides, shape))
+
+
+@dataclass(frozen=True)
+class View:
+    """Elements of a DRAM tensor: element `offset` plus `axes` (a slice, a transposed or
+    broadcast reading, ...)."""
+    t: DramTensor
+    axes: Axes
+    offset: int = 0
+
+    @classmethod
+    def of(cls, t: DramTensor) -> "View":
+        return cls(t, row_major(t.shape))
 
 
 def size(axes: Axes) -> int:

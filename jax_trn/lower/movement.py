@@ -16,28 +16,27 @@ from jax_trn.hw.program import DramTensor
 
 from .builder import KernelBuilder, sub
 from .elementwise import FMAX, _engine
-from .layout import (P, Axes, box_offset, box_pattern, box_tiles, flat_tiles, merge_axes,
-                     tiles)
+from .layout import (P, Axes, View, box_offset, box_pattern, box_tiles, flat_tiles,
+                     merge_axes, tiles)
 from .registry import LowerCtx, register_lowering
 
 CHUNK_BYTES = 512 * 1024
 IOTA_START = 150          # GpSimd start-up cycles of an iota (§6.3), for choosing a plan
 
 
-def dram_copy(kb: KernelBuilder, dst: DramTensor, dst_axes: Axes,
-              src: DramTensor, src_axes: Axes) -> None:
-    """DMAs the index space `src_axes` of `src` into `dst_axes` of `dst` (same nums)."""
-    d, s = merge_axes(dst_axes, src_axes)
-    cap = max(1, CHUNK_BYTES // ir.np_dtype(dst.dtype).itemsize)
+def dram_copy(kb: KernelBuilder, dst: View, src: View) -> None:
+    """DMAs the elements of view `src` into view `dst` (same index space)."""
+    d, s = merge_axes(dst.axes, src.axes)
+    cap = max(1, CHUNK_BYTES // ir.np_dtype(dst.t.dtype).itemsize)
     for box in box_tiles([n for _, n in d], cap):
-        kb.dma(kb.ap(dst, box_offset(d, box), box_pattern(d, box)),
-               kb.ap(src, box_offset(s, box), box_pattern(s, box)))
+        kb.dma(kb.ap(dst.t, dst.offset + box_offset(d, box), box_pattern(d, box)),
+               kb.ap(src.t, src.offset + box_offset(s, box), box_pattern(s, box)))
 
 
 def copy(kb: KernelBuilder, dst: DramTensor, src: DramTensor) -> None:
     """A contiguous copy of all elements (shapes may differ: reshape)."""
     flat = ((1, dst.size),)
-    dram_copy(kb, dst, flat, src, flat)
+    dram_copy(kb, View(dst, flat), View(src, flat))
 
 
 @register_lowering("reshape")

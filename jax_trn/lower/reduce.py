@@ -29,9 +29,10 @@ from jax_trn.hw.program import DramTensor
 from .builder import KernelBuilder, sub
 from .elementwise import FMAX, TILE_OPS, Src, Step, _engine
 from .errors import LoweringError
-from .layout import (P, Axes, box_offset, box_pattern, box_tiles, flat_tiles, line_tiles,
-                     merge_axes, row_major)
-from .movement import dram_copy, fill
+from .layout import (P, Axes, View, box_offset, box_pattern, box_tiles, flat_tiles,
+                     line_tiles, merge_axes, row_major)
+from .movement import fill
+from .relayout import relayout
 from .registry import LowerCtx, register_lowering
 
 COMBINERS = {"add": "add", "maximum": "max", "minimum": "min"}
@@ -167,7 +168,7 @@ def _fill_init(ctx: LowerCtx, init: DramTensor, out: DramTensor) -> None:
     value = ctx.constant(init)
     if value is not None:
         return fill(ctx.kb, out, np.asarray(value).reshape(-1)[0])
-    dram_copy(ctx.kb, out, row_major(out.shape), init, tuple((0, n) for n in out.shape))
+    relayout(ctx.kb, View.of(out), View(init, tuple((0, n) for n in out.shape)))
 
 
 @register_lowering("reduce")

@@ -22,23 +22,23 @@ from jax_trn.hw.program import DramTensor
 
 from .builder import KernelBuilder, sub
 from .elementwise import FMAX, _engine
-from .layout import (P, Axes, box_offset, box_pattern, flat_tiles, line_tiles, merge_axes,
-                     row_major, tiles)
+from .layout import (P, Axes, View, box_offset, box_pattern, flat_tiles, line_tiles,
+                     merge_axes, row_major, tiles)
 from .movement import dram_copy
 from .registry import LowerCtx, register_lowering
 
 BLOCK = 512               # rows/columns of one TensorE transpose block (one PSUM bank)
 
 
-def relayout(kb: KernelBuilder, dst: DramTensor, dst_axes: Axes, src: DramTensor,
-             src_axes: Axes) -> None:
-    """Copies the index space `src_axes` of `src` into `dst_axes` of `dst`."""
-    d, s = merge_axes(dst_axes, src_axes)
-    if d and s[-1][0] == 0:
-        return _expand(kb, dst, d, src, s)
-    if _is_swap(s, dst.dtype):
-        return _swap(kb, dst, d, src, s)
-    dram_copy(kb, dst, d, src, s)
+def relayout(kb: KernelBuilder, dst: View, src: View) -> None:
+    """Copies the elements of view `src` into view `dst` (same index space)."""
+    d, s = merge_axes(dst.axes, src.axes)
+    dst, src = View(dst.t, d, dst.offset), View(src.t, s, src.offset)
+    if d and s[-1][0] == 0 and d[-1][1] > 1:
+        return _expand(kb, dst, src)
+    if _is_swap(s, dst.t.dtype):
+        return _swap(kb, dst, src)
+    dram_copy(kb, dst, src)
 
 
 def broadcast_axes(shape: tuple[int, ...], out_shape: tuple[int, ...],
@@ -59,45 +59,44 @@ def broadcast_axes(shape: tuple[int, ...], out_shape: tuple[int, ...],
 @register_lowering("transpose")
 def _transpose_lower(ctx: LowerCtx, x: DramTensor, *, permutation) -> None:
     src = row_major(x.shape)
-    out = ctx.outs[0]
-    relayout(ctx.kb, out, row_major(out.shape), x, tuple(src[p] for p in permutation))
+    relayout(ctx.kb, View.of(ctx.outs[0]), View(x, tuple(src[p] for p in permutation)))
 
 
 @register_lowering("broadcast_in_dim")
 def _broadcast_in_dim_lower(ctx: LowerCtx, x: DramTensor, *, broadcast_dimensions) -> None:
     out = ctx.outs[0]
     src = broadcast_axes(tuple(x.shape), tuple(out.shape), tuple(broadcast_dimensions))
-    relayout(ctx.kb, out, row_major(out.shape), x, src)
+    relayout(ctx.kb, View.of(out), View(x, src))
 
 
 # --- broadcast along the innermost axis -------------------------------------------------
 
-def _expand(kb: KernelBuilder, dst: DramTensor, d: Axes, src: DramTensor, s: Axes) -> None:
-    inner, rows_d, rows_s = d[-1], d[:-1], s[:-1]
+def _expand(kb: KernelBuilder, dst: View, src: View) -> None:
+    inner, rows_d, rows_s = dst.axes[-1], dst.axes[:-1], src.axes[:-1]
     width = min(inner[1], FMAX)
-    if not rows_d:
+    if not rows_d and inner[0] == 1:
         return _expand_scalar(kb, dst, src, inner[1], width)
-    cols, wide = kb.ring(3, 1, src.dtype), kb.ring(2, width, dst.dtype)
+    cols, wide = kb.ring(3, 1, src.t.dtype), kb.ring(2, width, dst.t.dtype)
     for box in line_tiles([n for _, n in rows_d], P):
         prow_s, prow_d = box_pattern(rows_s, box)[-1:], box_pattern(rows_d, box)[-1:]
         col = sub(cols.next(), prow_d[0][1], 1)
-        kb.dma(col, kb.ap(src, box_offset(rows_s, box), prow_s + ((1, 1),)))
+        kb.dma(col, kb.ap(src.t, src.offset + box_offset(rows_s, box), prow_s + ((1, 1),)))
         tile = _broadcast_column(kb, col, sub(wide.next(), col.num_partitions, width))
         for c0, c in tiles(inner[1], width):
-            ap = kb.ap(dst, box_offset(rows_d, box) + c0 * inner[0], prow_d + ((inner[0], c),))
-            kb.dma(ap, sub(tile, free=c))
+            at = dst.offset + box_offset(rows_d, box) + c0 * inner[0]
+            kb.dma(kb.ap(dst.t, at, prow_d + ((inner[0], c),)), sub(tile, free=c))
     kb.release(cols, wide)
 
 
-def _expand_scalar(kb: KernelBuilder, dst: DramTensor, src: DramTensor, n: int,
-                   width: int) -> None:
+def _expand_scalar(kb: KernelBuilder, dst: View, src: View, n: int, width: int) -> None:
     """One value to n contiguous elements: [128, F] blocks of one broadcast tile."""
     blocks = flat_tiles(n, width)
-    col, tile = kb.tile(1, src.dtype), kb.tile(max(b.free for b in blocks), dst.dtype)
-    kb.dma(col, kb.ap(src, 0, ((0, P), (1, 1))))
+    col = kb.tile(1, src.t.dtype)
+    tile = kb.tile(max(b.free for b in blocks), dst.t.dtype)
+    kb.dma(col, kb.ap(src.t, src.offset, ((0, P), (1, 1))))
     _broadcast_column(kb, col, tile)
     for b in blocks:
-        kb.dma(kb.ap(dst, b.offset, b.pattern), sub(tile, b.parts, b.free))
+        kb.dma(kb.ap(dst.t, dst.offset + b.offset, b.pattern), sub(tile, b.parts, b.free))
     kb.release(col, tile)
 
 
@@ -117,27 +116,30 @@ def _is_swap(s: Axes, dtype: str) -> bool:
             and ir.np_dtype(dtype).itemsize in (2, 4))
 
 
-def _swap(kb: KernelBuilder, dst: DramTensor, d: Axes, src: DramTensor, s: Axes) -> None:
-    rings = (kb.ring(8, BLOCK, src.dtype), kb.ring(4, BLOCK, dst.dtype, mem="psum"),
-             kb.ring(3, BLOCK, dst.dtype))
-    lead = [range(n) for _, n in d[:-2]]
-    for index in itertools.product(*lead):
-        d0 = sum(i * st for i, (st, _) in zip(index, d))
-        s0 = sum(i * st for i, (st, _) in zip(index, s))
+def _swap(kb: KernelBuilder, dst: View, src: View) -> None:
+    d, s, dtype = dst.axes, src.axes, dst.t.dtype
+    rings = (kb.ring(8, BLOCK, dtype), kb.ring(4, BLOCK, dtype, mem="psum"),
+             kb.ring(3, BLOCK, dtype))
+    for index in itertools.product(*(range(n) for _, n in d[:-2])):
+        d0 = dst.offset + sum(i * st for i, (st, _) in zip(index, d))
+        s0 = src.offset + sum(i * st for i, (st, _) in zip(index, s))
         for b0, bn in tiles(d[-1][1], BLOCK):
             for a0, an in tiles(d[-2][1], BLOCK):
-                _swap_block(kb, dst, d, d0 + a0 * d[-2][0] + b0, src, s,
-                            s0 + b0 * s[-1][0] + a0, an, bn, rings)
+                _swap_block(kb, View(dst.t, d[-2:], d0 + a0 * d[-2][0] + b0 * d[-1][0]),
+                            View(src.t, s[-2:], s0 + b0 * s[-1][0] + a0 * s[-2][0]),
+                            an, bn, rings)
     kb.release(*rings)
 
 
-def _swap_block(kb, dst, d, d_off, src, s, s_off, an, bn, rings) -> None:
-    """dst[a, b] = src[b, a] for an x bn (<= 512 x 512) elements."""
+def _swap_block(kb: KernelBuilder, dst: View, src: View, an: int, bn: int, rings) -> None:
+    """dst[a, b] = src[b, a] for an x bn (<= 512 x 512) elements: (a, b) strides are
+    `dst.axes`, (a, b) strides in the source `src.axes` (a's is 1)."""
     ins, banks, outs = rings
+    (da, db), (sa, sb) = ((st for st, _ in dst.axes)), ((st for st, _ in src.axes))
     rows = []
     for b0, bt in tiles(bn, P):
         t = sub(ins.next(), bt, an)
-        kb.dma(t, kb.ap(src, s_off + b0 * s[-1][0], ((s[-1][0], bt), (1, an))))
+        kb.dma(t, kb.ap(src.t, src.offset + b0 * sb, ((sb, bt), (sa, an))))
         rows.append((b0, t))
     for a0, at in tiles(an, P):
         bank = banks.next()
@@ -146,4 +148,4 @@ def _swap_block(kb, dst, d, d_off, src, s, s_off, an, bn, rings) -> None:
                     data=sub(t, free=at, at=a0))
         out = sub(outs.next(), at, bn)
         kb.emit(isa.TensorCopy, dst=out, src=sub(bank, at, bn), engine=kb.evac_engine())
-        kb.dma(kb.ap(dst, d_off + a0 * d[-2][0], ((d[-2][0], at), (1, bn))), out)
+        kb.dma(kb.ap(dst.t, dst.offset + a0 * da, ((da, at), (db, bn))), out)

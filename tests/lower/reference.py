@@ -36,6 +36,10 @@ INT_REF = {
     "power": _int_pow, "negate": np.negative, "abs": np.abs,
     "and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor,
     "not": np.invert,
+    "shift_left": lambda a, b: np.where(b < 32, np.left_shift(a, np.clip(b, 0, 31)), 0),
+    "shift_right_arithmetic": lambda a, b: np.right_shift(a, np.clip(b, 0, 31)),
+    "shift_right_logical": lambda a, b: np.where(
+        b < 32, np.right_shift(a & 0xFFFFFFFF, np.clip(b, 0, 31)), 0),
 }
 COMPARE_REF = {"EQ": np.equal, "NE": np.not_equal, "LT": np.less, "LE": np.less_equal,
                "GT": np.greater, "GE": np.greater_equal}

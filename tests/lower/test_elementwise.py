@@ -18,7 +18,8 @@ FLOAT_BINARY = ["add", "subtract", "multiply", "divide", "maximum", "minimum", "
                 "remainder"]
 INT_UNARY = ["negate", "abs", "not"]
 INT_BINARY = ["add", "subtract", "multiply", "divide", "maximum", "minimum", "power",
-              "and", "or", "xor"]
+              "and", "or", "xor", "shift_left", "shift_right_logical",
+              "shift_right_arithmetic"]
 POSITIVE = {"log", "sqrt", "rsqrt", "power"}
 
 
@@ -37,6 +38,8 @@ def make(shape, dtype: str, kind: str = "", seed: int = 0, role: int = 0) -> np.
     if dtype == "bool":
         return rng.integers(0, 2, shape).astype(bool)
     lo, hi = ((-5, 6) if role == 0 else (0, 6)) if kind == "power" else (-1000, 1000)
+    if kind.startswith("shift") and role == 1:
+        lo, hi = 0, 40
     x = rng.integers(lo, hi, shape)
     if kind == "divide" and role == 1:
         x = np.where(x == 0, 3, x)

@@ -134,3 +134,52 @@ def test_identity_init_constant_is_never_written():
     res = run(b.ret(r), np.ones((130, 3), np.float32))
     assert [k.name.split(".")[0] for k in res.program.kernels] == ["reduce"]
     np.testing.assert_array_equal(res.outputs[0], np.full(130, 3.0, np.float32))
+
+
+# --- slice / concatenate / pad ---------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int32"])
+@pytest.mark.parametrize("shape,start,limit,strides", [
+    ((130, 3), (2, 0), (130, 3), (1, 1)), ((3, 5, 7), (1, 0, 2), (3, 5, 7), (1, 2, 3)),
+    ((256, 512), (0, 100), (256, 356), (1, 1)), ((7,), (3,), (3,), (1,))])
+def test_slice(shape, start, limit, strides, dtype):
+    x = make(shape, dtype)
+    sl = tuple(slice(a, b, c) for a, b, c in zip(start, limit, strides))
+    out_shape = x[sl].shape
+    m = one_op("slice", shape, out_shape, dtype, start_indices=start, limit_indices=limit,
+               strides=strides)
+    np.testing.assert_array_equal(run(m, x).outputs[0], x[sl])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bool"])
+@pytest.mark.parametrize("shapes,dim", [([(130, 3), (130, 5)], 1), ([(3, 5), (0, 5), (4, 5)], 0),
+                                        ([(2, 3, 4), (2, 1, 4)], 1)])
+def test_concatenate(shapes, dim, dtype):
+    b = FnBuilder()
+    args = [b.arg(s, dtype) for s in shapes]
+    out = list(shapes[0])
+    out[dim] = sum(s[dim] for s in shapes)
+    m = b.ret(b.op("concatenate", args, out, dtype, dimension=dim))
+    xs = [make(s, dtype, seed=i) for i, s in enumerate(shapes)]
+    np.testing.assert_array_equal(run(m, *xs).outputs[0], np.concatenate(xs, dim))
+
+
+@pytest.mark.parametrize("const_value", [True, False])
+@pytest.mark.parametrize("lo,hi,interior", [((1, 2), (3, 0), (0, 0)), ((0, 1), (0, 1), (1, 2)),
+                                            ((-1, 2), (1, -2), (0, 0))])
+def test_pad(lo, hi, interior, const_value):
+    shape = (5, 7)
+    x = make(shape, "float32")
+    out_shape = tuple(l + h + n + max(n - 1, 0) * i for l, h, n, i in zip(lo, hi, shape, interior))
+    b = FnBuilder()
+    xa = b.arg(shape)
+    v = b.const(2.5) if const_value else b.arg(())
+    m = b.ret(b.op("pad", [xa, v], out_shape, "float32", edge_padding_low=lo,
+                   edge_padding_high=hi, interior_padding=interior))
+    args = [x] if const_value else [x, np.array(2.5, np.float32)]
+    big = np.full([n + max(n - 1, 0) * i for n, i in zip(shape, interior)], 2.5, np.float32)
+    big[tuple(slice(None, None, i + 1) for i in interior)] = x
+    padded = np.pad(big, [(max(l, 0), max(h, 0)) for l, h in zip(lo, hi)], constant_values=2.5)
+    exp = padded[tuple(slice(max(-l, 0), padded.shape[d] - max(-h, 0))
+                       for d, (l, h) in enumerate(zip(lo, hi)))]
+    np.testing.assert_array_equal(run(m, *args).outputs[0], exp)

@@ -10,7 +10,7 @@ import pytest
 
 from jax_trn.hw import isa
 from jax_trn.lower import LOWERINGS, LoweringError, lower_module, register_lowering
-from jax_trn.lower import builder, dot, layout, relayout
+from jax_trn.lower import builder, dot, layout, relayout, slicing
 from jax_trn.lower.builder import KernelBuilder, Limits
 from jax_trn.lower.registry import get_rule
 
@@ -18,7 +18,7 @@ from .irbuild import FnBuilder, binary, unary
 from .runner import SPEC
 
 
-@pytest.mark.parametrize("module", [layout, dot, relayout])
+@pytest.mark.parametrize("module", [layout, dot, relayout, slicing])
 def test_doctests(module):
     assert doctest.testmod(module).failed == 0
 
