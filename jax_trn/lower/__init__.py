@@ -1,7 +1,26 @@
-"""Code generation: our IR -> ISA kernels for one NeuronCore (`lower_module`).
+"""Code generation: our IR -> ISA kernels for one NeuronCore.
 
-Rules live one file per op family (`elementwise`, `movement`, `dot`, `reduce`) and
-register themselves in `LOWERINGS` on import.
+    lower_module(module, spec, *, matmul_precision=None) -> hw.Program
+    LoweringError                     # compile-time: op kind, types, source location
+    LOWERINGS, register_lowering      # the rule table: op kind -> rule(ctx, *ins, **attrs)
+
+Each op of the entry function becomes one kernel (DMA in, compute, DMA out) over DRAM
+tensors `arg<i>` (parameters), `out<i>` (results, each its own buffer), `t<i>` (HBM
+temporaries) and `const:<i>` (initial data: non-splat constants, returned as
+`program.constants`, a name -> array dict the runtime loads once per executable).
+
+Modules, in dependency order:
+  errors      LoweringError
+  layout      tiling arithmetic (`tiles`, `flat_tiles`, `box_tiles`) and DRAM views
+  builder     KernelBuilder: SBUF/PSUM allocation, rings, DMA queues, semaphores
+  registry    LOWERINGS, register_lowering, LowerCtx
+  elementwise the generic elementwise rule over a Region of steps (fusion-ready)
+  movement    DRAM copies (reshape), splat constants, iota
+  relayout    transpose, broadcast_in_dim (SBUF expand, TensorE transpose, DMA)
+  slicing     slice, concatenate, pad
+  matmul      the TensorE loop nest;  dot: dot_general (precision, canonical form)
+  reduce      reduce with add / max / min (and / or on bool)
+  listing     Program.text;  driver: lower_module
 """
 from .errors import LoweringError as LoweringError
 from .registry import LOWERINGS as LOWERINGS
@@ -9,9 +28,10 @@ from .registry import LowerCtx as LowerCtx
 from .registry import register_lowering as register_lowering
 from .driver import lower_module as lower_module
 
-from . import elementwise as _elementwise  # noqa: F401  (registers rules)
-from . import movement as _movement  # noqa: F401
-from . import dot as _dot  # noqa: F401
-from . import reduce as _reduce  # noqa: F401
-from . import relayout as _relayout  # noqa: F401
-from . import slicing as _slicing  # noqa: F401
+# Rule modules register themselves in LOWERINGS on import.
+from . import elementwise as _elementwise  # noqa: F401,E402
+from . import movement as _movement  # noqa: F401,E402
+from . import relayout as _relayout  # noqa: F401,E402
+from . import slicing as _slicing  # noqa: F401,E402
+from . import dot as _dot  # noqa: F401,E402
+from . import reduce as _reduce  # noqa: F401,E402
