@@ -3,8 +3,8 @@
 An `Axes` value describes how a logical index space sits in a DRAM tensor: (stride,
 num) pairs in elements, outermost first, the same convention as `isa.DramAP.pattern`.
 Views (transpose, broadcast, slices, dot/reduce canonical forms) are re-ordered,
-offset or zero-strided `Axes` (`View`); a tile is a box of such a space (`box_tiles`), and its DMA pattern
-is the box's (stride, count) pairs (`box_pattern`).
+offset or zero-strided `Axes` (`View`); a tile is a box of such a space
+(`box_tiles`), and its DMA pattern is the box's (stride, count) pairs (`box_pattern`).
 """
 from __future__ import annotations
 
