@@ -133,7 +133,9 @@ def executable_compile_options(a):
 
 @entry("PJRT_LoadedExecutable_Destroy", never_fails=True)
 def loaded_destroy(a):
-    HANDLES.free(get_ptr(a, "executable"))
+    le = HANDLES.free(get_ptr(a, "executable"))
+    if le is not None:
+        le.rt.release()
 
 
 @entry("PJRT_LoadedExecutable_GetExecutable", never_fails=True)
@@ -158,7 +160,9 @@ def loaded_logical_ids(a):
 
 @entry("PJRT_LoadedExecutable_Delete")
 def loaded_delete(a):
-    _loaded(a).deleted = True
+    le = _loaded(a)
+    le.deleted = True
+    le.rt.release()
 
 
 @entry("PJRT_LoadedExecutable_IsDeleted")

@@ -77,7 +77,11 @@ def _strided(ap: DramAP, arrays: dict[str, np.ndarray]) -> np.ndarray:
         raise IsaError(f"access pattern on {ap.tensor!r} touches elements [{lo}, {hi}] "
                        f"outside its {flat.size} elements")
     item = flat.itemsize
-    return as_strided(flat[ap.offset:], shape=ap.shape, strides=[s * item for s, _ in ap.pattern])
+    # as_strided cannot build ml_dtypes float8 arrays directly: stride over the raw
+    # unsigned integers of the same width, then view them as the element type.
+    raw = flat.view(f"u{item}")[ap.offset:]
+    view = as_strided(raw, shape=ap.shape, strides=[s * item for s, _ in ap.pattern])
+    return view.view(flat.dtype)
 
 
 def dram_read(ap: DramAP, arrays: dict[str, np.ndarray]) -> np.ndarray:

@@ -3,12 +3,14 @@
 A `Kernel` is the ISA program of one fused region for one NeuronCore: its instructions in
 program order (each engine / DMA queue runs the subsequence on its own queue, in order,
 waiting on semaphores), and the DRAM tensors it touches by name. A `Program` is the
-per-device executable: parameters, outputs, HBM temporaries, and the kernels to run in
-order.
+per-device executable: parameters, outputs, HBM temporaries, constants (initial HBM
+data, loaded once per executable), and the kernels to run in order.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from . import dtypes as _dt
 from .isa import Instr
@@ -50,6 +52,7 @@ class Program:
     temps: list[DramTensor]                    # HBM scratch, allocated per execution
     kernels: list[Kernel]
     text: str = ""                             # the optimized program, for as_text()
+    constants: dict[str, np.ndarray] = field(default_factory=dict)  # initial HBM data
 
     @property
     def flops(self) -> int:

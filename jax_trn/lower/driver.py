@@ -208,11 +208,10 @@ class _Lowering:
     def _program(self) -> Program:
         used = {name for k in self.kernels for name in k.dram}
         self.temps = [t for t in self.temps if t.name in used]   # e.g. unwritten splats
-        program = Program(self.params, self.outputs, self.temps, self.kernels)
-        program.text = format_program(self.params, self.outputs, self.temps, self.kernels,
-                                      self.constants)
-        program.constants = self.constants      # type: ignore[attr-defined]
-        return program
+        text = format_program(self.params, self.outputs, self.temps, self.kernels,
+                              self.constants)
+        return Program(self.params, self.outputs, self.temps, self.kernels, text,
+                       self.constants)
 
 
 def lower_module(module: ir.Module, spec: Any, *, matmul_precision: str | None = None,

@@ -32,6 +32,24 @@ class Executable:
         self.fingerprint = hashlib.sha256(program.text.encode() + name.encode()).hexdigest()[:32]
         self.deleted = False
         self._lock = threading.Lock()
+        _check_signature(name, program, self.param_types, self.output_types)
+        # Constants live in each device's HBM for as long as the executable is loaded.
+        self.constant_bytes = sum(int(np.asarray(v).nbytes) for v in program.constants.values())
+        for i, d in enumerate(devices):
+            try:
+                d.allocate(self.constant_bytes, f"the constants of {name}")
+            except MemoryError:
+                for loaded in devices[:i]:
+                    loaded.free(self.constant_bytes)
+                raise
+
+    def release(self) -> None:
+        """Unloads the executable: frees its constants' HBM."""
+        with self._lock:
+            if not self.deleted:
+                self.deleted = True
+                for d in self.devices:
+                    d.free(self.constant_bytes)
 
     @property
     def num_replicas(self) -> int:
@@ -76,9 +94,14 @@ class Executable:
             raise ExecutionError(
                 f"{self.name} was compiled for {len(self.devices)} devices, "
                 f"called with {len(arg_lists)} argument lists")
+        from jax_trn.hw.bandwidth import Hbm
+        chip = devices[0].system.chip
+        # One HBM per chip, fresh for each execution: the devices of one call run
+        # concurrently (from t=0) and contend for their chip's HBM; separate calls do not.
+        hbms = {d.chip: Hbm(chip.hbm_bytes_per_ns, f"hbm.chip{d.chip}") for d in devices}
         records, results = [], []
         for dev, args in zip(devices, arg_lists):
-            outs, kernels = self._run_on(dev, args)
+            outs, kernels = self._run_on(dev, args, hbms[dev.chip])
             results.append(outs)
             records.extend(kernels)
         profiler.record(self._execution(records, devices))
@@ -105,7 +128,7 @@ class Executable:
                 raise ExecutionError(f"argument {i} of {self.name} is on {b.device.to_string}, "
                                      f"the program runs on {device.to_string}")
 
-    def _run_on(self, device: Device, args: list[Buffer]):
+    def _run_on(self, device: Device, args: list[Buffer], hbm):
         from jax_trn.hw.core import NeuronCore
         self._check_args(device, args)
         prog = self.program
@@ -119,7 +142,7 @@ class Executable:
             raise
         try:
             dram = self._bind(args, outs)
-            core = NeuronCore(device.system.chip.core, core_id=device.core)
+            core = NeuronCore(device.system.chip.core, hbm=hbm, core_id=device.core)
             kernels, t = [], 0.0
             for kernel in prog.kernels:
                 run = core.run(kernel, dram, t)
@@ -140,11 +163,24 @@ class Executable:
             dram[t.name] = b.data
         for t in prog.temps:
             dram[t.name] = np.zeros(t.size, _dt.np_dtype(t.dtype))
-        for name, value in getattr(prog, "constants", {}).items():
+        for name, value in prog.constants.items():
             view = np.ascontiguousarray(value).reshape(-1).view()
             view.flags.writeable = False
             dram[name] = view
         return dram
+
+
+def _check_signature(name, program, param_types, output_types) -> None:
+    """The lowered program must take and return exactly what the module declares
+    (JAX trusts the executable's output types when it builds result arrays)."""
+    declared = [(tuple(t.shape), t.dtype) for t in output_types]
+    lowered = [(tuple(t.shape), t.dtype) for t in program.outputs]
+    params = [(tuple(t.shape), t.dtype) for t in param_types]
+    lowered_params = [(tuple(t.shape), t.dtype) for t in program.params]
+    if declared != lowered or params != lowered_params:
+        raise ExecutionError(
+            f"internal compiler error in {name}: the lowered program's signature "
+            f"{lowered_params} -> {lowered} differs from the module's {params} -> {declared}")
 
 
 def _kernel_record(kernel, device: Device, run) -> profiler.KernelRecord:

@@ -134,8 +134,6 @@ def test_dot_fp8_runs_natively():
                                                                   "float8_e5m2")}
 
 
-@pytest.mark.xfail(reason="hw.memory reads DRAM through as_strided, which rejects "
-                   "ml_dtypes float8 types", raises=TypeError, strict=False)
 def test_dot_fp8_numerics():
     x, y = rand((64, 128), "float8_e4m3", 14), rand((128, 32), "float8_e5m2", 15)
     m = dot_module((64, 128), (128, 32), dtype="float8_e4m3", rdtype="float8_e5m2",
