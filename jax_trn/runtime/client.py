@@ -9,7 +9,7 @@ import numpy as np
 from jax_trn import systems
 from . import compile_options
 from .buffer import Buffer
-from .device import Device, Memory, make_devices
+from .device import Device, Memory, OutOfMemory, make_devices
 from .executable import Executable
 
 PLATFORM_NAME = "trn"
@@ -62,6 +62,7 @@ class Client:
             name = f"module_{self._counter:04d}"
         module = hlo_passes.compile_to_ir(code, name=name)
         name = module.attrs.get("sym_name", name) or name
+        _check_fits(str(name), module, devices)
         program = lower_module(module, self.system.chip.core)
         from .program_mlir import program_mlir
         return Executable(str(name), program, module, devices, opts,
@@ -78,6 +79,18 @@ class Client:
             return [self.devices[i] for i in self.default_device_assignment(
                 opts.num_replicas, opts.num_partitions)]
         return [self.device(i) for row in opts.device_assignment for i in row]
+
+
+def _check_fits(name: str, module, devices: list[Device]) -> None:
+    """A program whose arguments and results alone exceed a device's HBM can never run:
+    say so at compile time (before lowering a program that large)."""
+    fn = module.main
+    need = sum(a.type.nbytes for a in fn.args) + sum(t.nbytes for t in fn.result_types)
+    for d in devices:
+        if need > d.hbm_limit:
+            raise OutOfMemory(
+                f"{name} needs {need} bytes of HBM for its arguments and "
+                f"results, more than the {d.hbm_limit} bytes of {d.to_string} ({d.kind})")
 
 
 def create_client(options: dict | None = None) -> Client:

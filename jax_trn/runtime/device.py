@@ -80,7 +80,7 @@ class Device:
         with self._lock:
             if self.bytes_in_use + nbytes > self.hbm_limit:
                 raise OutOfMemory(
-                    f"RESOURCE_EXHAUSTED: out of HBM on {self.to_string} ({self.kind}) while "
+                    f"out of HBM on {self.to_string} ({self.kind}) while "
                     f"allocating {nbytes} bytes for {what}: {self.bytes_in_use} of "
                     f"{self.hbm_limit} bytes in use, {self.hbm_limit - self.bytes_in_use} free")
             self.bytes_in_use += nbytes

@@ -124,3 +124,17 @@ def test_exit_with_live_buffers_is_clean():
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "2.0"
     assert "Traceback" not in r.stderr
+
+
+def test_allocation_past_the_device_share_names_the_sizes():
+    from jax_trn import systems
+    from jax_trn.runtime.buffer import Buffer
+    from jax_trn.runtime.device import OutOfMemory, make_devices
+    dev = make_devices(systems.get_system("trn1.2xlarge"))[1]     # 16 GiB per core
+    held = Buffer(dev, (2**31,), "int32")                           # 8 GiB: fits
+    with pytest.raises(OutOfMemory, match=r"allocating 8589934596 bytes .* 8589934592 of "
+                                          r"17179869184 bytes in use"):
+        Buffer(dev, (2**31 + 1,), "int32")
+    assert dev.memory_stats()["bytes_in_use"] == 2**33
+    held.delete()
+    assert dev.memory_stats()["bytes_in_use"] == 0
