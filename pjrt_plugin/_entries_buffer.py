@@ -7,7 +7,7 @@ import numpy as np
 
 from ._errors import Code, PjrtError
 from ._handles import HANDLES
-from ._mem import get_ptr, read_array, set_ptr
+from ._mem import get_ptr, read_array, set_array, set_ptr
 from ._objects import CBuffer, CDevice, CMemory
 from ._registry import entry
 from ._entries_core import new_event
@@ -31,16 +31,12 @@ def buffer_element_type(a):
 
 @entry("PJRT_Buffer_Dimensions", never_fails=True)
 def buffer_dimensions(a):
-    address, n = _buf(a).dims
-    set_ptr(a, "dims", address)
-    a.num_dims = n
+    set_array(a, "dims", "num_dims", _buf(a).dims)
 
 
 @entry("PJRT_Buffer_UnpaddedDimensions")
 def buffer_unpadded_dimensions(a):
-    address, n = _buf(a).dims
-    set_ptr(a, "unpadded_dims", address)
-    a.num_dims = n
+    set_array(a, "unpadded_dims", "num_dims", _buf(a).dims)
 
 
 @entry("PJRT_Buffer_DynamicDimensionIndices")
@@ -57,9 +53,7 @@ def buffer_get_memory_layout(a):
     layout.type = 0                                  # Tiled
     tiled = layout.tiled
     tiled.struct_size = _c_api().struct_size(_c_api().PJRT_Buffer_MemoryLayout_Tiled)
-    address, n = b.minor_to_major
-    set_ptr(tiled, "minor_to_major", address)
-    tiled.minor_to_major_size = n
+    set_array(tiled, "minor_to_major", "minor_to_major_size", b.minor_to_major)
     set_ptr(tiled, "tile_dims", 0)
     set_ptr(tiled, "tile_dim_sizes", 0)
     tiled.num_tiles = 0

@@ -8,7 +8,7 @@ import numpy as np
 from . import _dtypes
 from ._errors import Code, PjrtError
 from ._handles import HANDLES
-from ._mem import get_ptr, read_array, read_bytes, set_ptr
+from ._mem import get_ptr, read_array, read_bytes, set_array, set_ptr
 from ._objects import (CBuffer, CClient, CDevice, CLoadedExecutable, CMemory,
                        read_named_values)
 from ._registry import entry
@@ -33,9 +33,7 @@ def client_destroy(a):
 
 @entry("PJRT_Client_PlatformName", never_fails=True)
 def client_platform_name(a):
-    address, size = client_of(a).platform_name
-    set_ptr(a, "platform_name", address)
-    a.platform_name_size = size
+    set_array(a, "platform_name", "platform_name_size", client_of(a).platform_name)
 
 
 @entry("PJRT_Client_ProcessIndex", never_fails=True)
@@ -45,23 +43,17 @@ def client_process_index(a):
 
 @entry("PJRT_Client_PlatformVersion", never_fails=True)
 def client_platform_version(a):
-    address, size = client_of(a).platform_version
-    set_ptr(a, "platform_version", address)
-    a.platform_version_size = size
+    set_array(a, "platform_version", "platform_version_size", client_of(a).platform_version)
 
 
 @entry("PJRT_Client_Devices", never_fails=True)
 def client_devices(a):
-    address, n = client_of(a).device_array
-    set_ptr(a, "devices", address)
-    a.num_devices = n
+    set_array(a, "devices", "num_devices", client_of(a).device_array)
 
 
 @entry("PJRT_Client_AddressableDevices", never_fails=True)
 def client_addressable_devices(a):
-    address, n = client_of(a).device_array
-    set_ptr(a, "addressable_devices", address)
-    a.num_addressable_devices = n
+    set_array(a, "addressable_devices", "num_addressable_devices", client_of(a).device_array)
 
 
 @entry("PJRT_Client_LookupDevice")
@@ -78,9 +70,7 @@ def client_lookup_addressable_device(a):
 
 @entry("PJRT_Client_AddressableMemories", never_fails=True)
 def client_addressable_memories(a):
-    address, n = client_of(a).memory_array
-    set_ptr(a, "addressable_memories", address)
-    a.num_addressable_memories = n
+    set_array(a, "addressable_memories", "num_addressable_memories", client_of(a).memory_array)
 
 
 @entry("PJRT_Client_Compile")

@@ -6,7 +6,7 @@ import ctypes
 from . import _errors
 from ._errors import Error
 from ._handles import HANDLES
-from ._mem import Keep, get_ptr, set_ptr
+from ._mem import Keep, get_ptr, set_array, set_ptr
 from ._objects import CEvent, named_values
 from ._registry import entry
 
@@ -58,9 +58,7 @@ _ATTRIBUTES: list = []
 def plugin_attributes(a):
     if not _ATTRIBUTES:
         _ATTRIBUTES.append(_attributes())
-    address, n = _ATTRIBUTES[0]
-    set_ptr(a, "attributes", address)
-    a.num_attributes = n
+    set_array(a, "attributes", "num_attributes", _ATTRIBUTES[0])
 
 
 def new_event(error: BaseException | None = None) -> int:

@@ -4,8 +4,8 @@ from __future__ import annotations
 import ctypes
 
 from ._handles import HANDLES
-from ._mem import get_ptr, set_ptr
-from ._objects import CDevice, CDeviceDescription, CMemory, named_values
+from ._mem import get_ptr, set_array, set_ptr
+from ._objects import CDevice, CDeviceDescription, CMemory
 from ._registry import entry
 
 
@@ -33,30 +33,22 @@ def description_process_index(a):
 
 @entry("PJRT_DeviceDescription_Attributes", never_fails=True)
 def description_attributes(a):
-    address, n = _desc(a).attributes
-    set_ptr(a, "attributes", address)
-    a.num_attributes = n
+    set_array(a, "attributes", "num_attributes", _desc(a).attributes)
 
 
 @entry("PJRT_DeviceDescription_Kind", never_fails=True)
 def description_kind(a):
-    address, n = _desc(a).kind
-    set_ptr(a, "device_kind", address)
-    a.device_kind_size = n
+    set_array(a, "device_kind", "device_kind_size", _desc(a).kind)
 
 
 @entry("PJRT_DeviceDescription_DebugString", never_fails=True)
 def description_debug_string(a):
-    address, n = _desc(a).debug_string
-    set_ptr(a, "debug_string", address)
-    a.debug_string_size = n
+    set_array(a, "debug_string", "debug_string_size", _desc(a).debug_string)
 
 
 @entry("PJRT_DeviceDescription_ToString", never_fails=True)
 def description_to_string(a):
-    address, n = _desc(a).to_string
-    set_ptr(a, "to_string", address)
-    a.to_string_size = n
+    set_array(a, "to_string", "to_string_size", _desc(a).to_string)
 
 
 @entry("PJRT_Device_GetDescription", never_fails=True)
@@ -76,9 +68,7 @@ def device_local_hardware_id(a):
 
 @entry("PJRT_Device_AddressableMemories", never_fails=True)
 def device_addressable_memories(a):
-    address, n = _dev(a).memories
-    set_ptr(a, "memories", address)
-    a.num_memories = n
+    set_array(a, "memories", "num_memories", _dev(a).memories)
 
 
 @entry("PJRT_Device_DefaultMemory", never_fails=True)
@@ -111,9 +101,7 @@ def memory_id(a):
 
 @entry("PJRT_Memory_Kind", never_fails=True)
 def memory_kind(a):
-    address, n = _mem(a).kind
-    set_ptr(a, "kind", address)
-    a.kind_size = n
+    set_array(a, "kind", "kind_size", _mem(a).kind)
 
 
 @entry("PJRT_Memory_Kind_Id", never_fails=True)
@@ -123,23 +111,17 @@ def memory_kind_id(a):
 
 @entry("PJRT_Memory_DebugString", never_fails=True)
 def memory_debug_string(a):
-    address, n = _mem(a).debug_string
-    set_ptr(a, "debug_string", address)
-    a.debug_string_size = n
+    set_array(a, "debug_string", "debug_string_size", _mem(a).debug_string)
 
 
 @entry("PJRT_Memory_ToString", never_fails=True)
 def memory_to_string(a):
-    address, n = _mem(a).to_string
-    set_ptr(a, "to_string", address)
-    a.to_string_size = n
+    set_array(a, "to_string", "to_string_size", _mem(a).to_string)
 
 
 @entry("PJRT_Memory_AddressableByDevices", never_fails=True)
 def memory_addressable_by_devices(a):
-    address, n = _mem(a).devices
-    set_ptr(a, "devices", address)
-    a.num_devices = n
+    set_array(a, "devices", "num_devices", _mem(a).devices)
 
 
 _NO_OP_DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda p: None)
@@ -148,8 +130,6 @@ _NO_OP_DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda p: None)
 @entry("PJRT_Device_GetAttributes", never_fails=True)
 def device_get_attributes(a):
     d = _dev(a)
-    address, n = d.attributes
-    set_ptr(a, "attributes", address)
-    a.num_attributes = n
+    set_array(a, "attributes", "num_attributes", d.attributes)
     set_ptr(a, "device_attributes", 0)
     set_ptr(a, "attributes_deleter", ctypes.cast(_NO_OP_DELETER, ctypes.c_void_p).value)

@@ -5,7 +5,7 @@ import ctypes
 
 from ._errors import Code, PjrtError
 from ._handles import HANDLES
-from ._mem import Keep, get_ptr, read_array, read_bytes, set_ptr
+from ._mem import get_ptr, read_array, set_array, set_ptr
 from ._objects import CBuffer, CDevice, CExecutable, CLoadedExecutable
 from ._registry import entry
 from ._entries_core import new_event
@@ -29,9 +29,7 @@ def executable_destroy(a):
 
 @entry("PJRT_Executable_Name")
 def executable_name(a):
-    address, n = _exe(a).name
-    set_ptr(a, "executable_name", address)
-    a.executable_name_size = n
+    set_array(a, "executable_name", "executable_name_size", _exe(a).name)
 
 
 @entry("PJRT_Executable_NumReplicas")
@@ -56,9 +54,7 @@ def executable_code_size(a):
 
 @entry("PJRT_Executable_GetCostAnalysis")
 def executable_cost_analysis(a):
-    address, n = _exe(a).cost
-    set_ptr(a, "properties", address)
-    a.num_properties = n
+    set_array(a, "properties", "num_properties", _exe(a).cost)
 
 
 def _kinds(a, kinds, count_field):
@@ -95,9 +91,7 @@ def executable_optimized_program(a):
 
 @entry("PJRT_Executable_OutputElementTypes")
 def executable_output_element_types(a):
-    address, n = _exe(a).output_types
-    set_ptr(a, "output_types", address)
-    a.num_output_types = n
+    set_array(a, "output_types", "num_output_types", _exe(a).output_types)
 
 
 @entry("PJRT_Executable_OutputDimensions")
@@ -110,9 +104,7 @@ def executable_output_dimensions(a):
 
 @entry("PJRT_Executable_Fingerprint")
 def executable_fingerprint(a):
-    address, n = _exe(a).fingerprint
-    set_ptr(a, "executable_fingerprint", address)
-    a.executable_fingerprint_size = n
+    set_array(a, "executable_fingerprint", "executable_fingerprint_size", _exe(a).fingerprint)
 
 
 @entry("PJRT_Executable_GetCompiledMemoryStats")
@@ -124,9 +116,7 @@ def executable_compiled_memory_stats(a):
 
 @entry("PJRT_Executable_GetCompileOptions")
 def executable_compile_options(a):
-    address, n = _exe(a).compile_options
-    set_ptr(a, "serialized_bytes", address)
-    a.serialized_bytes_size = n
+    set_array(a, "serialized_bytes", "serialized_bytes_size", _exe(a).compile_options)
     set_ptr(a, "serialized_compile_options", 0)
     set_ptr(a, "serialized_compile_options_deleter", _NO_OP_ADDRESS)
 
@@ -146,16 +136,12 @@ def loaded_get_executable(a):
 
 @entry("PJRT_LoadedExecutable_AddressableDevices", never_fails=True)
 def loaded_addressable_devices(a):
-    address, n = _loaded(a).devices
-    set_ptr(a, "addressable_devices", address)
-    a.num_addressable_devices = n
+    set_array(a, "addressable_devices", "num_addressable_devices", _loaded(a).devices)
 
 
 @entry("PJRT_LoadedExecutable_AddressableDeviceLogicalIds")
 def loaded_logical_ids(a):
-    address, n = _loaded(a).logical_ids
-    set_ptr(a, "addressable_device_logical_ids", address)
-    a.num_addressable_device_logical_ids = n
+    set_array(a, "addressable_device_logical_ids", "num_addressable_device_logical_ids", _loaded(a).logical_ids)
 
 
 @entry("PJRT_LoadedExecutable_Delete")
@@ -172,16 +158,12 @@ def loaded_is_deleted(a):
 
 @entry("PJRT_LoadedExecutable_Fingerprint")
 def loaded_fingerprint(a):
-    address, n = _loaded(a).fingerprint
-    set_ptr(a, "executable_fingerprint", address)
-    a.executable_fingerprint_size = n
+    set_array(a, "executable_fingerprint", "executable_fingerprint_size", _loaded(a).fingerprint)
 
 
 @entry("PJRT_LoadedExecutable_GetDeviceAssignment", never_fails=True)
 def loaded_device_assignment(a):
-    address, n = _loaded(a).device_assignment
-    set_ptr(a, "serialized_bytes", address)
-    a.serialized_bytes_size = n
+    set_array(a, "serialized_bytes", "serialized_bytes_size", _loaded(a).device_assignment)
     set_ptr(a, "serialized_device_assignment", 0)
     set_ptr(a, "serialized_device_assignment_deleter", _NO_OP_ADDRESS)
 

@@ -6,32 +6,15 @@ either the vtable or the api table's PJRT_Error_* entry points on them.
 from __future__ import annotations
 
 import ctypes
-import enum
 import sys
 import traceback
 
+from . import _c_api as C
 from ._handles import HANDLES
 
 
-class Code(enum.IntEnum):
-    """PJRT_Error_Code values (absl status codes)."""
-    OK = 0
-    CANCELLED = 1
-    UNKNOWN = 2
-    INVALID_ARGUMENT = 3
-    DEADLINE_EXCEEDED = 4
-    NOT_FOUND = 5
-    ALREADY_EXISTS = 6
-    PERMISSION_DENIED = 7
-    RESOURCE_EXHAUSTED = 8
-    FAILED_PRECONDITION = 9
-    ABORTED = 10
-    OUT_OF_RANGE = 11
-    UNIMPLEMENTED = 12
-    INTERNAL = 13
-    UNAVAILABLE = 14
-    DATA_LOSS = 15
-    UNAUTHENTICATED = 16
+# PJRT_Error_Code values (absl status codes).
+Code = C.PJRT_Error_Code
 
 
 class PjrtError(Exception):

@@ -24,6 +24,13 @@ def set_ptr(struct: ctypes.Structure, name: str, address: int) -> None:
     c_void_p.from_address(_offset(struct, name)).value = address or None
 
 
+def set_array(struct: ctypes.Structure, ptr_field: str, count_field: str,
+              pair: tuple[int, int]) -> None:
+    """Fills an out-pointer and its count (or size) field from an (address, n) pair."""
+    set_ptr(struct, ptr_field, pair[0])
+    setattr(struct, count_field, pair[1])
+
+
 def read_bytes(address: int, size: int) -> bytes:
     return ctypes.string_at(address, size) if size else b""
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ctypes
 
-import numpy as np
 
 from . import _c_api as C
 from . import _dtypes

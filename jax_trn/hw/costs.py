@@ -191,7 +191,7 @@ def check_matmul(ins: isa.NcMatmul, spec: CoreSpec) -> None:
                f"double_row needs NC-v3+, not {spec.name}, §2.2")
     dts = {ins.stationary.dtype, ins.moving.dtype}
     isa._check("float8_e4m3fn" not in dts or (spec.ocp_fp8 and "float8_e4m3" not in dts),
-               f"float8_e4m3fn matmul inputs need NC-v4 and cannot mix with float8_e4m3, §2.2")
+               "float8_e4m3fn matmul inputs need NC-v4 and cannot mix with float8_e4m3, §2.2")
 
 
 def check_dma(ins: isa.DmaCopy, spec: CoreSpec) -> None:
