@@ -12,6 +12,7 @@ import ctypes
 
 from . import _c_api as C
 from . import _errors
+from ._native import native_address
 from ._registry import ENTRIES
 from . import _entries_core, _entries_client, _entries_device  # noqa: F401  (register shims)
 from . import _entries_buffer, _entries_executable  # noqa: F401
@@ -19,7 +20,7 @@ from . import _entries_buffer, _entries_executable  # noqa: F401
 _ENTRY = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)
 _VOID = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
-_KEEP: list = []       # every C-visible object made here; never freed (see module doc)
+_KEEP: list = []       # the table and extensions; never freed (see module doc)
 
 
 def _thunk(name: str, fn, never_fails: bool, void: bool):
@@ -57,8 +58,7 @@ def _unimplemented(name: str):
 
 
 def _address(fn) -> int:
-    _KEEP.append(fn)
-    return ctypes.cast(fn, ctypes.c_void_p).value
+    return native_address(fn)
 
 
 def _fill(struct, names) -> None:

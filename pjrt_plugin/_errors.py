@@ -11,6 +11,7 @@ import traceback
 
 from . import _c_api as C
 from ._handles import HANDLES
+from ._native import native_address
 
 
 # PJRT_Error_Code values (absl status codes).
@@ -86,8 +87,7 @@ _THUNKS = (_VT_DESTROY(_vt_destroy), _VT_MESSAGE(_vt_message), _VT_GET_CODE(_vt_
            _VT_PAYLOAD(_vt_payload))
 # PJRT_Error_FunctionTable: struct_size, instance_size, extension_start, then the four
 # functions; struct_size = offset of the last field + 8 = 56; instance_size = 8.
-_VTABLE = (ctypes.c_void_p * 7)(56, 8, None, *(ctypes.cast(t, ctypes.c_void_p).value
-                                               for t in _THUNKS))
+_VTABLE = (ctypes.c_void_p * 7)(56, 8, None, *(native_address(t) for t in _THUNKS))
 VTABLE_ADDRESS = ctypes.addressof(_VTABLE)
 
 

@@ -138,3 +138,20 @@ def test_allocation_past_the_device_share_names_the_sizes():
     assert dev.memory_stats()["bytes_in_use"] == 2**33
     held.delete()
     assert dev.memory_stats()["bytes_in_use"] == 0
+
+
+def test_error_while_temporary_trn_arrays_are_freed_keeps_the_error():
+    """A failing call whose arguments are temporaries frees trn buffers while the
+    exception propagates; the plugin must neither abort nor lose the exception."""
+    code = ("import jax, jax.numpy as jnp, numpy as np\n"
+            "d = jax.devices('trn')[0]\n"
+            "x = jax.device_put(np.ones((4, 8), np.float32), d)\n"
+            "jax.jit(lambda a: a * 2)(x).block_until_ready()\n"
+            "for _ in range(3):\n"
+            "    try:\n"
+            "        jax.jit(jnp.cos)(x * 2)\n"
+            "    except Exception as e:\n"
+            "        print(type(e).__name__, 'cosine' in str(e))\n")
+    r = run_python(code)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split("\n")[-4:-1] == ["JaxRuntimeError True"] * 3
