@@ -58,6 +58,13 @@ class NeuronCore:
     def mem(self, tile) -> OnChipMemory:
         return self._mems[tile.mem]
 
+    def begin(self, hbm: Hbm | None = None) -> None:
+        """Starts a new execution at simulated time 0: fresh DMA bandwidth bookkeeping
+        and the chip's HBM for this execution. SBUF and PSUM keep their contents, as on
+        the hardware (a kernel must not read what it did not write)."""
+        self.hbm = hbm
+        self.dma_bw = Bandwidth(self.spec.dma_bytes_per_ns, f"dma.core{self.core_id}")
+
     def run(self, kernel: Kernel, dram: dict[str, np.ndarray],
             start_ns: float = 0.0) -> KernelRun:
         """Execute `kernel` against DRAM arrays `dram` (flat numpy arrays by tensor

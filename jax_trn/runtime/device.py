@@ -45,6 +45,16 @@ class Device:
     def __post_init__(self):
         self.memory = Memory(self.id, self)
         self._lock = threading.Lock()
+        self.execution_lock = threading.Lock()    # one program at a time per core
+        self._core = None
+
+    @property
+    def core_model(self):
+        """This device's simulated NeuronCore (its SBUF and PSUM live across calls)."""
+        if self._core is None:
+            from jax_trn.hw.core import NeuronCore
+            self._core = NeuronCore(self.system.chip.core, core_id=self.core)
+        return self._core
 
     @property
     def coords(self) -> tuple[int, ...]:

@@ -129,7 +129,6 @@ class Executable:
                                      f"the program runs on {device.to_string}")
 
     def _run_on(self, device: Device, args: list[Buffer], hbm):
-        from jax_trn.hw.core import NeuronCore
         self._check_args(device, args)
         prog = self.program
         outs = [Buffer(device, t.shape, t.dtype) for t in prog.outputs]
@@ -142,12 +141,14 @@ class Executable:
             raise
         try:
             dram = self._bind(args, outs)
-            core = NeuronCore(device.system.chip.core, hbm=hbm, core_id=device.core)
-            kernels, t = [], 0.0
-            for kernel in prog.kernels:
-                run = core.run(kernel, dram, t)
-                kernels.append(_kernel_record(kernel, device, run))
-                t = run.end_ns
+            with device.execution_lock:
+                core = device.core_model
+                core.begin(hbm)
+                kernels, t = [], 0.0
+                for kernel in prog.kernels:
+                    run = core.run(kernel, dram, t)
+                    kernels.append(_kernel_record(kernel, device, run))
+                    t = run.end_ns
             return outs, kernels
         finally:
             device.free(temp_bytes)
