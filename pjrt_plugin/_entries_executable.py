@@ -5,7 +5,7 @@ import ctypes
 
 from ._errors import Code, PjrtError
 from ._handles import HANDLES
-from ._mem import get_ptr, read_array, set_array, set_ptr
+from ._mem import get_ptr, read_array, set_array, set_arrays, set_ptr
 from ._objects import CBuffer, CDevice, CExecutable, CLoadedExecutable
 from ._registry import entry
 from ._entries_core import new_event
@@ -57,21 +57,18 @@ def executable_cost_analysis(a):
     set_array(a, "properties", "num_properties", _exe(a).cost)
 
 
-def _kinds(a, kinds, count_field):
-    names, sizes, n = kinds
-    set_ptr(a, "memory_kinds", names)
-    set_ptr(a, "memory_kind_sizes", sizes)
-    setattr(a, count_field, n)
+_KINDS = ("memory_kinds", "memory_kind_sizes")
+_SHARDINGS = ("shardings", "sharding_sizes")
 
 
 @entry("PJRT_Executable_OutputMemoryKinds")
 def executable_output_memory_kinds(a):
-    _kinds(a, _exe(a).memory_kinds, "num_outputs")
+    set_arrays(a, _KINDS, "num_outputs", _exe(a).memory_kinds)
 
 
 @entry("PJRT_Executable_ParameterMemoryKinds")
 def executable_parameter_memory_kinds(a):
-    _kinds(a, _exe(a).param_memory_kinds, "num_parameters")
+    set_arrays(a, _KINDS, "num_parameters", _exe(a).param_memory_kinds)
 
 
 @entry("PJRT_Executable_OptimizedProgram")
@@ -96,10 +93,7 @@ def executable_output_element_types(a):
 
 @entry("PJRT_Executable_OutputDimensions")
 def executable_output_dimensions(a):
-    dims, sizes, n = _exe(a).output_dims
-    set_ptr(a, "dims", dims)
-    set_ptr(a, "dim_sizes", sizes)
-    a.num_outputs = n
+    set_arrays(a, ("dims", "dim_sizes"), "num_outputs", _exe(a).output_dims)
 
 
 @entry("PJRT_Executable_Fingerprint")
@@ -110,8 +104,9 @@ def executable_fingerprint(a):
 @entry("PJRT_Executable_GetCompiledMemoryStats")
 def executable_compiled_memory_stats(a):
     stats = _exe(a).rt.memory_stats()
-    for key, value in stats.items():
-        setattr(a, key, value)
+    for name, ctype in type(a)._fields_:
+        if ctype is ctypes.c_int64:          # every statistic we do not report is 0
+            setattr(a, name, stats.get(name, 0))
 
 
 @entry("PJRT_Executable_GetCompileOptions")
@@ -196,15 +191,9 @@ def loaded_execute(a):
 
 @entry("PJRT_Shardings_PJRT_Executable_ParameterShardings")
 def parameter_shardings(a):
-    names, sizes, n = _exe(a).param_shardings
-    set_ptr(a, "shardings", names)
-    set_ptr(a, "sharding_sizes", sizes)
-    a.num_parameters = n
+    set_arrays(a, _SHARDINGS, "num_parameters", _exe(a).param_shardings)
 
 
 @entry("PJRT_Shardings_PJRT_Executable_OutputShardings")
 def output_shardings(a):
-    names, sizes, n = _exe(a).output_shardings
-    set_ptr(a, "shardings", names)
-    set_ptr(a, "sharding_sizes", sizes)
-    a.num_outputs = n
+    set_arrays(a, _SHARDINGS, "num_outputs", _exe(a).output_shardings)

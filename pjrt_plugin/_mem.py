@@ -24,11 +24,20 @@ def set_ptr(struct: ctypes.Structure, name: str, address: int) -> None:
     c_void_p.from_address(_offset(struct, name)).value = address or None
 
 
+def set_arrays(struct: ctypes.Structure, ptr_fields: tuple[str, ...], count_field: str,
+               value: tuple[int, ...]) -> None:
+    """Fills out-pointers and their shared count (or size) field from a tuple
+    (address, ..., n), one address per pointer field."""
+    *addresses, n = value
+    for name, address in zip(ptr_fields, addresses, strict=True):
+        set_ptr(struct, name, address)
+    setattr(struct, count_field, n)
+
+
 def set_array(struct: ctypes.Structure, ptr_field: str, count_field: str,
               pair: tuple[int, int]) -> None:
     """Fills an out-pointer and its count (or size) field from an (address, n) pair."""
-    set_ptr(struct, ptr_field, pair[0])
-    setattr(struct, count_field, pair[1])
+    set_arrays(struct, (ptr_field,), count_field, pair)
 
 
 def read_bytes(address: int, size: int) -> bytes:

@@ -155,3 +155,16 @@ def test_error_while_temporary_trn_arrays_are_freed_keeps_the_error():
     r = run_python(code)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split("\n")[-4:-1] == ["JaxRuntimeError True"] * 3
+
+
+def test_compiled_reports_text_cost_and_memory(jax, trn):
+    x = jax.device_put(np.ones((256, 512), np.float32), trn)
+    compiled = jax.jit(lambda a: (a * 2, a.sum(0))).lower(x).compile()
+    text = compiled.as_text()
+    assert 'custom_call_target="trn.kernel"' in text and "multiply" in text
+    cost = compiled.cost_analysis()
+    assert cost["flops"] >= 256 * 512
+    mem = compiled.memory_analysis()
+    assert mem.argument_size_in_bytes == 256 * 512 * 4
+    assert mem.output_size_in_bytes == 256 * 512 * 4 + 512 * 4
+    assert mem.host_temp_size_in_bytes == 0 and mem.alias_size_in_bytes == 0
