@@ -50,6 +50,14 @@ def _optimization_barrier_lower(ctx: LowerCtx, *xs: DramTensor) -> None:
         copy(ctx.kb, out, x)
 
 
+@register_lowering("sdy.sharding_constraint")
+def _sharding_constraint_lower(ctx: LowerCtx, x: DramTensor, **_sharding) -> None:
+    """A sharding constraint in a program that reaches lowering un-partitioned (one
+    device: the runtime rejects multi-device programs until the Shardy passes run) is
+    a copy."""
+    copy(ctx.kb, ctx.outs[0], x)
+
+
 def fill(kb: KernelBuilder, out: DramTensor, value) -> None:
     """Writes `value` everywhere in `out`: one Memset tile, DMAed out once per block."""
     blocks = flat_tiles(out.size, FMAX)

@@ -168,3 +168,10 @@ def test_compiled_reports_text_cost_and_memory(jax, trn):
     assert mem.argument_size_in_bytes == 256 * 512 * 4
     assert mem.output_size_in_bytes == 256 * 512 * 4 + 512 * 4
     assert mem.host_temp_size_in_bytes == 0 and mem.alias_size_in_bytes == 0
+
+
+def test_sharding_constraint_on_one_device_is_a_copy(jax, trn):
+    from jax.sharding import SingleDeviceSharding
+    x = jax.device_put(np.arange(8, dtype=np.float32), trn)
+    f = jax.jit(lambda a: jax.lax.with_sharding_constraint(a * 2, SingleDeviceSharding(trn)) + 1)
+    np.testing.assert_array_equal(np.asarray(f(x)), np.arange(8) * 2 + 1)
