@@ -25,7 +25,7 @@ from .errors import LoweringError
 from .listing import format_program
 from .registry import LowerCtx, get_rule
 
-UNSUPPORTED_DTYPES = ("float64", "complex64", "complex128", "int64", "uint64", "token")
+UNSUPPORTED_DTYPES = ("float64", "complex64", "complex128", "token")
 PRECISIONS = {"default": "default", "bfloat16": "default", "high": "high",
               "tensorfloat32": "high", "highest": "highest", "float32": "highest"}
 RETURNS = ("return", "func.return")

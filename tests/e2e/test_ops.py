@@ -168,3 +168,35 @@ def test_constant_and_iota(jax, trn, cpu):
     check(jax, trn, cpu, lambda a: a + c, x)
     check(jax, trn, cpu, lambda a: a + jnp.arange(100, dtype=jnp.float32), x)
     check(jax, trn, cpu, lambda a: a * 2.5 + 1.0, x)
+
+
+@pytest.mark.parametrize("src,dst", [("float32", "uint32"), ("float32", "uint8"),
+                                     ("bfloat16", "int16"), ("uint8", "float32"),
+                                     ("int32", "float32")])
+def test_bitcast_convert_is_bit_exact(jax, trn, cpu, src, dst):
+    import jax.numpy as jnp
+    ratio = np.dtype(getattr(ml_dtypes, dst, dst)).itemsize // np.dtype(getattr(ml_dtypes, src, src)).itemsize
+    x = _rand((130, 8) + ((ratio,) if ratio > 1 else ()), src, np.random.default_rng(12))
+    f = jax.jit(lambda a: jax.lax.bitcast_convert_type(a, jnp.dtype(getattr(ml_dtypes, dst, dst))))
+    out, ref = np.asarray(f(jax.device_put(x, trn))), np.asarray(f(jax.device_put(x, cpu)))
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    np.testing.assert_array_equal(out.view(np.uint8), ref.view(np.uint8))
+
+
+def test_int64_arithmetic(jax, trn, cpu):
+    """Trn2/Trn3 have native INT64 (trainium-hardware.md §4); it runs on GpSimd."""
+    with jax.enable_x64(True):
+        a = np.array([2**40 + 3, -7, 2**62, 5], np.int64)
+        b = np.array([9, 2**33, -1, -5], np.int64)
+        check(jax, trn, cpu, lambda x, y: x * 3 + y - (x ^ y), a, b)
+
+
+def test_random_bits_match_cpu(jax, trn, cpu):
+    """threefry2x32 (uint32 arithmetic, shifts, xor, a uint64 seed constant, bitcasts)."""
+    def sample(dev):
+        with jax.default_device(dev):
+            return [np.asarray(v) for v in (jax.random.bits(jax.random.key(1), (300,)),
+                                            jax.random.uniform(jax.random.key(2), (7, 5)),
+                                            jax.random.randint(jax.random.key(3), (9,), 0, 100))]
+    for a, b in zip(sample(trn), sample(cpu)):
+        np.testing.assert_array_equal(a, b)

@@ -59,7 +59,7 @@ def test_unsupported_op_names_op_types_and_location():
                             "at test.py:1")
 
 
-@pytest.mark.parametrize("dtype", ["float64", "complex64", "int64"])
+@pytest.mark.parametrize("dtype", ["float64", "complex64", "complex128"])
 def test_unsupported_dtype(dtype):
     with pytest.raises(LoweringError) as e:
         lower_module(binary("add", (3,), dtype), SPEC)
