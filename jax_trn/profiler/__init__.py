@@ -1,12 +1,25 @@
-"""Profiles of simulated executions. `jax_trn.profile()` is the entry point."""
+"""Profiles of simulated executions. `jax_trn.profile()` is the entry point.
+
+    with jax_trn.profile() as prof:
+        f(x).block_until_ready()
+    ex = prof.executions[-1]
+    print(ex.summary())             # or prof.summary() for every execution
+    ex.save_trace("f.json")         # open in ui.perfetto.dev
+
+Modules: record (Execution, KernelRecord, CollectiveRecord), trace (per-instruction
+records with kernel, source and semaphore waits), metrics (the summary's definitions),
+summary, insights, chrome (trace export), compare (one program on several
+generations), plots (matplotlib, optional).
+"""
 from __future__ import annotations
 
 import contextlib
 import threading
 
-from .record import Execution, KernelRecord
+from .record import CollectiveRecord, Execution, KernelRecord
 
-__all__ = ["Profile", "profile", "record", "Execution", "KernelRecord", "last_execution"]
+__all__ = ["Profile", "profile", "record", "Execution", "KernelRecord", "CollectiveRecord",
+           "last_execution", "compare"]
 
 _lock = threading.Lock()
 _active: list["Profile"] = []
@@ -21,6 +34,35 @@ class Profile:
 
     def __repr__(self) -> str:
         return f"Profile({len(self.executions)} executions)"
+
+    def summary(self):
+        """The summary page over every execution (`print(prof.summary())`)."""
+        from .summary import Summary
+        return Summary(self.executions)
+
+    def summary_dict(self) -> dict:
+        return self.summary().to_dict()
+
+    def trace_events(self) -> dict:
+        from .chrome import chrome_trace
+        return chrome_trace(self.executions)
+
+    def save_trace(self, path) -> str:
+        """Chrome trace-event JSON of every execution, laid end to end in run order."""
+        from .chrome import save_trace
+        return save_trace(self.executions, path)
+
+    def plot_timeline(self, ax=None, **kw):
+        from . import plots
+        return plots.timeline(self.executions, ax=ax, **kw)
+
+    def plot_utilization(self, ax=None):
+        from . import plots
+        return plots.utilization(self.executions, ax=ax)
+
+    def plot_roofline(self, ax=None):
+        from . import plots
+        return plots.roofline(self.executions, ax=ax)
 
 
 @contextlib.contextmanager
@@ -51,3 +93,9 @@ def recording() -> bool:
 def last_execution() -> Execution | None:
     """The most recent execution on any trn device (also outside `profile()`)."""
     return _last[0] if _last else None
+
+
+def compare(f, *args, systems=None, **kwargs):
+    """`f(*args)` compiled and simulated on each system; see `profiler.compare`."""
+    from .compare import compare as _compare
+    return _compare(f, *args, systems=systems, **kwargs)

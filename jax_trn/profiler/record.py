@@ -2,12 +2,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma")
 
 
 @dataclass
 class KernelRecord:
+    """One kernel (fused region) run on one device: its span, per-engine busy time,
+    work, and one `hw.trace.TraceEvent` per instruction. `kernel` is the
+    `hw.program.Kernel` that ran (its instructions carry the semaphore waits)."""
     name: str
     device: int
     start_ns: float
@@ -17,6 +21,32 @@ class KernelRecord:
     hbm_bytes: int
     ops: list[str]
     events: list = field(default_factory=list, repr=False)   # hw.trace.TraceEvent
+    chip: int = 0
+    core: int = 0
+    kernel: object = field(default=None, repr=False, compare=False)
+
+    @property
+    def duration_ns(self) -> float:
+        return self.end_ns - self.start_ns
+
+    @property
+    def dma_bytes(self) -> int:
+        """Bytes moved by this kernel's DMAs (any memory to any memory)."""
+        return sum(e.bytes for e in self.events if e.queue.startswith("dma"))
+
+
+@dataclass
+class CollectiveRecord:
+    """One collective operation over the interconnect. Nothing records these yet: the
+    multichip runtime appends them to `Execution.collectives`; the trace export and
+    the summary already show them."""
+    kind: str                      # "all-reduce" | "all-gather" | ...
+    name: str                      # the op it came from
+    devices: list[int]             # participants
+    algorithm: str                 # "ring" | "2d-ring" | "halving-doubling" | ...
+    bytes: int                     # payload per participant
+    start_ns: float
+    end_ns: float
 
     @property
     def duration_ns(self) -> float:
@@ -30,12 +60,19 @@ class Execution:
     `simulated_time_s` is the span of the slowest participating device; `flops` counts
     the useful (model) FLOPs of the source ops; `hbm_bytes` the bytes DMA moved to or
     from HBM; `engine_utilization` the fraction of the span each engine was busy
-    (averaged over participating devices)."""
+    (averaged over participating devices).
+
+    Exports and reports: `save_trace(path)` (Chrome/Perfetto JSON), `summary()` /
+    `summary_dict()` (like Neuron Explorer's summary page), `plot_timeline()`,
+    `plot_utilization()`, `plot_roofline()` (matplotlib, the `plots` extra)."""
     name: str
     system: str
     devices: list[int]
     kernels: list[KernelRecord]
     peak_flops_per_s: float = 0.0                   # per device, for the program's dtype
+    generation: str = ""                            # "trn1" | "trn2" | "trn3"
+    dtype: str = ""                                 # the dtype the peak is for
+    collectives: list[CollectiveRecord] = field(default_factory=list)
 
     @property
     def events(self) -> list:
@@ -43,10 +80,42 @@ class Execution:
         return [e for k in self.kernels for e in k.events]
 
     @property
+    def chip_spec(self):
+        """The `hw.spec.ChipSpec` of the generation that ran (None if unknown)."""
+        from jax_trn.hw.spec import CHIPS
+        return CHIPS.get(self.generation)
+
+    @cached_property
+    def _trace(self):
+        from .trace import instructions
+        spec = self.chip_spec.core if self.chip_spec else None
+        instrs, deps = [], []
+        for k in self.kernels:
+            i, d = instructions(k, spec)
+            instrs.extend(i)
+            deps.extend(d)
+        return instrs, deps
+
+    @property
+    def instructions(self) -> list:
+        """Every executed instruction (`profiler.trace.Instruction`) with its kernel,
+        source ops, semaphore waits and DMA sizes, kernel by kernel."""
+        return self._trace[0]
+
+    @property
+    def dependencies(self) -> list:
+        """Semaphore dependencies (`profiler.trace.Dependency`) between instructions."""
+        return self._trace[1]
+
+    @property
+    def span_ns(self) -> float:
+        ends = [k.end_ns for k in self.kernels] + [c.end_ns for c in self.collectives]
+        starts = [k.start_ns for k in self.kernels] + [c.start_ns for c in self.collectives]
+        return (max(ends) - min(starts)) if ends else 0.0
+
+    @property
     def simulated_time_s(self) -> float:
-        if not self.kernels:
-            return 0.0
-        return (max(k.end_ns for k in self.kernels) - min(k.start_ns for k in self.kernels)) * 1e-9
+        return self.span_ns * 1e-9
 
     @property
     def flops(self) -> int:
@@ -71,6 +140,39 @@ class Execution:
     def mfu(self) -> float:
         peak = self.peak_flops_per_s * max(1, len(self.devices))
         return self.achieved_flops_per_s / peak if peak else 0.0
+
+    # --- reports ------------------------------------------------------------------
+
+    def summary(self):
+        """A `Summary`: `print(execution.summary())` shows the summary page."""
+        from .summary import Summary
+        return Summary([self])
+
+    def summary_dict(self) -> dict:
+        """The summary's numbers as a JSON-serializable dict."""
+        return self.summary().to_dict()
+
+    def trace_events(self) -> dict:
+        """The Chrome trace-event JSON object of this execution."""
+        from .chrome import chrome_trace
+        return chrome_trace([self])
+
+    def save_trace(self, path) -> str:
+        """Writes Chrome trace-event JSON (ui.perfetto.dev, chrome://tracing)."""
+        from .chrome import save_trace
+        return save_trace([self], path)
+
+    def plot_timeline(self, ax=None, **kw):
+        from . import plots
+        return plots.timeline([self], ax=ax, **kw)
+
+    def plot_utilization(self, ax=None):
+        from . import plots
+        return plots.utilization([self], ax=ax)
+
+    def plot_roofline(self, ax=None):
+        from . import plots
+        return plots.roofline([self], ax=ax)
 
     def __repr__(self) -> str:
         util = ", ".join(f"{e}={u:.0%}" for e, u in self.engine_utilization.items())

@@ -1,4 +1,9 @@
-"""Compiled programs and their execution on the simulated NeuronCores."""
+"""Compiled programs and their execution on the simulated NeuronCores.
+
+Every execution is recorded for the profiler (`profiler.record`). `simulate` runs a
+program once on a fresh NeuronCore of any system, outside any JAX backend: the timing
+run behind `cost_analysis()` and `jax_trn.compare`.
+"""
 from __future__ import annotations
 
 import hashlib
@@ -32,6 +37,7 @@ class Executable:
         self.fingerprint = hashlib.sha256(program.text.encode() + name.encode()).hexdigest()[:32]
         self.deleted = False
         self._lock = threading.Lock()
+        self._timing: profiler.Execution | None = None
         _check_signature(name, program, self.param_types, self.output_types)
         # Constants live in each device's HBM for as long as the executable is loaded.
         self.constant_bytes = sum(int(np.asarray(v).nbytes) for v in program.constants.values())
@@ -80,12 +86,29 @@ class Executable:
                 "total_size_in_bytes": args + outs + temps}
 
     def cost_analysis(self) -> dict[str, float]:
-        """Static figures of the compiled program (per device)."""
+        """Figures of the compiled program (per device): static FLOPs and argument +
+        result bytes, and from one timing run (`timing()`) the simulated time, MFU,
+        MBU and the bytes DMA moves to and from HBM."""
+        timing = self.timing()
+        summary = timing.summary().to_dict()
         return {
             "flops": float(self.program.flops),
             "bytes accessed": float(sum(t.nbytes for t in self.program.params)
                                     + sum(t.nbytes for t in self.program.outputs)),
+            "simulated_time_s": float(timing.simulated_time_s),
+            "mfu": summary["mfu_estimated_percent"] / 100,
+            "mbu": summary["mbu_estimated_percent"] / 100,
+            "hbm bytes": float(timing.hbm_bytes),
         }
+
+    def timing(self) -> profiler.Execution:
+        """One simulated run on zeros on a fresh core of this executable's system
+        (computed once; not recorded by `profile()`). Simulated time does not depend
+        on the data, so it equals a real call's."""
+        with self._lock:
+            if self._timing is None:
+                self._timing = simulate(self.name, self.program, self.devices[0].system)
+            return self._timing
 
     def execute(self, arg_lists: list[list[Buffer]], device: Device | None = None
                 ) -> list[list[Buffer]]:
@@ -108,11 +131,8 @@ class Executable:
         return results
 
     def _execution(self, kernels, devices) -> profiler.Execution:
-        system = devices[0].system
-        dtype = self.param_types[0].dtype if self.param_types else "float32"
-        peak = system.chip.peak_tflops_per_core(dtype) * 1e12
-        return profiler.Execution(self.name, system.name, [d.id for d in devices],
-                                  kernels, peak)
+        return make_execution(self.name, self.program, devices[0].system,
+                              [d.id for d in devices], kernels)
 
     def _check_args(self, device: Device, args: list[Buffer]) -> None:
         if len(args) != len(self.program.params):
@@ -140,35 +160,90 @@ class Executable:
                 b.delete()
             raise
         try:
-            dram = self._bind(args, outs)
+            dram = bind_dram(prog, [b.data for b in args], [b.data for b in outs])
             with device.execution_lock:
                 core = device.core_model
                 core.begin(hbm)
-                kernels, t = [], 0.0
-                for kernel in prog.kernels:
-                    run = core.run(kernel, dram, t)
-                    kernels.append(_kernel_record(kernel, device, run))
-                    t = run.end_ns
+                kernels = run_kernels(prog, core, dram, device.id, device.chip)
             return outs, kernels
         finally:
             device.free(temp_bytes)
 
-    def _bind(self, args, outs) -> dict[str, np.ndarray]:
-        prog = self.program
-        dram = {}
-        for p, b in zip(prog.params, args):
-            view = b.data.view()
-            view.flags.writeable = False      # kernels may not write their inputs
-            dram[p.name] = view
-        for t, b in zip(prog.outputs, outs):
-            dram[t.name] = b.data
-        for t in prog.temps:
-            dram[t.name] = np.zeros(t.size, _dt.np_dtype(t.dtype))
-        for name, value in prog.constants.items():
-            view = np.ascontiguousarray(value).reshape(-1).view()
-            view.flags.writeable = False
-            dram[name] = view
-        return dram
+
+def bind_dram(prog, params: list[np.ndarray], outs: list[np.ndarray]) -> dict[str, np.ndarray]:
+    """The DRAM tensors of one execution by name: flat parameter arrays (read-only),
+    output arrays (written in place), fresh temporaries and the constants."""
+    dram = {}
+    for p, data in zip(prog.params, params):
+        view = data.view()
+        view.flags.writeable = False      # kernels may not write their inputs
+        dram[p.name] = view
+    for t, data in zip(prog.outputs, outs):
+        dram[t.name] = data
+    for t in prog.temps:
+        dram[t.name] = np.zeros(t.size, _dt.np_dtype(t.dtype))
+    for name, value in prog.constants.items():
+        view = np.ascontiguousarray(value).reshape(-1).view()
+        view.flags.writeable = False
+        dram[name] = view
+    return dram
+
+
+def run_kernels(prog, core, dram, device_id: int, chip: int) -> list[profiler.KernelRecord]:
+    """Runs the program's kernels in order on `core` from simulated time 0."""
+    kernels, t = [], 0.0
+    for kernel in prog.kernels:
+        run = core.run(kernel, dram, t)
+        kernels.append(_kernel_record(kernel, device_id, chip, core.core_id, run))
+        t = run.end_ns
+    return kernels
+
+
+def simulate(name: str, prog, system, args: list[np.ndarray] | None = None
+             ) -> profiler.Execution:
+    """Runs `prog` once on a fresh NeuronCore (core 0 of chip 0) of `system`, on
+    `args` (host arrays, one per parameter) or zeros, and returns its Execution
+    (not recorded by `profile()`). Needs no JAX backend."""
+    from jax_trn.hw.bandwidth import Hbm
+    from jax_trn.hw.core import NeuronCore
+    chip = system.chip
+    core = NeuronCore(chip.core, core_id=0)
+    core.begin(Hbm(chip.hbm_bytes_per_ns, "hbm.chip0"))
+    if args is None:
+        params = [np.zeros(t.size, _dt.np_dtype(t.dtype)) for t in prog.params]
+    else:
+        params = [np.ascontiguousarray(a, _dt.np_dtype(t.dtype)).reshape(-1)
+                  for a, t in zip(args, prog.params)]
+    outs = [np.zeros(t.size, _dt.np_dtype(t.dtype)) for t in prog.outputs]
+    with np.errstate(all="ignore"):
+        kernels = run_kernels(prog, core, bind_dram(prog, params, outs), 0, 0)
+    return make_execution(name, prog, system, [0], kernels)
+
+
+def make_execution(name: str, prog, system, device_ids: list[int], kernels
+                   ) -> profiler.Execution:
+    dtype = compute_dtype(prog)
+    peak = system.chip.peak_tflops_per_core(dtype) * 1e12
+    return profiler.Execution(name, system.name, device_ids, kernels, peak,
+                              generation=system.generation, dtype=dtype)
+
+
+def compute_dtype(prog) -> str:
+    """The dtype whose TensorE peak MFU is measured against: the input dtype of the
+    matmuls doing most FLOPs ("tf32" for FP32 matmuls rounded to TF32), else the
+    first parameter's dtype."""
+    flops: dict[str, int] = {}
+    for kernel in prog.kernels:
+        for instr in kernel.instructions:
+            moving = getattr(instr, "moving", None)
+            if instr.flops and moving is not None:
+                dtype = moving.dtype
+                if dtype == "float32" and getattr(instr, "precision", "") == "tf32":
+                    dtype = "tf32"
+                flops[dtype] = flops.get(dtype, 0) + instr.flops
+    if flops:
+        return max(flops, key=lambda d: flops[d])
+    return prog.params[0].dtype if prog.params else "float32"
 
 
 def _check_signature(name, program, param_types, output_types) -> None:
@@ -184,7 +259,9 @@ def _check_signature(name, program, param_types, output_types) -> None:
             f"{lowered_params} -> {lowered} differs from the module's {params} -> {declared}")
 
 
-def _kernel_record(kernel, device: Device, run) -> profiler.KernelRecord:
-    return profiler.KernelRecord(kernel.name, device.id, run.start_ns, run.end_ns,
+def _kernel_record(kernel, device_id: int, chip: int, core: int, run
+                   ) -> profiler.KernelRecord:
+    return profiler.KernelRecord(kernel.name, device_id, run.start_ns, run.end_ns,
                                  dict(run.busy_ns), int(kernel.flops or run.flops),
-                                 int(run.hbm_bytes), list(kernel.ops), run.events)
+                                 int(run.hbm_bytes), list(kernel.ops), run.events,
+                                 chip=chip, core=core, kernel=kernel)

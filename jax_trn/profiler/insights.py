@@ -1,0 +1,126 @@
+"""Automatic performance insights, like Neuron Explorer's (trainium-hardware.md §7).
+
+Each rule looks at the instructions of the executions and returns `Insight`s with the
+simulated time they concern (`impact_ns`); the summary keeps the few largest. Rules:
+
+- waiting: a compute engine sat at the head of its queue on a semaphore for >= 20% of
+  a kernel, released last by another engine ("TensorE idle 40% of kernel
+  dot_general.0 waiting on DMA");
+- small_dma: DMA transfers of fewer than 512 contiguous bytes per descriptor
+  (partition), which the DMA engines move at a fraction of their bandwidth (§3.4);
+- latency: kernels whose time goes to fixed costs rather than to any engine or to
+  memory bandwidth (each DMA pays a fixed ~1.3 us, §2.6), so fusing them pays;
+- transposes: TensorE spends >= 25% of its busy time in a kernel on transposes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .metrics import ENGINE_NAMES, KernelStats
+from .trace import COMPUTE_ENGINES, engine_of
+
+SMALL_DMA_BYTES = 512
+WAIT_SHARE = 0.20
+TRANSPOSE_SHARE = 0.25
+LATENCY_SHARE = 0.30
+MAX_INSIGHTS = 4
+
+
+@dataclass(frozen=True)
+class Insight:
+    kind: str                # "waiting" | "small_dma" | "latency" | "transposes"
+    kernel: str              # the kernel it is about ("" for several)
+    impact_ns: float         # simulated time concerned, for ranking
+    message: str
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "kernel": self.kernel,
+                "impact_s": self.impact_ns * 1e-9, "message": self.message}
+
+
+def insights(executions, stats: list[KernelStats], limit: int = MAX_INSIGHTS
+             ) -> list[Insight]:
+    """The `limit` most important insights, largest impact first."""
+    instrs = [i for ex in executions for i in ex.instructions]
+    by_kernel = {s.name: s for s in stats}
+    spec = next((ex.chip_spec for ex in executions if ex.chip_spec), None)
+    found = (_waiting(instrs, by_kernel) + _small_dma(instrs, spec)
+             + _latency(stats, spec) + _transposes(instrs))
+    found.sort(key=lambda i: -i.impact_ns)
+    return found[:limit]
+
+
+def _us(ns: float) -> str:
+    return f"{ns / 1e3:.1f} us"
+
+
+def _waiting(instrs, by_kernel) -> list[Insight]:
+    idle: dict[tuple[str, str, str], float] = {}
+    for i in instrs:
+        if i.engine in COMPUTE_ENGINES and i.waited_on is not None:
+            key = (i.kernel, i.engine, engine_of(i.waited_on))
+            idle[key] = idle.get(key, 0.0) + i.idle_ns
+    out = []
+    for (kernel, engine, on), ns in idle.items():
+        stats = by_kernel.get(kernel)
+        span = stats.totals.device_ns if stats else 0.0
+        if span and ns / span >= WAIT_SHARE:
+            out.append(Insight("waiting", kernel, ns, (
+                f"{ENGINE_NAMES[engine]} idle {ns / span:.0%} of kernel {kernel} waiting "
+                f"on {ENGINE_NAMES[on]} ({_us(ns)} of semaphore waits)")))
+    return out
+
+
+def _small_dma(instrs, spec) -> list[Insight]:
+    groups: dict[str, list] = {}
+    for i in instrs:
+        if i.engine == "dma" and 0 < i.descriptor_bytes < SMALL_DMA_BYTES:
+            groups.setdefault(i.kernel, []).append(i)
+    totals: dict[str, int] = {}
+    for i in instrs:
+        if i.engine == "dma":
+            totals[i.kernel] = totals.get(i.kernel, 0) + 1
+    out = []
+    for kernel, small in groups.items():
+        avg = sum(i.descriptor_bytes for i in small) / len(small)
+        ns = sum(i.duration_ns for i in small)
+        eff = (f", ~{spec.core.dma_efficiency(avg):.0%} of DMA bandwidth"
+               if spec is not None and hasattr(spec.core, "dma_efficiency") else "")
+        out.append(Insight("small_dma", kernel, ns, (
+            f"DMA transfers under {SMALL_DMA_BYTES} B per partition in kernel {kernel}: "
+            f"{len(small)} of {totals[kernel]} (avg {avg:.0f} B per descriptor{eff})")))
+    return out
+
+
+def _latency(stats: list[KernelStats], spec) -> list[Insight]:
+    slow = [s for s in stats if s.bound[0] == "latency"]
+    total = sum(s.totals.time_ns for s in stats)
+    ns = sum(s.totals.time_ns for s in slow)
+    if not total or ns / total < LATENCY_SHARE:
+        return []
+    names = ", ".join(s.name for s in slow[:3]) + (", ..." if len(slow) > 3 else "")
+    fixed = getattr(spec.core, "dma_fixed_ns", None) if spec is not None else None
+    why = (f"each DMA pays ~{fixed / 1e3:.1f} us fixed cost" if fixed
+           else "fixed costs dominate")
+    return [Insight("latency", slow[0].name if len(slow) == 1 else "", ns, (
+        f"{len(slow)} kernel{'s' if len(slow) > 1 else ''} ({ns / total:.0%} of time) "
+        f"are latency-bound ({names}): no engine or memory path is busy; {why}, so "
+        f"fusing short kernels saves their HBM round trips"))]
+
+
+def _transposes(instrs) -> list[Insight]:
+    busy: dict[str, list[float]] = {}
+    for i in instrs:
+        if i.engine == "tensor":
+            acc = busy.setdefault(i.kernel, [0.0, 0.0])
+            acc[0] += i.duration_ns
+            if "Transpose" in i.opcode:
+                acc[1] += i.duration_ns
+    out = []
+    for kernel, (total, transposes) in busy.items():
+        if total and transposes / total >= TRANSPOSE_SHARE:
+            out.append(Insight("transposes", kernel, transposes, (
+                f"TensorE spends {transposes / total:.0%} of its busy time in kernel "
+                f"{kernel} on transposes ({_us(transposes)}): operands arrive with the "
+                f"contraction dimension off the partitions")))
+    return out

@@ -1,0 +1,234 @@
+"""The summary page of one execution or a whole profile (trainium-hardware.md §7).
+
+`Summary(executions)` computes once; `str(summary)` is the terminal page and
+`summary.to_dict()` the same numbers for programs (key names follow Neuron Explorer's
+summary metrics where one exists: `total_time`, `mfu_estimated_percent`, ...).
+Definitions of every ratio are in metrics.py.
+"""
+from __future__ import annotations
+
+import os
+
+from . import metrics
+from .insights import insights
+from .metrics import ENGINE_NAMES
+from .record import ENGINES
+
+TOP_KERNELS = 8
+
+
+class Summary:
+    def __init__(self, executions):
+        self.executions = list(executions)
+        self.totals = metrics.totals(self.executions)
+        self.kernels = metrics.kernel_stats(self.executions)
+        self.insights = insights(self.executions, self.kernels)
+
+    def to_dict(self) -> dict:
+        t, exs = self.totals, self.executions
+        bound, share = metrics.program_bound(self.kernels)
+        return {
+            **_header(exs),
+            "total_time_s": t.time_ns * 1e-9,
+            "flops": t.flops,
+            "tensor_flops": t.tensor_flops,
+            "achieved_tflops": t.flops_per_s / 1e12,
+            "mfu_estimated_percent": 100 * t.mfu,
+            "hfu_estimated_percent": 100 * t.hfu,
+            "mm_arithmetic_intensity": t.arithmetic_intensity,
+            "hbm_bytes": t.hbm_bytes,
+            "dma_bytes": t.dma_bytes,
+            "hbm_gbps": t.hbm_bytes_per_s / 1e9,
+            "mbu_estimated_percent": 100 * t.mbu,
+            "dma_bandwidth_percent": 100 * t.dma_utilization,
+            "hbm_bandwidth_percent": 100 * t.hbm_utilization,
+            **_dma_sizes(exs),
+            "engine_active_percent": {e: 100 * t.active(e) for e in ENGINES},
+            "semaphore_wait_percent": _waits(exs, t.device_ns),
+            "tensor_busy_breakdown_percent": _tensor_breakdown(exs),
+            "bound": bound,
+            "bound_time_percent": 100 * share,
+            "kernels": [_kernel_row(s, t.time_ns) for s in self.kernels],
+            "collectives": _collectives(exs, t.time_ns),
+            "insights": [i.to_dict() for i in self.insights],
+        }
+
+    def __str__(self) -> str:
+        return format_summary(self.to_dict())
+
+    def _repr_pretty_(self, p, cycle) -> None:          # IPython
+        p.text(str(self))
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _header(exs) -> dict:
+    first = exs[0] if exs else None
+    spec = first.chip_spec if first else None
+    peak = first.peak_flops_per_s / 1e12 if first else 0.0
+    return {
+        "name": first.name if len(exs) == 1 else f"{len(exs)} executions",
+        "system": first.system if first else "",
+        "generation": first.generation if first else "",
+        "core": spec.core.name if spec else "",
+        "dtype": first.dtype if first else "",
+        "executions": len(exs),
+        "devices": sorted({d for ex in exs for d in ex.devices}),
+        "peak_tflops_per_core": peak,
+        "dma_gbps_per_core": spec.core.dma_bytes_per_ns if spec else 0.0,
+        "hbm_gbps_per_chip": spec.hbm_bytes_per_ns if spec else 0.0,
+    }
+
+
+def _dma_sizes(exs) -> dict:
+    dmas = [i for ex in exs for i in ex.instructions if i.engine == "dma"]
+    n = len(dmas)
+    return {
+        "dma_transfers": n,
+        "average_dma_size": sum(i.bytes for i in dmas) / n if n else 0.0,
+        "average_descriptor_bytes": sum(i.descriptor_bytes for i in dmas) / n if n else 0.0,
+    }
+
+
+def _waits(exs, device_ns: float) -> dict:
+    """Per compute engine: time at the head of its queue waiting on a semaphore."""
+    waits = dict.fromkeys(ENGINES[:-1], 0.0)
+    for ex in exs:
+        for i in ex.instructions:
+            if i.engine in waits and i.waited_on is not None:
+                waits[i.engine] += i.idle_ns
+    return {e: (100 * w / device_ns if device_ns else 0.0) for e, w in waits.items()}
+
+
+def _tensor_breakdown(exs) -> dict:
+    """TensorE busy time by instruction kind (matmul, transpose, other), in %."""
+    parts = {"matmul": 0.0, "transpose": 0.0, "other": 0.0}
+    for ex in exs:
+        for i in ex.instructions:
+            if i.engine == "tensor":
+                kind = ("transpose" if "Transpose" in i.opcode
+                        else "matmul" if "Matmul" in i.opcode else "other")
+                parts[kind] += i.duration_ns
+    total = sum(parts.values())
+    return {k: (100 * v / total if total else 0.0) for k, v in parts.items()}
+
+
+def _kernel_row(s: metrics.KernelStats, total_ns: float) -> dict:
+    t = s.totals
+    bound, why = s.bound
+    return {
+        "name": s.name, "execution": s.key[0], "ops": s.ops, "calls": s.calls,
+        "time_s": t.time_ns * 1e-9,
+        "time_percent": 100 * t.time_ns / total_ns if total_ns else 0.0,
+        "bound": bound, "bound_reason": why,
+        "engine_active_percent": {e: 100 * t.active(e) for e in ENGINES},
+        "mbu_percent": 100 * t.mbu, "mfu_percent": 100 * t.mfu,
+        "flops": t.flops, "hbm_bytes": t.hbm_bytes,
+    }
+
+
+def _collectives(exs, total_ns: float) -> dict:
+    cols = [c for ex in exs for c in ex.collectives]
+    ns = sum(c.duration_ns for c in cols)
+    by_kind: dict[str, list[float]] = {}
+    for c in cols:
+        by_kind.setdefault(c.kind, []).append(c.duration_ns * 1e-9)
+    return {"count": len(cols), "time_s": ns * 1e-9,
+            "time_percent": 100 * ns / total_ns if total_ns else 0.0,
+            "durations_s": by_kind}
+
+
+# --- text --------------------------------------------------------------------------
+
+def _time(s: float) -> str:
+    if s >= 1e-3:
+        return f"{s * 1e3:.3f} ms"
+    return f"{s * 1e6:.2f} us"
+
+
+def _bytes(n: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _source(ops: list[str]) -> str:
+    """"dot_general at /p/f.py:7" -> "dot_general f.py:7" (first op, +n more)."""
+    if not ops:
+        return ""
+    kind, _, loc = ops[0].partition(" at ")
+    text = f"{kind} {os.path.basename(loc)}".strip()
+    return text + (f" +{len(ops) - 1}" if len(ops) > 1 else "")
+
+
+def format_summary(d: dict) -> str:
+    return "\n".join([*_overview(d), "", *_engines(d), "", *_kernel_table(d),
+                      *_collective_lines(d), "", *_insight_lines(d)]).rstrip() + "\n"
+
+
+def _overview(d: dict) -> list[str]:
+    devices = ", ".join(map(str, d["devices"]))
+    return [
+        f"{d['name']} on {d['system']} ({d['core']}), device{'s' if len(d['devices']) > 1 else ''}"
+        f" {devices}" + (f", {d['executions']} executions" if d["executions"] > 1 else ""),
+        f"  simulated time      {_time(d['total_time_s'])}",
+        f"  MFU ({d['dtype'] or '?'})".ljust(22) + f"{d['mfu_estimated_percent']:.1f}%  "
+        f"({d['achieved_tflops']:.2f} of {d['peak_tflops_per_core']:.0f} TFLOP/s per core; "
+        f"{d['flops'] / 1e6:.1f} MFLOP)",
+        f"  HFU / TensorE       {d['hfu_estimated_percent']:.1f}% of peak, "
+        f"{d['engine_active_percent']['tensor']:.1f}% active "
+        f"(matmul {d['tensor_busy_breakdown_percent']['matmul']:.0f}%, transpose "
+        f"{d['tensor_busy_breakdown_percent']['transpose']:.0f}% of busy time)",
+        f"  MBU                 {d['mbu_estimated_percent']:.1f}%  (DMA "
+        f"{d['dma_bandwidth_percent']:.1f}% of {d['dma_gbps_per_core']:.0f} GB/s per core, "
+        f"HBM {d['hbm_bandwidth_percent']:.1f}% of {d['hbm_gbps_per_chip']:.0f} GB/s per chip)",
+        f"  HBM traffic         {_bytes(d['hbm_bytes'])} at {d['hbm_gbps']:.1f} GB/s; "
+        f"{d['mm_arithmetic_intensity']:.1f} FLOP/byte",
+        f"  DMA                 {d['dma_transfers']} transfers, avg "
+        f"{_bytes(d['average_dma_size'])}, {d['average_descriptor_bytes']:.0f} B per descriptor",
+        f"  bound               {d['bound']} ({d['bound_time_percent']:.0f}% of kernel time)",
+    ]
+
+
+def _engines(d: dict) -> list[str]:
+    lines = ["  engine     active  semaphore wait"]
+    for e in ENGINES:
+        wait = d["semaphore_wait_percent"].get(e)
+        lines.append(f"  {ENGINE_NAMES[e]:<9}{d['engine_active_percent'][e]:7.1f}%"
+                     + (f"{wait:15.1f}%" if wait is not None else ""))
+    return lines
+
+
+def _kernel_table(d: dict) -> list[str]:
+    rows = d["kernels"][:TOP_KERNELS]
+    width = max([len(r["name"]) for r in rows] + [6])
+    head = (f"  {'kernel':<{width}}  {'time':>10}  {'%':>5}  {'bound':<8} "
+            f"{'Tensor':>6} {'Vector':>6} {'Scalar':>6} {'GpSimd':>6} {'DMA':>5} {'MBU':>5}  op")
+    lines = [f"top kernels ({min(len(rows), TOP_KERNELS)} of {len(d['kernels'])})", head]
+    for r in rows:
+        a = r["engine_active_percent"]
+        lines.append(
+            f"  {r['name']:<{width}}  {_time(r['time_s']):>10}  {r['time_percent']:4.1f}%  "
+            f"{r['bound']:<8} {a['tensor']:5.0f}% {a['vector']:5.0f}% {a['scalar']:5.0f}% "
+            f"{a['gpsimd']:5.0f}% {a['dma']:4.0f}% {r['mbu_percent']:4.0f}%  {_source(r['ops'])}")
+    return lines
+
+
+def _collective_lines(d: dict) -> list[str]:
+    c = d["collectives"]
+    if not c["count"]:
+        return []
+    lines = ["", f"collectives: {c['count']}, {_time(c['time_s'])} "
+                 f"({c['time_percent']:.1f}% of time)"]
+    for kind, ds in sorted(c["durations_s"].items()):
+        lines.append(f"  {kind:<16} x{len(ds):<4} mean {_time(sum(ds) / len(ds))}, "
+                     f"max {_time(max(ds))}")
+    return lines
+
+
+def _insight_lines(d: dict) -> list[str]:
+    if not d["insights"]:
+        return ["insights: none"]
+    return ["insights"] + [f"  - {i['message']}" for i in d["insights"]]
