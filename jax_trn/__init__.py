@@ -5,12 +5,14 @@
     with jax_trn.profile() as prof:
         jax.jit(lambda a: a @ a)(x).block_until_ready()
     prof.executions[-1].simulated_time_s
+    print(prof.summary()); prof.save_trace("trace.json")     # ui.perfetto.dev
+    print(jax_trn.compare(lambda a: a @ a, x))                # Trn1 vs Trn2 vs Trn3
 """
 from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from jax_trn.profiler import profile, last_execution  # noqa: E402
+from jax_trn.profiler import compare, last_execution, profile  # noqa: E402
 from jax_trn.systems import SYSTEMS, configure, get_system  # noqa: E402
 
-__all__ = ["profile", "last_execution", "configure", "get_system", "SYSTEMS", "__version__"]
+__all__ = ["profile", "last_execution", "compare", "configure", "get_system", "SYSTEMS", "__version__"]

@@ -1,7 +1,8 @@
 """C-side wrappers of runtime objects: what each PJRT handle points to.
 
 Everything an infallible getter returns is computed once here, when the wrapper is
-made, so the getters only copy addresses and numbers.
+made, so the getters only copy addresses and numbers. The one exception is the cost
+analysis (it runs the program once on the simulator), made on first request.
 """
 from __future__ import annotations
 
@@ -166,9 +167,17 @@ class CExecutable:
         self.mlir_format = k.bytes("mlir")
         self.compile_options = k.bytes(executable.options.raw)
         self.fingerprint = k.bytes(executable.fingerprint)
-        self.cost = named_values(k, executable.cost_analysis())
+        self._cost: tuple[int, int] | None = None
         self.param_shardings = _replicated_shardings(k, len(params))
         self.output_shardings = _replicated_shardings(k, len(outs))
+
+    @property
+    def cost(self) -> tuple[int, int]:
+        """Cost analysis as named values, made on first request: it includes the
+        simulated time, which takes one timing run of the program."""
+        if self._cost is None:
+            self._cost = named_values(self.keep, self.rt.cost_analysis())
+        return self._cost
 
 
 class CLoadedExecutable:
