@@ -64,6 +64,10 @@ class Profile:
         from . import plots
         return plots.roofline(self.executions, ax=ax)
 
+    def plot_collectives(self, ax=None):
+        from . import plots
+        return plots.collectives(self.executions, ax=ax)
+
 
 @contextlib.contextmanager
 def profile():

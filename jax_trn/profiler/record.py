@@ -174,6 +174,10 @@ class Execution:
         from . import plots
         return plots.roofline([self], ax=ax)
 
+    def plot_collectives(self, ax=None):
+        from . import plots
+        return plots.collectives([self], ax=ax)
+
     def __repr__(self) -> str:
         util = ", ".join(f"{e}={u:.0%}" for e, u in self.engine_utilization.items())
         return (f"Execution({self.name!r} on {self.system} devices {self.devices}: "
