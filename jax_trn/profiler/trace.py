@@ -140,8 +140,8 @@ def _descriptor_bytes(instr, ev, spec) -> int:
         try:
             from jax_trn.hw import costs
             return int(costs.dma_shape(instr, spec)[0])
-        except Exception:      # the DMA model's shape function changed: fall back
-            pass
+        except (AttributeError, TypeError, ValueError, KeyError):
+            pass            # an instruction the DMA model's shape does not know
     tiles = [v for v in (getattr(instr, "src", None), getattr(instr, "dst", None))
              if hasattr(v, "bytes_per_partition")]
     return int(min(t.bytes_per_partition for t in tiles)) if tiles else int(ev.bytes)

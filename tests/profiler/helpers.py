@@ -2,6 +2,8 @@
 (https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU)."""
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 import jax_trn
@@ -60,7 +62,7 @@ def check_trace(doc: dict) -> dict:
 
 
 def _no_overlaps(track: str, slices: list[dict]) -> None:
-    for a, b in zip(slices, slices[1:]):
+    for a, b in itertools.pairwise(slices):
         assert a["dur"] >= 0
         assert a["ts"] + a["dur"] <= b["ts"] + EPS_US, f"overlap on {track}: {a} {b}"
 

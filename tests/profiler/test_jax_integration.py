@@ -24,6 +24,7 @@ def test_cost_analysis_reports_simulated_time(jax, trn):
 
 def test_compile_does_not_run_the_timing_simulation(jax, trn, monkeypatch):
     import numpy as np
+
     from jax_trn.runtime import executable
     calls = []
     monkeypatch.setattr(executable, "simulate", lambda *a, **k: calls.append(a))
@@ -62,7 +63,7 @@ def test_compare_matches_a_real_run_on_the_backend(jax, trn, comparison):
     system = jax_trn.get_system()
     if system.name not in SYSTEMS:
         pytest.skip(f"backend runs {system.name}")
-    host, args = layer_inputs(jax, trn)
+    _, args = layer_inputs(jax, trn)
     ex = profiled(jax, jax.jit(layer), *args).executions[-1]
     assert comparison[system.name]["simulated_time_s"] == pytest.approx(
         ex.simulated_time_s, rel=1e-12)

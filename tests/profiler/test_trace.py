@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -63,8 +64,7 @@ def test_dma_transfers_carry_bytes_and_descriptor_size(ex):
 
 
 def test_chrome_trace_follows_the_format(ex, tmp_path):
-    path = ex.save_trace(tmp_path / "layer.json")
-    doc = json.loads(open(path).read())
+    doc = json.loads(Path(ex.save_trace(tmp_path / "layer.json")).read_text())
     names = check_trace(doc)
     assert {"core 0 TensorE", "core 0 VectorE", "core 0 kernels", "core 0 program",
             "core 0 DMA q0"} <= set(names.values())
@@ -86,7 +86,7 @@ def test_profile_trace_lays_executions_end_to_end(jax, trn, tmp_path):
     x = jax.device_put(np.ones((128, 64), np.float32), trn)
     prof = profiled(jax, lambda a: jax.jit(lambda v: v * 2)(jax.jit(lambda v: v + 1)(a)), x)
     assert len(prof.executions) == 2
-    doc = json.loads(open(prof.save_trace(tmp_path / "two.json")).read())
+    doc = json.loads(Path(prof.save_trace(tmp_path / "two.json")).read_text())
     check_trace(doc)
     runs = [e for e in doc["traceEvents"] if e.get("cat") == "execution"]
     assert [r["name"] for r in runs] == [ex.name for ex in prof.executions]
