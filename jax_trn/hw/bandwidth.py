@@ -67,10 +67,24 @@ class Bandwidth:
 
 
 class Hbm(Bandwidth):
-    """A chip's HBM: one bandwidth shared by all its NeuronCores' DMAs."""
+    """A chip's HBM: one bandwidth shared by all its NeuronCores' DMAs.
 
-    def __init__(self, bytes_per_ns: float, name: str = "hbm"):
+    Cores are simulated one after another, so first come, first served would let the
+    first cores take all they can and starve the last ones, which then run below the
+    HBM rate once the others finish. When `sharers` cores stream together (an SPMD
+    program on every core of a chip), the HBM arbiter gives each its fair share, so
+    each core takes at most `capacity / sharers` (`share`). None: no per-core limit
+    (one core, or unknown)."""
+    __slots__ = ("sharers",)
+
+    def __init__(self, bytes_per_ns: float, name: str = "hbm", sharers: int | None = None):
         super().__init__(bytes_per_ns, name)
+        self.sharers = sharers
+
+    @property
+    def share(self) -> float:
+        """The most one core may take (bytes/ns)."""
+        return self.capacity / self.sharers if self.sharers else _INF
 
 
 def _step(lines, t: float) -> tuple[float, float]:

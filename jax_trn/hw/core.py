@@ -8,10 +8,15 @@ least `count` instructions). Instructions take effect in start-time order, so a
 missing semaphore really does produce a wrong result, as on hardware.
 
 Timing: compute instructions take `cycles / clock` (costs.py); an instruction that had
-to wait for another engine pays the ~100-cycle static overhead (§2.6). A DMA takes
-the ~1.3 us fixed cost (§2.6) and then moves its bytes through the core's DMA engines
-and, when it touches DRAM, the chip's shared HBM (bandwidth.py), at up to
-`engines x 23 B/ns x efficiency(chunk)` (§3.4).
+to wait for another engine pays the ~100-cycle static overhead (§2.6). TensorE
+instructions go through `TensorPipe` (tensor_pipe.py): LoadStationary in the
+background of the previous MultiplyMoving, skipped for an already-loaded stationary,
+and the Trn2/Trn3 power throttle (§2.2). A DMA takes the ~1.3 us fixed cost (§2.6)
+and then moves its bytes through the core's DMA engines and, when it touches DRAM,
+the chip's shared HBM (bandwidth.py), at up to `engines x 23 B/ns x efficiency(chunk)`
+(§3.4). The TensorE pipeline and the DMA bandwidth bookkeeping persist across the
+kernels of one execution (`begin`); a `run` starting before the previous one ended
+starts a fresh timeline.
 """
 from __future__ import annotations
 
@@ -26,6 +31,8 @@ from .memory import OnChipMemory
 from .numerics import Numerics
 from .program import Kernel
 from .spec import ChipSpec, CoreSpec
+from .sync import written_tiles
+from .tensor_pipe import TensorPipe
 from .trace import KernelRun, TraceEvent
 
 __all__ = ["NeuronCore", "DeadlockError", "chip_cores"]
@@ -47,13 +54,13 @@ class NeuronCore:
         self.spec = spec
         self.core_id = core_id
         self.hbm = hbm
-        self.dma_bw = Bandwidth(spec.dma_bytes_per_ns, f"dma.core{core_id}")
         self.sbuf = OnChipMemory("sbuf", spec.pmax, spec.sbuf_usable_bytes)
         self.psum = OnChipMemory("psum", spec.pmax, spec.psum_partition_bytes)
         self._mems = {"sbuf": self.sbuf, "psum": self.psum}
         self.numerics = numerics if numerics is not None else Numerics.from_env()
         self.dram: dict[str, np.ndarray] = {}
         self._clock = dict(spec.clock_ghz)
+        self._new_timeline(0.0)
 
     def mem(self, tile) -> OnChipMemory:
         return self._mems[tile.mem]
@@ -63,16 +70,32 @@ class NeuronCore:
         and the chip's HBM for this execution. SBUF and PSUM keep their contents, as on
         the hardware (a kernel must not read what it did not write)."""
         self.hbm = hbm
+        self._new_timeline(0.0)
+
+    def _new_timeline(self, t0: float) -> None:
         self.dma_bw = Bandwidth(self.spec.dma_bytes_per_ns, f"dma.core{self.core_id}")
+        share = self.hbm.share if self.hbm is not None else float("inf")
+        self.hbm_share = (Bandwidth(share, f"hbm-share.core{self.core_id}")
+                          if share < float("inf") else None)   # see `Hbm.share`
+        self.pipe = TensorPipe(self.spec, t0)
+        self._last_end = t0
 
     def run(self, kernel: Kernel, dram: dict[str, np.ndarray],
-            start_ns: float = 0.0) -> KernelRun:
+            start_ns: float = 0.0, *, execute: bool = True) -> KernelRun:
         """Execute `kernel` against DRAM arrays `dram` (flat numpy arrays by tensor
-        name, allocated by the caller) starting at simulated time `start_ns`."""
+        name, allocated by the caller) starting at simulated time `start_ns`. With
+        `execute=False` only the timing is simulated (no instruction takes effect):
+        timing never depends on data, so benchmarks of the model may skip the work."""
         self.validate(kernel)
         self.dram = dram
+        if start_ns < self._last_end:
+            self._new_timeline(start_ns)
         self.dma_bw.prune(start_ns)
-        return _Run(self, kernel, start_ns).run()
+        if self.hbm_share is not None:
+            self.hbm_share.prune(start_ns)
+        result = _Run(self, kernel, start_ns, execute).run()
+        self._last_end = result.end_ns
+        return result
 
     def validate(self, kernel: Kernel) -> None:
         """Generation constraints and SBUF/PSUM capacity of every instruction."""
@@ -95,19 +118,22 @@ class NeuronCore:
     def dma_end(self, instr: DmaCopy, start: float) -> float:
         """Fixed cost, then the bytes through this core's DMA engines and the HBM."""
         spec = self.spec
+        begin = start + spec.dma_fixed_ns
         chunk, engines = costs.dma_shape(instr, spec)
         eff = spec.dma_efficiency(chunk)
         lines = [(self.dma_bw, 1.0 / eff)]       # overhead time occupies the engines
+        rate = engines * spec.dma_engine_bytes_per_ns * eff
         hbm_sides = instr.hbm_bytes / max(instr.nbytes, 1)
         if hbm_sides > 0 and self.hbm is not None:
             lines.append((self.hbm, hbm_sides))
-        rate = engines * spec.dma_engine_bytes_per_ns * eff
-        return reserve(lines, start + spec.dma_fixed_ns, instr.nbytes, rate)
+            if self.hbm_share is not None:
+                lines.append((self.hbm_share, hbm_sides))
+        return reserve(lines, begin, instr.nbytes, rate)
 
 
 def chip_cores(chip: ChipSpec) -> list[NeuronCore]:
     """The NeuronCores of one chip, sharing the chip's HBM bandwidth (§1.1)."""
-    hbm = Hbm(chip.hbm_bytes_per_ns, f"hbm.{chip.name}")
+    hbm = Hbm(chip.hbm_bytes_per_ns, f"hbm.{chip.name}", sharers=chip.cores)
     return [NeuronCore(chip.core, hbm=hbm, core_id=i) for i in range(chip.cores)]
 
 
@@ -118,13 +144,14 @@ def _describe(instr: Instr) -> str:
 class _Run:
     """The discrete-event simulation of one kernel on one core."""
 
-    def __init__(self, core: NeuronCore, kernel: Kernel, start_ns: float):
-        self.core, self.kernel, self.t0 = core, kernel, start_ns
+    def __init__(self, core: NeuronCore, kernel: Kernel, start_ns: float, execute: bool):
+        self.core, self.kernel, self.t0, self.execute = core, kernel, start_ns, execute
         self.queues: dict[str, list[tuple[int, Instr]]] = {}
         for i, instr in enumerate(kernel.instructions):
             self.queues.setdefault(instr.queue, []).append((i, instr))
         self.rank = {q: _queue_rank(q) for q in self.queues}
-        self.free = dict.fromkeys(self.queues, start_ns)   # when the queue is idle
+        self.free = dict.fromkeys(self.queues, start_ns)   # next instruction may start
+        self.last_end = dict.fromkeys(self.queues, start_ns)  # previous one ended
         self.done: dict[str, list[float]] = {q: [] for q in self.queues}  # end times
         self.heap: list[tuple[float, int, str]] = []
         self.parked: dict[str, list[tuple[int, str]]] = {}   # queue -> [(count, waiter)]
@@ -187,15 +214,25 @@ class _Run:
     def _issue(self, q: str, start: float) -> None:
         index, instr = self._head(q)
         core = self.core
-        core.numerics.at(self.kernel.name, index)
-        instr.execute(core)
-        if instr.engine == "dma":
-            end, nbytes = core.dma_end(instr, start), instr.nbytes
+        if self.execute:
+            core.numerics.at(self.kernel.name, index)
+            instr.execute(core)
+        nbytes, free = 0, None
+        if instr.engine == "tensor":
+            start, end = core.pipe.issue(instr, start)
+            free = core.pipe.ready
         else:
-            end, nbytes = start + core.compute_ns(instr), 0
+            if core.pipe.loaded is not None:
+                for tile in written_tiles(instr):
+                    core.pipe.written(tile)
+            if instr.engine == "dma":
+                end, nbytes = core.dma_end(instr, start), instr.nbytes
+            else:
+                end = start + core.compute_ns(instr)
         self.events.append(TraceEvent(q, type(instr).__name__, instr.name, start, end,
-                                      self.free[q], nbytes, instr.flops, core.core_id))
-        self.free[q] = end
+                                      self.last_end[q], nbytes, instr.flops, core.core_id))
+        self.free[q] = end if free is None else free
+        self.last_end[q] = end
         self.done[q].append(end)
 
     def _check_finished(self) -> None:

@@ -54,6 +54,28 @@ def nc_matmul(ins: isa.NcMatmul, spec: CoreSpec) -> float:
     return float(cycles)
 
 
+def load_stationary(ins, spec: CoreSpec) -> float:
+    """LoadStationary of a TensorE instruction's stationary tile (§2.2): "fast LS" is up
+    to `ls_speedup` (4x) faster than an MM of the same free size, so M/4 cycles (x the
+    FP32 factor). `core` overlaps it with the previous MultiplyMoving ("background
+    LoadStationary") and skips it when the stationary is already loaded."""
+    if isinstance(ins, isa.NcTranspose):
+        m, fp32 = ins.data.free_size, ins.data.dtype == "float32"
+        factor = spec.fp32_transpose_factor if fp32 else 1
+    else:
+        m = getattr(ins, "m", ins.stationary.free_size)
+        fp32 = ins.stationary.dtype == "float32" and getattr(ins, "precision", "") != "tf32"
+        factor = spec.fp32_matmul_factor if fp32 else 1
+    return float(math.ceil(m * factor / spec.ls_speedup))
+
+
+def stationary(ins) -> isa.Tile | None:
+    """The tile a TensorE instruction loads into the PE array (None: no LS)."""
+    if isinstance(ins, isa.NcTranspose):
+        return ins.data if ins.engine == "tensor" else None
+    return getattr(ins, "stationary", None)
+
+
 def nc_transpose(ins: isa.NcTranspose, spec: CoreSpec) -> float:
     p, f = ins.data.num_partitions, ins.data.free_size
     if ins.engine == "vector":
@@ -162,11 +184,18 @@ def _run_bytes(v) -> int:
     return run * isa._dt.itemsize(v.dtype)
 
 
-def dma_shape(ins: isa.DmaCopy, spec: CoreSpec) -> tuple[float, int]:
+def dma_shape(ins, spec: CoreSpec) -> tuple[float, int]:
     """(chunk bytes, DMA engines used). A transfer is split into contiguous chunks
-    (descriptors) of the shorter contiguous run of its two sides, packetised at 4 KiB
-    and spread over up to 16 engines (§3.4)."""
+    (descriptors) of the shorter contiguous run of its two sides (§3.4). With an SBUF
+    side, each engine serves pmax / 16 = 8 partitions ("a [4, 4096] load uses one
+    engine", [NKI-DMA]); DRAM to DRAM, the chunks packetised at 4 KiB spread over up
+    to 16 engines."""
     chunk = max(1, min(_run_bytes(ins.src), _run_bytes(ins.dst)))
+    tiles = [v for v in (ins.src, ins.dst) if isinstance(v, isa.Tile)]
+    if tiles:
+        per_engine = spec.pmax // spec.dma_engines
+        parts = max(t.num_partitions for t in tiles)
+        return float(chunk), max(1, min(spec.dma_engines, -(-parts // per_engine)))
     packets = math.ceil(ins.nbytes / chunk) * math.ceil(chunk / spec.dma_packet_bytes)
     return float(chunk), max(1, min(spec.dma_engines, packets))
 
@@ -212,3 +241,12 @@ def check_tensor_scalar(ins: isa.TensorScalar, spec: CoreSpec) -> None:
 CHECKS = {cls: _no_check for cls in CYCLES}
 CHECKS.update({isa.NcMatmul: check_matmul, isa.DmaCopy: check_dma,
                isa.TensorScalar: check_tensor_scalar})
+
+
+def register(cls: type, cycles, check=_no_check) -> None:
+    """Prices (and optionally checks) a new instruction class defined elsewhere (an
+    `isa_*.py` module): `cycles(instr, spec) -> float`, `check(instr, spec)` raising
+    IsaError. TensorE instructions with a `stationary` tile also get LoadStationary
+    timing in `core`; DMA-engine instructions (engine "dma") are timed by `dma_shape`."""
+    CYCLES[cls] = cycles
+    CHECKS[cls] = check

@@ -1,9 +1,13 @@
 """Trainium generations as data (trainium-hardware.md §1, §2, §3, §9, §10).
 
-`CoreSpec` holds everything the NeuronCore model needs (clocks, array sizes, memories,
-DMA, cost constants); `ChipSpec` adds the chip-level numbers (cores, HBM, peak rates).
-`CHIPS` maps "trn1" / "trn2" / "trn3" to their `ChipSpec`. Generations differ only in
-these numbers, never in code paths.
+`CoreSpec` holds everything the NeuronCore model needs: engine clocks and datapath
+widths (§1.2), memories (§1.1, §3), TensorE modes and their speedups (§2.2), the
+Vector/Scalar performance modes and v4 instructions (§2.3, §2.4), instruction
+overheads (§2.6, §6.3), the TensorE power throttle (§2.2), DMA engines, queues and
+bandwidth (§3.4). `ChipSpec` adds the chip-level numbers (cores, HBM capacity and
+bandwidth shared by the cores, published peak rates). `CHIPS` maps "trn1" / "trn2" /
+"trn3" to their `ChipSpec`. Generations differ only in these numbers, never in code
+paths (tests/sim/test_spec.py checks both).
 """
 from __future__ import annotations
 
@@ -32,25 +36,58 @@ class CoreSpec:
     ocp_fp8: bool                    # v4 takes float8_e4m3fn matmul inputs, §2.2
     fp32_transpose_factor: int       # TensorE FP32 transpose cost factor, §2.2
     scalar_ts_ops: tuple[str, ...] | None   # ScalarE tensor_scalar ops (None: all), §6.2
+    # Datapath widths in elements per cycle, §1.2: (16-bit floats, other types).
+    vector_width: tuple[int, int] = (128, 128)
+    scalar_width: tuple[int, int] = (128, 128)
+    gpsimd_width: int = 128
+    fp8_is_narrow: bool = False      # FP8 runs at the 16-bit width (v4 Vector/Scalar), §1.2
+    # Features that only some generations have (the ISA checks read these), §2-§3.
+    transpose_mode: bool = False     # v3+ bit-exact `is_transpose` matmul, §2.2
+    dma_transpose: bool = False      # v3+ dma_transpose, §3.4 [NKI-ARCH2]
+    vector_exponential: int = 0      # v4 VectorE `exponential`: x ScalarE exp rate; 0 = none, §2.3
+    quantize_mx: int = 0             # v4 `quantize_mx` elements/partition/cycle; 0 = none, §2.3
+    psum_accumulate_any: bool = False   # v4: accumulate onto non-matmul PSUM data, §2.2
     pmax: int = 128                  # PE rows / partitions, §2.2, §3.3
     pe_cols: int = 128               # PE columns = stationary F limit, §2.2
     fp32_matmul_factor: int = 4      # FP32 matmul costs 4x, §2.2 [NKI-ARCH1]
+    ls_speedup: int = 4              # "fast LS": LoadStationary up to 4x an MM, §2.2
     min_ii: int = 64                 # Vector/Scalar MIN_II cycles, §6.3 [NKI-ISA-2.26]
     mm_init_latency: int = 64        # TensorE MM_INIT_LATENCY cycles, §2.6 [NKI-ARCH1]
     static_overhead: int = 100       # cycles, tiny/dependent instructions, §2.6 [NKI-ARCH1]
     gpsimd_startup: int = 150        # cycles, §2.5/§6.3 [NKI-ISA-2.26]
+    dynamic_address_cycles: int = 600   # register-addressed instructions, §2.6
+    act_read_accumulator: int = 64   # ActReadAccumulator cycles, §2.4/§2.6 [NKI-ARCH1]
+    # TensorE power throttling, §2.2 [NX-SUMMARY]: starts at `pe_throttle_floor` of the
+    # peak rate, ramps linearly to full over `pe_throttle_ramp_ns`; re-engages when
+    # utilisation falls below `pe_throttle_util` over a `pe_throttle_window_ns` window.
+    # Floor 1.0 = no throttling (Trn1: none documented).
+    pe_throttle_floor: float = 1.0
+    pe_throttle_ramp_ns: float = 3000.0
+    pe_throttle_window_ns: float = 3000.0
+    pe_throttle_util: float = 0.5
     psum_partition_bytes: int = 16 * KIB   # §3.2 [NKI-ARCH1]
     psum_banks: int = 8                    # §3.2 [NKI-ARCH1]
     dma_engines: int = 16            # per NC, §3.4 [NKI-DMA]
     dma_queues: int = 16             # queue IDs per engine, §3.4 [NKI-DMA]
     dma_fixed_ns: float = 1300.0     # descriptor + semaphore-to-start, §2.6 [NKI-DMABW]
     dma_packet_bytes: int = 4 * KIB  # default DMA packetisation, §3.4 [CC-OVERLAP]
-    dma_desc_overhead_bytes: float = 256.0   # per-descriptor cost, see `dma_efficiency`
+    dma_full_rate_bytes: float = 2500.0   # descriptor size reaching full rate, see below
+    hwdge_ns: float = 600.0          # hardware-DGE DMA instruction, §2.6 [NKI-ARCH2]
+    dma_transpose_efficiency: tuple[float, float] = (0.9, 0.5)  # HBM->SBUF, SBUF->SBUF, §3.4
     vector_transpose_max: int = 32   # VectorE transpose <= 32x32, §2.3 [NKI-ARCH1]
 
     def clock(self, engine: str) -> float:
         """GHz of a compute engine, i.e. cycles per ns."""
         return dict(self.clock_ghz)[engine]
+
+    def width(self, engine: str, dtype: str) -> int:
+        """Elements per cycle of `engine` for `dtype` (§1.2 datapath widths)."""
+        if engine == "gpsimd":
+            return self.gpsimd_width
+        wide, other = self.vector_width if engine == "vector" else self.scalar_width
+        narrow = dtype in ("bfloat16", "float16") or (
+            self.fp8_is_narrow and dtype.startswith("float8"))
+        return wide if narrow else other
 
     @property
     def psum_bank_bytes(self) -> int:
@@ -69,15 +106,19 @@ class CoreSpec:
         return self.dma_engines * self.dma_engine_bytes_per_ns
 
     def dma_efficiency(self, chunk_bytes: float) -> float:
-        """Fraction of peak DMA bandwidth reached with contiguous chunks (descriptors)
-        of `chunk_bytes`. §3.4 [NKI-DMABW] gives three points, not a curve: <256 B
-        "badly overhead-bound", 2 KiB "minimum recommended", >=4 KiB with P=128 "close
-        to saturation". We charge every descriptor a fixed overhead worth
-        `dma_desc_overhead_bytes` (256 B, i.e. ~11 ns at 23 B/ns), so efficiency is
-        chunk / (chunk + 256): 0.5 at 256 B, 0.89 at 2 KiB, 0.94 at 4 KiB, 0.008 for
-        2-byte elements. Monotone; our choice, not a vendor curve."""
-        chunk = max(chunk_bytes, 1.0)
-        return chunk / (chunk + self.dma_desc_overhead_bytes)
+        """Fraction of a DMA engine's peak rate reached with contiguous chunks
+        (descriptors) of `chunk_bytes`: min(1, chunk / 2500 B).
+
+        §3.4 [NKI-DMABW] names the cause, the DMA packet rate: an engine needs a
+        minimum time per descriptor (2500 B / 23 B/ns = 109 ns on Trn2), overlapped with
+        moving its bytes, so a descriptor takes max(that, bytes / rate). The knee comes
+        from the throughput-vs-bytes-per-partition figure of [NKI-DMA]
+        (nki-dma-overview.rst, P=128, unlabelled y axis; read relative to its 32 KiB
+        point): 32 B 1.4%, 128 B 5.1%, 256 B 10%, 512 B 21%, 1 KiB 42%, 2 KiB 81%,
+        4 KiB 97%, 8 KiB 98% -- linear up to ~2.5 KiB, then flat. This fits every point
+        within 4%. We keep the knee in bytes on every generation, as the guidance
+        (>=2 KiB recommended, >=4 KiB saturates) is the same for all."""
+        return min(1.0, max(chunk_bytes, 1.0) / self.dma_full_rate_bytes)
 
 
 def _clocks(tensor: float, vector: float, scalar: float, gpsimd: float):
@@ -103,6 +144,8 @@ NC_V2 = CoreSpec(
     scalar_fast_bf16=1, psum_bf16=False,            # §2.4, §3.2
     ocp_fp8=False, fp32_transpose_factor=4,         # §2.2: FP32 matmul, 4x
     scalar_ts_ops=_SCALAR_TS_OPS,                   # §6.2 (Trn2 rule, assumed on Trn1)
+    vector_width=(128, 128), scalar_width=(128, 128),   # §1.2 [NKI-ARCH1]
+    gpsimd_width=128,                               # §1.2 [NKI-ARCH1]
 )
 
 NC_V3 = CoreSpec(
@@ -118,6 +161,10 @@ NC_V3 = CoreSpec(
     scalar_fast_bf16=1, psum_bf16=False,            # §2.4, §3.2
     ocp_fp8=False, fp32_transpose_factor=2,         # §2.2: is_transpose 2x for FP32
     scalar_ts_ops=_SCALAR_TS_OPS,                   # §6.2 [NKI-ISA]
+    vector_width=(512, 256), scalar_width=(128, 128),   # §1.2 [NKI-ARCH2]
+    gpsimd_width=128,                               # §1.2: not given; v2/v4 value, §11
+    transpose_mode=True, dma_transpose=True,        # §2.2, §3.4 [NKI-ARCH2]
+    pe_throttle_floor=0.5,                          # §2.2 [NX-SUMMARY]
 )
 
 NC_V4 = CoreSpec(
@@ -133,6 +180,12 @@ NC_V4 = CoreSpec(
     scalar_fast_bf16=2, psum_bf16=True,             # §2.4, §3.2 [NKI-ARCH3]
     ocp_fp8=True, fp32_transpose_factor=2,          # §2.2 [NKI-ISA]
     scalar_ts_ops=None,                             # §2.4: Activation2 on v4
+    vector_width=(512, 256), scalar_width=(256, 128),   # §1.2 [NKI-ARCH3]
+    gpsimd_width=128, fp8_is_narrow=True,           # §1.2 [NKI-ARCH3]
+    transpose_mode=True, dma_transpose=True,        # §2.2, §3.4 (v3 features kept)
+    vector_exponential=4, quantize_mx=4,            # §2.3 [NKI-ARCH3][NCv4]
+    psum_accumulate_any=True,                       # §2.2 [NKI-ISA]: UB on v2/v3 only
+    pe_throttle_floor=0.5,                          # §2.2 [NX-SUMMARY]
 )
 
 
@@ -154,9 +207,10 @@ class ChipSpec:
 
 
 # HBM bandwidth choices (§1.1, §10.2): Trn1 820 GB/s [NKI-ARCH1] (the GiB/s variant is
-# 7% more; either exceeds 2 cores x 272 GB/s, so it never binds). Trn2 2.9 TB/s
-# [TRN2-CHIP][SEED-CMP333], consistent with 8 cores x ~362 GB/s (§9). Trn3 4.9 TB/s
-# [TRN3-CHIP], the chip page, like Trn2 (the NKI guide's 4.7 is the conservative one).
+# 7% more; loads alone, 2 cores x 272 GB/s, never reach either, HBM -> HBM copies do).
+# Trn2 2.9 TB/s [TRN2-CHIP][SEED-CMP333], consistent with 8 cores x ~362 GB/s (§9).
+# Trn3 4.9 TB/s [TRN3-CHIP], the chip page, like Trn2 (the NKI guide's 4.7 is the
+# conservative one).
 CHIPS = {
     "trn1": ChipSpec(
         name="trn1", core=NC_V2, cores=2,           # §1.1 [TRN1-CHIP]

@@ -23,9 +23,9 @@ from dataclasses import fields
 from .isa import DramAP, Instr, Tile
 from .memory import ap_bounds
 
-__all__ = ["insert_semaphores", "accesses"]
+__all__ = ["insert_semaphores", "accesses", "written_tiles"]
 
-_WRITE_FIELDS = ("dst", "reduce_res")
+_WRITE_FIELDS = ("reduce_res",)     # and every field whose name starts with "dst"
 _ON_CHIP_PAGE = 9          # 512-byte pages of a partition's bytes
 _DRAM_MIN_PAGE = 10        # DRAM pages of >= 1024 elements
 _WIDE_PAGES = 64           # wider accesses are checked against everything
@@ -47,19 +47,41 @@ def _operand_fields(cls: type) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(read field names, write field names) of an instruction class, cached."""
     if cls not in _FIELDS:
         names = [f.name for f in fields(cls) if f.name not in ("name", "waits")]
-        writes = tuple(n for n in names if n in _WRITE_FIELDS)
-        reads = tuple(n for n in names if n not in _WRITE_FIELDS)
+        writes = tuple(n for n in names if _writes(n))
+        reads = tuple(n for n in names if not _writes(n))
         _FIELDS[cls] = (reads, writes)
     return _FIELDS[cls]
+
+
+def _writes(field_name: str) -> bool:
+    return field_name.startswith("dst") or field_name in _WRITE_FIELDS
+
+
+def _operands(d: dict, names: tuple[str, ...]) -> list:
+    """The Tile / DramAP operands in fields `names` (a field may hold a tuple of them)."""
+    out = []
+    for n in names:
+        v = d[n]
+        if isinstance(v, (Tile, DramAP)):
+            out.append(v)
+        elif isinstance(v, (tuple, list)):
+            out.extend(x for x in v if isinstance(x, (Tile, DramAP)))
+    return out
 
 
 def accesses(instr: Instr) -> tuple[list[tuple], list[tuple]]:
     """(regions read, regions written) by an instruction."""
     read_names, write_names = _operand_fields(type(instr))
     d = instr.__dict__
-    reads = [_region(d[n]) for n in read_names if isinstance(d[n], (Tile, DramAP))]
-    writes = [_region(d[n]) for n in write_names if isinstance(d[n], (Tile, DramAP))]
+    reads = [_region(v) for v in _operands(d, read_names)]
+    writes = [_region(v) for v in _operands(d, write_names)]
     return reads, writes
+
+
+def written_tiles(instr: Instr) -> list[Tile]:
+    """The on-chip tiles an instruction writes."""
+    names = _operand_fields(type(instr))[1]
+    return [v for v in _operands(instr.__dict__, names) if isinstance(v, Tile)]
 
 
 class _Space:
