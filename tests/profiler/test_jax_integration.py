@@ -19,7 +19,8 @@ def test_cost_analysis_reports_simulated_time(jax, trn):
     assert cost["hbm bytes"] >= cost["bytes accessed"]
     assert compiled.cost_analysis() == cost                      # cached, deterministic
     ex = profiled(jax, jax.jit(layer), *args).executions[-1]
-    assert cost["simulated_time_s"] == pytest.approx(ex.simulated_time_s, rel=1e-12)
+    # PJRT passes float named values as C floats: 24-bit mantissa.
+    assert cost["simulated_time_s"] == pytest.approx(ex.simulated_time_s, rel=1e-6)
 
 
 def test_compile_does_not_run_the_timing_simulation(jax, trn, monkeypatch):

@@ -31,7 +31,7 @@ def test_every_event_becomes_an_attributed_instruction(ex):
         k = kernels[i.kernel]
         assert i.index >= 0 and k.kernel.instructions[i.index].queue == i.queue
         assert i.ops == tuple(k.ops) and i.op
-        assert re.fullmatch(r".+/(helpers|test_trace)\.py:\d+", i.source), i.source
+        assert re.fullmatch(r".+/tests/profiler/\w+\.py:\d+", i.source), i.source
         assert i.device == ex.devices[0] and i.start_ns <= i.end_ns
 
 
