@@ -5,7 +5,8 @@ simulated time they concern (`impact_ns`); the summary keeps the few largest. Ru
 
 - waiting: a compute engine sat at the head of its queue on a semaphore for >= 20% of
   a kernel, released last by another engine ("TensorE idle 40% of kernel
-  dot_general.0 waiting on DMA");
+  dot_general.0 waiting on DMA"); waits on TensorE are left out (engines evacuating
+  PSUM wait for their matmuls: TensorE is then the critical path, as it should be);
 - small_dma: DMA transfers of fewer than 512 contiguous bytes per descriptor
   (partition), which the DMA engines move at a fraction of their bandwidth (§3.4);
 - latency: kernels whose time goes to fixed costs rather than to any engine or to
@@ -55,20 +56,39 @@ def _us(ns: float) -> str:
 
 
 def _waiting(instrs, by_kernel) -> list[Insight]:
-    idle: dict[tuple[str, str, str], float] = {}
+    """One insight per (engine, waited-on engine), over the kernels where it idles."""
+    idle: dict[tuple[str, str], dict[str, float]] = {}
     for i in instrs:
-        if i.engine in COMPUTE_ENGINES and i.waited_on is not None:
-            key = (i.kernel, i.engine, engine_of(i.waited_on))
-            idle[key] = idle.get(key, 0.0) + i.idle_ns
+        on = engine_of(i.waited_on) if i.waited_on is not None else "tensor"
+        if i.engine in COMPUTE_ENGINES and on != "tensor":
+            per_kernel = idle.setdefault((i.engine, on), {})
+            per_kernel[i.kernel] = per_kernel.get(i.kernel, 0.0) + i.idle_ns
     out = []
-    for (kernel, engine, on), ns in idle.items():
-        stats = by_kernel.get(kernel)
-        span = stats.totals.device_ns if stats else 0.0
-        if span and ns / span >= WAIT_SHARE:
-            out.append(Insight("waiting", kernel, ns, (
-                f"{ENGINE_NAMES[engine]} idle {ns / span:.0%} of kernel {kernel} waiting "
-                f"on {ENGINE_NAMES[on]} ({_us(ns)} of semaphore waits)")))
+    for (engine, on), per_kernel in idle.items():
+        hits = []
+        for kernel, ns in per_kernel.items():
+            span = by_kernel[kernel].totals.device_ns if kernel in by_kernel else 0.0
+            if span and ns / span >= WAIT_SHARE:
+                hits.append((ns, kernel, ns / span))
+        if hits:
+            out.append(_waiting_insight(engine, on, sorted(hits, reverse=True)))
     return out
+
+
+def _waiting_insight(engine: str, on: str, hits: list[tuple[float, str, float]]) -> Insight:
+    ns = sum(h[0] for h in hits)
+    what = f"{ENGINE_NAMES[engine]} idle"
+    if len(hits) == 1:
+        _, kernel, share = hits[0]
+        return Insight("waiting", kernel, ns, (
+            f"{what} {share:.0%} of kernel {kernel} waiting on {ENGINE_NAMES[on]} "
+            f"({_us(ns)} of semaphore waits)"))
+    names = ", ".join(h[1] for h in hits[:3]) + (", ..." if len(hits) > 3 else "")
+    lo, hi = min(h[2] for h in hits), max(h[2] for h in hits)
+    share = f"{lo:.0%}" if f"{lo:.0%}" == f"{hi:.0%}" else f"{lo:.0%}-{hi:.0%}"
+    return Insight("waiting", "", ns, (
+        f"{what} {share} of {len(hits)} kernels ({names}) waiting on {ENGINE_NAMES[on]} "
+        f"({_us(ns)} of semaphore waits)"))
 
 
 def _small_dma(instrs, spec) -> list[Insight]:
