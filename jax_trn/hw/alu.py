@@ -7,8 +7,14 @@ semantics (two's-complement wraparound; x / 0 = -1, x % 0 = x; shifts by >= widt
 0, or the sign for arithmetic right shifts).
 
 Activation functions are evaluated with exact FP32 numpy math, not the hardware's
-piecewise polynomials (§2.4 [NKI-SHARED]); inputs outside the published ranges give
-the mathematically right answer here, where the hardware would give garbage.
+piecewise polynomials (§2.4 [NKI-SHARED]). The polynomials are valid only on the
+published input ranges (`RANGES`); outside them the hardware gives "invalid results".
+With `strict=True` (the default of `Numerics`) such inputs give NaN; with
+`strict=False` the exact answer. IEEE special inputs (+-0, +-inf, NaN) always get the
+exact IEEE result (sqrt(0) = 0, log(0) = -inf, 1/0 = inf), on the assumption that
+the hardware special-cases them before the polynomial; negative inputs of log / sqrt /
+rsqrt are NaN either way. The compiler (jax_trn.lower) emits log, sqrt and rsqrt and
+is exact only for in-range inputs, e.g. log is NaN below 2**-64 in strict mode.
 """
 from __future__ import annotations
 
@@ -153,12 +159,37 @@ ACTIVATIONS = {
 }
 
 
-def activation(func: str, x: np.ndarray) -> np.ndarray:
+_PI = float(np.float32(np.pi))      # the bounds are inclusive, as FP32 values
+# §2.4 [NKI-SHARED]: func -> (low, high, on |x|): inputs on which ScalarE is valid.
+RANGES = {
+    "log": (2.0 ** -64, 2.0 ** 64, False),
+    "sin": (-_PI, _PI, False),
+    "arctan": (-_PI / 2, _PI / 2, False),
+    "sqrt": (2.0 ** -116, 2.0 ** 118, False),
+    "rsqrt": (2.0 ** -87, 2.0 ** 97, False),
+    "reciprocal": (2.0 ** -42, 2.0 ** 42, True),
+}
+
+
+def out_of_range(func: str, x: np.ndarray) -> np.ndarray:
+    """Where `x` is a finite non-zero input outside `func`'s published range."""
+    if func not in RANGES:
+        return np.zeros(np.shape(x), bool)
+    low, high, symmetric = RANGES[func]
+    v = np.abs(x) if symmetric else x
+    special = (x == 0) | ~np.isfinite(x)
+    return ((v < low) | (v > high)) & ~special
+
+
+def activation(func: str, x: np.ndarray, strict: bool = False) -> np.ndarray:
     fn = ACTIVATIONS.get(func)
     if fn is None:
         raise IsaError(f"unknown activation function {func!r}")
     with np.errstate(all="ignore"):
-        return np.asarray(fn(x), _F32)
+        y = np.asarray(fn(x), _F32)
+    if strict and func in RANGES:
+        y = np.where(out_of_range(func, x), _F32(np.nan), y)
+    return y
 
 
 _FLOAT_REDUCE = {"add": np.add, "max": np.maximum, "min": np.minimum,

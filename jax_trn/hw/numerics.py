@@ -12,7 +12,12 @@
   `JAX_TRN_STOCHASTIC_ROUNDING=1`, seeded by `JAX_TRN_STOCHASTIC_ROUNDING_SEED`
   (default 0), mirroring `NEURON_RT_STOCHASTIC_ROUNDING_EN/_SEED` (§4 [ROUND]). Its
   random bits come from a counter-based stream keyed by (seed, kernel, instruction
-  index), so the same program gives the same bits on every run.
+  index), so the same program gives the same bits on every run. The runtime builds
+  each core's Numerics once, from the environment, when the device first runs.
+- `Numerics.strict_ranges`: ScalarE activation functions are only valid on their
+  published input ranges (§2.4 [NKI-SHARED], alu.RANGES); when strict (the default)
+  inputs outside them give NaN, as the hardware gives "invalid results".
+  `JAX_TRN_STRICT_ACTIVATION_RANGES=0` computes them exactly instead.
 """
 from __future__ import annotations
 
@@ -91,14 +96,16 @@ def round_tf32(x: np.ndarray) -> np.ndarray:
 
 
 class Numerics:
-    """Rounding context of one core: RNE, or stochastic with a reproducible stream."""
-    __slots__ = ("rounding", "seed", "_key", "_rng")
+    """Rounding context of one core: RNE, or stochastic with a reproducible stream;
+    and whether activation functions honour their published input ranges."""
+    __slots__ = ("rounding", "seed", "strict_ranges", "_key", "_rng")
 
-    def __init__(self, rounding: str = "rne", seed: int = 0):
+    def __init__(self, rounding: str = "rne", seed: int = 0, strict_ranges: bool = True):
         if rounding not in ("rne", "stochastic"):
             raise ValueError(f"unknown rounding mode {rounding!r}")
         self.rounding = rounding
         self.seed = seed
+        self.strict_ranges = strict_ranges
         self._key: tuple[int, ...] = (seed,)
         self._rng: np.random.Generator | None = None
 
@@ -106,7 +113,8 @@ class Numerics:
     def from_env(cls) -> "Numerics":
         on = os.environ.get("JAX_TRN_STOCHASTIC_ROUNDING", "0") not in ("", "0")
         seed = int(os.environ.get("JAX_TRN_STOCHASTIC_ROUNDING_SEED", "0"))
-        return cls("stochastic" if on else "rne", seed)
+        strict = os.environ.get("JAX_TRN_STRICT_ACTIVATION_RANGES", "1") not in ("", "0")
+        return cls("stochastic" if on else "rne", seed, strict)
 
     def at(self, kernel: str, index: int) -> None:
         """Key the random stream of the instruction about to execute."""

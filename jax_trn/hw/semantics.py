@@ -11,6 +11,8 @@ rounding context). Compute rules (§2.3-§2.5, §4):
   Float immediates with an integral value count as integers.
 - Copies between equal dtypes are bit-exact; int <-> int copies wrap; anything
   involving a float goes through FP32 (§3.4 for DMA).
+- ScalarE activation functions give NaN outside their published input ranges unless
+  `core.numerics.strict_ranges` is off (alu.py, §2.4).
 """
 from __future__ import annotations
 
@@ -129,7 +131,7 @@ def activation(ins: isa.Activation, core) -> None:
         x = x * _scalar(core, ins.scale, ins.data, False)
     if ins.bias is not None:
         x = x + _scalar(core, ins.bias, ins.data, False)
-    y = _alu.activation(ins.func, x)
+    y = _alu.activation(ins.func, x, strict=core.numerics.strict_ranges)
     _store(core, ins.dst, y)
     if ins.reduce_res is not None:
         total = np.add.reduce(y.reshape(y.shape[0], -1), axis=1, dtype=_F32)

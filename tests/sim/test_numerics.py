@@ -1,11 +1,12 @@
-"""Hardware numerics: RNE, FP32 PSUM accumulation, DMA casts, stochastic rounding."""
+"""Hardware numerics: RNE, FP32 PSUM accumulation, DMA casts, stochastic rounding,
+ScalarE activation input ranges (§2.4, §4)."""
 from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
 import pytest
 
-from jax_trn.hw import DramAP, Kernel, Numerics, isa
+from jax_trn.hw import CHIPS, DramAP, Kernel, NeuronCore, Numerics, alu, isa
 from jax_trn.hw.numerics import cast, round_tf32, to_fp32
 from tests.sim.helpers import core, run1, tile
 
@@ -105,3 +106,96 @@ def test_stochastic_rounding_picks_a_neighbour(dtype):
     rne = x.astype(out.dtype).view(uint).astype(int)
     steps = np.abs(out[0].view(uint).astype(int) - rne)
     assert steps.max() <= 1 and steps.any()
+
+
+NAN, INF = float("nan"), float("inf")
+_PI32 = float(np.float32(np.pi))
+
+
+def _act(func, x, strict=True):
+    x = np.float32(x).reshape(1, -1)
+    t, d = tile(x.shape), tile(x.shape)
+    c = core()
+    c.numerics = Numerics(strict_ranges=strict)
+    return run1(isa.Activation(dst=d, data=t, func=func), {t: x}, c=c)[0]
+
+
+@pytest.mark.parametrize("func, x, strict", [
+    # §2.4 ranges: log [2^-64, 2^64]; IEEE specials stay exact, domain errors are NaN
+    ("log", [2.0 ** -65, 2.0 ** -64, 1, 2.0 ** 64, 2.0 ** 65, 0, -1, INF],
+     [NAN, -64 * np.log(2), 0, 64 * np.log(2), NAN, -INF, NAN, INF]),
+    ("sqrt", [2.0 ** -117, 2.0 ** -116, 4, 2.0 ** 119, 0, INF, -4],
+     [NAN, 2.0 ** -58, 2, NAN, 0, INF, NAN]),
+    ("rsqrt", [2.0 ** -88, 2.0 ** -86, 4, 2.0 ** 98, 0],
+     [NAN, 2.0 ** 43, 0.5, NAN, INF]),
+    ("reciprocal", [2.0 ** -43, -2.0 ** -43, 2.0 ** 43, -2.0 ** 42, 0, -0.5],
+     [NAN, NAN, NAN, -2.0 ** -42, INF, -2]),
+    ("sin", [_PI32, -_PI32, 3.15, -4, 0.5], [np.sin(np.float32(_PI32)), -np.sin(np.float32(_PI32)),
+                                             NAN, NAN, np.sin(0.5)]),
+    ("arctan", [1.5, 1.6, -1.6], [np.arctan(1.5), NAN, NAN]),
+    ("exp", [-100, 100], [np.exp(np.float32(-100)), INF]),       # no published range
+])
+def test_activation_input_ranges(func, x, strict):
+    np.testing.assert_allclose(_act(func, x), np.float32(strict), rtol=1e-6)
+
+
+@pytest.mark.parametrize("func, x", [
+    ("log", [2.0 ** -65, 2.0 ** 65]), ("sqrt", [2.0 ** -117]), ("rsqrt", [2.0 ** 98]),
+    ("reciprocal", [2.0 ** 43]), ("sin", [4.0]), ("arctan", [1.6]),
+])
+def test_activation_ranges_can_be_turned_off(func, x):
+    out = _act(func, x, strict=False)
+    assert np.isfinite(out).all()
+    np.testing.assert_allclose(out, alu.activation(func, np.float32(x)), rtol=1e-6)
+
+
+def test_strict_ranges_from_env(monkeypatch):
+    monkeypatch.delenv("JAX_TRN_STRICT_ACTIVATION_RANGES", raising=False)
+    assert Numerics.from_env().strict_ranges
+    monkeypatch.setenv("JAX_TRN_STRICT_ACTIVATION_RANGES", "0")
+    assert not Numerics.from_env().strict_ranges
+
+
+def test_stochastic_rounding_from_env_reaches_the_core(monkeypatch):
+    """What the runtime does: NeuronCore(spec) reads the environment."""
+    monkeypatch.setenv("JAX_TRN_STOCHASTIC_ROUNDING", "1")
+    monkeypatch.setenv("JAX_TRN_STOCHASTIC_ROUNDING_SEED", "5")
+    x = np.full((1, 4096), 1 + 2 ** -9, np.float32)
+    s, d = tile(x.shape), tile(x.shape, "bfloat16")
+    outs = [run1(isa.TensorCopy(dst=d, src=s), {s: x}, c=NeuronCore(CHIPS["trn2"].core))
+            for _ in range(2)]
+    np.testing.assert_array_equal(outs[0], outs[1])             # seeded: reproducible
+    assert len(np.unique(outs[0])) == 2                          # really stochastic
+
+
+@pytest.mark.parametrize("dtype, x", [
+    ("float8_e4m3fn", 1 + 0.3 * 2 ** -3),       # 0.3 of an e4m3 ulp above 1
+    ("float8_e5m2", -(2 + 0.7 * 2 ** -1)),      # 0.7 of an e5m2 ulp below -2
+    ("float16", 1000 + 0.1 * 2 ** -0),          # fp16 ulp at 1000 is 0.5: 0.2 ulp
+])
+def test_stochastic_rounding_mean_is_the_value(dtype, x):
+    shape = (100, 400)
+    n = 100 * 400
+    s, d = tile(shape), tile(shape, dtype)
+    c = core(rounding="stochastic", seed=11)
+    out = run1(isa.TensorCopy(dst=d, src=s), {s: np.full(shape, x, np.float32)}, c=c)
+    values = out.astype(np.float64)
+    assert len(np.unique(values)) == 2
+    lo, hi = np.unique(values)
+    p = (x - lo) / (hi - lo)
+    sigma = (hi - lo) * np.sqrt(p * (1 - p) / n)
+    assert abs(values.mean() - x) < 4 * sigma                   # unbiased within 4 sigma
+
+
+def test_bf16_psum_on_trn3_accumulates_in_fp32_and_rounds_back():
+    st, mv = tile((1, 1), "bfloat16"), tile((1, 1), "bfloat16")
+    d = tile((1, 1), "bfloat16", mem="psum")
+    c = core("trn3")
+    c.mem(st).write(st, np.ones((1, 1), BF16))
+    c.mem(mv).write(mv, np.full((1, 1), 256, BF16))
+    small = isa.NcMatmul(dst=d, stationary=st, moving=mv)            # 256
+    c.run(Kernel("a", [small], {}), {})
+    c.mem(mv).write(mv, np.full((1, 1), 1.5, BF16))
+    acc = isa.NcMatmul(dst=d, stationary=st, moving=mv, accumulate=True)
+    c.run(Kernel("b", [acc], {}), {})
+    assert float(c.mem(d).read(d)[0, 0]) == 258.0        # 257.5 -> RNE at bf16's 2.0 step
