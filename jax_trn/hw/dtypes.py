@@ -1,4 +1,13 @@
-"""Element types of the hardware (trainium-hardware.md §4), by numpy/ml_dtypes name."""
+"""Element types of the hardware (trainium-hardware.md §4), by numpy/ml_dtypes name.
+
+Packed MX types (§2.2, §4 [NKI-ISA]): `float8_e4m3fn_x4` and `float8_e5m2_x4` are
+32-bit elements holding four FP8 values, `float4_e2m1fn_x4` a 16-bit element holding
+four FP4 values. Their storage dtype here is the unsigned integer of that width, so
+tiles of them are plain bit containers: copies are bit-exact and every other ALU
+instruction rejects them. Value k (0..3) of a packed element sits in byte k (FP8) or
+nibble k (FP4), little-endian; `mx.py` packs and unpacks them. `float8_e8m0fnu` is the
+MX scale type (an 8-bit biased exponent, 0xFF = NaN); NKI also takes `uint8` scales.
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -15,7 +24,19 @@ _DTYPES = {
     "float8_e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn),
     "float8_e5m2": np.dtype(ml_dtypes.float8_e5m2),
     "float8_e4m3": np.dtype(ml_dtypes.float8_e4m3),
+    "float8_e8m0fnu": np.dtype(ml_dtypes.float8_e8m0fnu),
+    "float8_e4m3fn_x4": np.dtype(np.uint32),
+    "float8_e5m2_x4": np.dtype(np.uint32),
+    "float4_e2m1fn_x4": np.dtype(np.uint16),
 }
+
+# Packed type -> the element type of its four values (§4 [NKI-SHARED]).
+PACKED = {
+    "float8_e4m3fn_x4": np.dtype(ml_dtypes.float8_e4m3fn),
+    "float8_e5m2_x4": np.dtype(ml_dtypes.float8_e5m2),
+    "float4_e2m1fn_x4": np.dtype(ml_dtypes.float4_e2m1fn),
+}
+MX_SCALE_TYPES = ("uint8", "float8_e8m0fnu")
 
 
 def np_dtype(name: str) -> np.dtype:
@@ -30,4 +51,14 @@ def itemsize(name: str) -> int:
 
 
 def is_float(name: str) -> bool:
-    return name.startswith(("float", "bfloat"))
+    return name.startswith(("float", "bfloat")) and not is_mx(name)
+
+
+def is_packed(name: str) -> bool:
+    """An x4-packed MX data type."""
+    return name in PACKED
+
+
+def is_mx(name: str) -> bool:
+    """An MX data or scale type: DMA cannot cast it (§3.4), the ALUs cannot read it."""
+    return name in PACKED or name == "float8_e8m0fnu"
