@@ -3,6 +3,10 @@
 SBUF and PSUM are 2-D byte arrays, 128 partitions x bytes per partition (§3.1, §3.2);
 a `Tile` is a view of them reinterpreted as its dtype. DRAM is a dict of flat numpy
 arrays, one per named tensor, read and written through `DramAP` access patterns.
+
+PSUM also remembers, per byte, whether a TensorE matmul wrote it last: on v2/v3
+accumulating onto PSUM data a non-matmul instruction wrote is undefined behaviour
+(§2.2 [NKI-ISA]), which semantics.py turns into an IsaError.
 """
 from __future__ import annotations
 
@@ -16,13 +20,15 @@ __all__ = ["OnChipMemory", "dram_read", "dram_write", "ap_bounds"]
 
 
 class OnChipMemory:
-    """One of SBUF / PSUM: `partitions` x `nbytes` bytes, zero-initialised."""
-    __slots__ = ("name", "data", "nbytes")
+    """One of SBUF / PSUM: `partitions` x `nbytes` bytes, zero-initialised. PSUM keeps
+    `by_matmul`: per byte, whether a matmul (not another engine) wrote it last."""
+    __slots__ = ("name", "data", "nbytes", "by_matmul")
 
     def __init__(self, name: str, partitions: int, nbytes: int):
         self.name = name
         self.nbytes = nbytes
         self.data = np.zeros((partitions, nbytes), np.uint8)
+        self.by_matmul = np.zeros((partitions, nbytes), bool) if name == "psum" else None
 
     def check(self, tile: Tile) -> None:
         end = tile.offset + tile.bytes_per_partition
@@ -40,6 +46,20 @@ class OnChipMemory:
 
     def read(self, tile: Tile) -> np.ndarray:
         return self.view(tile)
+
+    def _flags(self, tile: Tile) -> np.ndarray:
+        p0 = tile.start_partition
+        return self.by_matmul[p0:p0 + tile.num_partitions,
+                              tile.offset:tile.offset + tile.bytes_per_partition]
+
+    def mark(self, tile: Tile, by_matmul: bool) -> None:
+        """Record who wrote `tile` last (PSUM only)."""
+        if self.by_matmul is not None:
+            self._flags(tile)[...] = by_matmul
+
+    def written_by_matmul(self, tile: Tile) -> bool:
+        """Whether a matmul wrote every byte of `tile` last (always True for SBUF)."""
+        return self.by_matmul is None or bool(self._flags(tile).all())
 
     def write(self, tile: Tile, values: np.ndarray) -> None:
         """Store `values` (already of the tile's dtype; broadcastable to its shape)."""

@@ -13,6 +13,11 @@ rounding context). Compute rules (§2.3-§2.5, §4):
   involving a float goes through FP32 (§3.4 for DMA).
 - ScalarE activation functions give NaN outside their published input ranges unless
   `core.numerics.strict_ranges` is off (alu.py, §2.4).
+- PSUM remembers whether a matmul wrote each byte last; on v2/v3 a matmul that
+  accumulates onto anything else raises IsaError (undefined behaviour, §2.2).
+
+`execute(instr, core)` is the entry point (`Instr.execute`); MX instructions are in
+semantics_mx.py.
 """
 from __future__ import annotations
 
@@ -96,6 +101,28 @@ def dma_copy(ins: isa.DmaCopy, core) -> None:
     else:
         view = _read(core, ins.dst)
         view[...] = x.reshape(view.shape)
+
+
+def dma_gather(ins: isa.DmaGather, core) -> None:
+    """dst[p, j, :] = table[indices[p, j], :], cast like dma_copy; out-of-bounds rows
+    raise (oob_mode "error") or leave their slot unchanged ("skip")."""
+    table = dram_read(ins.src, core.dram).reshape(ins.rows, ins.row_size)
+    p = ins.dst.num_partitions
+    idx = _read(core, ins.indices).reshape(p, -1).astype(_I64)
+    ok = (idx >= 0) & (idx < ins.rows)
+    if ins.oob_mode == "error" and not ok.all():
+        raise isa.IsaError(f"gather index {idx[~ok][0]} outside the {ins.rows} rows of "
+                           f"{ins.src.tensor!r} (oob_mode='error')")
+    rows = _convert(core, table[np.where(ok, idx, 0)], ins.dst.dtype)
+    view = _read(core, ins.dst).reshape(p, idx.shape[1], ins.row_size)
+    view[ok] = rows[ok]
+
+
+def dma_transpose(ins: isa.DmaTranspose, core) -> None:
+    """dst[B, A] = src[A, B], bit-exact."""
+    x = _read_operand(core, ins.src).reshape(ins.src_shape)
+    view = _read(core, ins.dst)
+    view[...] = x.T.reshape(view.shape)
 
 
 def _matmul_operand(core, tile: isa.Tile, rows: int, tf32: bool) -> np.ndarray:
@@ -184,16 +211,22 @@ def memset(ins: isa.Memset, core) -> None:
     _store(core, ins.dst, np.asarray(ins.value, _I64 if as_int else _F32))
 
 
+def _affine(partitions: int, pattern, offset: int, channel_multiplier: int) -> np.ndarray:
+    """offset + p * channel_multiplier + sum(step_k * i_k), shape (P, *nums), in int64."""
+    idx = offset + channel_multiplier * np.arange(partitions, dtype=_I64)
+    idx = idx.reshape(-1, *([1] * len(pattern)))
+    for k, (step, num) in enumerate(pattern):
+        shape = [1] * (len(pattern) + 1)
+        shape[k + 1] = num
+        idx = idx + step * np.arange(num, dtype=_I64).reshape(shape)
+    return idx
+
+
 def iota(ins: isa.Iota, core) -> None:
     """dst[p, i...] = offset + p * channel_multiplier + sum(step_k * i_k), in int."""
     t = ins.dst
-    idx = (ins.offset + ins.channel_multiplier * np.arange(t.num_partitions, dtype=_I64))
-    idx = idx.reshape(-1, *([1] * len(ins.pattern)))
-    for k, (step, num) in enumerate(ins.pattern):
-        shape = [1] * (len(ins.pattern) + 1)
-        shape[k + 1] = num
-        idx = idx + step * np.arange(num, dtype=_I64).reshape(shape)
-    _store(core, t, idx)
+    _store(core, t, _affine(t.num_partitions, ins.pattern, ins.offset,
+                            ins.channel_multiplier))
 
 
 def select(ins: isa.Select, core) -> None:
@@ -205,9 +238,81 @@ def select(ins: isa.Select, core) -> None:
     _store(core, ins.dst, r)
 
 
+def scalar_tensor_tensor(ins: isa.ScalarTensorTensor, core) -> None:
+    """dst = (data <op0> operand0) <op1> operand1, in FP32 (VectorE)."""
+    x = to_fp32(_read(core, ins.data))
+    x = _apply_scalar(core, x, ins.op0, ins.operand0, ins.reverse0, ins.data, False)
+    y = to_fp32(_read(core, ins.operand1)).reshape(x.shape)
+    a, b = (y, x) if ins.reverse1 else (x, y)
+    _store(core, ins.dst, _alu.float_op(ins.op1, a, b))
+
+
+def exponential(ins: isa.Exponential, core) -> None:
+    """dst = exp(src - max_value) in FP32; reduce_res = reduce_init + sum of it."""
+    x = to_fp32(_read(core, ins.src)) - _scalar(core, ins.max_value, ins.src, False)
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = np.exp(x, dtype=_F32)
+    _store(core, ins.dst, y)
+    if ins.reduce_res is not None:
+        total = np.add.reduce(y.reshape(y.shape[0], -1), axis=1, dtype=_F32)
+        _store(core, ins.reduce_res, total + _F32(ins.reduce_init))
+
+
+def tensor_partition_reduce(ins: isa.TensorPartitionReduce, core) -> None:
+    """dst[1, F] = reduce over partitions; integers natively, floats in FP32."""
+    x = _read(core, ins.data).reshape(ins.data.num_partitions, -1)
+    if is_int(x.dtype):
+        r = _alu.reduce_int(ins.op, x.astype(_I64), (0,))
+    else:
+        r = _alu.reduce_float(ins.op, to_fp32(x), (0,))
+    _store(core, ins.dst, r.reshape(1, -1))
+
+
+def affine_select(ins: isa.AffineSelect, core) -> None:
+    """dst = on_true_tile where cmp_op(affine, 0) else on_false_value."""
+    t = ins.dst
+    a = _affine(t.num_partitions, ins.pattern, ins.offset, ins.channel_multiplier)
+    pred = _alu.int_op(ins.cmp_op, a, np.zeros((), _I64), 64) != 0
+    view = _read(core, t)
+    on_true = _convert(core, _read(core, ins.on_true_tile), t.dtype).reshape(view.shape)
+    fill = _convert(core, np.full(view.shape, ins.on_false_value, _F32), t.dtype)
+    view[...] = np.where(pred.reshape(view.shape), on_true, fill)
+
+
 EXECUTE = {
     isa.DmaCopy: dma_copy, isa.NcMatmul: nc_matmul, isa.NcTranspose: nc_transpose,
     isa.Activation: activation, isa.TensorTensor: tensor_tensor,
     isa.TensorScalar: tensor_scalar, isa.TensorReduce: tensor_reduce,
     isa.TensorCopy: tensor_copy, isa.Memset: memset, isa.Iota: iota, isa.Select: select,
+    isa.DmaGather: dma_gather, isa.DmaTranspose: dma_transpose,
+    isa.ScalarTensorTensor: scalar_tensor_tensor, isa.Exponential: exponential,
+    isa.TensorPartitionReduce: tensor_partition_reduce, isa.AffineSelect: affine_select,
 }
+
+
+# --- dispatch and PSUM bookkeeping ------------------------------------------------
+
+def _check_accumulate(ins, core) -> None:
+    """§2.2 [NKI-ISA]: on v2/v3 accumulating onto PSUM data that a non-matmul
+    instruction wrote (or nothing wrote) is undefined behaviour."""
+    if core.spec.psum_accumulate_any:
+        return
+    if not core.mem(ins.dst).written_by_matmul(ins.dst):
+        raise isa.IsaError(f"matmul accumulates onto PSUM {ins.dst.shape} at byte "
+                           f"{ins.dst.offset} that a matmul did not write: undefined on "
+                           f"{core.spec.name}, §2.2")
+
+
+def execute(ins: isa.Instr, core) -> None:
+    """Apply `ins` to `core`, then record which PSUM bytes a matmul wrote."""
+    if ins.matmul_output and getattr(ins, "accumulate", False):
+        _check_accumulate(ins, core)
+    EXECUTE[type(ins)](ins, core)
+    for t in ins.outputs():
+        if isinstance(t, isa.Tile) and t.mem == "psum":
+            core.mem(t).mark(t, ins.matmul_output)
+
+
+from . import semantics_mx as _mx_sem    # noqa: E402  (imports the helpers above)
+
+EXECUTE.update(_mx_sem.EXECUTE)

@@ -264,3 +264,17 @@ def test_dma_sbuf_to_dram_reshape_and_cast():
          dram={"y": dst})
     np.testing.assert_array_equal(dst.astype(np.float32),
                                   [1, 2, 3, 4, 5, 6, 7, np.float32(ml_dtypes.bfloat16(1 / 3))])
+
+
+def test_matmul_double_row_full_size_contracts_k_256():
+    """[128, 2, 128] x [128, 2, 512] FP8 (E4 x E5 mixed): K = 256 (§2.2)."""
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(128, 2, 128)).astype(ml_dtypes.float8_e4m3)
+    b = rng.normal(size=(128, 2, 512)).astype(ml_dtypes.float8_e5m2)
+    st, mv = tile((128, 2, 128), "float8_e4m3"), tile((128, 2, 512), "float8_e5m2")
+    d = tile((128, 512), "float32", mem="psum")
+    ins = isa.NcMatmul(dst=d, stationary=st, moving=mv, perf_mode="double_row")
+    out = run1(ins, {st: a, mv: b})
+    ref = a.astype(np.float64).reshape(256, 128).T @ b.astype(np.float64).reshape(256, 512)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-4)
+    assert (ins.rows, ins.m, ins.n) == (256, 128, 512)

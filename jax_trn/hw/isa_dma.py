@@ -1,0 +1,186 @@
+"""DMA instructions (trainium-hardware.md §3.4, §6.2): copy, indirect gather, transpose.
+
+All three run on a DMA queue ("dma<i>") and are priced by the DMA model, not in cycles.
+For the timing model each exposes `nbytes` (bytes moved), `hbm_bytes` (bytes read from
+plus written to DRAM) and `efficiency` (a factor on the achievable DMA rate, 1.0 for a
+plain copy); DmaGather also gives `chunk_bytes` (one descriptor per gathered row) and
+`descriptor_engine` (its descriptors are generated at run time on GpSimd, swdge).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import dtypes as _dt
+from .isa import DramAP, Instr, Operand, Tile, _check
+
+__all__ = ["DmaCopy", "DmaGather", "DmaTranspose"]
+
+_INDEX_TYPES = ("int32", "uint32")
+# §3.4 [NKI-ARCH2]: DMA transpose reaches up to 90% of DMA throughput HBM->SBUF, 50%
+# SBUF->SBUF.
+TRANSPOSE_EFFICIENCY = {"dram": 0.9, "sbuf": 0.5}
+
+
+def _size(v: Operand) -> int:
+    return v.size if isinstance(v, DramAP) else v.num_partitions * v.free_size
+
+
+def _side(v, what: str) -> None:
+    _check(isinstance(v, (Tile, DramAP)), f"DMA {what} must be a Tile or DramAP")
+    _check(not isinstance(v, Tile) or v.mem == "sbuf",
+           f"DMA {what} must be in SBUF or DRAM, not PSUM, §3.4")
+
+
+def _check_queue(ins, spec) -> None:
+    _check(ins.dma_queue < spec.dma_queues, f"DMA queue {ins.dma_queue} >= "
+           f"{spec.dma_queues}, §3.4")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DmaCopy(Instr):
+    dst: Operand
+    src: Operand
+    dma_queue: int = 0
+    engine = "dma"
+
+    def __post_init__(self):
+        _side(self.dst, "dst")
+        _side(self.src, "src")
+        _check(self.src_size == self.dst_size, f"DMA moves {self.src_size} elements "
+               f"into {self.dst_size}")
+        _check(self.dma_queue >= 0, f"bad DMA queue {self.dma_queue}")
+        mx = _dt.is_mx(self.src.dtype) or _dt.is_mx(self.dst.dtype)
+        _check(not mx or self.src.dtype == self.dst.dtype, f"DMA cannot cast MX type "
+               f"{self.src.dtype} -> {self.dst.dtype}, §3.4")
+
+    @property
+    def queue(self) -> str:
+        return f"dma{self.dma_queue}"
+
+    @property
+    def src_size(self) -> int:
+        return _size(self.src)
+
+    @property
+    def dst_size(self) -> int:
+        return _size(self.dst)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes moved (the wider side, when the DMA casts)."""
+        return max(self.src.nbytes, self.dst.nbytes)
+
+    @property
+    def hbm_bytes(self) -> int:
+        """Bytes read from plus written to DRAM."""
+        return sum(v.nbytes for v in (self.src, self.dst) if isinstance(v, DramAP))
+
+    @property
+    def efficiency(self) -> float:
+        """Factor on the DMA rate beyond the per-descriptor efficiency (1.0: none)."""
+        return 1.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class DmaGather(DmaCopy):
+    """Indirect DMA (`dma_copy` with `.ap(vector_offset=...)`, §6.2): row `indices[p, j]`
+    of the DRAM table `src` (first pattern pair: rows; the rest: one row) lands in
+    partition p, slot j of `dst`, cast through FP32 like DmaCopy. Software DGE only:
+    descriptors are generated at run time on GpSimd (§3.4). An index outside the table
+    raises IsaError (`oob_mode="error"`) or leaves that slot of `dst` unchanged
+    (`"skip"`)."""
+    indices: Tile                  # int32/uint32 [P, n] in SBUF
+    oob_mode: str = "error"        # "error" | "skip", §6.2 `oob_mode`
+    dge_mode = "swdge"             # §3.4: the only mode with indirect gather
+    descriptor_engine = "gpsimd"
+
+    def __post_init__(self):
+        _check(isinstance(self.src, DramAP), "gather src must be a DRAM table (DramAP)")
+        _check(isinstance(self.dst, Tile) and self.dst.mem == "sbuf",
+               "gather dst must be an SBUF tile, §3.4")
+        _check(self.dma_queue >= 0, f"bad DMA queue {self.dma_queue}")
+        _check(self.oob_mode in ("error", "skip"), f"bad oob_mode {self.oob_mode!r}")
+        idx = self.indices
+        _check(isinstance(idx, Tile) and idx.mem == "sbuf", "gather indices must be an "
+               "SBUF tile")
+        _check(idx.dtype in _INDEX_TYPES, f"gather indices must be int32/uint32, not "
+               f"{idx.dtype}")
+        _check(idx.num_partitions == self.dst.num_partitions, f"indices {idx.shape} and "
+               f"dst {self.dst.shape} differ in partitions")
+        _check(len(self.src.pattern) >= 2, "gather src pattern needs a row dimension "
+               "and a row")
+        _check(self.dst.free_size == idx.free_size * self.row_size, f"dst {self.dst.shape}"
+               f" cannot hold {idx.free_size} rows of {self.row_size} per partition")
+        _check(not _dt.is_mx(self.src.dtype) or self.src.dtype == self.dst.dtype,
+               "DMA cannot cast MX types, §3.4")
+
+    @property
+    def rows(self) -> int:
+        return self.src.pattern[0][1]
+
+    @property
+    def row_size(self) -> int:
+        return self.src.size // self.rows
+
+    @property
+    def src_size(self) -> int:
+        return self.dst.num_partitions * self.indices.free_size * self.row_size
+
+    @property
+    def nbytes(self) -> int:
+        return max(self.src_size * _dt.itemsize(self.src.dtype), self.dst.nbytes)
+
+    @property
+    def hbm_bytes(self) -> int:
+        return self.src_size * _dt.itemsize(self.src.dtype)
+
+    @property
+    def chunk_bytes(self) -> int:
+        """One descriptor per gathered row (§3.4: each buffer is contiguous)."""
+        return self.row_size * _dt.itemsize(self.src.dtype)
+
+    def cycles(self, spec) -> float:
+        return 0.0
+
+    def check(self, spec) -> None:
+        _check_queue(self, spec)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DmaTranspose(DmaCopy):
+    """`dma_transpose` (§3.4, §6.2; Trn2+): dst[B, A] = src[A, B] for a 2-D `src` (a
+    DramAP of two pattern pairs, or an SBUF tile with its free axes flattened) into an
+    SBUF tile, bit-exact, 2- or 4-byte types. `efficiency`: up to 90% of DMA
+    throughput from DRAM, 50% SBUF->SBUF."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        src, dst = self.src, self.dst
+        _check(isinstance(dst, Tile), "dma_transpose dst must be an SBUF tile, §6.2")
+        _check(src.dtype == dst.dtype and _dt.itemsize(src.dtype) in (2, 4)
+               and not _dt.is_mx(src.dtype), f"dma_transpose is bit-exact on 2- or "
+               f"4-byte types only, got {src.dtype} -> {dst.dtype}, §3.4")
+        if isinstance(src, DramAP):
+            _check(len(src.pattern) == 2, f"dma_transpose src pattern must be 2-D, got "
+                   f"{src.pattern}")
+        a, b = self.src_shape
+        _check(dst.num_partitions == b and dst.free_size == a,
+               f"transpose of [{a}, {b}] cannot be written to {dst.shape}")
+
+    @property
+    def src_shape(self) -> tuple[int, int]:
+        if isinstance(self.src, Tile):
+            return self.src.num_partitions, self.src.free_size
+        return self.src.shape
+
+    @property
+    def efficiency(self) -> float:
+        return TRANSPOSE_EFFICIENCY["sbuf" if isinstance(self.src, Tile) else "dram"]
+
+    def cycles(self, spec) -> float:
+        return 0.0
+
+    def check(self, spec) -> None:
+        _check_queue(self, spec)
+        _check(spec.dma_transpose, f"dma_transpose needs NC-v3+, not "
+               f"{spec.name}, §3.4")

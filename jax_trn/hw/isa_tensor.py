@@ -1,0 +1,187 @@
+"""TensorE instructions (trainium-hardware.md §2.2, §6.2): matmul, MX matmul, transpose.
+
+NcMatmul's cost and generation checks are in costs.py; NcMatmulMx carries its own.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import dtypes as _dt
+from . import mx as _mx
+from .isa import PMAX, Instr, Tile, _check, _engine, _tile
+
+__all__ = ["NcMatmul", "NcMatmulMx", "NcTranspose"]
+
+_MATMUL_DTYPES = ("float8_e4m3", "float8_e5m2", "float8_e4m3fn", "bfloat16", "float16",
+                  "float32")
+
+
+@dataclass(frozen=True, kw_only=True)
+class NcMatmul(Instr):
+    dst: Tile
+    stationary: Tile
+    moving: Tile
+    accumulate: bool = False      # False: overwrite the PSUM region; True: add into it
+    perf_mode: str = "none"       # "none" | "double_row" (v3+ FP8)
+    precision: str = "native"     # "native" | "tf32": round FP32 operands to TF32 first
+    engine = "tensor"
+    matmul_output = True
+
+    def __post_init__(self):
+        st, mv, dst = self.stationary, self.moving, self.dst
+        _tile(st, "stationary", "tensor", "sbuf")
+        _tile(mv, "moving", "tensor", "sbuf")
+        _tile(dst, "dst", "tensor", "psum")
+        _check(st.num_partitions == mv.num_partitions, f"contraction (partition) sizes "
+               f"differ: stationary {st.shape}, moving {mv.shape}")
+        _check(st.dtype in _MATMUL_DTYPES and mv.dtype in _MATMUL_DTYPES,
+               f"TensorE takes float inputs only, got {st.dtype} x {mv.dtype}, §2.2")
+        _check((st.dtype == "float32") == (mv.dtype == "float32"),
+               f"if one matmul operand is FP32/TF32 the other must be too, §2.2 "
+               f"({st.dtype} x {mv.dtype})")
+        _check(self.precision in ("native", "tf32"), f"bad precision {self.precision!r}")
+        _check(self.precision == "native" or st.dtype == "float32",
+               "precision='tf32' needs FP32 operands")
+        self._check_mode()
+        _check(self.m <= PMAX, f"stationary free size {self.m} > {PMAX}, §2.2")
+        _check(dst.num_partitions == self.m and dst.free_size == self.n,
+               f"dst {dst.shape} is not [{self.m}, {self.n}]")
+        _check(dst.dtype in ("float32", "bfloat16"), f"matmul dst must be FP32 (v4: or "
+               f"BF16), got {dst.dtype}, §2.2")
+
+    def _check_mode(self) -> None:
+        st, mv = self.stationary, self.moving
+        _check(self.perf_mode in ("none", "double_row"), f"bad perf_mode {self.perf_mode!r}")
+        if self.perf_mode == "double_row":
+            _check(st.dtype.startswith("float8") and mv.dtype.startswith("float8"),
+                   "double_row needs FP8 operands, §2.2")
+            _check(st.free[0] == 2 and mv.free[0] == 2, "double_row operands are "
+                   "[K, 2, M] and [K, 2, N], §2.2")
+
+    @property
+    def rows(self) -> int:
+        """Contraction length: partitions, x2 in double_row mode."""
+        return self.stationary.num_partitions * (2 if self.perf_mode == "double_row" else 1)
+
+    @property
+    def m(self) -> int:
+        return self.stationary.free_size // (2 if self.perf_mode == "double_row" else 1)
+
+    @property
+    def n(self) -> int:
+        return self.moving.free_size // (2 if self.perf_mode == "double_row" else 1)
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.rows * self.m * self.n
+
+
+
+_MX_DATA = tuple(_dt.PACKED)
+_MX_MOVING_MAX = {"float32": 512, "bfloat16": 1024}   # nc_matmul_mx docstring [NKI-ISA]
+
+
+@dataclass(frozen=True, kw_only=True)
+class NcMatmulMx(Instr):
+    """`nc_matmul_mx` (§2.2, v4): dst[M, N] (+)= A.T @ B over K = 4 x partitions, where
+    A[(p, i), m] = stationary[p, m][i] x scale and B likewise from moving: x4-packed
+    MXFP8/MXFP4 data (dtypes.py), one E8M0 scale per group of 8 partitions x 4 packed
+    values, in the scale layout of mx.py. MXFP8 and MXFP4 may mix. FP32 accumulation;
+    dst FP32 or BF16 (rounded at the write)."""
+    dst: Tile
+    stationary: Tile
+    moving: Tile
+    stationary_scale: Tile
+    moving_scale: Tile
+    accumulate: bool = False
+    engine = "tensor"
+    matmul_output = True
+
+    def __post_init__(self):
+        st, mv, dst = self.stationary, self.moving, self.dst
+        for what, t in (("stationary", st), ("moving", mv)):
+            _tile(t, what, "tensor", "sbuf", mx=True)
+            _check(t.dtype in _MX_DATA, f"nc_matmul_mx {what} must be one of "
+                   f"{', '.join(_MX_DATA)}, got {t.dtype}, §2.2")
+        _tile(dst, "dst", "tensor", "psum")
+        p = st.num_partitions
+        _check(p == mv.num_partitions and p % 32 == 0, f"nc_matmul_mx partitions must "
+               f"be equal multiples of 32: {st.shape} x {mv.shape}, §6.2")
+        _check(self.m <= PMAX and self.m % 2 == 0, f"nc_matmul_mx stationary free size "
+               f"{self.m} must be even and <= {PMAX}, §6.2")
+        _check(dst.dtype in _MX_MOVING_MAX, f"matmul dst must be FP32 or BF16, got "
+               f"{dst.dtype}, §2.2")
+        limit = _MX_MOVING_MAX[dst.dtype]
+        _check(self.n <= limit, f"nc_matmul_mx moving free size {self.n} > {limit} "
+               f"for a {dst.dtype} dst, §2.2")
+        _check(dst.num_partitions == self.m and dst.free_size == self.n,
+               f"dst {dst.shape} is not [{self.m}, {self.n}]")
+        self._check_scale("stationary_scale", st)
+        self._check_scale("moving_scale", mv)
+
+    def _check_scale(self, what: str, data: Tile) -> None:
+        s = getattr(self, what)
+        _tile(s, what, "tensor", "sbuf")
+        _check(s.dtype in _dt.MX_SCALE_TYPES, f"{what} must be uint8/float8_e8m0fnu "
+               f"(E8M0), got {s.dtype}, §2.2")
+        rows = _mx.scale_partitions(data.num_partitions)
+        _check(s.num_partitions == rows and s.free_size == data.free_size
+               and s.start_partition == data.start_partition, f"{what} {s.shape} at "
+               f"partition {s.start_partition} does not fit data {data.shape} at "
+               f"{data.start_partition} ([{rows}, {data.free_size}], same quadrants)")
+
+    @property
+    def rows(self) -> int:
+        """Contraction length: 4 packed values per partition."""
+        return 4 * self.stationary.num_partitions
+
+    @property
+    def m(self) -> int:
+        return self.stationary.free_size
+
+    @property
+    def n(self) -> int:
+        return self.moving.free_size
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.rows * self.m * self.n
+
+    def cycles(self, spec) -> float:
+        """As a BF16 matmul, max(min(64, M), N) (§6.3), for 4x the rows: each PE does
+        4 MACs per cycle, so MX runs at `mx_speedup` (4) x the BF16 rate (§2.2)."""
+        cycles = max(min(spec.mm_init_latency, self.m), self.n)
+        return float(cycles * 4 / max(spec.mx_speedup, 1))
+
+    def check(self, spec) -> None:
+        _check(spec.mx_speedup > 1, f"nc_matmul_mx needs NC-v4, not {spec.name}, §2.2")
+        _check(self.dst.dtype != "bfloat16" or spec.psum_bf16, f"BF16 matmul dst needs "
+               f"NC-v4, not {spec.name}, §2.2")
+        bank = spec.psum_bank_bytes
+        first = self.dst.offset // bank
+        last = (self.dst.offset + self.dst.bytes_per_partition - 1) // bank
+        _check(spec.matmul_spans_banks or first == last, "matmul dst crosses a 2 KiB "
+               "PSUM bank, §3.2")
+
+
+@dataclass(frozen=True, kw_only=True)
+class NcTranspose(Instr):
+    dst: Tile
+    data: Tile
+    engine: str = "tensor"
+
+    def __post_init__(self):
+        _engine(self, ("tensor", "vector"))
+        d, dst = self.data, self.dst
+        _tile(d, "data", self.engine, "sbuf" if self.engine == "tensor" else None)
+        _tile(dst, "dst", self.engine, "psum" if self.engine == "tensor" else None)
+        limit = PMAX if self.engine == "tensor" else 32     # §6.2 [NKI-ISA]
+        _check(d.num_partitions <= limit and d.free_size <= limit,
+               f"{self.engine} transpose is limited to {limit}x{limit}, got {d.shape}")
+        _check(dst.num_partitions == d.free_size and dst.free_size == d.num_partitions,
+               f"transpose of {d.shape} cannot be written to {dst.shape}")
+
+    @property
+    def matmul_output(self) -> bool:
+        """TensorE transposes are identity matmuls (§2.2)."""
+        return self.engine == "tensor"

@@ -1,0 +1,281 @@
+"""VectorE / ScalarE instructions (trainium-hardware.md §2.3, §2.4, §6.2), and Memset /
+Select, which also run on GpSimd.
+
+Costs and generation checks of the original instructions are in costs.py; the newer
+ones (ScalarTensorTensor, Exponential, QuantizeMx) carry their own `cycles` / `check`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from . import alu as _alu
+from . import dtypes as _dt
+from . import mx as _mx
+from .isa import (Instr, Scalar, Tile, _check, _engine, _lanes, _not_both_psum, _op,
+                  _scalar, _tile)
+
+__all__ = ["Activation", "TensorTensor", "TensorScalar", "ScalarTensorTensor",
+           "TensorReduce", "TensorCopy", "Memset", "Select", "Exponential", "QuantizeMx"]
+
+_BITVEC = ("bitwise_and", "bitwise_or", "bitwise_xor", "shift_left",
+           "shift_right_logical", "shift_right_arithmetic")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Activation(Instr):
+    dst: Tile
+    data: Tile
+    func: str                     # "copy", "exp", "tanh", "gelu", ... (§2.4)
+    scale: Scalar = 1.0
+    bias: Scalar | None = None
+    reduce_res: Tile | None = None   # [P, 1]: add-reduction of the result along F
+    engine = "scalar"
+
+    def __post_init__(self):
+        _tile(self.data, "data", "scalar")
+        _tile(self.dst, "dst", "scalar")
+        _lanes(self.dst, self.data, "activation")
+        _check(self.func in _alu.ACTIVATIONS, f"unknown activation function {self.func!r}")
+        _scalar(self.scale, self.data, "scale", "scalar")
+        if self.bias is not None:
+            _scalar(self.bias, self.data, "bias", "scalar")
+        if self.reduce_res is not None:
+            _scalar(self.reduce_res, self.data, "reduce_res", "scalar")
+            _check(isinstance(self.reduce_res, Tile), "reduce_res must be a [P, 1] tile")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TensorTensor(Instr):
+    dst: Tile
+    data1: Tile
+    data2: Tile
+    op: str                       # ALU op name, §6.2: "add", "subtract", "multiply", ...
+    engine: str = "vector"
+
+    def __post_init__(self):
+        _engine(self, ("vector", "gpsimd"))
+        for what in ("dst", "data1", "data2"):
+            _tile(getattr(self, what), what, self.engine)
+        _lanes(self.dst, self.data1, "tensor_tensor data1")
+        _lanes(self.data2, self.data1, "tensor_tensor data2")
+        _not_both_psum(self.data1, self.data2, "tensor_tensor")
+        _op(self.op)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TensorScalar(Instr):
+    dst: Tile
+    data: Tile
+    op0: str
+    operand0: Scalar
+    reverse0: bool = False        # True: operand0 <op0> data
+    op1: str | None = None
+    operand1: Scalar | None = None
+    reverse1: bool = False
+    engine: str = "vector"
+
+    def __post_init__(self):
+        _engine(self, ("vector", "scalar", "gpsimd"))
+        _tile(self.data, "data", self.engine)
+        _tile(self.dst, "dst", self.engine)
+        _lanes(self.dst, self.data, "tensor_scalar")
+        _op(self.op0)
+        _scalar(self.operand0, self.data, "operand0", self.engine)
+        _check((self.op1 is None) == (self.operand1 is None),
+               "op1 and operand1 go together")
+        if self.op1 is not None:
+            _op(self.op1)
+            _scalar(self.operand1, self.data, "operand1", self.engine)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TensorReduce(Instr):
+    dst: Tile
+    data: Tile
+    op: str                       # "add" | "max" | "min" | ...
+    axis: tuple[int, ...] = (-1,)  # free axes of `data` (1-based: axis 0 is the partition)
+    negate: bool = False
+    engine = "vector"
+
+    def __post_init__(self):
+        _tile(self.data, "data", "vector")
+        _tile(self.dst, "dst", "vector")
+        _op(self.op, "reduce op")
+        axes = self.axes
+        _check(len(set(axes)) == len(axes) and all(1 <= a <= len(self.data.free) for a in axes),
+               f"reduce axes {self.axis} must be distinct free axes of {self.data.shape}")
+        kept = [n for i, n in enumerate(self.data.free, 1) if i not in axes]
+        _check(self.dst.num_partitions == self.data.num_partitions
+               and self.dst.free_size == math.prod(kept),
+               f"reducing {self.data.shape} over {self.axis} cannot give {self.dst.shape}")
+
+    @property
+    def axes(self) -> tuple[int, ...]:
+        """The reduced axes of `data`'s full shape, normalised to positive."""
+        ndim = 1 + len(self.data.free)
+        return tuple(a + ndim if a < 0 else a for a in self.axis)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TensorCopy(Instr):
+    dst: Tile
+    src: Tile
+    engine: str = "vector"
+
+    def __post_init__(self):
+        _engine(self, ("vector", "scalar", "gpsimd"))
+        bits = self.src.dtype == self.dst.dtype      # packed MX types: bit copies only
+        _tile(self.src, "src", self.engine, mx=bits)
+        _tile(self.dst, "dst", self.engine, mx=bits)
+        _lanes(self.dst, self.src, "tensor_copy")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Memset(Instr):
+    dst: Tile
+    value: float | int
+    engine: str = "vector"
+
+    def __post_init__(self):
+        _engine(self, ("vector", "gpsimd"))
+        _tile(self.dst, "dst", self.engine)
+        _scalar(self.value, self.dst, "value", self.engine)
+        _check(not isinstance(self.value, Tile), "memset value must be a number")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Select(Instr):
+    dst: Tile
+    pred: Tile
+    on_true: Tile
+    on_false: Tile
+    engine: str = "vector"
+
+    def __post_init__(self):
+        _engine(self, ("vector", "gpsimd"))
+        for what in ("dst", "pred", "on_true", "on_false"):
+            _tile(getattr(self, what), what, self.engine)
+            _lanes(self.dst, getattr(self, what), f"select {what}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScalarTensorTensor(Instr):
+    """`scalar_tensor_tensor` (§6.2): dst = (data <op0> operand0) <op1> operand1, the
+    operand order of each op flipped by `reverse0` / `reverse1`. operand0 is an
+    immediate or a [P, 1] tile; operand1 a tile shaped like data. Arithmetic ops only,
+    in FP32 (VectorE)."""
+    dst: Tile
+    data: Tile
+    op0: str
+    operand0: Scalar
+    op1: str
+    operand1: Tile
+    reverse0: bool = False
+    reverse1: bool = False
+    engine = "vector"
+
+    def __post_init__(self):
+        for what in ("dst", "data", "operand1"):
+            _tile(getattr(self, what), what, "vector")
+        _lanes(self.dst, self.data, "scalar_tensor_tensor")
+        _lanes(self.operand1, self.data, "scalar_tensor_tensor operand1")
+        _not_both_psum(self.data, self.operand1, "scalar_tensor_tensor")
+        for op in (self.op0, self.op1):
+            _op(op)
+            _check(op not in _BITVEC, f"scalar_tensor_tensor takes arithmetic ops only, "
+                   f"not {op!r}, §6.2")
+        _scalar(self.operand0, self.data, "operand0", "vector")
+
+    def cycles(self, spec) -> float:
+        """N for BF16 subtract-then-multiply with N even, else 2N (§6.3); at least
+        MIN_II like every VectorE instruction (§2.3, §6.3)."""
+        n = self.data.free_size
+        bf16 = all(t.dtype == "bfloat16" for t in (self.dst, self.data, self.operand1))
+        fast = bf16 and (self.op0, self.op1) == ("subtract", "multiply") and n % 2 == 0
+        return float(max(spec.min_ii, n if fast else 2 * n))
+
+    def check(self, spec) -> None:
+        pass
+
+
+@dataclass(frozen=True, kw_only=True)
+class Exponential(Instr):
+    """`exponential` (§2.3, v4): dst = exp(src - max_value) in FP32, and with
+    `reduce_res` ([P, 1]) the running sum reduce_init + sum(exp(...)) per partition
+    (the FP32 values before the cast to dst). The accumulator registers VectorE shares
+    between instructions (`reduce_cmd`) are not modelled: each instruction starts its
+    sum from `reduce_init` (reset_reduce / load_reduce)."""
+    dst: Tile
+    src: Tile
+    max_value: Scalar = 0.0
+    reduce_res: Tile | None = None
+    reduce_init: float = 0.0
+    engine = "vector"
+
+    def __post_init__(self):
+        _tile(self.src, "src", "vector")
+        _tile(self.dst, "dst", "vector")
+        _lanes(self.dst, self.src, "exponential")
+        _scalar(self.max_value, self.src, "max_value", "vector")
+        if self.reduce_res is not None:
+            _check(isinstance(self.reduce_res, Tile), "reduce_res must be a [P, 1] tile")
+            _scalar(self.reduce_res, self.src, "reduce_res", "vector")
+
+    def cycles(self, spec) -> float:
+        """4x ScalarE's exp throughput (§2.3): ScalarE needs N scalar cycles, so this
+        is N/4 scalar cycles in vector cycles; at least MIN_II (§6.3)."""
+        ratio = spec.clock("vector") / spec.clock("scalar")
+        speedup = spec.vector_exponential or 4      # 4: the v4 figure; check() rejects 0
+        return float(max(spec.min_ii, self.src.free_size / speedup * ratio))
+
+    def check(self, spec) -> None:
+        _check(spec.vector_exponential > 0, f"exponential needs NC-v4, "
+               f"not {spec.name}, §2.3")
+
+
+_MX_FP8 = ("float8_e4m3fn_x4", "float8_e5m2_x4")
+
+
+@dataclass(frozen=True, kw_only=True)
+class QuantizeMx(Instr):
+    """`quantize_mx` (§2.3, §4, v4): BF16/FP16 src [P, F] -> MXFP8 x4 dst [P, F/4]
+    (packed value k of dst[p, j] is src[p, 4j + k] / scale) and E8M0 `dst_scale`, one
+    per group of 8 partitions x 4 values, in the layout of mx.py. The scale is twice
+    OCP's example value (§4). P a multiple of 32, F a multiple of 4 (§6.2)."""
+    dst: Tile
+    src: Tile
+    dst_scale: Tile
+    engine = "vector"
+
+    def __post_init__(self):
+        src, dst, scale = self.src, self.dst, self.dst_scale
+        _tile(src, "src", "vector", "sbuf")
+        _tile(dst, "dst", "vector", "sbuf", mx=True)
+        _tile(scale, "dst_scale", "vector", "sbuf")
+        _check(src.dtype in ("bfloat16", "float16"), f"quantize_mx src must be BF16/FP16, "
+               f"got {src.dtype}, §2.3")
+        _check(dst.dtype in _MX_FP8, f"quantize_mx dst must be float8_e4m3fn_x4 or "
+               f"float8_e5m2_x4, got {dst.dtype}, §6.2")
+        _check(scale.dtype in _dt.MX_SCALE_TYPES, f"dst_scale must be uint8/"
+               f"float8_e8m0fnu, got {scale.dtype}, §6.2")
+        p, f = src.num_partitions, src.free_size
+        _check(p % 32 == 0 and f % 4 == 0, f"quantize_mx src {src.shape}: partitions a "
+               f"multiple of 32, free size a multiple of 4, §6.2")
+        _check(dst.num_partitions == p and dst.start_partition == src.start_partition
+               and dst.free_size == f // 4, f"quantize_mx dst {dst.shape} is not "
+               f"[{p}, {f // 4}] on the partitions of src")
+        rows = _mx.scale_partitions(p)
+        _check(scale.num_partitions == rows and scale.free_size == f // 4
+               and scale.start_partition == dst.start_partition, f"dst_scale "
+               f"{scale.shape} at partition {scale.start_partition} is not [{rows}, "
+               f"{f // 4}] in the quadrants of dst")
+
+    def cycles(self, spec) -> float:
+        """4 elements per partition per cycle (§2.3); at least MIN_II (§6.3)."""
+        per_cycle = spec.quantize_mx or 4           # 4: the v4 figure; check() rejects 0
+        return float(max(spec.min_ii, math.ceil(self.src.free_size / per_cycle)))
+
+    def check(self, spec) -> None:
+        _check(spec.quantize_mx > 0, f"quantize_mx needs NC-v4, not "
+               f"{spec.name}, §2.3")
