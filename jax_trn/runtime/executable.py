@@ -1,13 +1,14 @@
 """Compiled programs and their execution on the simulated NeuronCores.
 
-Every execution is recorded for the profiler (`profiler.record`). `simulate` runs a
-program once on a fresh NeuronCore of any system, outside any JAX backend: the timing
-run behind `cost_analysis()` and `jax_trn.compare`.
+Every execution is recorded for the profiler (`profiler.record`). `simulate` times a
+program on a fresh NeuronCore of any system, outside any JAX backend: the timing run
+behind `cost_analysis()` and `jax_trn.compare`.
 """
 from __future__ import annotations
 
 import hashlib
 import threading
+from collections import Counter
 
 import numpy as np
 
@@ -102,9 +103,9 @@ class Executable:
         }
 
     def timing(self) -> profiler.Execution:
-        """One simulated run on zeros on a fresh core of this executable's system
-        (computed once; not recorded by `profile()`). Simulated time does not depend
-        on the data, so it equals a real call's."""
+        """One timing-only run on a fresh core of this executable's system (computed
+        once; not recorded by `profile()`). Simulated time does not depend on the
+        data, so it equals a real call's."""
         with self._lock:
             if self._timing is None:
                 self._timing = simulate(self.name, self.program, self.devices[0].system)
@@ -121,7 +122,9 @@ class Executable:
         chip = devices[0].system.chip
         # One HBM per chip, fresh for each execution: the devices of one call run
         # concurrently (from t=0) and contend for their chip's HBM; separate calls do not.
-        hbms = {d.chip: Hbm(chip.hbm_bytes_per_ns, f"hbm.chip{d.chip}") for d in devices}
+        sharers = Counter(d.chip for d in devices)
+        hbms = {c: Hbm(chip.hbm_bytes_per_ns, f"hbm.chip{c}", n if n > 1 else None)
+                for c, n in sharers.items()}
         records, results = [], []
         for dev, args in zip(devices, arg_lists):
             outs, kernels = self._run_on(dev, args, hbms[dev.chip])
@@ -189,34 +192,28 @@ def bind_dram(prog, params: list[np.ndarray], outs: list[np.ndarray]) -> dict[st
     return dram
 
 
-def run_kernels(prog, core, dram, device_id: int, chip: int) -> list[profiler.KernelRecord]:
-    """Runs the program's kernels in order on `core` from simulated time 0."""
+def run_kernels(prog, core, dram, device_id: int, chip: int, *, execute: bool = True
+                ) -> list[profiler.KernelRecord]:
+    """Runs the program's kernels in order on `core` from simulated time 0 (with
+    `execute=False` only their timing)."""
     kernels, t = [], 0.0
     for kernel in prog.kernels:
-        run = core.run(kernel, dram, t)
+        run = core.run(kernel, dram, t, execute=execute)
         kernels.append(_kernel_record(kernel, device_id, chip, core.core_id, run))
         t = run.end_ns
     return kernels
 
 
-def simulate(name: str, prog, system, args: list[np.ndarray] | None = None
-             ) -> profiler.Execution:
-    """Runs `prog` once on a fresh NeuronCore (core 0 of chip 0) of `system`, on
-    `args` (host arrays, one per parameter) or zeros, and returns its Execution
-    (not recorded by `profile()`). Needs no JAX backend."""
+def simulate(name: str, prog, system) -> profiler.Execution:
+    """The timing of one call of `prog` on a fresh NeuronCore (core 0 of chip 0) of
+    `system`, with no instruction taking effect (simulated time never depends on the
+    data), as an Execution that `profile()` does not record. Needs no JAX backend."""
     from jax_trn.hw.bandwidth import Hbm
     from jax_trn.hw.core import NeuronCore
     chip = system.chip
     core = NeuronCore(chip.core, core_id=0)
     core.begin(Hbm(chip.hbm_bytes_per_ns, "hbm.chip0"))
-    if args is None:
-        params = [np.zeros(t.size, _dt.np_dtype(t.dtype)) for t in prog.params]
-    else:
-        params = [np.ascontiguousarray(a, _dt.np_dtype(t.dtype)).reshape(-1)
-                  for a, t in zip(args, prog.params)]
-    outs = [np.zeros(t.size, _dt.np_dtype(t.dtype)) for t in prog.outputs]
-    with np.errstate(all="ignore"):
-        kernels = run_kernels(prog, core, bind_dram(prog, params, outs), 0, 0)
+    kernels = run_kernels(prog, core, {}, 0, 0, execute=False)
     return make_execution(name, prog, system, [0], kernels)
 
 
