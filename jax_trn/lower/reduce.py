@@ -1,4 +1,5 @@
-"""reduce with add / max / min (and `and` / `or` on bool) over any axes.
+"""reduce with add / max / min (and `and` / `or` on bool) over any axes, alone or fused
+with the elementwise ops that produce its input (input fusion).
 
 Partial results accumulate in FP32 for floats and natively in int32 for integers and
 bool (exact, wrapping like XLA), and are cast to the result type at the end. Three
@@ -13,8 +14,12 @@ tilings, by where the contiguous axis of the input is:
 - all: every axis is reduced. The flat input is tiled like an elementwise op, each tile
   reduced along F into a [128, 1] accumulator, which the transpose step finishes.
 
-The init value is skipped when it is a known identity (0 for add, -inf for max, ...),
-and otherwise combined into the result.
+What is reduced comes from a source, one box at a time: the input tensor (a DMA per
+box), or a fused region evaluated on the box (regions.py): its inputs are views of the
+same index space (`views`: one Axes per view, merged together), so a broadcast mean in
+`x - mean` is one value per partition in the rows tiling. The init value is skipped when
+it is a known identity (0 for add, -inf for max, ...), and otherwise combined into the
+result.
 """
 from __future__ import annotations
 
@@ -27,19 +32,20 @@ from jax_trn.hw import isa
 from jax_trn.hw.program import DramTensor
 
 from .builder import KernelBuilder, sub
-from .elementwise import FMAX, TILE_OPS, Src, Step, _engine
 from .errors import LoweringError
-from .layout import (P, Axes, View, box_offset, box_pattern, box_tiles, flat_tiles,
-                     line_tiles, merge_axes, row_major)
+from .layout import (P, View, box_offset, box_pattern, box_tiles, flat_tiles, line_tiles,
+                     merge_axes, row_major)
 from .movement import fill
+from .regions import FMAX, Evaluator, Region
 from .relayout import relayout
 from .registry import LowerCtx, register_lowering
+from .tileops import TILE_OPS, Src, Step, engine_for, fill_scalar
 
 COMBINERS = {"add": "add", "maximum": "max", "minimum": "min"}
 BOOL_COMBINERS = {"and": "min", "or": "max", "maximum": "max", "minimum": "min"}
 
 
-def combiner(op: ir.Op, dtype: str) -> str:
+def combiner(op, dtype: str) -> str:
     """The ALU op of a single-op reduce region (add, max, min)."""
     body = [o for o in op.regions[0].block.ops if o.kind not in ("return", "func.return")]
     table = BOOL_COMBINERS if dtype == "bool" else COMBINERS
@@ -60,40 +66,80 @@ def identity(alu: str, dtype: str) -> float:
     return lo if alu == "max" else hi
 
 
-def _is_identity(value: np.ndarray | None, alu: str, dtype: str) -> bool:
+def is_identity(value, alu: str, dtype: str) -> bool:
     if value is None:
         return False
     v = np.asarray(value).reshape(-1)[:1].astype(np.float64)
     return bool(v.size and v[0] == identity(alu, dtype))
 
 
+# --- sources: what is reduced, per box ---------------------------------------------------
+
+class TensorSource:
+    """The reduce's input tensor: one DMA per box."""
+
+    def __init__(self, kb: KernelBuilder, x: DramTensor):
+        self.kb, self.x, self.dtype = kb, x, x.dtype
+        self.views = [row_major(x.shape)]
+        self.tiles = kb.ring(3, FMAX, x.dtype)
+        self.chunk = FMAX
+
+    def load(self, boxes) -> isa.Tile:
+        offset, pattern = boxes[0]
+        free = tuple(n for _, n in pattern[1:])
+        tile = sub(self.tiles.next(), pattern[0][1], free)
+        self.kb.dma(tile, self.kb.ap(self.x, offset, pattern))
+        return sub(tile, free=math.prod(free))
+
+    def close(self) -> None:
+        self.kb.release(self.tiles)
+
+
+class RegionSource:
+    """A fused region evaluated per box; value `vid` is reduced, its outputs stored."""
+
+    def __init__(self, kb: KernelBuilder, region: Region, vid: int, chunk: int):
+        self.kb, self.region, self.vid = kb, region, vid
+        self.dtype, self.views, self.chunk = region.dtype(vid), region.views(), chunk
+        self.ev = Evaluator(kb, region, chunk)
+
+    def load(self, boxes) -> isa.Tile:
+        parts = boxes[0][1][0][1]
+        free = math.prod(n for _, n in boxes[0][1][1:])
+        vals = self.ev.compute(self.ev.load(boxes[1:]), parts, free)
+        self.ev.store(vals, boxes[0], free)
+        return self.ev._full(vals[self.vid], parts, free, ("reduced",)).tile
+
+    def close(self) -> None:
+        self.ev.close()
+
+
+# --- the reducer -----------------------------------------------------------------------------
+
 class _Reducer:
     """Shared pieces of the three tilings: accumulators, init, cast and store."""
 
-    def __init__(self, kb: KernelBuilder, x: DramTensor, out: DramTensor, alu: str,
-                 init: DramTensor | None):
-        self.kb, self.x, self.out, self.alu = kb, x, out, alu
-        self.acc_dtype = acc = "float32" if ir.is_float(x.dtype) else "int32"
-        self.engine = _engine(acc)
-        self.ident = identity(alu, x.dtype)
-        self.init = self._load_init(init) if init is not None else None
-        self.tiles = kb.ring(3, FMAX, x.dtype)
+    def __init__(self, kb: KernelBuilder, source, out: DramTensor, alu: str, init):
+        self.kb, self.source, self.out, self.alu = kb, source, out, alu
+        self.acc_dtype = acc = "float32" if ir.is_float(source.dtype) else "int32"
+        self.engine = engine_for(acc)
+        self.ident = identity(alu, source.dtype)
+        self.init = self._load_init(init, out.dtype) if init is not None else None
         self.parts = kb.ring(2, 1, acc)
         self.accs = kb.ring(2, 1, acc)
         self.psum = kb.ring(2, P, acc, mem="psum")
         self.res = kb.ring(2, 1, out.dtype) if out.dtype != acc else None
 
-    def _load_init(self, init: DramTensor) -> isa.Tile:
-        tile = self.kb.tile(1, init.dtype)
-        self.kb.dma(tile, self.kb.ap(init, 0, ((0, P), (1, 1))))
-        return tile
+    def _load_init(self, init, dtype: str) -> isa.Tile:
+        """A [128, 1] tile of the init value: from DRAM, or an immediate."""
+        if isinstance(init, DramTensor):
+            tile = self.kb.tile(1, init.dtype)
+            self.kb.dma(tile, self.kb.ap(init, 0, ((0, P), (1, 1))))
+            return tile
+        return fill_scalar(self.kb, self.kb.tile(1, dtype), init)
 
-    def load(self, offset: int, pattern: Axes) -> isa.Tile:
-        """DMAs a [p, *free] box of the input; returns it flattened to [p, F]."""
-        free = tuple(n for _, n in pattern[1:])
-        tile = sub(self.tiles.next(), pattern[0][1], free)
-        self.kb.dma(tile, self.kb.ap(self.x, offset, pattern))
-        return sub(tile, free=math.prod(free))
+    def load(self, boxes) -> isa.Tile:
+        return self.source.load(boxes)
 
     def reduce_free(self, data: isa.Tile, dst: isa.Tile | None = None) -> isa.Tile:
         dst = dst or sub(self.parts.next(), data.num_partitions, 1)
@@ -109,14 +155,14 @@ class _Reducer:
         self.kb.emit(isa.Memset, dst=acc, value=self.ident, engine=self.engine)
         return acc
 
-    def finish(self, res: isa.Tile, offset: int, pattern: Axes) -> None:
+    def finish(self, res: isa.Tile, offset: int, pattern) -> None:
         """Applies the init value, casts to the result type and DMAs [p, 1] out."""
         if self.init is not None:
             self.combine(res, sub(self.init, res.num_partitions))
         if self.res is not None:
             dst = sub(self.res.next(), res.num_partitions, 1)
             step = Step("convert", (0,), self.out.dtype)
-            TILE_OPS["convert"](self.kb, dst, [Src(res)], step)
+            TILE_OPS["convert"](self.kb, dst, [Src.of(res)], step)
             res = dst
         self.kb.dma(self.kb.ap(self.out, offset, pattern), res)
 
@@ -126,42 +172,79 @@ class _Reducer:
         self.kb.emit(isa.NcTranspose, dst=tp, data=sub(acc, P, fc))
         return self.reduce_free(tp, sub(self.accs.next(), fc, 1))
 
+    def close(self) -> None:
+        rings = [self.parts, self.accs, self.psum] + ([self.res] if self.res else [])
+        self.kb.release(*rings, *([self.init] if self.init is not None else []))
+        self.source.close()
 
-def _rows(r: _Reducer, kept: Axes, outs: Axes, red: Axes) -> None:
-    for rbox in line_tiles([n for _, n in kept], P):
-        prow = box_pattern(kept, rbox)[-1:]
-        acc = sub(r.accs.next(), prow[0][1], 1)
-        for i, cbox in enumerate(box_tiles([n for _, n in red], FMAX)):
-            off = box_offset(kept, rbox) + box_offset(red, cbox)
-            data = r.load(off, prow + box_pattern(red, cbox))
+
+def _boxes(kept, red, kbox, rbox, kept_on_partitions: bool):
+    """(offset, pattern) per view for a kept box and a reduced box."""
+    out = []
+    for k, r in zip(kept, red):
+        offset = box_offset(k, kbox) + box_offset(r, rbox)
+        if kept_on_partitions:
+            out.append((offset, box_pattern(k, kbox)[-1:] + box_pattern(r, rbox)))
+        else:
+            out.append((offset, box_pattern(r, rbox)[-1:] + box_pattern(k, kbox)[-1:]))
+    return out
+
+
+def _rows(r: _Reducer, kept, outs, red) -> None:
+    for kbox in line_tiles([n for _, n in kept[0]], P):
+        parts = box_pattern(kept[0], kbox)[-1][1]
+        acc = sub(r.accs.next(), parts, 1)
+        for i, rbox in enumerate(box_tiles([n for _, n in red[0]], r.source.chunk)):
+            data = r.load(_boxes(kept, red, kbox, rbox, True))
             if i == 0:
                 r.reduce_free(data, acc)
             else:
                 r.combine(acc, r.reduce_free(data))
-        r.finish(acc, box_offset(outs, rbox), box_pattern(outs, rbox)[-1:] + ((1, 1),))
+        r.finish(acc, box_offset(outs, kbox), box_pattern(outs, kbox)[-1:] + ((1, 1),))
 
 
-def _columns(r: _Reducer, kept: Axes, outs: Axes, red: Axes) -> None:
-    for kbox in line_tiles([n for _, n in kept], P):
-        fcol = box_pattern(kept, kbox)[-1:]
-        fc = fcol[0][1]
+def _columns(r: _Reducer, kept, outs, red) -> None:
+    for kbox in line_tiles([n for _, n in kept[0]], P):
+        fc = box_pattern(kept[0], kbox)[-1][1]
         acc = r.accumulator(fc)
-        for rbox in line_tiles([n for _, n in red], P):
-            off = box_offset(kept, kbox) + box_offset(red, rbox)
-            tile = r.load(off, box_pattern(red, rbox)[-1:] + fcol)
+        for rbox in line_tiles([n for _, n in red[0]], P):
+            tile = r.load(_boxes(kept, red, kbox, rbox, False))
             r.combine(sub(acc, tile.num_partitions), tile)
         res = r.across_partitions(acc, fc)
         r.finish(res, box_offset(outs, kbox), box_pattern(outs, kbox)[-1:] + ((1, 1),))
         r.kb.release(acc)
 
 
-def _all(r: _Reducer) -> None:
+def _all(r: _Reducer, axes, n: int) -> None:
     acc = r.accumulator(1)
-    for t in flat_tiles(r.x.size, FMAX):
-        part = r.reduce_free(r.load(t.offset, t.pattern))
+    for t in flat_tiles(n, r.source.chunk):
+        boxes = [(t.offset * s, ((t.pstride * s, t.parts), (s, t.free))) for s, _ in axes]
+        part = r.reduce_free(r.load(boxes))
         r.combine(sub(acc, t.parts), part)
     r.finish(r.across_partitions(acc, 1), 0, ((1, 1), (1, 1)))
     r.kb.release(acc)
+
+
+def emit_reduce(kb: KernelBuilder, source, shape, out: DramTensor, alu: str, init,
+                dimensions) -> None:
+    """Reduces `source` (index space `shape`) over `dimensions` into `out`; `init` is a
+    DramTensor, an immediate, or None (a known identity)."""
+    r = _Reducer(kb, source, out, alu, init)
+    views = source.views
+    kept = [tuple(a for d, a in enumerate(v) if d not in dimensions) for v in views]
+    *kept, outs = merge_axes(*kept, row_major([n for d, n in enumerate(shape)
+                                               if d not in dimensions]))
+    red = merge_axes(*[tuple(v[d] for d in sorted(dimensions)) for v in views])
+    if not kept[0]:
+        flat = merge_axes(*views)
+        if len(flat[0]) <= 1:
+            _all(r, [m[0] if m else (1, 1) for m in flat], math.prod(shape))
+        else:       # a fused input that is not contiguous: one row on one partition
+            _rows(r, [()] * len(views), (), red)
+    else:
+        inner_reduced = bool(red[0]) and red[0][-1][0] == 1
+        (_rows if inner_reduced else _columns)(r, kept, outs, red)
+    r.close()
 
 
 def _fill_init(ctx: LowerCtx, init: DramTensor, out: DramTensor) -> None:
@@ -183,13 +266,7 @@ def _reduce_lower(ctx: LowerCtx, *operands: DramTensor, dimensions) -> None:
         return
     if x.size == 0:
         return _fill_init(ctx, init, out)
-    keep_init = not _is_identity(ctx.constant(init), alu, x.dtype)
-    r = _Reducer(ctx.kb, x, out, alu, init if keep_init else None)
-    axes = row_major(x.shape)
-    kept = tuple(a for d, a in enumerate(axes) if d not in dimensions)
-    kept, outs = merge_axes(kept, row_major([n for _, n in kept]))
-    (red,) = merge_axes(tuple(axes[d] for d in sorted(dimensions)))
-    if not kept:
-        return _all(r)
-    inner_reduced = bool(red) and red[-1][0] == 1
-    (_rows if inner_reduced else _columns)(r, kept, outs, red)
+    keep_init = not is_identity(ctx.constant(init), alu, x.dtype)
+    emit_reduce(ctx.kb, TensorSource(ctx.kb, x), tuple(x.shape), out, alu,
+                init if keep_init else None, tuple(dimensions))
+

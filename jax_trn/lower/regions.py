@@ -1,0 +1,259 @@
+"""Regions of elementwise steps and their evaluation on one tile box.
+
+A `Region` is a small dataflow program over one index space (`shape`): inputs (DRAM
+tensors read through `axes` over the index space: row-major for a plain operand, stride
+0 along broadcast dims), steps (one elementwise op each, reading earlier values; value
+ids count inputs first, then steps; a "constant" step is an immediate) and outputs (step
+values written row-major into DRAM tensors of the region's shape). A lowering rule picks
+the tiling (elementwise.py: flat or row blocks; reduce.py: rows / columns; epilogue.py:
+matmul output tiles) and evaluates the region per tile box:
+
+    ev = Evaluator(kb, region, in_free, step_free)
+    srcs = ev.load(boxes)              # each input's box, DMAed (reused when it repeats)
+    vals = ev.compute(srcs, free)      # every step, in SBUF, into shared slots
+    ev.store(vals, out_box)            # the outputs, DMAed out
+    ev.close()
+
+A box is (element offset, DMA pattern ((pstride, parts), free axes...)), one per input.
+An input whose free strides are all 0 in a box is one value per partition: loaded as
+[p, 1] and used as the TensorScalar operand; an input whose axes are all 0 (a scalar) is
+loaded once per kernel. A step whose arguments are all per-partition values is computed
+on [p, 1] tiles. Step values share slot buffers by liveness; each slot is a ring of
+`STEP_DEPTH` buffers so tile i+1 computes while tile i is stored.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from jax_trn.hw import dtypes as hw_dtypes
+from jax_trn.hw import isa
+from jax_trn.hw.program import DramTensor
+
+from .builder import KernelBuilder, Ring, sub
+from .layout import P, Axes, row_major
+from .tileops import NEEDS_FULL_TILES, TILE_OPS, Src, Step, expand, fill_scalar
+
+FMAX = 2048          # elements per partition of one elementwise tile
+IN_DEPTH, STEP_DEPTH = 3, 2
+Box = tuple[int, Axes]          # (element offset, ((pstride, parts), *free axes))
+
+
+@dataclass(frozen=True)
+class Input:
+    t: DramTensor | None        # None: the caller provides the value (a PSUM tile)
+    axes: Axes                  # (stride, num) per region dim; stride 0: broadcast
+    dtype: str = ""
+
+    @property
+    def is_scalar(self) -> bool:
+        return self.t is not None and all(s == 0 for s, _ in self.axes)
+
+
+@dataclass
+class Region:
+    shape: tuple[int, ...]
+    inputs: list[Input]
+    steps: list[Step]
+    outputs: list[tuple[int, DramTensor]]   # (value id, where it goes)
+
+    def dtype(self, vid: int) -> str:
+        n = len(self.inputs)
+        return self.inputs[vid].dtype if vid < n else self.steps[vid - n].dtype
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def views(self) -> list[Axes]:
+        """The index space row-major (the outputs' view), then each input's axes."""
+        return [row_major(self.shape)] + [i.axes for i in self.inputs]
+
+    def bytes_per_element(self) -> tuple[int, int]:
+        """(input bytes, step bytes) per element of a tile, buffers included."""
+        ins = sum(IN_DEPTH * _itemsize(i.dtype) for i in self.inputs if i.t is not None)
+        nslots = len(set(assign_slots(self).values()))
+        return ins, STEP_DEPTH * nslots * self.max_itemsize()
+
+    def max_itemsize(self) -> int:
+        return max([_itemsize(s.dtype) for s in self.steps] +
+                   [_itemsize(i.dtype) for i in self.inputs] + [1])
+
+
+def _itemsize(dtype: str) -> int:
+    return max(1, hw_dtypes.itemsize(dtype))
+
+
+def last_uses(region: Region) -> dict[int, int]:
+    """Step index -> index of the last step reading it (outputs live to the end)."""
+    n, end = len(region.inputs), len(region.steps)
+    last = {j: j for j in range(end)}
+    for j, step in enumerate(region.steps):
+        for a in step.args:
+            if a >= n:
+                last[a - n] = max(last[a - n], j)
+    for vid, _ in region.outputs:
+        if vid >= n:
+            last[vid - n] = end
+    return last
+
+
+def assign_slots(region: Region) -> dict[int, int]:
+    """Step index -> slot: a slot is reused by the first step after its value's last
+    reader (never in place: some ops take two instructions)."""
+    last, free, slot_of, live, count = last_uses(region), [], {}, [], 0
+    for j, step in enumerate(region.steps):
+        for entry in [e for e in live if e[1] < j]:
+            live.remove(entry)
+            free.append(entry[0])
+        if step.kind == "constant":
+            continue
+        if free:
+            slot = free.pop(0)
+        else:
+            slot, count = count, count + 1
+        slot_of[j] = slot
+        live.append((slot, last[j]))
+    return slot_of
+
+
+class Evaluator:
+    """Evaluates `region` per tile box into rings it allocates lazily (see module doc)."""
+
+    def __init__(self, kb: KernelBuilder, region: Region, in_free: int,
+                 step_free: int | None = None):
+        self.kb, self.region = kb, region
+        self.in_free, self.step_free = in_free, step_free or in_free
+        self.slot_of = assign_slots(region)
+        self.rings: dict[tuple, Ring] = {}
+        self.cache: dict[int, tuple[Box, Src]] = {}
+        self.turn: dict[tuple, isa.Tile] = {}
+        self.globals = {i: self._load_global(inp) for i, inp in enumerate(region.inputs)
+                        if inp.is_scalar and region.size > 1}
+
+    def close(self) -> None:
+        self.kb.release(*self.rings.values(), *(s.tile for s in self.globals.values()))
+
+    def _ring(self, key: tuple, depth: int, free: int, dtype: str) -> Ring:
+        if key not in self.rings:
+            self.rings[key] = self.kb.ring(depth, free, dtype)
+        return self.rings[key]
+
+    def _load_global(self, inp: Input) -> Src:
+        tile = self.kb.tile(1, inp.dtype)
+        self.kb.dma(tile, self.kb.ap(inp.t, 0, ((0, P), (1, 1))))
+        return Src.of(tile, scalar=True)
+
+    # --- loads ---------------------------------------------------------------------------
+
+    def load(self, boxes: list[Box | None]) -> list[Src | None]:
+        """Each input's box as a Src (None for inputs the caller provides)."""
+        return [self._load(i, box) for i, box in enumerate(boxes)]
+
+    def _load(self, i: int, box: Box | None) -> Src | None:
+        inp = self.region.inputs[i]
+        if inp.t is None or box is None:
+            return None
+        parts = box[1][0][1]
+        if i in self.globals:
+            return Src(sub(self.globals[i].tile, parts), True, None, inp.dtype)
+        cached = self.cache.get(i)
+        if cached is not None and cached[0] == box:
+            return cached[1]
+        src = self._dma_in(i, inp, box, parts)
+        self.cache[i] = (box, src)
+        return src
+
+    def _dma_in(self, i: int, inp: Input, box: Box, parts: int) -> Src:
+        offset, pattern = box
+        free = [n for _, n in pattern[1:]]
+        if math.prod(free) > 1 and all(s == 0 for s, n in pattern[1:] if n > 1):
+            tile = sub(self._ring(("col", i), IN_DEPTH, 1, inp.dtype).next(), parts, 1)
+            self.kb.dma(tile, self.kb.ap(inp.t, offset, (pattern[0], (1, 1))))
+            return Src.of(tile, scalar=True)
+        ring = self._ring(("in", i), IN_DEPTH, self.in_free, inp.dtype)
+        tile = sub(ring.next(), parts, tuple(free) or 1)
+        self.kb.dma(tile, self.kb.ap(inp.t, offset, pattern))
+        return Src.of(sub(tile, free=math.prod(free)))
+
+    # --- compute ---------------------------------------------------------------------------
+
+    def compute(self, srcs: list[Src | None], parts: int, free: int, at: int = 0,
+                dsts: dict[int, isa.Tile] | None = None,
+                preset: dict[int, Src] | None = None) -> list[Src]:
+        """Runs every step on [parts, free] tiles; input tiles are taken `at` elements
+        into their box; `preset` gives inputs the caller provides (by value id), `dsts`
+        pins a step value to a given tile."""
+        vals = [self._window(s, parts, free, at) for s in srcs]
+        for vid, src in (preset or {}).items():
+            vals[vid] = src
+        self._rotate()
+        n = len(self.region.inputs)
+        for j, step in enumerate(self.region.steps):
+            vals.append(self._step(j, step, [vals[a] for a in step.args], parts, free,
+                                   (dsts or {}).get(n + j)))
+        return vals
+
+    @staticmethod
+    def _window(src: Src | None, parts: int, free: int, at: int) -> Src | None:
+        if src is None or src.scalar or (at == 0 and src.tile.free_size == free):
+            return src
+        return Src.of(sub(src.tile, parts, free, at=at))
+
+    def _rotate(self) -> None:
+        """Every slot ring moves to its next buffer once per box."""
+        self.turn = {key: ring.next() for key, ring in self.rings.items()
+                     if key[0] in ("slot", "sslot")}
+
+    def _buffer(self, key: tuple, free: int, dtype: str, parts: int) -> isa.Tile:
+        if key not in self.turn:
+            width = self.step_free if key[0] == "slot" else 1
+            width *= self.region.max_itemsize()
+            self.turn[key] = self._ring(key, STEP_DEPTH, width, "uint8").next()
+        return sub(self.turn[key].with_(dtype=dtype, free=(free,)), parts, free)
+
+    def _step(self, j: int, step: Step, args: list[Src], parts: int, free: int,
+              pinned: isa.Tile | None) -> Src:
+        if step.kind == "constant":
+            return Src.immediate(step.attrs["value"], step.dtype)
+        if all(a.scalar for a in args):
+            return self._scalar_step(j, step, args, parts, free, pinned)
+        if step.kind in NEEDS_FULL_TILES:
+            args = [self._full(a, parts, free, (j, k)) for k, a in enumerate(args)]
+        dst = pinned if pinned is not None else \
+            self._buffer(("slot", self.slot_of[j]), free, step.dtype, parts)
+        TILE_OPS[step.kind](self.kb, dst, args, step)
+        return Src.of(dst)
+
+    def _scalar_step(self, j, step, args, parts, free, pinned) -> Src:
+        """All arguments are per-partition: compute on [parts, 1]."""
+        args = [self._materialize(a, parts, (j, k)) for k, a in enumerate(args)]
+        dst = self._buffer(("sslot", j), 1, step.dtype, parts)
+        TILE_OPS[step.kind](self.kb, dst, args, step)
+        if pinned is None:
+            return Src.of(dst, scalar=True)
+        return Src.of(expand(self.kb, Src.of(dst, scalar=True), pinned))
+
+    def _materialize(self, a: Src, parts: int, key) -> Src:
+        if a.imm is None:
+            return a
+        tile = self._buffer(("sslot", "imm", *key), 1, a.dtype, parts)
+        return Src.of(fill_scalar(self.kb, tile, a.imm), scalar=True)
+
+    def _full(self, a: Src, parts: int, free: int, key) -> Src:
+        if not a.scalar:
+            return a
+        dst = self._buffer(("slot", "x", *key), free, a.dtype, parts)
+        return Src.of(expand(self.kb, a, dst))
+
+    # --- stores ------------------------------------------------------------------------------
+
+    def store(self, vals: list[Src], box: Box, free: int) -> None:
+        """DMAs every output value to its tensor at `box` (region space, row-major)."""
+        offset, pattern = box
+        parts = pattern[0][1]
+        for vid, out in self.region.outputs:
+            src = vals[vid]
+            if src.scalar:
+                src = self._full(src, parts, free, ("out", vid))
+            self.kb.dma(self.kb.ap(out, offset, pattern), src.tile)
