@@ -43,6 +43,7 @@ class Kernel:
     psum_bytes: int = 0                        # peak PSUM bytes per partition allocated
     ops: list[str] = field(default_factory=list)    # source ops: "dot_general at f.py:3"
     flops: int = 0                             # useful (model) FLOPs of the source ops
+    notes: list[str] = field(default_factory=list)  # compiler notes: fusion decisions, ...
 
 
 @dataclass

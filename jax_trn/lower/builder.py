@@ -116,6 +116,7 @@ class KernelBuilder:
         self.name, self.limits = name, limits
         self.instrs: list[isa.Instr] = []
         self.flops = 0                          # useful FLOPs of the source ops
+        self.notes: list[str] = []              # compiler notes for the Kernel
         self.dram: dict[str, DramTensor] = {}
         self.sbuf = Allocator("sbuf", limits.sbuf_bytes, SBUF_ALIGN)
         self.psum = Allocator("psum", limits.psum_bytes, PSUM_BANK_BYTES)
@@ -166,7 +167,7 @@ class KernelBuilder:
     def finish(self, ops: Iterable[str] = ()) -> Kernel:
         return Kernel(name=self.name, instructions=_sync(self.instrs), dram=dict(self.dram),
                       sbuf_bytes=self.sbuf.peak, psum_bytes=self.psum.peak,
-                      ops=list(ops), flops=self.flops)
+                      ops=list(ops), flops=self.flops, notes=list(self.notes))
 
 
 def _sync(instrs: list[isa.Instr]) -> list[isa.Instr]:

@@ -26,10 +26,11 @@ def format_kernel(k: Kernel) -> str:
     counts = engine_counts(k)
     engines = ", ".join(f"{e} {counts[e]}" for e in ENGINE_ORDER if counts[e])
     ops = "; ".join(k.ops)
+    notes = "".join(f"\n    // {n}" for n in getattr(k, "notes", ()))
     return (f"kernel {k.name}  [{ops}]\n"
             f"    {len(k.instructions)} instrs ({engines or 'none'})  "
             f"sbuf {_bytes(k.sbuf_bytes)}/partition  psum {_bytes(k.psum_bytes)}/partition  "
-            f"flops {k.flops}")
+            f"flops {k.flops}{notes}")
 
 
 def format_program(params, outputs, temps, kernels, constants: dict[str, np.ndarray]) -> str:

@@ -3,7 +3,11 @@
 JAX converts what OptimizedProgram returns into an HloModule and prints it, so we
 describe our optimized per-device program in StableHLO: one `stablehlo.custom_call
 @trn.kernel` per kernel, from the HBM tensors it reads to those it writes, with the
-kernel's name, source ops and instruction counts per engine in `backend_config`.
+kernel's name, source ops, instruction counts per engine and compiler notes (fusion
+kind, the fusion pass's decisions, how the lowering applied them) in `backend_config`:
+
+    "fusion.3: dot_general at f.py:5; add at f.py:5; tanh at f.py:5 | dma x12, ... |
+     SBUF 30720 B/partition | fusion_kind: matmul_epilogue; decision: ...; ..."
 """
 from __future__ import annotations
 
@@ -39,6 +43,9 @@ def _config(kernel) -> str:
     engines = ", ".join(f"{e} x{n}" for e, n in sorted(counts.items()))
     ops = "; ".join(kernel.ops)
     text = f"{kernel.name}: {ops} | {engines} | SBUF {kernel.sbuf_bytes} B/partition"
+    notes = getattr(kernel, "notes", None)
+    if notes:
+        text += " | " + "; ".join(notes)
     return text.replace("\\", "/").replace('"', "'")
 
 
