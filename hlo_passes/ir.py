@@ -224,15 +224,22 @@ def _format_attr(v: Any) -> str:
     return repr(v)
 
 
+# Attributes printed one per line under the op (long lists of reasons).
+LISTED_ATTRS = ("decisions",)
+
+
 def _format_block(block: Block, lines: list[str], indent: str) -> None:
     for op in block.ops:
         res = ", ".join(repr(r) for r in op.results)
         ops = ", ".join(f"%{v.name}" for v in op.operands)
-        attrs = ", ".join(f"{k}={_format_attr(v)}" for k, v in op.attrs.items())
+        attrs = ", ".join(f"{k}={_format_attr(v)}" for k, v in op.attrs.items()
+                          if k not in LISTED_ATTRS)
         head = f"{res} = " if op.results else ""
         tail = f" {{{attrs}}}" if attrs else ""
         loc = f"  # {op.loc}" if op.loc else ""
         lines.append(f"{indent}{head}{op.kind}({ops}){tail}{loc}")
+        for key in LISTED_ATTRS:
+            lines.extend(f"{indent}  // {key[:-1]}: {item}" for item in op.attrs.get(key, ()))
         for region in op.regions:
             for b in region.blocks:
                 bargs = ", ".join(repr(a) for a in b.args)

@@ -235,6 +235,30 @@ def _concatenate(op: ir.Op) -> str | None:
     return None if sum(v.shape[dim] for v in op.operands) == out[dim] else "sizes do not add up"
 
 
+FUSION_KINDS = ("loop", "reduction", "matmul_epilogue")
+
+
+def _fusion(op: ir.Op) -> str | None:
+    """One isolated region: arguments typed like the operands, returns like the results."""
+    if len(op.regions) != 1 or len(op.regions[0].blocks) != 1:
+        return "expected one region of one block"
+    block = op.regions[0].block
+    if [a.type for a in block.args] != [v.type for v in op.operands]:
+        return "block arguments must have the operand types"
+    if [v.type for v in block.terminator.operands] != [r.type for r in op.results]:
+        return "the region must return the result types"
+    if op.attrs.get("fusion_kind") not in FUSION_KINDS:
+        return f"fusion_kind must be one of {FUSION_KINDS}"
+    decisions = op.attrs.get("decisions", ())
+    if not isinstance(decisions, tuple) or not all(isinstance(d, str) for d in decisions):
+        return "decisions must be a tuple of strings"
+    defined = set(block.args) | {v for inner in ir.walk(block) for v in inner.results}
+    defined |= {a for inner in ir.walk(block) for r in inner.regions
+                for b in r.blocks for a in b.args}
+    outer = [v for inner in ir.walk(block) for v in inner.operands if v not in defined]
+    return f"uses %{outer[0].name} from outside its region" if outer else None
+
+
 SHAPE_RULES: dict[str, Rule] = {
         **{kind: _elementwise for kind in ELEMENTWISE},
         "abs": _same_shape, "is_finite": _same_shape, "convert": _same_shape,
@@ -242,4 +266,5 @@ SHAPE_RULES: dict[str, Rule] = {
         "broadcast_in_dim": _broadcast_in_dim, "dot_general": _dot_general,
         "reduce": _reduce, "transpose": _transpose, "reshape": _reshape,
         "constant": _constant, "iota": _iota, "concatenate": _concatenate,
+        "fusion": _fusion,
 }

@@ -1,0 +1,230 @@
+"""Fusion policy: may this producer join that consumer's fusion, and why (or why not).
+
+The fusion pass (passes/fusion.py) is the mechanism: it grows one region per root op,
+consumers first, and asks `FusionPolicy.should_fuse(producer, consumer, region)` for
+every producer it meets. The answer is a `FusionDecision(ok, reason, duplicate)`; the
+pass records every reason on the fusion op, allowed or forbidden (XLA's
+`FusionDecision::Allow()` / `Forbid("why")`).
+
+The rules, in the order they are checked:
+
+    region already has `max_ops` ops                    -> forbidden: region is full
+    an operand of a fused dot_general                   -> forbidden: read from memory
+    constant: splat                                     -> fused (duplicated if shared)
+              not a splat                               -> forbidden: stays in memory
+    broadcast_in_dim of a scalar or of one vector axis  -> fused as a view (duplicated
+    reshape (operand read from memory)                      if shared: views are cheap)
+    elementwise of the region's shape, all users inside -> fused
+              ... other users are only the function's return -> fused, extra output
+              ... other users all fusible, few, cheap   -> duplicated (recomputed there)
+              ... otherwise                             -> forbidden: N users outside
+    dot_general into an elementwise region, no other
+              users, no reduce, no other dot            -> fused: matmul epilogue
+    transpose                                           -> forbidden: changes layout
+    reduce (as a producer)                              -> forbidden: needs the whole
+                                                           reduction first
+    anything else                                       -> forbidden: not fusible
+
+The policy never looks at hardware; `cost` (op -> relative per-element compute cost)
+is the hook a target can pass to steer duplication.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import numpy as np
+
+from hlo_passes import ir
+from hlo_passes.verifier import ELEMENTWISE as _ELEMENTWISE
+
+ELEMENTWISE = _ELEMENTWISE | {"abs", "is_finite", "convert", "compare", "select", "clamp"}
+VIEWS = frozenset({"broadcast_in_dim", "reshape"})
+REDUCE_COMBINERS = frozenset({"add", "maximum", "minimum", "multiply", "and", "or"})
+FUSIBLE_USERS = ELEMENTWISE | VIEWS | {"reduce"}
+TRANSCENDENTAL = frozenset({
+        "exponential", "exponential_minus_one", "log", "log_plus_one", "logistic",
+        "tanh", "sqrt", "rsqrt", "cbrt", "sine", "cosine", "tan", "atan2", "power"})
+KINDS = ("loop", "reduction", "matmul_epilogue")
+
+
+@dataclass(frozen=True)
+class FusionDecision:
+    ok: bool
+    reason: str
+    duplicate: bool = False         # fuse a copy; the original stays for other users
+
+    @classmethod
+    def allow(cls, reason: str, duplicate: bool = False) -> "FusionDecision":
+        return cls(True, reason, duplicate)
+
+    @classmethod
+    def forbid(cls, reason: str) -> "FusionDecision":
+        return cls(False, "forbidden: " + reason)
+
+
+class RegionView(Protocol):
+    """What the policy sees of the region being grown."""
+    shape: tuple[int, ...]          # the iteration space (a reduce's input shape)
+    kind: str                       # "loop" | "reduction" | "matmul_epilogue"
+    size: int                       # ops in the region so far
+    dup_cost: float                 # summed cost of duplicated elementwise ops
+
+    def outside_users(self, op: ir.Op) -> list[ir.Op]: ...
+
+    def inside_users(self, op: ir.Op) -> list[ir.Op]: ...
+
+    def settled(self, op: ir.Op) -> bool:
+        """True if `op` already belongs to another region (it will not fuse more)."""
+        ...
+
+
+def default_cost(op: ir.Op) -> float:
+    """Relative compute per element: transcendental 4, divide / remainder 2, else 1."""
+    if op.kind in TRANSCENDENTAL:
+        return 4.0
+    return 2.0 if op.kind in ("divide", "remainder") else 1.0
+
+
+def is_splat(op: ir.Op) -> bool:
+    if op.kind != "constant":
+        return False
+    flat = np.ascontiguousarray(op.attrs["value"]).reshape(-1)
+    if flat.size <= 1:
+        return True
+    as_bytes = flat.view(np.uint8).reshape(flat.size, -1)
+    return bool((as_bytes == as_bytes[0]).all())
+
+
+def is_fusible_reduce(op: ir.Op) -> bool:
+    """One input, one init, one result, and a body of one binary combiner."""
+    if op.kind != "reduce" or len(op.operands) != 2 or len(op.regions) != 1:
+        return False
+    body = [o for o in op.regions[0].block.ops if o.kind not in ("return", "func.return")]
+    return len(body) == 1 and body[0].kind in REDUCE_COMBINERS
+
+
+def is_root(op: ir.Op) -> bool:
+    """Ops a fusion region grows from (consumers of everything else fused)."""
+    return (op.kind in ELEMENTWISE and len(op.results) == 1) or is_fusible_reduce(op)
+
+
+def root_kind(op: ir.Op) -> str:
+    return "reduction" if op.kind == "reduce" else "loop"
+
+
+def region_shape(op: ir.Op) -> tuple[int, ...]:
+    return tuple(op.operands[0].shape if op.kind == "reduce" else op.result.shape)
+
+
+class FusionPolicy:
+    """The default rules (module docstring); override methods or pass `cost`."""
+
+    def __init__(self, max_ops: int = 64, max_dup_users: int = 3, dup_budget: float = 8.0,
+                 cost: Callable[[ir.Op], float] | None = None):
+        self.max_ops, self.max_dup_users = max_ops, max_dup_users
+        self.dup_budget, self.cost = dup_budget, cost or default_cost
+
+    def should_fuse(self, producer: ir.Op, consumer: ir.Op,
+                    region: RegionView) -> FusionDecision:
+        if region.size >= self.max_ops:
+            return FusionDecision.forbid(f"region is full ({self.max_ops} ops)")
+        if any(u.kind == "dot_general" for u in region.inside_users(producer)):
+            return FusionDecision.forbid("dot_general reads its operands from memory")
+        kind = producer.kind
+        if kind == "constant":
+            return self._constant(producer, region)
+        if kind in VIEWS:
+            return self._view(producer, consumer, region)
+        if kind in ELEMENTWISE:
+            return self._elementwise(producer, consumer, region)
+        if kind == "dot_general":
+            return self._dot(producer, consumer, region)
+        return FusionDecision.forbid(_WHY_NOT.get(kind, f"{kind} is not fusible"))
+
+    # --- per producer class ------------------------------------------------------------
+
+    def _constant(self, op: ir.Op, region: RegionView) -> FusionDecision:
+        if not is_splat(op):
+            return FusionDecision.forbid("non-splat constant stays in memory")
+        return _shared("splat constant", len(region.outside_users(op)))
+
+    def _view(self, op: ir.Op, consumer: ir.Op, region: RegionView) -> FusionDecision:
+        if consumer.kind == "reshape":
+            return FusionDecision.forbid("a fused reshape reads its operand from memory")
+        if tuple(op.result.shape) != region.shape and consumer.kind not in VIEWS:
+            return _wrong_shape(op, region)
+        what = "reshape" if op.kind == "reshape" else _broadcast_kind(op)
+        if what is None:
+            return FusionDecision.forbid(
+                f"broadcast of {op.operands[0].type} (only scalars and vectors fuse)")
+        return _shared(what, len(region.outside_users(op)))
+
+    def _elementwise(self, op: ir.Op, consumer: ir.Op, region: RegionView) -> FusionDecision:
+        if consumer.kind in VIEWS:
+            return FusionDecision.forbid(f"{op.kind} feeds a {consumer.kind} "
+                                         "(computed values are not re-laid out)")
+        if tuple(op.result.shape) != region.shape:
+            return _wrong_shape(op, region)
+        outside = region.outside_users(op)
+        if not outside:
+            return FusionDecision.allow("elementwise: fused")
+        if all(u.kind in ("return", "func.return") for u in outside):
+            return FusionDecision.allow("fused; also a function result (extra output)")
+        return self._duplicate(op, outside, region)
+
+    def _duplicate(self, op: ir.Op, outside: list[ir.Op], region: RegionView
+                   ) -> FusionDecision:
+        n, cost = len(outside), self.cost(op)
+        if n > self.max_dup_users or any(u.kind not in FUSIBLE_USERS or region.settled(u)
+                                         for u in outside):
+            return FusionDecision.forbid(f"producer has {n} user{'s' * (n != 1)} "
+                                         "outside the region")
+        if region.dup_cost + cost > self.dup_budget:
+            return FusionDecision.forbid(f"producer has {n} user(s) outside the region "
+                                         f"and the duplication budget is spent")
+        return FusionDecision.allow(f"duplicated: recomputed here for {n} other fusible "
+                                    f"user{'s' * (n != 1)} (cost {cost:g})", duplicate=True)
+
+    def _dot(self, op: ir.Op, consumer: ir.Op, region: RegionView) -> FusionDecision:
+        if region.kind == "reduction":
+            return FusionDecision.forbid("a reduction does not take a matmul epilogue")
+        if region.kind == "matmul_epilogue":
+            return FusionDecision.forbid("region already has a dot_general")
+        if consumer.kind not in ELEMENTWISE or tuple(op.result.shape) != region.shape:
+            return _wrong_shape(op, region)
+        n = len(region.outside_users(op))
+        if n:
+            return FusionDecision.forbid(f"dot_general result has {n} user"
+                                         f"{'s' * (n != 1)} outside the epilogue")
+        return FusionDecision.allow("matmul epilogue: applied while evacuating PSUM")
+
+
+_WHY_NOT = {
+        "transpose": "transpose changes layout",
+        "reduce": "reduce result feeds the region (needs the whole reduction first)",
+}
+
+
+def _shared(what: str, outside: int) -> FusionDecision:
+    if not outside:
+        return FusionDecision.allow(f"{what}: fused")
+    return FusionDecision.allow(f"{what}: duplicated (cheap, {outside} other "
+                                f"user{'s' * (outside != 1)})", duplicate=True)
+
+
+def _wrong_shape(op: ir.Op, region: RegionView) -> FusionDecision:
+    dims = ",".join(map(str, region.shape))
+    return FusionDecision.forbid(f"shape {op.result.type} differs from the region [{dims}]")
+
+
+def _broadcast_kind(op: ir.Op) -> str | None:
+    """'broadcast of scalar' / 'broadcast of vector', or None for anything wider."""
+    src = op.operands[0].shape
+    big = [i for i, n in enumerate(src) if n != 1]
+    if not big:
+        return "broadcast of scalar"
+    if len(big) == 1:
+        dim = op.attrs["broadcast_dimensions"][big[0]]
+        return f"broadcast of vector along dim {dim}"
+    return None
