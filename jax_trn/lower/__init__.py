@@ -7,20 +7,26 @@
 Each op of the entry function becomes one kernel (DMA in, compute, DMA out) over DRAM
 tensors `arg<i>` (parameters), `out<i>` (results, each its own buffer), `t<i>` (HBM
 temporaries) and `const:<i>` (initial data: non-splat constants, returned as
-`program.constants`, a name -> array dict the runtime loads once per executable).
+`program.constants`, a name -> array dict the runtime loads once per executable). A
+`fusion` op (hlo_passes' fusion pass) is one kernel for all its ops.
 
 Modules, in dependency order:
   errors      LoweringError
   layout      tiling arithmetic (`tiles`, `flat_tiles`, `box_tiles`) and DRAM views
   builder     KernelBuilder: SBUF/PSUM allocation, rings, DMA queues, semaphores
   registry    LOWERINGS, register_lowering, LowerCtx
-  elementwise the generic elementwise rule over a Region of steps (fusion-ready)
+  tileops     one elementwise op on tiles (TILE_OPS), per-partition operands
+  regions     Region (inputs as views, steps, outputs) and its Evaluator per tile box
+  elementwise the generic elementwise rule: a Region tiled flat or by rows
   movement    DRAM copies (reshape), splat constants, iota
   relayout    transpose, broadcast_in_dim (SBUF expand, TensorE transpose, DMA)
   slicing     slice, concatenate, pad
   matmul      the TensorE loop nest;  dot: dot_general (precision, canonical form)
-  reduce      reduce with add / max / min (and / or on bool)
-  listing     Program.text;  driver: lower_module
+  reduce      reduce with add / max / min (and / or on bool), from a tensor or a region
+  translate   a fusion op's region -> Region + root (reduce / dot_general)
+  epilogue    a fused region applied to matmul output tiles leaving PSUM
+  fusion      the "fusion" rule: loop / reduction / matmul_epilogue kernels
+  listing     Program.text;  driver: lower_module (fusion ops, with a per-op fallback)
 """
 from .errors import LoweringError as LoweringError
 from .registry import LOWERINGS as LOWERINGS

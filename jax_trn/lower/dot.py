@@ -119,18 +119,25 @@ def _canonical(ctx: LowerCtx, t: DramTensor, b: Axes, f: Axes, k: Axes, dtype: s
 # --- the rule ---------------------------------------------------------------------------------
 
 @register_lowering("dot_general")
-def _dot_general_lower(ctx: LowerCtx, lhs: DramTensor, rhs: DramTensor, *,
-                       lhs_batching_dimensions=(), rhs_batching_dimensions=(),
-                       lhs_contracting_dimensions=(), rhs_contracting_dimensions=(),
-                       precision_config=(), **_) -> None:
-    out = ctx.outs[0]
-    lb, lf, lc = _groups(lhs.shape, lhs_batching_dimensions, lhs_contracting_dimensions)
-    rb, rf, rc = _groups(rhs.shape, rhs_batching_dimensions, rhs_contracting_dimensions)
+def _dot_general_lower(ctx: LowerCtx, lhs: DramTensor, rhs: DramTensor, **attrs) -> None:
+    lower_dot(ctx, lhs, rhs, ctx.outs[0], attrs)
+
+
+def lower_dot(ctx: LowerCtx, lhs: DramTensor, rhs: DramTensor, out: DramTensor,
+              attrs: dict, epilogue=None) -> None:
+    """dot_general into `out`, or through `epilogue` (epilogue.py: then `out` only names
+    the dot's value, which is never stored)."""
+    lb, lf, lc = _groups(lhs.shape, attrs.get("lhs_batching_dimensions", ()),
+                         attrs.get("lhs_contracting_dimensions", ()))
+    rb, rf, rc = _groups(rhs.shape, attrs.get("rhs_batching_dimensions", ()),
+                         attrs.get("rhs_contracting_dimensions", ()))
     k = math.prod(n for _, n in lc)
     ctx.kb.flops += 2 * out.size * k
     if out.size == 0 or k == 0:
+        _no_epilogue(epilogue, "an empty dot_general")
         return fill(ctx.kb, out, 0)
-    ldt, rdt, precision = matmul_types(lhs.dtype, rhs.dtype, precision_config,
+    ldt, rdt, precision = matmul_types(lhs.dtype, rhs.dtype,
+                                       attrs.get("precision_config", ()),
                                        ctx.matmul_precision)
     lb, rb = merge_axes(lb, rb) if lb else ((), ())
     lop = _canonical(ctx, lhs, lb, lf, lc, ldt, lhs=True)
@@ -138,9 +145,17 @@ def _dot_general_lower(ctx: LowerCtx, lhs: DramTensor, rhs: DramTensor, *,
     if lop.t is not lhs or rop.t is not rhs:
         ctx.next_kernel("dot")
     if lop.f[1] == rop.f[1] == 1 and lop.batch and precision == "native":
+        _no_epilogue(epilogue, "batched inner products (M = N = 1)")
         return _inner_products(ctx.kb, lop, rop, out)
-    plan = make_plan(lop, rop, out.dtype, ctx.limits.sbuf_bytes)
-    MatmulEmitter(ctx.kb, lop, rop, out, plan, precision).run()
+    reserved = epilogue.sbuf_bytes() if epilogue is not None else 0
+    plan = make_plan(lop, rop, out.dtype, ctx.limits.sbuf_bytes, reserved)
+    MatmulEmitter(ctx.kb, lop, rop, out, plan, precision, epilogue).run()
+
+
+def _no_epilogue(epilogue, why: str) -> None:
+    if epilogue is not None:
+        from .translate import Unsupported
+        raise Unsupported(f"no matmul epilogue for {why}")
 
 
 # --- batched inner products ------------------------------------------------------------------

@@ -22,6 +22,7 @@ from jax_trn.hw.program import DramTensor, Kernel, Program
 from . import movement
 from .builder import KernelBuilder, Limits
 from .errors import LoweringError
+from .fusion import fusion_notes
 from .listing import format_program
 from .registry import LowerCtx, get_rule
 
@@ -95,7 +96,8 @@ class _Lowering:
     def _check_dtypes(self) -> None:
         """Ops first (their error names a source location), then unused arguments."""
         for op in self.fn.body.ops:
-            check_dtypes(op)
+            for inner in _fused(op):
+                check_dtypes(inner)
         for i, arg in enumerate(self.fn.args):
             if arg.dtype in UNSUPPORTED_DTYPES or arg.dtype not in ir.DTYPES:
                 raise LoweringError(f"{arg.dtype} is not supported by the Trainium hardware "
@@ -113,6 +115,8 @@ class _Lowering:
     def _lower(self, op: ir.Op, claims: dict[int, DramTensor]) -> None:
         if op.kind == "constant":
             return self._constant(op, claims)
+        if op.kind == "fusion":
+            return self._fusion(op, claims)
         ins = [self.where[id(v)] for v in op.operands]
         outs = [self._result(v, claims) for v in op.results]
         rule = get_rule(op.kind, self.target)
@@ -133,6 +137,43 @@ class _Lowering:
                 del self.kernels[start:]
                 self._fill(self.pending.pop(id(v)))
                 self.kernels.extend(mine)
+
+    # --- fusions --------------------------------------------------------------------------
+
+    def _fusion(self, op: ir.Op, claims: dict[int, DramTensor]) -> None:
+        """One kernel for the fusion op; if its rule cannot, its ops one by one."""
+        ins = [self.where[id(v)] for v in op.operands]
+        outs = [self._result(v, claims) for v in op.results]
+        block = op.regions[0].block
+        ops = [_label(o) for o in block.ops[:-1] if o.kind != "constant"]
+        rule, notes = get_rule("fusion", self.target), fusion_notes(op)
+        kernels, temps = len(self.kernels), len(self.temps)
+        try:
+            self._run(op, f"{_hero(block)}_fusion.{next(self._ids)}",
+                      lambda ctx: rule(ctx, *ins, **op.attrs), outs, ops, notes)
+        except LoweringError as e:
+            del self.kernels[kernels:], self.temps[temps:]
+            return self._unfuse(op, ins, outs, notes + [f"fallback: {_reason(e, op)}"])
+        self._write_used_constants(op, kernels)
+
+    def _unfuse(self, op: ir.Op, ins: list[DramTensor], outs: list[DramTensor],
+                notes: list[str]) -> None:
+        """Lowers the fusion's ops one by one (each its own kernel), tagged `notes`."""
+        for v in op.operands:
+            if id(v) in self.pending:
+                self._fill(self.pending.pop(id(v)))
+        block, start = op.regions[0].block, len(self.kernels)
+        self.where.update((id(a), t) for a, t in zip(block.args, ins))
+        args = {id(a) for a in block.args}
+        claims: dict[int, DramTensor] = {}
+        for v, out in zip(block.terminator.operands, outs):
+            if id(v) not in args and id(v) not in claims:
+                claims[id(v)] = out
+        for inner in block.ops[:-1]:
+            self._lower(inner, claims)
+        self._copy_unclaimed(block.terminator, claims, outs)
+        for k in self.kernels[start:]:
+            k.notes[:0] = notes
 
     def _operand(self, v: ir.Value) -> DramTensor:
         if id(v) in self.pending:
@@ -171,8 +212,9 @@ class _Lowering:
         self._run(op, f"constant.{next(self._ids)}",
                   lambda ctx: movement.fill(ctx.kb, t, value), [t])
 
-    def _copy_unclaimed(self, ret: ir.Op, claims: dict[int, DramTensor]) -> None:
-        for v, out in zip(ret.operands, self.outputs):
+    def _copy_unclaimed(self, ret: ir.Op, claims: dict[int, DramTensor],
+                        outputs: list[DramTensor] | None = None) -> None:
+        for v, out in zip(ret.operands, self.outputs if outputs is None else outputs):
             if claims.get(id(v)) is out:
                 continue
             src = self._operand(v)
@@ -181,11 +223,12 @@ class _Lowering:
 
     # --- kernels ---------------------------------------------------------------------------
 
-    def _run(self, op: ir.Op, name: str, emit, outs: list[DramTensor]) -> None:
-        label = op.kind + (f" at {op.loc}" if op.loc else "")
-        ctx = LowerCtx(self.spec, self.limits, KernelBuilder(name, self.limits), op, outs,
+    def _run(self, op: ir.Op, name: str, emit, outs: list[DramTensor],
+             ops: list[str] | None = None, notes: list[str] = ()) -> None:
+        label = ops or [_label(op)]
+        ctx = LowerCtx(self.spec, self.limits, self._builder(name, notes), op, outs,
                        self.consts, self.precision, self._temp, None)
-        ctx.split = lambda suffix: self._split(ctx, name, suffix, label)
+        ctx.split = lambda suffix: self._split(ctx, name, suffix, label, notes)
         try:
             emit(ctx)
         except isa.IsaError as e:
@@ -194,11 +237,17 @@ class _Lowering:
             if op.describe() in str(e):
                 raise
             raise LoweringError(f"{e} ({op.describe()})") from e
-        self.kernels.append(ctx.kb.finish([label]))
+        self.kernels.append(ctx.kb.finish(label))
 
-    def _split(self, ctx: LowerCtx, name: str, suffix: str, label: str) -> KernelBuilder:
-        self.kernels.append(ctx.kb.finish([label]))
-        return KernelBuilder(f"{name}.{suffix}", self.limits)
+    def _builder(self, name: str, notes) -> KernelBuilder:
+        kb = KernelBuilder(name, self.limits)
+        kb.notes.extend(notes)
+        return kb
+
+    def _split(self, ctx: LowerCtx, name: str, suffix: str, label: list[str],
+               notes) -> KernelBuilder:
+        self.kernels.append(ctx.kb.finish(label))
+        return self._builder(f"{name}.{suffix}", notes)
 
     def _temp(self, shape: tuple[int, ...], dtype: str) -> DramTensor:
         t = DramTensor(f"t{len(self.temps)}", tuple(shape), dtype)
@@ -212,6 +261,32 @@ class _Lowering:
                               self.constants)
         return Program(self.params, self.outputs, self.temps, self.kernels, text,
                        self.constants)
+
+
+def _label(op: ir.Op) -> str:
+    return op.kind + (f" at {op.loc}" if op.loc else "")
+
+
+def _fused(op: ir.Op) -> list[ir.Op]:
+    """`op`, or the ops of a fusion op's region."""
+    if op.kind != "fusion":
+        return [op]
+    return [o for o in op.regions[0].block.ops if o.kind not in RETURNS]
+
+
+def _hero(block: ir.Block) -> str:
+    """What names a fusion's kernel, as XLA names fusions: its dot_general or reduce,
+    else the op computing its first result ("multiply_fusion.3")."""
+    kinds = [o.kind for o in block.ops]
+    for kind in ("dot_general", "reduce"):
+        if kind in kinds:
+            return kind
+    root = block.terminator.operands[0]
+    return next((o.kind for o in block.ops if root in o.results), "loop")
+
+
+def _reason(e: Exception, op: ir.Op) -> str:
+    return str(e).replace(f" ({op.describe()})", "")
 
 
 def lower_module(module: ir.Module, spec: Any, *, matmul_precision: str | None = None,

@@ -102,9 +102,11 @@ def _candidates(m: int, k: int, n: int):
         yield Plan(P, kb, group)
 
 
-def make_plan(lhs: Operand, rhs: Operand, out_dtype: str, sbuf_bytes: int) -> Plan:
-    """The first candidate plan that fits the SBUF share of a matmul kernel."""
-    budget = int(sbuf_bytes * SBUF_SHARE)
+def make_plan(lhs: Operand, rhs: Operand, out_dtype: str, sbuf_bytes: int,
+              reserved: int = 0) -> Plan:
+    """The first candidate plan that fits the SBUF share of a matmul kernel, after
+    `reserved` bytes per partition (a fused epilogue's buffers)."""
+    budget = int(sbuf_bytes * SBUF_SHARE) - reserved
     k = lhs.k[1]
     for plan in _candidates(lhs.f[1], k, rhs.f[1]):
         if _plan_bytes(lhs, rhs, out_dtype, plan, k) <= budget:
@@ -137,8 +139,9 @@ class MatmulEmitter:
     """Emits the loop nest of one canonical matmul (see the module docstring)."""
 
     def __init__(self, kb: KernelBuilder, lhs: Operand, rhs: Operand, out: DramTensor,
-                 plan: Plan, precision: str = "native"):
+                 plan: Plan, precision: str = "native", epilogue=None):
         self.kb, self.lhs, self.rhs, self.out, self.plan = kb, lhs, rhs, out, plan
+        self.epilogue = epilogue
         self.m, self.k, self.n = lhs.f[1], lhs.k[1], rhs.f[1]
         self.precision = precision
         nk = -(-plan.kb // P)
@@ -147,10 +150,12 @@ class MatmulEmitter:
                       if op.transposed}
         self.strips = kb.ring(2 if deep else -(-plan.mb // P), nk * P, lhs.dtype)
         self.slices = kb.ring(2, nk * plan.group, rhs.dtype)
-        self.obuf = kb.ring(2, plan.group, out.dtype)
+        self.obuf = kb.ring(2, plan.group, out.dtype) if epilogue is None else None
         tbanks = TRANSPOSE_BANKS if self.stage else 0
         self.tps = kb.ring(tbanks, MOVING_MAX, "float32", mem="psum") if tbanks else None
         self.acc = kb.ring(PSUM_BANKS - tbanks, MOVING_MAX, "float32", mem="psum")
+        if epilogue is not None:
+            epilogue.start(kb, plan.group)
 
     def run(self) -> None:
         batch = [n for _, n in self.lhs.batch]
@@ -161,8 +166,10 @@ class MatmulEmitter:
                 continue
             for mb0, mbn in tiles(self.m, self.plan.mb):
                 self._mblock(index, base, mb0, mbn)
-        rings = [self.strips, self.slices, self.obuf, self.acc, *self.stage.values()]
-        self.kb.release(*rings, *([self.tps] if self.tps else []))
+        rings = [self.strips, self.slices, self.acc, *self.stage.values()]
+        self.kb.release(*rings, *(r for r in (self.tps, self.obuf) if r))
+        if self.epilogue is not None:
+            self.epilogue.close()
 
     def _mblock(self, index, base: int, mb0: int, mbn: int) -> None:
         mtiles = [(mb0 + m0, mt) for m0, mt in tiles(mbn, P)]
@@ -212,7 +219,10 @@ class MatmulEmitter:
             midway[0]()
 
     def _drain(self, accs, base: int, m0: int, mt: int, g0: int, gn: int) -> None:
-        """PSUM -> SBUF in the result dtype, then one DMA of the [mt, gn] block."""
+        """PSUM -> SBUF in the result dtype, then one DMA of the [mt, gn] block (or the
+        fused epilogue's version of it, epilogue.py)."""
+        if self.epilogue is not None:
+            return self.epilogue.drain(accs, base, m0, mt, g0, gn)
         otile = sub(self.obuf.next(), mt, gn)
         for c0, ct, acc in accs:
             self.kb.emit(isa.TensorCopy, dst=sub(otile, mt, ct, at=c0), src=acc,

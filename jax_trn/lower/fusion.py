@@ -1,0 +1,73 @@
+"""The `fusion` rule: one kernel per fusion op (hlo_passes/passes/fusion.py).
+
+    loop             the region tiled like one elementwise op (elementwise.emit_loop):
+                     each input read once, intermediates only in SBUF
+    reduction        the reduce's tilings (reduce.py) with the region evaluated per box
+                     as the reduce's source (input fusion), extra outputs stored per box
+    matmul_epilogue  the matmul loop nest (dot.py / matmul.py) with the region applied
+                     to each output tile as it leaves PSUM (epilogue.py)
+
+The kernel's `ops` are the fused ops; its `notes` the fusion kind, the pass's decisions
+and how the lowering applied them. A region this lowering cannot emit raises
+`Unsupported` (translate.py); the driver then lowers its ops one by one.
+"""
+from __future__ import annotations
+
+from jax_trn.hw.program import DramTensor
+
+from .dot import lower_dot
+from .elementwise import emit_loop, free_size
+from .epilogue import Epilogue
+from .reduce import RegionSource, emit_reduce, is_identity
+from .regions import FMAX
+from .registry import LowerCtx, register_lowering
+from .translate import FusionPlan, Unsupported, translate
+
+__all__ = ["Unsupported", "fusion_notes"]
+
+
+def fusion_notes(op) -> list[str]:
+    """The notes every kernel of a fusion carries: its kind and the pass's decisions."""
+    return [f"fusion_kind: {op.attrs.get('fusion_kind', '?')}",
+            *(f"decision: {d}" for d in op.attrs.get("decisions", ()))]
+
+
+@register_lowering("fusion")
+def _fusion_lower(ctx: LowerCtx, *ins: DramTensor, fusion_kind: str = "loop",
+                  decisions=()) -> None:
+    plan = translate(ctx.op, list(ins), ctx.outs)
+    if fusion_kind == "reduction":
+        _reduction(ctx, plan)
+    elif fusion_kind == "matmul_epilogue":
+        _epilogue(ctx, plan)
+    else:
+        ctx.kb.flops += emit_loop(ctx.kb, plan.region)
+
+
+def _reduction(ctx: LowerCtx, plan: FusionPlan) -> None:
+    region, root = plan.region, plan.reduce
+    out = ctx.outs[0]
+    dtype = region.dtype(root.vid)
+    ctx.kb.flops += region.size * (1 + sum(s.kind != "constant" for s in region.steps))
+    if region.size == 0 or out.size == 0:
+        raise Unsupported("an empty reduction")
+    init = None if is_identity(_value(root.init), root.alu, dtype) else root.init
+    chunk = min(FMAX, free_size(ctx.kb, region, 4 * FMAX * 128))
+    source = RegionSource(ctx.kb, region, root.vid, chunk)
+    emit_reduce(ctx.kb, source, region.shape, out, root.alu, init, root.dimensions)
+
+
+def _value(init):
+    return None if isinstance(init, DramTensor) else init
+
+
+def _epilogue(ctx: LowerCtx, plan: FusionPlan) -> None:
+    dot = plan.dot
+    attrs = dot.op.attrs
+    nb = len(attrs.get("lhs_batching_dimensions", ()))
+    nm = len(dot.lhs.shape) - nb - len(attrs.get("lhs_contracting_dimensions", ()))
+    epilogue = Epilogue(plan, nb, nm)
+    ctx.kb.notes.extend(epilogue.notes)
+    ctx.kb.flops += plan.region.size * sum(s.kind != "constant" for s in plan.region.steps)
+    value = DramTensor("dot", tuple(plan.region.shape), plan.region.dtype(dot.vid))
+    lower_dot(ctx, dot.lhs, dot.rhs, value, attrs, epilogue)
