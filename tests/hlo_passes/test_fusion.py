@@ -1,14 +1,16 @@
 """fusion: StableHLO text in -> changed? -> fusion ops, their regions and recorded reasons."""
 from __future__ import annotations
 
+import jax.numpy as jnp
 import pytest
 
+import hlo_passes
 from hlo_passes import ir
 from hlo_passes.errors import VerifyError
 from hlo_passes.fusion_policy import FusionDecision, FusionPolicy
 from hlo_passes.passes import fusion
 from hlo_passes.verifier import verify
-from tests.hlo_passes.helpers import from_text, kinds
+from tests.hlo_passes.helpers import all_kinds, artifact_of, from_text, kinds
 
 
 def run(text: str, policy: FusionPolicy | None = None):
@@ -287,3 +289,11 @@ def test_policy_forbids_wide_broadcasts():
     d = FusionPolicy().should_fuse(bcast, exp, Region())
     assert d == FusionDecision(False, "forbidden: broadcast of float32[2,3] "
                                       "(only scalars and vectors fuse)")
+
+
+def test_compile_to_ir_fuses_and_can_be_disabled(monkeypatch):
+    code = artifact_of(lambda x: jnp.tanh(x * 2.0) + 1.0, jnp.ones((8, 4)))
+    assert kinds(hlo_passes.compile_to_ir(code).main.body) == ["fusion", "func.return"]
+    monkeypatch.setenv("JAX_TRN_DISABLE_PASSES", "fusion")
+    module = hlo_passes.compile_to_ir(code)
+    assert "fusion" not in all_kinds(module)

@@ -40,8 +40,18 @@ class Breaker:
 
 def test_default_pipeline_reaches_fixpoint():
     module = from_text(TEXT)
-    assert hlo_passes.default_pipeline(dump_dir=None).run(module)
+    assert hlo_passes.default_pipeline(fuse=False, dump_dir=None).run(module)
     assert kinds(module.main.body) == ["exponential", "add", "func.return"]
+
+
+def test_default_pipeline_ends_with_fusion():
+    module = from_text(TEXT)
+    pipeline = hlo_passes.default_pipeline(dump_dir=None)
+    assert pipeline.run(module)
+    assert pipeline.log[-1].name == "fusion"
+    assert kinds(module.main.body) == ["fusion", "func.return"]
+    (fusion,) = module.main.body.ops[:1]
+    assert kinds(fusion.regions[0].block) == ["exponential", "add", "return"]
 
 
 def test_fix_repeats_until_no_change():
@@ -68,7 +78,7 @@ def test_disable_passes_by_name(monkeypatch):
     monkeypatch.setenv("JAX_TRN_DISABLE_PASSES", "cse, b")
     a, b = Recorder("a"), Recorder("b")
     module = from_text(TEXT)
-    pipeline = hlo_passes.default_pipeline(dump_dir=None)
+    pipeline = hlo_passes.default_pipeline(fuse=False, dump_dir=None)
     pipeline.passes += [a, b]
     pipeline.run(module)
     assert "cse" not in [r.name for r in pipeline.log]
