@@ -25,13 +25,14 @@ from jax_trn.hw.program import DramTensor
 from .builder import KernelBuilder
 from .layout import (P, box_offset, box_pattern, box_size, box_tiles, flat_tiles,
                      line_tiles, merge_axes, row_major)
-from .regions import FMAX, Evaluator, Input, Region
+from .regions import FMAX, Evaluator, Input, Region, _itemsize
 from .registry import LowerCtx, register_lowering
 from .tileops import TILE_OPS, Src, Step, engine_for
 
 __all__ = ["FMAX", "TILE_OPS", "Src", "Step", "emit_loop", "single_op_region"]
 
 MIN_FREE = 512       # below this a DMA moves < 2 KiB per partition (§3.4): prefer fewer tiles
+TILE_BYTES = 8192    # per partition: DMA runs of 8 KiB are ~97% efficient (§3.4)
 _engine = engine_for     # the name other rule modules import
 
 
@@ -52,10 +53,13 @@ def emit_loop(kb: KernelBuilder, region: Region) -> int:
 
 
 def free_size(kb: KernelBuilder, region: Region, cols: int) -> int:
-    """F of the [128, F] tiles: what fits half of SBUF, at least 4 tiles when large."""
+    """F of the [128, F] tiles: what fits half of SBUF, at least 4 tiles when large,
+    and at most FMAX elements or TILE_BYTES per partition of the widest input."""
     ins, steps = region.bytes_per_element()
     fit = max(1, (kb.limits.sbuf_bytes // 2) // max(1, ins + steps))
-    return max(1, min(FMAX, fit, max(MIN_FREE, -(-cols // 4))))
+    widest = max([_itemsize(i.dtype) for i in region.inputs if i.t is not None] + [1])
+    cap = max(FMAX, TILE_BYTES // widest)
+    return max(1, min(cap, fit, max(MIN_FREE, -(-cols // 4))))
 
 
 def _flat(ev: Evaluator, merged, n: int, free: int) -> None:

@@ -39,7 +39,8 @@ from .translate import FusionPlan, Unsupported
 
 GROUP_MAX, CHUNK = 1024, 512      # matmul column group / PSUM bank width (matmul.py)
 PSUM_SAFE = frozenset({"add", "subtract", "multiply", "divide", "maximum", "minimum",
-                       "compare", "convert", "negate", "abs", *ACTIVATION})
+                       "compare", "convert", "negate", "abs", "activation",
+                       "tensor_scalar", *ACTIVATION})
 
 
 class Epilogue:

@@ -1,7 +1,8 @@
 """The `fusion` rule: one kernel per fusion op (hlo_passes/passes/fusion.py).
 
     loop             the region tiled like one elementwise op (elementwise.emit_loop):
-                     each input read once, intermediates only in SBUF
+                     each input read once, intermediates only in SBUF; immediate
+                     scale/bias folded into ScalarE activations (folding.py)
     reduction        the reduce's tilings (reduce.py) with the region evaluated per box
                      as the reduce's source (input fusion), extra outputs stored per box
     matmul_epilogue  the matmul loop nest (dot.py / matmul.py) with the region applied
@@ -18,6 +19,7 @@ from jax_trn.hw.program import DramTensor
 from .dot import lower_dot
 from .elementwise import emit_loop, free_size
 from .epilogue import Epilogue
+from .folding import fold
 from .reduce import RegionSource, emit_reduce, is_identity
 from .regions import FMAX
 from .registry import LowerCtx, register_lowering
@@ -36,6 +38,7 @@ def fusion_notes(op) -> list[str]:
 def _fusion_lower(ctx: LowerCtx, *ins: DramTensor, fusion_kind: str = "loop",
                   decisions=()) -> None:
     plan = translate(ctx.op, list(ins), ctx.outs)
+    plan.region = fold(plan.region)
     if fusion_kind == "reduction":
         _reduction(ctx, plan)
     elif fusion_kind == "matmul_epilogue":

@@ -32,7 +32,8 @@ from jax_trn.hw.program import DramTensor
 
 from .builder import KernelBuilder, Ring, sub
 from .layout import P, Axes, row_major
-from .tileops import NEEDS_FULL_TILES, TILE_OPS, Src, Step, expand, fill_scalar
+from .tileops import (NEEDS_FULL_TILES, NO_INSTRUCTION, TILE_OPS, Src, Step, expand,
+                      fill_scalar)
 
 FMAX = 2048          # elements per partition of one elementwise tile
 IN_DEPTH, STEP_DEPTH = 3, 2
@@ -106,7 +107,7 @@ def assign_slots(region: Region) -> dict[int, int]:
         for entry in [e for e in live if e[1] < j]:
             live.remove(entry)
             free.append(entry[0])
-        if step.kind == "constant":
+        if step.kind in NO_INSTRUCTION:
             continue
         if free:
             slot = free.pop(0)
@@ -128,11 +129,13 @@ class Evaluator:
         self.rings: dict[tuple, Ring] = {}
         self.cache: dict[int, tuple[Box, Src]] = {}
         self.turn: dict[tuple, isa.Tile] = {}
+        self.consts: dict[tuple, isa.Tile] = {}
         self.globals = {i: self._load_global(inp) for i, inp in enumerate(region.inputs)
                         if inp.is_scalar and region.size > 1}
 
     def close(self) -> None:
-        self.kb.release(*self.rings.values(), *(s.tile for s in self.globals.values()))
+        self.kb.release(*self.rings.values(), *(s.tile for s in self.globals.values()),
+                        *self.consts.values())
 
     def _ring(self, key: tuple, depth: int, free: int, dtype: str) -> Ring:
         if key not in self.rings:
@@ -213,9 +216,13 @@ class Evaluator:
         return sub(self.turn[key].with_(dtype=dtype, free=(free,)), parts, free)
 
     def _step(self, j: int, step: Step, args: list[Src], parts: int, free: int,
-              pinned: isa.Tile | None) -> Src:
+              pinned: isa.Tile | None) -> Src | None:
         if step.kind == "constant":
             return Src.immediate(step.attrs["value"], step.dtype)
+        if step.kind == "folded":
+            return None
+        if step.kind == "activation" and step.attrs["bias"] is not None:
+            args = args + [self._const(step.attrs["bias"], parts)]
         if all(a.scalar for a in args):
             return self._scalar_step(j, step, args, parts, free, pinned)
         if step.kind in NEEDS_FULL_TILES:
@@ -233,6 +240,14 @@ class Evaluator:
         if pinned is None:
             return Src.of(dst, scalar=True)
         return Src.of(expand(self.kb, Src.of(dst, scalar=True), pinned))
+
+    def _const(self, value: float, parts: int) -> Src:
+        """A [P, 1] FP32 tile of `value`, written once per kernel (an Activation bias
+        is a per-partition tile, §2.4)."""
+        key = ("const", float(value))
+        if key not in self.consts:
+            self.consts[key] = fill_scalar(self.kb, self.kb.tile(1, "float32"), value)
+        return Src.of(sub(self.consts[key], parts), scalar=True)
 
     def _materialize(self, a: Src, parts: int, key) -> Src:
         if a.imm is None:

@@ -143,12 +143,28 @@ def _clamp(kb, dst, srcs, step):
     return _binary(kb, dst, Src.of(dst), hi, "min", engine)
 
 
+def _folded_activation(kb, dst, srcs, step):
+    """func(x * scale + bias): folding.py; the bias is a [P, 1] tile (srcs[1])."""
+    bias = srcs[1].operand if len(srcs) > 1 else None
+    return kb.emit(isa.Activation, dst=dst, data=srcs[0].tile,
+                   func=ACTIVATION[step.attrs["func"]], scale=step.attrs["scale"], bias=bias)
+
+
+def _folded_tensor_scalar(kb, dst, srcs, step):
+    """(x <op0> a) <op1> b: folding.py."""
+    (op0, a, r0), (op1, b, r1) = step.attrs["ops"]
+    return kb.emit(isa.TensorScalar, dst=dst, data=srcs[0].tile, op0=op0, operand0=a,
+                   reverse0=r0, op1=op1, operand1=b, reverse1=r1)
+
+
 TileOp = Callable[[KernelBuilder, isa.Tile, list[Src], Step], Any]
 TILE_OPS: dict[str, TileOp] = {
     **{k: _alu for k in ALU}, **{k: _activation for k in ACTIVATION},
     "compare": _compare, "negate": _negate, "abs": _abs, "not": _not,
     "convert": _convert, "select": _select, "clamp": _clamp,
+    "activation": _folded_activation, "tensor_scalar": _folded_tensor_scalar,
 }
+NO_INSTRUCTION = frozenset({"constant", "folded"})     # steps with no tile of their own
 # Ops whose operands must all be tiles of the destination's shape.
 NEEDS_FULL_TILES = frozenset({"select"})
 

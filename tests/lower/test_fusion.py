@@ -52,21 +52,36 @@ def chain(shape, dtype):
       }}"""
 
 
-def chain_ref(x, y, dtype):
+def chain_ref(x, y, dtype, folded: bool):
+    """Op by op, each result rounded to `dtype`; `folded`: x * 2 + 1 stays FP32 inside
+    the activation (folding.py)."""
     r = lambda a: a.astype(ir.np_dtype(dtype)).astype(np.float32)    # noqa: E731
     x, y = x.astype(np.float32), y.astype(np.float32)
-    return r(r(np.tanh(r(r(x * 2) + 1))) * y).astype(ir.np_dtype(dtype))
+    pre = x * 2 + 1 if folded else r(r(x * 2) + 1)
+    return r(r(np.tanh(pre)) * y).astype(ir.np_dtype(dtype))
 
 
 @pytest.mark.parametrize("shape", [(), (7,), (130, 3), (256, 512), (3, 5, 7)])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_loop_fusion_is_one_kernel_bit_exact_with_unfused(shape, dtype):
+def test_loop_fusion_is_one_kernel(shape, dtype):
     x, y = make(shape, dtype, role=0), make(shape, dtype, role=1)
     fused, plain = run_both(chain(shape, dtype), x, y)
     assert len(fused.program.kernels) == 1
     assert len(plain.program.kernels) > 1
-    np.testing.assert_array_equal(fused.outputs[0], plain.outputs[0])
-    ref.assert_close(fused.outputs[0], chain_ref(x, y, dtype), dtype)
+    np.testing.assert_array_equal(fused.outputs[0], chain_ref(x, y, dtype, folded=True))
+    np.testing.assert_array_equal(plain.outputs[0], chain_ref(x, y, dtype, folded=False))
+    if dtype == "float32":          # FP32 inside the engines either way: bit-exact
+        np.testing.assert_array_equal(fused.outputs[0], plain.outputs[0])
+    ref.assert_close(fused.outputs[0], plain.outputs[0], dtype)
+
+
+def test_immediate_scale_and_bias_fold_into_the_activation():
+    fused, _ = both(chain((256, 512), "float32"))
+    kinds = [type(i).__name__ for i in fused.kernels[0].instructions
+             if not isinstance(i, isa.DmaCopy)]
+    assert set(kinds) == {"Memset", "Activation", "TensorTensor"}   # bias tile, tanh, *y
+    act = next(i for i in fused.kernels[0].instructions if isinstance(i, isa.Activation))
+    assert act.func == "tanh" and act.scale == 2.0 and act.bias.free == (1,)
 
 
 def test_loop_fusion_reads_each_input_once_and_writes_only_results():
