@@ -1,5 +1,10 @@
 """`lower_module`: one kernel per op of the entry function, in program order.
 
+A `fusion` op is one kernel named after its hero ("dot_general_fusion.2"), whose
+`ops` are the fused ops and whose `notes` carry the fusion kind and the pass's
+decisions; if the fusion rule cannot emit it (LoweringError, e.g. `Unsupported`), its
+ops are lowered one by one instead, each kernel noted "fallback: <why>".
+
 Buffers: parameters are `arg0..`, results `out0..` (every output its own buffer: a result
 that is a parameter, a non-splat constant or a repeated value gets a copy kernel), and
 other op results are HBM temporaries `t0..`. Constants never run as ops: a splat
