@@ -237,8 +237,12 @@ class MatmulEmitter:
         load = _Load(KMajor(ring.next(), fsize))
         base = op.batch_offset(index) + kblock[0] * op.k[0] + f0 * op.f[0]
         if op.transposed:
+            stage = self.stage[id(op)]
             for c0, fc in tiles(fsize, P):
-                rows = sub(self.stage[id(op)].next(), fc, kblock[1])
+                if len(load.staged) == len(stage.tiles):
+                    # The ring wraps onto a chunk not transposed yet: transpose it first.
+                    self._transpose_staged(load.staged.pop(0), load.dst)
+                rows = sub(stage.next(), fc, kblock[1])
                 src = ((op.f[0], fc), (op.k[0], kblock[1]))
                 self.kb.dma(rows, self.kb.ap(op.t, base + c0 * op.f[0], src))
                 load.staged.append((rows, c0, fc))
@@ -250,10 +254,15 @@ class MatmulEmitter:
 
     def _finish(self, load: _Load) -> KMajor:
         """Emits the TensorE transposes of a staged load (none for a direct one)."""
-        for rows, c0, fc in load.staged:
-            for group in _runs(tiles(rows.free_size, P), MOVING_MAX // fc):
-                self._transpose(rows, group, fc, c0, load.dst)
+        for staged in load.staged:
+            self._transpose_staged(staged, load.dst)
+        load.staged.clear()
         return load.dst
+
+    def _transpose_staged(self, staged: tuple[isa.Tile, int, int], dst: KMajor) -> None:
+        rows, c0, fc = staged
+        for group in _runs(tiles(rows.free_size, P), MOVING_MAX // fc):
+            self._transpose(rows, group, fc, c0, dst)
 
     def _transpose(self, rows: isa.Tile, group, fc: int, c0: int, dst: KMajor) -> None:
         """Transposes k-tiles of `rows` [fc, K] into one PSUM bank, then copies them to

@@ -145,6 +145,23 @@ def test_dot_general_bf16(jax, trn, cpu, lhs, rhs, dims):
     check(jax, trn, cpu, lambda x, y: jnp.einsum(dims, x, y), a, b, rtol=2e-2, atol=5e-2)
 
 
+@pytest.mark.parametrize("lhs,rhs,dims", [
+    ((128, 128), (512, 128), "ik,jk->ij"),        # rhs stored [N, K]: TensorE-transposed
+    ((130, 200), (700, 200), "ik,jk->ij"),
+    ((64, 300), (2000, 300), "ik,jk->ij"),
+    ((300, 520), (300, 130), "ki,kj->ij"),        # lhs stored [K, M]
+    ((2, 520, 96), (2, 600, 96), "bik,bjk->bij"),
+])
+def test_dot_general_transposed_operands_f32_highest(jax, trn, cpu, lhs, rhs, dims):
+    """Operands whose K axis is contiguous are staged in SBUF and transposed on TensorE
+    in 128-row chunks; wide ones wrap the staging ring."""
+    import jax.numpy as jnp
+    rng = np.random.default_rng(13)
+    a, b = _rand(lhs, "float32", rng), _rand(rhs, "float32", rng)
+    with jax.default_matmul_precision("highest"):
+        check(jax, trn, cpu, lambda x, y: jnp.einsum(dims, x, y), a, b, rtol=1e-5, atol=2e-4)
+
+
 def test_dot_general_f32_highest(jax, trn, cpu):
     rng = np.random.default_rng(9)
     a, b = _rand((130, 300), "float32", rng), _rand((300, 70), "float32", rng)
