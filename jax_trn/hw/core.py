@@ -120,7 +120,9 @@ class NeuronCore:
         spec = self.spec
         begin = start + spec.dma_fixed_ns
         chunk, engines = costs.dma_shape(instr, spec)
-        eff = spec.dma_efficiency(chunk)
+        # Per-descriptor efficiency, times the instruction's own factor (DmaTranspose
+        # reaches 90% / 50% of the DMA rate, §3.4).
+        eff = spec.dma_efficiency(chunk) * instr.efficiency
         lines = [(self.dma_bw, 1.0 / eff)]       # overhead time occupies the engines
         rate = engines * spec.dma_engine_bytes_per_ns * eff
         hbm_sides = instr.hbm_bytes / max(instr.nbytes, 1)

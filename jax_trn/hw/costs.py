@@ -190,7 +190,10 @@ def dma_shape(ins, spec: CoreSpec) -> tuple[float, int]:
     side, each engine serves pmax / 16 = 8 partitions ("a [4, 4096] load uses one
     engine", [NKI-DMA]); DRAM to DRAM, the chunks packetised at 4 KiB spread over up
     to 16 engines."""
-    chunk = max(1, min(_run_bytes(ins.src), _run_bytes(ins.dst)))
+    chunk = getattr(ins, "chunk_bytes", None)     # set by DmaGather / DmaTranspose
+    if chunk is None:
+        chunk = min(_run_bytes(ins.src), _run_bytes(ins.dst))
+    chunk = max(1, chunk)
     tiles = [v for v in (ins.src, ins.dst) if isinstance(v, isa.Tile)]
     if tiles:
         per_engine = spec.pmax // spec.dma_engines

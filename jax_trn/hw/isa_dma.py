@@ -177,6 +177,12 @@ class DmaTranspose(DmaCopy):
     def efficiency(self) -> float:
         return TRANSPOSE_EFFICIENCY["sbuf" if isinstance(self.src, Tile) else "dram"]
 
+    @property
+    def chunk_bytes(self) -> float:
+        """The transpose engine moves whole blocks: its rate is `efficiency` of the DMA
+        rate (§3.4), not limited by element-sized descriptors."""
+        return float("inf")
+
     def cycles(self, spec) -> float:
         return 0.0
 

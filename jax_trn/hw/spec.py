@@ -73,7 +73,6 @@ class CoreSpec:
     dma_packet_bytes: int = 4 * KIB  # default DMA packetisation, §3.4 [CC-OVERLAP]
     dma_full_rate_bytes: float = 2500.0   # descriptor size reaching full rate, see below
     hwdge_ns: float = 600.0          # hardware-DGE DMA instruction, §2.6 [NKI-ARCH2]
-    dma_transpose_efficiency: tuple[float, float] = (0.9, 0.5)  # HBM->SBUF, SBUF->SBUF, §3.4
     vector_transpose_max: int = 32   # VectorE transpose <= 32x32, §2.3 [NKI-ARCH1]
 
     def clock(self, engine: str) -> float:
