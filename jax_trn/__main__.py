@@ -51,7 +51,8 @@ def main() -> int:
           f"({tflops / peak:.1%})")
     print("  engine utilization: " + ", ".join(
         f"{e} {u:.0%}" for e, u in ex.engine_utilization.items()))
-    print("\n" + ex.summary())
+    print()
+    print(ex.summary())
     return 0 if ok else 1
 
 
