@@ -12,8 +12,10 @@ Definitions (one place, used by the summary, the insights, compare and the plots
   read from plus written to HBM over (span x chips x the chip's HBM bandwidth).
   MBU is the larger of the two: how close the memory path that binds is to its peak.
 - bound (§7 [NKI-PERF]): "compute" when a compute engine is >= 90% active, "memory"
-  when MBU >= 60% (when both, the nearer to its peak), else "latency" (fixed DMA
-  costs, semaphore hand-offs and dependency chains leave every resource idle).
+  when MBU >= 60% (when both, the nearer to its peak) or when the DMA queues are
+  >= 90% active below that MBU (busy with small, inefficient descriptors, §3.4), else
+  "latency" (fixed DMA costs, semaphore hand-offs and dependency chains leave every
+  resource idle).
 """
 from __future__ import annotations
 
@@ -114,11 +116,14 @@ class Totals:
         return self.hbm_bytes / (self.time_ns * 1e-9) if self.time_ns else 0.0
 
     def bound(self) -> tuple[str, str]:
-        return classify({e: self.active(e) for e in COMPUTE_ENGINES}, self.mbu)
+        return classify({e: self.active(e) for e in COMPUTE_ENGINES}, self.mbu,
+                        self.active("dma"))
 
 
-def classify(active: dict[str, float], mbu: float) -> tuple[str, str]:
-    """(bound, why) from compute-engine active fractions and MBU (see module doc)."""
+def classify(active: dict[str, float], mbu: float, dma_active: float = 0.0
+             ) -> tuple[str, str]:
+    """(bound, why) from compute-engine active fractions, MBU and how busy the DMA
+    queues are (see module doc)."""
     engine = max(active, key=lambda e: active[e]) if active else "tensor"
     top = active.get(engine, 0.0)
     compute, memory = top >= COMPUTE_BOUND, mbu >= MEMORY_BOUND
@@ -126,6 +131,9 @@ def classify(active: dict[str, float], mbu: float) -> tuple[str, str]:
         return "compute", f"{ENGINE_NAMES[engine]} {top:.0%} active"
     if memory:
         return "memory", f"MBU {mbu:.0%}"
+    if dma_active >= COMPUTE_BOUND:
+        return "memory", (f"DMA queues {dma_active:.0%} active at MBU {mbu:.0%}: "
+                          f"descriptors too small to reach the DMA rate")
     return "latency", f"busiest engine {ENGINE_NAMES[engine]} {top:.0%}, MBU {mbu:.0%}"
 
 

@@ -83,6 +83,13 @@ def test_bound_rules(active, mbu, bound):
     assert metrics.classify(active, mbu)[0] == bound
 
 
+def test_dma_queues_busy_below_the_mbu_threshold_is_memory_bound():
+    """DMA queues always busy yet far from the DMA rate: small descriptors (§3.4)."""
+    bound, why = metrics.classify({"tensor": 0.33, "vector": 0.33}, 0.24, dma_active=1.0)
+    assert bound == "memory" and "descriptors" in why
+    assert metrics.classify({"tensor": 0.33}, 0.24, dma_active=0.5)[0] == "latency"
+
+
 def test_small_dma_insight(jax, trn):
     x = jax.device_put(np.ones((128, 64), np.float32), trn)   # 256 B per partition
     ex = profiled(jax, jax.jit(lambda a: a + 1), x).executions[-1]
