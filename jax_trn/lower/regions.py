@@ -32,11 +32,13 @@ from jax_trn.hw.program import DramTensor
 
 from .builder import KernelBuilder, Ring, sub
 from .layout import P, Axes, row_major
+from .mathops import SCRATCH, scratch_dtype
 from .tileops import (NEEDS_FULL_TILES, NO_INSTRUCTION, TILE_OPS, Src, Step, expand,
                       fill_scalar)
 
 FMAX = 2048          # elements per partition of one elementwise tile
 IN_DEPTH, STEP_DEPTH = 3, 2
+SCRATCH_BYTES = 4    # scratch tiles of multi-instruction ops are FP32 / 32-bit ints
 Box = tuple[int, Axes]          # (element offset, ((pstride, parts), *free axes))
 
 
@@ -74,7 +76,11 @@ class Region:
         """(input bytes, step bytes) per element of a tile, buffers included."""
         ins = sum(IN_DEPTH * _itemsize(i.dtype) for i in self.inputs if i.t is not None)
         nslots = len(set(assign_slots(self).values()))
-        return ins, STEP_DEPTH * nslots * self.max_itemsize()
+        return ins, STEP_DEPTH * (nslots * self.max_itemsize() + self.scratch_bytes())
+
+    def scratch_bytes(self) -> int:
+        """Per element: the scratch tiles of the step that needs the most (mathops.py)."""
+        return SCRATCH_BYTES * max([SCRATCH.get(s.kind, 0) for s in self.steps] + [0])
 
     def max_itemsize(self) -> int:
         return max([_itemsize(s.dtype) for s in self.steps] +
@@ -208,10 +214,11 @@ class Evaluator:
         self.turn = {key: ring.next() for key, ring in self.rings.items()
                      if key[0] in ("slot", "sslot")}
 
-    def _buffer(self, key: tuple, free: int, dtype: str, parts: int) -> isa.Tile:
+    def _buffer(self, key: tuple, free: int, dtype: str, parts: int,
+                itemsize: int | None = None) -> isa.Tile:
         if key not in self.turn:
             width = self.step_free if key[0] == "slot" else 1
-            width *= self.region.max_itemsize()
+            width *= itemsize or self.region.max_itemsize()
             self.turn[key] = self._ring(key, STEP_DEPTH, width, "uint8").next()
         return sub(self.turn[key].with_(dtype=dtype, free=(free,)), parts, free)
 
@@ -227,6 +234,7 @@ class Evaluator:
             return self._scalar_step(j, step, args, parts, free, pinned)
         if step.kind in NEEDS_FULL_TILES:
             args = [self._full(a, parts, free, (j, k)) for k, a in enumerate(args)]
+        args = args + self._scratch(step, args, parts, free, "slot")
         dst = pinned if pinned is not None else \
             self._buffer(("slot", self.slot_of[j]), free, step.dtype, parts)
         TILE_OPS[step.kind](self.kb, dst, args, step)
@@ -235,11 +243,19 @@ class Evaluator:
     def _scalar_step(self, j, step, args, parts, free, pinned) -> Src:
         """All arguments are per-partition: compute on [parts, 1]."""
         args = [self._materialize(a, parts, (j, k)) for k, a in enumerate(args)]
+        args = args + self._scratch(step, args, parts, 1, "sslot")
         dst = self._buffer(("sslot", j), 1, step.dtype, parts)
         TILE_OPS[step.kind](self.kb, dst, args, step)
         if pinned is None:
             return Src.of(dst, scalar=True)
         return Src.of(expand(self.kb, Src.of(dst, scalar=True), pinned))
+
+    def _scratch(self, step: Step, args: list[Src], parts: int, free: int,
+                 slot: str) -> list[Src]:
+        """The scratch tiles a multi-instruction op takes after its operands."""
+        dtype = scratch_dtype(args[0].dtype)
+        return [Src.of(self._buffer((slot, "scratch", k), free, dtype, parts, SCRATCH_BYTES))
+                for k in range(SCRATCH.get(step.kind, 0))]
 
     def _const(self, value: float, parts: int) -> Src:
         """A [P, 1] FP32 tile of `value`, written once per kernel (an Activation bias

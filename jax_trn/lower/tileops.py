@@ -166,7 +166,7 @@ TILE_OPS: dict[str, TileOp] = {
 }
 NO_INSTRUCTION = frozenset({"constant", "folded"})     # steps with no tile of their own
 # Ops whose operands must all be tiles of the destination's shape.
-NEEDS_FULL_TILES = frozenset({"select"})
+NEEDS_FULL_TILES = frozenset({"select", "atan2"})
 
 
 def fill_scalar(kb: KernelBuilder, dst: isa.Tile, value) -> isa.Tile:
@@ -181,3 +181,6 @@ def expand(kb: KernelBuilder, src: Src, dst: isa.Tile) -> isa.Tile:
     kb.emit(isa.TensorScalar, dst=dst, data=dst, op0="bypass", operand0=src.operand,
             reverse0=True, engine=engine_for(dst.dtype))
     return dst
+
+
+from . import mathops  # noqa: E402,F401  (adds the multi-instruction math ops to TILE_OPS)

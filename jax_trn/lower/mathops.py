@@ -1,0 +1,309 @@
+"""Elementwise math with no single instruction: short instruction sequences on tiles.
+
+Each rule here is a `TILE_OPS` entry (tileops.py) that takes `SCRATCH[kind]` extra
+[parts, free] scratch tiles after its operands (the Evaluator appends them, regions.py):
+FP32 for float ops, so a bf16 op rounds once on its last instruction, the operand's
+type for integer ops. Everything runs on the engines; nothing is precomputed on the
+host. Costs are per element tile (V = VectorE, S = ScalarE, G = GpSimd instructions).
+
+Rounding (floor, ceil, round_nearest_even, round_nearest_afz): the ALU has no round
+op (§6.2), so `_round_mag` uses the FP32 "magic number": for 0 <= a <= 2**23,
+(a + 2**23) - 2**23 is a rounded to the nearest integer, ties to even, because the sum
+has unit ulp; it rounds min(|x|, 2**23) and adds back |x| - min(|x|, 2**23), so
+|x| > 2**23 (already integral) comes back exactly.
+The sign comes back with ScalarE `sign` (keeps -0.0). floor / ceil then correct by one
+where the rounded value overshoots. 6-9 instructions (5-8 V + 1 S).
+
+Trig (sine, cosine, tan): ScalarE `sin` is valid only on [-pi, pi] (§2.4, no range
+reduction in `isa.activation`), so `_reduce_2pi` does nl.sin's reduction on VectorE:
+k = rne(x / 2pi) (magic number 1.5 * 2**23, exact for |x| < 2**22 * 2pi), then
+r = x - k * 2pi in three Cody-Waite steps (2pi split so k * C1 is exact), clamped to
+the FP32 [-pi, pi]. cos(x) = sin(pi/2 - |r|), tan = sin(r) / cos(r). Absolute error
+~1e-7 for |x| up to ~1e4. 6 V + 1 S (sin/cos), 8 V + 2 S (tan).
+
+log_plus_one / exponential_minus_one: log(1 + x) and exp(x) - 1 lose all relative
+precision for small |x|, so for |x| < 0.5 log1p uses the first-order correction
+log(u) - ((u - 1) - x) / u with u = 1 + x, and expm1 uses 2t / (1 - t) with
+t = tanh(x / 2) (ScalarE tanh has no range limit). A VectorE `select` picks the branch.
+7 instructions each (5 V + 2 S for expm1, 6 V + 1 S for log1p). log1p inherits log's
+published range: 1 + x outside [2**-64, 2**64] is NaN in strict mode.
+
+cbrt: sign(x) * |x| ** (1/3), the power on GpSimd (the only engine with `power`,
+§6.2); relative error <= ~3e-6 (from rounding 1/3 to FP32). 1 G + 1 S + 1 V.
+
+atan2(y, x): ScalarE `arctan` is valid on [-pi/2, pi/2], so it takes
+min(|x|, |y|) / max(|x|, |y|) in [0, 1]; the octant fix-ups (pi/2 - a, pi - a, the sign
+of y) are compares and selects on VectorE. 13 V + 1 S. atan2(+-inf, +-inf) is NaN
+and atan2(-0, x < 0) is +pi (CPU: the IEEE values).
+
+is_finite: x * 0 == 0 (0 for finite x, NaN for inf / NaN) in one VectorE tensor_scalar.
+
+popcnt / count_leading_zeros (32-bit integers): the SWAR bit count on GpSimd
+(shift_right_logical / bitwise_and / add, then a multiply by 0x01010101 whose top byte
+is the count). clz smears the highest set bit right (5 shift+or pairs) and returns
+32 - popcnt. 9 G (popcnt), 19 G (clz). No ALU bit-count op exists (§6.2).
+
+sign of an integer: clamp(x, -1, 1), one GpSimd tensor_scalar.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from hlo_passes import ir
+from jax_trn.hw import isa
+
+from .errors import LoweringError
+from .tileops import ACTIVATION, TILE_OPS, engine_for
+
+_F32 = np.float32
+TWO23 = 8388608.0
+MAGIC = 12582912.0                              # 1.5 * 2**23
+PI = float(_F32(np.pi))
+HALF_PI = float(_F32(np.pi / 2))
+INV_2PI = float(_F32(1 / (2 * np.pi)))
+C1 = 6.28125                                    # 2pi in 8 bits: k * C1 exact
+C2 = float(_F32(2 * np.pi - C1))
+C3 = float(_F32(2 * np.pi - C1 - C2))
+TINY = 1e-30
+
+
+# --- instruction helpers -------------------------------------------------------------
+
+def _ts(kb, dst, x, op0, a, op1=None, b=None, rev0=False, rev1=False, engine="vector"):
+    more = {} if op1 is None else {"op1": op1, "operand1": b, "reverse1": rev1}
+    return kb.emit(isa.TensorScalar, dst=dst, data=x, op0=op0, operand0=a, reverse0=rev0,
+                   engine=engine, **more)
+
+
+def _tt(kb, dst, a, b, op, engine="vector"):
+    return kb.emit(isa.TensorTensor, dst=dst, data1=a, data2=b, op=op, engine=engine)
+
+
+def _stt(kb, dst, data, op0, a, op1, t, rev1=False):
+    """(data <op0> a) <op1> t (t first when rev1)."""
+    return kb.emit(isa.ScalarTensorTensor, dst=dst, data=data, op0=op0, operand0=a,
+                   op1=op1, operand1=t, reverse1=rev1)
+
+
+def _act(kb, dst, x, func, scale=1.0):
+    return kb.emit(isa.Activation, dst=dst, data=x, func=func, scale=scale)
+
+
+def _select(kb, dst, pred, on_true, on_false):
+    return kb.emit(isa.Select, dst=dst, pred=pred, on_true=on_true, on_false=on_false)
+
+
+def _tiles(srcs, n_in):
+    return [s.tile for s in srcs[:n_in]], [s.tile for s in srcs[n_in:]]
+
+
+# --- rounding --------------------------------------------------------------------------
+
+def _round_mag(kb, t, x, d):
+    """t = |x| rounded to the nearest integer, ties to even (d: scratch).
+
+    m = min(|x|, 2**23) is rounded with the magic number, then d = |x| - m (0 below
+    2**23, exact above) is added back, so |x| >= 2**23 (integral) comes back as is."""
+    _ts(kb, t, x, "abs_max", 0.0, "min", TWO23)
+    _stt(kb, d, x, "abs_max", 0.0, "subtract", t)
+    _ts(kb, t, t, "add", TWO23, "subtract", TWO23)
+    _tt(kb, t, t, d, "add")
+
+
+def _with_sign(kb, dst, mag, x, s):
+    """dst = mag * sign(x)."""
+    _act(kb, s, x, "sign")
+    _tt(kb, dst, mag, s, "multiply")
+
+
+def _round_even(kb, dst, srcs, step):
+    (x,), (t, s) = _tiles(srcs, 1)
+    _round_mag(kb, t, x, s)
+    _with_sign(kb, dst, t, x, s)
+
+
+def _round_afz(kb, dst, srcs, step):
+    """Ties away from zero: rne(|x|) + 1 where |x| - rne(|x|) is exactly 0.5."""
+    (x,), (t, s) = _tiles(srcs, 1)
+    _round_mag(kb, t, x, s)
+    _stt(kb, s, x, "abs_max", 0.0, "subtract", t)
+    _ts(kb, s, s, "is_equal", 0.5)
+    _tt(kb, t, t, s, "add")
+    _with_sign(kb, dst, t, x, s)
+
+
+def _floor_ceil(kb, dst, srcs, step):
+    """rne(x), minus one where it is above x (floor) / plus one where below (ceil)."""
+    (x,), (t, s) = _tiles(srcs, 1)
+    _round_mag(kb, t, x, s)
+    _with_sign(kb, t, t, x, s)
+    floor = step.kind == "floor"
+    _tt(kb, s, t, x, "is_gt" if floor else "is_lt")
+    _tt(kb, dst, t, s, "subtract" if floor else "add")
+
+
+# --- trig --------------------------------------------------------------------------------
+
+def _reduce_2pi(kb, r, k, x):
+    """r = x - 2pi * rne(x / 2pi), clamped to the FP32 [-pi, pi] (k: scratch)."""
+    _ts(kb, k, x, "multiply", INV_2PI, "add", MAGIC)
+    _ts(kb, k, k, "subtract", MAGIC)
+    _stt(kb, r, k, "multiply", -C1, "add", x)
+    _stt(kb, r, k, "multiply", -C2, "add", r)
+    _stt(kb, r, k, "multiply", -C3, "add", r)
+    _ts(kb, r, r, "max", -PI, "min", PI)
+
+
+def _cos_reduced(kb, dst, r):
+    """cos(r) = sin(pi/2 - |r|) for r in [-pi, pi]; the argument is in [-pi/2, pi/2]."""
+    _ts(kb, dst, r, "abs_max", 0.0, "subtract", HALF_PI, rev1=True)
+    _act(kb, dst, dst, "sin")
+
+
+def _sine(kb, dst, srcs, step):
+    (x,), (r, k) = _tiles(srcs, 1)
+    _reduce_2pi(kb, r, k, x)
+    _act(kb, dst, r, "sin")
+
+
+def _cosine(kb, dst, srcs, step):
+    (x,), (r, k) = _tiles(srcs, 1)
+    _reduce_2pi(kb, r, k, x)
+    _ts(kb, k, r, "abs_max", 0.0, "subtract", HALF_PI, rev1=True)
+    _act(kb, dst, k, "sin")
+
+
+def _tan(kb, dst, srcs, step):
+    (x,), (r, k, s) = _tiles(srcs, 1)
+    _reduce_2pi(kb, r, k, x)
+    _act(kb, s, r, "sin")
+    _cos_reduced(kb, k, r)
+    _tt(kb, dst, s, k, "divide")
+
+
+# --- logs and exponentials ---------------------------------------------------------------
+
+def _small(kb, p, x):
+    """p = |x| < 0.5."""
+    _ts(kb, p, x, "abs_max", 0.0, "is_lt", 0.5)
+
+
+def _log_plus_one(kb, dst, srcs, step):
+    (x,), (u, lg, c) = _tiles(srcs, 1)
+    _ts(kb, u, x, "add", 1.0)
+    _act(kb, lg, u, "log")
+    _stt(kb, c, u, "subtract", 1.0, "subtract", x)
+    _tt(kb, c, c, u, "divide")
+    _tt(kb, c, lg, c, "subtract")
+    _small(kb, u, x)
+    _select(kb, dst, u, c, lg)
+
+
+def _exponential_minus_one(kb, dst, srcs, step):
+    (x,), (t, e, p) = _tiles(srcs, 1)
+    _act(kb, t, x, "tanh", scale=0.5)
+    _ts(kb, e, t, "subtract", 1.0, rev0=True)
+    _stt(kb, t, t, "multiply", 2.0, "divide", e)
+    _act(kb, e, x, "exp")
+    _ts(kb, e, e, "subtract", 1.0)
+    _small(kb, p, x)
+    _select(kb, dst, p, t, e)
+
+
+def _cbrt(kb, dst, srcs, step):
+    (x,), (t, s) = _tiles(srcs, 1)
+    _ts(kb, t, x, "abs_max", 0.0, "pow", float(_F32(1 / 3)), engine="gpsimd")
+    _with_sign(kb, dst, t, x, s)
+
+
+def _atan2(kb, dst, srcs, step):
+    (y, x), (ay, ax, a, p) = _tiles(srcs, 2)
+    _ts(kb, ay, y, "abs_max", 0.0)
+    _ts(kb, ax, x, "abs_max", 0.0)
+    _tt(kb, a, ay, ax, "min")
+    _stt(kb, p, ax, "max", TINY, "max", ay)
+    _tt(kb, a, a, p, "divide")
+    _act(kb, a, a, "arctan")                      # in [0, pi/4]
+    _tt(kb, p, ay, ax, "is_gt")
+    _ts(kb, ay, a, "subtract", HALF_PI, rev0=True)
+    _select(kb, a, p, ay, a)                      # [0, pi/2]
+    _ts(kb, p, x, "is_lt", 0.0)
+    _ts(kb, ay, a, "subtract", PI, rev0=True)
+    _select(kb, a, p, ay, a)                      # [0, pi]
+    _ts(kb, p, y, "is_lt", 0.0, "multiply", -2.0)
+    _stt(kb, dst, p, "add", 1.0, "multiply", a)
+
+
+def _is_finite(kb, dst, srcs, step):
+    return _ts(kb, dst, srcs[0].tile, "multiply", 0.0, "is_equal", 0.0)
+
+
+# --- integers --------------------------------------------------------------------------------
+
+def _check32(kind, x):
+    if 8 * ir.np_dtype(x.dtype).itemsize != 32 or not ir.is_int(x.dtype):
+        raise LoweringError(f"{kind} is lowered for 32-bit integers only, not {x.dtype}")
+
+
+def _popcnt_into(kb, dst, x, a, b, clz=False):
+    """SWAR bit count of x (a, b: scratch; x may be a); clz: 32 - count."""
+    g = "gpsimd"
+    _ts(kb, b, x, "shift_right_logical", 1, "bitwise_and", 0x55555555, engine=g)
+    _tt(kb, a, x, b, "subtract", engine=g)
+    _ts(kb, b, a, "shift_right_logical", 2, "bitwise_and", 0x33333333, engine=g)
+    _ts(kb, a, a, "bitwise_and", 0x33333333, engine=g)
+    _tt(kb, a, a, b, "add", engine=g)
+    _ts(kb, b, a, "shift_right_logical", 4, engine=g)
+    _tt(kb, a, a, b, "add", engine=g)
+    _ts(kb, a, a, "bitwise_and", 0x0F0F0F0F, "multiply", 0x01010101, engine=g)
+    if clz:
+        _ts(kb, dst, a, "shift_right_logical", 24, "subtract", 32, rev1=True, engine=g)
+    else:
+        _ts(kb, dst, a, "shift_right_logical", 24, engine=g)
+
+
+def _popcnt(kb, dst, srcs, step):
+    (x,), (a, b) = _tiles(srcs, 1)
+    _check32("popcnt", x)
+    _popcnt_into(kb, dst, x, a, b)
+
+
+def _clz(kb, dst, srcs, step):
+    """Smear the top set bit into every lower bit, then 32 - popcnt."""
+    (x,), (a, b) = _tiles(srcs, 1)
+    _check32("count_leading_zeros", x)
+    src = x
+    for k in (1, 2, 4, 8, 16):
+        _ts(kb, b, src, "shift_right_logical", k, engine="gpsimd")
+        _tt(kb, a, src, b, "bitwise_or", engine="gpsimd")
+        src = a
+    _popcnt_into(kb, dst, a, a, b, clz=True)
+
+
+def _sign(kb, dst, srcs, step):
+    x = srcs[0].tile
+    if ir.is_int(x.dtype):
+        return _ts(kb, dst, x, "max", -1, "min", 1, engine=engine_for(x.dtype))
+    return kb.emit(isa.Activation, dst=dst, data=x, func=ACTIVATION["sign"])
+
+
+RULES = {
+    "round_nearest_even": _round_even, "round_nearest_afz": _round_afz,
+    "floor": _floor_ceil, "ceil": _floor_ceil,
+    "sine": _sine, "cosine": _cosine, "tan": _tan,
+    "log_plus_one": _log_plus_one, "exponential_minus_one": _exponential_minus_one,
+    "cbrt": _cbrt, "atan2": _atan2, "is_finite": _is_finite,
+    "popcnt": _popcnt, "count_leading_zeros": _clz, "sign": _sign,
+}
+# Scratch tiles per op (the Evaluator provides them after the operands).
+SCRATCH = {
+    "round_nearest_even": 2, "round_nearest_afz": 2, "floor": 2, "ceil": 2,
+    "sine": 2, "cosine": 2, "tan": 3, "log_plus_one": 3, "exponential_minus_one": 3,
+    "cbrt": 2, "atan2": 4, "popcnt": 2, "count_leading_zeros": 2,
+}
+TILE_OPS.update(RULES)
+
+
+def scratch_dtype(arg_dtype: str) -> str:
+    """FP32 for float work, the operand's own type for integer bit tricks."""
+    return arg_dtype if ir.is_int(arg_dtype) else "float32"
