@@ -15,11 +15,14 @@ The sign comes back with ScalarE `sign` (keeps -0.0). floor / ceil then correct 
 where the rounded value overshoots. 6-9 instructions (5-8 V + 1 S).
 
 Trig (sine, cosine, tan): ScalarE `sin` is valid only on [-pi, pi] (§2.4, no range
-reduction in `isa.activation`), so `_reduce_2pi` does nl.sin's reduction on VectorE:
-k = rne(x / 2pi) (magic number 1.5 * 2**23, exact for |x| < 2**22 * 2pi), then
-r = x - k * 2pi in three Cody-Waite steps (2pi split so k * C1 is exact), clamped to
-the FP32 [-pi, pi]. cos(x) = sin(pi/2 - |r|), tan = sin(r) / cos(r). Absolute error
-~1e-7 for |x| up to ~1e4. 6 V + 1 S (sin/cos), 8 V + 2 S (tan).
+reduction in `isa.activation`), so `_reduce` does nl.sin's reduction on VectorE:
+k = rne(x / P) (magic number 1.5 * 2**23, exact for |x / P| < 2**22), then
+r = x - k * P in three Cody-Waite steps (P split so k * C1 is exact). The rounding of
+x / P can leave r a little outside [-P/2, P/2], so the argument ScalarE sees is always
+arguments are folded back into range: cos(x) = sin(pi/2 - |r|) (P = 2pi); sin(x) =
+sin(r), or sin(sign(r) * pi - r) where |r| > pi/2 (a select); tan = sin(r) / cos(r) with
+P = pi. Absolute error ~3e-7 for |x| up to ~1e3 (f32). 6 V + 1 S (cos), 8 V + 2 S
+(sin), 7 V + 2 S (tan).
 
 log_plus_one / exponential_minus_one: log(1 + x) and exp(x) - 1 lose all relative
 precision for small |x|, so for |x| < 0.5 log1p uses the first-order correction
@@ -144,38 +147,48 @@ def _floor_ceil(kb, dst, srcs, step):
 
 # --- trig --------------------------------------------------------------------------------
 
-def _reduce_2pi(kb, r, k, x):
-    """r = x - 2pi * rne(x / 2pi), clamped to the FP32 [-pi, pi] (k: scratch)."""
-    _ts(kb, k, x, "multiply", INV_2PI, "add", MAGIC)
+def _reduce(kb, r, k, x, half=False):
+    """r = x - P * rne(x / P), P = 2pi (pi if `half`), k: scratch.
+
+    Cody-Waite in three steps (P = C1 + C2 + C3, k * C1 exact). r lies in
+    [-P/2, P/2] up to the rounding of x / P (|x| ~ 1e3: ~5e-5 beyond)."""
+    m = 0.5 if half else 1.0
+    _ts(kb, k, x, "multiply", INV_2PI / m, "add", MAGIC)
     _ts(kb, k, k, "subtract", MAGIC)
-    _stt(kb, r, k, "multiply", -C1, "add", x)
-    _stt(kb, r, k, "multiply", -C2, "add", r)
-    _stt(kb, r, k, "multiply", -C3, "add", r)
-    _ts(kb, r, r, "max", -PI, "min", PI)
+    _stt(kb, r, k, "multiply", -C1 * m, "add", x)
+    _stt(kb, r, k, "multiply", -C2 * m, "add", r)
+    _stt(kb, r, k, "multiply", -C3 * m, "add", r)
 
 
 def _cos_reduced(kb, dst, r):
-    """cos(r) = sin(pi/2 - |r|) for r in [-pi, pi]; the argument is in [-pi/2, pi/2]."""
+    """cos(r) = sin(pi/2 - |r|): the argument is in [-pi, pi] for |r| <= 3pi/2."""
     _ts(kb, dst, r, "abs_max", 0.0, "subtract", HALF_PI, rev1=True)
     _act(kb, dst, dst, "sin")
 
 
 def _sine(kb, dst, srcs, step):
-    (x,), (r, k) = _tiles(srcs, 1)
-    _reduce_2pi(kb, r, k, x)
-    _act(kb, dst, r, "sin")
+    """sin(r), reflected to sin(sign(r) * pi - r) where |r| > pi/2 (in range even when
+    r overshoots pi; small x stays x, so sin keeps its relative precision near 0)."""
+    (x,), (r, k, p) = _tiles(srcs, 1)
+    _reduce(kb, r, k, x)
+    _act(kb, k, r, "sign")
+    _stt(kb, k, k, "multiply", PI, "subtract", r)
+    _ts(kb, p, r, "abs_max", 0.0, "is_gt", HALF_PI)
+    _select(kb, k, p, k, r)
+    _act(kb, dst, k, "sin")
 
 
 def _cosine(kb, dst, srcs, step):
     (x,), (r, k) = _tiles(srcs, 1)
-    _reduce_2pi(kb, r, k, x)
+    _reduce(kb, r, k, x)
     _ts(kb, k, r, "abs_max", 0.0, "subtract", HALF_PI, rev1=True)
     _act(kb, dst, k, "sin")
 
 
 def _tan(kb, dst, srcs, step):
+    """tan has period pi: r = x - pi * rne(x / pi) in [-pi/2, pi/2] (+ rounding)."""
     (x,), (r, k, s) = _tiles(srcs, 1)
-    _reduce_2pi(kb, r, k, x)
+    _reduce(kb, r, k, x, half=True)
     _act(kb, s, r, "sin")
     _cos_reduced(kb, k, r)
     _tt(kb, dst, s, k, "divide")
@@ -298,7 +311,7 @@ RULES = {
 # Scratch tiles per op (the Evaluator provides them after the operands).
 SCRATCH = {
     "round_nearest_even": 2, "round_nearest_afz": 2, "floor": 2, "ceil": 2,
-    "sine": 2, "cosine": 2, "tan": 3, "log_plus_one": 3, "exponential_minus_one": 3,
+    "sine": 3, "cosine": 2, "tan": 3, "log_plus_one": 3, "exponential_minus_one": 3,
     "cbrt": 2, "atan2": 4, "popcnt": 2, "count_leading_zeros": 2,
 }
 TILE_OPS.update(RULES)

@@ -64,7 +64,7 @@ def test_transcendental(jax, trn, cpu, name, dtype, shape):
     check(jax, trn, cpu, fn, _floats(shape, dtype, lo, hi), **TRANSCENDENTAL_TOL[dtype])
 
 
-@pytest.mark.parametrize("name", ["log_plus_one", "exponential_minus_one"])
+@pytest.mark.parametrize("name", ["log_plus_one", "exponential_minus_one", "sine", "tan"])
 def test_small_arguments_keep_relative_precision(jax, trn, cpu, name):
     x = np.float32(10.0) ** -np.linspace(1, 12, 64, dtype=np.float32)
     x = np.concatenate([x, -x]).astype(np.float32)
@@ -73,8 +73,12 @@ def test_small_arguments_keep_relative_precision(jax, trn, cpu, name):
 
 def test_trig_of_large_arguments(jax, trn, cpu):
     x = _floats((512,), "float32", -1000.0, 1000.0)
+    x[:4] = [np.pi, -np.pi, np.pi / 2, 1e4]
     for name in ("sine", "cosine"):
-        check(jax, trn, cpu, TRANSCENDENTAL[name][0], x, rtol=0, atol=2e-5)
+        check(jax, trn, cpu, TRANSCENDENTAL[name][0], x, rtol=0, atol=1e-6)
+    t = _floats((512,), "float32", -100.0, 100.0)
+    t = np.where(np.abs(np.cos(t)) < 0.05, 0.5, t).astype(np.float32)    # off the poles
+    check(jax, trn, cpu, TRANSCENDENTAL["tan"][0], t, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", sorted(ROUNDING))
@@ -153,3 +157,12 @@ def test_fused_chain(jax, trn, cpu):
     x = _floats((256, 384), "float32", -10, 10)
     fn = lambda a: _jnp().floor(_jnp().sin(a) * 4) + _jnp().cbrt(a) * _jnp().cos(a)  # noqa
     check(jax, trn, cpu, fn, x, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_on_broadcast_columns(jax, trn, cpu):
+    """Steps whose operands are one value per partition run on [P, 1] scratch tiles."""
+    c, y = _floats((130, 1), "float32", -20, 20, 1), _floats((130, 384), "float32", -2, 2, 2)
+    jnp = _jnp()
+    fn = lambda a, b: (jnp.sin(jnp.broadcast_to(a, b.shape)) * b  # noqa: E731
+                       + jnp.floor(jnp.broadcast_to(a, b.shape)) + jnp.arctan2(b, a))
+    check(jax, trn, cpu, fn, c, y, rtol=1e-5, atol=1e-5)
