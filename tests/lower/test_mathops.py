@@ -1,0 +1,85 @@
+"""Multi-instruction math (jax_trn/lower/mathops.py): engines, instruction counts and
+results on the simulated core against numpy (the e2e tests compare with JAX's CPU)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from jax_trn.hw import isa
+
+from .irbuild import binary, unary
+from .runner import run
+
+F32 = np.float32
+
+
+def _instrs(result, cls=None):
+    out = [i for k in result.program.kernels for i in k.instructions]
+    return [i for i in out if cls is None or isinstance(i, cls)]
+
+
+def _engines(result) -> set[str]:
+    return {i.engine for i in _instrs(result) if not isinstance(i, isa.DmaCopy)}
+
+
+@pytest.mark.parametrize("kind,fn", [("sine", np.sin), ("cosine", np.cos), ("tan", np.tan)])
+def test_trig_reduces_into_sins_range(kind, fn):
+    """Strict ScalarE ranges (the default) would give NaN if sin saw |arg| > pi."""
+    x = np.linspace(-3000, 3000, 4001, dtype=F32)
+    if kind == "tan":
+        x = x[np.abs(np.cos(x)) > 0.05]
+    res = run(unary(kind, x.shape), x)
+    np.testing.assert_allclose(res.outputs[0], fn(x.astype(np.float64)),
+                               rtol=1e-5 if kind == "tan" else 0, atol=1e-6)
+    assert {i.func for i in _instrs(res, isa.Activation)} <= {"sin", "sign"}
+
+
+@pytest.mark.parametrize("kind,fn", [("floor", np.floor), ("ceil", np.ceil),
+                                     ("round_nearest_even", np.rint)])
+def test_rounding_is_exact(kind, fn):
+    x = np.concatenate([np.arange(-40, 41, dtype=F32) / 8,
+                        F32([2 ** 23 + 1, -(2 ** 24) - 2, 2 ** 22 + 0.5, 1e-38, np.inf,
+                             -np.inf, np.nan])])
+    res = run(unary(kind, x.shape), x)
+    np.testing.assert_array_equal(res.outputs[0], fn(x))
+
+
+def test_round_away_from_zero_ties():
+    x = F32([0.5, -0.5, 1.5, -2.5, 2.5, 0.49999997, -0.49999997, 8388607.5])
+    res = run(unary("round_nearest_afz", x.shape), x)
+    np.testing.assert_array_equal(res.outputs[0], np.sign(x) * np.floor(np.abs(x) + 0.5)
+                                  * (np.abs(x) != F32(0.49999997)))
+
+
+def test_is_finite_is_one_vector_instruction():
+    x = F32([1.0, -0.0, np.inf, -np.inf, np.nan, 3e38])
+    res = run(unary("is_finite", x.shape, out_dtype="bool"), x)
+    np.testing.assert_array_equal(res.outputs[0], np.isfinite(x))
+    assert len(_instrs(res, isa.TensorScalar)) == 1
+
+
+@pytest.mark.parametrize("dtype", ["int32", "uint32"])
+def test_bit_counts_run_on_gpsimd(dtype):
+    info = np.iinfo(dtype)
+    x = np.array([0, 1, 2, 3, 255, 1 << 20, info.max, info.min, 12345678], np.int64)
+    x = x.astype(dtype)
+    bits = [bin(int(v) & 0xFFFFFFFF) for v in x]
+    pop = run(unary("popcnt", x.shape, dtype), x)
+    clz = run(unary("count_leading_zeros", x.shape, dtype), x)
+    np.testing.assert_array_equal(pop.outputs[0], [b.count("1") for b in bits])
+    np.testing.assert_array_equal(clz.outputs[0],
+                                  [32 - (len(b) - 2) if b != "0b0" else 32 for b in bits])
+    assert _engines(pop) == _engines(clz) == {"gpsimd"}
+
+
+def test_popcnt_of_other_widths_is_a_lowering_error():
+    from jax_trn.lower.errors import LoweringError
+    with pytest.raises(LoweringError, match="32-bit"):
+        run(unary("popcnt", (4,), "int16"), np.ones(4, np.int16))
+
+
+def test_atan2_quadrants():
+    y = F32([0.0, 1.0, -1.0, 0.0, 2.0, -2.0, 0.0, 3.0, 1e-3, -5.0])
+    x = F32([1.0, 0.0, 0.0, -1.0, -2.0, -2.0, 0.0, 3.0, -4.0, 1e-3])
+    res = run(binary("atan2", y.shape), y, x)
+    np.testing.assert_allclose(res.outputs[0], np.arctan2(y, x), rtol=1e-6, atol=1e-7)
