@@ -18,7 +18,7 @@ Trig (sine, cosine, tan): ScalarE `sin` is valid only on [-pi, pi] (§2.4, no ra
 reduction in `isa.activation`), so `_reduce` does nl.sin's reduction on VectorE:
 k = rne(x / P) (magic number 1.5 * 2**23, exact for |x / P| < 2**22), then
 r = x - k * P in three Cody-Waite steps (P split so k * C1 is exact). The rounding of
-x / P can leave r a little outside [-P/2, P/2], so the argument ScalarE sees is always
+x / P can leave r a little outside [-P/2, P/2] (no clamp: that costs accuracy), so the
 arguments are folded back into range: cos(x) = sin(pi/2 - |r|) (P = 2pi); sin(x) =
 sin(r), or sin(sign(r) * pi - r) where |r| > pi/2 (a select); tan = sin(r) / cos(r) with
 P = pi. Absolute error ~3e-7 for |x| up to ~1e3 (f32). 6 V + 1 S (cos), 8 V + 2 S
@@ -35,9 +35,10 @@ cbrt: sign(x) * |x| ** (1/3), the power on GpSimd (the only engine with `power`,
 §6.2); relative error <= ~3e-6 (from rounding 1/3 to FP32). 1 G + 1 S + 1 V.
 
 atan2(y, x): ScalarE `arctan` is valid on [-pi/2, pi/2], so it takes
-min(|x|, |y|) / max(|x|, |y|) in [0, 1]; the octant fix-ups (pi/2 - a, pi - a, the sign
-of y) are compares and selects on VectorE. 13 V + 1 S. atan2(+-inf, +-inf) is NaN
-and atan2(-0, x < 0) is +pi (CPU: the IEEE values).
+min(|x|, |y|) / max(|x|, |y|) in [0, 1] (magnitudes capped at FLT_MAX, so inf / inf is
+1); the octant fix-ups (pi/2 - a, pi - a, the sign of y) are compares and selects on
+VectorE, "negative" meaning v + 1/v < 0 so that -0 counts (IEEE atan2(+-0, -0) = +-pi).
+16 V + 1 S. Off only for a finite magnitude within ~1e7 of FLT_MAX against an infinity.
 
 is_finite: x * 0 == 0 (0 for finite x, NaN for inf / NaN) in one VectorE tensor_scalar.
 
@@ -68,6 +69,7 @@ C1 = 6.28125                                    # 2pi in 8 bits: k * C1 exact
 C2 = float(_F32(2 * np.pi - C1))
 C3 = float(_F32(2 * np.pi - C1 - C2))
 TINY = 1e-30
+FLT_MAX = float(np.finfo(np.float32).max)
 
 
 # --- instruction helpers -------------------------------------------------------------
@@ -229,10 +231,18 @@ def _cbrt(kb, dst, srcs, step):
     _with_sign(kb, dst, t, x, s)
 
 
+def _negative(kb, p, v):
+    """p = v < 0 or v is -0: v + 1/v < 0 (1/-0 = -inf, -inf + -0 = -inf)."""
+    kb.emit(isa.ScalarTensorTensor, dst=p, data=v, op0="divide", operand0=1.0,
+            reverse0=True, op1="add", operand1=v)
+    _ts(kb, p, p, "is_lt", 0.0)
+
+
 def _atan2(kb, dst, srcs, step):
+    """|x|, |y| are capped at FLT_MAX so inf / inf gives 1 (pi/4 and its octants)."""
     (y, x), (ay, ax, a, p) = _tiles(srcs, 2)
-    _ts(kb, ay, y, "abs_max", 0.0)
-    _ts(kb, ax, x, "abs_max", 0.0)
+    _ts(kb, ay, y, "abs_max", 0.0, "min", FLT_MAX)
+    _ts(kb, ax, x, "abs_max", 0.0, "min", FLT_MAX)
     _tt(kb, a, ay, ax, "min")
     _stt(kb, p, ax, "max", TINY, "max", ay)
     _tt(kb, a, a, p, "divide")
@@ -240,10 +250,11 @@ def _atan2(kb, dst, srcs, step):
     _tt(kb, p, ay, ax, "is_gt")
     _ts(kb, ay, a, "subtract", HALF_PI, rev0=True)
     _select(kb, a, p, ay, a)                      # [0, pi/2]
-    _ts(kb, p, x, "is_lt", 0.0)
+    _negative(kb, p, x)
     _ts(kb, ay, a, "subtract", PI, rev0=True)
     _select(kb, a, p, ay, a)                      # [0, pi]
-    _ts(kb, p, y, "is_lt", 0.0, "multiply", -2.0)
+    _negative(kb, p, y)
+    _ts(kb, p, p, "multiply", -2.0)
     _stt(kb, dst, p, "add", 1.0, "multiply", a)
 
 

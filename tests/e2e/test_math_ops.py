@@ -115,8 +115,12 @@ def test_atan2(jax, trn, cpu, dtype, shape):
 
 
 def test_atan2_axes_and_zeros(jax, trn, cpu):
-    y = np.array([0.0, 1.0, -1.0, 0.0, 2.0, -2.0, 0.0, 3.0], np.float32)
-    x = np.array([1.0, 0.0, 0.0, -1.0, -2.0, -2.0, 0.0, 3.0], np.float32)
+    v = np.array([0.0, -0.0, 1.0, -1.0, 2.5, np.inf, -np.inf, np.nan], np.float32)
+    y, x = (a.ravel() for a in np.meshgrid(v, v))
+    out = np.asarray(jax.jit(_jnp().arctan2)(jax.device_put(y, trn), jax.device_put(x, trn)))
+    ref = np.arctan2(y, x)
+    np.testing.assert_allclose(out, ref, rtol=1e-6, atol=1e-6)
+    assert (np.signbit(out) == np.signbit(ref))[~np.isnan(ref)].all()
     check(jax, trn, cpu, lambda a, b: _jnp().arctan2(a, b), y, x, rtol=1e-6, atol=1e-6)
 
 
