@@ -11,8 +11,9 @@ op (§6.2), so `_round_mag` uses the FP32 "magic number": for 0 <= a <= 2**23,
 (a + 2**23) - 2**23 is a rounded to the nearest integer, ties to even, because the sum
 has unit ulp; it rounds min(|x|, 2**23) and adds back |x| - min(|x|, 2**23), so
 |x| > 2**23 (already integral) comes back exactly.
-The sign comes back with ScalarE `sign` (keeps -0.0). floor / ceil then correct by one
-where the rounded value overshoots. 6-9 instructions (5-8 V + 1 S).
+The sign comes back as mag * (1 - 2 * (x + 1/x < 0)), which keeps -0 (ScalarE `sign`
+would map -0 to +0 and cost an engine hop). floor / ceil then correct by one where the
+rounded value overshoots. 7-10 VectorE instructions.
 
 Trig (sine, cosine, tan): ScalarE `sin` is valid only on [-pi, pi] (§2.4, no range
 reduction in `isa.activation`), so `_reduce` does nl.sin's reduction on VectorE:
@@ -31,8 +32,8 @@ t = tanh(x / 2) (ScalarE tanh has no range limit). A VectorE `select` picks the 
 7 instructions each (5 V + 2 S for expm1, 6 V + 1 S for log1p). log1p inherits log's
 published range: 1 + x outside [2**-64, 2**64] is NaN in strict mode.
 
-cbrt: sign(x) * |x| ** (1/3), the power on GpSimd (the only engine with `power`,
-§6.2); relative error <= ~3e-6 (from rounding 1/3 to FP32). 1 G + 1 S + 1 V.
+cbrt: |x| ** (1/3) with x's sign, the power on GpSimd (the only engine with `power`,
+§6.2); relative error <= ~3e-6 (from rounding 1/3 to FP32). 1 G + 3 V.
 
 atan2(y, x): ScalarE `arctan` is valid on [-pi/2, pi/2], so it takes
 min(|x|, |y|) / max(|x|, |y|) in [0, 1] (magnitudes capped at FLT_MAX, so inf / inf is
@@ -116,9 +117,16 @@ def _round_mag(kb, t, x, d):
 
 
 def _with_sign(kb, dst, mag, x, s):
-    """dst = mag * sign(x)."""
-    _act(kb, s, x, "sign")
-    _tt(kb, dst, mag, s, "multiply")
+    """dst = mag with x's sign, -0 included: mag * (1 - 2 * negative(x))."""
+    _negative(kb, s, x, -2.0)
+    _stt(kb, dst, s, "add", 1.0, "multiply", mag)
+
+
+def _negative(kb, p, v, scale=1.0):
+    """p = scale where v < 0 or v is -0, else 0: v + 1/v < 0 (1/-0 = -inf)."""
+    kb.emit(isa.ScalarTensorTensor, dst=p, data=v, op0="divide", operand0=1.0,
+            reverse0=True, op1="add", operand1=v)
+    _ts(kb, p, p, "is_lt", 0.0, "multiply", scale)
 
 
 def _round_even(kb, dst, srcs, step):
@@ -138,13 +146,18 @@ def _round_afz(kb, dst, srcs, step):
 
 
 def _floor_ceil(kb, dst, srcs, step):
-    """rne(x), minus one where it is above x (floor) / plus one where below (ceil)."""
+    """rne(x), minus one where it is above x (floor) / plus one where below (ceil);
+    ceil subtracts (0 - s) rather than adding s so that -0 stays -0."""
     (x,), (t, s) = _tiles(srcs, 1)
     _round_mag(kb, t, x, s)
     _with_sign(kb, t, t, x, s)
-    floor = step.kind == "floor"
-    _tt(kb, s, t, x, "is_gt" if floor else "is_lt")
-    _tt(kb, dst, t, s, "subtract" if floor else "add")
+    if step.kind == "floor":
+        _tt(kb, s, t, x, "is_gt")
+        _tt(kb, dst, t, s, "subtract")
+        return
+    _tt(kb, s, t, x, "is_lt")
+    kb.emit(isa.ScalarTensorTensor, dst=dst, data=s, op0="subtract", operand0=0.0,
+            reverse0=True, op1="subtract", operand1=t, reverse1=True)
 
 
 # --- trig --------------------------------------------------------------------------------
@@ -231,13 +244,6 @@ def _cbrt(kb, dst, srcs, step):
     _with_sign(kb, dst, t, x, s)
 
 
-def _negative(kb, p, v):
-    """p = v < 0 or v is -0: v + 1/v < 0 (1/-0 = -inf, -inf + -0 = -inf)."""
-    kb.emit(isa.ScalarTensorTensor, dst=p, data=v, op0="divide", operand0=1.0,
-            reverse0=True, op1="add", operand1=v)
-    _ts(kb, p, p, "is_lt", 0.0)
-
-
 def _atan2(kb, dst, srcs, step):
     """|x|, |y| are capped at FLT_MAX so inf / inf gives 1 (pi/4 and its octants)."""
     (y, x), (ay, ax, a, p) = _tiles(srcs, 2)
@@ -253,8 +259,7 @@ def _atan2(kb, dst, srcs, step):
     _negative(kb, p, x)
     _ts(kb, ay, a, "subtract", PI, rev0=True)
     _select(kb, a, p, ay, a)                      # [0, pi]
-    _negative(kb, p, y)
-    _ts(kb, p, p, "multiply", -2.0)
+    _negative(kb, p, y, -2.0)
     _stt(kb, dst, p, "add", 1.0, "multiply", a)
 
 

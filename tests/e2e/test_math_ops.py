@@ -94,6 +94,12 @@ def test_rounding_of_large_and_special_values(jax, trn, cpu, name):
                   3e9, -3e9, 1e-30, -1e-30, 0.5, -0.5, 1.5, -2.5, 0.49999997,
                   np.inf, -np.inf, np.nan], np.float32)
     check(jax, trn, cpu, ROUNDING[name], x, rtol=0, atol=0)
+    if name == "sign":
+        return                  # ScalarE sign(-0) is +0 (equal to CPU's -0, not bitwise)
+    x = np.array([-0.4, -0.0, -0.5, -1e-30, 0.0, 0.4, -1.5], np.float32)
+    out = jax.jit(ROUNDING[name])(jax.device_put(x, trn))
+    ref = jax.jit(ROUNDING[name])(jax.device_put(x, cpu))
+    np.testing.assert_array_equal(np.signbit(out), np.signbit(ref))      # -0 stays -0
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
