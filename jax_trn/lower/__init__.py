@@ -41,4 +41,5 @@ from . import relayout as _relayout  # noqa: F401,E402
 from . import slicing as _slicing  # noqa: F401,E402
 from . import dot as _dot  # noqa: F401,E402
 from . import reduce as _reduce  # noqa: F401,E402
+from . import argreduce as _argreduce  # noqa: F401,E402
 from . import bitcast as _bitcast  # noqa: F401,E402
