@@ -43,3 +43,4 @@ from . import dot as _dot  # noqa: F401,E402
 from . import reduce as _reduce  # noqa: F401,E402
 from . import argreduce as _argreduce  # noqa: F401,E402
 from . import bitcast as _bitcast  # noqa: F401,E402
+from . import dynslice as _dynslice  # noqa: F401,E402

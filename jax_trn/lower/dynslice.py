@@ -1,0 +1,156 @@
+"""dynamic_slice: start indices read on the device, rows fetched by indirect DMA.
+
+The start indices are int32 scalars in DRAM (operands). Each is DMAed (broadcast to
+all partitions) into a column of an int32 SBUF tile, clamped on GpSimd to
+[0, dim - size] (XLA semantics) and folded into one linear start `base`
+(sum of clamped start * stride, integer-exact on GpSimd).
+
+The operand is viewed as a table of overlapping rows: row r starts at element r * g
+and holds C contiguous elements, where C is the contiguous block the slice keeps whole
+(the trailing full dims times the slice of the first partial dim, cut into equal
+chunks when it is too long for SBUF) and g the gcd of the strides the start can move
+by. The rows of the slice are an affine pattern over its outer dims: GpSimd `Iota`
+writes that pattern into an int32 index tile (one outer dim on partitions, up to four
+on the free axis, the rest unrolled), `TensorScalar` adds `base`, and one `DmaGather`
+(swdge: descriptors generated on GpSimd) brings the rows into SBUF; a plain DMA writes
+them out contiguously. Clamping keeps every index inside the table, so the gather runs
+with oob_mode="error".
+
+dynamic_update_slice has no lowering: it needs a scatter to run-time addresses and the
+hardware model has no indirect-write DMA yet (LoweringError).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from hlo_passes import ir
+from jax_trn.hw import isa
+from jax_trn.hw.program import DramTensor
+
+from .builder import sub
+from .errors import LoweringError
+from .layout import P, row_major
+from .movement import copy
+from .registry import LowerCtx, register_lowering
+
+GATHER_BYTES = 32 * 1024     # SBUF bytes per partition of one gathered tile
+MAX_FREE_DIMS = 4            # Iota patterns have 1-4 dims (§6.2)
+
+
+def _chunk(length: int, cap: int) -> int:
+    """The largest divisor of `length` that is <= cap."""
+    if length <= cap:
+        return length
+    return next(d for d in range(cap, 0, -1) if length % d == 0)
+
+
+def _row_dims(shape, sizes, cap):
+    """(C, g, dims): row length C, table row step g (elements), and the slice's rows as
+    (element stride, count) dims, outermost first (count > 1 only)."""
+    strides = [st for st, _ in row_major(shape)]
+    k = len(shape) - 1
+    while k > 0 and sizes[k] == shape[k]:
+        k -= 1
+    length = sizes[k] * strides[k]
+    c = _chunk(length, cap)
+    dims = [(strides[j], sizes[j]) for j in range(k)] + [(c, length // c)]
+    g = math.gcd(c, *strides[:k + 1])
+    return c, g, [(s, n) for s, n in dims if n > 1], strides
+
+
+def _plan(dims, n_max):
+    """Split the row dims into (unrolled, partition dim or None, free dims): the longest
+    suffix that fits `n_max` rows per partition on the free axis, the dim before it on
+    partitions; when even the last dim is too long, it goes on partitions alone."""
+    for t in range(len(dims)):
+        if len(dims) - t <= MAX_FREE_DIMS and math.prod(n for _, n in dims[t:]) <= n_max:
+            return dims[:max(t - 1, 0)], (dims[t - 1] if t else None), dims[t:]
+    if not dims:
+        return [], None, []
+    return dims[:-1], dims[-1], []
+
+
+def _unrolled(dims):
+    """Every index tuple of the unrolled dims: (element offset, row position)."""
+    out = [(0, [])]
+    for s, n in dims:
+        out = [(o + i * s, pos + [i]) for o, pos in out for i in range(n)]
+    return out
+
+
+@register_lowering("dynamic_slice")
+def _dynamic_slice_lower(ctx: LowerCtx, x: DramTensor, *starts: DramTensor,
+                         slice_sizes) -> None:
+    kb, out = ctx.kb, ctx.outs[0]
+    shape, sizes = tuple(x.shape), tuple(slice_sizes)
+    if out.size == 0:
+        return
+    if not shape or sizes == shape:
+        copy(kb, out, x)           # nothing to clamp: every start clamps to 0
+        return
+    item = ir.np_dtype(x.dtype).itemsize
+    c, g, dims, strides = _row_dims(shape, sizes, max(1, GATHER_BYTES // item))
+    n_max = max(1, (GATHER_BYTES // item) // c)
+
+    # base = sum_j clamp(start_j, 0, dim_j - size_j) * stride_j / g on every partition.
+    # A start known at compile time is clamped here and goes into the Iota offset; the
+    # others are loaded in their own dtype (uint32 / int64 clamp without wrapping).
+    fixed, cols, base = 0, kb.tile(len(shape), "int32"), kb.tile(1, "int32")
+    first = True
+    for j, s in enumerate(starts):
+        if shape[j] == sizes[j]:
+            continue                                  # clamps to 0 whatever it holds
+        known = ctx.constant(s)
+        if known is not None:
+            v = int(np.asarray(known).reshape(-1)[0])
+            fixed += min(max(v, 0), shape[j] - sizes[j]) * strides[j] // g
+            continue
+        raw, col = kb.tile(1, s.dtype), sub(cols, P, 1, at=j)
+        kb.dma(raw, kb.ap(s, 0, ((0, P), (1, 1))))
+        kb.emit(isa.TensorScalar, dst=col, data=raw, op0="max", operand0=0, op1="min",
+                operand1=shape[j] - sizes[j], engine="gpsimd")
+        kb.release(raw)
+        more = {} if first else {"op1": "add", "operand1": base}
+        kb.emit(isa.TensorScalar, dst=base, data=col, op0="multiply",
+                operand0=strides[j] // g, engine="gpsimd", **more)
+        first = False
+    if first:
+        kb.emit(isa.Memset, dst=base, value=0, engine="gpsimd")
+
+    loop, pdim, free = _plan(dims, n_max)
+    n = math.prod(m for _, m in free)
+    # Row-count strides of the dims, for where each tile lands in the output.
+    counts = [m for _, m in dims]
+    rstride = [math.prod(counts[i + 1:]) for i in range(len(dims))]
+    nl = len(loop)
+    table = kb.ap(x, 0, ((g, (x.size - c) // g + 1), (1, c)))
+    pattern = tuple((s // g, m) for s, m in free) or ((0, 1),)
+    idx_ring = kb.ring(2, n, "int32")
+    data_ring = kb.ring(2, n * c, out.dtype)
+    for off, pos in _unrolled(loop):
+        row0 = sum(i * rs for i, rs in zip(pos, rstride[:nl]))
+        p_chunks = [(0, 1)] if pdim is None else \
+            [(p0, min(P, pdim[1] - p0)) for p0 in range(0, pdim[1], P)]
+        for p0, pp in p_chunks:
+            pst = 0 if pdim is None else pdim[0]
+            idx = sub(idx_ring.next(), pp, n)
+            kb.emit(isa.Iota, dst=idx, pattern=pattern, offset=fixed + (off + p0 * pst) // g,
+                    channel_multiplier=pst // g)
+            kb.emit(isa.TensorScalar, dst=idx, data=idx, op0="add",
+                    operand0=sub(base, pp, 1), engine="gpsimd")
+            dst = sub(data_ring.next(), pp, n * c)
+            kb.emit(isa.DmaGather, dst=dst, src=table, indices=idx,
+                    dma_queue=next(kb._queues))
+            prs = rstride[nl] if pdim is not None else n
+            r = row0 + p0 * prs
+            kb.dma(kb.ap(out, r * c, ((prs * c, pp), (1, n * c))), dst)
+    kb.release(idx_ring, data_ring, base, cols)
+
+
+@register_lowering("dynamic_update_slice")
+def _dynamic_update_slice_lower(ctx: LowerCtx, *_args, **_attrs) -> None:
+    raise LoweringError(
+        "dynamic_update_slice is not supported on trn yet: it writes to addresses "
+        "computed on the device, and the hardware model has no indirect (scatter) DMA")
