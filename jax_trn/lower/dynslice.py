@@ -1,4 +1,5 @@
-"""dynamic_slice: start indices read on the device, rows fetched by indirect DMA.
+"""dynamic_slice and dynamic_update_slice: start indices read on the device, rows moved
+by indirect DMA (DmaGather).
 
 The start indices are int32 scalars in DRAM (operands). Each is DMAed (broadcast to
 all partitions) into a column of an int32 SBUF tile, clamped on GpSimd to
@@ -16,8 +17,11 @@ on the free axis, the rest unrolled), `TensorScalar` adds `base`, and one `DmaGa
 them out contiguously. Clamping keeps every index inside the table, so the gather runs
 with oob_mode="error".
 
-dynamic_update_slice has no lowering: it needs a scatter to run-time addresses and the
-hardware model has no indirect-write DMA yet (LoweringError).
+dynamic_update_slice: the hardware model has no indirect-write (scatter) DMA, so the
+operand streams through SBUF and each output row gathers its update row with
+oob_mode="skip" (rows outside the window get an index past the table and keep the
+operand's data). A row is the trailing block the update covers whole: a window that
+is partial in the last dim moves one element per descriptor.
 """
 from __future__ import annotations
 
@@ -30,7 +34,6 @@ from jax_trn.hw import isa
 from jax_trn.hw.program import DramTensor
 
 from .builder import sub
-from .errors import LoweringError
 from .layout import P, row_major
 from .movement import copy
 from .registry import LowerCtx, register_lowering
@@ -149,8 +152,107 @@ def _dynamic_slice_lower(ctx: LowerCtx, x: DramTensor, *starts: DramTensor,
     kb.release(idx_ring, data_ring, base, cols)
 
 
+BIG = 1 << 30                # added to the index of a row outside the window: skipped
+
+
+def _clamped_starts(ctx, shape, sizes, starts):
+    """Per dim: ("const", c) for a start known at compile time (clamped here) or a full
+    window, else ("tile", [P, 1] int32 column of the clamped start loaded on device)."""
+    kb, res = ctx.kb, []
+    cols = kb.tile(max(1, len(shape)), "int32")
+    for j, s in enumerate(starts):
+        known = ctx.constant(s)
+        if shape[j] == sizes[j] or known is not None:
+            v = 0 if shape[j] == sizes[j] else int(np.asarray(known).reshape(-1)[0])
+            res.append(("const", min(max(v, 0), shape[j] - sizes[j])))
+            continue
+        raw, col = kb.tile(1, s.dtype), sub(cols, P, 1, at=j)
+        kb.dma(raw, kb.ap(s, 0, ((0, P), (1, 1))))
+        kb.emit(isa.TensorScalar, dst=col, data=raw, op0="max", operand0=0, op1="min",
+                operand1=shape[j] - sizes[j], engine="gpsimd")
+        kb.release(raw)
+        res.append(("tile", col))
+    return res, cols
+
+
 @register_lowering("dynamic_update_slice")
-def _dynamic_update_slice_lower(ctx: LowerCtx, *_args, **_attrs) -> None:
-    raise LoweringError(
-        "dynamic_update_slice is not supported on trn yet: it writes to addresses "
-        "computed on the device, and the hardware model has no indirect (scatter) DMA")
+def _dynamic_update_slice_lower(ctx: LowerCtx, x: DramTensor, upd: DramTensor,
+                                *starts: DramTensor) -> None:
+    """The operand passes through SBUF row by row (a row: the trailing block the update
+    covers whole); for each output row GpSimd computes the update row that lands there
+    (row index o - start, per dim) or an index past the table when the row is outside
+    the window, and a DmaGather with oob_mode="skip" overwrites the in-window rows."""
+    kb, out = ctx.kb, ctx.outs[0]
+    shape, sizes = tuple(x.shape), tuple(upd.shape)
+    if out.size == 0:
+        return
+    if upd.size == 0 or not shape or sizes == shape:
+        copy(kb, out, x if upd.size == 0 else upd)
+        return
+    item = ir.np_dtype(x.dtype).itemsize
+    cap = max(1, GATHER_BYTES // item)
+    strides = [st for st, _ in row_major(shape)]
+    k = max(j for j in range(len(shape)) if sizes[j] != shape[j])
+    c = _chunk(strides[k], cap)
+    n_max = max(1, cap // c)
+    starts_c, cols = _clamped_starts(ctx, shape, sizes, starts)
+    # Dims of the output rows (units of c elements): (row stride, extent, window size,
+    # start, update row stride); the chunks of a row form a last, always-full dim.
+    usizes = list(sizes[:k + 1]) + [strides[k] // c]
+    ustr = [math.prod(usizes[i + 1:]) for i in range(len(usizes))]
+    dims = [(strides[j] // c, shape[j], sizes[j], starts_c[j], ustr[j]) for j in range(k + 1)]
+    dims.append((1, strides[k] // c, strides[k] // c, ("const", 0), 1))
+    dims = [d for d in dims if d[1] > 1]
+    loop, pdim, free = _plan([(d[0], d[1]) for d in dims], n_max)
+    nl, nf = len(loop), len(free)
+    n = math.prod(m for _, m in free)
+    table = kb.ap(upd, 0, ((c, upd.size // c), (1, c)))
+    t, t2, m, u = (kb.tile(n, "int32") for _ in range(4))
+    data_ring = kb.ring(2, n * c, out.dtype)
+    for off, pos in _unrolled(loop):
+        for p0, pp in ([(0, 1)] if pdim is None else
+                       [(p0, min(P, pdim[1] - p0)) for p0 in range(0, pdim[1], P)]):
+            tt, tt2, mm, uu = (sub(a, pp, n) for a in (t, t2, m, u))
+            first_m = True
+            for i, (_, ext, win, (kind, cv), us) in enumerate(dims):
+                # tt = o_i - start_i over the tile
+                on_free = i - nl - (pdim is not None)
+                pattern = tuple((1 if f == on_free else 0, fm)
+                                for f, (_, fm) in enumerate(free)) or ((0, 1),)
+                const = pos[i] if i < nl else (p0 if i == nl and pdim is not None else 0)
+                const -= cv if kind == "const" else 0
+                kb.emit(isa.Iota, dst=tt, pattern=pattern, offset=const,
+                        channel_multiplier=int(i == nl and pdim is not None))
+                if kind == "tile":
+                    kb.emit(isa.TensorScalar, dst=tt, data=tt, op0="subtract",
+                            operand0=sub(cv, pp, 1), engine="gpsimd")
+                if win < ext:                       # in window: clamp(tt, 0, win-1) == tt
+                    kb.emit(isa.TensorScalar, dst=tt2, data=tt, op0="max", operand0=0,
+                            op1="min", operand1=win - 1, engine="gpsimd")
+                    kb.emit(isa.TensorTensor, dst=tt2 if not first_m else mm, data1=tt,
+                            data2=tt2, op="is_equal", engine="gpsimd")
+                    if not first_m:
+                        kb.emit(isa.TensorTensor, dst=mm, data1=mm, data2=tt2,
+                                op="multiply", engine="gpsimd")
+                    first_m = False
+                if i == 0:
+                    kb.emit(isa.TensorScalar, dst=uu, data=tt, op0="multiply",
+                            operand0=us, engine="gpsimd")
+                else:
+                    kb.emit(isa.TensorScalar, dst=tt, data=tt, op0="multiply",
+                            operand0=us, engine="gpsimd")
+                    kb.emit(isa.TensorTensor, dst=uu, data1=uu, data2=tt, op="add",
+                            engine="gpsimd")
+            # idx = u + BIG * (1 - in_window)
+            kb.emit(isa.TensorScalar, dst=mm, data=mm, op0="multiply", operand0=-BIG,
+                    op1="add", operand1=BIG, engine="gpsimd")
+            kb.emit(isa.TensorTensor, dst=uu, data1=uu, data2=mm, op="add", engine="gpsimd")
+            pst = 0 if pdim is None else pdim[0]
+            row0 = sum(i * s for i, (s, _) in zip(pos, loop)) + p0 * pst
+            o_ap = ((pst * c if pdim is not None else n * c, pp), (1, n * c))
+            dst = sub(data_ring.next(), pp, n * c)
+            kb.dma(dst, kb.ap(x, row0 * c, o_ap))
+            kb.emit(isa.DmaGather, dst=dst, src=table, indices=uu, oob_mode="skip",
+                    dma_queue=next(kb._queues))
+            kb.dma(kb.ap(out, row0 * c, o_ap), dst)
+    kb.release(t, t2, m, u, data_ring, cols)

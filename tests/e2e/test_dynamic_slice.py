@@ -66,10 +66,43 @@ def test_large_rows(jax, trn, cpu):
           np.int32(4))
 
 
-def test_dynamic_update_slice_is_a_clear_error(jax, trn):
-    f = jax.jit(lambda x, i: jax.lax.dynamic_update_slice(x, x[:2], (i,)))
-    with pytest.raises(Exception, match="dynamic_update_slice"):
-        f(jax.device_put(np.zeros(7, np.float32), trn), np.int32(1))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,sizes", [((7,), (3,)), ((130, 3), (129, 2)),
+                                         ((4, 600), (2, 300)), ((2, 3, 5), (2, 2, 3)),
+                                         ((2, 3, 5), (1, 3, 5)), ((130, 3), (1, 3))])
+def test_dynamic_update_slice(jax, trn, cpu, shape, sizes, dtype):
+    """Update windows with clamped starts, and `.at[i].set` with a traced index."""
+    x = _rand(shape, dtype, np.random.default_rng(8))
+    v = _rand(sizes, dtype, np.random.default_rng(9))
+    f = jax.jit(lambda x, v, *s: jax.lax.dynamic_update_slice(x, v, s))
+    for starts in ([-5] * len(shape), [1000] * len(shape), [1] + [-1] * (len(shape) - 1),
+                   [0] * (len(shape) - 1) + [2]):
+        args = (x, v, *(np.int32(s) for s in starts))
+        out = f(*(jax.device_put(a, trn) for a in args))
+        ref = f(*(jax.device_put(a, cpu) for a in args))
+        assert out.shape == ref.shape and out.dtype == ref.dtype
+        np.testing.assert_array_equal(np.asarray(out), np.asarray(ref))
+
+
+def test_update_index_traced(jax, trn, cpu):
+    x = _rand((4, 600), "float32", np.random.default_rng(10))
+    g = jax.jit(lambda x, i: jax.lax.dynamic_update_index_in_dim(x, x[0] * 2, i, 0) + 1)
+    for i in (0, 3, 2):
+        args = (x, np.int32(i))
+        out = g(*(jax.device_put(a, trn) for a in args))
+        ref = g(*(jax.device_put(a, cpu) for a in args))
+        np.testing.assert_array_equal(np.asarray(out), np.asarray(ref))
+
+
+def test_dynamic_update_slice_large_rows(jax, trn, cpu):
+    x = _rand((3, 20000), "float32", np.random.default_rng(11))
+    v = _rand((1, 20000), "float32", np.random.default_rng(12))
+    check(jax, trn, cpu, lambda x, v, i: jax.lax.dynamic_update_slice(x, v, (i, 0)),
+          x, v, np.int32(1))
+    y = _rand((300, 70), "float32", np.random.default_rng(13))
+    w = _rand((290, 1), "float32", np.random.default_rng(14))
+    check(jax, trn, cpu, lambda y, w, i: jax.lax.dynamic_update_slice(y, w, (i, 5)),
+          y, w, np.int32(4))
 
 
 def test_uint32_and_constant_starts(jax, trn, cpu):
