@@ -100,23 +100,15 @@ def _dynamic_slice_lower(ctx: LowerCtx, x: DramTensor, *starts: DramTensor,
     # base = sum_j clamp(start_j, 0, dim_j - size_j) * stride_j / g on every partition.
     # A start known at compile time is clamped here and goes into the Iota offset; the
     # others are loaded in their own dtype (uint32 / int64 clamp without wrapping).
-    fixed, cols, base = 0, kb.tile(len(shape), "int32"), kb.tile(1, "int32")
+    clamped, cols = _clamped_starts(ctx, shape, sizes, starts)
+    fixed, base = 0, kb.tile(1, "int32")
     first = True
-    for j, s in enumerate(starts):
-        if shape[j] == sizes[j]:
-            continue                                  # clamps to 0 whatever it holds
-        known = ctx.constant(s)
-        if known is not None:
-            v = int(np.asarray(known).reshape(-1)[0])
-            fixed += min(max(v, 0), shape[j] - sizes[j]) * strides[j] // g
+    for j, (kind, v) in enumerate(clamped):
+        if kind == "const":
+            fixed += v * strides[j] // g
             continue
-        raw, col = kb.tile(1, s.dtype), sub(cols, P, 1, at=j)
-        kb.dma(raw, kb.ap(s, 0, ((0, P), (1, 1))))
-        kb.emit(isa.TensorScalar, dst=col, data=raw, op0="max", operand0=0, op1="min",
-                operand1=shape[j] - sizes[j], engine="gpsimd")
-        kb.release(raw)
         more = {} if first else {"op1": "add", "operand1": base}
-        kb.emit(isa.TensorScalar, dst=base, data=col, op0="multiply",
+        kb.emit(isa.TensorScalar, dst=base, data=v, op0="multiply",
                 operand0=strides[j] // g, engine="gpsimd", **more)
         first = False
     if first:
@@ -204,7 +196,7 @@ def _dynamic_update_slice_lower(ctx: LowerCtx, x: DramTensor, upd: DramTensor,
     dims.append((1, strides[k] // c, strides[k] // c, ("const", 0), 1))
     dims = [d for d in dims if d[1] > 1]
     loop, pdim, free = _plan([(d[0], d[1]) for d in dims], n_max)
-    nl, nf = len(loop), len(free)
+    nl = len(loop)
     n = math.prod(m for _, m in free)
     table = kb.ap(upd, 0, ((c, upd.size // c), (1, c)))
     t, t2, m, u = (kb.tile(n, "int32") for _ in range(4))
