@@ -68,7 +68,6 @@ def test_same_program_twice_is_identical(jax, trn):
 
 
 def test_unsupported_op_is_a_compile_error_naming_op_shape_and_line(jax, trn):
-    import jax.numpy as jnp
     x = jax.device_put(np.ones((3, 5), np.float32), trn)
     with pytest.raises(Exception) as info:
         jax.jit(lambda a: jax.lax.reduce_precision(a, 5, 10))(x)   # no lowering yet

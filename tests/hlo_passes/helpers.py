@@ -19,6 +19,17 @@ from hlo_passes import importer, ir
 
 PLUGIN_VERSION = stablehlo.get_current_version()
 
+# A chlo.erf composite whose decomposition is a private function (JAX emits erf so).
+ERF_COMPOSITE = """
+  func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {
+    %0 = stablehlo.composite "chlo.erf" %x {decomposition = @erf_impl} : (tensor<4xf32>) -> tensor<4xf32>
+    return %0 : tensor<4xf32>
+  }
+  func.func private @erf_impl(%x: tensor<4xf32>) -> tensor<4xf32> {
+    %0 = stablehlo.tanh %x : tensor<4xf32>
+    return %0 : tensor<4xf32>
+  }"""
+
 
 def lowered_module(f, *args, **jit_kwargs):
     """The StableHLO MLIR module JAX hands to `backend.compile` for the CPU platform."""

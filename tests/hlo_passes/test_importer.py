@@ -13,7 +13,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import hlo_passes
 from hlo_passes import importer, ir
 from hlo_passes.errors import HloImportError
-from tests.hlo_passes.helpers import (PLUGIN_VERSION, all_kinds, artifact_of, bytecode,
+from tests.hlo_passes.helpers import (ERF_COMPOSITE, PLUGIN_VERSION, all_kinds, artifact_of, bytecode,
                                       from_text, kinds, lowered_module, serialize)
 
 HERE = os.path.basename(__file__)
@@ -231,15 +231,7 @@ def test_private_functions_are_inlined_with_names_and_locations():
 
 
 def test_composites_are_expanded():
-    module = from_text("""
-      func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {
-        %0 = stablehlo.composite "chlo.erf" %x {decomposition = @erf_impl} : (tensor<4xf32>) -> tensor<4xf32>
-        return %0 : tensor<4xf32>
-      }
-      func.func private @erf_impl(%x: tensor<4xf32>) -> tensor<4xf32> {
-        %0 = stablehlo.tanh %x : tensor<4xf32>
-        return %0 : tensor<4xf32>
-      }""")
+    module = from_text(ERF_COMPOSITE)
     composite = module.main.body.ops[0]
     assert composite.attrs["name"] == "chlo.erf"
     assert composite.attrs["decomposition"] == "erf_impl"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from hlo_passes.passes import inline_calls
 from hlo_passes.verifier import verify
-from tests.hlo_passes.helpers import from_text, kinds
+from tests.hlo_passes.helpers import ERF_COMPOSITE, from_text, kinds
 
 NESTED = """
   func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {
@@ -62,15 +62,7 @@ def test_public_callee_kept_and_no_inline_respected():
 
 
 def test_kept_composites_stay():
-    module = from_text("""
-      func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {
-        %0 = stablehlo.composite "chlo.erf" %x {decomposition = @erf_impl} : (tensor<4xf32>) -> tensor<4xf32>
-        return %0 : tensor<4xf32>
-      }
-      func.func private @erf_impl(%x: tensor<4xf32>) -> tensor<4xf32> {
-        %0 = stablehlo.tanh %x : tensor<4xf32>
-        return %0 : tensor<4xf32>
-      }""")
+    module = from_text(ERF_COMPOSITE)
     assert not inline_calls.InlineCalls(keep_composites={"chlo.erf"}).run(module)
     assert kinds(module.main.body) == ["composite", "func.return"]
     assert "erf_impl" in module.functions
