@@ -44,3 +44,10 @@ from . import reduce as _reduce  # noqa: F401,E402
 from . import argreduce as _argreduce  # noqa: F401,E402
 from . import bitcast as _bitcast  # noqa: F401,E402
 from . import dynslice as _dynslice  # noqa: F401,E402
+from . import gather as _gather  # noqa: F401,E402
+from . import scatter as _scatter  # noqa: F401,E402
+from . import conv as _conv  # noqa: F401,E402
+from . import window as _window  # noqa: F401,E402
+from . import sort as _sort  # noqa: F401,E402
+from . import control as _control  # noqa: F401,E402
+from . import misc as _misc  # noqa: F401,E402

@@ -1,0 +1,1 @@
+"""while, case/if: control flow between kernels (being written)."""

@@ -1,0 +1,1 @@
+"""gather: jnp indexing, take, embedding lookups (being written)."""

@@ -1,0 +1,1 @@
+"""scatter: .at[].set/add/max/min/mul and gather gradients (being written)."""

@@ -1,0 +1,1 @@
+"""sort (multi-operand, stable) and top_k (being written)."""
