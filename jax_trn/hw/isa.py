@@ -17,6 +17,7 @@ isa_dma.py, isa_tensor.py, isa_vector.py, isa_gpsimd.py.
 |----------------------|----------------------|----------------------------------------------------|
 | DmaCopy              | DMA queue            | dst = cast(src) through FP32; HBM/SBUF <-> HBM/SBUF|
 | DmaGather            | DMA queue (swdge)    | dst[p, j] = table[indices[p, j]] (indirect rows)   |
+| DmaScatter           | DMA queue (swdge)    | table[indices[p, j]] (+)= src[p, j] (indirect)     |
 | DmaTranspose         | DMA queue (v3+)      | dst[B, A] = src[A, B], bit-exact, 2/4-byte types   |
 | NcMatmul             | tensor               | dst[M,N] (+)= stationary[K,M].T @ moving[K,N]      |
 | NcMatmulMx           | tensor (v4)          | as NcMatmul on MX data x E8M0 scales, K = 4 x P    |
@@ -253,7 +254,7 @@ class Instr:
 
 # The instruction families, re-exported; then semantics and costs, which are attached
 # by type and import the classes above (so they come last).
-from .isa_dma import DmaCopy, DmaGather, DmaTranspose  # noqa: E402
+from .isa_dma import DmaCopy, DmaGather, DmaScatter, DmaTranspose  # noqa: E402
 from .isa_tensor import NcMatmul, NcMatmulMx, NcTranspose  # noqa: E402
 from .isa_vector import (Activation, Exponential, Memset, QuantizeMx,  # noqa: E402
                          ScalarTensorTensor, Select, TensorCopy, TensorReduce,
@@ -264,7 +265,7 @@ from . import costs as _costs    # noqa: E402
 from . import semantics as _sem  # noqa: E402
 
 __all__ = ["IsaError", "Tile", "DramAP", "Operand", "Scalar", "Instr", "PMAX", "ENGINES",
-           "DmaCopy", "DmaGather", "DmaTranspose", "NcMatmul", "NcMatmulMx",
+           "DmaCopy", "DmaGather", "DmaScatter", "DmaTranspose", "NcMatmul", "NcMatmulMx",
            "NcTranspose", "Activation", "TensorTensor", "TensorScalar",
            "ScalarTensorTensor", "TensorReduce", "TensorPartitionReduce", "TensorCopy",
            "Memset", "Iota", "Select", "AffineSelect", "Exponential", "QuantizeMx"]

@@ -1,10 +1,11 @@
-"""DMA instructions (trainium-hardware.md §3.4, §6.2): copy, indirect gather, transpose.
+"""DMA instructions (trainium-hardware.md §3.4, §6.2): copy, indirect gather, indirect
+scatter (optionally read-modify-write add), transpose.
 
-All three run on a DMA queue ("dma<i>") and are priced by the DMA model, not in cycles.
+All of them run on a DMA queue ("dma<i>") and are priced by the DMA model, not in cycles.
 For the timing model each exposes `nbytes` (bytes moved), `hbm_bytes` (bytes read from
 plus written to DRAM) and `efficiency` (a factor on the achievable DMA rate, 1.0 for a
-plain copy); DmaGather also gives `chunk_bytes` (one descriptor per gathered row) and
-`descriptor_engine` (its descriptors are generated at run time on GpSimd, swdge).
+plain copy); DmaGather and DmaScatter also give `chunk_bytes` (one descriptor per row)
+and `descriptor_engine` (their descriptors are generated at run time on GpSimd, swdge).
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from . import dtypes as _dt
 from .isa import DramAP, Instr, Operand, Tile, _check
 
-__all__ = ["DmaCopy", "DmaGather", "DmaTranspose"]
+__all__ = ["DmaCopy", "DmaGather", "DmaScatter", "DmaTranspose"]
 
 _INDEX_TYPES = ("int32", "uint32")
 # §3.4 [NKI-ARCH2]: DMA transpose reaches up to 90% of DMA throughput HBM->SBUF, 50%
@@ -138,6 +139,82 @@ class DmaGather(DmaCopy):
     def chunk_bytes(self) -> int:
         """One descriptor per gathered row (§3.4: each buffer is contiguous)."""
         return self.row_size * _dt.itemsize(self.src.dtype)
+
+    def cycles(self, spec) -> float:
+        return 0.0
+
+    def check(self, spec) -> None:
+        _check_queue(self, spec)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DmaScatter(DmaCopy):
+    """Indirect DMA write (`dma_copy` with the `vector_offset` on dst, §6.2; with
+    `dst_rmw_op=add` / `dma_compute` scatter RMW, §3.4): partition p, slot j of the SBUF
+    tile `src` goes to row `indices[p, j]` of the DRAM table `dst` (first pattern pair:
+    rows; the rest: one row). `rmw_op=None` overwrites the row (cast through FP32 like
+    DmaCopy); `rmw_op="add"` reads the row, adds in FP32 and writes it back cast to the
+    table's dtype (the DMA engines compute in FP32, so integer tables are exact only
+    while values stay below 2^24). Rows are applied in index order, p-major then j: a
+    row named twice takes the last write, or both adds in that order, each rounded to
+    the table's dtype (NKI serialises duplicate offsets, `unique_indices=False`). An
+    index outside the table raises IsaError (`oob_mode="error"`) or is dropped
+    (`"skip"`). Software DGE only (§3.4)."""
+    indices: Tile                  # int32/uint32 [P, n] in SBUF
+    rmw_op: str | None = None      # None (overwrite) | "add", §6.2 `dst_rmw_op`
+    oob_mode: str = "error"        # "error" | "skip", §6.2 `oob_mode`
+    dge_mode = "swdge"             # §3.4: the only mode with indirect scatter
+    descriptor_engine = "gpsimd"
+
+    def __post_init__(self):
+        _check(isinstance(self.dst, DramAP), "scatter dst must be a DRAM table (DramAP)")
+        _check(isinstance(self.src, Tile) and self.src.mem == "sbuf",
+               "scatter src must be an SBUF tile, §3.4")
+        _check(self.dma_queue >= 0, f"bad DMA queue {self.dma_queue}")
+        _check(self.oob_mode in ("error", "skip"), f"bad oob_mode {self.oob_mode!r}")
+        _check(self.rmw_op in (None, "add"), f"DMA read-modify-write supports only add, "
+               f"not {self.rmw_op!r}, §6.2")
+        idx = self.indices
+        _check(isinstance(idx, Tile) and idx.mem == "sbuf", "scatter indices must be an "
+               "SBUF tile")
+        _check(idx.dtype in _INDEX_TYPES, f"scatter indices must be int32/uint32, not "
+               f"{idx.dtype}")
+        _check(idx.num_partitions == self.src.num_partitions, f"indices {idx.shape} and "
+               f"src {self.src.shape} differ in partitions")
+        _check(len(self.dst.pattern) >= 2, "scatter dst pattern needs a row dimension "
+               "and a row")
+        _check(self.src.free_size == idx.free_size * self.row_size, f"src {self.src.shape}"
+               f" does not hold {idx.free_size} rows of {self.row_size} per partition")
+        _check(not (_dt.is_mx(self.src.dtype) or _dt.is_mx(self.dst.dtype))
+               or self.src.dtype == self.dst.dtype, "DMA cannot cast MX types, §3.4")
+        _check(self.rmw_op is None or not _dt.is_mx(self.dst.dtype),
+               "DMA read-modify-write cannot add MX types, §3.4")
+
+    @property
+    def rows(self) -> int:
+        return self.dst.pattern[0][1]
+
+    @property
+    def row_size(self) -> int:
+        return self.dst.size // self.rows
+
+    @property
+    def dst_size(self) -> int:
+        return self.src.num_partitions * self.indices.free_size * self.row_size
+
+    @property
+    def nbytes(self) -> int:
+        return max(self.dst_size * _dt.itemsize(self.dst.dtype), self.src.nbytes)
+
+    @property
+    def hbm_bytes(self) -> int:
+        """The rows written, plus the rows read back for a read-modify-write."""
+        return self.dst_size * _dt.itemsize(self.dst.dtype) * (2 if self.rmw_op else 1)
+
+    @property
+    def chunk_bytes(self) -> int:
+        """One descriptor per scattered row (§3.4: each buffer is contiguous)."""
+        return self.row_size * _dt.itemsize(self.dst.dtype)
 
     def cycles(self, spec) -> float:
         return 0.0

@@ -118,6 +118,54 @@ def dma_gather(ins: isa.DmaGather, core) -> None:
     view[ok] = rows[ok]
 
 
+def dma_scatter(ins: isa.DmaScatter, core) -> None:
+    """table[indices[p, j], :] = src[p, j, :] (or += in FP32, cast back) in index order,
+    p-major: the k-th write to a row lands after every earlier one; out-of-bounds rows
+    raise (oob_mode "error") or are dropped ("skip")."""
+    dram_read(ins.dst, core.dram)                   # checks the table's bounds and dtype
+    flat = core.dram[ins.dst.tensor]
+    if not flat.flags.writeable:
+        raise isa.IsaError(f"DRAM tensor {ins.dst.tensor!r} is read-only (a kernel input?)")
+    idx = _read(core, ins.indices).reshape(-1).astype(_I64)
+    ok = (idx >= 0) & (idx < ins.rows)
+    if ins.oob_mode == "error" and not ok.all():
+        raise isa.IsaError(f"scatter index {idx[~ok][0]} outside the {ins.rows} rows of "
+                           f"{ins.dst.tensor!r} (oob_mode='error')")
+    src = _read(core, ins.src).reshape(idx.size, ins.row_size)[ok]
+    (step, _), *inner = ins.dst.pattern
+    cols = ins.dst.offset + _pattern_offsets(inner)
+    addr = idx[ok][:, None] * step + cols[None, :]
+    for sel in _layers(idx[ok], overlapping=step < int(cols.max() - cols.min()) + 1):
+        if ins.rmw_op == "add":
+            acc = to_fp32(flat[addr[sel]]) + to_fp32(src[sel])
+            flat[addr[sel]] = core.numerics.cast(acc, flat.dtype)
+        else:
+            flat[addr[sel]] = _convert(core, src[sel], ins.dst.dtype)
+
+
+def _pattern_offsets(pattern) -> np.ndarray:
+    """Element offsets of every index tuple of `pattern`, row-major."""
+    off = np.zeros(1, _I64)
+    for stride, num in pattern:
+        off = (off[:, None] + stride * np.arange(num, dtype=_I64)[None, :]).reshape(-1)
+    return off
+
+
+def _layers(idx: np.ndarray, overlapping: bool):
+    """Index arrays of the writes, in groups that touch each row at most once: the k-th
+    write to every row is in group k (one write per group if rows overlap)."""
+    if overlapping:
+        yield from (np.array([i]) for i in range(idx.size))
+        return
+    order = np.argsort(idx, kind="stable")
+    first = np.r_[True, np.diff(idx[order]) != 0]
+    group_start = np.maximum.accumulate(np.where(first, np.arange(idx.size), 0))
+    rank = np.empty_like(idx)
+    rank[order] = np.arange(idx.size) - group_start
+    for r in range(int(rank.max()) + 1 if idx.size else 0):
+        yield np.flatnonzero(rank == r)
+
+
 def dma_transpose(ins: isa.DmaTranspose, core) -> None:
     """dst[B, A] = src[A, B], bit-exact."""
     x = _read_operand(core, ins.src).reshape(ins.src_shape)
@@ -284,7 +332,8 @@ EXECUTE = {
     isa.Activation: activation, isa.TensorTensor: tensor_tensor,
     isa.TensorScalar: tensor_scalar, isa.TensorReduce: tensor_reduce,
     isa.TensorCopy: tensor_copy, isa.Memset: memset, isa.Iota: iota, isa.Select: select,
-    isa.DmaGather: dma_gather, isa.DmaTranspose: dma_transpose,
+    isa.DmaGather: dma_gather, isa.DmaScatter: dma_scatter,
+    isa.DmaTranspose: dma_transpose,
     isa.ScalarTensorTensor: scalar_tensor_tensor, isa.Exponential: exponential,
     isa.TensorPartitionReduce: tensor_partition_reduce, isa.AffineSelect: affine_select,
 }
