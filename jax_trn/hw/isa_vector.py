@@ -16,7 +16,8 @@ from .isa import (Instr, Scalar, Tile, _check, _engine, _lanes, _not_both_psum, 
                   _scalar, _tile)
 
 __all__ = ["Activation", "TensorTensor", "TensorScalar", "ScalarTensorTensor",
-           "TensorReduce", "TensorCopy", "Memset", "Select", "Exponential", "QuantizeMx"]
+           "TensorReduce", "TensorCopy", "Memset", "Select", "Exponential", "QuantizeMx",
+           "TensorTensorScan"]
 
 _BITVEC = ("bitwise_and", "bitwise_or", "bitwise_xor", "shift_left",
            "shift_right_logical", "shift_right_arithmetic")
@@ -279,3 +280,45 @@ class QuantizeMx(Instr):
     def check(self, spec) -> None:
         _check(spec.quantize_mx > 0, f"quantize_mx needs NC-v4, not "
                f"{spec.name}, §2.3")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TensorTensorScan(Instr):
+    """`tensor_tensor_scan` (§6.2, VectorE): per partition, along the free axis,
+
+        dst[:, 0] = (data0[:, 0] <op0> initial) <op1> data1[:, 0]
+        dst[:, i] = (data0[:, i] <op0> dst[:, i-1]) <op1> data1[:, i]
+
+    `initial` is an immediate or a [P, 1] tile; arithmetic ops only, computed in FP32
+    with the running value carried in FP32 (cast once on output), or natively in int64
+    when every operand is an integer type (as the other ALU instructions, semantics.py).
+    data0 and data1 cannot both be in PSUM. Cost max(MIN_II, 2N), §6.3."""
+    dst: Tile
+    data0: Tile
+    data1: Tile
+    initial: Scalar
+    op0: str
+    op1: str
+    engine = "vector"
+
+    def __post_init__(self):
+        for what in ("dst", "data0", "data1"):
+            _tile(getattr(self, what), what, "vector")
+        _lanes(self.dst, self.data1, "tensor_tensor_scan data1")
+        _check(self.data0.num_partitions == self.data1.num_partitions
+               and self.data0.free_size == self.data1.free_size,
+               f"tensor_tensor_scan data0 {self.data0.shape} does not match data1 "
+               f"{self.data1.shape}")
+        _not_both_psum(self.data0, self.data1, "tensor_tensor_scan")
+        for op in (self.op0, self.op1):
+            _op(op)
+            _check(op not in _BITVEC, f"tensor_tensor_scan takes arithmetic ops only, "
+                   f"not {op!r}, §6.2")
+        _scalar(self.initial, self.data1, "initial", "vector")
+
+    def cycles(self, spec) -> float:
+        """max(MIN_II, 2N), §6.3."""
+        return float(max(spec.min_ii, 2 * self.data1.free_size))
+
+    def check(self, spec) -> None:
+        pass

@@ -26,6 +26,7 @@ import numpy as np
 from . import alu as _alu
 from . import dtypes as _dt
 from . import isa
+from . import isa_vector as _isa_vector
 from .memory import dram_read, dram_write
 from .numerics import is_int, round_tf32, to_fp32
 
@@ -327,6 +328,24 @@ def affine_select(ins: isa.AffineSelect, core) -> None:
     view[...] = np.where(pred.reshape(view.shape), on_true, fill)
 
 
+def tensor_tensor_scan(ins, core) -> None:
+    """dst[:, i] = (data0[:, i] <op0> dst[:, i-1]) <op1> data1[:, i], dst[:, -1] being
+    `initial`; the running value stays FP32 (int64 for all-integer operands)."""
+    a, b = _read(core, ins.data0), _read(core, ins.data1)
+    as_int = is_int(a.dtype) and is_int(b.dtype) and _int_imm(ins.initial)
+    p = ins.data1.num_partitions
+    a, b = _widen(a, as_int).reshape(p, -1), _widen(b, as_int).reshape(p, -1)
+    prev = np.broadcast_to(_scalar(core, ins.initial, ins.data1, as_int).reshape(-1, 1),
+                           (p, 1))
+    out = np.empty(b.shape, _I64 if as_int else _F32)
+    bits = _bits(ins.dst)
+    for i in range(b.shape[1]):
+        prev = _binary(ins.op0, a[:, i:i + 1], prev, as_int, bits)
+        prev = _binary(ins.op1, prev, b[:, i:i + 1], as_int, bits)
+        out[:, i:i + 1] = prev
+    _store(core, ins.dst, out)
+
+
 EXECUTE = {
     isa.DmaCopy: dma_copy, isa.NcMatmul: nc_matmul, isa.NcTranspose: nc_transpose,
     isa.Activation: activation, isa.TensorTensor: tensor_tensor,
@@ -336,6 +355,7 @@ EXECUTE = {
     isa.DmaTranspose: dma_transpose,
     isa.ScalarTensorTensor: scalar_tensor_tensor, isa.Exponential: exponential,
     isa.TensorPartitionReduce: tensor_partition_reduce, isa.AffineSelect: affine_select,
+    _isa_vector.TensorTensorScan: tensor_tensor_scan,
 }
 
 
