@@ -1,1 +1,492 @@
-"""convolution: 1-D/2-D, strides, padding, dilation, groups, transposed forms (being written)."""
+"""convolution on TensorE: one matmul per kernel tap, accumulated in PSUM.
+
+For every output image and output-channel tile, each kernel tap t = (kh, kw) is a
+TensorE matmul over input channels (the contraction, on partitions, §2.2):
+
+    psum[co, f] (+)= W[ci, t, co].T @ X[ci, f + offset(t)]
+
+where the moving operand is a *contiguous* run of the input held in SBUF. That works
+because the input is staged in a layout where every tap is a constant shift of a flat
+index ("wide" output grid): rows of the padded, dilated input of width Qw, output
+position (oh, ow) at flat index oh * Qw + ow, tap (kh, kw) at + kh * Qw + kw. The
+Qw - OW columns past each output row are computed and dropped when PSUM is evacuated.
+A stride s splits the input into s x s phases (polyphase): tap k reads phase
+(k * rd) % s shifted by (k * rd) // s, so strided taps are contiguous runs too.
+
+Staging (a DMA kernel before the conv kernel, DRAM -> DRAM, §3.4):
+- input: an HBM temporary [N, C, phases..., Q...] in the matmul dtype, zero-filled
+  (Memset tile DMAed out) where padding or lhs dilation leaves holes, the input
+  copied in with strided access patterns (lhs dilation = a destination stride,
+  negative padding = a cropped source). An input already in that shape (channel-major,
+  no padding, dilation or stride) is read in place.
+- weights: one [ci, taps, co] block per (group block, ci tile, co tile), contiguous
+  so each loads with one DMA; grouped convs with small groups (depthwise) pack as
+  many groups as fit in 128 partitions into a block-diagonal weight (zeros elsewhere),
+  so one matmul serves many groups.
+
+The conv kernel: weights of a group block stay resident in SBUF; per output image the
+input is loaded in row bands (double-buffered), each band split in chunks of at most
+512 flat positions (one PSUM bank of FP32, §3.2); per chunk, all (ci tile, tap)
+matmuls accumulate into one bank, then VectorE/ScalarE copy the valid columns of
+each output row to SBUF in the result dtype and one DMA writes the chunk out.
+
+Transposed convolutions (lhs dilation), the input gradient (lhs dilation + padding)
+and the weight gradient (batch and feature dims swapped by dimension_numbers, the
+forward stride as rhs dilation) are the same conv with other attributes.
+batch_group_count splits the batch: output-channel group b reads input images
+b * N / B + n. Precision follows dot_general (dot.py `matmul_types`).
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+from jax_trn.hw import dtypes as hw_dtypes
+from jax_trn.hw import isa
+from jax_trn.hw.program import DramTensor
+
+from .builder import KernelBuilder, sub
+from .dot import matmul_types
+from .errors import LoweringError
+from .layout import P, Axes, View, row_major, tiles
+from .matmul import MOVING_MAX, SBUF_SHARE
+from .movement import fill
+from .registry import LowerCtx, register_lowering
+from .relayout import relayout
+
+PSUM_ACCS = 4               # accumulation banks in flight (of 8, §3.2)
+OUT_BUFS = 3                # evacuated chunks in flight to the output DMA
+MAX_INSTRUCTIONS = 400_000  # beyond this a conv would take minutes to compile
+
+
+# --- the conv's geometry ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Dim:
+    """One spatial dimension: input size, kernel size, output size and window attrs."""
+    size: int
+    kernel: int
+    out: int
+    stride: int = 1
+    lo: int = 0
+    hi: int = 0
+    ld: int = 1                 # lhs (input) dilation
+    rd: int = 1                 # rhs (kernel) dilation
+
+    def tap(self, k: int) -> tuple[int, int]:
+        """(phase, shift) of kernel index k: it reads phase row q + shift for output q.
+
+        >>> Dim(8, 3, 4, stride=2, lo=1, hi=1).tap(2)
+        (0, 1)
+        """
+        off = k * self.rd
+        return off % self.stride, off // self.stride
+
+    @property
+    def phases(self) -> tuple[int, ...]:
+        return tuple(sorted({self.tap(k)[0] for k in range(self.kernel)}))
+
+    @property
+    def shift(self) -> int:
+        return max(self.tap(k)[1] for k in range(self.kernel))
+
+    @property
+    def q(self) -> int:
+        """Rows of each phase that some output reads."""
+        return self.out + self.shift
+
+    @property
+    def exact(self) -> bool:
+        """The input itself, cropped, is the staged layout (one phase, no holes)."""
+        return self.stride == 1 and self.ld == 1 and self.lo <= 0 and self.hi <= 0
+
+    def interior(self, a: int) -> tuple[int, int, int, int, int] | None:
+        """Input indices that land on phase a: (i0, count, istep, q0, qstep), or None.
+
+        >>> Dim(5, 3, 9, ld=2, lo=2, hi=2).interior(0)
+        (0, 5, 1, 2, 2)
+        """
+        hits = [i for i in range(self.size)
+                if (h := self.lo + i * self.ld) >= 0 and h % self.stride == a
+                and h // self.stride < self.q]
+        if not hits:
+            return None
+        istep = hits[1] - hits[0] if len(hits) > 1 else 1
+        q0 = (self.lo + hits[0] * self.ld) // self.stride
+        return hits[0], len(hits), istep, q0, istep * self.ld // self.stride
+
+
+@dataclass(frozen=True)
+class Block:
+    """Input channels [c0, +cn) against output channels [o0, +on) of one group block:
+    `groups` groups of (cg in, og out) channels (block-diagonal weight if > 1);
+    output image n reads input image n + `batch_off`."""
+    c0: int
+    cn: int
+    o0: int
+    on: int
+    groups: int
+    cg: int
+    og: int
+    batch_off: int
+
+
+@dataclass(frozen=True)
+class Conv:
+    x: tuple[int, int, Axes]    # (batch stride, feature stride, spatial axes)
+    w: tuple[int, int, Axes]    # (output feature, input feature, spatial) strides
+    o: tuple[int, int, Axes]
+    n_in: int
+    c: int
+    n_out: int
+    dims: tuple[Dim, ...]       # spatial dims, 2 or 3 (1-D gets a leading dummy)
+    blocks: tuple[Block, ...]
+
+    @property
+    def o_features(self) -> int:
+        return sum(b.on for b in self.blocks)
+
+    @property
+    def taps(self) -> int:
+        return math.prod(d.kernel for d in self.dims)
+
+
+def _split(shape, batch: int, feature: int, spatial) -> tuple[int, int, Axes]:
+    axes = row_major(shape)
+    return axes[batch][0], axes[feature][0], tuple(axes[d] for d in spatial)
+
+
+def _conv(x: DramTensor, w: DramTensor, out: DramTensor, attrs: dict) -> Conv:
+    dn = attrs["dimension_numbers"]
+    xa = _split(x.shape, dn["input_batch_dimension"], dn["input_feature_dimension"],
+                dn["input_spatial_dimensions"])
+    wa = _split(w.shape, dn["kernel_output_feature_dimension"],
+                dn["kernel_input_feature_dimension"], dn["kernel_spatial_dimensions"])
+    oa = _split(out.shape, dn["output_batch_dimension"], dn["output_feature_dimension"],
+                dn["output_spatial_dimensions"])
+    pads = attrs.get("padding") or ((0, 0),) * len(xa[2])
+    dims = tuple(Dim(xs[1], ks[1], os[1], s, int(lo), int(hi), ld, rd) for xs, ks, os, s,
+                 (lo, hi), ld, rd in zip(xa[2], wa[2], oa[2], attrs["window_strides"], pads,
+                                         attrs["lhs_dilation"], attrs["rhs_dilation"]))
+    if len(dims) == 1:                      # 1-D: a dummy leading dim of size 1
+        dims, one = (Dim(1, 1, 1), *dims), ((0, 1),)
+        xa, wa, oa = ((a, b, one + s) for a, b, s in (xa, wa, oa))
+    n_in, c = x.shape[dn["input_batch_dimension"]], x.shape[dn["input_feature_dimension"]]
+    o = out.shape[dn["output_feature_dimension"]]
+    blocks = _blocks(c, o, int(attrs.get("feature_group_count", 1)),
+                     int(attrs.get("batch_group_count", 1)), n_in)
+    n_out = out.shape[dn["output_batch_dimension"]]
+    return Conv(xa, wa, oa, n_in, c, n_out, dims, blocks)
+
+
+def _blocks(c: int, o: int, groups: int, batch_groups: int, n_in: int) -> tuple[Block, ...]:
+    """Feature groups packed into blocks of <= 128 input and output channels (one
+    block-diagonal matmul each) or, for big groups, one block per group; batch groups
+    one block each (then feature_group_count is 1, as XLA requires)."""
+    if batch_groups > 1:
+        ob = o // batch_groups
+        return tuple(Block(0, c, b * ob, ob, 1, c, ob, b * (n_in // batch_groups))
+                     for b in range(batch_groups))
+    cg, og = c // groups, o // groups
+    per = max(1, min(P // cg, P // og)) if cg <= P and og <= P else 1
+    return tuple(Block(g * cg, gn * cg, g * og, gn * og, gn, cg, og, 0)
+                 for g, gn in tiles(groups, per))
+
+
+# --- staging: the input -----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Staged:
+    """The input as the conv kernel reads it: element offset, batch and channel
+    strides, and per spatial dim its phases' stride and its rows' stride."""
+    t: DramTensor
+    offset: int
+    n: int
+    c: int
+    phase: tuple[int, ...]
+    row: tuple[int, ...]
+
+
+def _stage_input(ctx: LowerCtx, x: DramTensor, cv: Conv, dtype: str) -> Staged:
+    ns, cs, sp = cv.x
+    dims = cv.dims
+    if all(d.exact for d in dims) and sp[-1][0] == 1:   # the band DMAs cast
+        off = sum(-d.lo * st for d, (st, _) in zip(dims, sp))
+        return Staged(x, off, ns, cs, tuple(0 for _ in dims), tuple(st for st, _ in sp))
+    shape = (cv.n_in, cv.c, *(len(d.phases) for d in dims),
+             *(d.q for d in dims))
+    xp = ctx.temp(shape, dtype)
+    axes = row_major(shape)
+    k = len(dims)
+    if any(d.lo > 0 or d.hi > 0 or d.ld > 1 or d.stride > 1 for d in dims):
+        fill(ctx.kb, xp, 0)
+    for combo in itertools.product(*(d.phases for d in dims)):
+        parts = [d.interior(a) for d, a in zip(dims, combo)]
+        if any(p is None for p in parts):
+            continue
+        doff = sum(dims[j].phases.index(a) * axes[2 + j][0] for j, a in enumerate(combo))
+        doff += sum(p[3] * axes[2 + k + j][0] for j, p in enumerate(parts))
+        soff = sum(p[0] * st for p, (st, _) in zip(parts, sp))
+        n, cc = shape[0], shape[1]
+        # (n, outer spatial..., h, c, w): a channel-minor input is a TensorE swap of
+        # the last two axes (relayout.py), a channel-major one plain row copies.
+        dst = [(axes[0][0], n)] + [(axes[2 + k + j][0] * p[4], p[1])
+                                   for j, p in enumerate(parts)]
+        src = [(ns, n)] + [(st * p[2], p[1]) for p, (st, _) in zip(parts, sp)]
+        dst.insert(len(dst) - 1, (axes[1][0], cc))
+        src.insert(len(src) - 1, (cs, cc))
+        relayout(ctx.kb, View(xp, tuple(dst), doff), View(x, tuple(src), soff))
+    return Staged(xp, 0, axes[0][0], axes[1][0], tuple(a[0] for a in axes[2:2 + k]),
+                  tuple(a[0] for a in axes[2 + k:]))
+
+
+
+
+# --- staging: the weights ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Unit:
+    """The weights of one (block, ci tile, co tile): [ct, taps, cot] at `offset`."""
+    offset: int
+    ci0: int
+    ct: int
+    co0: int
+    cot: int
+
+
+def _units(cv: Conv) -> list[list[Unit]]:
+    """Per block, its units in (ci tile, co tile) order, laid out one after another."""
+    out, at = [], 0
+    for b in cv.blocks:
+        units = []
+        for (ci0, ct), (co0, cot) in itertools.product(tiles(b.cn, P), tiles(b.on, P)):
+            units.append(Unit(at, ci0, ct, co0, cot))
+            at += ct * cv.taps * cot
+        out.append(units)
+    return out
+
+
+def _stage_weights(ctx: LowerCtx, w: DramTensor, cv: Conv, units, dtype: str) -> DramTensor:
+    """Copies the kernel into [ci, taps, co] blocks (block-diagonal for packed groups)."""
+    total = sum(u.ct * cv.taps * u.cot for us in units for u in us)
+    wt = ctx.temp((total,), dtype)
+    os_, is_, sp = cv.w
+    taps = tuple((st * u, n) for (st, n), u in zip(
+        row_major([d.kernel for d in cv.dims]), [1] * len(cv.dims)))
+    if any(b.groups > 1 for b in cv.blocks):
+        fill(ctx.kb, wt, 0)
+    for b, us in zip(cv.blocks, units):
+        for u in us:
+            tap_d = tuple((st * u.cot, n) for st, n in taps)
+            if b.groups > 1:
+                dst = ((b.cg * cv.taps * u.cot + b.og, b.groups), (cv.taps * u.cot, b.cg),
+                       *tap_d, (1, b.og))
+                src = ((b.og * os_, b.groups), (is_, b.cg), *sp, (os_, b.og))
+                soff = b.o0 * os_
+            else:
+                dst = ((cv.taps * u.cot, u.ct), *tap_d, (1, u.cot))
+                src = ((is_, u.ct), *sp, (os_, u.cot))
+                soff = u.ci0 * is_ + (b.o0 + u.co0) * os_
+            relayout(ctx.kb, View(wt, dst, u.offset), View(w, src, soff))
+    return wt
+
+
+# --- the rule ------------------------------------------------------------------------------
+
+@register_lowering("convolution")
+def _convolution_lower(ctx: LowerCtx, x: DramTensor, w: DramTensor, **attrs) -> None:
+    out = ctx.outs[0]
+    cv = _conv(x, w, out, attrs)
+    ctx.kb.flops += 2 * out.size * (w.size // max(1, cv.o_features))
+    if out.size == 0:
+        return
+    if x.size == 0 or w.size == 0:
+        return fill(ctx.kb, out, 0)
+    if len(cv.dims) > 3:
+        raise LoweringError(f"convolution with {len(cv.dims)} spatial dims (1-3 supported): "
+                            f"{ctx.op.describe()}")
+    ldt, rdt, precision = matmul_types(x.dtype, w.dtype, attrs.get("precision_config", ()),
+                                       ctx.matmul_precision)
+    units = _units(cv)
+    plan = _plan(cv, units, ldt, rdt, out.dtype, ctx.limits.sbuf_bytes, ctx.op.describe())
+    staged = _stage_input(ctx, x, cv, ldt)
+    wt = _stage_weights(ctx, w, cv, units, rdt)
+    ctx.next_kernel("conv")
+    _Emitter(ctx.kb, cv, plan, staged, wt, units, out, precision, ldt, rdt).run()
+
+
+# --- planning --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Plan:
+    band: int                   # output rows per input band
+    rows: int                   # output rows per PSUM chunk (1 if a row is cut)
+    weight_bytes: int           # per partition, the largest block's resident weights
+
+
+def _chunks(cv: Conv, rows: int, r0: int, rn: int) -> list[tuple[int, int, int, int]]:
+    """(first row, rows, first column, columns) of each PSUM chunk of a band."""
+    ow = cv.dims[-1].out
+    if ow > MOVING_MAX:
+        return [(r, 1, c0, cn) for r in range(r0, r0 + rn) for c0, cn in tiles(ow, MOVING_MAX)]
+    return [(r0 + a0, an, 0, ow) for a0, an in tiles(rn, rows)]
+
+
+def _plan(cv: Conv, units, ldt: str, rdt: str, odt: str, sbuf: int, what: str) -> Plan:
+    h, w = cv.dims[-2:]
+    rows = max(1, (MOVING_MAX - w.out) // w.q + 1) if w.out <= MOVING_MAX else 1
+    wbytes = max(sum(cv.taps * u.cot for u in us) for us in units) * hw_dtypes.itemsize(rdt)
+    obytes = OUT_BUFS * MOVING_MAX * hw_dtypes.itemsize(odt)
+    budget = int(sbuf * SBUF_SHARE) - wbytes - obytes
+    ncit = max(len(tiles(b.cn, P)) for b in cv.blocks)
+    per_row = 2 * ncit * _outer_taps(cv) * _phases(cv) * w.q * hw_dtypes.itemsize(ldt)
+    fit = budget // per_row - h.shift if budget > 0 else 0
+    if fit < 1:
+        raise LoweringError(f"convolution tiles do not fit in SBUF (weights {wbytes} B, "
+                            f"input rows {per_row} B per partition): {what}")
+    band = min(h.out, fit if fit < rows else fit // rows * rows)
+    plan = Plan(band, rows, wbytes)
+    count = _matmuls(cv, plan)
+    if count > MAX_INSTRUCTIONS:
+        raise LoweringError(f"convolution needs {count} matmuls (more than "
+                            f"{MAX_INSTRUCTIONS}); a weight-gradient-shaped conv (large "
+                            f"kernel window, small output) has no better lowering yet: {what}")
+    return plan
+
+
+def _outer_taps(cv: Conv) -> int:
+    return math.prod(d.kernel for d in cv.dims[:-2])
+
+
+def _phases(cv: Conv) -> int:
+    return len(cv.dims[-2].phases) * len(cv.dims[-1].phases)
+
+
+def _matmuls(cv: Conv, plan: Plan) -> int:
+    h = cv.dims[-2]
+    chunks = sum(len(_chunks(cv, plan.rows, r0, rn)) for r0, rn in tiles(h.out, plan.band))
+    per_image = chunks * cv.taps * math.prod(d.out for d in cv.dims[:-2])
+    return cv.n_out * per_image * sum(len(tiles(b.cn, P)) * len(tiles(b.on, P))
+                                      for b in cv.blocks)
+
+
+# --- the conv kernel ---------------------------------------------------------------------------
+
+class _Emitter:
+    """Emits the conv kernel (see the module docstring)."""
+
+    def __init__(self, kb: KernelBuilder, cv: Conv, plan: Plan, staged: Staged,
+                 wt: DramTensor, units, out: DramTensor, precision: str, ldt: str, rdt: str):
+        self.kb, self.cv, self.plan, self.x, self.wt = kb, cv, plan, staged, wt
+        self.units, self.out, self.precision, self.ldt, self.rdt = units, out, precision, ldt, rdt
+        self.h, self.w = cv.dims[-2:]
+        self.outer = cv.dims[:-2]
+        self.ko = list(itertools.product(*(range(d.kernel) for d in self.outer)))
+        self.band_rows = plan.band + self.h.shift
+        self.per_ko = _phases(cv) * self.band_rows * self.w.q
+        self.inner = [(kh, kw) for kh in range(self.h.kernel) for kw in range(self.w.kernel)]
+
+    def run(self) -> None:
+        kb = self.kb
+        ncit = max(len(tiles(b.cn, P)) for b in self.cv.blocks)
+        bands = kb.ring(2 * ncit, len(self.ko) * self.per_ko, self.ldt)
+        accs = kb.ring(PSUM_ACCS, MOVING_MAX, "float32", mem="psum")
+        obuf = kb.ring(OUT_BUFS, MOVING_MAX, self.out.dtype)
+        for b, us in zip(self.cv.blocks, self.units):
+            weights = [self._load_weights(u) for u in us]
+            cits = tiles(b.cn, P)
+            for n in range(self.cv.n_out):
+                for od in itertools.product(*(range(d.out) for d in self.outer)):
+                    for r0, rn in tiles(self.h.out, self.plan.band):
+                        xs = [self._load_band(bands.next(), b, ci0, ct, n, od, r0)
+                              for ci0, ct in cits]
+                        for m, (co0, cot) in enumerate(tiles(b.on, P)):
+                            ws = weights[m::len(tiles(b.on, P))]
+                            for chunk in _chunks(self.cv, self.plan.rows, r0, rn):
+                                acc = accs.next()
+                                self._matmuls(acc, xs, ws, cot, r0, chunk)
+                                self._drain(acc, obuf.next(), b, n, od, co0, cot, chunk)
+            kb.release(*weights)
+        kb.release(bands, accs, obuf)
+
+    def _load_weights(self, u: Unit) -> isa.Tile:
+        t = self.kb.tile(self.cv.taps * u.cot, self.rdt, parts=u.ct)
+        free = self.cv.taps * u.cot
+        self.kb.dma(t, self.kb.ap(self.wt, u.offset, ((free, u.ct), (1, free))))
+        return t
+
+    def _load_band(self, buf: isa.Tile, b: Block, ci0: int, ct: int, n: int, od, r0: int
+                   ) -> isa.Tile:
+        """Input rows [r0, r0 + band + shift) of every phase, per outer tap, for
+        channels [ci0, +ct) of block b and output image n."""
+        x, h, w = self.x, self.h, self.w
+        base = x.offset + (n + b.batch_off) * x.n + (b.c0 + ci0) * x.c + r0 * x.row[-2]
+        rows = min(self.band_rows, h.q - r0)
+        tile = sub(buf, ct, len(self.ko) * self.per_ko)
+        for i, ko in enumerate(self.ko):
+            off = base
+            for d, k, o, ps, rs in zip(self.outer, ko, od, x.phase, x.row):
+                a, s = d.tap(k)
+                off += d.phases.index(a) * ps + (o + s) * rs
+            pattern = ((x.phase[-2], len(h.phases)), (x.phase[-1], len(w.phases)),
+                       (x.row[-2], rows), (x.row[-1], w.q))
+            if rows < self.band_rows:       # the last band: its phase blocks stay apart
+                for ph in range(_phases(self.cv)):
+                    ih, iw = divmod(ph, len(w.phases))
+                    at = i * self.per_ko + ph * self.band_rows * w.q
+                    src = off + ih * x.phase[-2] + iw * x.phase[-1]
+                    self.kb.dma(sub(tile, ct, rows * w.q, at=at),
+                                self.kb.ap(x.t, src, ((x.c, ct), *pattern[2:])))
+                continue
+            self.kb.dma(sub(tile, ct, self.per_ko, at=i * self.per_ko),
+                        self.kb.ap(x.t, off, ((x.c, ct), *_compact(pattern))))
+        return tile
+
+    def _matmuls(self, acc: isa.Tile, xs, ws, cot: int, r0: int, chunk) -> None:
+        a, rows, c0, cn = chunk
+        h, w, q = self.h, self.w, self.w.q
+        length = (rows - 1) * q + cn
+        dst = sub(acc, cot, length)
+        steps = [(x, wt, i, kh, kw) for x, wt in zip(xs, ws) for i in range(len(self.ko))
+                 for kh, kw in self.inner]
+        for j, (x, wt, i, kh, kw) in enumerate(steps):
+            (ah, sh), (aw, sw) = h.tap(kh), w.tap(kw)
+            ph = h.phases.index(ah) * len(w.phases) + w.phases.index(aw)
+            at = i * self.per_ko + (ph * self.band_rows + a - r0 + sh) * q + c0 + sw
+            t = i * len(self.inner) + kh * w.kernel + kw
+            self.kb.emit(isa.NcMatmul, dst=dst, stationary=sub(wt, wt.num_partitions, cot,
+                                                                 at=t * cot),
+                         moving=sub(x, x.num_partitions, length, at=at),
+                         precision=self.precision, accumulate=j > 0)
+
+    def _drain(self, acc: isa.Tile, buf: isa.Tile, b: Block, n: int, od, co0: int, cot: int,
+               chunk) -> None:
+        a, rows, c0, cn = chunk
+        q = self.w.q
+        otile = sub(buf, cot, rows * cn)
+        if rows == 1 or cn == q:
+            self.kb.emit(isa.TensorCopy, dst=otile, src=sub(acc, cot, rows * cn),
+                         engine=self.kb.evac_engine())
+        else:
+            for r in range(rows):
+                self.kb.emit(isa.TensorCopy, dst=sub(otile, cot, cn, at=r * cn),
+                             src=sub(acc, cot, cn, at=r * q), engine=self.kb.evac_engine())
+        ns, os_, sp = self.cv.o
+        off = n * ns + (b.o0 + co0) * os_ + a * sp[-2][0] + c0 * sp[-1][0]
+        off += sum(o * st for o, (st, _) in zip(od, sp[:-2]))
+        pattern = ((os_, cot), *_compact(((sp[-2][0], rows), (sp[-1][0], cn))))
+        self.kb.dma(self.kb.ap(self.out, off, pattern), otile)
+
+
+def _compact(pattern: Axes) -> Axes:
+    """Drops count-1 axes and fuses contiguous neighbours (at least one axis)."""
+    out: list[tuple[int, int]] = []
+    for st, n in pattern:
+        if n == 1:
+            continue
+        if out and out[-1][0] == st * n:
+            out[-1] = (st, out[-1][1] * n)
+        else:
+            out.append((st, n))
+    return tuple(out) or ((1, 1),)
