@@ -1,1 +1,367 @@
-"""reduce_window (pooling, cumulative ops) and select_and_scatter (being written)."""
+"""reduce_window (pooling, cumulative ops) and select_and_scatter (max-pool gradient).
+
+reduce_window, two lowerings:
+
+- cumulative (`jnp.cumsum / cumprod / cummax / cummin`, which JAX lowers on non-TPU
+  platforms to a window as long as the axis, padded by n - 1 on one side): a VectorE
+  `tensor_tensor_scan` per line (§6.2; cost max(MIN_II, 2N), §6.3), O(n) per line
+  instead of the O(n^2) window sums. Lines (every position of the other axes) go on
+  partitions, 128 at a time, the scanned axis on the free axis in chunks of `SCAN_CHUNK`
+  elements, each chunk starting from the last value of the previous one (the
+  instruction's `initial` operand). The reversed form (`reverse=True`) reads and writes
+  each chunk through a negative-stride DMA pattern. Rounding order: a sequential left-to-
+  right FP32 accumulation ((x0 + x1) + x2) + ..., the order in which XLA's CPU backend
+  sums each window, rounded once to the result type; integers accumulate exactly (and
+  wrap) natively. The init must be a constant identity of the combiner.
+- generic (pooling, strided / dilated / padded windows): the operand is copied into an
+  HBM temporary of the padded, base-dilated shape, pre-filled with the init value
+  (XLA's padding value), when padding or base dilation is present. Then each window is a
+  strided access pattern over it: the index space (output dims, window dims) reads
+  element sum(o_d * stride_d + k_d * wdil_d) (overlapping windows re-read elements), and
+  reduce.py's tilings reduce it over the window dims (add / max / min, and / or on bool;
+  FP32 accumulation for floats). A non-identity init is combined once, as XLA does.
+
+select_and_scatter (the gradient of max / min pooling), with a GE / GT / LE / LT select
+and an add scatter:
+
+1. each window offset k becomes a contiguous HBM temporary T_k[o] = x[o * stride + k]
+   (a strided DMA; padding reads a value the select never prefers: -inf for max);
+2. one elementwise region over the windows computes m = max_k T_k and, walking the
+   offsets in XLA's order (first wins for GE / LE, last for GT / LT), the one-hot hit_k =
+   (T_k == m) and no earlier hit, and C_k = select(hit_k, source, 0);
+3. C_k are added into the output (pre-filled with the init value) at the window
+   positions: a plain strided DMA per offset when windows do not overlap and the init is
+   0, else a read-add-write per offset, one kernel each.
+NaN operands follow max's NaN propagation, not XLA's select order.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from hlo_passes import ir
+from jax_trn.hw import isa
+from jax_trn.hw.isa_vector import TensorTensorScan
+from jax_trn.hw.program import DramTensor
+
+from .builder import sub
+from .elementwise import emit_loop
+from .errors import LoweringError
+from .layout import P, Axes, View, box_offset, box_pattern, line_tiles, merge_axes, row_major, tiles
+from .movement import dram_copy, fill
+from .reduce import TensorSource, _fill_init, emit_reduce
+from .reduce import identity as _reduce_identity
+from .regions import Input, Region
+from .registry import LowerCtx, register_lowering
+from .relayout import relayout
+from .tileops import Step, engine_for
+
+SCAN_CHUNK = 2048          # elements per partition of one scan instruction
+COMBINERS = {"add": "add", "maximum": "max", "minimum": "min", "multiply": "multiply"}
+BOOL_COMBINERS = {"and": "min", "or": "max", "maximum": "max", "minimum": "min"}
+REDUCIBLE = ("add", "max", "min")       # what reduce.py's tilings combine
+
+
+def body_alu(region: ir.Region, dtype: str, what: str, op: ir.Op) -> str:
+    """The ALU op of a one-op binary body (add, max, min, multiply)."""
+    body = [o for o in region.block.ops if o.kind not in ("return", "func.return")]
+    table = BOOL_COMBINERS if dtype == "bool" else COMBINERS
+    if len(body) != 1 or body[0].kind not in table:
+        kinds = ", ".join(o.kind for o in body) or "nothing"
+        raise LoweringError(f"{what} body ({kinds}) is not supported; expected one of "
+                            f"{sorted(table)} ({op.describe()})")
+    return table[body[0].kind]
+
+
+def identity(alu: str, dtype: str):
+    return 1 if alu == "multiply" else _reduce_identity(alu, dtype)
+
+
+def is_identity(value, alu: str, dtype: str) -> bool:
+    if value is None:
+        return False
+    v = np.asarray(value).reshape(-1)[:1].astype(np.float64)
+    return bool(v.size and v[0] == identity(alu, dtype))
+
+
+# --- window geometry ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Window:
+    dims: tuple[int, ...]
+    strides: tuple[int, ...]
+    padding: tuple[tuple[int, int], ...]
+    base: tuple[int, ...]
+    dilations: tuple[int, ...]
+
+    @classmethod
+    def of(cls, attrs: dict, rank: int) -> "Window":
+        one = (1,) * rank
+        return cls(tuple(attrs["window_dimensions"]), tuple(attrs.get("window_strides") or one),
+                   tuple(tuple(p) for p in (attrs.get("padding") or ((0, 0),) * rank)),
+                   tuple(attrs.get("base_dilations") or one),
+                   tuple(attrs.get("window_dilations") or one))
+
+    def padded_shape(self, shape) -> tuple[int, ...]:
+        return tuple((n - 1) * b + 1 + lo + hi if n else lo + hi
+                     for n, b, (lo, hi) in zip(shape, self.base, self.padding))
+
+    def needs_padding(self) -> bool:
+        return any(p != (0, 0) for p in self.padding) or any(b != 1 for b in self.base)
+
+    def offsets(self) -> list[tuple[int, ...]]:
+        """Every window offset k, row-major (XLA's window iteration order)."""
+        return [tuple(int(i) for i in k) for k in np.ndindex(*self.dims)]
+
+    def overlapping(self) -> bool:
+        return any((w - 1) * d + 1 > s for w, d, s in zip(self.dims, self.dilations,
+                                                             self.strides))
+
+
+def interior_view(t: DramTensor, w: Window, shape) -> View:
+    """The operand's elements (of `shape`) inside the padded, base-dilated tensor `t`."""
+    rows = row_major(t.shape)
+    axes = tuple((st * b, n) for (st, _), b, n in zip(rows, w.base, shape))
+    return View(t, axes, sum(st * lo for (st, _), (lo, _) in zip(rows, w.padding)))
+
+
+def window_axes(padded: tuple[int, ...], w: Window, out_shape) -> Axes:
+    """(output dims, window dims) over the padded tensor: one element per (o, k)."""
+    rows = row_major(padded)
+    outs = tuple((st * s, n) for (st, _), s, n in zip(rows, w.strides, out_shape))
+    wins = tuple((st * d, k) for (st, _), d, k in zip(rows, w.dilations, w.dims))
+    return outs + wins
+
+
+def offset_view(t: DramTensor, w: Window, out_shape, k: tuple[int, ...]) -> View:
+    """Window element k of every window: element o * stride + k * dilation."""
+    rows = row_major(t.shape)
+    axes = tuple((st * s, n) for (st, _), s, n in zip(rows, w.strides, out_shape))
+    offset = sum(st * d * i for (st, _), d, i in zip(rows, w.dilations, k))
+    return View(t, axes, offset)
+
+
+def padded_copy(ctx: LowerCtx, x: DramTensor, w: Window, value) -> DramTensor:
+    """x inside an HBM temporary of the padded shape, everything else `value`."""
+    xp = ctx.temp(w.padded_shape(x.shape), x.dtype)
+    fill(ctx.kb, xp, value)
+    kb = ctx.next_kernel("pad")
+    if x.size:
+        dram_copy(kb, interior_view(xp, w, x.shape), View.of(x))
+    ctx.next_kernel("window")
+    return xp
+
+
+def lines(shape: tuple[int, ...], dim: int) -> list[tuple[int, tuple[int, int]]]:
+    """The lines along `dim`, up to 128 at a time: (element offset of the first line's
+    first element, (stride, count) of the lines, the partition pattern of a DMA)."""
+    n, c, a = shape[dim], math.prod(shape[dim + 1:]), math.prod(shape[:dim])
+    kept = merge_axes(((n * c, a), (1, c)))[0]
+    if not kept:
+        return [(0, (1, 1))]
+    return [(box_offset(kept, box), box_pattern(kept, box)[-1])
+            for box in line_tiles([k for _, k in kept], P)]
+
+
+# --- reduce_window -------------------------------------------------------------------------
+
+def cumulative(w: Window, shape: tuple[int, ...]) -> tuple[int, bool] | None:
+    """(dim, reverse) when the window is a prefix (or suffix) scan along one dim."""
+    if any(s != 1 for s in w.strides) or any(b != 1 for b in w.base) \
+            or any(d != 1 for d in w.dilations):
+        return None
+    long = [d for d, k in enumerate(w.dims) if k > 1]
+    if len(long) != 1:
+        return None
+    d = long[0]
+    n = shape[d]
+    if w.dims[d] != n or any(p != (0, 0) for i, p in enumerate(w.padding) if i != d):
+        return None
+    if w.padding[d] == (n - 1, 0):
+        return d, False
+    if w.padding[d] == (0, n - 1):
+        return d, True
+    return None
+
+
+def _scan(ctx: LowerCtx, x: DramTensor, alu: str, dim: int, reverse: bool) -> None:
+    kb, out, shape = ctx.kb, ctx.outs[0], tuple(x.shape)
+    n, c = shape[dim], math.prod(shape[dim + 1:])
+    acc = "float32" if ir.is_float(x.dtype) else ("int32" if x.dtype == "bool" else x.dtype)
+    chunk = min(n, SCAN_CHUNK)
+    ident = kb.tile(chunk, acc)
+    kb.emit(isa.Memset, dst=ident, value=identity(alu, x.dtype), engine=engine_for(acc))
+    xs, res = kb.ring(3, chunk, x.dtype), kb.ring(3, chunk, acc)
+    for offset, (pstride, parts) in lines(shape, dim):
+        prev = identity(alu, x.dtype)
+        spans = tiles(n, chunk)
+        for c0, cn in (reversed(spans) if reverse else spans):
+            at, step = (c0 + cn - 1, -c) if reverse else (c0, c)
+            pattern = ((pstride, parts), (step, cn))
+            xt, rt = sub(xs.next(), parts, cn), sub(res.next(), parts, cn)
+            kb.dma(xt, kb.ap(x, offset + at * c, pattern))
+            kb.emit(TensorTensorScan, dst=rt, data0=sub(ident, parts, cn), data1=xt,
+                    initial=prev, op0=alu, op1=alu)
+            kb.dma(kb.ap(out, offset + at * c, pattern), rt)
+            prev = sub(rt, parts, 1, at=cn - 1)
+    kb.release(ident, xs, res)
+
+
+class WindowSource(TensorSource):
+    """The windows of a (padded) tensor as one strided index space for reduce.py."""
+
+    def __init__(self, kb, x: DramTensor, axes: Axes):
+        super().__init__(kb, x)
+        self.views = [axes]
+
+
+def _generic(ctx: LowerCtx, x: DramTensor, init: DramTensor, alu: str, w: Window) -> None:
+    out = ctx.outs[0]
+    if alu not in REDUCIBLE:
+        raise LoweringError(f"reduce_window with a {alu} body over a non-cumulative window"
+                            f" is not supported ({ctx.op.describe()})")
+    value = ctx.constant(init)
+    src = x
+    if w.needs_padding():
+        if value is None:
+            raise LoweringError(f"padded reduce_window with a non-constant init is not "
+                                f"supported ({ctx.op.describe()})")
+        src = padded_copy(ctx, x, w, np.asarray(value).reshape(-1)[0])
+    rank = len(x.shape)
+    axes = window_axes(tuple(src.shape), w, tuple(out.shape))
+    keep_init = not is_identity(value, alu, x.dtype)
+    emit_reduce(ctx.kb, WindowSource(ctx.kb, src, axes), tuple(out.shape) + w.dims, out,
+                alu, init if keep_init else None, tuple(range(rank, 2 * rank)))
+
+
+@register_lowering("reduce_window")
+def _reduce_window_lower(ctx: LowerCtx, *operands: DramTensor, **attrs) -> None:
+    if len(operands) != 2:
+        raise LoweringError(f"reduce_window of {len(operands) // 2} operands at once is not "
+                            f"supported ({ctx.op.describe()})")
+    x, init = operands
+    out = ctx.outs[0]
+    w = Window.of(attrs, len(x.shape))
+    if any(lo < 0 or hi < 0 for lo, hi in w.padding):
+        raise LoweringError(f"reduce_window with negative padding is not supported "
+                            f"({ctx.op.describe()})")
+    alu = body_alu(ctx.op.regions[0], x.dtype, "reduce_window", ctx.op)
+    ctx.kb.flops += out.size * math.prod(w.dims)
+    if out.size == 0:
+        return
+    if math.prod(w.dims) == 0 or x.size == 0:
+        return _fill_init(ctx, init, out)
+    scan = cumulative(w, tuple(x.shape))
+    if scan is not None and is_identity(ctx.constant(init), alu, x.dtype):
+        return _scan(ctx, x, alu, *scan)
+    _generic(ctx, x, init, alu, w)
+
+
+# --- select_and_scatter --------------------------------------------------------------------
+
+SELECTS = {"GE": ("max", False), "GT": ("max", True), "LE": ("min", False),
+           "LT": ("min", True)}          # direction -> (extreme, last wins)
+
+
+def select_kind(op: ir.Op) -> tuple[str, bool]:
+    block = op.regions[0].block
+    body = [o for o in block.ops if o.kind not in ("return", "func.return")]
+    args = [v.name for v in block.args]
+    if (len(body) != 1 or body[0].kind != "compare" or len(args) != 2
+            or [v.name for v in body[0].operands] != args
+            or body[0].attrs.get("comparison_direction") not in SELECTS):
+        raise LoweringError(f"select_and_scatter select must be compare(GE|GT|LE|LT, a, b) "
+                            f"({op.describe()})")
+    return SELECTS[body[0].attrs["comparison_direction"]]
+
+
+def _one_hot_region(temps, s: DramTensor, outs, extreme: str, last_wins: bool) -> Region:
+    """m = extreme of T_k; hit_k = T_k == m and no hit before (in select order);
+    C_k = select(hit_k, s, 0)."""
+    shape = tuple(s.shape)
+    k_n = len(temps)
+    inputs = [Input(t, row_major(shape), t.dtype) for t in temps] + \
+        [Input(s, row_major(shape), s.dtype)]
+    steps: list[Step] = []
+
+    def add(kind, args, dtype, **attrs) -> int:
+        steps.append(Step(kind, tuple(args), dtype, attrs))
+        return len(inputs) + len(steps) - 1
+
+    dtype = temps[0].dtype
+    m = 0
+    for k in range(1, k_n):
+        m = add("maximum" if extreme == "max" else "minimum", (m, k), dtype)
+    zero = add("constant", (), s.dtype, value=0)
+    remaining, outputs = None, []
+    order = range(k_n - 1, -1, -1) if last_wins else range(k_n)
+    for i, k in enumerate(order):
+        hit = add("compare", (k, m), "bool", comparison_direction="EQ")
+        if remaining is not None:
+            hit = add("and", (hit, remaining), "bool")
+        if i < k_n - 1:
+            miss = add("not", (hit,), "bool")
+            remaining = miss if remaining is None else add("and", (remaining, miss), "bool")
+        outputs.append((add("select", (hit, k_n, zero), s.dtype), outs[k]))
+    return Region(shape, inputs, steps, outputs)
+
+
+@register_lowering("select_and_scatter")
+def _select_and_scatter_lower(ctx: LowerCtx, x: DramTensor, s: DramTensor, init: DramTensor,
+                              **attrs) -> None:
+    out = ctx.outs[0]
+    rank = len(x.shape)
+    w = Window.of(attrs, rank)
+    extreme, last_wins = select_kind(ctx.op)
+    if body_alu(ctx.op.regions[1], s.dtype, "select_and_scatter scatter", ctx.op) != "add":
+        raise LoweringError(f"select_and_scatter scatter must be add ({ctx.op.describe()})")
+    value = ctx.constant(init)
+    if value is None or x.dtype == "bool":
+        raise LoweringError(f"select_and_scatter with a non-constant init or bool operand "
+                            f"is not supported ({ctx.op.describe()})")
+    value = np.asarray(value).reshape(-1)[0]
+    if out.size == 0:
+        return
+    if s.size == 0:
+        return fill(ctx.kb, out, value)
+    ctx.kb.flops += 4 * s.size * math.prod(w.dims)
+    shape = tuple(s.shape)
+    # 1. the window elements, one contiguous temporary per offset
+    xp = x
+    if w.needs_padding():
+        xp = padded_copy(ctx, x, w, identity(extreme, x.dtype))
+    temps = []
+    for k in w.offsets():
+        t = ctx.temp(shape, x.dtype)
+        dram_copy(ctx.kb, View.of(t), offset_view(xp, w, shape, k))
+        temps.append(t)
+    # 2. the one-hot contributions
+    kb = ctx.next_kernel("select")
+    contrib = [ctx.temp(shape, s.dtype) for _ in temps]
+    kb.flops += emit_loop(kb, _one_hot_region(temps, s, contrib, extreme, last_wins))
+    # 3. scattered into the (padded) output
+    o = ctx.temp(w.padded_shape(x.shape), out.dtype) if w.needs_padding() else out
+    fill(ctx.next_kernel("scatter"), o, value)
+    kb = ctx.next_kernel("add")
+    direct = not w.overlapping() and float(value) == 0.0
+    for k, c in zip(w.offsets(), contrib):
+        view = offset_view(o, w, shape, k)
+        if direct:
+            dram_copy(kb, view, View.of(c))
+            continue
+        cur = ctx.temp(shape, out.dtype)
+        dram_copy(kb, View.of(cur), view)
+        kb = ctx.next_kernel("add")
+        total = ctx.temp(shape, out.dtype)
+        region = Region(shape, [Input(cur, row_major(shape), out.dtype),
+                                Input(c, row_major(shape), c.dtype)],
+                        [Step("add", (0, 1), out.dtype)], [(2, total)])
+        kb.flops += emit_loop(kb, region)
+        kb = ctx.next_kernel("add")
+        dram_copy(kb, view, View.of(total))
+        kb = ctx.next_kernel("add")
+    if o is not out:
+        kb = ctx.next_kernel("unpad")
+        relayout(kb, View.of(out), interior_view(o, w, x.shape))
