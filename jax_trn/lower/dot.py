@@ -30,7 +30,7 @@ from .builder import KernelBuilder, sub
 from .elementwise import FMAX
 from .layout import (P, Axes, View, box_offset, box_pattern, line_tiles, merge_axes,
                      row_major, tiles)
-from .matmul import MatmulEmitter, Operand, make_plan
+from .matmul import MatmulEmitter, Operand, make_plan, with_dma_transpose
 from .movement import fill
 from .relayout import relayout
 from .registry import LowerCtx, register_lowering
@@ -147,9 +147,16 @@ def lower_dot(ctx: LowerCtx, lhs: DramTensor, rhs: DramTensor, out: DramTensor,
     if lop.f[1] == rop.f[1] == 1 and lop.batch and precision == "native":
         _no_epilogue(epilogue, "batched inner products (M = N = 1)")
         return _inner_products(ctx.kb, lop, rop, out)
+    lop, rop = with_dma_transpose(lop, ctx.spec), with_dma_transpose(rop, ctx.spec)
     reserved = epilogue.sbuf_bytes() if epilogue is not None else 0
-    plan = make_plan(lop, rop, out.dtype, ctx.limits.sbuf_bytes, reserved)
+    plan = make_plan(lop, rop, out.dtype, _free_sbuf(ctx.kb), reserved)
     MatmulEmitter(ctx.kb, lop, rop, out, plan, precision, epilogue).run()
+
+
+def _free_sbuf(kb: KernelBuilder) -> int:
+    """SBUF bytes per partition above the kernel's live allocations."""
+    top = max((off + size for off, size in kb.sbuf.live.items()), default=0)
+    return kb.sbuf.capacity - top
 
 
 def _no_epilogue(epilogue, why: str) -> None:

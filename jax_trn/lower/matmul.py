@@ -3,11 +3,15 @@
 TensorE computes dst[M, N] (+)= stationary[K, M].T @ moving[K, N] with K on partitions
 (§2.2): lhs tiles are stationary (M <= 128 per tile), rhs tiles moving (N <= 512, one
 PSUM bank of FP32). An operand whose K axis is the contiguous one (lhs [M, K]
-row-major, rhs [N, K]) is loaded naturally (rows of K: long DMA runs) and transposed on
-TensorE into PSUM, then copied to SBUF in the matmul dtype, as the Neuron compiler does.
-Reading it K-major by DMA instead would move 2-4 byte runs, far below DMA efficiency
-(§3.4: ~0.2% at 2 bytes in our model), while a TensorE transpose costs ~128 cycles per
-128x128 tile against 512 per matmul that reuses it.
+row-major, rhs [N, K]) must be transposed. Reading it K-major by a plain DMA would move
+2-4 byte runs, far below DMA efficiency (§3.4: ~0.2% at 2 bytes in our model), so:
+
+- on v3+ with a 2- or 4-byte SBUF dtype equal to its DRAM dtype, by `dma_transpose`
+  straight from DRAM (§3.4: up to 90% of the DMA rate; one DMA per 128-deep k-tile of
+  the whole strip). TensorE, PSUM and the evacuation engines do no transpose work;
+- otherwise loaded naturally (rows of K: long DMA runs) and transposed on TensorE into
+  PSUM, then copied to SBUF in the matmul dtype, as the Neuron compiler does (~128
+  cycles per 128x128 tile against 512 per matmul that reuses it).
 
 Loop order (`Plan.kb == K`, the usual case):
 
@@ -31,6 +35,7 @@ When K is too deep for a strip to fit (`Plan.kb < K`), K is cut in blocks and ev
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 from typing import Callable
@@ -49,7 +54,8 @@ GROUP_COLS = (1024, 512)    # N columns accumulated together, widest first: 1024
                             # recommended minimum; 512 columns run at ~42% efficiency)
 PSUM_BANKS = 8              # accumulation groups in flight ...
 TRANSPOSE_BANKS = 2         # ... minus these when an operand is transposed on TensorE
-SBUF_SHARE = 0.75           # of SBUF a matmul kernel may plan for
+SBUF_SHARE = 0.95           # of the kernel's free SBUF a matmul may plan for: the
+                            # rest is slack for the allocator's alignment
 
 
 @dataclass(frozen=True)
@@ -60,7 +66,13 @@ class Operand:
     k: tuple[int, int]          # (stride, K)
     f: tuple[int, int]          # (stride, F)
     dtype: str                  # SBUF dtype of its tiles (the DMA casts to it)
-    transposed: bool            # load [F, K] rows and transpose on TensorE
+    transposed: bool            # K is its contiguous axis: it must be transposed
+    via_dma: bool = False       # ... by dma_transpose (else on TensorE)
+
+    @property
+    def pe_transposed(self) -> bool:
+        """Loaded as [F, K] rows and transposed on TensorE."""
+        return self.transposed and not self.via_dma
 
     def batch_offset(self, index: tuple[int, ...]) -> int:
         return sum(s * i for (s, _), i in zip(self.batch, index))
@@ -82,7 +94,7 @@ def _plan_bytes(lhs: Operand, rhs: Operand, out_dtype: str, plan: Plan, k: int) 
     total = strips * nk * P * li + 2 * nk * plan.group * ri
     total += 2 * plan.group * hw_dtypes.itemsize(out_dtype)
     total += sum(2 * plan.kb * hw_dtypes.itemsize(op.dtype) for op in (lhs, rhs)
-                 if op.transposed)
+                 if op.pe_transposed)
     return total
 
 
@@ -103,10 +115,20 @@ def _candidates(m: int, k: int, n: int):
         yield Plan(P, kb, group)
 
 
+def with_dma_transpose(op: Operand, spec) -> Operand:
+    """`op`, transposed by dma_transpose if the core has it (v3+) and the load needs no
+    cast: the transpose is bit-exact on 2- and 4-byte types only (§3.4)."""
+    size = hw_dtypes.itemsize(op.dtype)
+    ok = (op.transposed and getattr(spec, "dma_transpose", False)
+          and op.t.dtype == op.dtype and size in (2, 4))
+    return dataclasses.replace(op, via_dma=True) if ok else op
+
+
 def make_plan(lhs: Operand, rhs: Operand, out_dtype: str, sbuf_bytes: int,
               reserved: int = 0) -> Plan:
-    """The first candidate plan that fits the SBUF share of a matmul kernel, after
-    `reserved` bytes per partition (a fused epilogue's buffers)."""
+    """The first candidate plan that fits the SBUF share of a matmul kernel (of
+    `sbuf_bytes` free per partition), after `reserved` bytes per partition (a fused
+    epilogue's buffers)."""
     budget = int(sbuf_bytes * SBUF_SHARE) - reserved
     k = lhs.k[1]
     for plan in _candidates(lhs.f[1], k, rhs.f[1]):
@@ -148,7 +170,7 @@ class MatmulEmitter:
         nk = -(-plan.kb // P)
         deep = plan.kb < self.k
         self.stage = {id(op): kb.ring(2, plan.kb, op.dtype) for op in (lhs, rhs)
-                      if op.transposed}
+                      if op.pe_transposed}
         self.strips = kb.ring(2 if deep else -(-plan.mb // P), nk * P, lhs.dtype)
         self.slices = kb.ring(2, nk * plan.group, rhs.dtype)
         self.obuf = kb.ring(2, plan.group, out.dtype) if epilogue is None else None
@@ -237,6 +259,12 @@ class MatmulEmitter:
         """Issues the DMAs of op[kblock, f0:f0+fsize] as K-major tiles."""
         load = _Load(KMajor(ring.next(), fsize))
         base = op.batch_offset(index) + kblock[0] * op.k[0] + f0 * op.f[0]
+        if op.via_dma:
+            for j, (k0, kt) in enumerate(tiles(kblock[1], P)):
+                src = self.kb.ap(op.t, base + k0 * op.k[0], ((op.f[0], fsize), (op.k[0], kt)))
+                self.kb.emit(isa.DmaTranspose, dst=load.dst.tile(j, kt, fsize), src=src,
+                             dma_queue=next(self.kb._queues))
+            return load
         if op.transposed:
             stage = self.stage[id(op)]
             for c0, fc in tiles(fsize, P):
