@@ -1,1 +1,402 @@
-"""sort (multi-operand, stable) and top_k (being written)."""
+"""sort: multi-operand, along any dimension, as a bitonic network on 32-bit sort words.
+
+The comparator region is recognised structurally (`keys`): the lexicographic form
+`lax.sort` emits for `num_keys` keys,
+
+    lt(k0) or (eq(k0) and (lt(k1) or (eq(k1) and ... lt(kn))))
+
+where each lt is compare(LT | GT, f(a_i), f(b_i)) of operand i's two block arguments
+(GT, or the arguments swapped: descending) and f is the identity or JAX's float
+canonicalisation select(x != x, NaN, select(x == 0, 0, x)). The compare type gives the
+order: SIGNED / UNSIGNED for integers, TOTALORDER for floats (with the canonicalisation:
+-0 == 0 and every NaN equal and last, as `jnp.sort`; without: IEEE totalOrder, -NaN
+first and -0 < 0, as `lax.top_k`'s GT). A FLOAT compare is taken as the canonical order.
+Anything else is a LoweringError naming the op.
+
+On the device (three kernels):
+
+1. words: each line (all positions of the other dims; up to 128 lines on partitions)
+   is DMAed into SBUF and every key becomes one or two int32 sort words whose signed
+   order is the key's order: integers as they are (uint32 with the sign bit flipped;
+   64-bit keys as a signed high word and a sign-flipped low word), floats through their
+   FP32 bits, w ^ ((w >> 31) & 0x7fffffff), with -0 -> 0 and NaN -> 0x7fc00000 when
+   canonical; descending keys are inverted (~w). A last word is the element's index
+   (iota), so every element is distinct and the result is stable. The line is padded to
+   a power of two N with words INT32_MAX (after every element). Words live in an HBM
+   temporary [words, lines, N].
+2. network: the bitonic sorting network, log2(N)(log2(N)+1)/2 compare-exchange steps.
+   Our tiles are contiguous, so a step's pairs (i, i + j) come into SBUF as two
+   contiguous [lines, pairs] tiles through strided DMA patterns (runs of j elements) and
+   go back the same way. On GpSimd (native int32, §2.5): swap = lexicographic
+   hi < lo over the words (is_lt / is_equal / multiply / max), flipped for blocks that
+   sort descending (a compile-time constant per chunk, or an Iota-built mask), then two
+   Selects per word. Cost per step ~ (5 + 4 x words) GpSimd instructions of N/2 elements
+   per 128 lines plus 4 x words DMAs whose descriptors are j elements long: the small-j
+   steps are DMA-descriptor bound.
+3. gather: the final index word is turned into flat element offsets (Iota + TensorScalar
+   on GpSimd) and every operand is gathered with an indirect DMA (DmaGather, one
+   descriptor per element, §3.4), so values come back bit-exact (NaN payloads, -0).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from hlo_passes import ir
+from jax_trn.hw import isa
+from jax_trn.hw.program import DramTensor
+
+from .builder import KernelBuilder, sub
+from .errors import LoweringError
+from .layout import P
+from .movement import copy
+from .registry import LowerCtx, register_lowering
+from .window import lines
+
+INT32_MAX = 2 ** 31 - 1
+SIGN = -2 ** 31                  # 0x80000000 as an int32 immediate
+CANONICAL_NAN = 0x7FC00000
+PAIR_CHUNK = 2048                # pairs per partition in one compare-exchange tile
+SBUF_BUDGET = 150 * 1024         # bytes per partition the network's tiles may take
+MAX_LEN = 16384                  # padded line length the words kernel handles at once
+FLOATS = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class Key:
+    operand: int
+    descending: bool
+    order: str          # "signed" | "unsigned" | "float" (canonical) | "total"
+
+
+# --- the comparator ------------------------------------------------------------------------
+
+class _Comparator:
+    def __init__(self, op: ir.Op):
+        self.op = op
+        block = op.regions[0].block
+        self.args = [v.name for v in block.args]
+        self.defs = {r.name: o for o in block.ops for r in o.results}
+        self.consts = {o.results[0].name: o.attrs.get("value") for o in block.ops
+                       if o.kind == "constant"}
+        self.ret = block.terminator
+
+    def fail(self, why: str):
+        raise LoweringError(f"sort comparator not recognised ({why}); supported: the "
+                            f"lexicographic LT/GT comparators lax.sort emits "
+                            f"({self.op.describe()})")
+
+    def _def(self, v, kind: str):
+        o = self.defs.get(v.name)
+        return o if o is not None and o.kind == kind else None
+
+    def _const(self, v, test) -> bool:
+        """A constant passing `test`; a value from outside the region (JAX hoists the
+        comparator's constants into the enclosing function, where the region cannot see
+        their values) is accepted on the structure alone."""
+        if v.name in self.args:
+            return False
+        if v.name in self.defs and v.name not in self.consts:
+            return False
+        value = self.consts.get(v.name)
+        if value is None:
+            return True
+        try:
+            return bool(test(float(value.reshape(-1)[0])))
+        except (AttributeError, TypeError, ValueError):
+            return False
+
+    def _cmp(self, v, direction: str, a, b) -> bool:
+        o = self._def(v, "compare")
+        return (o is not None and o.attrs.get("comparison_direction") == direction
+                and [x.name for x in o.operands] == [a.name, b.name])
+
+    def source(self, v) -> tuple[int, bool]:
+        """(block argument index, canonicalised) of a compared value."""
+        if v.name in self.args:
+            return self.args.index(v.name), False
+        outer = self._def(v, "select")
+        if outer is not None:
+            c1, nan, inner_v = outer.operands
+            inner = self._def(inner_v, "select")
+            if inner is not None:
+                c0, zero, a = inner.operands
+                if (a.name in self.args and self._cmp(c1, "NE", a, a)
+                        and self._const(nan, math.isnan) and self._const(zero, lambda z: z == 0)
+                        and self._def(c0, "compare") is not None
+                        and self._def(c0, "compare").attrs.get("comparison_direction") == "EQ"
+                        and [x.name for x in self._def(c0, "compare").operands]
+                        == [a.name, zero.name]):
+                    return self.args.index(a.name), True
+        self.fail("a compared value is neither an argument nor JAX's float canonicalisation")
+
+    def less(self, v) -> tuple[Key, frozenset] | None:
+        o = self._def(v, "compare")
+        if o is None or o.attrs.get("comparison_direction") not in ("LT", "GT"):
+            return None
+        (ia, ca), (ib, cb) = (self.source(x) for x in o.operands)
+        if ia // 2 != ib // 2 or ia == ib or ca != cb:
+            self.fail("a compare does not take one operand's two arguments alike")
+        descending = (o.attrs["comparison_direction"] == "GT") == (ia < ib)
+        kind = o.attrs.get("compare_type") or ""
+        order = {"SIGNED": "signed", "UNSIGNED": "unsigned", "FLOAT": "float",
+                 "TOTALORDER": "float" if ca else "total"}.get(kind)
+        if order is None:
+            self.fail(f"compare type {kind or 'unset'}")
+        return Key(ia // 2, descending, order), frozenset(x.name for x in o.operands)
+
+    def parse(self, v) -> list[Key]:
+        found = self.less(v)
+        if found is not None:
+            return [found[0]]
+        o = self._def(v, "or")
+        if o is None or len(o.operands) != 2:
+            self.fail("expected compare or an or of compares")
+        for first, rest in (o.operands, o.operands[::-1]):
+            found = self.less(first)
+            conj = self._def(rest, "and")
+            if found is None or conj is None:
+                continue
+            for eq, tail in (conj.operands, conj.operands[::-1]):
+                e = self._def(eq, "compare")
+                if (e is not None and e.attrs.get("comparison_direction") == "EQ"
+                        and frozenset(x.name for x in e.operands) == found[1]):
+                    return [found[0]] + self.parse(tail)
+        self.fail("an or that is not lt(k) or (eq(k) and ...)")
+
+
+def keys(op: ir.Op) -> list[Key]:
+    """The sort keys of a sort op's comparator, most significant first."""
+    c = _Comparator(op)
+    if c.ret.kind not in ("return", "func.return") or len(c.ret.operands) != 1:
+        c.fail("the region does not return one value")
+    return c.parse(c.ret.operands[0])
+
+
+def word_count(dtype: str) -> int:
+    return 2 if ir.np_dtype(dtype).itemsize == 8 else 1
+
+
+# --- 1. sort words ---------------------------------------------------------------------------
+
+def _float_words(kb: KernelBuilder, x: isa.Tile, w: isa.Tile, key: Key, scratch) -> None:
+    """int32 words of FP32 `x` whose signed order is the float order."""
+    bits = x.with_(dtype="int32")
+    s = sub(scratch[0], x.num_partitions, x.free)
+    kb.emit(isa.TensorScalar, dst=s, data=bits, op0="shift_right_arithmetic", operand0=31,
+            op1="bitwise_and", operand1=INT32_MAX)
+    kb.emit(isa.TensorTensor, dst=w, data1=bits, data2=s, op="bitwise_xor")
+    if key.order != "float":
+        return
+    # -0 (word -1) -> 0: w += (w == -1)
+    kb.emit(isa.TensorScalar, dst=s, data=w, op0="is_equal", operand0=-1, engine="gpsimd")
+    kb.emit(isa.TensorTensor, dst=w, data1=w, data2=s, op="add", engine="gpsimd")
+    # NaN (|bits| > inf) -> the canonical NaN's word
+    nan, const = sub(scratch[1], x.num_partitions, x.free), sub(scratch[2], x.num_partitions, x.free)
+    kb.emit(isa.TensorScalar, dst=s, data=bits, op0="bitwise_and", operand0=INT32_MAX)
+    kb.emit(isa.TensorScalar, dst=nan, data=s, op0="is_gt", operand0=0x7F800000,
+            engine="gpsimd")
+    kb.emit(isa.Memset, dst=const, value=CANONICAL_NAN, engine="gpsimd")
+    kb.emit(isa.Select, dst=w, pred=nan, on_true=const, on_false=w, engine="gpsimd")
+
+
+def _int64_words(kb: KernelBuilder, x: isa.Tile, hi: isa.Tile, lo: isa.Tile,
+                 signed: bool) -> None:
+    kb.emit(isa.TensorScalar, dst=hi, data=x, op0="shift_right_arithmetic" if signed
+            else "shift_right_logical", operand0=32)
+    if not signed:
+        kb.emit(isa.TensorScalar, dst=hi, data=hi, op0="bitwise_xor", operand0=SIGN)
+    kb.emit(isa.TensorScalar, dst=lo, data=x, op0="bitwise_and", operand0=0xFFFFFFFF,
+            op1="bitwise_xor", operand1=2 ** 31)
+
+
+class _Plan:
+    """The geometry shared by the three kernels."""
+
+    def __init__(self, ctx: LowerCtx, xs, ks: list[Key], dim: int):
+        self.xs, self.keys, self.dim = xs, ks, dim
+        self.shape = tuple(xs[0].shape)
+        self.n = self.shape[dim]
+        self.c = math.prod(self.shape[dim + 1:])
+        self.big_n = 1 << max(1, (self.n - 1).bit_length())
+        self.groups = []            # (line offset, (pstride, parts), first row)
+        r = 0
+        for offset, (pstride, parts) in lines(self.shape, dim):
+            self.groups.append((offset, (pstride, parts), r))
+            r += parts
+        self.rows = r
+        self.nwords = sum(word_count(xs[k.operand].dtype) for k in ks) + 1
+        self.words = ctx.temp((self.nwords, self.rows, self.big_n), "int32")
+
+    def word_offset(self, w: int, row: int) -> int:
+        return (w * self.rows + row) * self.big_n
+
+    def line_ap(self, kb, t: DramTensor, offset: int, pstride: int, parts: int):
+        return kb.ap(t, offset, ((pstride, parts), (self.c, self.n)))
+
+
+def _emit_words(kb: KernelBuilder, plan: _Plan) -> None:
+    n, big = plan.n, plan.big_n
+    wt = kb.ring(2, big, "int32")
+    load32 = kb.ring(2, n, "float32")
+    load64 = kb.ring(2, n, "int64") if any(word_count(x.dtype) == 2 for x in plan.xs) else None
+    scratch = [kb.tile(n, "int32") for _ in range(3)]
+    for offset, (pstride, parts), row in plan.groups:
+        w = 0
+        for key in plan.keys:
+            x = plan.xs[key.operand]
+            outs = [sub(wt.next(), parts, big) for _ in range(word_count(x.dtype))]
+            heads = [sub(o, parts, n) for o in outs]
+            if len(outs) == 2:
+                t = sub(load64.next(), parts, n).with_(dtype=x.dtype)
+                kb.dma(t, plan.line_ap(kb, x, offset, pstride, parts))
+                _int64_words(kb, t, *heads, signed=x.dtype == "int64")
+            elif x.dtype in FLOATS:
+                t = sub(load32.next(), parts, n)
+                kb.dma(t, plan.line_ap(kb, x, offset, pstride, parts))
+                _float_words(kb, t, heads[0], key, scratch)
+            else:       # integers and bool, value-preserving into int32 (uint32: bits)
+                kb.dma(heads[0], plan.line_ap(kb, x, offset, pstride, parts))
+                if x.dtype == "uint32":
+                    kb.emit(isa.TensorScalar, dst=heads[0], data=heads[0], op0="bitwise_xor",
+                            operand0=SIGN)
+            for o, h in zip(outs, heads):
+                if key.descending:
+                    kb.emit(isa.TensorScalar, dst=h, data=h, op0="bitwise_xor", operand0=-1)
+                if big > n:
+                    kb.emit(isa.Memset, dst=sub(o, parts, big - n, at=n), value=INT32_MAX,
+                            engine="gpsimd")
+                kb.dma(kb.ap(plan.words, plan.word_offset(w, row), ((big, parts), (1, big))), o)
+                w += 1
+        idx = sub(wt.next(), parts, big)
+        kb.emit(isa.Iota, dst=idx, pattern=((1, big),))
+        kb.dma(kb.ap(plan.words, plan.word_offset(w, row), ((big, parts), (1, big))), idx)
+    kb.release(wt, load32, *scratch, *([load64] if load64 else []))
+
+
+# --- 2. the bitonic network -------------------------------------------------------------------
+
+def _chunks(big: int, j: int, s: int, ch: int):
+    """Pair chunks of step (merge size s, distance j): (lo element offset, free pattern,
+    blocks (first, count), direction: 0 / 1 for the whole chunk or None: mixed)."""
+    out = []
+    if j >= ch:
+        for b in range(big // (2 * j)):
+            for i0 in range(0, j, ch):
+                out.append((b * 2 * j + i0, ((1, ch),), (b, 1), (b * 2 * j // s) & 1))
+    else:
+        nb = ch // j
+        for b0 in range(0, big // (2 * j), nb):
+            dirs = {(b * 2 * j // s) & 1 for b in range(b0, b0 + nb)}
+            d = dirs.pop() if len(dirs) == 1 else None
+            out.append((b0 * 2 * j, ((2 * j, nb), (1, j)), (b0, nb), d))
+    return out
+
+
+def _pair_chunk(plan: _Plan) -> int:
+    per_pair = (4 * plan.nwords + 6) * 4        # lo/hi double-buffered per word, masks
+    ch = min(plan.big_n // 2, PAIR_CHUNK, max(1, SBUF_BUDGET // per_pair))
+    return 1 << (ch.bit_length() - 1)
+
+
+def _emit_network(kb: KernelBuilder, plan: _Plan) -> None:
+    big, nw = plan.big_n, plan.nwords
+    ch = _pair_chunk(plan)
+    lo_r = [kb.ring(2, ch, "int32") for _ in range(nw)]
+    hi_r = [kb.ring(2, ch, "int32") for _ in range(nw)]
+    tmp_r = kb.ring(2, ch, "int32")
+    p, lt, eq = (kb.tile(ch, "int32") for _ in range(3))
+    s = 2
+    while s <= big:
+        j = s // 2
+        while j >= 1:
+            for lo_off, free, blocks, d in _chunks(big, j, s, ch):
+                for _, (pstride, parts), row in plan.groups:
+                    _exchange(kb, plan, row, parts, lo_off, j, free, blocks, s, d,
+                              [r.next() for r in lo_r], [r.next() for r in hi_r],
+                              tmp_r, (p, lt, eq), ch)
+            j //= 2
+        s *= 2
+    kb.release(*lo_r, *hi_r, tmp_r, p, lt, eq)
+
+
+def _exchange(kb, plan, row, parts, lo_off, j, free, blocks, s, d, los, his, tmp_r,
+              masks, ch) -> None:
+    """One compare-exchange chunk of `parts` lines: load, swap mask, select, store."""
+    pattern = ((plan.big_n, parts),) + free
+    los = [sub(t, parts, ch) for t in los]
+    his = [sub(t, parts, ch) for t in his]
+    for w in range(plan.nwords):
+        at = plan.word_offset(w, row) + lo_off
+        kb.dma(los[w], kb.ap(plan.words, at, pattern))
+        kb.dma(his[w], kb.ap(plan.words, at + j, pattern))
+    p, lt, eq = (sub(m, parts, ch) for m in masks)
+    a, b = (los, his) if d == 1 else (his, los)      # swap when a < b
+    kb.emit(isa.TensorTensor, dst=p, data1=a[-1], data2=b[-1], op="is_lt", engine="gpsimd")
+    for w in range(plan.nwords - 2, -1, -1):
+        kb.emit(isa.TensorTensor, dst=lt, data1=a[w], data2=b[w], op="is_lt", engine="gpsimd")
+        kb.emit(isa.TensorTensor, dst=eq, data1=a[w], data2=b[w], op="is_equal",
+                engine="gpsimd")
+        kb.emit(isa.TensorTensor, dst=p, data1=p, data2=eq, op="multiply", engine="gpsimd")
+        kb.emit(isa.TensorTensor, dst=p, data1=p, data2=lt, op="max", engine="gpsimd")
+    if d is None:       # mixed directions: flip where the block sorts descending
+        b0, nb = blocks
+        kb.emit(isa.Iota, dst=lt, pattern=((2 * j, nb), (0, j)), offset=b0 * 2 * j)
+        kb.emit(isa.TensorScalar, dst=lt, data=lt, op0="shift_right_logical",
+                operand0=s.bit_length() - 1, op1="bitwise_and", operand1=1)
+        kb.emit(isa.TensorTensor, dst=p, data1=p, data2=lt, op="not_equal", engine="gpsimd")
+    for w in range(plan.nwords):
+        new_lo = sub(tmp_r.next(), parts, ch)
+        kb.emit(isa.Select, dst=new_lo, pred=p, on_true=his[w], on_false=los[w],
+                engine="gpsimd")
+        kb.emit(isa.Select, dst=his[w], pred=p, on_true=los[w], on_false=his[w],
+                engine="gpsimd")
+        at = plan.word_offset(w, row) + lo_off
+        kb.dma(kb.ap(plan.words, at, pattern), new_lo)
+        kb.dma(kb.ap(plan.words, at + j, pattern), his[w])
+
+
+# --- 3. gather -----------------------------------------------------------------------------------
+
+def _emit_gather(kb: KernelBuilder, plan: _Plan, outs) -> None:
+    n = plan.n
+    idx_r, base = kb.ring(2, n, "int32"), kb.tile(1, "int32")
+    data = [kb.ring(2, n, x.dtype) for x in plan.xs]
+    for offset, (pstride, parts), row in plan.groups:
+        idx = sub(idx_r.next(), parts, n)
+        kb.dma(idx, kb.ap(plan.words, plan.word_offset(plan.nwords - 1, row),
+                          ((plan.big_n, parts), (1, n))))
+        b = sub(base, parts, 1)
+        kb.emit(isa.Iota, dst=b, pattern=((0, 1),), offset=offset, channel_multiplier=pstride)
+        kb.emit(isa.TensorScalar, dst=idx, data=idx, op0="multiply", operand0=plan.c,
+                op1="add", operand1=b, engine="gpsimd")
+        for x, out, ring in zip(plan.xs, outs, data):
+            dst = sub(ring.next(), parts, n)
+            table = kb.ap(x, 0, ((1, x.size), (1, 1)))
+            kb.emit(isa.DmaGather, dst=dst, src=table, indices=idx, dma_queue=next(kb._queues))
+            kb.dma(plan.line_ap(kb, out, offset, pstride, parts), dst)
+    kb.release(idx_r, base, *data)
+
+
+@register_lowering("sort")
+def _sort_lower(ctx: LowerCtx, *xs: DramTensor, dimension, is_stable=False) -> None:
+    ks = keys(ctx.op)
+    for x in xs:
+        if ir.is_float(x.dtype) and x.dtype not in FLOATS:
+            raise LoweringError(f"sort of {x.dtype} is not supported ({ctx.op.describe()})")
+    shape = tuple(xs[0].shape)
+    if math.prod(shape) == 0:
+        return
+    if shape[dimension] == 1:
+        for x, out in zip(xs, ctx.outs):
+            copy(ctx.kb, out, x)
+        return
+    plan = _Plan(ctx, xs, ks, dimension)
+    if plan.big_n > MAX_LEN:
+        raise LoweringError(f"sort along an axis of {plan.n} > {MAX_LEN} elements is not "
+                            f"supported ({ctx.op.describe()})")
+    steps = plan.big_n.bit_length() - 1
+    ctx.kb.flops += plan.rows * plan.big_n // 2 * steps * (steps + 1) // 2
+    _emit_words(ctx.kb, plan)
+    _emit_network(ctx.next_kernel("network"), plan)
+    _emit_gather(ctx.next_kernel("gather"), plan, ctx.outs)
