@@ -135,7 +135,8 @@ def _descriptor_bytes(instr, ev, spec) -> int:
         return int(ev.bytes)
     chunk = getattr(instr, "chunk_bytes", None)
     if chunk is not None:
-        return int(chunk)
+        # DmaTranspose moves whole blocks (chunk_bytes = inf): one descriptor for all.
+        return int(min(chunk, max(int(ev.bytes), int(getattr(instr, "nbytes", 0)))))
     if spec is not None:
         try:
             from jax_trn.hw import costs
