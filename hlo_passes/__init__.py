@@ -4,7 +4,8 @@
     deserialize(code) -> (mlir context, mlir module)
     run_mlir_passes(mlir_module)                    # Shardy round-trip import, chlo
     import_module(mlir_module, name=None) -> ir.Module
-    default_pipeline(fuse=True) -> Pipeline          # inline, fix(simplify,cse,dce), fusion
+    default_pipeline(fuse=True) -> Pipeline          # inline, localize (SPMD),
+                                                    # fix(simplify,cse,dce), fusion
     Pipeline([...], verify=True, dump_dir=$JAX_TRN_DUMP), Fix([...]), verify(module)
 """
 from __future__ import annotations
@@ -13,7 +14,7 @@ from hlo_passes import ir
 from hlo_passes.errors import HloImportError, VerifyError
 from hlo_passes.importer import artifact_version, deserialize, import_module
 from hlo_passes.mlir_passes import run_mlir_passes
-from hlo_passes.passes import cse, dce, fusion, inline_calls, simplify
+from hlo_passes.passes import cse, dce, fusion, inline_calls, localize, simplify
 from hlo_passes.pipeline import Fix, Pipeline
 from hlo_passes.verifier import verify
 
@@ -25,10 +26,10 @@ __all__ = [
 
 
 def default_pipeline(*, fuse: bool = True, **kwargs) -> Pipeline:
-    """The hardware-agnostic pipeline every program gets after import: cleanup to a
-    fixpoint, then fusion (`fuse=False` stops after cleanup; at run time
+    """The hardware-agnostic pipeline every program gets after import: inlining, SPMD
+    localization (multi-device programs), cleanup to a fixpoint, then fusion (`fuse=False` stops after cleanup; at run time
     JAX_TRN_DISABLE_PASSES=fusion does the same)."""
-    cleanup = [inline_calls, Fix([simplify, cse, dce])]
+    cleanup = [inline_calls, localize, Fix([simplify, cse, dce])]
     return Pipeline(cleanup + ([fusion] if fuse else []), **kwargs)
 
 

@@ -60,7 +60,8 @@ Functions: `arg_attrs` / `result_attrs` keep every attribute by its MLIR name
 "tf.aliasing_output", "jax.buffer_donor", ...) converted as above: strings and
 sharding attributes as text, ints as int, bools as bool. Module attributes
 ("mhlo.num_partitions", "mhlo.num_replicas", "sym_name", ...) go to `Module.attrs`;
-`sdy.mesh` ops become `Module.attrs["sdy.meshes"] = {name: ((axis, size), ...)}`.
+`sdy.mesh` ops become `Module.attrs["sdy.meshes"] = {name: ((axis, size), ...)}` (and
+`Module.attrs["sdy.mesh_device_ids"] = {name: ids}` for meshes with explicit device ids).
 
 Locations: `Op.name` is the first NameLoc ("jit(f)/dot_general"), `Op.loc` the first
 file location ("/path/file.py:12"), i.e. the innermost user frame of a CallSiteLoc.
@@ -152,7 +153,11 @@ def _entry(functions: dict[str, ir.Function]) -> str:
 def _import_mesh(op: mlir_ir.Operation, attrs: dict) -> None:
     mesh = sdy.MeshAttr(op.attributes["mesh"])
     axes = tuple((a.name, int(a.size)) for a in map(sdy.MeshAxisAttr, mesh.axes))
-    attrs.setdefault("sdy.meshes", {})[op.attributes["sym_name"].value] = axes
+    name = op.attributes["sym_name"].value
+    attrs.setdefault("sdy.meshes", {})[name] = axes
+    ids = tuple(int(i) for i in mesh.device_ids)
+    if ids:
+        attrs.setdefault("sdy.mesh_device_ids", {})[name] = ids
 
 
 def _import_function(fop: mlir_ir.Operation) -> ir.Function:

@@ -14,6 +14,12 @@ sees real `sdy` ops:
 2. `custom_call @Sharding {sdy.sharding}` -> `sdy.sharding_constraint` (in Python; the
    XLA pass that does this is not registered in jaxlib).
 3. `chlo-legalize-to-stablehlo` for programs given as text with chlo ops.
+4. Shardy, for programs over a mesh of more than one device (`run_shardy`):
+   `sdy-propagation-pipeline`, then per function
+   `sdy-insert-explicit-reshards{enable-full-version=true}` and
+   `sdy-reshard-to-collectives`. Afterwards every value's sharding is explicit and
+   every reshard is an `sdy.*` collective; `passes/localize.py` turns that into the
+   per-device program.
 
 shard_map bodies (`call @xla.sdy.manual_computation_body` between
 `custom_call @xla.sdy.GlobalToLocalShape/LocalToGlobalShape`) are left as they are: the
@@ -35,6 +41,9 @@ from hlo_passes.errors import HloImportError
 
 SDY_IMPORT = "builtin.module(xla-sdy-round-trip-import-shardy-attrs)"
 CHLO_LEGALIZE = "builtin.module(func.func(chlo-legalize-to-stablehlo))"
+SHARDY = ("builtin.module(sdy-propagation-pipeline,"
+          "func.func(sdy-insert-explicit-reshards{enable-full-version=true}),"
+          "func.func(sdy-reshard-to-collectives))")
 
 _registered = False
 
@@ -56,6 +65,22 @@ def run_mlir_passes(module: mlir_ir.Module) -> None:
             sharding_custom_calls_to_constraints(module)
         if _has_dialect(module, "chlo."):
             _run(module, CHLO_LEGALIZE)
+        if _partitioned(module):
+            _run(module, SHARDY)
+
+
+def _partitioned(module: mlir_ir.Module) -> bool:
+    """A program for several partitions over a mesh of more than one device."""
+    attrs = module.operation.attributes
+    if "mhlo.num_partitions" not in attrs or mlir_ir.IntegerAttr(
+            attrs["mhlo.num_partitions"]).value <= 1:
+        return False
+    for op in module.body.operations:
+        if op.operation.name == "sdy.mesh":
+            mesh = sdy.MeshAttr(op.operation.attributes["mesh"])
+            if any(sdy.MeshAxisAttr(a).size > 1 for a in mesh.axes):
+                return True
+    return False
 
 
 def _run(module: mlir_ir.Module, pipeline: str) -> None:

@@ -1,0 +1,293 @@
+"""Shardy's sharding attributes as Python data, and the device arithmetic behind them.
+
+The importer keeps `sdy` attributes as their MLIR text (the Python bindings expose the
+sharding attribute but not the collectives' axis lists); this module parses that text:
+
+    #sdy.sharding<@mesh, [{"x"}, {"y", "x":(2)2}, {}], replicated={"z"}>   TensorSharding
+    #sdy.sharding_per_value<[<@mesh, [...]>, ...]>                          [TensorSharding]
+    #sdy<list_of_axis_ref_lists[{"x"}, {}]>                                 per-dim axes
+    #sdy<axis_ref_list{"y"}>                                                axes
+    #sdy<all_to_all_param_list[{"x"}: 0->1]>                                [AllToAllParam]
+
+A `Mesh` is the named axes of an `sdy.mesh` (row-major: the first axis is the most
+major) and, optionally, its `device_ids` (mesh position -> partition id; by default the
+position itself). A sub-axis `"x":(p)s` is the part of axis x of size s whose more-major
+parts multiply to p. A tensor dimension sharded on axes (a1, a2, ...) is split into
+prod(sizes) blocks, a1 the most major; a device holds block
+`((c(a1) * |a2|) + c(a2)) * ...` where c(a) is the device's coordinate on a.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+
+class ShardingError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class AxisRef:
+    name: str
+    pre_size: int = 1           # product of the more-major sub-axes of `name`
+    size: int | None = None     # None: the whole axis
+
+    def __str__(self) -> str:
+        sub = f":({self.pre_size}){self.size}" if self.size is not None else ""
+        return f'"{self.name}"{sub}'
+
+
+@dataclass(frozen=True)
+class TensorSharding:
+    mesh: str
+    dims: tuple[tuple[AxisRef, ...], ...]
+    replicated: tuple[AxisRef, ...] = ()
+    unreduced: tuple[AxisRef, ...] = ()
+
+    def __str__(self) -> str:
+        dims = ", ".join("{" + ", ".join(map(str, d)) + "}" for d in self.dims)
+        return f"<@{self.mesh}, [{dims}]>"
+
+    @property
+    def is_replicated(self) -> bool:
+        return not any(self.dims)
+
+    def sharded_dims(self) -> list[int]:
+        return [i for i, d in enumerate(self.dims) if d]
+
+
+@dataclass(frozen=True)
+class AllToAllParam:
+    axes: tuple[AxisRef, ...]
+    src_dim: int
+    tgt_dim: int
+
+
+@dataclass(frozen=True)
+class Mesh:
+    name: str
+    axes: tuple[tuple[str, int], ...]
+    device_ids: tuple[int, ...] | None = None
+
+    @property
+    def size(self) -> int:
+        return math.prod(s for _, s in self.axes)
+
+    def axis_size(self, ref: AxisRef) -> int:
+        if ref.size is not None:
+            return ref.size
+        return self._full(ref.name)
+
+    def _full(self, name: str) -> int:
+        for n, s in self.axes:
+            if n == name:
+                return s
+        raise ShardingError(f"mesh @{self.name} has no axis {name!r} (axes "
+                            f"{[n for n, _ in self.axes]})")
+
+    def partitions(self) -> list[int]:
+        """Partition id of each mesh position (row-major)."""
+        return list(self.device_ids) if self.device_ids else list(range(self.size))
+
+    def coordinate(self, position: int, ref: AxisRef) -> int:
+        """The coordinate of mesh `position` on axis (or sub-axis) `ref`."""
+        stride = 1
+        found = False
+        for n, s in reversed(self.axes):
+            if n == ref.name:
+                found = True
+                break
+            stride *= s
+        if not found:
+            self._full(ref.name)
+        c = (position // stride) % self._full(ref.name)
+        if ref.size is None:
+            return c
+        minor = self._full(ref.name) // (ref.pre_size * ref.size)
+        return (c // minor) % ref.size
+
+    def block_index(self, position: int, axes: tuple[AxisRef, ...]) -> int:
+        """Which of prod(|a|) blocks a dimension sharded on `axes` puts at `position`."""
+        idx = 0
+        for a in axes:
+            idx = idx * self.axis_size(a) + self.coordinate(position, a)
+        return idx
+
+    def groups(self, axes: tuple[AxisRef, ...]) -> list[list[int]]:
+        """Partition ids grouped by equal coordinates off `axes`, each group ordered by
+        its block index on `axes` (the replica groups of a collective over `axes`)."""
+        n = math.prod(self.axis_size(a) for a in axes)
+        by_rest: dict[tuple, list[int | None]] = {}
+        parts = self.partitions()
+        for pos in range(self.size):
+            rest = self._rest_key(pos, axes)
+            group = by_rest.setdefault(rest, [None] * n)
+            group[self.block_index(pos, axes)] = parts[pos]
+        groups = list(by_rest.values())
+        if any(p is None for g in groups for p in g):
+            raise ShardingError(f"axes {[str(a) for a in axes]} do not tile mesh @{self.name}")
+        return groups  # type: ignore[return-value]
+
+    def _rest_key(self, pos: int, axes: tuple[AxisRef, ...]) -> tuple:
+        """The position's coordinates on everything outside `axes`, at the finest
+        granularity: each axis split into its elementary sub-axes."""
+        key = []
+        for name, size in self.axes:
+            cuts = _cuts(name, size, axes)
+            c = self.coordinate(pos, AxisRef(name))
+            for pre, sub in cuts:
+                if not any(a.name == name and _covers(a, pre, sub, size) for a in axes):
+                    key.append((c // (size // (pre * sub))) % sub)
+        return tuple(key)
+
+
+def _cuts(name: str, size: int, axes: tuple[AxisRef, ...]) -> list[tuple[int, int]]:
+    """Splits axis `name` into (pre_size, size) parts at every boundary `axes` use."""
+    bounds = {1, size}
+    for a in axes:
+        if a.name == name and a.size is not None:
+            bounds.update((a.pre_size, a.pre_size * a.size))
+    edges = sorted(bounds)
+    return [(lo, hi // lo) for lo, hi in zip(edges, edges[1:])]
+
+
+def _covers(a: AxisRef, pre: int, sub: int, size: int) -> bool:
+    lo, hi = (1, size) if a.size is None else (a.pre_size, a.pre_size * a.size)
+    return lo <= pre and pre * sub <= hi
+
+
+def local_shape(shape: tuple[int, ...], sharding: TensorSharding | None,
+                mesh: Mesh | None) -> tuple[int, ...]:
+    """The per-device shape of a tensor of `shape` under `sharding`."""
+    if sharding is None or mesh is None or not sharding.dims:
+        return tuple(shape)
+    if len(sharding.dims) != len(shape):
+        raise ShardingError(f"sharding {sharding} has {len(sharding.dims)} dims for a "
+                            f"rank-{len(shape)} tensor")
+    out = []
+    for d, axes in zip(shape, sharding.dims):
+        n = math.prod(mesh.axis_size(a) for a in axes)
+        if d % n:
+            raise ShardingError(f"dimension of size {d} does not divide into {n} shards "
+                                f"({sharding}); pad it to a multiple of {n}")
+        out.append(d // n)
+    return tuple(out)
+
+
+def block_offsets(shape: tuple[int, ...], sharding: TensorSharding, mesh: Mesh) -> np.ndarray:
+    """[num_partitions, rank] int32: where each partition's block starts in the tensor."""
+    local = local_shape(shape, sharding, mesh)
+    parts = mesh.partitions()
+    table = np.zeros((len(parts), len(shape)), np.int32)
+    for pos, pid in enumerate(parts):
+        for i, axes in enumerate(sharding.dims):
+            table[pid, i] = mesh.block_index(pos, axes) * local[i]
+    return table
+
+
+# --- parsing ---------------------------------------------------------------------------
+
+_AXIS = re.compile(r'"((?:[^"\\]|\\.)*)"(?::\((\d+)\)(\d+))?')
+
+
+def parse_axes(text: str) -> tuple[AxisRef, ...]:
+    """`"x", "y":(2)2` (inside braces or not) -> AxisRefs; `?` (open) is ignored."""
+    return tuple(AxisRef(m.group(1), int(m.group(2)) if m.group(2) else 1,
+                         int(m.group(3)) if m.group(3) else None)
+                 for m in _AXIS.finditer(text))
+
+
+def _braces(text: str) -> list[str]:
+    """The contents of each top-level {...} in `text`."""
+    out, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch == "{":
+            if depth == 0:
+                start = i + 1
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                out.append(text[start:i])
+    return out
+
+
+def _bracket_body(text: str) -> str:
+    """The text inside the first top-level [...]."""
+    start = text.index("[")
+    depth = 0
+    for i in range(start, len(text)):
+        if text[i] == "[":
+            depth += 1
+        elif text[i] == "]":
+            depth -= 1
+            if depth == 0:
+                return text[start + 1:i]
+    raise ShardingError(f"unbalanced brackets in {text!r}")
+
+
+_SHARDING = re.compile(r"<\s*@([\w.$-]+)\s*,\s*\[")
+
+
+def _parse_one(text: str) -> TensorSharding:
+    m = _SHARDING.search(text)
+    if not m:
+        raise ShardingError(f"cannot read the sharding {text!r} (only meshes named by "
+                            "symbol are supported)")
+    dims_text = _bracket_body(text[m.end() - 1:])
+    dims = tuple(parse_axes(d) for d in _braces(dims_text))
+    rest = text[m.end() - 1 + len(dims_text) + 2:]
+    replicated = unreduced = ()
+    for key, body in re.findall(r"(replicated|unreduced)\s*=\s*\{([^}]*)\}", rest):
+        if key == "replicated":
+            replicated = parse_axes(body)
+        else:
+            unreduced = parse_axes(body)
+    return TensorSharding(m.group(1), dims, replicated, unreduced)
+
+
+def parse_sharding(text: str | None) -> TensorSharding | None:
+    """`#sdy.sharding<@mesh, [...]>` or `<@mesh, [...]>` -> TensorSharding."""
+    if not text:
+        return None
+    body = text.removeprefix("#sdy.sharding")
+    return _parse_one(body)
+
+
+def parse_per_value(text: str | None) -> list[TensorSharding] | None:
+    """`#sdy.sharding_per_value<[<@mesh, [...]>, ...]>` -> one TensorSharding per result."""
+    if not text:
+        return None
+    body = _bracket_body(text)
+    out, depth, start = [], 0, None
+    for i, ch in enumerate(body):
+        if ch == "<":
+            if depth == 0:
+                start = i
+            depth += 1
+        elif ch == ">":
+            depth -= 1
+            if depth == 0:
+                out.append(_parse_one(body[start:i + 1]))
+    return out
+
+
+def parse_axis_lists(text: str) -> tuple[tuple[AxisRef, ...], ...]:
+    """`#sdy<list_of_axis_ref_lists[{"x"}, {}]>` -> per-dim axes."""
+    return tuple(parse_axes(b) for b in _braces(_bracket_body(text)))
+
+
+def parse_axis_list(text: str) -> tuple[AxisRef, ...]:
+    """`#sdy<axis_ref_list{"y"}>` -> axes."""
+    return parse_axes(text)
+
+
+_A2A = re.compile(r"\{([^}]*)\}\s*:\s*(\d+)\s*->\s*(\d+)")
+
+
+def parse_all_to_all_params(text: str) -> list[AllToAllParam]:
+    """`#sdy<all_to_all_param_list[{"x"}: 0->1, ...]>` -> params."""
+    return [AllToAllParam(parse_axes(a), int(s), int(t)) for a, s, t in _A2A.findall(text)]
