@@ -6,6 +6,7 @@ physical NeuronCore; device ids run chip-major (chip c, core k -> c * cores + k)
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 from dataclasses import dataclass
@@ -45,6 +46,11 @@ class System:
     def num_devices(self) -> int:
         return self.num_chips * self.cores_per_chip
 
+    def interconnect(self):
+        """Links, routes and contention of this system (`jax_trn.hw.topology.Topology`),
+        for `jax_trn.hw.collectives`."""
+        return _interconnect(self.name)
+
 
 def _preset(name, gen, chips, topology, dims, description):
     assert chips == _prod(dims), name
@@ -74,6 +80,12 @@ SYSTEMS: dict[str, System] = {s.name: s for s in [
     _preset("trn3-ultraserver", "trn3", 144, "switch", (36, 4),
             "144 Trainium3 chips: 36 servers x 4 chips, all-to-all over NeuronSwitch-v1"),
 ]}
+
+@functools.lru_cache(maxsize=None)
+def _interconnect(name: str):
+    from jax_trn.hw.topology import Topology
+    return Topology.for_system(SYSTEMS[name])
+
 
 _configured: str | None = None
 

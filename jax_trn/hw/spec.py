@@ -231,3 +231,55 @@ CHIPS = {
         peak_tflops=(("bf16", 79.0), ("fp8", 158.0), ("fp32", 20.0), ("mx", 315.0)),
     ),
 }
+
+
+# --- Interconnect (trainium-hardware.md §1.1, §1.3, §3.4, §5) -------------------------
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """Chip-to-chip links and collective-engine facts of one generation.
+
+    Bandwidths are GB/s == B/ns. The per-chip NeuronLink figures of §1.1/§1.3 are read as
+    the sum over a chip's links *and both directions* (the Trn3 link table says
+    "bidirectional" explicitly [TRN3-INST]); one direction of one link therefore gets
+    `chip / links / 2`. Latencies are per traversal of a link (a torus hop, a switch, an
+    EFA hop), and include the semaphore write that follows each remote write (§1.3)."""
+    neuronlink_bytes_per_ns: float   # intra-server NeuronLink per chip, §1.1 [TRN1/2/3-CHIP]
+    links_per_chip: int              # NeuronLink ports, §1.1 [NKI-ARCH1/2/3]
+    z_bytes_per_ns: float            # inter-instance (UltraServer Z ring) per chip, §1.3
+    efa_bytes_per_ns: float          # EFA per chip, §1.3
+    chip_dma_bytes_per_ns: float     # chip DMA bandwidth moving collective data, §1.1
+    cc_reduce_rate: float            # DMA-side accumulation rate vs DMA rate, §5.2
+    hop_ns: float = 1500.0           # NeuronLink hop "~1-2 us", §5.3 [CC-INTRA] (midpoint)
+    switch_hop_ns: float = 1500.0    # one NeuronSwitch traversal: not published (§11);
+    #                                  taken equal to a NeuronLink hop
+    efa_hop_ns: float = 15000.0      # inter-node hop ~15 us, §5.3 [CC-INTER][CC-ABOUT]
+    onchip_ns: float = 1300.0        # core-to-core on a chip: one DMA fixed cost, §3.4/§9
+    dma_compute_sources: int = 16    # dma_compute sums <= 16 sources in FP32, §3.4 [NKI-ISA]
+
+    def link_bytes_per_ns(self, chip_bytes_per_ns: float | None = None,
+                          links: int | None = None) -> float:
+        """One direction of one link: the per-chip figure over links and 2 directions."""
+        chip = self.neuronlink_bytes_per_ns if chip_bytes_per_ns is None else chip_bytes_per_ns
+        return chip / (links or self.links_per_chip) / 2
+
+
+LINKS = {
+    # §1.1: 384 GB/s NeuronLink-v2 per chip (trn1.32xlarge; trn1n 768); §1.3: 800 Gbps
+    # EFA per 16-chip instance = 6.25 GB/s per chip; DMA 1 TB/s per chip;
+    # §5.2 [NKI-ARCH3]: before NC-v4 DMA-side accumulation runs at 50% of DMA rate.
+    "trn1": LinkSpec(neuronlink_bytes_per_ns=384.0, links_per_chip=4, z_bytes_per_ns=0.0,
+                     efa_bytes_per_ns=800 / 8 / 16, chip_dma_bytes_per_ns=1000.0,
+                     cc_reduce_rate=0.5),
+    # §1.3: 1,024 GB/s intra-instance + 256 GB/s inter-instance (Z) per chip [TRN2-INST];
+    # one 200 Gbps EFA NIC per chip; DMA 3.5 TB/s per chip (§1.1).
+    "trn2": LinkSpec(neuronlink_bytes_per_ns=1024.0, links_per_chip=4, z_bytes_per_ns=256.0,
+                     efa_bytes_per_ns=200 / 8, chip_dma_bytes_per_ns=3500.0,
+                     cc_reduce_rate=0.5),
+    # §1.1: 2,560 GB/s NeuronLink-v4 per chip [TRN3-CHIP] (the chip page, like HBM above;
+    # §10.6 lists the lower PCIe-link sum); EFA 200 Gbps per chip (derived, §1.3);
+    # DMA 4.9 TB/s; NC-v4 accumulates at full DMA rate (§5.2 [NKI-ARCH3]).
+    "trn3": LinkSpec(neuronlink_bytes_per_ns=2560.0, links_per_chip=4, z_bytes_per_ns=0.0,
+                     efa_bytes_per_ns=200 / 8, chip_dma_bytes_per_ns=4900.0,
+                     cc_reduce_rate=1.0),
+}
