@@ -50,11 +50,12 @@ from .builder import KernelBuilder, sub
 from .dot import matmul_types
 from .errors import LoweringError
 from .layout import P, Axes, View, row_major, tiles
-from .matmul import MOVING_MAX, SBUF_SHARE
+from .matmul import MOVING_MAX
 from .movement import fill
 from .registry import LowerCtx, register_lowering
 from .relayout import relayout
 
+SBUF_SHARE = 0.75          # of SBUF the conv kernel plans for
 PSUM_ACCS = 4               # accumulation banks in flight (of 8, §3.2)
 OUT_BUFS = 3                # evacuated chunks in flight to the output DMA
 MAX_INSTRUCTIONS = 400_000  # beyond this a conv would take minutes to compile
@@ -208,12 +209,35 @@ class Staged:
     row: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class Padded:
+    """The input read in place and padded in SBUF (stride 1, no lhs dilation, rows
+    contiguous): a band's rows are DMAed in, then copied row by row to their padded
+    place if the padding or cropping of the last dim moves them (zero columns between
+    rows are set once per buffer, pad rows per band)."""
+    t: DramTensor
+    n: int
+    c: int
+    row: tuple[int, ...]        # the input's spatial strides
+
+    def cols(self, w: Dim) -> tuple[int, int]:
+        """The padded columns [c_lo, c_hi) that hold input columns."""
+        return max(0, w.lo), min(w.q, w.lo + w.size)
+
+    def gaps(self, w: Dim) -> bool:
+        return self.cols(w) != (0, w.q)
+
+
+def _source(ctx: LowerCtx, x: DramTensor, cv: Conv, dtype: str) -> Staged | Padded:
+    ns, cs, sp = cv.x
+    if all(d.stride == 1 and d.ld == 1 for d in cv.dims) and sp[-1][0] == 1:
+        return Padded(x, ns, cs, tuple(st for st, _ in sp))
+    return _stage_input(ctx, x, cv, dtype)
+
+
 def _stage_input(ctx: LowerCtx, x: DramTensor, cv: Conv, dtype: str) -> Staged:
     ns, cs, sp = cv.x
     dims = cv.dims
-    if all(d.exact for d in dims) and sp[-1][0] == 1:   # the band DMAs cast
-        off = sum(-d.lo * st for d, (st, _) in zip(dims, sp))
-        return Staged(x, off, ns, cs, tuple(0 for _ in dims), tuple(st for st, _ in sp))
     shape = (cv.n_in, cv.c, *(len(d.phases) for d in dims),
              *(d.q for d in dims))
     xp = ctx.temp(shape, dtype)
@@ -309,8 +333,9 @@ def _convolution_lower(ctx: LowerCtx, x: DramTensor, w: DramTensor, **attrs) -> 
     ldt, rdt, precision = matmul_types(x.dtype, w.dtype, attrs.get("precision_config", ()),
                                        ctx.matmul_precision)
     units = _units(cv)
-    plan = _plan(cv, units, ldt, rdt, out.dtype, ctx.limits.sbuf_bytes, ctx.op.describe())
-    staged = _stage_input(ctx, x, cv, ldt)
+    staged = _source(ctx, x, cv, ldt)
+    plan = _plan(cv, units, staged, ldt, rdt, out.dtype, ctx.limits.sbuf_bytes,
+                 ctx.op.describe())
     wt = _stage_weights(ctx, w, cv, units, rdt)
     ctx.next_kernel("conv")
     _Emitter(ctx.kb, cv, plan, staged, wt, units, out, precision, ldt, rdt).run()
@@ -333,7 +358,7 @@ def _chunks(cv: Conv, rows: int, r0: int, rn: int) -> list[tuple[int, int, int, 
     return [(r0 + a0, an, 0, ow) for a0, an in tiles(rn, rows)]
 
 
-def _plan(cv: Conv, units, ldt: str, rdt: str, odt: str, sbuf: int, what: str) -> Plan:
+def _plan(cv: Conv, units, src, ldt: str, rdt: str, odt: str, sbuf: int, what: str) -> Plan:
     h, w = cv.dims[-2:]
     rows = max(1, (MOVING_MAX - w.out) // w.q + 1) if w.out <= MOVING_MAX else 1
     wbytes = max(sum(cv.taps * u.cot for u in us) for us in units) * hw_dtypes.itemsize(rdt)
@@ -341,6 +366,8 @@ def _plan(cv: Conv, units, ldt: str, rdt: str, odt: str, sbuf: int, what: str) -
     budget = int(sbuf * SBUF_SHARE) - wbytes - obytes
     ncit = max(len(tiles(b.cn, P)) for b in cv.blocks)
     per_row = 2 * ncit * _outer_taps(cv) * _phases(cv) * w.q * hw_dtypes.itemsize(ldt)
+    if isinstance(src, Padded):         # + the staging ring of unpadded rows
+        per_row += 2 * w.size * hw_dtypes.itemsize(ldt)
     fit = budget // per_row - h.shift if budget > 0 else 0
     if fit < 1:
         raise LoweringError(f"convolution tiles do not fit in SBUF (weights {wbytes} B, "
@@ -376,7 +403,7 @@ def _matmuls(cv: Conv, plan: Plan) -> int:
 class _Emitter:
     """Emits the conv kernel (see the module docstring)."""
 
-    def __init__(self, kb: KernelBuilder, cv: Conv, plan: Plan, staged: Staged,
+    def __init__(self, kb: KernelBuilder, cv: Conv, plan: Plan, staged: Staged | Padded,
                  wt: DramTensor, units, out: DramTensor, precision: str, ldt: str, rdt: str):
         self.kb, self.cv, self.plan, self.x, self.wt = kb, cv, plan, staged, wt
         self.units, self.out, self.precision, self.ldt, self.rdt = units, out, precision, ldt, rdt
@@ -391,6 +418,13 @@ class _Emitter:
         kb = self.kb
         ncit = max(len(tiles(b.cn, P)) for b in self.cv.blocks)
         bands = kb.ring(2 * ncit, len(self.ko) * self.per_ko, self.ldt)
+        self.stage = None
+        if isinstance(self.x, Padded):
+            if self.x.gaps(self.w):         # zero columns between rows, set once
+                for t in bands.tiles:
+                    kb.emit(isa.Memset, dst=t, value=0, engine="gpsimd")
+            if self.x.gaps(self.w) or self.x.row[-2] != self.w.size:
+                self.stage = kb.ring(2, self.band_rows * self.w.size, self.ldt)
         accs = kb.ring(PSUM_ACCS, MOVING_MAX, "float32", mem="psum")
         obuf = kb.ring(OUT_BUFS, MOVING_MAX, self.out.dtype)
         for b, us in zip(self.cv.blocks, self.units):
@@ -408,7 +442,7 @@ class _Emitter:
                                 self._matmuls(acc, xs, ws, cot, r0, chunk)
                                 self._drain(acc, obuf.next(), b, n, od, co0, cot, chunk)
             kb.release(*weights)
-        kb.release(bands, accs, obuf)
+        kb.release(bands, accs, obuf, *([self.stage] if self.stage else []))
 
     def _load_weights(self, u: Unit) -> isa.Tile:
         t = self.kb.tile(self.cv.taps * u.cot, self.rdt, parts=u.ct)
@@ -420,6 +454,8 @@ class _Emitter:
                    ) -> isa.Tile:
         """Input rows [r0, r0 + band + shift) of every phase, per outer tap, for
         channels [ci0, +ct) of block b and output image n."""
+        if isinstance(self.x, Padded):
+            return self._load_padded(buf, b, ci0, ct, n, od, r0)
         x, h, w = self.x, self.h, self.w
         base = x.offset + (n + b.batch_off) * x.n + (b.c0 + ci0) * x.c + r0 * x.row[-2]
         rows = min(self.band_rows, h.q - r0)
@@ -442,6 +478,41 @@ class _Emitter:
             self.kb.dma(sub(tile, ct, self.per_ko, at=i * self.per_ko),
                         self.kb.ap(x.t, off, ((x.c, ct), *_compact(pattern))))
         return tile
+
+    def _load_padded(self, buf: isa.Tile, b: Block, ci0: int, ct: int, n: int, od, r0: int
+                     ) -> isa.Tile:
+        x, h, w, q = self.x, self.h, self.w, self.w.q
+        tile = sub(buf, ct, len(self.ko) * self.per_ko)
+        rows = min(self.band_rows, h.q - r0)
+        c_lo, c_hi = x.cols(w)
+        lo, hi = max(r0, h.lo), min(r0 + rows, h.lo + h.size)    # rows with input data
+        base = (n + b.batch_off) * x.n + (b.c0 + ci0) * x.c + (lo - h.lo) * x.row[-2]
+        base += c_lo - w.lo
+        for i, ko in enumerate(self.ko):
+            at = i * self.per_ko
+            iq = [o + k * d.rd - d.lo for d, k, o in zip(self.outer, ko, od)]
+            if hi <= lo or not all(0 <= v < d.size for v, d in zip(iq, self.outer)):
+                self._zero(tile, ct, at, rows * q)
+                continue
+            self._zero(tile, ct, at, (lo - r0) * q)
+            self._zero(tile, ct, at + (hi - r0) * q, (r0 + rows - hi) * q)
+            src = self.kb.ap(x.t, base + sum(v * st for v, st in zip(iq, x.row)),
+                             ((x.c, ct), *_compact(((x.row[-2], hi - lo), (1, c_hi - c_lo)))))
+            at += (lo - r0) * q
+            if self.stage is None:
+                self.kb.dma(sub(tile, ct, (hi - lo) * q, at=at), src)
+                continue
+            wc = c_hi - c_lo
+            rows_in = sub(self.stage.next(), ct, (hi - lo) * wc)
+            self.kb.dma(rows_in, src)
+            for r in range(hi - lo):
+                self.kb.emit(isa.TensorCopy, dst=sub(tile, ct, wc, at=at + r * q + c_lo),
+                             src=sub(rows_in, ct, wc, at=r * wc), engine=self.kb.evac_engine())
+        return tile
+
+    def _zero(self, tile: isa.Tile, ct: int, at: int, size: int) -> None:
+        if size > 0:
+            self.kb.emit(isa.Memset, dst=sub(tile, ct, size, at=at), value=0, engine="gpsimd")
 
     def _matmuls(self, acc: isa.Tile, xs, ws, cot: int, r0: int, chunk) -> None:
         a, rows, c0, cn = chunk
