@@ -48,7 +48,7 @@ from jax_trn.hw.program import DramTensor
 
 from .builder import KernelBuilder, sub
 from .errors import LoweringError
-from .layout import P
+from .layout import tiles
 from .movement import copy
 from .registry import LowerCtx, register_lowering
 from .window import lines
@@ -226,7 +226,12 @@ class _Plan:
             r += parts
         self.rows = r
         self.nwords = sum(word_count(xs[k.operand].dtype) for k in ks) + 1
-        self.words = ctx.temp((self.nwords, self.rows, self.big_n), "int32")
+        self.words: DramTensor | None = None      # the long-line path's HBM words
+
+    def sbuf_bytes(self) -> int:
+        """Per partition, for the on-chip path: words twice, a select buffer, three
+        masks and the index iota ([N] int32 each), the 8-byte load / gather buffer."""
+        return (2 * self.nwords + 5) * 4 * self.big_n + 8 * self.n + 1024
 
     def word_offset(self, w: int, row: int) -> int:
         return (w * self.rows + row) * self.big_n
@@ -235,43 +240,70 @@ class _Plan:
         return kb.ap(t, offset, ((pstride, parts), (self.c, self.n)))
 
 
-def _emit_words(kb: KernelBuilder, plan: _Plan) -> None:
+class _WordsScratch:
+    """SBUF the word computation needs: a load buffer (8 bytes per element) and three
+    int32 scratch tiles of at least the line length."""
+
+    def __init__(self, kb: KernelBuilder, n: int, scratch: list[isa.Tile] | None = None):
+        self.kb, self.n = kb, n
+        self.load = kb.tile(8 * n, "uint8")
+        self.own = scratch is None
+        self.scratch = scratch if scratch is not None else [kb.tile(n, "int32") for _ in range(3)]
+
+    def loaded(self, parts: int, dtype: str) -> isa.Tile:
+        return self.load.with_(num_partitions=parts, free=(self.n,), dtype=dtype)
+
+    def close(self) -> None:
+        self.kb.release(self.load, *(self.scratch if self.own else []))
+
+
+def _group_words(kb: KernelBuilder, plan: "_Plan", group, outs: list[isa.Tile],
+                 ws: _WordsScratch) -> None:
+    """The sort words of one group of lines into `outs` ([parts, N] int32 each, the
+    index word last), padded with INT32_MAX keys."""
+    offset, (pstride, parts), _ = group
     n, big = plan.n, plan.big_n
-    wt = kb.ring(2, big, "int32")
-    load32 = kb.ring(2, n, "float32")
-    load64 = kb.ring(2, n, "int64") if any(word_count(x.dtype) == 2 for x in plan.xs) else None
-    scratch = [kb.tile(n, "int32") for _ in range(3)]
-    for offset, (pstride, parts), row in plan.groups:
-        w = 0
-        for key in plan.keys:
-            x = plan.xs[key.operand]
-            outs = [sub(wt.next(), parts, big) for _ in range(word_count(x.dtype))]
-            heads = [sub(o, parts, n) for o in outs]
-            if len(outs) == 2:
-                t = sub(load64.next(), parts, n).with_(dtype=x.dtype)
-                kb.dma(t, plan.line_ap(kb, x, offset, pstride, parts))
-                _int64_words(kb, t, *heads, signed=x.dtype == "int64")
-            elif x.dtype in FLOATS:
-                t = sub(load32.next(), parts, n)
-                kb.dma(t, plan.line_ap(kb, x, offset, pstride, parts))
-                _float_words(kb, t, heads[0], key, scratch)
-            else:       # integers and bool, value-preserving into int32 (uint32: bits)
-                kb.dma(heads[0], plan.line_ap(kb, x, offset, pstride, parts))
-                if x.dtype == "uint32":
-                    kb.emit(isa.TensorScalar, dst=heads[0], data=heads[0], op0="bitwise_xor",
-                            operand0=SIGN)
-            for o, h in zip(outs, heads):
-                if key.descending:
-                    kb.emit(isa.TensorScalar, dst=h, data=h, op0="bitwise_xor", operand0=-1)
-                if big > n:
-                    kb.emit(isa.Memset, dst=sub(o, parts, big - n, at=n), value=INT32_MAX,
-                            engine="gpsimd")
-                kb.dma(kb.ap(plan.words, plan.word_offset(w, row), ((big, parts), (1, big))), o)
-                w += 1
-        idx = sub(wt.next(), parts, big)
-        kb.emit(isa.Iota, dst=idx, pattern=((1, big),))
-        kb.dma(kb.ap(plan.words, plan.word_offset(w, row), ((big, parts), (1, big))), idx)
-    kb.release(wt, load32, *scratch, *([load64] if load64 else []))
+    it = iter(outs)
+    for key in plan.keys:
+        x = plan.xs[key.operand]
+        mine = [next(it) for _ in range(word_count(x.dtype))]
+        heads = [sub(o, parts, n) for o in mine]
+        src = plan.line_ap(kb, x, offset, pstride, parts)
+        if len(mine) == 2:
+            t = ws.loaded(parts, x.dtype)
+            kb.dma(t, src)
+            _int64_words(kb, t, *heads, signed=x.dtype == "int64")
+        elif x.dtype in FLOATS:
+            t = ws.loaded(parts, "float32")
+            kb.dma(t, src)
+            _float_words(kb, t, heads[0], key, ws.scratch)
+        else:       # integers and bool, value-preserving into int32 (uint32: its bits)
+            kb.dma(heads[0], src)
+            if x.dtype == "uint32":
+                kb.emit(isa.TensorScalar, dst=heads[0], data=heads[0], op0="bitwise_xor",
+                        operand0=SIGN)
+        for o, h in zip(mine, heads):
+            if key.descending:
+                kb.emit(isa.TensorScalar, dst=h, data=h, op0="bitwise_xor", operand0=-1)
+            if big > n:
+                kb.emit(isa.Memset, dst=sub(o, parts, big - n, at=n), value=INT32_MAX,
+                        engine="gpsimd")
+    kb.emit(isa.Iota, dst=sub(next(it), parts, big), pattern=((1, big),))
+
+
+def _emit_words(kb: KernelBuilder, plan: "_Plan") -> None:
+    """The words of every group into the HBM temporary (the long-line path)."""
+    big = plan.big_n
+    wt = [kb.tile(big, "int32") for _ in range(plan.nwords)]
+    ws = _WordsScratch(kb, plan.n)
+    for group in plan.groups:
+        _, (_, parts), row = group
+        _group_words(kb, plan, group, wt, ws)
+        for w, t in enumerate(wt):
+            kb.dma(kb.ap(plan.words, plan.word_offset(w, row), ((big, parts), (1, big))),
+                   sub(t, parts, big))
+    ws.close()
+    kb.release(*wt)
 
 
 # --- 2. the bitonic network -------------------------------------------------------------------
@@ -293,7 +325,18 @@ def _chunks(big: int, j: int, s: int, ch: int):
     return out
 
 
-def _pair_chunk(plan: _Plan) -> int:
+def _lex_lt(kb: KernelBuilder, p, lt, eq, a: list[isa.Tile], b: list[isa.Tile]) -> None:
+    """p = (a < b) lexicographically over the words (0 / 1, int32 on GpSimd)."""
+    kb.emit(isa.TensorTensor, dst=p, data1=a[-1], data2=b[-1], op="is_lt", engine="gpsimd")
+    for w in range(len(a) - 2, -1, -1):
+        kb.emit(isa.TensorTensor, dst=lt, data1=a[w], data2=b[w], op="is_lt", engine="gpsimd")
+        kb.emit(isa.TensorTensor, dst=eq, data1=a[w], data2=b[w], op="is_equal",
+                engine="gpsimd")
+        kb.emit(isa.TensorTensor, dst=p, data1=p, data2=eq, op="multiply", engine="gpsimd")
+        kb.emit(isa.TensorTensor, dst=p, data1=p, data2=lt, op="max", engine="gpsimd")
+
+
+def _pair_chunk(plan: "_Plan") -> int:
     per_pair = (4 * plan.nwords + 6) * 4        # lo/hi double-buffered per word, masks
     ch = min(plan.big_n // 2, PAIR_CHUNK, max(1, SBUF_BUDGET // per_pair))
     return 1 << (ch.bit_length() - 1)
@@ -332,13 +375,7 @@ def _exchange(kb, plan, row, parts, lo_off, j, free, blocks, s, d, los, his, tmp
         kb.dma(his[w], kb.ap(plan.words, at + j, pattern))
     p, lt, eq = (sub(m, parts, ch) for m in masks)
     a, b = (los, his) if d == 1 else (his, los)      # swap when a < b
-    kb.emit(isa.TensorTensor, dst=p, data1=a[-1], data2=b[-1], op="is_lt", engine="gpsimd")
-    for w in range(plan.nwords - 2, -1, -1):
-        kb.emit(isa.TensorTensor, dst=lt, data1=a[w], data2=b[w], op="is_lt", engine="gpsimd")
-        kb.emit(isa.TensorTensor, dst=eq, data1=a[w], data2=b[w], op="is_equal",
-                engine="gpsimd")
-        kb.emit(isa.TensorTensor, dst=p, data1=p, data2=eq, op="multiply", engine="gpsimd")
-        kb.emit(isa.TensorTensor, dst=p, data1=p, data2=lt, op="max", engine="gpsimd")
+    _lex_lt(kb, p, lt, eq, a, b)
     if d is None:       # mixed directions: flip where the block sorts descending
         b0, nb = blocks
         kb.emit(isa.Iota, dst=lt, pattern=((2 * j, nb), (0, j)), offset=b0 * 2 * j)
@@ -358,24 +395,98 @@ def _exchange(kb, plan, row, parts, lo_off, j, free, blocks, s, d, los, his, tmp
 
 # --- 3. gather -----------------------------------------------------------------------------------
 
-def _emit_gather(kb: KernelBuilder, plan: _Plan, outs) -> None:
+def _gather_group(kb: KernelBuilder, plan: _Plan, group, idx: isa.Tile, flat: isa.Tile,
+                  base: isa.Tile, buf: isa.Tile, outs) -> None:
+    """Every operand's line in sorted order: flat element offsets from the final index
+    word `idx` ([parts, n]), one indirect DMA per operand, then a plain DMA out."""
+    offset, (pstride, parts), _ = group
     n = plan.n
-    idx_r, base = kb.ring(2, n, "int32"), kb.tile(1, "int32")
-    data = [kb.ring(2, n, x.dtype) for x in plan.xs]
-    for offset, (pstride, parts), row in plan.groups:
-        idx = sub(idx_r.next(), parts, n)
-        kb.dma(idx, kb.ap(plan.words, plan.word_offset(plan.nwords - 1, row),
-                          ((plan.big_n, parts), (1, n))))
-        b = sub(base, parts, 1)
-        kb.emit(isa.Iota, dst=b, pattern=((0, 1),), offset=offset, channel_multiplier=pstride)
-        kb.emit(isa.TensorScalar, dst=idx, data=idx, op0="multiply", operand0=plan.c,
-                op1="add", operand1=b, engine="gpsimd")
-        for x, out, ring in zip(plan.xs, outs, data):
-            dst = sub(ring.next(), parts, n)
-            table = kb.ap(x, 0, ((1, x.size), (1, 1)))
-            kb.emit(isa.DmaGather, dst=dst, src=table, indices=idx, dma_queue=next(kb._queues))
-            kb.dma(plan.line_ap(kb, out, offset, pstride, parts), dst)
-    kb.release(idx_r, base, *data)
+    b, f = sub(base, parts, 1), sub(flat, parts, n)
+    kb.emit(isa.Iota, dst=b, pattern=((0, 1),), offset=offset, channel_multiplier=pstride)
+    kb.emit(isa.TensorScalar, dst=f, data=idx, op0="multiply", operand0=plan.c,
+            op1="add", operand1=b, engine="gpsimd")
+    spans = tiles(n, -(-n // kb.limits.dma_queues))
+    for x, out in zip(plan.xs, outs):
+        dst = buf.with_(num_partitions=parts, free=(n,), dtype=x.dtype)
+        table = kb.ap(x, 0, ((1, x.size), (1, 1)))
+        for c0, cn in spans:        # column slices on separate queues (§3.4)
+            kb.emit(isa.DmaGather, dst=sub(dst, parts, cn, at=c0), src=table,
+                    indices=sub(f, parts, cn, at=c0), dma_queue=next(kb._queues))
+        kb.dma(plan.line_ap(kb, out, offset, pstride, parts), dst)
+
+
+def _emit_gather(kb: KernelBuilder, plan: _Plan, outs) -> None:
+    """The long-line path: the index word comes back from HBM."""
+    n = plan.n
+    idx, flat, base = kb.tile(n, "int32"), kb.tile(n, "int32"), kb.tile(1, "int32")
+    buf = kb.tile(8 * n, "uint8")
+    for group in plan.groups:
+        _, (_, parts), row = group
+        i = sub(idx, parts, n)
+        kb.dma(i, kb.ap(plan.words, plan.word_offset(plan.nwords - 1, row),
+                        ((plan.big_n, parts), (1, n))))
+        _gather_group(kb, plan, group, i, flat, base, buf, outs)
+    kb.release(idx, flat, base, buf)
+
+
+# --- the on-chip path: a whole line group stays in SBUF -------------------------------------
+
+def _network_sbuf(kb: KernelBuilder, parts: int, big: int, xs, ys, t, masks, iota):
+    """The bitonic network on [parts, N] word tiles with contiguous shifted views: at
+    distance j, position i is compared with i + j (for every i < N - j at once), the
+    swap kept only at the low position of each pair (bit j of i clear) and flipped in
+    blocks sorting descending (bit s of i set); the pair's two elements are then
+    exchanged with two Selects on views shifted by j, into the other buffer."""
+    p, lt, eq = masks
+    s = 2
+    while s <= big:
+        j = s // 2
+        while j >= 1:
+            m = big - j
+            pm, ltm, eqm, im = (sub(z, parts, m) for z in (p, lt, eq, iota))
+            _lex_lt(kb, pm, ltm, eqm, [sub(x, parts, m, at=j) for x in xs],
+                    [sub(x, parts, m) for x in xs])
+            kb.emit(isa.TensorScalar, dst=eqm, data=im, op0="shift_right_logical",
+                    operand0=j.bit_length() - 1, op1="bitwise_and", operand1=1)
+            if s < big:
+                kb.emit(isa.TensorScalar, dst=ltm, data=im, op0="shift_right_logical",
+                        operand0=s.bit_length() - 1, op1="bitwise_and", operand1=1)
+                kb.emit(isa.TensorTensor, dst=pm, data1=pm, data2=ltm, op="not_equal",
+                        engine="gpsimd")
+            kb.emit(isa.TensorTensor, dst=pm, data1=pm, data2=eqm, op="is_gt",
+                    engine="gpsimd")
+            for x, y in zip(xs, ys):
+                kb.emit(isa.Select, dst=sub(t, parts, m), pred=pm,
+                        on_true=sub(x, parts, m, at=j), on_false=sub(x, parts, m),
+                        engine="gpsimd")
+                kb.emit(isa.TensorCopy, dst=sub(t, parts, j, at=m), src=sub(x, parts, j, at=m),
+                        engine="gpsimd")
+                kb.emit(isa.Select, dst=sub(y, parts, m, at=j), pred=pm,
+                        on_true=sub(x, parts, m), on_false=sub(t, parts, m, at=j),
+                        engine="gpsimd")
+                kb.emit(isa.TensorCopy, dst=sub(y, parts, j), src=sub(t, parts, j),
+                        engine="gpsimd")
+            xs, ys = ys, xs
+            j //= 2
+        s *= 2
+    return xs
+
+
+def _emit_sbuf(kb: KernelBuilder, plan: _Plan, outs) -> None:
+    big, n = plan.big_n, plan.n
+    xs = [kb.tile(big, "int32") for _ in range(plan.nwords)]
+    ys = [kb.tile(big, "int32") for _ in range(plan.nwords)]
+    t, iota, base = kb.tile(big, "int32"), kb.tile(big, "int32"), kb.tile(1, "int32")
+    masks = [kb.tile(big, "int32") for _ in range(3)]
+    ws = _WordsScratch(kb, n, masks)
+    kb.emit(isa.Iota, dst=iota, pattern=((1, big),))
+    for group in plan.groups:
+        parts = group[1][1]
+        _group_words(kb, plan, group, xs, ws)
+        final = _network_sbuf(kb, parts, big, xs, ys, t, masks, iota)
+        _gather_group(kb, plan, group, sub(final[-1], parts, n), t, base, ws.load, outs)
+    ws.close()
+    kb.release(*xs, *ys, t, iota, base, *masks)
 
 
 @register_lowering("sort")
@@ -397,6 +508,9 @@ def _sort_lower(ctx: LowerCtx, *xs: DramTensor, dimension, is_stable=False) -> N
                             f"supported ({ctx.op.describe()})")
     steps = plan.big_n.bit_length() - 1
     ctx.kb.flops += plan.rows * plan.big_n // 2 * steps * (steps + 1) // 2
+    if plan.sbuf_bytes() <= ctx.kb.limits.sbuf_bytes - 16 * 1024:
+        return _emit_sbuf(ctx.kb, plan, ctx.outs)
+    plan.words = ctx.temp((plan.nwords, plan.rows, plan.big_n), "int32")
     _emit_words(ctx.kb, plan)
     _emit_network(ctx.next_kernel("network"), plan)
     _emit_gather(ctx.next_kernel("gather"), plan, ctx.outs)
