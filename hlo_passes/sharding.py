@@ -291,3 +291,22 @@ _A2A = re.compile(r"\{([^}]*)\}\s*:\s*(\d+)\s*->\s*(\d+)")
 def parse_all_to_all_params(text: str) -> list[AllToAllParam]:
     """`#sdy<all_to_all_param_list[{"x"}: 0->1, ...]>` -> params."""
     return [AllToAllParam(parse_axes(a), int(s), int(t)) for a, s, t in _A2A.findall(text)]
+
+
+def tile_assignment(sharding: TensorSharding | None, mesh: Mesh | None,
+                    rank: int) -> tuple[list[int], list[int], bool] | None:
+    """XLA's tiled form of `sharding` (as in an OpSharding): tile dimensions, the
+    partition ids in tile order, and whether the last tile dimension is replication.
+    None for a replicated tensor."""
+    if sharding is None or mesh is None or sharding.is_replicated:
+        return None
+    counts = [math.prod(mesh.axis_size(a) for a in axes) for axes in sharding.dims]
+    copies = mesh.size // math.prod(counts)
+    tiles: dict[tuple[int, ...], list[int]] = {}
+    parts = mesh.partitions()
+    for pos in range(mesh.size):
+        key = tuple(mesh.block_index(pos, axes) for axes in sharding.dims)
+        tiles.setdefault(key, []).append(parts[pos])
+    devices = [p for key in sorted(tiles) for p in tiles[key]]
+    dims = counts + ([copies] if copies > 1 else [])
+    return dims, devices, copies > 1

@@ -168,8 +168,15 @@ class CExecutable:
         self.compile_options = k.bytes(executable.options.raw)
         self.fingerprint = k.bytes(executable.fingerprint)
         self._cost: tuple[int, int] | None = None
-        self.param_shardings = _replicated_shardings(k, len(params))
-        self.output_shardings = _replicated_shardings(k, len(outs))
+        spmd = getattr(executable, "spmd", None)
+        if spmd is None:
+            self.param_shardings = _replicated_shardings(k, len(params))
+            self.output_shardings = _replicated_shardings(k, len(outs))
+        else:
+            self.param_shardings = _shardings(k, spmd.mesh, spmd.arg_shardings,
+                                              spmd.arg_types)
+            self.output_shardings = _shardings(k, spmd.mesh, spmd.result_shardings,
+                                               spmd.result_types)
 
     @property
     def cost(self) -> tuple[int, int]:
@@ -199,6 +206,30 @@ class CLoadedExecutable:
         self.logical_ids = (self.keep.array(ctypes.c_int, flat), len(ids))
         self.executable = CExecutable(executable, client)
         self.deleted = False
+
+
+def op_sharding(sharding, mesh, rank: int):
+    """An xla OpSharding for a Shardy sharding of a rank-`rank` tensor (partition ids)."""
+    from jaxlib import xla_client as xc
+    from hlo_passes.sharding import tile_assignment
+    proto = xc.OpSharding()
+    tiled = tile_assignment(sharding, mesh, rank)
+    if tiled is None:
+        proto.type = xc.OpSharding.Type.REPLICATED
+        return proto
+    dims, devices, replicate_last = tiled
+    proto.type = xc.OpSharding.Type.OTHER
+    proto.tile_assignment_dimensions = dims
+    proto.tile_assignment_devices = devices
+    proto.replicate_on_last_tile_dim = replicate_last
+    return proto
+
+
+def _shardings(keep: Keep, mesh, shardings, types) -> tuple[int, int, int]:
+    data = [keep.bytes(op_sharding(s, mesh, len(t.shape)).SerializeToString())
+            for s, t in zip(shardings, types)]
+    return (keep.pointers(a for a, _ in data), keep.array(ctypes.c_size_t, (s for _, s in data)),
+            len(data))
 
 
 def _replicated_shardings(keep: Keep, n: int) -> tuple[int, int, int]:

@@ -107,3 +107,17 @@ def test_gspmd_programs_get_a_clear_error():
 def test_single_device_programs_are_untouched(jax, trn):
     m = hlo_passes.compile_to_ir(jax.jit(lambda a: a + 1).lower(np.ones(4, np.float32)).as_text())
     assert "trn.spmd" not in m.attrs
+
+
+@pytest.mark.parametrize("spec", [("x", "y"), ("y", None), (None, "x"), (("x", "y"), None),
+                                  (("y", "x"), None), (None, None), ("x", None)])
+def test_reported_op_shardings_are_jax_own(jax, mesh, spec):
+    """What the Shardings extension reports equals the HloSharding JAX builds itself."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jaxlib import xla_client as xc
+    from pjrt_plugin._objects import op_sharding
+    named = NamedSharding(mesh, P(*spec))
+    m = _localize(jax, mesh, lambda a: a + 1, ((16, 32), spec))
+    spmd = m.attrs["trn.spmd"]
+    ours = xc.HloSharding.from_proto(op_sharding(spmd.arg_shardings[0], spmd.mesh, 2))
+    assert ours == named._to_xla_hlo_sharding(2), (ours, named._to_xla_hlo_sharding(2))
