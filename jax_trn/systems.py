@@ -81,7 +81,7 @@ SYSTEMS: dict[str, System] = {s.name: s for s in [
             "144 Trainium3 chips: 36 servers x 4 chips, all-to-all over NeuronSwitch-v1"),
 ]}
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _interconnect(name: str):
     from jax_trn.hw.topology import Topology
     return Topology.for_system(SYSTEMS[name])

@@ -65,8 +65,18 @@ import numpy as np
 from . import numerics as _num
 from .topology import Topology
 
-__all__ = ["run_collective", "collective_time", "choose_algorithm", "Timing", "StepTiming",
-           "KINDS", "ALGORITHMS", "MESH_MAX_BYTES", "RDH_MAX_BYTES", "ring_order"]
+__all__ = [
+    "ALGORITHMS",
+    "KINDS",
+    "MESH_MAX_BYTES",
+    "RDH_MAX_BYTES",
+    "StepTiming",
+    "Timing",
+    "choose_algorithm",
+    "collective_time",
+    "ring_order",
+    "run_collective",
+]
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute")
 ALGORITHMS = ("ring", "kangaring", "ring2d", "rdh", "mesh", "hierarchical", "pairwise", "direct")
@@ -422,7 +432,7 @@ def _a2a_plan(algo, g, n) -> _Plan:
                           f"a2a {algo} {int(sh[0])}" if len(sh) == 1 else "a2a mesh"))
     own = np.tile(np.arange(n), g)
     steps.append(Xfer(ranks.ravel(), own, ranks.ravel(), n + own, 1, False, "a2a self"))
-    return _Plan(steps, 2 * n, 2 * n, np.zeros(g * n, int), 1, f"all_to_all {algo}")
+    return _Plan(steps, 2 * n, 2 * n, np.zeros(g * n, int), 1, algo)
 
 
 # --- numerics -----------------------------------------------------------------------
@@ -607,18 +617,21 @@ def run_collective(kind, arrays_by_device, groups, topology: Topology, algorithm
     buf = _load(kind, blocks, plan, n, chunk)
     _execute(plan, buf, op, topology.spec.dma_compute_sources)
     out = _unload(kind, buf, plan, blocks, g, n, chunk)
-    results = {}
-    for r, d in enumerate(devs):
-        y = out[r]
-        if kind == "all_gather":
-            y = np.moveaxis(y, 0, axis)
-        elif kind == "reduce_scatter":
-            y = np.moveaxis(y, 0, axis)
-        elif kind == "all_to_all":
-            y = _a2a_result(y.reshape((n, y.shape[0] // n) + y.shape[1:]), split_axis, concat_axis, n)
-        results[int(d)] = y if x0.ndim else y.reshape(())
+    results = {int(d): _restore(kind, out[r], x0, n, axis, split_axis, concat_axis)
+               for r, d in enumerate(devs)}
     timing = _timing(plan, topology, devs, chunk * x0.dtype.itemsize, dma_available, kind, nbytes, n)
     return results, timing
+
+
+def _restore(kind, y, x0, n, axis, split_axis, concat_axis):
+    """One rank's result back in the caller's layout."""
+    if not x0.ndim:
+        return y.reshape(())
+    if kind in ("all_gather", "reduce_scatter"):
+        return np.moveaxis(y, 0, axis)
+    if kind == "all_to_all":
+        return _a2a_result(y.reshape((n, y.shape[0] // n) + y.shape[1:]), split_axis, concat_axis, n)
+    return y
 
 
 def _load(kind, blocks, plan, n, chunk):
@@ -637,7 +650,6 @@ def _load(kind, blocks, plan, n, chunk):
     per = blocks.reshape(rows, n, -1) if kind == "reduce_scatter" else blocks.reshape(rows, 1, -1)
     span = plan.leaf_span
     leaf = plan.leaf.reshape(-1, n)                   # (G, n): leaf slot of each group position
-    g = rows // n
     for q in range(per.shape[1]):
         pad = np.zeros((rows, span * chunk), blocks.dtype)
         pad[:, :per.shape[2]] = per[:, q]
@@ -646,7 +658,6 @@ def _load(kind, blocks, plan, n, chunk):
         else:                                         # own block -> own leaf
             cols = plan.leaf
         buf[np.arange(rows)[:, None], cols[:, None] + np.arange(span)[None, :]] = pad.reshape(rows, span, chunk)
-    del g
     return buf
 
 

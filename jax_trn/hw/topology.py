@@ -35,7 +35,7 @@ import numpy as np
 
 from .spec import CHIPS, LINKS, LinkSpec
 
-__all__ = ["Topology", "torus_route", "gray"]
+__all__ = ["Topology", "gray", "torus_route"]
 
 
 def gray(i: int) -> int:
@@ -73,11 +73,11 @@ class Topology:
     # --- construction --------------------------------------------------------------
 
     @classmethod
-    def single(cls, generation: str, chips: int = 1) -> "Topology":
+    def single(cls, generation: str, chips: int = 1) -> Topology:
         return cls._build("single", generation, (1,), chips=1, nodes=1, dim_bw=())
 
     @classmethod
-    def torus(cls, generation: str, dims: tuple[int, ...], dim_bw=None, name=None) -> "Topology":
+    def torus(cls, generation: str, dims: tuple[int, ...], dim_bw=None, name=None) -> Topology:
         """A torus of `dims`; `dim_bw[d]` = B/ns of one direction of one dim-d link
         (default: the chip's NeuronLink figure split over 2 * len(dims) links, 2 ways)."""
         spec = LINKS[generation]
@@ -87,19 +87,19 @@ class Topology:
                           dim_bw=tuple(dim_bw), name=name)
 
     @classmethod
-    def switch(cls, generation: str, servers: int, chips_per_server: int, name=None) -> "Topology":
+    def switch(cls, generation: str, servers: int, chips_per_server: int, name=None) -> Topology:
         return cls._build("switch", generation, (servers, chips_per_server),
                           chips=servers * chips_per_server, nodes=1, dim_bw=(), name=name)
 
     @classmethod
-    def cluster(cls, generation: str, nodes: int, node_dims=(4, 4), name=None) -> "Topology":
+    def cluster(cls, generation: str, nodes: int, node_dims=(4, 4), name=None) -> Topology:
         spec = LINKS[generation]
         dim_bw = (spec.link_bytes_per_ns(links=2 * len(node_dims)),) * len(node_dims)
         return cls._build("cluster", generation, tuple(node_dims), chips=nodes * _prod(node_dims),
                           nodes=nodes, dim_bw=dim_bw, name=name)
 
     @classmethod
-    def for_system(cls, system) -> "Topology":
+    def for_system(cls, system) -> Topology:
         """The topology of a `jax_trn.systems.System` preset."""
         gen, spec = system.generation, LINKS[system.generation]
         if system.topology == "single":

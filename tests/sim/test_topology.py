@@ -87,7 +87,7 @@ def test_cluster_routes_torus_inside_a_node_efa_between():
 def _is_cycle(topo, chips):
     ring = list(chips) + [chips[0]]
     return sorted(chips) == list(range(topo.num_chips)) and all(
-        topo.hops(a * topo.cores_per_chip, b * topo.cores_per_chip) == 1 for a, b in zip(ring, ring[1:]))
+        topo.hops(a * topo.cores_per_chip, b * topo.cores_per_chip) == 1 for a, b in itertools.pairwise(ring))
 
 
 @pytest.mark.parametrize("name", ["trn2.48xlarge", "trn2-ultraserver"])
