@@ -36,6 +36,7 @@ NaN operands follow max's NaN propagation, not XLA's select order.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -47,9 +48,10 @@ from jax_trn.hw.isa_vector import TensorTensorScan
 from jax_trn.hw.program import DramTensor
 
 from .builder import sub
-from .elementwise import emit_loop
+from .elementwise import _free_axes, emit_loop
 from .errors import LoweringError
-from .layout import P, Axes, View, box_offset, box_pattern, line_tiles, merge_axes, row_major, tiles
+from .layout import (P, Axes, View, box_offset, box_pattern, box_tiles, line_tiles, merge_axes,
+                     row_major, tiles)
 from .movement import dram_copy, fill
 from .reduce import TensorSource, _fill_init, emit_reduce
 from .reduce import identity as _reduce_identity
@@ -59,6 +61,8 @@ from .relayout import relayout
 from .tileops import Step, engine_for
 
 SCAN_CHUNK = 2048          # elements per partition of one scan instruction
+MAX_OFFSETS = 64           # windows up to this size are combined offset by offset
+OFFSETS_FREE = 2048        # elements per partition of one such tile
 COMBINERS = {"add": "add", "maximum": "max", "minimum": "min", "multiply": "multiply"}
 BOOL_COMBINERS = {"and": "min", "or": "max", "maximum": "max", "minimum": "min"}
 REDUCIBLE = ("add", "max", "min")       # what reduce.py's tilings combine
@@ -217,6 +221,57 @@ class WindowSource(TensorSource):
         self.views = [axes]
 
 
+def _acc_dtype(dtype: str) -> str:
+    if ir.is_float(dtype):
+        return "float32"
+    return dtype if ir.np_dtype(dtype).itemsize == 8 else "int32"
+
+
+def _by_offsets(ctx: LowerCtx, src: DramTensor, alu: str, w: Window, init) -> bool:
+    """Small windows: out = combine over window offsets k of the strided view k, each
+    view tiled like an elementwise operand ([<=128, <=OFFSETS_FREE] boxes of the output,
+    one DMA per offset and box, TensorTensor into an FP32 / int32 accumulator, in XLA's
+    window order). False when the output merges into one axis (reduce.py does better)."""
+    kb, out = ctx.kb, ctx.outs[0]
+    shape = tuple(out.shape)
+    views = [offset_view(src, w, shape, k) for k in w.offsets()]
+    out_ax, in_ax = merge_axes(row_major(shape), views[0].axes)
+    if len(out_ax) < 2:
+        return False
+    nfree = _free_axes([n for _, n in out_ax], OFFSETS_FREE)
+    lead = list(zip(out_ax[:-nfree], in_ax[:-nfree]))
+    trail_o, trail_i = out_ax[-nfree:], in_ax[-nfree:]
+    pa = max(range(len(lead)), key=lambda i: (lead[i][0][1], i))
+    others = [a for i, a in enumerate(lead) if i != pa]
+    (po, pn_all), (pi, _) = lead[pa]
+    acc_dt = _acc_dtype(src.dtype)
+    engine = engine_for(acc_dt)
+    fmax = min(OFFSETS_FREE, math.prod(n for _, n in trail_o))
+    loads, accs = kb.ring(3, fmax, acc_dt), kb.ring(2, fmax, acc_dt)
+    for idx in itertools.product(*(range(o[1]) for o, _ in others)):
+        o_base = sum(i * o[0] for i, (o, _) in zip(idx, others))
+        i_base = sum(i * ii[0] for i, (_, ii) in zip(idx, others))
+        for p0, pn in tiles(pn_all, P):
+            for fbox in box_tiles([n for _, n in trail_o], fmax):
+                f = math.prod(fbox[1])
+                acc = sub(accs.next(), pn, f)
+                in_pat = ((pi, pn),) + box_pattern(trail_i, fbox)
+                in_off = i_base + p0 * pi + box_offset(trail_i, fbox)
+                for k, v in enumerate(views):
+                    dst = acc if k == 0 else sub(loads.next(), pn, f)
+                    kb.dma(dst, kb.ap(src, v.offset + in_off, in_pat))
+                    if k:
+                        kb.emit(isa.TensorTensor, dst=acc, data1=acc, data2=dst, op=alu,
+                                engine=engine)
+                if init is not None:
+                    kb.emit(isa.TensorScalar, dst=acc, data=acc, op0=alu, operand0=init,
+                            engine=engine)
+                out_off = o_base + p0 * po + box_offset(trail_o, fbox)
+                kb.dma(kb.ap(out, out_off, ((po, pn),) + box_pattern(trail_o, fbox)), acc)
+    kb.release(loads, accs)
+    return True
+
+
 def _generic(ctx: LowerCtx, x: DramTensor, init: DramTensor, alu: str, w: Window) -> None:
     out = ctx.outs[0]
     if alu not in REDUCIBLE:
@@ -230,8 +285,12 @@ def _generic(ctx: LowerCtx, x: DramTensor, init: DramTensor, alu: str, w: Window
                                 f"supported ({ctx.op.describe()})")
         src = padded_copy(ctx, x, w, np.asarray(value).reshape(-1)[0])
     rank = len(x.shape)
-    axes = window_axes(tuple(src.shape), w, tuple(out.shape))
     keep_init = not is_identity(value, alu, x.dtype)
+    if math.prod(w.dims) <= MAX_OFFSETS and (value is not None or not keep_init):
+        imm = np.asarray(value).reshape(-1)[0].item() if keep_init else None
+        if _by_offsets(ctx, src, alu, w, imm):
+            return
+    axes = window_axes(tuple(src.shape), w, tuple(out.shape))
     emit_reduce(ctx.kb, WindowSource(ctx.kb, src, axes), tuple(out.shape) + w.dims, out,
                 alu, init if keep_init else None, tuple(range(rank, 2 * rank)))
 
