@@ -1,13 +1,28 @@
-"""What the compiler hands the hardware: kernels of instructions over named DRAM tensors.
+"""What the compiler hands the hardware: kernels of instructions over named DRAM tensors,
+and the control flow between them.
 
 A `Kernel` is the ISA program of one fused region for one NeuronCore: its instructions in
 program order (each engine / DMA queue runs the subsequence on its own queue, in order,
 waiting on semaphores), and the DRAM tensors it touches by name. A `Program` is the
 per-device executable: parameters, outputs, HBM temporaries, constants (initial HBM
-data, loaded once per executable), and the kernels to run in order.
+data, loaded once per executable), and its `steps`, run in order. A step is
+
+    Kernel                         run the kernel (after the previous step completes)
+    While(cond, pred, body, ...)   loop: run `cond`, read the bool `pred` from HBM,
+                                   stop if false, else run `body` and repeat
+    Case(index, branches, ...)     read the int32 `index` from HBM, run branch `index`
+                                   (out of range: the last branch, as stablehlo.case)
+
+`cond`, `body` and each branch are step lists themselves, so loops and conditionals
+nest. Control flow runs on the core's control path between kernels: the predicate /
+index is a device value, read from (simulated) HBM after the kernel that wrote it
+completed. Loop-carried values live in DRAM tensors (`While.carried`): the body leaves
+the next values there. `Program.kernels` lists every kernel once, in program order
+(cond, then body, then each branch), for code that inspects the static program.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,14 +62,78 @@ class Kernel:
 
 
 @dataclass
+class While:
+    """A loop between kernels (stablehlo.while). Each trip: `cond` steps write the
+    predicate into `pred` (a bool[] DRAM tensor); the control path reads it; if true,
+    `body` steps run and leave the next loop-carried values in `carried`, which hold
+    the loop's results when it stops."""
+    name: str                                  # "while.4"
+    cond: list[Step]
+    pred: DramTensor
+    body: list[Step]
+    carried: list[DramTensor]                  # the loop-carried values, in order
+    ops: list[str] = field(default_factory=list)    # the source op: "while at f.py:3"
+
+
+@dataclass
+class Case:
+    """A conditional between kernels (stablehlo.case, lax.cond / lax.switch): the
+    control path reads `index` (an int32[] DRAM tensor) and runs that branch's steps;
+    an index out of [0, n) runs the last branch. Every branch writes `results`."""
+    name: str                                  # "case.7"
+    index: DramTensor
+    branches: list[list[Step]]
+    results: list[DramTensor]
+    ops: list[str] = field(default_factory=list)
+
+
+Step = Kernel | While | Case
+
+
+def walk_steps(steps: list[Step]) -> Iterator[Step]:
+    """Every step of `steps` once, pre-order, nested steps included."""
+    for step in steps:
+        yield step
+        if isinstance(step, While):
+            yield from walk_steps(step.cond)
+            yield from walk_steps(step.body)
+        elif isinstance(step, Case):
+            for branch in step.branches:
+                yield from walk_steps(branch)
+
+
+def walk_kernels(steps: list[Step]) -> Iterator[Kernel]:
+    """Every kernel of `steps` once, in program order, nested steps included."""
+    return (s for s in walk_steps(steps) if isinstance(s, Kernel))
+
+
+def has_control_flow(steps: list[Step]) -> bool:
+    return any(not isinstance(s, Kernel) for s in steps)
+
+
+@dataclass
 class Program:
     params: list[DramTensor]                   # bound to the input buffers, in order
     outputs: list[DramTensor]                  # become the result buffers, in order
     temps: list[DramTensor]                    # HBM scratch, allocated per execution
-    kernels: list[Kernel]
+    steps: list[Step]                          # kernels and control flow, in order
     text: str = ""                             # the optimized program, for as_text()
     constants: dict[str, np.ndarray] = field(default_factory=dict)  # initial HBM data
 
     @property
+    def kernels(self) -> list[Kernel]:
+        """Every kernel once, in program order (a loop body's kernels once, each branch's
+        kernels once): the static program, not what an execution runs."""
+        return list(walk_kernels(self.steps))
+
+    @property
+    def control_flow(self) -> bool:
+        """True if the steps include a loop or a conditional."""
+        return has_control_flow(self.steps)
+
+    @property
     def flops(self) -> int:
+        """Static FLOPs: each kernel counted once (one trip of every loop body, every
+        branch of every conditional). What a call executed is the execution record's
+        `flops` (`profiler.Execution.flops`), which counts every kernel instance."""
         return sum(k.flops for k in self.kernels)

@@ -11,20 +11,26 @@ other op results are HBM temporaries `t0..`. Constants never run as ops: a splat
 constant becomes a Memset kernel just before its first use; any other constant is
 initial data, a DRAM tensor named "const:<i>" whose array is in `program.constants`
 (the runtime loads it into HBM once per executable).
+
+Control flow (`while`, `case`, a surviving `func.call`) is lowered by control.py into
+nested step lists (`hw.program.While` / `Case`): the ops of each region are lowered like
+the function body, into the step list being built (`self.kernels` is always the
+current one; `nested()` switches to a fresh one).
 """
 from __future__ import annotations
 
 import itertools
 import os
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
 from hlo_passes import ir
 from jax_trn.hw import isa
-from jax_trn.hw.program import DramTensor, Kernel, Program
+from jax_trn.hw.program import DramTensor, Program, Step, walk_kernels
 
-from . import movement
+from . import control, movement
 from .builder import KernelBuilder, Limits
 from .errors import LoweringError
 from .fusion import fusion_notes
@@ -66,14 +72,17 @@ def splat_value(value: np.ndarray) -> Any | None:
 class _Lowering:
     """The state of lowering one function: where every value lives, kernels so far."""
 
-    def __init__(self, fn: ir.Function, spec: Any, precision: str, target: str | None):
+    def __init__(self, fn: ir.Function, spec: Any, precision: str, target: str | None,
+                 module: ir.Module | None = None):
         self.fn, self.spec, self.precision, self.target = fn, spec, precision, target
+        self.module = module
         self.limits = Limits.of(spec)
         self.where: dict[int, DramTensor] = {}
         self.pending: dict[int, ir.Op] = {}         # splat constants not yet written
         self.consts: dict[str, np.ndarray] = {}     # known values, by DRAM name
         self.constants: dict[str, np.ndarray] = {}  # initial data for the runtime
-        self.kernels: list[Kernel] = []
+        self.kernels: list[Step] = []              # the step list being built
+        self.cursor: tuple[ir.Block, int] | None = None   # the op being lowered
         self.temps: list[DramTensor] = []
         self._ids = itertools.count()
         self.params = [self._param(i, a) for i, a in enumerate(fn.args)]
@@ -93,16 +102,32 @@ class _Lowering:
             raise LoweringError(f"function {self.fn.name} does not end in a return")
         self._check_dtypes()
         claims = self._claim_outputs(body.terminator)
-        for op in body.ops[:-1]:
-            self._lower(op, claims)
+        self.lower_block(body, claims)
         self._copy_unclaimed(body.terminator, claims)
         return self._program()
 
+    def lower_block(self, block: ir.Block, claims: dict[int, DramTensor]) -> None:
+        """Lowers the ops of `block` (not its terminator) into the current step list."""
+        outer = self.cursor
+        for i, op in enumerate(block.ops[:-1]):
+            self.cursor = (block, i)
+            self._lower(op, claims)
+        self.cursor = outer
+
+    @contextmanager
+    def nested(self):
+        """Lowers into a fresh step list (a loop's cond or body, a branch): yields it."""
+        outer, self.kernels = self.kernels, []
+        try:
+            yield self.kernels
+        finally:
+            self.kernels = outer
+
     def _check_dtypes(self) -> None:
         """Ops first (their error names a source location), then unused arguments."""
-        for op in self.fn.body.ops:
-            for inner in _fused(op):
-                check_dtypes(inner)
+        for op in ir.walk(self.fn.body):
+            if op.kind not in RETURNS:
+                check_dtypes(op)
         for i, arg in enumerate(self.fn.args):
             if arg.dtype in UNSUPPORTED_DTYPES or arg.dtype not in ir.DTYPES:
                 raise LoweringError(f"{arg.dtype} is not supported by the Trainium hardware "
@@ -122,6 +147,8 @@ class _Lowering:
             return self._constant(op, claims)
         if op.kind == "fusion":
             return self._fusion(op, claims)
+        if op.kind in control.STRUCTURED:
+            return control.STRUCTURED[op.kind](self, op, claims)
         ins = [self.where[id(v)] for v in op.operands]
         outs = [self._result(v, claims) for v in op.results]
         rule = get_rule(op.kind, self.target)
@@ -174,16 +201,23 @@ class _Lowering:
         for v, out in zip(block.terminator.operands, outs):
             if id(v) not in args and id(v) not in claims:
                 claims[id(v)] = out
-        for inner in block.ops[:-1]:
-            self._lower(inner, claims)
+        self.lower_block(block, claims)
         self._copy_unclaimed(block.terminator, claims, outs)
         for k in self.kernels[start:]:
             k.notes[:0] = notes
+
+    def operand(self, v: ir.Value) -> DramTensor:
+        """Where `v` lives, writing it first if it is a splat constant not yet written."""
+        return self._operand(v)
 
     def _operand(self, v: ir.Value) -> DramTensor:
         if id(v) in self.pending:
             self._fill(self.pending.pop(id(v)))
         return self.where[id(v)]
+
+    def result(self, v: ir.Value, claims: dict[int, DramTensor]) -> DramTensor:
+        """The buffer `v` is computed into: its claimed buffer, else a fresh temporary."""
+        return self._result(v, claims)
 
     def _result(self, v: ir.Value, claims: dict[int, DramTensor]) -> DramTensor:
         t = claims.get(id(v))
@@ -211,20 +245,42 @@ class _Lowering:
         if id(v) in claims:
             self._operand(v)
 
-    def _fill(self, op: ir.Op) -> None:
-        t = self.where[id(op.result)]
+    def _fill(self, op: ir.Op, into: DramTensor | None = None) -> None:
+        t = into or self.where[id(op.result)]
         value = splat_value(np.asarray(op.attrs["value"]).astype(ir.np_dtype(t.dtype)))
         self._run(op, f"constant.{next(self._ids)}",
                   lambda ctx: movement.fill(ctx.kb, t, value), [t])
+
+    def fill_into(self, v: ir.Value, dst: DramTensor) -> bool:
+        """Writes the not-yet-written splat constant `v` straight into `dst` (leaving
+        `v`'s own buffer pending); False if `v` is not such a constant."""
+        op = self.pending.get(id(v))
+        if op is None:
+            return False
+        self._fill(op, dst)
+        return True
+
+    def flush_pending(self, values) -> None:
+        """Writes the pending splat constants among `values` now (before control flow,
+        whose regions may use them on only some paths)."""
+        for v in values:
+            if id(v) in self.pending:
+                self._fill(self.pending.pop(id(v)))
+
+    def copy(self, op: ir.Op, dst: DramTensor, src: DramTensor) -> None:
+        """A copy kernel `src` -> `dst`, attributed to `op`."""
+        self._run(op, f"copy.{next(self._ids)}",
+                  lambda ctx: movement.copy(ctx.kb, dst, src), [dst])
+
+    def name(self, kind: str) -> str:
+        return f"{kind}.{next(self._ids)}"
 
     def _copy_unclaimed(self, ret: ir.Op, claims: dict[int, DramTensor],
                         outputs: list[DramTensor] | None = None) -> None:
         for v, out in zip(ret.operands, self.outputs if outputs is None else outputs):
             if claims.get(id(v)) is out:
                 continue
-            src = self._operand(v)
-            self._run(ret, f"copy.{next(self._ids)}",
-                      lambda ctx, src=src, out=out: movement.copy(ctx.kb, out, src), [out])
+            self.copy(ret, out, self._operand(v))
 
     # --- kernels ---------------------------------------------------------------------------
 
@@ -254,13 +310,16 @@ class _Lowering:
         self.kernels.append(ctx.kb.finish(label))
         return self._builder(f"{name}.{suffix}", notes)
 
+    def temp(self, shape: tuple[int, ...], dtype: str) -> DramTensor:
+        return self._temp(shape, dtype)
+
     def _temp(self, shape: tuple[int, ...], dtype: str) -> DramTensor:
         t = DramTensor(f"t{len(self.temps)}", tuple(shape), dtype)
         self.temps.append(t)
         return t
 
     def _program(self) -> Program:
-        used = {name for k in self.kernels for name in k.dram}
+        used = {name for k in walk_kernels(self.kernels) for name in k.dram}
         self.temps = [t for t in self.temps if t.name in used]   # e.g. unwritten splats
         text = format_program(self.params, self.outputs, self.temps, self.kernels,
                               self.constants)
@@ -270,13 +329,6 @@ class _Lowering:
 
 def _label(op: ir.Op) -> str:
     return op.kind + (f" at {op.loc}" if op.loc else "")
-
-
-def _fused(op: ir.Op) -> list[ir.Op]:
-    """`op`, or the ops of a fusion op's region."""
-    if op.kind != "fusion":
-        return [op]
-    return [o for o in op.regions[0].block.ops if o.kind not in RETURNS]
 
 
 def _hero(block: ir.Block) -> str:
@@ -314,4 +366,4 @@ def lower_module(module: ir.Module, spec: Any, *, matmul_precision: str | None =
         does not fit the core; the message names the op and its source location.
     """
     precision = resolve_precision(matmul_precision)
-    return _Lowering(module.main, spec, precision, target).run()
+    return _Lowering(module.main, spec, precision, target, module).run()

@@ -1,11 +1,23 @@
-"""The readable listing of a lowered program (`Program.text`, `compiled.as_text()`)."""
+"""The readable listing of a lowered program (`Program.text`, `compiled.as_text()`).
+
+Control flow shows as indented blocks:
+
+    while while.4 (carried t0, t1) [while at f.py:3]
+      cond -> pred t3:
+        kernel compare.5 ...
+      body:
+        kernel add.6 ...
+    case case.9 (index t7) -> t8
+      branch 0:
+        ...
+"""
 from __future__ import annotations
 
 from collections import Counter
 
 import numpy as np
 
-from jax_trn.hw.program import DramTensor, Kernel
+from jax_trn.hw.program import Case, DramTensor, Kernel, While, walk_kernels, walk_steps
 
 ENGINE_ORDER = ("dma", "tensor", "vector", "scalar", "gpsimd")
 
@@ -33,14 +45,43 @@ def format_kernel(k: Kernel) -> str:
             f"flops {k.flops}{notes}")
 
 
-def format_program(params, outputs, temps, kernels, constants: dict[str, np.ndarray]) -> str:
-    lines = [f"trn program: {len(kernels)} kernels, "
-             f"{sum(len(k.instructions) for k in kernels)} instructions"]
+def format_steps(steps, indent: str = "") -> list[str]:
+    """The listing of a step list: kernels, and loops / conditionals as nested blocks."""
+    lines = []
+    for step in steps:
+        if isinstance(step, Kernel):
+            lines += [indent + line for line in format_kernel(step).split("\n")]
+        elif isinstance(step, While):
+            carried = ", ".join(t.name for t in step.carried)
+            lines.append(f"{indent}while {step.name} (carried {carried})  "
+                         f"[{'; '.join(step.ops)}]")
+            lines.append(f"{indent}  cond -> pred {step.pred.name}:")
+            lines += format_steps(step.cond, indent + "    ")
+            lines.append(f"{indent}  body:")
+            lines += format_steps(step.body, indent + "    ")
+        elif isinstance(step, Case):
+            results = ", ".join(t.name for t in step.results)
+            lines.append(f"{indent}case {step.name} (index {step.index.name}) -> "
+                         f"{results or '()'}  [{'; '.join(step.ops)}]")
+            for i, branch in enumerate(step.branches):
+                lines.append(f"{indent}  branch {i}:")
+                lines += format_steps(branch, indent + "    ")
+    return lines
+
+
+def format_program(params, outputs, temps, steps, constants: dict[str, np.ndarray]) -> str:
+    kernels = list(walk_kernels(steps))
+    loops = sum(isinstance(s, While) for s in walk_steps(steps))
+    cases = sum(isinstance(s, Case) for s in walk_steps(steps))
+    control = (f", {loops} loops" if loops else "") + (f", {cases} conditionals" if cases else "")
+    lines = [(f"trn program: {len(kernels)} kernels{control}, "
+              f"{sum(len(k.instructions) for k in kernels)} instructions")]
     for label, ts in (("params", params), ("outputs", outputs), ("temps", temps)):
         if ts:
             lines.append(f"  {label}: " + ", ".join(map(_tensor, ts)))
     if constants:
         lines.append("  constants: " + ", ".join(
             f"{n}: {a.dtype}[{','.join(map(str, a.shape))}]" for n, a in constants.items()))
-    lines += [format_kernel(k) for k in kernels]
+    lines += format_steps(steps)
     return "\n".join(lines) + "\n"
+

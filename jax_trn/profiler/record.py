@@ -11,7 +11,11 @@ ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma")
 class KernelRecord:
     """One kernel (fused region) run on one device: its span, per-engine busy time,
     work, and one `hw.trace.TraceEvent` per instruction. `kernel` is the
-    `hw.program.Kernel` that ran (its instructions carry the semaphore waits)."""
+    `hw.program.Kernel` that ran (its instructions carry the semaphore waits).
+    A kernel inside control flow runs once per loop trip / taken branch, each instance
+    its own record; `context` says where it ran ("while.4[2]/" is trip 2 of while.4's
+    body, "while.4[3].cond/" its cond before trip 3, "case.7[1]/" branch 1), "" at top
+    level."""
     name: str
     device: int
     start_ns: float
@@ -24,6 +28,7 @@ class KernelRecord:
     chip: int = 0
     core: int = 0
     kernel: object = field(default=None, repr=False, compare=False)
+    context: str = ""
 
     @property
     def duration_ns(self) -> float:

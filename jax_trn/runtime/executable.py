@@ -1,12 +1,20 @@
 """Compiled programs and their execution on the simulated NeuronCores.
 
-Every execution is recorded for the profiler (`profiler.record`). `simulate` times a
+Every execution is recorded for the profiler (`profiler.record`), one `KernelRecord` per
+kernel instance that ran (a loop body's kernels once per trip). `simulate` times a
 program on a fresh NeuronCore of any system, outside any JAX backend: the timing run
 behind `cost_analysis()` and `jax_trn.compare`.
+
+Control flow (`hw.program.While` / `Case` steps) runs on the core's control path between
+kernels: after the kernel that wrote the predicate / branch index completed, the
+sequencer reads it from HBM and branches (`control_ns`). A loop that runs more than
+`max_iterations()` trips ($JAX_TRN_MAX_WHILE_ITERATIONS, default 10000) stops the call
+with an ExecutionError instead of hanging.
 """
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 from collections import Counter
 
@@ -14,6 +22,7 @@ import numpy as np
 
 from jax_trn import profiler
 from jax_trn.hw import dtypes as _dt
+from jax_trn.hw.program import Case, Kernel, While
 from .buffer import Buffer
 from .device import Device
 
@@ -87,13 +96,15 @@ class Executable:
                 "total_size_in_bytes": args + outs + temps}
 
     def cost_analysis(self) -> dict[str, float]:
-        """Figures of the compiled program (per device): static FLOPs and argument +
-        result bytes, and from one timing run (`timing()`) the simulated time, MFU,
-        MBU and the bytes DMA moves to and from HBM."""
+        """Figures of the compiled program (per device): FLOPs and argument + result
+        bytes, and from one timing run (`timing()`) the simulated time, MFU, MBU and the
+        bytes DMA moves to and from HBM. FLOPs are the static count, or with control
+        flow those the timing run executed (loop trips of all-zero arguments)."""
         timing = self.timing()
         summary = timing.summary().to_dict()
+        flops = timing.flops if self.program.control_flow else self.program.flops
         return {
-            "flops": float(self.program.flops),
+            "flops": float(flops),
             "bytes accessed": float(sum(t.nbytes for t in self.program.params)
                                     + sum(t.nbytes for t in self.program.outputs)),
             "simulated_time_s": float(timing.simulated_time_s),
@@ -104,8 +115,9 @@ class Executable:
 
     def timing(self) -> profiler.Execution:
         """One timing-only run on a fresh core of this executable's system (computed
-        once; not recorded by `profile()`). Simulated time does not depend on the
-        data, so it equals a real call's."""
+        once; not recorded by `profile()`). Without control flow simulated time does
+        not depend on the data, so it equals a real call's; with loops or conditionals
+        it is the time of a call with all-zero arguments (see `simulate`)."""
         with self._lock:
             if self._timing is None:
                 self._timing = simulate(self.name, self.program, self.devices[0].system)
@@ -192,28 +204,107 @@ def bind_dram(prog, params: list[np.ndarray], outs: list[np.ndarray]) -> dict[st
     return dram
 
 
+def max_iterations() -> int:
+    """The trip count at which a `while` is taken for a runaway loop."""
+    return int(os.environ.get("JAX_TRN_MAX_WHILE_ITERATIONS", "10000"))
+
+
+def control_ns(spec) -> float:
+    """Simulated time of one control-path decision between kernels: the sequencer loads
+    the predicate / branch index (4 bytes) from HBM into a register and branches
+    (control instructions run on the sequencer, trainium-hardware.md §2.1). The
+    reference gives no figure for either, so the load is priced as one DMA's fixed
+    cost (descriptor + semaphore-to-start, ~1.3 us, §2.6 [NKI-DMABW]) and the branch as
+    one static instruction overhead (~100 cycles, §2.6) at the slowest engine clock."""
+    return spec.dma_fixed_ns + spec.static_overhead / min(dict(spec.clock_ghz).values())
+
+
 def run_kernels(prog, core, dram, device_id: int, chip: int, *, execute: bool = True
                 ) -> list[profiler.KernelRecord]:
-    """Runs the program's kernels in order on `core` from simulated time 0 (with
-    `execute=False` only their timing)."""
-    kernels, t = [], 0.0
-    for kernel in prog.kernels:
-        run = core.run(kernel, dram, t, execute=execute)
-        kernels.append(_kernel_record(kernel, device_id, chip, core.core_id, run))
-        t = run.end_ns
-    return kernels
+    """Runs the program's steps on `core` from simulated time 0: kernels back to back,
+    loops and conditionals on the control path (with `execute=False` only the kernels'
+    timing, which needs a program without control flow)."""
+    if not execute and prog.control_flow:
+        raise ExecutionError("a timing-only run cannot decide loops or branches: "
+                             "run the program's numerics (see `simulate`)")
+    run = _StepRunner(core, dram, device_id, chip, execute)
+    run.steps(prog.steps, 0.0, "")
+    return run.records
+
+
+class _StepRunner:
+    """Interprets a step list on one core: the control path between kernels."""
+
+    def __init__(self, core, dram, device_id: int, chip: int, execute: bool):
+        self.core, self.dram, self.execute = core, dram, execute
+        self.device_id, self.chip = device_id, chip
+        self.control_ns = control_ns(core.spec)
+        self.limit = max_iterations()
+        self.records: list[profiler.KernelRecord] = []
+
+    def steps(self, steps, t: float, context: str) -> float:
+        for step in steps:
+            if isinstance(step, Kernel):
+                t = self.kernel(step, t, context)
+            elif isinstance(step, While):
+                t = self.loop(step, t, context)
+            elif isinstance(step, Case):
+                t = self.case(step, t, context)
+        return t
+
+    def kernel(self, kernel, t: float, context: str) -> float:
+        run = self.core.run(kernel, self.dram, t, execute=self.execute)
+        self.records.append(_kernel_record(kernel, self.device_id, self.chip,
+                                           self.core.core_id, run, context))
+        return run.end_ns
+
+    def read(self, tensor) -> np.generic:
+        """The scalar `tensor` holds, as the control path reads it from HBM."""
+        return np.asarray(self.dram[tensor.name]).reshape(-1)[0]
+
+    def loop(self, step: While, t: float, context: str) -> float:
+        trip = 0
+        while True:
+            t = self.steps(step.cond, t, f"{context}{step.name}[{trip}].cond/")
+            t += self.control_ns
+            if not bool(self.read(step.pred)):
+                return t
+            if trip >= self.limit:
+                raise ExecutionError(
+                    f"{step.name} ({'; '.join(step.ops)}) ran {self.limit} iterations "
+                    f"without its predicate becoming false; raise "
+                    f"JAX_TRN_MAX_WHILE_ITERATIONS if the loop is meant to run longer")
+            t = self.steps(step.body, t, f"{context}{step.name}[{trip}]/")
+            trip += 1
+
+    def case(self, step: Case, t: float, context: str) -> float:
+        t += self.control_ns
+        index = int(self.read(step.index))
+        if not 0 <= index < len(step.branches):
+            index = len(step.branches) - 1        # stablehlo.case: the default branch
+        return self.steps(step.branches[index], t, f"{context}{step.name}[{index}]/")
 
 
 def simulate(name: str, prog, system) -> profiler.Execution:
     """The timing of one call of `prog` on a fresh NeuronCore (core 0 of chip 0) of
-    `system`, with no instruction taking effect (simulated time never depends on the
-    data), as an Execution that `profile()` does not record. Needs no JAX backend."""
+    `system`, as an Execution that `profile()` does not record. Needs no JAX backend.
+
+    Without control flow no instruction takes effect (simulated time never depends on
+    the data). With loops or conditionals, trip counts and branches are data: the
+    run executes the numerics too, on all-zero arguments, so it times the path an
+    all-zero call takes (exact for loops whose trip count does not depend on the
+    arguments, e.g. fori_loop and scan with static bounds)."""
     from jax_trn.hw.bandwidth import Hbm
     from jax_trn.hw.core import NeuronCore
     chip = system.chip
     core = NeuronCore(chip.core, core_id=0)
     core.begin(Hbm(chip.hbm_bytes_per_ns, "hbm.chip0"))
-    kernels = run_kernels(prog, core, {}, 0, 0, execute=False)
+    execute, dram = prog.control_flow, {}
+    if execute:
+        zeros = [np.zeros(t.size, _dt.np_dtype(t.dtype)) for t in prog.params]
+        outs = [np.zeros(t.size, _dt.np_dtype(t.dtype)) for t in prog.outputs]
+        dram = bind_dram(prog, zeros, outs)
+    kernels = run_kernels(prog, core, dram, 0, 0, execute=execute)
     return make_execution(name, prog, system, [0], kernels)
 
 
@@ -256,9 +347,9 @@ def _check_signature(name, program, param_types, output_types) -> None:
             f"{lowered_params} -> {lowered} differs from the module's {params} -> {declared}")
 
 
-def _kernel_record(kernel, device_id: int, chip: int, core: int, run
+def _kernel_record(kernel, device_id: int, chip: int, core: int, run, context: str = ""
                    ) -> profiler.KernelRecord:
     return profiler.KernelRecord(kernel.name, device_id, run.start_ns, run.end_ns,
                                  dict(run.busy_ns), int(kernel.flops or run.flops),
                                  int(run.hbm_bytes), list(kernel.ops), run.events,
-                                 chip=chip, core=core, kernel=kernel)
+                                 chip=chip, core=core, kernel=kernel, context=context)

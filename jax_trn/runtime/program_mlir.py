@@ -4,7 +4,9 @@ JAX converts what OptimizedProgram returns into an HloModule and prints it, so w
 describe our optimized per-device program in StableHLO: one `stablehlo.custom_call
 @trn.kernel` per kernel, from the HBM tensors it reads to those it writes, with the
 kernel's name, source ops, instruction counts per engine and compiler notes (fusion
-kind, the fusion pass's decisions, how the lowering applied them) in `backend_config`:
+kind, the fusion pass's decisions, how the lowering applied them) in `backend_config`.
+Loops and conditionals between kernels are `stablehlo.while` / `stablehlo.case` whose
+regions hold the kernels of the cond / body / branches:
 
     "fusion.3: dot_general at f.py:5; add at f.py:5; tanh at f.py:5 | dma x12, ... |
      SBUF 30720 B/partition | fusion_kind: matmul_epilogue; decision: ...; ..."
@@ -14,6 +16,7 @@ from __future__ import annotations
 from collections import Counter
 
 from jax_trn.hw.isa import DmaCopy, DramAP
+from jax_trn.hw.program import Case, Kernel, While
 
 _MLIR_TYPES = {
     "float32": "f32", "bfloat16": "bf16", "float16": "f16", "float8_e4m3fn": "f8E4M3FN",
@@ -52,39 +55,132 @@ def _config(kernel) -> str:
 def program_mlir(name: str, program) -> str:
     """MLIR text of `program` (a jax_trn.hw.program.Program)."""
     tensors = {t.name: t for t in [*program.params, *program.outputs, *program.temps]}
-    values = {p.name: f"%arg{i}" for i, p in enumerate(program.params)}
-    body, counter = [], 0
-    for kernel in program.kernels:
-        reads, writes = _reads_writes(kernel)
-        ins = [n for n in reads + [w for w in writes if w in values and w not in reads]
-               if n in values]
-        outs = [w for w in writes if w in tensors]
-        if not outs:
-            continue
-        results = [f"%{counter + i}" for i in range(len(outs))]
-        counter += len(outs)
-        in_types = ", ".join(tensor_type(tensors[n]) for n in ins)
-        out_types = ", ".join(tensor_type(tensors[n]) for n in outs)
-        lhs = ", ".join(results) if len(results) == 1 else f"%{counter - len(outs)}:{len(outs)}"
-        body.append(f'    {lhs} = stablehlo.custom_call @trn.kernel('
-                    f'{", ".join(values[n] for n in ins)}) {{backend_config = "{_config(kernel)}"}}'
-                    f' : ({in_types}) -> ({out_types}) loc("{kernel.name}")')
-        for i, n in enumerate(outs):
-            values[n] = results[0] if len(outs) == 1 else f"%{counter - len(outs)}#{i}"
+    em = _Emitter(tensors)
+    env = {p.name: f"%arg{i}" for i, p in enumerate(program.params)}
+    body = em.steps(program.steps, env, "    ")
     rets = []
     for t in program.outputs:
-        if t.name not in values:            # never written: a size-0 result
-            values[t.name] = f"%empty{len(rets)}"
-            body.append(f"    {values[t.name]} = stablehlo.constant dense<> : {tensor_type(t)}")
-        rets.append(values[t.name])
+        if t.name not in env:               # never written: a size-0 result
+            env[t.name] = em.fresh()
+            body.append(f"    {env[t.name]} = stablehlo.constant dense<> : {tensor_type(t)}")
+        rets.append(env[t.name])
     args = ", ".join(f"%arg{i}: {tensor_type(p)}" for i, p in enumerate(program.params))
     out_types = ", ".join(tensor_type(t) for t in program.outputs)
-    ret_types = ", ".join(tensor_type(t) for t in program.outputs)
     lines = [f"module @{_symbol(name)} {{",
              f"  func.func @main({args}) -> ({out_types}) {{", *body,
-             f"    return {', '.join(rets)} : {ret_types}" if rets else "    return",
+             f"    return {', '.join(rets)} : {out_types}" if rets else "    return",
              "  }", "}"]
     return "\n".join(lines) + "\n"
+
+
+class _Emitter:
+    """Steps -> MLIR lines. `env` maps a DRAM tensor's name to the SSA value holding its
+    current contents; a loop or conditional is a stablehlo.while / stablehlo.case whose
+    regions see a copy of `env` (implicit captures), with the loop-carried tensors as
+    block arguments and results."""
+
+    def __init__(self, tensors: dict):
+        self.tensors = tensors
+        self.counter = 0
+
+    def fresh(self) -> str:
+        self.counter += 1
+        return f"%v{self.counter}"
+
+    def steps(self, steps, env: dict[str, str], indent: str) -> list[str]:
+        lines = []
+        for step in steps:
+            if isinstance(step, Kernel):
+                lines += self.kernel(step, env, indent)
+            elif isinstance(step, While):
+                lines += self.loop(step, env, indent)
+            elif isinstance(step, Case):
+                lines += self.case(step, env, indent)
+        return lines
+
+    def kernel(self, kernel, env, indent: str) -> list[str]:
+        reads, writes = _reads_writes(kernel)
+        for t in kernel.dram.values():
+            self.tensors.setdefault(t.name, t)
+        ins = [n for n in reads + [w for w in writes if w in env and w not in reads]
+               if n in env]
+        outs = [w for w in writes if w in self.tensors]
+        if not outs:
+            return []
+        result = self.fresh()
+        in_types = ", ".join(tensor_type(self.tensors[n]) for n in ins)
+        out_types = ", ".join(tensor_type(self.tensors[n]) for n in outs)
+        lhs = result if len(outs) == 1 else f"{result}:{len(outs)}"
+        line = (f'{indent}{lhs} = stablehlo.custom_call @trn.kernel('
+                f'{", ".join(env[n] for n in ins)}) {{backend_config = "{_config(kernel)}"}}'
+                f' : ({in_types}) -> ({out_types}) loc("{kernel.name}")')
+        for i, n in enumerate(outs):
+            env[n] = result if len(outs) == 1 else f"{result}#{i}"
+        return [line]
+
+    def value(self, t, env, indent: str, lines: list[str]) -> str:
+        """The SSA value of tensor `t` (a zero constant if nothing wrote it yet)."""
+        if t.name not in env:
+            self.tensors.setdefault(t.name, t)
+            env[t.name] = self.fresh()
+            zero = "false" if t.dtype == "bool" else "0"
+            dense = f"dense<{zero}>" if t.size else "dense<>"
+            lines.append(f"{indent}{env[t.name]} = stablehlo.constant {dense} : {tensor_type(t)}")
+        return env[t.name]
+
+    def loop(self, step: While, env, indent: str) -> list[str]:
+        lines: list[str] = []
+        types = [tensor_type(t) for t in step.carried]
+        inits = [self.value(t, env, indent, lines) for t in step.carried]
+        regions = []
+        for part, what in ((step.cond, "cond"), (step.body, "body")):
+            inner = dict(env)
+            args = [self.fresh() for _ in step.carried]
+            inner.update((t.name, a) for t, a in zip(step.carried, args))
+            region = [f"{indent}^bb0({', '.join(f'{a}: {ty}' for a, ty in zip(args, types))}):"]
+            region += self.steps(part, inner, indent + "  ")
+            if what == "cond":
+                pred = self.value(step.pred, inner, indent + "  ", region)
+                region.append(f'{indent}  "stablehlo.return"({pred}) : (tensor<i1>) -> ()')
+            else:
+                outs = [self.value(t, inner, indent + "  ", region) for t in step.carried]
+                region.append(f'{indent}  "stablehlo.return"({", ".join(outs)}) : '
+                              f'({", ".join(types)}) -> ()')
+            regions.append(region)
+        lines += self._op('"stablehlo.while"', inits, types, types, regions, step, env,
+                          step.carried, indent)
+        return lines
+
+    def case(self, step: Case, env, indent: str) -> list[str]:
+        lines: list[str] = []
+        types = [tensor_type(t) for t in step.results]
+        index = self.value(step.index, env, indent, lines)
+        regions = []
+        for branch in step.branches:
+            inner = dict(env)
+            region = self.steps(branch, inner, indent + "  ")
+            outs = [self.value(t, inner, indent + "  ", region) for t in step.results]
+            region.append(f'{indent}  "stablehlo.return"({", ".join(outs)}) : '
+                          f'({", ".join(types)}) -> ()')
+            regions.append(region)
+        lines += self._op('"stablehlo.case"', [index], [tensor_type(step.index)], types,
+                          regions, step, env, step.results, indent)
+        return lines
+
+    def _op(self, kind, operands, in_types, out_types, regions, step, env, results,
+            indent: str) -> list[str]:
+        result = self.fresh() if results else ""
+        lhs = (f"{result} = " if len(results) == 1 else
+               f"{result}:{len(results)} = " if results else "")
+        lines = [f"{indent}{lhs}{kind}({', '.join(operands)}) ({{"]
+        for i, region in enumerate(regions):
+            lines += region
+            lines.append(f"{indent}}}" + (", {" if i + 1 < len(regions) else ""))
+        lines[-1] += (f") : ({', '.join(in_types)}) -> ({', '.join(out_types)})"
+                      f' loc("{step.name}")')
+        for i, t in enumerate(results):
+            env[t.name] = result if len(results) == 1 else f"{result}#{i}"
+        return lines
 
 
 def _symbol(name: str) -> str:

@@ -1,0 +1,218 @@
+"""Control flow between kernels on trn against the CPU backend: while / fori_loop / scan
+(loop-carried values in DRAM, the predicate read from HBM), cond / switch (stablehlo.case),
+nesting, autodiff through scan, and the timing / profile / as_text of loops."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.e2e.test_ops import _rand, check
+
+
+@pytest.fixture(scope="module")
+def lax(jax):
+    return jax.lax
+
+
+@pytest.fixture(scope="module")
+def jnp(jax):
+    return jax.numpy
+
+
+def _both(jax, trn, cpu, f, *args):
+    """f jitted on trn and on CPU: (trn results, CPU results) as numpy trees."""
+    g = jax.jit(f)
+    out = g(*(jax.device_put(a, trn) for a in args))
+    ref = g(*(jax.device_put(a, cpu) for a in args))
+    for o in jax.tree.leaves(out):
+        assert o.devices() == {trn}
+    return jax.tree.map(np.asarray, out), jax.tree.map(np.asarray, ref)
+
+
+# --- loops ---------------------------------------------------------------------------------
+
+def test_fori_loop_static(jax, trn, cpu, lax):
+    x = _rand((4, 8), "float32", np.random.default_rng(0))
+    check(jax, trn, cpu, lambda x: lax.fori_loop(0, 3, lambda i, c: c * 2 + 1, x), x)
+
+
+def test_fori_loop_uses_index(jax, trn, cpu, lax):
+    x = _rand((3, 5), "float32", np.random.default_rng(1))
+    check(jax, trn, cpu, lambda x: lax.fori_loop(1, 5, lambda i, c: c * 0.5 + i, x), x)
+
+
+def test_fori_loop_dynamic_trip_count(jax, trn, cpu, lax):
+    x = _rand((6,), "float32", np.random.default_rng(2))
+    f = lambda x, n: lax.fori_loop(0, n, lambda i, c: c + i.astype(c.dtype) * c, x)
+    for n in (0, 1, 4):
+        out, ref = _both(jax, trn, cpu, f, x, np.int32(n))
+        np.testing.assert_allclose(out, ref, rtol=2e-5, atol=1e-6)
+
+
+def test_while_data_dependent(jax, trn, cpu, lax):
+    """Halve until the sum drops below 1: the trip count depends on the data."""
+    f = lambda x: lax.while_loop(lambda c: c[0].sum() > 1.0,
+                                 lambda c: (c[0] * 0.5, c[1] + 1), (x, np.int32(0)))
+    for scale in (1.0, 40.0, 0.01):
+        x = np.abs(_rand((8,), "float32", np.random.default_rng(3))) * scale
+        (y, n), (y_ref, n_ref) = _both(jax, trn, cpu, f, x)
+        assert n == n_ref
+        np.testing.assert_allclose(y, y_ref, rtol=2e-5)
+
+
+def test_zero_iterations(jax, trn, cpu, lax):
+    x = _rand((5,), "float32", np.random.default_rng(4))
+    check(jax, trn, cpu, lambda x: lax.fori_loop(3, 3, lambda i, c: c * 7, x), x)
+    check(jax, trn, cpu, lambda x: lax.while_loop(lambda c: c.sum() > 1e9, lambda c: c + 1, x), x)
+
+
+def test_swapped_carries(jax, trn, cpu, lax):
+    """(a, b) -> (b, a): each copy must read the old value of the other."""
+    a = _rand((4, 3), "float32", np.random.default_rng(5))
+    b = _rand((4, 3), "float32", np.random.default_rng(6))
+    for n in (1, 2, 3):
+        check(jax, trn, cpu, lambda a, b, n=n: lax.fori_loop(
+            0, n, lambda i, c: (c[1], c[0]), (a, b)), a, b)
+        check(jax, trn, cpu, lambda a, b, n=n: lax.fori_loop(
+            0, n, lambda i, c: (c[1] + 1, c[0] * 2, c[0]), (a, b, a)), a, b)
+
+
+def test_nested_loops_and_cond_in_loop(jax, trn, cpu, lax, jnp):
+    x = _rand((4, 4), "float32", np.random.default_rng(7))
+
+    def f(x):
+        def outer(i, c):
+            c = lax.fori_loop(0, i, lambda j, d: d * 0.9 + 0.1, c)
+            return lax.cond(i % 2 == 0, lambda d: d + 1.0, lambda d: jnp.tanh(d), c)
+        return lax.fori_loop(0, 4, outer, x)
+    check(jax, trn, cpu, f, x)
+
+
+# --- conditionals --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int32"])
+def test_cond(jax, trn, cpu, lax, jnp, dtype):
+    x = _rand((3, 7), dtype, np.random.default_rng(8))
+    f = lambda p, x: lax.cond(p > 0, lambda a: a * 2, lambda a: jnp.maximum(a, 1) - a, x)
+    for p in (1, -1):
+        check(jax, trn, cpu, f, np.float32(p), x)
+
+
+def test_cond_mixed_operands(jax, trn, cpu, lax, jnp):
+    """Several operands of different dtypes, a branch returning an operand unchanged."""
+    x = _rand((5,), "float32", np.random.default_rng(9))
+    i = _rand((5,), "int32", np.random.default_rng(10))
+    h = _rand((2, 3), "bfloat16", np.random.default_rng(11))
+    f = lambda x, i, h: lax.cond(x.sum() > 0,
+                                 lambda x, i, h: (x + i.astype(jnp.float32), i * 2, h),
+                                 lambda x, i, h: (x, i - 1, h * h), x, i, h)
+    check(jax, trn, cpu, f, x, i, h)
+    check(jax, trn, cpu, f, -x, i, h)
+
+
+def test_switch(jax, trn, cpu, lax, jnp):
+    x = _rand((4, 6), "float32", np.random.default_rng(12))
+    branches = [lambda a: a + 1, lambda a: jnp.exp(a) * 0.5, lambda a: a.T @ a * 0 + 3]
+    branches[2] = lambda a: jnp.sum(a, axis=0, keepdims=True) + a
+    f = lambda k, x: lax.switch(k, branches, x)
+    for k in (-1, 0, 1, 2, 5):      # lax.switch clamps the index
+        check(jax, trn, cpu, f, np.int32(k), x)
+
+
+# --- scan ----------------------------------------------------------------------------------
+
+def test_scan_cumsum(jax, trn, cpu, lax, jnp):
+    x = _rand((6, 5), "float32", np.random.default_rng(13))
+    check(jax, trn, cpu, lambda x: lax.scan(lambda c, r: (c + r, c + r), jnp.zeros(5), x), x)
+
+
+def test_scan_rnn(jax, trn, cpu, lax, jnp):
+    rng = np.random.default_rng(14)
+    xs = _rand((8, 4, 16), "float32", rng, -1, 1)
+    w = _rand((16, 32), "float32", rng, -0.3, 0.3)
+    u = _rand((32, 32), "float32", rng, -0.3, 0.3)
+
+    def rnn(xs, w, u):
+        def cell(h, x):
+            h = jnp.tanh(x @ w + h @ u)
+            return h, h
+        return lax.scan(cell, jnp.zeros((4, 32), jnp.float32), xs)
+    with jax.default_matmul_precision("highest"):
+        check(jax, trn, cpu, rnn, xs, w, u, rtol=1e-4, atol=1e-5)
+
+
+def test_scan_grad(jax, trn, cpu, lax, jnp):
+    """jax.grad through a scan: the backward pass is a second (reversed) scan."""
+    rng = np.random.default_rng(15)
+    xs = _rand((5, 6), "float32", rng, -1, 1)
+    w = _rand((6,), "float32", rng, -1, 1)
+
+    def loss(w, xs):
+        h, _ = lax.scan(lambda h, x: (jnp.sin(h * w + x), None), jnp.zeros(6), xs)
+        return jnp.sum(h * h)
+    check(jax, trn, cpu, jax.grad(loss), w, xs, rtol=1e-4, atol=1e-5)
+
+
+def test_scan_remat(jax, trn, cpu, lax, jnp):
+    rng = np.random.default_rng(16)
+    xs = _rand((4, 8), "float32", rng, -1, 1)
+    w = _rand((8,), "float32", rng, -1, 1)
+
+    def loss(w, xs):
+        body = jax.checkpoint(lambda h, x: (jnp.tanh(h * w + x), None))
+        h, _ = lax.scan(body, jnp.ones(8), xs)
+        return jnp.sum(h)
+    check(jax, trn, cpu, jax.value_and_grad(loss), w, xs, rtol=1e-4, atol=1e-5)
+
+
+# --- timing, profile, text -----------------------------------------------------------------
+
+def _loop(lax, n):
+    return lambda x: lax.fori_loop(0, n, lambda i, c: c * 2 + 1, x)
+
+
+def test_time_grows_linearly_with_trips(jax, trn, lax):
+    import jax_trn
+    x = jax.device_put(np.ones((64, 64), np.float32), trn)
+    times = {}
+    for n in (1, 10):
+        with jax_trn.profile() as prof:
+            jax.block_until_ready(jax.jit(_loop(lax, n))(x))
+        times[n] = prof.executions[-1].simulated_time_s
+    ratio = times[10] / times[1]
+    assert 5 < ratio < 10.5, times
+
+
+def test_profile_records_repeated_kernels(jax, trn, lax):
+    import jax_trn
+    x = jax.device_put(np.ones((8, 8), np.float32), trn)
+    with jax_trn.profile() as prof:
+        jax.block_until_ready(jax.jit(_loop(lax, 3))(x))
+    ex = prof.executions[-1]
+    body = [k for k in ex.kernels if "]/" in k.context and ".cond" not in k.context]
+    trips = sorted({k.context.split("[")[1].split("]")[0] for k in body})
+    assert trips == ["0", "1", "2"]
+    per_trip = len(body) // 3
+    assert per_trip >= 1 and len(body) == 3 * per_trip
+    assert [k.name for k in body[:per_trip]] == [k.name for k in body[per_trip:2 * per_trip]]
+    conds = [k for k in ex.kernels if ".cond/" in k.context]
+    assert len(conds) == 4 * (len(conds) // 4) and conds    # 4 predicate evaluations
+    starts = [k.start_ns for k in ex.kernels]
+    assert starts == sorted(starts)
+
+
+def test_as_text_and_cost_analysis(jax, trn, lax):
+    x = jax.device_put(np.ones((8, 8), np.float32), trn)
+    compiled = jax.jit(_loop(lax, 3)).lower(x).compile()
+    text = compiled.as_text()
+    assert "while(" in text and "condition=" in text and "trn.kernel" in text
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    assert cost["simulated_time_s"] > 0
+
+
+def test_runaway_loop_is_an_error(jax, trn, lax, monkeypatch):
+    monkeypatch.setenv("JAX_TRN_MAX_WHILE_ITERATIONS", "5")
+    x = jax.device_put(np.float32(0), trn)
+    with pytest.raises(Exception, match="JAX_TRN_MAX_WHILE_ITERATIONS"):
+        jax.block_until_ready(jax.jit(_loop(lax, 20))(x))
