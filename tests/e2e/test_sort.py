@@ -1,0 +1,149 @@
+"""sort / argsort / top_k / unique on trn against the CPU backend, bit for bit: 1-D and
+2-D along each axis, descending, several operands and keys, stable ties, NaN / -0 / inf
+in JAX's total order, integer types incl. int64 / uint32, bool, bf16, edge sizes, and
+an unrecognised comparator as a compile-time error."""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from hlo_passes import ir
+from jax_trn.lower import LoweringError
+from jax_trn.lower.sort import keys
+from tests.lower.irbuild import FnBuilder
+
+
+def _same(jax, trn, cpu, fn, *xs):
+    f = jax.jit(fn)
+    out = f(*[jax.device_put(x, trn) for x in xs])
+    ref = f(*[jax.device_put(x, cpu) for x in xs])
+    out, ref = jax.tree.leaves(out), jax.tree.leaves(ref)
+    for o, r in zip(out, ref):
+        assert o.devices() == {trn}
+        assert o.shape == r.shape and o.dtype == r.dtype
+        o, r = np.asarray(o), np.asarray(r)     # bit-exact: NaN payloads and -0 included
+        np.testing.assert_array_equal(o.view(f"u{o.itemsize}") if o.dtype != bool else o,
+                                      r.view(f"u{r.itemsize}") if r.dtype != bool else r)
+
+
+def _special(n, rng):
+    x = rng.standard_normal(n).astype(np.float32)
+    x[rng.random(n) < 0.2] = np.nan
+    x[rng.random(n) < 0.1] = -0.0
+    x[rng.random(n) < 0.1] = 0.0
+    x[rng.random(n) < 0.05] = np.inf
+    x[rng.random(n) < 0.05] = -np.inf
+    x[:3] = [-np.nan, 1.5, 1.5]
+    return x
+
+
+@pytest.mark.parametrize("shape, axis", [((13,), 0), ((6, 37), 0), ((6, 37), 1),
+                                         ((3, 5, 4), 1), ((130, 9), 1)])
+def test_sort_argsort_along_each_axis(jax, trn, cpu, shape, axis):
+    jnp = jax.numpy
+    x = np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32)
+    _same(jax, trn, cpu, lambda x: jnp.sort(x, axis=axis), x)
+    _same(jax, trn, cpu, lambda x: jnp.argsort(x, axis=axis), x)
+
+
+def test_descending_and_nan_total_order(jax, trn, cpu):
+    jnp = jax.numpy
+    x = _special(50, np.random.default_rng(1))
+    for fn in (jnp.sort, jnp.argsort, lambda x: jnp.sort(x, descending=True),
+               lambda x: jnp.argsort(x, descending=True, stable=True)):
+        _same(jax, trn, cpu, fn, x)
+
+
+def test_stable_ties_and_multiple_operands(jax, trn, cpu):
+    jnp, lax = jax.numpy, jax.lax
+    rng = np.random.default_rng(2)
+    a = rng.integers(-3, 3, (4, 50)).astype(np.int32)
+    b = rng.integers(0, 4, (4, 50)).astype(np.int32)
+    v = rng.standard_normal((4, 50)).astype(np.float32)
+    _same(jax, trn, cpu, lambda a: jnp.argsort(a, axis=1, stable=True), a)
+    _same(jax, trn, cpu, lambda a, b, v: lax.sort((a, b, v), num_keys=1), a, b, v)
+    _same(jax, trn, cpu, lambda a, b, v: lax.sort((a, b, v), dimension=0, num_keys=2), a, b, v)
+    _same(jax, trn, cpu, lambda a, v: jnp.lexsort((v, a), axis=1), a, v)
+
+
+@pytest.mark.parametrize("k", [1, 5, 64])
+def test_top_k(jax, trn, cpu, k):
+    x = np.random.default_rng(k).standard_normal((32, 1000)).astype(np.float32)
+    x[:, 7] = x[:, 8]                           # ties: the smaller index first
+    _same(jax, trn, cpu, lambda x: jax.lax.top_k(x, k), x)
+
+
+def test_top_k_nan_and_signed_zero(jax, trn, cpu):
+    x = _special(40, np.random.default_rng(3))
+    _same(jax, trn, cpu, lambda x: jax.lax.top_k(x, 12), x)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int32", "uint8", "uint32", "bool", "bfloat16",
+                                   "float16"])
+def test_sort_dtypes(jax, trn, cpu, dtype):
+    jnp = jax.numpy
+    rng = np.random.default_rng(4)
+    if dtype == "bool":
+        x = rng.random((3, 21)) < 0.5
+    elif dtype in ("bfloat16", "float16"):
+        x = np.where(rng.random((3, 21)) < 0.1, np.nan, rng.standard_normal((3, 21)))
+        x = x.astype(getattr(ml_dtypes, dtype, dtype))
+    else:
+        info = np.iinfo(dtype)
+        x = rng.integers(info.min, info.max, (3, 21), dtype=dtype, endpoint=True)
+        x[0, :2] = [info.min, info.max]
+    _same(jax, trn, cpu, lambda x: jnp.sort(x, axis=1), x)
+    _same(jax, trn, cpu, lambda x: jnp.argsort(x, axis=0), x)
+
+
+@pytest.mark.parametrize("dtype", ["int64", "uint64"])
+def test_sort_64_bit_integers(jax, trn, cpu, dtype):
+    rng = np.random.default_rng(5)
+    info = np.iinfo(dtype)
+    x = rng.integers(info.min, info.max, 40, dtype=dtype, endpoint=True)
+    x[:6] = [info.min, info.max, 2 ** 32, 2 ** 32 - 1, 2 ** 31, 1]
+    with jax.enable_x64(True):
+        _same(jax, trn, cpu, jax.numpy.sort, x)
+        _same(jax, trn, cpu, jax.numpy.argsort, x)
+
+
+def test_edge_sizes_and_unique(jax, trn, cpu):
+    jnp = jax.numpy
+    _same(jax, trn, cpu, lambda x: jnp.sort(x, axis=1), np.zeros((3, 0), np.float32))
+    _same(jax, trn, cpu, lambda x: jnp.sort(x, axis=1), np.float32([[3], [1], [2]]))
+    _same(jax, trn, cpu, lambda x: jnp.argsort(x, axis=0), np.float32([[3, 1, 2]]))
+    x = np.random.default_rng(6).integers(0, 6, 30).astype(np.int32)
+    _same(jax, trn, cpu, lambda x: jnp.unique(x, size=8, fill_value=-1), x)
+
+
+def test_long_axis_network_through_hbm(jax, trn, cpu):
+    """An axis too long for SBUF: compare-exchange steps round-trip through HBM."""
+    x = np.random.default_rng(7).standard_normal(5000).astype(np.float32)
+    _same(jax, trn, cpu, jax.numpy.argsort, x)
+
+
+def _sort_op(body):
+    """A one-operand float32 sort whose comparator is `body(b, x, y)`."""
+    b = FnBuilder()
+    x, y = (ir.Value(ir.TensorType((), "float32")) for _ in range(2))
+    inner = FnBuilder()
+    res = body(inner, x, y)
+    region = ir.Region([ir.Block([x, y], [*inner.ops, ir.Op("return", [res], [])])])
+    arg = b.arg((8,))
+    b.op("sort", [arg], (8,), "float32", regions=[region], dimension=0, is_stable=True)
+    return b.ops[-1]
+
+
+def test_comparators_recognised_or_rejected():
+    def lt(b, x, y, direction="LT"):
+        return b.op("compare", [x, y], (), "bool", comparison_direction=direction,
+                    compare_type="TOTALORDER")
+    k, = keys(_sort_op(lt))
+    assert (k.operand, k.descending, k.order) == (0, False, "total")
+    k, = keys(_sort_op(lambda b, x, y: lt(b, y, x)))
+    assert k.descending
+    with pytest.raises(LoweringError, match=r"sort comparator.*stablehlo.sort\(float32\[8\]\)"):
+        keys(_sort_op(lambda b, x, y: lt(b, b.op("negate", [x], (), "float32"), y)))
+    with pytest.raises(LoweringError, match="sort comparator"):
+        keys(_sort_op(lambda b, x, y: lt(b, x, y, "LE")))

@@ -1,0 +1,156 @@
+"""reduce_window and select_and_scatter on trn against the CPU backend: cumulative ops
+(scan on VectorE) over each axis, a long axis in O(n), pooling (VALID / SAME / strided /
+dilated, max and average, 1-D), the max-pool gradient, and unsupported bodies."""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from tests.conftest import assert_close
+
+CUMULATIVE = ["cumsum", "cumprod", "cummax", "cummin"]
+
+
+def _run(jax, trn, cpu, fn, *xs):
+    f = jax.jit(fn)
+    out = f(*[jax.device_put(x, trn) for x in xs])
+    ref = f(*[jax.device_put(x, cpu) for x in xs])
+    assert out.devices() == {trn}
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    return np.asarray(out), np.asarray(ref)
+
+
+def _cumulative(jax, name, axis, reverse=False):
+    return lambda x: getattr(jax.lax, name)(x, axis=axis, reverse=reverse)
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2])
+@pytest.mark.parametrize("name", CUMULATIVE)
+def test_cumulative_over_each_axis(jax, trn, cpu, name, axis):
+    x = np.random.default_rng(axis).uniform(0.5, 1.5, (5, 7, 6)).astype(np.float32)
+    out, ref = _run(jax, trn, cpu, _cumulative(jax, name, axis), x)
+    if name in ("cummax", "cummin"):
+        np.testing.assert_array_equal(out, ref)
+    else:
+        assert_close(out, ref, "float32")
+
+
+@pytest.mark.parametrize("name", CUMULATIVE)
+def test_cumulative_reverse(jax, trn, cpu, name):
+    """reverse=True scans right to left (rounding order differs from CPU's left-to-right
+    window sums: compared within tolerance)."""
+    x = np.random.default_rng(1).uniform(0.5, 1.5, (3, 300)).astype(np.float32)
+    out, ref = _run(jax, trn, cpu, _cumulative(jax, name, 1, reverse=True), x)
+    assert_close(out, ref, "float32", rtol=1e-4)
+
+
+def test_jnp_cumsum_cumprod_flat_and_integer(jax, trn, cpu):
+    jnp = jax.numpy
+    rng = np.random.default_rng(2)
+    x = rng.integers(-1000, 1000, (4, 130)).astype(np.int32)
+    out, ref = _run(jax, trn, cpu, lambda x: jnp.cumsum(x, axis=1), x)
+    np.testing.assert_array_equal(out, ref)
+    out, ref = _run(jax, trn, cpu, lambda x: jnp.cumsum(x), x)     # flattened
+    np.testing.assert_array_equal(out, ref)
+    y = rng.integers(-2, 3, (6, 9)).astype(np.int32)
+    out, ref = _run(jax, trn, cpu, lambda x: jnp.cumprod(x, axis=0), y)
+    np.testing.assert_array_equal(out, ref)
+
+
+def test_cumsum_bf16_and_nan(jax, trn, cpu):
+    jnp = jax.numpy
+    x = np.random.default_rng(3).integers(-3, 4, (4, 40)).astype(ml_dtypes.bfloat16)
+    out, ref = _run(jax, trn, cpu, lambda x: jnp.cumsum(x, axis=1), x)
+    np.testing.assert_array_equal(out.astype(np.float32), ref.astype(np.float32))
+    y = np.float32([[1, np.nan, 2, 3], [4, 1, -np.inf, 7]])
+    for name in ("cumsum", "cummax"):
+        out, ref = _run(jax, trn, cpu, _cumulative(jax, name, 1), y)
+        np.testing.assert_array_equal(out, ref)
+
+
+def test_cumsum_long_axis_is_linear(jax, trn, cpu):
+    """4096 elements: a scan of 2 x 2048 elements (cost 2N each, §6.3), far from the
+    4096^2 / 2 adds of window sums; FP32 sequential sums within tolerance of CPU."""
+    import jax_trn
+    x = np.random.default_rng(4).standard_normal(4096).astype(np.float32)
+    f = jax.jit(jax.numpy.cumsum)
+    xd = jax.device_put(x, trn)
+    with jax_trn.profile() as prof:
+        out = np.asarray(f(xd))
+    ref = np.asarray(f(jax.device_put(x, cpu)))
+    assert_close(out, ref, "float32", rtol=1e-4, atol=3e-4)
+    assert prof.executions[-1].simulated_time_s < 30e-6
+
+
+def _pool(jax, init, op, window, strides, padding, **kw):
+    return lambda x: jax.lax.reduce_window(x, init, op, window, strides, padding, **kw)
+
+
+@pytest.mark.parametrize("padding", ["VALID", "SAME"])
+@pytest.mark.parametrize("window, strides", [((1, 2, 2, 1), (1, 2, 2, 1)),
+                                             ((1, 3, 3, 1), (1, 2, 2, 1)),
+                                             ((1, 3, 3, 1), (1, 1, 1, 1))])
+def test_max_pool_nhwc(jax, trn, cpu, window, strides, padding):
+    x = np.random.default_rng(5).standard_normal((2, 9, 10, 5)).astype(np.float32)
+    out, ref = _run(jax, trn, cpu, _pool(jax, -np.inf, jax.lax.max, window, strides,
+                                         padding), x)
+    np.testing.assert_array_equal(out, ref)
+
+
+def test_avg_pool_and_min_pool(jax, trn, cpu):
+    x = np.random.default_rng(6).standard_normal((2, 8, 8, 16)).astype(np.float32)
+    avg = _pool(jax, 0.0, jax.lax.add, (1, 2, 2, 1), (1, 2, 2, 1), "SAME")
+    out, ref = _run(jax, trn, cpu, lambda x: avg(x) / 4, x)
+    assert_close(out, ref, "float32")
+    out, ref = _run(jax, trn, cpu, _pool(jax, np.inf, jax.lax.min, (1, 3, 3, 1),
+                                         (1, 2, 2, 1), "VALID"), x)
+    np.testing.assert_array_equal(out, ref)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "int32"])
+def test_max_pool_dtypes(jax, trn, cpu, dtype):
+    x = np.random.default_rng(7).integers(-50, 50, (1, 6, 6, 130))
+    x = x.astype(getattr(ml_dtypes, dtype, dtype))
+    init = np.array(-np.inf if dtype == "bfloat16" else np.iinfo(np.int32).min, x.dtype)
+    out, ref = _run(jax, trn, cpu, _pool(jax, init, jax.lax.max, (1, 2, 2, 1),
+                                         (1, 2, 2, 1), "VALID"), x)
+    np.testing.assert_array_equal(out.astype(np.float32), ref.astype(np.float32))
+
+
+def test_windows_dilated_1d_and_large(jax, trn, cpu):
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((6, 20)).astype(np.float32)
+    cases = [
+        _pool(jax, 0.0, jax.lax.add, (2, 3), (1, 2), "SAME", window_dilation=(2, 2)),
+        _pool(jax, -np.inf, jax.lax.max, (1, 3), (1, 1), [(0, 0), (1, 1)],
+              base_dilation=(1, 2)),
+        _pool(jax, 0.0, jax.lax.add, (6, 20), (1, 1), "VALID"),           # the whole array
+        _pool(jax, 1.0, jax.lax.add, (1, 4), (1, 4), "VALID"),            # non-identity init
+    ]
+    for f in cases:
+        out, ref = _run(jax, trn, cpu, f, x)
+        assert_close(out, ref, "float32")
+    y = rng.standard_normal(300).astype(np.float32)
+    out, ref = _run(jax, trn, cpu, _pool(jax, -np.inf, jax.lax.max, (5,), (2,), "SAME"), y)
+    np.testing.assert_array_equal(out, ref)
+
+
+@pytest.mark.parametrize("window, strides, padding", [
+    ((1, 2, 2, 1), (1, 2, 2, 1), "VALID"),       # non-overlapping: direct strided writes
+    ((1, 3, 3, 1), (1, 2, 2, 1), "SAME"),        # overlapping and padded: read-add-write
+])
+def test_max_pool_gradient(jax, trn, cpu, window, strides, padding):
+    rng = np.random.default_rng(9)
+    x = rng.integers(-3, 4, (2, 7, 8, 3)).astype(np.float32)     # ties: the first wins
+    pool = _pool(jax, -np.inf, jax.lax.max, window, strides, padding)
+    out, ref = _run(jax, trn, cpu, jax.grad(lambda x: (pool(x) ** 2).sum()), x)
+    assert_close(out, ref, "float32")
+
+
+def test_unsupported_body_is_a_compile_error(jax, trn):
+    x = jax.device_put(np.ones((4, 8), np.float32), trn)
+    f = jax.jit(lambda x: jax.lax.reduce_window(x, 0.0, lambda a, b: a + 2 * b, (1, 2),
+                                                (1, 2), "VALID"))
+    with pytest.raises(Exception, match=r"reduce_window.*float32\[4,8\]"):
+        f(x)
