@@ -636,13 +636,12 @@ def _restore(kind, y, x0, n, axis, split_axis, concat_axis):
 
 def _load(kind, blocks, plan, n, chunk):
     rows = blocks.shape[0]
-    buf = np.zeros((rows, plan.total_slots, chunk), blocks.dtype)
-    if kind == "all_reduce":
+    if kind == "all_reduce":                          # main slots first, scratch after
         flat = blocks.reshape(rows, -1)
-        main = np.zeros((rows, plan.slots * chunk), blocks.dtype)
-        main[:, :flat.shape[1]] = flat
-        buf[:, :plan.slots] = main.reshape(rows, plan.slots, chunk)
-        return buf
+        buf = np.zeros((rows, plan.total_slots * chunk), blocks.dtype)
+        buf[:, :flat.shape[1]] = flat
+        return buf.reshape(rows, plan.total_slots, chunk)
+    buf = np.zeros((rows, plan.total_slots, chunk), blocks.dtype)
     if kind == "all_to_all":
         per = blocks.reshape(rows, n, -1)
         buf[:, :n, :per.shape[2]] = per
