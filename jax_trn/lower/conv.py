@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from jax_trn.hw import dtypes as hw_dtypes
 from jax_trn.hw import isa
@@ -219,6 +219,7 @@ class Padded:
     n: int
     c: int
     row: tuple[int, ...]        # the input's spatial strides
+    transposed: bool = False    # channel-minor rows: loaded by dma_transpose (§3.4)
 
     def cols(self, w: Dim) -> tuple[int, int]:
         """The padded columns [c_lo, c_hi) that hold input columns."""
@@ -232,7 +233,19 @@ def _source(ctx: LowerCtx, x: DramTensor, cv: Conv, dtype: str) -> Staged | Padd
     ns, cs, sp = cv.x
     if all(d.stride == 1 and d.ld == 1 for d in cv.dims) and sp[-1][0] == 1:
         return Padded(x, ns, cs, tuple(st for st, _ in sp))
+    if _transposable(ctx, x, cv, dtype):
+        return Padded(x, ns, cs, tuple(st for st, _ in sp), transposed=True)
     return _stage_input(ctx, x, cv, dtype)
+
+
+def _transposable(ctx: LowerCtx, x: DramTensor, cv: Conv, dtype: str) -> bool:
+    """Channel-minor input rows (NHWC) that dma_transpose (v3+, bit-exact, no cast,
+    §3.4) can load as [channels, pixels] for the stride-1 path."""
+    ns, cs, sp = cv.x
+    return (getattr(ctx.spec, "dma_transpose", False) and x.dtype == dtype
+            and hw_dtypes.itemsize(dtype) in (2, 4) and cs == 1
+            and sp[-2][0] == sp[-1][0] * sp[-1][1]
+            and all(d.stride == 1 and d.ld == 1 for d in cv.dims))
 
 
 def _stage_input(ctx: LowerCtx, x: DramTensor, cv: Conv, dtype: str) -> Staged:
@@ -333,12 +346,58 @@ def _convolution_lower(ctx: LowerCtx, x: DramTensor, w: DramTensor, **attrs) -> 
     ldt, rdt, precision = matmul_types(x.dtype, w.dtype, attrs.get("precision_config", ()),
                                        ctx.matmul_precision)
     units = _units(cv)
+    x, cv = _channel_major_input(ctx, x, cv, ldt)
     staged = _source(ctx, x, cv, ldt)
     plan = _plan(cv, units, staged, ldt, rdt, out.dtype, ctx.limits.sbuf_bytes,
                  ctx.op.describe())
     wt = _stage_weights(ctx, w, cv, units, rdt)
     ctx.next_kernel("conv")
-    _Emitter(ctx.kb, cv, plan, staged, wt, units, out, precision, ldt, rdt).run()
+    dst, cv_out = _channel_major_output(ctx, out, cv)
+    _Emitter(ctx.kb, cv_out, plan, staged, wt, units, dst, precision, ldt, rdt).run()
+    if dst is not out:
+        ctx.next_kernel("relayout")
+        # (batch, spatial..., feature): the feature axis is the output's contiguous one
+        # and the temporary's pixels are, so relayout swaps them on TensorE.
+        sizes = (cv.n_out, *(n for _, n in cv.o[2]), cv.o_features)
+        tmp = row_major(dst.shape)
+        relayout(ctx.kb, View(out, _sized(((cv.o[0], 0), *cv.o[2], (cv.o[1], 0)), sizes)),
+                 View(dst, _sized((tmp[0], *tmp[2:], tmp[1]), sizes)))
+
+
+def _channel_major_input(ctx: LowerCtx, x: DramTensor, cv: Conv, dtype: str
+                         ) -> tuple[DramTensor, Conv]:
+    """A stride-1 conv whose input rows are not contiguous (channel-minor, NHWC) reads a
+    channel-major copy, made by TensorE transposes of [pixels, channels] blocks
+    (relayout.py), so its bands load with long DMA rows."""
+    ns, cs, sp = cv.x
+    if sp[-1][0] == 1 or not all(d.stride == 1 and d.ld == 1 for d in cv.dims):
+        return x, cv
+    if _transposable(ctx, x, cv, dtype):
+        return x, cv
+    shape = (cv.n_in, cv.c, *(d.size for d in cv.dims))
+    xt = ctx.temp(shape, x.dtype)
+    axes = row_major(shape)
+    relayout(ctx.kb, View(xt, _sized(axes, shape)),
+             View(x, _sized(((ns, 0), (cs, 0), *sp), shape)))
+    return xt, replace(cv, x=(axes[0][0], axes[1][0], axes[2:]))
+
+
+def _channel_major_output(ctx: LowerCtx, out: DramTensor, cv: Conv
+                          ) -> tuple[DramTensor, Conv]:
+    """A channel-minor output (NHWC) is written channel-major to a temporary (rows of
+    pixels per output channel: long DMA runs) and transposed into place afterwards."""
+    ns, os_, sp = cv.o
+    pixels = math.prod(n for _, n in sp)
+    if os_ != 1 or pixels == 1 or cv.o_features == 1:
+        return out, cv
+    shape = (cv.n_out, cv.o_features, *(n for _, n in sp))
+    t = ctx.temp(shape, out.dtype)
+    axes = row_major(shape)
+    return t, replace(cv, o=(axes[0][0], axes[1][0], axes[2:]))
+
+
+def _sized(axes: Axes, shape) -> Axes:
+    return tuple((st, n) for (st, _), n in zip(axes, shape))
 
 
 # --- planning --------------------------------------------------------------------------------
@@ -413,6 +472,7 @@ class _Emitter:
         self.band_rows = plan.band + self.h.shift
         self.per_ko = _phases(cv) * self.band_rows * self.w.q
         self.inner = [(kh, kw) for kh in range(self.h.kernel) for kw in range(self.w.kernel)]
+        self.queues = itertools.cycle(range(kb.limits.dma_queues))
 
     def run(self) -> None:
         kb = self.kb
@@ -423,7 +483,8 @@ class _Emitter:
             if self.x.gaps(self.w):         # zero columns between rows, set once
                 for t in bands.tiles:
                     kb.emit(isa.Memset, dst=t, value=0, engine="gpsimd")
-            if self.x.gaps(self.w) or self.x.row[-2] != self.w.size:
+            if self.x.gaps(self.w) or self.x.row[-2] != self.w.size or (
+                    self.x.transposed and self.w.q != self.w.size):
                 self.stage = kb.ring(2, self.band_rows * self.w.size, self.ldt)
         accs = kb.ring(PSUM_ACCS, MOVING_MAX, "float32", mem="psum")
         obuf = kb.ring(OUT_BUFS, MOVING_MAX, self.out.dtype)
@@ -487,7 +548,8 @@ class _Emitter:
         c_lo, c_hi = x.cols(w)
         lo, hi = max(r0, h.lo), min(r0 + rows, h.lo + h.size)    # rows with input data
         base = (n + b.batch_off) * x.n + (b.c0 + ci0) * x.c + (lo - h.lo) * x.row[-2]
-        base += c_lo - w.lo
+        if self.stage is None:
+            base += c_lo - w.lo
         for i, ko in enumerate(self.ko):
             at = i * self.per_ko
             iq = [o + k * d.rd - d.lo for d, k, o in zip(self.outer, ko, od)]
@@ -496,19 +558,29 @@ class _Emitter:
                 continue
             self._zero(tile, ct, at, (lo - r0) * q)
             self._zero(tile, ct, at + (hi - r0) * q, (r0 + rows - hi) * q)
-            src = self.kb.ap(x.t, base + sum(v * st for v, st in zip(iq, x.row)),
-                             ((x.c, ct), *_compact(((x.row[-2], hi - lo), (1, c_hi - c_lo)))))
+            off = base + sum(v * st for v, st in zip(iq, x.row))
             at += (lo - r0) * q
             if self.stage is None:
-                self.kb.dma(sub(tile, ct, (hi - lo) * q, at=at), src)
+                self._load_rows(sub(tile, ct, (hi - lo) * q), off, ct, hi - lo, c_hi - c_lo)
                 continue
-            wc = c_hi - c_lo
-            rows_in = sub(self.stage.next(), ct, (hi - lo) * wc)
-            self.kb.dma(rows_in, src)
+            wc, width = c_hi - c_lo, w.size
+            rows_in = sub(self.stage.next(), ct, (hi - lo) * width)
+            self._load_rows(rows_in, off, ct, hi - lo, width)
             for r in range(hi - lo):
                 self.kb.emit(isa.TensorCopy, dst=sub(tile, ct, wc, at=at + r * q + c_lo),
-                             src=sub(rows_in, ct, wc, at=r * wc), engine=self.kb.evac_engine())
+                             src=sub(rows_in, ct, wc, at=r * width + c_lo - w.lo),
+                             engine=self.kb.evac_engine())
         return tile
+
+    def _load_rows(self, dst: isa.Tile, off: int, ct: int, rows: int, width: int) -> None:
+        """`rows` input rows of `width` pixels from element `off`, channels on partitions."""
+        x = self.x
+        if x.transposed:        # [pixels, channels] -> [channels, pixels]
+            src = self.kb.ap(x.t, off, ((x.row[-1], rows * width), (x.c, ct)))
+            self.kb.emit(isa.DmaTranspose, dst=dst, src=src, dma_queue=next(self.queues))
+            return
+        pattern = _compact(((x.row[-2], rows), (x.row[-1], width)))
+        self.kb.dma(dst, self.kb.ap(x.t, off, ((x.c, ct), *pattern)))
 
     def _zero(self, tile: isa.Tile, ct: int, at: int, size: int) -> None:
         if size > 0:

@@ -128,11 +128,14 @@ def test_grad(jax, trn, cpu, layout, groups):
         check(jax, trn, cpu, jax.grad(loss, argnums=(0, 1)), x, w, **F32)
 
 
-def test_default_precision_bf16_operands(jax, trn, cpu):
-    """DEFAULT precision: f32 operands run as bf16 with FP32 accumulation."""
-    x, w = _data((2, 16, 8, 8), (8, 16, 3, 3), seed=12)
-    check(jax, trn, cpu, lambda x, w: jax.lax.conv_general_dilated(x, w, (1, 1), "SAME"),
-          x, w, rtol=2e-2, atol=3e-2)
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_default_precision_bf16_operands(jax, trn, cpu, layout):
+    """DEFAULT precision: f32 operands run as bf16 with FP32 accumulation (an NHWC f32
+    input is made channel-major by relayout: dma_transpose cannot cast)."""
+    dn = NCHW if layout == "NCHW" else NHWC
+    x, w = _data(*_shapes(layout, 2, 16, (8, 8), 8, (3, 3)), seed=12)
+    check(jax, trn, cpu, lambda x, w: jax.lax.conv_general_dilated(
+        x, w, (1, 1), "SAME", dimension_numbers=dn), x, w, rtol=2e-2, atol=3e-2)
 
 
 def test_bf16_in_f32_out(jax, trn, cpu):
