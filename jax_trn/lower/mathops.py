@@ -49,9 +49,18 @@ is the count). clz smears the highest set bit right (5 shift+or pairs) and retur
 32 - popcnt. 9 G (popcnt), 19 G (clz). No ALU bit-count op exists (§6.2).
 
 sign of an integer: clamp(x, -1, 1), one GpSimd tensor_scalar.
+
+reduce_precision(x, exponent_bits=e, mantissa_bits=m): XLA's bit algorithm on the
+operand's own bits (f32 / bf16 / f16 seen as uint32 / uint16, SBUF is untyped §3.1) in
+GpSimd integer lanes: round the mantissa to m bits, ties to even (add the bit above
+the cut plus 2**(cut-1) - 1, clear the cut bits); then exponents above e's range
+become +-inf and those at or below its smallest normal +-0 (no denormals, as XLA);
+NaN inputs come back unchanged. A stage the type already satisfies is skipped.
+<= 11 G.
 """
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 from hlo_passes import ir
@@ -316,6 +325,43 @@ def _sign(kb, dst, srcs, step):
     return kb.emit(isa.Activation, dst=dst, data=x, func=ACTIVATION["sign"])
 
 
+def _reduce_precision(kb, dst, srcs, step):
+    """XLA's ReducePrecision on the bits of x (see the module docstring)."""
+    (x,), (t, p, s) = _tiles(srcs, 1)
+    e, m = step.attrs["exponent_bits"], step.attrs["mantissa_bits"]
+    if x.dtype not in ("float32", "bfloat16", "float16"):
+        raise LoweringError(f"reduce_precision is lowered for float32 / bfloat16 / float16, "
+                            f"not {x.dtype}")
+    fi = ml_dtypes.finfo(ir.np_dtype(x.dtype))
+    width, sm = 8 * fi.dtype.itemsize, int(fi.nmant)
+    se, ut = width - 1 - sm, f"uint{width}"
+    u, t, p, s = (v.with_(dtype=ut) for v in (x, t, p, s))
+    g = "gpsimd"
+    cur = u
+    if m < sm:
+        cut = sm - m
+        keep = ~((1 << cut) - 1) & ((1 << width) - 1)
+        _ts(kb, t, u, "shift_right_logical", cut, "bitwise_and", 1, engine=g)
+        _tt(kb, t, t, u, "add", engine=g)
+        _ts(kb, t, t, "add", (1 << (cut - 1)) - 1, "bitwise_and", keep, engine=g)
+        cur = t
+    exp_mask, sign = ((1 << se) - 1) << sm, 1 << (width - 1)
+    if e < se:
+        bias, reduced = (1 << (se - 1)) - 1, (1 << (e - 1)) - 1
+        _ts(kb, p, cur, "bitwise_and", exp_mask, "is_gt", (bias + reduced) << sm, engine=g)
+        _ts(kb, s, cur, "bitwise_and", sign, "bitwise_or", exp_mask, engine=g)
+        kb.emit(isa.Select, dst=t, pred=p, on_true=s, on_false=cur, engine=g)
+        _ts(kb, p, t, "bitwise_and", exp_mask, "is_le", (bias - reduced) << sm, engine=g)
+        _ts(kb, s, t, "bitwise_and", sign, engine=g)
+        kb.emit(isa.Select, dst=t, pred=p, on_true=s, on_false=t, engine=g)
+        cur = t
+    if cur is u:
+        return kb.emit(isa.TensorCopy, dst=dst.with_(dtype=ut), src=u, engine=g)
+    _ts(kb, p, u, "bitwise_and", sign - 1, "is_gt", exp_mask, engine=g)       # NaN
+    return kb.emit(isa.Select, dst=dst.with_(dtype=ut), pred=p, on_true=u, on_false=cur,
+                   engine=g)
+
+
 RULES = {
     "round_nearest_even": _round_even, "round_nearest_afz": _round_afz,
     "floor": _floor_ceil, "ceil": _floor_ceil,
@@ -323,12 +369,13 @@ RULES = {
     "log_plus_one": _log_plus_one, "exponential_minus_one": _exponential_minus_one,
     "cbrt": _cbrt, "atan2": _atan2, "is_finite": _is_finite,
     "popcnt": _popcnt, "count_leading_zeros": _clz, "sign": _sign,
+    "reduce_precision": _reduce_precision,
 }
 # Scratch tiles per op (the Evaluator provides them after the operands).
 SCRATCH = {
     "round_nearest_even": 2, "round_nearest_afz": 2, "floor": 2, "ceil": 2,
     "sine": 3, "cosine": 2, "tan": 3, "log_plus_one": 3, "exponential_minus_one": 3,
-    "cbrt": 2, "atan2": 4, "popcnt": 2, "count_leading_zeros": 2,
+    "cbrt": 2, "atan2": 4, "popcnt": 2, "count_leading_zeros": 2, "reduce_precision": 3,
 }
 TILE_OPS.update(RULES)
 

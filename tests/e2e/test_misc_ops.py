@@ -26,12 +26,15 @@ def _run(jax, trn, cpu, fn, *args):
     return out, f(*(jax.device_put(a, cpu) for a in args))
 
 
-@pytest.mark.parametrize("shape,dims", REVERSE_CASES, ids=str)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8", "bool"])
-def test_reverse_bit_exact(jax, trn, cpu, shape, dims, dtype):
+def test_reverse_bit_exact(jax, trn, cpu, dtype):
+    """Every case of REVERSE_CASES in one program per dtype."""
     rng = np.random.default_rng(0)
-    x = rng.uniform(-100, 100, shape).astype(np.dtype(getattr(ml_dtypes, dtype, dtype)))
-    _bits_equal(*_run(jax, trn, cpu, lambda a: jax.lax.rev(a, dims), x))
+    xs = [rng.uniform(-100, 100, shape).astype(np.dtype(getattr(ml_dtypes, dtype, dtype)))
+          for shape, _ in REVERSE_CASES]
+    fn = lambda *a: [jax.lax.rev(x, d) for x, (_, d) in zip(a, REVERSE_CASES)]  # noqa: E731
+    for out, ref in zip(*_run(jax, trn, cpu, fn, *xs)):
+        _bits_equal(out, ref)
 
 
 def test_reverse_keeps_negative_zero_and_nan(jax, trn, cpu):
@@ -56,3 +59,96 @@ def test_flip_of_innermost_axis_copies_columns_on_chip(jax, trn):
     x = jax.device_put(np.zeros((130, 20), np.float32), trn)
     ops = _opcodes(jax, lambda a: a[:, ::-1], x)
     assert ops.count("TensorCopy") == 2 * 20 and ops.count("DmaCopy") == 4
+
+
+# --- rng_bit_generator ------------------------------------------------------------------
+
+STATE = np.array([0x89ABCDEF, 0x01234567, 0xFFFFFFFE, 0xFFFFFFFF], np.uint32)  # counter carries
+
+
+RNG_CASES = [((3, 5), "uint32"), ((300, 7), "uint32"), ((7,), "uint8"), ((130,), "uint16"),
+             ((), "uint32"), ((0, 4), "uint32")]
+
+
+def test_rng_bit_generator_is_bit_exact(jax, trn, cpu):
+    """DEFAULT (Philox on XLA's CPU backend) and PHILOX, state outputs included."""
+    algs = jax.lax.RandomAlgorithm.RNG_DEFAULT, jax.lax.RandomAlgorithm.RNG_PHILOX
+
+    def draws(s):
+        return [jax.lax.rng_bit_generator(s, shape, np.dtype(dt), algorithm=alg)
+                for shape, dt in RNG_CASES for alg in algs]
+    out, ref = _run(jax, trn, cpu, draws, STATE)
+    for o, r in zip(jax.tree.leaves(out), jax.tree.leaves(ref)):
+        _bits_equal(o, r)
+
+
+@pytest.mark.parametrize("impl", ["rbg"])
+def test_rbg_keys_match_cpu(jax, trn, cpu, impl):
+    data = jax.random.key_data(jax.random.key(42, impl=impl))
+
+    def draws(kd):
+        k1, k2 = jax.random.split(jax.random.wrap_key_data(kd, impl=impl))
+        return jax.random.bits(k1, (5, 3)), jax.random.uniform(k2, (9,))
+    out, ref = _run(jax, trn, cpu, draws, data)
+    for o, r in zip(out, ref):
+        _bits_equal(o, r)
+
+
+def test_rng_bit_generator_uint64_in_x64():
+    code = ("import jax, numpy as np\n"
+            "jax.config.update('jax_enable_x64', True)\n"
+            "s = np.array([0x0123456789ABCDEF, 0xFFFFFFFFFFFFFFFF], np.uint64)\n"
+            "f = jax.jit(lambda s: jax.lax.rng_bit_generator(s, (3, 3), np.uint64))\n"
+            "a = f(jax.device_put(s, jax.devices('cpu')[0]))\n"
+            "b = f(jax.device_put(s, jax.devices('trn')[0]))\n"
+            "print(all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(a, b)))\n")
+    r = run_python(code)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().endswith("True")
+
+
+def test_three_fry_is_a_compile_error(jax, trn):
+    fn = lambda s: jax.lax.rng_bit_generator(  # noqa: E731
+        s, (4,), algorithm=jax.lax.RandomAlgorithm.RNG_THREE_FRY)
+    with pytest.raises(Exception, match="THREE_FRY.*test_misc_ops.py"):
+        jax.jit(fn)(jax.device_put(STATE, trn))
+
+
+# --- reduce_precision -------------------------------------------------------------------
+
+def _special_values(dtype):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(600) * 10.0 ** rng.integers(-45, 39, 600)
+    x = np.concatenate([x, [np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-40, 6e-8, 65504.0,
+                            65520.0, 3.4e38, 1.0 + 2.0 ** -11, 1.0 + 3 * 2.0 ** -11]])
+    with np.errstate(over="ignore"):
+        return x.astype(np.float32).astype(np.dtype(getattr(ml_dtypes, dtype, dtype)))
+
+
+PRECISIONS = [(5, 10), (8, 7), (4, 3), (5, 2), (2, 1), (8, 0), (8, 23)]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_reduce_precision_is_bit_exact(jax, trn, cpu, dtype):
+    fn = lambda a: [jax.lax.reduce_precision(a, *bits) for bits in PRECISIONS]  # noqa: E731
+    for out, ref in zip(*_run(jax, trn, cpu, fn, _special_values(dtype))):
+        _bits_equal(out, ref)
+
+
+# --- device ids, custom calls -----------------------------------------------------------
+
+def test_axis_index_on_one_device_is_zero(jax, trn, cpu):
+    from jax.sharding import Mesh, PartitionSpec
+    mesh = Mesh(np.array([trn]), ("i",))
+    f = jax.jit(jax.shard_map(lambda a: a + jax.lax.axis_index("i"), mesh=mesh,
+                              in_specs=PartitionSpec("i"), out_specs=PartitionSpec("i")))
+    assert "partition_id" in f.lower(np.ones(3, np.float32)).as_text()
+    np.testing.assert_array_equal(f(jax.device_put(np.ones(3, np.float32), trn)), np.ones(3))
+
+
+def test_other_platforms_custom_call_names_its_target(jax, trn):
+    call = jax.ffi.ffi_call("lapack_sgetrf_ffi", jax.ShapeDtypeStruct((3,), np.float32))
+    with pytest.raises(Exception) as info:
+        jax.jit(call)(jax.device_put(np.ones(3, np.float32), trn))
+    msg = str(info.value)
+    assert "'lapack_sgetrf_ffi' is not supported on trn" in msg and "float32[3]" in msg
