@@ -12,24 +12,33 @@ Buffers of a `while` (one DRAM tensor C_i per loop-carried value; the results at
     initialises before the loop.
   - cond and body block arguments are C_i. The cond steps write the predicate (bool[]).
   - a body result computed by a body op is written straight into C_i when nothing reads
-    C_i from that op on (its own operands, later ops, nested regions, the terminator at
-    another position); the other results are copied into C_i at the end of the body, a
+    C_i after that op (later ops, nested regions, the terminator at another position)
+    and the op itself either does not read C_i or reads it tile by tile before writing
+    the same tile (`i + 1`, a scan's dynamic_update_slice: `_in_place`); the other results are copied into C_i at the end of the body, a
     source that another of these copies overwrites (a swap `(a, b) -> (b, a)`) saved
     to a temporary first. A result that is its own argument costs nothing.
 A `case` gets fresh result buffers (or the claimed outputs); each branch writes the
 results it computes straight into them and copies (or Memsets) the others.
 
-Splat constants the regions use but that are not written yet are written before the
-control op (a region may run on only some paths, or many times).
+Loop-invariant ops of the cond and body (no side effects, no control flow, reading only
+values from outside the loop or other invariant ops: splat constants, broadcasts of
+them, ...) are lowered once, before the loop, instead of on every trip (they also run
+when the loop makes no trip). Splat constants the regions use but that are not written
+yet are written before the control op (a region may run on only some paths, or many
+times).
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from functools import partial
 
 from hlo_passes import ir
+from hlo_passes.effects import has_side_effects
 from jax_trn.hw.program import Case, DramTensor, While
 
+from . import dynslice, elementwise
 from .errors import LoweringError
+from .registry import get_rule
 
 STRUCTURED: dict[str, Callable] = {}
 
@@ -78,8 +87,11 @@ def lower_while(lw, op: ir.Op, claims: dict[int, DramTensor]) -> None:
     if len(op.regions) != 2:
         raise LoweringError(f"while without cond and body regions ({op.describe()})")
     cond, body = op.regions[0].block, op.regions[1].block
-    lw.flush_pending(_region_values(op))
     carried = _carried(lw, op, claims)
+    for inner in _invariant(op):
+        lw.hoisted.add(id(inner))
+        lw.lower_op(inner)
+    lw.flush_pending(_region_values(op))
     name = lw.name("while")
     with lw.nested() as cond_steps:
         _bind(lw, cond.args, carried)
@@ -90,11 +102,30 @@ def lower_while(lw, op: ir.Op, claims: dict[int, DramTensor]) -> None:
                             f"expected bool[] ({op.describe()})")
     with lw.nested() as body_steps:
         _bind(lw, body.args, carried)
-        body_claims = _body_claims(body, carried)
+        body_claims = _body_claims(lw, body, carried)
         lw.lower_block(body, body_claims)
         _move(lw, op, body.terminator.operands, carried, body_claims, body.args)
     lw.kernels.append(While(name, cond_steps, pred, body_steps, carried, [_label(op)]))
     _bind(lw, op.results, carried)
+
+
+def _invariant(op: ir.Op) -> list[ir.Op]:
+    """The loop-invariant ops of a while's cond and body blocks, in order."""
+    inside = {id(v) for region in op.regions for block in region.blocks
+              for v in (*block.args, *(r for o in ir.walk(block) for r in o.results))}
+    hoisted: list[ir.Op] = []
+    for region in op.regions:
+        for inner in region.block.ops[:-1]:
+            if inner.kind in STRUCTURED or has_side_effects(inner):
+                continue
+            own = {id(v) for o in _walk([inner]) for v in o.results}
+            own |= {id(a) for o in _walk([inner]) for r in o.regions for b in r.blocks
+                    for a in b.args}
+            reads = _used([inner]) - own
+            if all(r not in inside for r in reads):
+                hoisted.append(inner)
+                inside -= {id(v) for v in inner.results}
+    return hoisted
 
 
 def _carried(lw, op: ir.Op, claims: dict[int, DramTensor]) -> list[DramTensor]:
@@ -126,21 +157,41 @@ def _reusable(lw, op, v, local, later, temps, carried) -> bool:
             and sum(w is v for w in op.operands) == 1 and t not in carried)
 
 
-def _body_claims(body: ir.Block, carried: list[DramTensor]) -> dict[int, DramTensor]:
+def _body_claims(lw, body: ir.Block, carried: list[DramTensor]) -> dict[int, DramTensor]:
     """Body results written in place into their carried buffer (see the module doc)."""
     ops, ret = body.ops[:-1], body.terminator.operands
     producer = {id(r): k for k, o in enumerate(ops) if o.kind != "constant"
-                for r in o.results}
+                and id(o) not in lw.hoisted for r in o.results}
     claims: dict[int, DramTensor] = {}
     for i, (v, c) in enumerate(zip(ret, carried)):
         k = producer.get(id(v))
         if k is None or id(v) in claims:
             continue
         arg = body.args[i]
-        if id(arg) in _used(ops[k:]) or any(w is arg for j, w in enumerate(ret) if j != i):
+        if id(arg) in _used(ops[k + 1:]) or any(w is arg for j, w in enumerate(ret) if j != i):
+            continue
+        if id(arg) in _used([ops[k]]) and not _in_place(lw, ops[k], arg):
             continue
         claims[id(v)] = c
     return claims
+
+
+def _in_place(lw, op: ir.Op, arg: ir.Value) -> bool:
+    """Whether `op` may write its result over `arg`, an operand it reads (directly only):
+    - a plain elementwise op (elementwise.py's rule, `i = i + 1`): each [128, F] tile of
+      every operand is read before the same tile of the result is written, tiles are
+      disjoint;
+    - dynamic_update_slice over its operand 0 (dynslice.py's rule, a scan's stacked
+      outputs): each tile of rows is loaded, patched from the update and stored back to
+      the same rows, tiles disjoint."""
+    if id(arg) in {id(v) for o in _walk([op]) if o is not op for v in o.operands}:
+        return False
+    rule = get_rule(op.kind, lw.target)
+    if isinstance(rule, partial) and rule.func is elementwise._elementwise:
+        return all(v.shape == r.shape for v in op.operands for r in op.results)
+    if op.kind == "dynamic_update_slice" and rule is dynslice._dynamic_update_slice_lower:
+        return all(v is not arg for v in op.operands[1:])
+    return False
 
 
 def _move(lw, op: ir.Op, values: list[ir.Value], dsts: list[DramTensor],

@@ -83,6 +83,7 @@ class _Lowering:
         self.constants: dict[str, np.ndarray] = {}  # initial data for the runtime
         self.kernels: list[Step] = []              # the step list being built
         self.cursor: tuple[ir.Block, int] | None = None   # the op being lowered
+        self.hoisted: set[int] = set()              # ids of ops lowered out of a loop
         self.temps: list[DramTensor] = []
         self._ids = itertools.count()
         self.params = [self._param(i, a) for i, a in enumerate(fn.args)]
@@ -110,8 +111,9 @@ class _Lowering:
         """Lowers the ops of `block` (not its terminator) into the current step list."""
         outer = self.cursor
         for i, op in enumerate(block.ops[:-1]):
-            self.cursor = (block, i)
-            self._lower(op, claims)
+            if id(op) not in self.hoisted:
+                self.cursor = (block, i)
+                self._lower(op, claims)
         self.cursor = outer
 
     @contextmanager
@@ -205,6 +207,10 @@ class _Lowering:
         self._copy_unclaimed(block.terminator, claims, outs)
         for k in self.kernels[start:]:
             k.notes[:0] = notes
+
+    def lower_op(self, op: ir.Op) -> None:
+        """Lowers one op into the current step list (its results into temporaries)."""
+        self._lower(op, {})
 
     def operand(self, v: ir.Value) -> DramTensor:
         """Where `v` lives, writing it first if it is a splat constant not yet written."""

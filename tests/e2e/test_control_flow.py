@@ -75,6 +75,8 @@ def test_swapped_carries(jax, trn, cpu, lax):
             0, n, lambda i, c: (c[1], c[0]), (a, b)), a, b)
         check(jax, trn, cpu, lambda a, b, n=n: lax.fori_loop(
             0, n, lambda i, c: (c[1] + 1, c[0] * 2, c[0]), (a, b, a)), a, b)
+        check(jax, trn, cpu, lambda a, b, n=n: lax.fori_loop(
+            0, n, lambda i, c: (c[1] + 1, c[0]), (a, b)), a, b)
 
 
 def test_nested_loops_and_cond_in_loop(jax, trn, cpu, lax, jnp):
@@ -216,3 +218,86 @@ def test_runaway_loop_is_an_error(jax, trn, lax, monkeypatch):
     x = jax.device_put(np.float32(0), trn)
     with pytest.raises(Exception, match="JAX_TRN_MAX_WHILE_ITERATIONS"):
         jax.block_until_ready(jax.jit(_loop(lax, 20))(x))
+
+
+# --- hand-written StableHLO (no fusion): cases JAX's programs rarely reach -------------------
+
+def _run_ir(text: str, *args: np.ndarray) -> list[np.ndarray]:
+    """Lowers StableHLO `text` for a Trn2 core and runs it on the hardware model."""
+    from hlo_passes import compile_to_ir
+    from jax_trn.hw.core import NeuronCore
+    from jax_trn.hw.spec import CHIPS
+    from jax_trn.lower import lower_module
+    from jax_trn.runtime.executable import bind_dram, run_kernels
+    spec = CHIPS["trn2"].core
+    prog = lower_module(compile_to_ir(text, fuse=False), spec)
+    outs = [np.zeros(t.shape, a.dtype) for t, a in zip(prog.outputs, args)]
+    dram = bind_dram(prog, [np.ascontiguousarray(a).reshape(-1) for a in args],
+                     [o.reshape(-1) for o in outs])
+    core = NeuronCore(spec)
+    core.begin()
+    run_kernels(prog, core, dram, 0, 0)
+    return outs
+
+
+_CASE_CONSTANT = """
+func.func @main(%x: tensor<5xf32>, %p: tensor<i32>) -> tensor<5xf32> {
+  %k = stablehlo.constant dense<3.0> : tensor<5xf32>
+  %y = "stablehlo.case"(%p) ({
+    stablehlo.return %x : tensor<5xf32>
+  }, {
+    %a = stablehlo.multiply %x, %k : tensor<5xf32>
+    stablehlo.return %a : tensor<5xf32>
+  }) : (tensor<i32>) -> tensor<5xf32>
+  %z = stablehlo.add %y, %k : tensor<5xf32>
+  return %z : tensor<5xf32>
+}
+"""
+
+
+def test_splat_constant_first_used_in_a_branch():
+    """The constant's Memset must run before the case, whichever branch is taken."""
+    x = np.arange(5, dtype=np.float32)
+    for p, want in ((0, x + 3), (1, x * 3 + 3), (7, x * 3 + 3)):   # 7: the last branch
+        out, = _run_ir(_CASE_CONSTANT, x, np.array(p, np.int32))
+        np.testing.assert_array_equal(out, want)
+
+
+_NESTED_CARRY = """
+func.func @main(%x: tensor<4xf32>, %n: tensor<i32>) -> tensor<4xf32> {
+  %c0 = stablehlo.constant dense<0> : tensor<i32>
+  %c1 = stablehlo.constant dense<1> : tensor<i32>
+  %two = stablehlo.constant dense<2.0> : tensor<4xf32>
+  %r:2 = stablehlo.while(%i = %c0, %a = %x) : tensor<i32>, tensor<4xf32>
+    cond {
+      %lt = stablehlo.compare LT, %i, %n : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %lt : tensor<i1>
+    } do {
+      %j = stablehlo.add %i, %c1 : tensor<i32>
+      %s:2 = stablehlo.while(%k = %c0, %b = %a) : tensor<i32>, tensor<4xf32>
+        cond {
+          %lt2 = stablehlo.compare LT, %k, %j : (tensor<i32>, tensor<i32>) -> tensor<i1>
+          stablehlo.return %lt2 : tensor<i1>
+        } do {
+          %k1 = stablehlo.add %k, %c1 : tensor<i32>
+          %b1 = stablehlo.multiply %b, %two : tensor<4xf32>
+          stablehlo.return %k1, %b1 : tensor<i32>, tensor<4xf32>
+        }
+      %t = stablehlo.add %s#1, %a : tensor<4xf32>
+      stablehlo.return %j, %t : tensor<i32>, tensor<4xf32>
+    }
+  return %r#1 : tensor<4xf32>
+}
+"""
+
+
+def test_nested_while_reads_outer_carry():
+    """The inner loop's result is written into the outer carry only after the outer
+    carry's last read (`a` is read after the inner loop)."""
+    x = np.arange(4, dtype=np.float32)
+    for n in (0, 1, 3):
+        a = x.copy()
+        for i in range(n):
+            a = a * 2.0 ** (i + 1) + a
+        out, = _run_ir(_NESTED_CARRY, x, np.array(n, np.int32))
+        np.testing.assert_array_equal(out, a)
