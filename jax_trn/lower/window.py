@@ -61,6 +61,8 @@ from .relayout import relayout
 from .tileops import Step, engine_for
 
 SCAN_CHUNK = 2048          # elements per partition of one scan instruction
+SPLIT_MIN = 1024           # contiguous lines this long are scanned on all partitions
+SPLIT_MAX_LINES = 16       # ... when there are at most this many of them
 MAX_OFFSETS = 64           # windows up to this size are combined offset by offset
 OFFSETS_FREE = 2048        # elements per partition of one such tile
 COMBINERS = {"add": "add", "maximum": "max", "minimum": "min", "multiply": "multiply"}
@@ -213,6 +215,66 @@ def _scan(ctx: LowerCtx, x: DramTensor, alu: str, dim: int, reverse: bool) -> No
     kb.release(ident, xs, res)
 
 
+def _split_line(kb, x: DramTensor, out: DramTensor, offset: int, n: int, alu: str,
+                acc: str, bufs) -> None:
+    """One long contiguous line scanned on all 128 lanes: the line is cut into segments
+    of m = ceil(n / 128) elements, one per partition (the tail padded with the identity),
+    each segment scanned along F; the segment totals are transposed onto one partition
+    (TensorE, bit-exact), scanned into exclusive carries, transposed back and combined
+    into every segment (TensorScalar). Rounding: within a segment sequentially, then
+    carry + segment prefix (a two-level sum, closer to the exact sum than one long
+    sequential chain)."""
+    ident, data, res, row, tp, col = bufs
+    m = -(-n // P)
+    full, rem = divmod(n, m)
+    parts = full + (rem > 0)
+    xt, rt = sub(data, parts, m), sub(res, parts, m)
+    value = identity(alu, x.dtype)
+    if rem:
+        kb.emit(isa.Memset, dst=xt, value=value, engine=engine_for(xt.dtype))
+    pieces = [(offset, sub(xt, full, m), sub(rt, full, m), ((m, full), (1, m)))]
+    if rem:
+        tail = xt.with_(start_partition=full, num_partitions=1, free=(rem,))
+        rtail = rt.with_(start_partition=full, num_partitions=1, free=(rem,))
+        pieces.append((offset + full * m, tail, rtail, ((m, 1), (1, rem))))
+    for off, t, _, pat in pieces:
+        kb.dma(t, kb.ap(x, off, pat))
+    kb.emit(TensorTensorScan, dst=rt, data0=sub(ident, parts, m), data1=xt,
+            initial=value, op0=alu, op1=alu)
+    # exclusive carries: totals [parts, 1] -> [1, parts] -> scan -> [parts, 1]
+    totals = tp.with_(num_partitions=1, free=(parts,))
+    kb.emit(isa.NcTranspose, dst=totals, data=sub(rt, parts, 1, at=m - 1))
+    carry = sub(row, 1, parts + 1)
+    kb.emit(isa.Memset, dst=sub(carry, 1, 1), value=value, engine=engine_for(acc))
+    kb.emit(TensorTensorScan, dst=sub(carry, 1, parts, at=1), data0=sub(ident, 1, parts),
+            data1=totals, initial=value, op0=alu, op1=alu)
+    back = tp.with_(num_partitions=parts, free=(1,), offset=tp.offset + 512 * 4)
+    kb.emit(isa.NcTranspose, dst=back, data=sub(carry, 1, parts))
+    kb.emit(isa.TensorCopy, dst=sub(col, parts, 1), src=back)
+    kb.emit(isa.TensorScalar, dst=rt, data=rt, op0=alu, operand0=sub(col, parts, 1),
+            engine=engine_for(acc))
+    for off, _, r, pat in pieces:
+        kb.dma(kb.ap(out, off, pat), r)
+
+
+def _scan_split(ctx: LowerCtx, x: DramTensor, alu: str, dim: int) -> bool:
+    """Few long contiguous lines: each on all partitions (`_split_line`)."""
+    shape, kb = tuple(x.shape), ctx.kb
+    n, c, a = shape[dim], math.prod(shape[dim + 1:]), math.prod(shape[:dim])
+    acc = _acc_dtype(x.dtype)
+    if c != 1 or n < SPLIT_MIN or a > SPLIT_MAX_LINES or x.dtype == "bool" \
+            or ir.np_dtype(acc).itemsize != 4 or n > P * SCAN_CHUNK:
+        return False
+    m = -(-n // P)
+    bufs = (kb.tile(max(m, P), acc), kb.tile(m, x.dtype), kb.tile(m, acc),
+            kb.tile(P + 1, acc), kb.tile(1024, acc, mem="psum"), kb.tile(1, acc))
+    kb.emit(isa.Memset, dst=bufs[0], value=identity(alu, x.dtype), engine=engine_for(acc))
+    for line in range(a):
+        _split_line(kb, x, ctx.outs[0], line * n, n, alu, acc, bufs)
+    kb.release(*bufs)
+    return True
+
+
 class WindowSource(TensorSource):
     """The windows of a (padded) tensor as one strided index space for reduce.py."""
 
@@ -314,6 +376,8 @@ def _reduce_window_lower(ctx: LowerCtx, *operands: DramTensor, **attrs) -> None:
         return _fill_init(ctx, init, out)
     scan = cumulative(w, tuple(x.shape))
     if scan is not None and is_identity(ctx.constant(init), alu, x.dtype):
+        if not scan[1] and _scan_split(ctx, x, alu, scan[0]):
+            return
         return _scan(ctx, x, alu, *scan)
     _generic(ctx, x, init, alu, w)
 
