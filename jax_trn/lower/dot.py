@@ -30,7 +30,7 @@ from .builder import KernelBuilder, sub
 from .elementwise import FMAX
 from .layout import (P, Axes, View, box_offset, box_pattern, line_tiles, merge_axes,
                      row_major, tiles)
-from .matmul import MatmulEmitter, Operand, make_plan, with_dma_transpose
+from .matmul import MatmulEmitter, Operand, double_row, make_plan, with_dma_transpose
 from .movement import fill
 from .relayout import relayout
 from .registry import LowerCtx, register_lowering
@@ -45,9 +45,11 @@ def _level(precision_config, default: str) -> int:
     return max(LEVELS[default] if p == "default" else LEVELS[p] for p in names)
 
 
-def matmul_types(lhs: str, rhs: str, precision_config, default: str
+def matmul_types(lhs: str, rhs: str, precision_config, default: str, ocp_fp8: bool = True
                  ) -> tuple[str, str, str]:
     """(lhs SBUF dtype, rhs SBUF dtype, NcMatmul precision) after the precision rule.
+    Without OCP FP8 in TensorE (`ocp_fp8`, v4 only, §2.2) float8_e4m3fn operands are
+    loaded as bf16 (exact: the DMA casts through FP32) and run at the BF16 rate.
 
     >>> matmul_types("float32", "float32", (), "default")
     ('bfloat16', 'bfloat16', 'native')
@@ -59,7 +61,11 @@ def matmul_types(lhs: str, rhs: str, precision_config, default: str
     ('float8_e4m3', 'float8_e5m2', 'native')
     >>> matmul_types("int32", "int32", (), "default")
     ('float32', 'float32', 'native')
+    >>> matmul_types("float8_e4m3fn", "float8_e5m2", (), "default", ocp_fp8=False)
+    ('bfloat16', 'bfloat16', 'native')
     """
+    if not ocp_fp8 and "float8_e4m3fn" in (lhs, rhs):
+        lhs, rhs = ("bfloat16" if d.startswith("float8") else d for d in (lhs, rhs))
     if not (ir.is_float(lhs) and ir.is_float(rhs)):
         return "float32", "float32", "native"    # integer dot: FP32, exact below 2**24
     if lhs.startswith("float8") and rhs.startswith("float8"):
@@ -138,7 +144,8 @@ def lower_dot(ctx: LowerCtx, lhs: DramTensor, rhs: DramTensor, out: DramTensor,
         return fill(ctx.kb, out, 0)
     ldt, rdt, precision = matmul_types(lhs.dtype, rhs.dtype,
                                        attrs.get("precision_config", ()),
-                                       ctx.matmul_precision)
+                                       ctx.matmul_precision,
+                                       getattr(ctx.spec, "ocp_fp8", True))
     lb, rb = merge_axes(lb, rb) if lb else ((), ())
     lop = _canonical(ctx, lhs, lb, lf, lc, ldt, lhs=True)
     rop = _canonical(ctx, rhs, rb, rf, rc, rdt, lhs=False)
@@ -149,8 +156,9 @@ def lower_dot(ctx: LowerCtx, lhs: DramTensor, rhs: DramTensor, out: DramTensor,
         return _inner_products(ctx.kb, lop, rop, out)
     lop, rop = with_dma_transpose(lop, ctx.spec), with_dma_transpose(rop, ctx.spec)
     reserved = epilogue.sbuf_bytes() if epilogue is not None else 0
-    plan = make_plan(lop, rop, out.dtype, _free_sbuf(ctx.kb), reserved)
-    MatmulEmitter(ctx.kb, lop, rop, out, plan, precision, epilogue).run()
+    pairs = double_row(lop, rop, precision, ctx.spec)
+    plan = make_plan(lop, rop, out.dtype, _free_sbuf(ctx.kb), reserved, ctx.spec, pairs)
+    MatmulEmitter(ctx.kb, lop, rop, out, plan, precision, epilogue, pairs).run()
 
 
 def _free_sbuf(kb: KernelBuilder) -> int:

@@ -53,7 +53,9 @@ GROUP_COLS = (1024, 512)    # N columns accumulated together, widest first: 1024
                             # columns load 2 KiB per partition per DMA (§3.4: the
                             # recommended minimum; 512 columns run at ~42% efficiency)
 PSUM_BANKS = 8              # accumulation groups in flight ...
-TRANSPOSE_BANKS = 2         # ... minus these when an operand is transposed on TensorE
+TRANSPOSE_BANKS = 3         # ... minus these when an operand is transposed on TensorE
+STORE_QUEUE_SHARE = 4       # 1/4 of the DMA queues carry result stores
+LOOKAHEAD = 1               # strips whose loads are in flight ahead of their use
 SBUF_SHARE = 0.95           # of the kernel's free SBUF a matmul may plan for: the
                             # rest is slack for the allocator's alignment
 
@@ -93,8 +95,8 @@ def _plan_bytes(lhs: Operand, rhs: Operand, out_dtype: str, plan: Plan, k: int) 
     strips = -(-plan.mb // P) if plan.kb == k else 2
     total = strips * nk * P * li + 2 * nk * plan.group * ri
     total += 2 * plan.group * hw_dtypes.itemsize(out_dtype)
-    total += sum(2 * plan.kb * hw_dtypes.itemsize(op.dtype) for op in (lhs, rhs)
-                 if op.pe_transposed)
+    total += sum((LOOKAHEAD + 1) * plan.kb * hw_dtypes.itemsize(op.dtype)
+                 for op in (lhs, rhs) if op.pe_transposed)
     return total
 
 
@@ -117,23 +119,63 @@ def _candidates(m: int, k: int, n: int):
 
 def with_dma_transpose(op: Operand, spec) -> Operand:
     """`op`, transposed by dma_transpose if the core has it (v3+) and the load needs no
-    cast: the transpose is bit-exact on 2- and 4-byte types only (§3.4)."""
+    cast: the transpose is bit-exact on 2- and 4-byte types only (§3.4). FP8 operands
+    stay on TensorE: through SBUF (rows DMA-cast to 16 bits, SBUF->SBUF dma_transpose
+    at 50% of the DMA rate, cast back) the first column group, which needs every
+    strip, becomes DMA-bound at ~2x its matmul time (measured 1037 vs 969 us at
+    4096^3 fp8 on trn2)."""
     size = hw_dtypes.itemsize(op.dtype)
     ok = (op.transposed and getattr(spec, "dma_transpose", False)
           and op.t.dtype == op.dtype and size in (2, 4))
     return dataclasses.replace(op, via_dma=True) if ok else op
 
 
+def double_row(lhs: Operand, rhs: Operand, precision: str, spec) -> bool:
+    """FP8 x FP8 in double_row mode (v3+, §2.2): K = 256 per matmul at the BF16 cycle
+    count. The moving tiles then interleave k-tile pairs (PairMajor), which a
+    K-contiguous rhs (transposed on load) does not fit."""
+    return (getattr(spec, "fp8_double_row", 1) > 1 and precision == "native"
+            and not rhs.transposed
+            and all(op.dtype.startswith("float8") for op in (lhs, rhs)))
+
+
+def _dma_cost(lhs: Operand, rhs: Operand, out_dtype: str, plan: Plan, pairs: bool,
+              spec) -> float:
+    """Bytes the plan moves over their DMA efficiency (§3.4: per-descriptor size; 90%
+    for dma_transpose): what the plan choice minimises among those that fit."""
+    m, k, n = lhs.f[1], lhs.k[1], rhs.f[1]
+    eff = spec.dma_efficiency
+
+    def load(op: Operand, width: int) -> float:
+        if op.via_dma:
+            return 0.9
+        if op.pe_transposed:
+            return eff(plan.kb * hw_dtypes.itemsize(op.dtype))
+        return eff(width * hw_dtypes.itemsize(op.t.dtype))
+    reloads = -(-m // plan.mb) if plan.kb == k else -(-m // P)
+    rwidth = min(plan.group, MOVING_MAX) if pairs else plan.group
+    cost = m * k * hw_dtypes.itemsize(lhs.t.dtype) / load(lhs, min(m, P))
+    cost *= 1 if plan.kb == k else -(-n // plan.group)
+    cost += reloads * k * n * hw_dtypes.itemsize(rhs.t.dtype) / load(rhs, rwidth)
+    return cost + m * n * hw_dtypes.itemsize(out_dtype) / eff(
+        plan.group * hw_dtypes.itemsize(out_dtype))
+
+
 def make_plan(lhs: Operand, rhs: Operand, out_dtype: str, sbuf_bytes: int,
-              reserved: int = 0) -> Plan:
-    """The first candidate plan that fits the SBUF share of a matmul kernel (of
-    `sbuf_bytes` free per partition), after `reserved` bytes per partition (a fused
-    epilogue's buffers)."""
+              reserved: int = 0, spec=None, pairs: bool = False) -> Plan:
+    """The plan that fits the SBUF share of a matmul kernel (of `sbuf_bytes` free per
+    partition, after `reserved` bytes per partition: a fused epilogue's buffers) with
+    the least DMA cost on `spec` (the first that fits without a spec); K blocks only
+    when all of K fits nowhere."""
     budget = int(sbuf_bytes * SBUF_SHARE) - reserved
     k = lhs.k[1]
-    for plan in _candidates(lhs.f[1], k, rhs.f[1]):
-        if _plan_bytes(lhs, rhs, out_dtype, plan, k) <= budget:
-            return plan
+    fits = [p for p in _candidates(lhs.f[1], k, rhs.f[1])
+            if _plan_bytes(lhs, rhs, out_dtype, p, k) <= budget]
+    whole = [p for p in fits if p.kb == k]
+    if whole and spec is not None:
+        return min(whole, key=lambda p: _dma_cost(lhs, rhs, out_dtype, p, pairs, spec))
+    if fits:
+        return fits[0]
     raise LoweringError("dot_general tiles do not fit in SBUF")
 
 
@@ -147,6 +189,28 @@ class KMajor:
 
     def tile(self, j: int, kt: int, free: int, at: int = 0) -> isa.Tile:
         return sub(self.base, kt, free, at=j * self.stride + at)
+
+    def pair(self, j: int, free: int, at: int = 0) -> isa.Tile:
+        """k-tiles j and j + 1 as one [P, 2, free] double_row operand: adjacent only
+        when the stride is the tile width (a stationary strip)."""
+        assert self.stride == free and at == 0, "k-tiles are not adjacent"
+        return sub(self.base, P, (2, free), at=j * self.stride)
+
+
+@dataclass
+class PairMajor(KMajor):
+    """Moving tiles laid out for double_row (§2.2: [K, 2, N], K = 2 x partitions): the
+    k-tiles 2q and 2q + 1 of each column tile [c0, c0 + ct) sit side by side, so
+    k-tile j of it is at (j // 2) * 2 * stride + 2 * c0 + (j % 2) * ct."""
+
+    def tile(self, j: int, kt: int, free: int, at: int = 0) -> isa.Tile:
+        return sub(self.base, kt, free, at=self._at(j, free, at))
+
+    def pair(self, j: int, free: int, at: int = 0) -> isa.Tile:
+        return sub(self.base, P, (2, free), at=self._at(j, free, at))
+
+    def _at(self, j: int, free: int, at: int) -> int:
+        return (j // 2) * 2 * self.stride + 2 * at + (j % 2) * free
 
 
 @dataclass
@@ -162,14 +226,22 @@ class MatmulEmitter:
     """Emits the loop nest of one canonical matmul (see the module docstring)."""
 
     def __init__(self, kb: KernelBuilder, lhs: Operand, rhs: Operand, out: DramTensor,
-                 plan: Plan, precision: str = "native", epilogue=None):
+                 plan: Plan, precision: str = "native", epilogue=None,
+                 double_row: bool = False):
         self.kb, self.lhs, self.rhs, self.out, self.plan = kb, lhs, rhs, out, plan
         self.epilogue = epilogue
+        self.double_row = double_row    # see `double_row()`
         self.m, self.k, self.n = lhs.f[1], lhs.k[1], rhs.f[1]
+        # Loads and stores on separate DMA queues (FIFO each, §3.4): a prefetch never
+        # waits behind the store of a tile still being computed.
+        nq = kb.limits.dma_queues
+        split = max(1, nq - max(1, nq // STORE_QUEUE_SHARE))
+        self.load_q = itertools.cycle(range(split))
+        self.store_q = itertools.cycle(range(split, nq) if split < nq else range(nq))
         self.precision = precision
         nk = -(-plan.kb // P)
         deep = plan.kb < self.k
-        self.stage = {id(op): kb.ring(2, plan.kb, op.dtype) for op in (lhs, rhs)
+        self.stage = {id(op): kb.ring(LOOKAHEAD + 1, plan.kb, op.dtype) for op in (lhs, rhs)
                       if op.pe_transposed}
         self.strips = kb.ring(2 if deep else -(-plan.mb // P), nk * P, lhs.dtype)
         self.slices = kb.ring(2, nk * plan.group, rhs.dtype)
@@ -197,14 +269,18 @@ class MatmulEmitter:
     def _mblock(self, index, base: int, mb0: int, mbn: int) -> None:
         mtiles = [(mb0 + m0, mt) for m0, mt in tiles(mbn, P)]
         whole = (0, self.k)
-        strips = [self._finish(self._fetch(self.lhs, index, whole, *mtiles[0], self.strips))]
+        fetched = [self._fetch(self.lhs, index, whole, *mt, self.strips)
+                   for mt in mtiles[:LOOKAHEAD]]
+        strips = [self._finish(fetched[0])]
         for gi, (g0, gn) in enumerate(tiles(self.n, self.plan.group)):
             r = self._finish(self._fetch(self.rhs, index, whole, g0, gn, self.slices))
             for i, (m0, mt) in enumerate(mtiles):
                 midway = None
                 if gi == 0 and i + 1 < len(mtiles):
-                    pending = self._fetch(self.lhs, index, whole, *mtiles[i + 1], self.strips)
-                    midway = (lambda p=pending: strips.append(self._finish(p)), i > 0)
+                    if i + LOOKAHEAD < len(mtiles):
+                        fetched.append(self._fetch(self.lhs, index, whole,
+                                                   *mtiles[i + LOOKAHEAD], self.strips))
+                    midway = (lambda p=fetched[i + 1]: strips.append(self._finish(p)), i > 0)
                 accs = self._accs(mt, gn)
                 self._matmuls(accs, strips[i], r, self.k, mt, True, midway)
                 self._drain(accs, base, m0, mt, g0, gn)
@@ -227,19 +303,35 @@ class MatmulEmitter:
 
     def _matmuls(self, accs, s: KMajor, r: KMajor, depth: int, mt: int, first: bool,
                  midway: tuple[Callable, bool] | None) -> None:
-        """k-tiles outer, column tiles inner; `midway` (emit, early) runs after half the
-        k-tiles if `early`, else after all of them."""
-        ktiles = tiles(depth, P)
-        at = (len(ktiles) // 2 if midway[1] else len(ktiles)) if midway else -1
-        for j, (_, kt) in enumerate(ktiles):
-            if j == at:
+        """k-steps outer, column tiles inner; `midway` (emit, early) runs after half the
+        k-steps if `early`, else after all of them."""
+        steps = self._ksteps(depth)
+        at = (len(steps) // 2 if midway[1] else len(steps)) if midway else -1
+        for i, (j, kt, paired) in enumerate(steps):
+            if i == at:
                 midway[0]()
             for c0, ct, acc in accs:
-                self.kb.emit(isa.NcMatmul, dst=acc, stationary=s.tile(j, kt, mt),
-                             moving=r.tile(j, kt, ct, at=c0), precision=self.precision,
-                             accumulate=not (first and j == 0))
-        if at == len(ktiles):
+                if paired:
+                    operands = dict(stationary=s.pair(j, mt), moving=r.pair(j, ct, at=c0),
+                                    perf_mode="double_row")
+                else:
+                    operands = dict(stationary=s.tile(j, kt, mt), moving=r.tile(j, kt, ct, at=c0))
+                self.kb.emit(isa.NcMatmul, dst=acc, precision=self.precision,
+                             accumulate=not (first and i == 0), **operands)
+        if at == len(steps):
             midway[0]()
+
+    def _ksteps(self, depth: int) -> list[tuple[int, int, bool]]:
+        """(first k-tile, its depth, double_row) per matmul along K: full k-tiles in
+        pairs in double_row mode (K = 256 per matmul, §2.2), else one k-tile each."""
+        ktiles = tiles(depth, P)
+        steps, j = [], 0
+        while j < len(ktiles):
+            paired = (self.double_row and j + 1 < len(ktiles)
+                      and ktiles[j][1] == ktiles[j + 1][1] == P)
+            steps.append((j, ktiles[j][1], paired))
+            j += 2 if paired else 1
+        return steps
 
     def _drain(self, accs, base: int, m0: int, mt: int, g0: int, gn: int) -> None:
         """PSUM -> SBUF in the result dtype, then one DMA of the [mt, gn] block (or the
@@ -251,19 +343,28 @@ class MatmulEmitter:
             self.kb.emit(isa.TensorCopy, dst=sub(otile, mt, ct, at=c0), src=acc,
                          engine=self.kb.evac_engine())
         ap = self.kb.ap(self.out, base + m0 * self.n + g0, ((self.n, mt), (1, gn)))
-        self.kb.dma(ap, otile)
+        self._dma(ap, otile, self.store_q)
 
     # --- K-major loads -----------------------------------------------------------------------
 
     def _fetch(self, op: Operand, index, kblock, f0: int, fsize: int, ring) -> _Load:
         """Issues the DMAs of op[kblock, f0:f0+fsize] as K-major tiles."""
-        load = _Load(KMajor(ring.next(), fsize))
+        paired = self.double_row and op is self.rhs
+        load = _Load((PairMajor if paired else KMajor)(ring.next(), fsize))
         base = op.batch_offset(index) + kblock[0] * op.k[0] + f0 * op.f[0]
+        if paired:
+            # One DMA per (k-tile, 512-column tile): the layout interleaves k-tiles.
+            for j, (k0, kt) in enumerate(tiles(kblock[1], P)):
+                for c0, ct in tiles(fsize, MOVING_MAX):
+                    src = self.kb.ap(op.t, base + k0 * op.k[0] + c0 * op.f[0],
+                                     ((op.k[0], kt), (op.f[0], ct)))
+                    self._dma(load.dst.tile(j, kt, ct, at=c0), src)
+            return load
         if op.via_dma:
             for j, (k0, kt) in enumerate(tiles(kblock[1], P)):
                 src = self.kb.ap(op.t, base + k0 * op.k[0], ((op.f[0], fsize), (op.k[0], kt)))
                 self.kb.emit(isa.DmaTranspose, dst=load.dst.tile(j, kt, fsize), src=src,
-                             dma_queue=next(self.kb._queues))
+                             dma_queue=next(self.load_q))
             return load
         if op.transposed:
             stage = self.stage[id(op)]
@@ -273,13 +374,16 @@ class MatmulEmitter:
                     self._transpose_staged(load.staged.pop(0), load.dst)
                 rows = sub(stage.next(), fc, kblock[1])
                 src = ((op.f[0], fc), (op.k[0], kblock[1]))
-                self.kb.dma(rows, self.kb.ap(op.t, base + c0 * op.f[0], src))
+                self._dma(rows, self.kb.ap(op.t, base + c0 * op.f[0], src))
                 load.staged.append((rows, c0, fc))
             return load
         for j, (k0, kt) in enumerate(tiles(kblock[1], P)):
             src = self.kb.ap(op.t, base + k0 * op.k[0], ((op.k[0], kt), (op.f[0], fsize)))
-            self.kb.dma(load.dst.tile(j, kt, fsize), src)
+            self._dma(load.dst.tile(j, kt, fsize), src)
         return load
+
+    def _dma(self, dst, src, queues=None) -> None:
+        self.kb.emit(isa.DmaCopy, dst=dst, src=src, dma_queue=next(queues or self.load_q))
 
     def _finish(self, load: _Load) -> KMajor:
         """Emits the TensorE transposes of a staged load (none for a direct one)."""

@@ -142,6 +142,37 @@ def test_dot_fp8_numerics():
     np.testing.assert_allclose(out, dot_ref(x, y), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("ls, rs, lc, rc", [
+    ((200, 640), (640, 300), (1,), (0,)),   # 5 k-tiles: 2 double_row pairs + 1 single
+    ((70, 300), (300, 600), (1,), (0,)),    # 128 + 128 paired, a partial 44 alone
+    ((300, 130), (300, 520), (0,), (0,)),   # lhs K-major: no transposes, 2 k-tiles
+    ((2, 64, 256), (2, 256, 40), (2,), (1,)),
+])
+def test_dot_fp8_double_row(ls, rs, lc, rc):
+    """FP8 x FP8 on trn2 runs double_row (K = 256 per matmul, §2.2) wherever two full
+    k-tiles pair up, with the moving tiles interleaved per pair; numerics as the
+    float64 reference of the fp8 values (FP32 accumulation)."""
+    lb = rb = (0,) if len(ls) == 3 else ()
+    x, y = rand(ls, "float8_e4m3", 40), rand(rs, "float8_e5m2", 41)
+    m = dot_module(ls, rs, lb, rb, lc, rc, dtype="float8_e4m3", rdtype="float8_e5m2",
+                   out_dtype="float32")
+    res = run(m, x, y)
+    np.testing.assert_allclose(res.outputs[0], dot_ref(x, y, lb, rb, lc, rc),
+                               rtol=1e-5, atol=1e-4)
+    modes = Counter(i.perf_mode for k in res.program.kernels for i in k.instructions
+                    if type(i).__name__ == "NcMatmul")
+    k = ls[lc[0]]
+    assert modes["double_row"] > 0 and (k % 256 == 0) == (modes["none"] == 0), modes
+
+
+def test_dot_fp8_trn1_has_no_double_row():
+    from jax_trn.hw.spec import CHIPS
+    m = dot_module((128, 512), (512, 128), dtype="float8_e5m2", out_dtype="float32")
+    modes = {i.perf_mode for i in lower_module(m, CHIPS["trn1"].core).kernels[0].instructions
+             if type(i).__name__ == "NcMatmul"}
+    assert modes == {"none"}
+
+
 def test_dot_large_k_and_n_blocks():
     """K deep enough for 512-column groups, N over several groups, M over 128."""
     x, y = rand((200, 1100), "bfloat16", 16), rand((1100, 1300), "bfloat16", 17)
