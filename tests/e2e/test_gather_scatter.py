@@ -231,3 +231,29 @@ def test_unsupported_update_is_a_compile_error(jax, trn):
 
 def _np_dtype(name):
     return np.dtype(getattr(ml_dtypes, name, name))
+
+
+def _kernel_counts(jax, trn, fn, *shapes) -> dict[str, int]:
+    """Instruction counts per engine of the gather / scatter kernel, compiled only."""
+    import re
+    from jax.sharding import SingleDeviceSharding
+    s = SingleDeviceSharding(trn)
+    args = [jax.ShapeDtypeStruct(shape, dt, sharding=s) for shape, dt in shapes]
+    text = jax.jit(fn).lower(*args).compile().as_text()
+    cfg = re.search(r'"((?:gather|scatter)\.\d+: [^"]*)"', text).group(1)
+    return {e: int(n) for e, n in re.findall(r"(\w+) x(\d+)", cfg.split("|")[1])}
+
+
+def test_embedding_instruction_counts_are_bounded(jax, trn):
+    """A 32k x 1024 bf16 table with 4 x 1024 ids: a few rows-DMAs per 1024 ids (up to
+    16 KiB per partition per DmaGather), not one instruction per id or element."""
+    jnp = jax.numpy
+    table, ids = ((32768, 1024), jnp.bfloat16), ((4, 1024), jnp.int32)
+    upd = ((4, 1024, 1024), jnp.bfloat16)
+    lookup = _kernel_counts(jax, trn, lambda t, i: t[i], table, ids)
+    assert sum(lookup.values()) <= 24, lookup
+    add = _kernel_counts(jax, trn, lambda t, i, u: t.at[i].add(u), table, ids, upd)
+    assert add["gpsimd"] <= 24 and add["dma"] <= 160, add     # incl. the 64 MiB copy
+    unique = _kernel_counts(jax, trn, lambda t, i, u: t.at[i].max(u, unique_indices=True),
+                            table, ids, upd)
+    assert unique["vector"] <= 8, unique
