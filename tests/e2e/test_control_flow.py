@@ -174,15 +174,19 @@ def _loop(lax, n):
 
 
 def test_time_grows_linearly_with_trips(jax, trn, lax):
+    """Every trip costs the same: its kernels plus one control-path decision."""
     import jax_trn
+    from jax_trn.runtime.executable import control_ns
     x = jax.device_put(np.ones((64, 64), np.float32), trn)
     times = {}
-    for n in (1, 10):
+    for n in (2, 3, 10):            # (n = 1 differs: its bound and step CSE to one constant)
         with jax_trn.profile() as prof:
             jax.block_until_ready(jax.jit(_loop(lax, n))(x))
-        times[n] = prof.executions[-1].simulated_time_s
-    ratio = times[10] / times[1]
-    assert 5 < ratio < 10.5, times
+        times[n] = prof.executions[-1].span_ns
+    trip = times[3] - times[2]
+    assert trip > control_ns(prof.executions[-1].chip_spec.core) > 1000
+    assert times[10] - times[2] == pytest.approx(8 * trip, rel=1e-6), times
+    assert times[10] / times[2] > 3
 
 
 def test_profile_records_repeated_kernels(jax, trn, lax):
@@ -208,6 +212,10 @@ def test_as_text_and_cost_analysis(jax, trn, lax):
     compiled = jax.jit(_loop(lax, 3)).lower(x).compile()
     text = compiled.as_text()
     assert "while(" in text and "condition=" in text and "trn.kernel" in text
+    k = jax.device_put(np.int32(1), trn)
+    text = jax.jit(lambda k, x: lax.switch(k, [lambda a: a + 1, lambda a: a * 2], x)
+                   ).lower(k, x).compile().as_text()
+    assert "conditional(" in text and "trn.kernel" in text
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
     assert cost["simulated_time_s"] > 0
@@ -222,8 +230,9 @@ def test_runaway_loop_is_an_error(jax, trn, lax, monkeypatch):
 
 # --- hand-written StableHLO (no fusion): cases JAX's programs rarely reach -------------------
 
-def _run_ir(text: str, *args: np.ndarray) -> list[np.ndarray]:
-    """Lowers StableHLO `text` for a Trn2 core and runs it on the hardware model."""
+def _run_ir(text: str, *args: np.ndarray, listing: list | None = None) -> list[np.ndarray]:
+    """Lowers StableHLO `text` for a Trn2 core and runs it on the hardware model (the
+    program's listing appended to `listing`)."""
     from hlo_passes import compile_to_ir
     from jax_trn.hw.core import NeuronCore
     from jax_trn.hw.spec import CHIPS
@@ -231,6 +240,8 @@ def _run_ir(text: str, *args: np.ndarray) -> list[np.ndarray]:
     from jax_trn.runtime.executable import bind_dram, run_kernels
     spec = CHIPS["trn2"].core
     prog = lower_module(compile_to_ir(text, fuse=False), spec)
+    if listing is not None:
+        listing.append(prog.text)
     outs = [np.zeros(t.shape, a.dtype) for t, a in zip(prog.outputs, args)]
     dram = bind_dram(prog, [np.ascontiguousarray(a).reshape(-1) for a in args],
                      [o.reshape(-1) for o in outs])
@@ -295,9 +306,12 @@ def test_nested_while_reads_outer_carry():
     """The inner loop's result is written into the outer carry only after the outer
     carry's last read (`a` is read after the inner loop)."""
     x = np.arange(4, dtype=np.float32)
+    listing: list[str] = []
     for n in (0, 1, 3):
         a = x.copy()
         for i in range(n):
             a = a * 2.0 ** (i + 1) + a
-        out, = _run_ir(_NESTED_CARRY, x, np.array(n, np.int32))
+        out, = _run_ir(_NESTED_CARRY, x, np.array(n, np.int32), listing=listing)
         np.testing.assert_array_equal(out, a)
+    text = listing[0]
+    assert "2 loops" in text and text.count("cond -> pred") == 2 and "body:" in text
