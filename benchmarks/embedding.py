@@ -28,6 +28,7 @@ def main() -> None:
     import jax
     import jax.numpy as jnp
     import numpy as np
+
     import jax_trn
 
     dev = jax.devices("trn")[0]

@@ -3,6 +3,8 @@ take_along_axis, vmapped gathers, embedding lookups and their gradients, .at[] u
 with duplicate and out-of-bounds indices in every mode JAX emits."""
 from __future__ import annotations
 
+import re
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -235,7 +237,6 @@ def _np_dtype(name):
 
 def _kernel_counts(jax, trn, fn, *shapes) -> dict[str, int]:
     """Instruction counts per engine of the gather / scatter kernel, compiled only."""
-    import re
     from jax.sharding import SingleDeviceSharding
     s = SingleDeviceSharding(trn)
     args = [jax.ShapeDtypeStruct(shape, dt, sharding=s) for shape, dt in shapes]
