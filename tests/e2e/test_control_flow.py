@@ -315,3 +315,24 @@ def test_nested_while_reads_outer_carry():
         np.testing.assert_array_equal(out, a)
     text = listing[0]
     assert "2 loops" in text and text.count("cond -> pred") == 2 and "body:" in text
+
+
+_KEPT_CALLS = """
+func.func private @g(%a: tensor<4xf32>, %b: tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>) {
+  %c = stablehlo.add %a, %b : tensor<4xf32>
+  return %c, %a : tensor<4xf32>, tensor<4xf32>
+}
+func.func @main(%x: tensor<4xf32>, %y: tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>) {
+  %r:2 = func.call @g(%x, %y) {no_inline} : (tensor<4xf32>, tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>)
+  %s:2 = func.call @g(%r#0, %r#1) {no_inline} : (tensor<4xf32>, tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>)
+  return %s#0, %s#1 : tensor<4xf32>, tensor<4xf32>
+}
+"""
+
+
+def test_call_kept_by_the_inliner():
+    """A `no_inline` call is lowered in place, once per call site."""
+    x, y = np.arange(4, dtype=np.float32), np.ones(4, np.float32)
+    s0, s1 = _run_ir(_KEPT_CALLS, x, y)
+    np.testing.assert_array_equal(s0, (x + y) + x)
+    np.testing.assert_array_equal(s1, x + y)
