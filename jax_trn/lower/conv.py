@@ -57,7 +57,8 @@ from .relayout import relayout
 
 SBUF_SHARE = 0.75          # of SBUF the conv kernel plans for
 PSUM_ACCS = 4               # accumulation banks in flight (of 8, §3.2)
-OUT_BUFS = 3                # evacuated chunks in flight to the output DMA
+OUT_BUFS = 3                # evacuated bands in flight to the output DMA
+BAND_BUFS = 3               # input bands in flight per ci tile
 MAX_INSTRUCTIONS = 400_000  # beyond this a conv would take minutes to compile
 
 
@@ -280,6 +281,44 @@ def _stage_input(ctx: LowerCtx, x: DramTensor, cv: Conv, dtype: str) -> Staged:
 
 
 
+# --- tap packing ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Packing:
+    """Taps stacked on the contraction axis when input channels fill at most half the
+    partitions (ct <= 64): replica r of the input band (partitions [r*ct, +ct)) holds
+    the band shifted by `shifts[r]` flat elements, so one matmul over len(group) * ct
+    partitions covers a group of taps whose offsets are those shifts. Groups are runs
+    of kw (or whole kernel rows when a row is shorter than the replicas) of the 2
+    inner dims; full groups come first, then the shorter ones."""
+    reps: int
+    shifts: tuple[int, ...]
+    groups: tuple[tuple[tuple[int, int], ...], ...]     # inner taps (kh, kw) per group
+
+
+def _packing(cv: Conv) -> Packing:
+    h, w = cv.dims[-2:]
+    ct = max(min(b.cn, P) for b in cv.blocks)
+    single = len(h.phases) == len(w.phases) == 1
+    reps = min(P // ct, h.kernel * w.kernel) if single else 1
+    if reps <= 1:
+        taps = tuple(((kh, kw),) for kh in range(h.kernel) for kw in range(w.kernel))
+        return Packing(1, (0,), taps)
+    if w.kernel >= reps:
+        runs = [tuple((kh, kw) for kw in range(k0, k0 + kn)) for kh in range(h.kernel)
+                for k0, kn in tiles(w.kernel, reps)]
+        shifts = tuple(r * w.rd for r in range(reps))
+    else:
+        m = min(reps // w.kernel, h.kernel)
+        runs = [tuple((kh, kw) for kh in range(r0, r0 + rn) for kw in range(w.kernel))
+                for r0, rn in tiles(h.kernel, m)]
+        reps = m * w.kernel
+        shifts = tuple((r // w.kernel) * h.rd * w.q + (r % w.kernel) * w.rd
+                       for r in range(reps))
+    full = [g for g in runs if len(g) == reps]
+    return Packing(reps, shifts, tuple(full + [g for g in runs if len(g) < reps]))
+
+
 # --- staging: the weights ----------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -329,6 +368,21 @@ def _stage_weights(ctx: LowerCtx, w: DramTensor, cv: Conv, units, dtype: str) ->
     return wt
 
 
+def _weight_source(ctx: LowerCtx, w: DramTensor, cv: Conv, dtype: str) -> str:
+    """How the conv kernel reads weights: "direct" (output features contiguous, HWIO:
+    DMA rows of co), "transpose" (dma_transpose of [co, ci] per tap, no cast, §3.4) or
+    "staged" (block-diagonal groups, or a cast of a co-strided kernel: a DMA kernel
+    first copies them to [ci, taps, co] blocks)."""
+    if any(b.groups > 1 for b in cv.blocks):
+        return "staged"
+    if cv.w[0] == 1:
+        return "direct"
+    if (getattr(ctx.spec, "dma_transpose", False) and w.dtype == dtype
+            and hw_dtypes.itemsize(dtype) in (2, 4)):
+        return "transpose"
+    return "staged"
+
+
 # --- the rule ------------------------------------------------------------------------------
 
 @register_lowering("convolution")
@@ -345,15 +399,19 @@ def _convolution_lower(ctx: LowerCtx, x: DramTensor, w: DramTensor, **attrs) -> 
                             f"{ctx.op.describe()}")
     ldt, rdt, precision = matmul_types(x.dtype, w.dtype, attrs.get("precision_config", ()),
                                        ctx.matmul_precision)
-    units = _units(cv)
+    units, x_in = _units(cv), x
     x, cv = _channel_major_input(ctx, x, cv, ldt)
     staged = _source(ctx, x, cv, ldt)
-    plan = _plan(cv, units, staged, ldt, rdt, out.dtype, ctx.limits.sbuf_bytes,
+    pk = _packing(cv)
+    plan = _plan(cv, units, staged, pk, ldt, rdt, out.dtype, ctx.limits.sbuf_bytes,
                  ctx.op.describe())
-    wt = _stage_weights(ctx, w, cv, units, rdt)
-    ctx.next_kernel("conv")
+    wsrc = _weight_source(ctx, w, cv, rdt)
+    wt = _stage_weights(ctx, w, cv, units, rdt) if wsrc == "staged" else w
+    if wsrc == "staged" or isinstance(staged, Staged) or x is not x_in:
+        ctx.next_kernel("conv")
     dst, cv_out = _channel_major_output(ctx, out, cv)
-    _Emitter(ctx.kb, cv_out, plan, staged, wt, units, dst, precision, ldt, rdt).run()
+    _Emitter(ctx.kb, cv_out, plan, pk, staged, (wsrc, wt), units, dst, precision, ldt,
+             rdt).run()
     if dst is not out:
         ctx.next_kernel("relayout")
         # (batch, spatial..., feature): the feature axis is the output's contiguous one
@@ -417,23 +475,25 @@ def _chunks(cv: Conv, rows: int, r0: int, rn: int) -> list[tuple[int, int, int, 
     return [(r0 + a0, an, 0, ow) for a0, an in tiles(rn, rows)]
 
 
-def _plan(cv: Conv, units, src, ldt: str, rdt: str, odt: str, sbuf: int, what: str) -> Plan:
+def _plan(cv: Conv, units, src, pk: Packing, ldt: str, rdt: str, odt: str, sbuf: int,
+          what: str) -> Plan:
     h, w = cv.dims[-2:]
     rows = max(1, (MOVING_MAX - w.out) // w.q + 1) if w.out <= MOVING_MAX else 1
-    wbytes = max(sum(cv.taps * u.cot for u in us) for us in units) * hw_dtypes.itemsize(rdt)
-    obytes = OUT_BUFS * MOVING_MAX * hw_dtypes.itemsize(odt)
-    budget = int(sbuf * SBUF_SHARE) - wbytes - obytes
+    slots = _outer_taps(cv) * len(pk.groups)
+    wbytes = max(sum(slots * u.cot for u in us) for us in units) * hw_dtypes.itemsize(rdt)
+    budget = int(sbuf * SBUF_SHARE) - wbytes
     ncit = max(len(tiles(b.cn, P)) for b in cv.blocks)
-    per_row = 2 * ncit * _outer_taps(cv) * _phases(cv) * w.q * hw_dtypes.itemsize(ldt)
+    per_row = BAND_BUFS * ncit * _outer_taps(cv) * _phases(cv) * w.q * hw_dtypes.itemsize(ldt)
     if isinstance(src, Padded):         # + the staging ring of unpadded rows
         per_row += 2 * w.size * hw_dtypes.itemsize(ldt)
+    per_row += OUT_BUFS * w.out * hw_dtypes.itemsize(odt)
     fit = budget // per_row - h.shift if budget > 0 else 0
     if fit < 1:
         raise LoweringError(f"convolution tiles do not fit in SBUF (weights {wbytes} B, "
                             f"input rows {per_row} B per partition): {what}")
     band = min(h.out, fit if fit < rows else fit // rows * rows)
     plan = Plan(band, rows, wbytes)
-    count = _matmuls(cv, plan)
+    count = _matmuls(cv, plan, slots)
     if count > MAX_INSTRUCTIONS:
         raise LoweringError(f"convolution needs {count} matmuls (more than "
                             f"{MAX_INSTRUCTIONS}); a weight-gradient-shaped conv (large "
@@ -449,10 +509,10 @@ def _phases(cv: Conv) -> int:
     return len(cv.dims[-2].phases) * len(cv.dims[-1].phases)
 
 
-def _matmuls(cv: Conv, plan: Plan) -> int:
+def _matmuls(cv: Conv, plan: Plan, slots: int) -> int:
     h = cv.dims[-2]
     chunks = sum(len(_chunks(cv, plan.rows, r0, rn)) for r0, rn in tiles(h.out, plan.band))
-    per_image = chunks * cv.taps * math.prod(d.out for d in cv.dims[:-2])
+    per_image = chunks * slots * math.prod(d.out for d in cv.dims[:-2])
     return cv.n_out * per_image * sum(len(tiles(b.cn, P)) * len(tiles(b.on, P))
                                       for b in cv.blocks)
 
@@ -462,9 +522,11 @@ def _matmuls(cv: Conv, plan: Plan) -> int:
 class _Emitter:
     """Emits the conv kernel (see the module docstring)."""
 
-    def __init__(self, kb: KernelBuilder, cv: Conv, plan: Plan, staged: Staged | Padded,
-                 wt: DramTensor, units, out: DramTensor, precision: str, ldt: str, rdt: str):
-        self.kb, self.cv, self.plan, self.x, self.wt = kb, cv, plan, staged, wt
+    def __init__(self, kb: KernelBuilder, cv: Conv, plan: Plan, pk: Packing,
+                 staged: Staged | Padded, wts: tuple[str, DramTensor], units,
+                 out: DramTensor, precision: str, ldt: str, rdt: str):
+        self.kb, self.cv, self.plan, self.x, self.pk = kb, cv, plan, staged, pk
+        self.wsrc, self.wt = wts
         self.units, self.out, self.precision, self.ldt, self.rdt = units, out, precision, ldt, rdt
         self.h, self.w = cv.dims[-2:]
         self.outer = cv.dims[:-2]
@@ -477,39 +539,87 @@ class _Emitter:
     def run(self) -> None:
         kb = self.kb
         ncit = max(len(tiles(b.cn, P)) for b in self.cv.blocks)
-        bands = kb.ring(2 * ncit, len(self.ko) * self.per_ko, self.ldt)
+        bands = kb.ring(BAND_BUFS * ncit, len(self.ko) * self.per_ko, self.ldt)
         self.stage = None
         if isinstance(self.x, Padded):
             if self.x.gaps(self.w):         # zero columns between rows, set once
                 for t in bands.tiles:
-                    kb.emit(isa.Memset, dst=t, value=0, engine="gpsimd")
+                    kb.emit(isa.Memset, dst=t, value=0, engine="vector")
             if self.x.gaps(self.w) or self.x.row[-2] != self.w.size or (
                     self.x.transposed and self.w.q != self.w.size):
                 self.stage = kb.ring(2, self.band_rows * self.w.size, self.ldt)
         accs = kb.ring(PSUM_ACCS, MOVING_MAX, "float32", mem="psum")
-        obuf = kb.ring(OUT_BUFS, MOVING_MAX, self.out.dtype)
+        obuf = kb.ring(OUT_BUFS, self.plan.band * self.w.out, self.out.dtype)
         for b, us in zip(self.cv.blocks, self.units):
-            weights = [self._load_weights(u) for u in us]
-            cits = tiles(b.cn, P)
-            for n in range(self.cv.n_out):
-                for od in itertools.product(*(range(d.out) for d in self.outer)):
-                    for r0, rn in tiles(self.h.out, self.plan.band):
-                        xs = [self._load_band(bands.next(), b, ci0, ct, n, od, r0)
-                              for ci0, ct in cits]
-                        for m, (co0, cot) in enumerate(tiles(b.on, P)):
-                            ws = weights[m::len(tiles(b.on, P))]
-                            for chunk in _chunks(self.cv, self.plan.rows, r0, rn):
-                                acc = accs.next()
-                                self._matmuls(acc, xs, ws, cot, r0, chunk)
-                                self._drain(acc, obuf.next(), b, n, od, co0, cot, chunk)
+            weights = [self._load_weights(b, u) for u in us]
+            jobs = [(n, od, r0, rn) for n in range(self.cv.n_out)
+                    for od in itertools.product(*(range(d.out) for d in self.outer))
+                    for r0, rn in tiles(self.h.out, self.plan.band)]
+            load = lambda n, od, r0, rn: [self._replicate(self._load_band(
+                bands.next(), b, ci0, ct, n, od, r0)) for ci0, ct in tiles(b.cn, P)]
+            # Band k + 1 is emitted before band k's matmuls: the engines run their
+            # queues in order, so its padding copies then overlap band k's matmuls.
+            ahead = load(*jobs[0])
+            for k, job in enumerate(jobs):
+                xs, ahead = ahead, load(*jobs[k + 1]) if k + 1 < len(jobs) else None
+                self._compute(b, weights, xs, accs, obuf, *job)
             kb.release(*weights)
         kb.release(bands, accs, obuf, *([self.stage] if self.stage else []))
 
-    def _load_weights(self, u: Unit) -> isa.Tile:
-        t = self.kb.tile(self.cv.taps * u.cot, self.rdt, parts=u.ct)
-        free = self.cv.taps * u.cot
-        self.kb.dma(t, self.kb.ap(self.wt, u.offset, ((free, u.ct), (1, free))))
+    def _compute(self, b: Block, weights, xs, accs, obuf, n: int, od, r0: int, rn: int
+                 ) -> None:
+        cots = tiles(b.on, P)
+        for m, (co0, cot) in enumerate(cots):
+            ws = weights[m::len(cots)]
+            otile = sub(obuf.next(), cot, rn * self.w.out)
+            for chunk in _chunks(self.cv, self.plan.rows, r0, rn):
+                acc = accs.next()
+                self._matmuls(acc, xs, ws, cot, r0, chunk)
+                self._evacuate(acc, otile, r0, chunk)
+            self._store(otile, b, n, od, co0, r0, rn)
+
+    def _load_weights(self, b: Block, u: Unit) -> isa.Tile:
+        """[reps * ct, slots * cot]: partition r * ct + ci, column g * cot + co holds
+        W[ci, tap r of slot g, co] (slot g: outer tap, then tap group)."""
+        pk, taps, ng = self.pk, self.cv.taps, len(self.pk.groups)
+        t = self.kb.tile(len(self.ko) * ng * u.cot, self.rdt, parts=pk.reps * u.ct)
+        if self.wsrc == "staged":   # [ct, taps, cot] blocks at u.offset
+            base, (cs, os_) = u.offset, (taps * u.cot, 1)
+            tap_at = [i * u.cot for i in range(taps)]
+        else:
+            os_, cs, sp = self.cv.w
+            base = u.ci0 * cs + (b.o0 + u.co0) * os_
+            tap_at = [sum(k * st for k, (st, _) in zip(idx, sp)) for idx in
+                      itertools.product(*(range(d.kernel) for d in self.cv.dims))]
+        inner = self.h.kernel * self.w.kernel
+        isz = hw_dtypes.itemsize(self.rdt)
+        for r in range(pk.reps):
+            slots = [(i * ng + g, tap_at[i * inner + kh * self.w.kernel + kw])
+                     for i in range(len(self.ko)) for g, grp in enumerate(pk.groups)
+                     if r < len(grp) for kh, kw in grp[r:r + 1]]
+            part = t.with_(start_partition=r * u.ct, num_partitions=u.ct)
+            if self.wsrc == "transpose":    # [cot, ct] -> [ct, cot] per tap
+                for g, at in slots:
+                    src = self.kb.ap(self.wt, base + at, ((os_, u.cot), (cs, u.ct)))
+                    self.kb.emit(isa.DmaTranspose, dst=part.with_(
+                        free=(u.cot,), offset=t.offset + g * u.cot * isz), src=src,
+                        dma_queue=next(self.queues))
+                continue
+            for g0, at0, step, cnt in _runs(slots):
+                dst = part.with_(free=(cnt * u.cot,), offset=t.offset + g0 * u.cot * isz)
+                src = ((cs, u.ct), *_compact(((step, cnt), (os_, u.cot))))
+                self.kb.dma(dst, self.kb.ap(self.wt, base + at0, src))
         return t
+
+    def _replicate(self, band: isa.Tile) -> isa.Tile:
+        """Replicas 1.. of a band (SBUF -> SBUF DMAs), each shifted by its tap offset."""
+        ct, total = band.num_partitions, band.free_size
+        for r, shift in enumerate(self.pk.shifts[1:], 1):
+            size = total - shift
+            src = band.with_(free=(size,),
+                             offset=band.offset + shift * hw_dtypes.itemsize(band.dtype))
+            self.kb.dma(band.with_(start_partition=r * ct, free=(size,)), src)
+        return band.with_(num_partitions=ct * self.pk.reps) if self.pk.reps > 1 else band
 
     def _load_band(self, buf: isa.Tile, b: Block, ci0: int, ct: int, n: int, od, r0: int
                    ) -> isa.Tile:
@@ -591,35 +701,62 @@ class _Emitter:
         h, w, q = self.h, self.w, self.w.q
         length = (rows - 1) * q + cn
         dst = sub(acc, cot, length)
-        steps = [(x, wt, i, kh, kw) for x, wt in zip(xs, ws) for i in range(len(self.ko))
-                 for kh, kw in self.inner]
-        for j, (x, wt, i, kh, kw) in enumerate(steps):
+        ng = len(self.pk.groups)
+        steps = [(x, wt, i, g, grp) for x, wt in zip(xs, ws) for i in range(len(self.ko))
+                 for g, grp in enumerate(self.pk.groups)]
+        for j, (x, wt, i, g, grp) in enumerate(steps):
+            (kh, kw), ct = grp[0], x.num_partitions // self.pk.reps
             (ah, sh), (aw, sw) = h.tap(kh), w.tap(kw)
             ph = h.phases.index(ah) * len(w.phases) + w.phases.index(aw)
             at = i * self.per_ko + (ph * self.band_rows + a - r0 + sh) * q + c0 + sw
-            t = i * len(self.inner) + kh * w.kernel + kw
-            self.kb.emit(isa.NcMatmul, dst=dst, stationary=sub(wt, wt.num_partitions, cot,
-                                                                 at=t * cot),
-                         moving=sub(x, x.num_partitions, length, at=at),
+            parts = len(grp) * ct
+            self.kb.emit(isa.NcMatmul, dst=dst, stationary=sub(wt, parts, cot,
+                                                                 at=(i * ng + g) * cot),
+                         moving=sub(x, parts, length, at=at),
                          precision=self.precision, accumulate=j > 0)
 
-    def _drain(self, acc: isa.Tile, buf: isa.Tile, b: Block, n: int, od, co0: int, cot: int,
-               chunk) -> None:
+    def _evacuate(self, acc: isa.Tile, otile: isa.Tile, r0: int, chunk) -> None:
+        """The valid columns of a chunk, PSUM -> the band's output tile [cot, rows, OW]
+        in the result dtype (one copy per output row unless the rows are contiguous)."""
         a, rows, c0, cn = chunk
-        q = self.w.q
-        otile = sub(buf, cot, rows * cn)
+        q, ow, cot = self.w.q, self.w.out, otile.num_partitions
+        at = (a - r0) * ow + c0
         if rows == 1 or cn == q:
-            self.kb.emit(isa.TensorCopy, dst=otile, src=sub(acc, cot, rows * cn),
-                         engine=self.kb.evac_engine())
-        else:
-            for r in range(rows):
-                self.kb.emit(isa.TensorCopy, dst=sub(otile, cot, cn, at=r * cn),
-                             src=sub(acc, cot, cn, at=r * q), engine=self.kb.evac_engine())
+            self.kb.emit(isa.TensorCopy, dst=sub(otile, cot, rows * cn, at=at),
+                         src=sub(acc, cot, rows * cn), engine=self.kb.evac_engine())
+            return
+        for r in range(rows):
+            self.kb.emit(isa.TensorCopy, dst=sub(otile, cot, cn, at=at + r * ow),
+                         src=sub(acc, cot, cn, at=r * q), engine=self.kb.evac_engine())
+
+    def _store(self, otile: isa.Tile, b: Block, n: int, od, co0: int, r0: int, rn: int
+               ) -> None:
+        """One DMA of a band's output rows (DMAs have a fixed cost of ~2 us, §2.6)."""
         ns, os_, sp = self.cv.o
-        off = n * ns + (b.o0 + co0) * os_ + a * sp[-2][0] + c0 * sp[-1][0]
+        off = n * ns + (b.o0 + co0) * os_ + r0 * sp[-2][0]
         off += sum(o * st for o, (st, _) in zip(od, sp[:-2]))
-        pattern = ((os_, cot), *_compact(((sp[-2][0], rows), (sp[-1][0], cn))))
+        pattern = ((os_, otile.num_partitions),
+                   *_compact(((sp[-2][0], rn), (sp[-1][0], self.w.out))))
         self.kb.dma(self.kb.ap(self.out, off, pattern), otile)
+
+
+def _runs(slots: list[tuple[int, int]]) -> list[tuple[int, int, int, int]]:
+    """(first slot, its tap, tap step, count) of runs of consecutive slots whose taps
+    step evenly.
+
+    >>> _runs([(0, 0), (1, 2), (2, 4), (3, 5), (5, 6)])
+    [(0, 0, 2, 3), (3, 5, 1, 1), (5, 6, 1, 1)]
+    """
+    out: list[list[int]] = []
+    for g, t in slots:
+        if out and out[-1][0] + out[-1][3] == g and (
+                out[-1][3] == 1 or out[-1][1] + out[-1][2] * out[-1][3] == t):
+            run = out[-1]
+            run[2] = t - run[1] if run[3] == 1 else run[2]
+            run[3] += 1
+        else:
+            out.append([g, t, 1, 1])
+    return [tuple(r) for r in out]
 
 
 def _compact(pattern: Axes) -> Axes:
