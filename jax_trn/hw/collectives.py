@@ -74,6 +74,7 @@ __all__ = [
     "Timing",
     "choose_algorithm",
     "collective_time",
+    "rdh_order",
     "ring_order",
     "run_collective",
 ]
@@ -150,6 +151,14 @@ def ring_order(devices, topology: Topology) -> list[int]:
     chip consecutively."""
     devices = np.asarray(devices)
     key = topology.snake_rank[topology.chip_of(devices)] * topology.cores_per_chip + topology.core_of(devices)
+    return [int(d) for d in devices[np.argsort(key, kind="stable")]]
+
+
+def rdh_order(devices, topology: Topology) -> list[int]:
+    """The hypercube positions `rdh` gives `devices` (position p = list index): chips by
+    Gray-decoded torus coordinates, cores of a chip in the low bits."""
+    devices = np.asarray(devices)
+    key = topology.gray_rank[topology.chip_of(devices)] * topology.cores_per_chip + topology.core_of(devices)
     return [int(d) for d in devices[np.argsort(key, kind="stable")]]
 
 
@@ -296,8 +305,9 @@ def choose_algorithm(kind: str, nbytes: int, groups, topology: Topology) -> str:
         return "mesh"
     chips = topology.chip_of(groups[0])
     n_chips = len(np.unique(chips))
-    if 1 < n_chips < len(groups[0]):
-        return "hierarchical"
+    per_chip = np.unique(np.unique(chips, return_counts=True)[1])
+    if 1 < n_chips < len(groups[0]) and len(per_chip) == 1:
+        return "hierarchical"               # the same number of cores on every chip
     if topology.kind == "cluster" and len(np.unique(topology.node_of_chip(chips))) > 1 \
             and nbytes >= MESH_MAX_BYTES:
         return "ring2d"

@@ -73,7 +73,7 @@ class Topology:
     # --- construction --------------------------------------------------------------
 
     @classmethod
-    def single(cls, generation: str, chips: int = 1) -> Topology:
+    def single(cls, generation: str) -> Topology:
         return cls._build("single", generation, (1,), chips=1, nodes=1, dim_bw=())
 
     @classmethod

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from jax_trn.hw import collectives as cc
-from jax_trn.hw.collectives import choose_algorithm, collective_time, ring_order, run_collective
+from jax_trn.hw.collectives import choose_algorithm, collective_time, rdh_order, ring_order, run_collective
 from jax_trn.hw.topology import Topology
 from jax_trn.systems import get_system
 
@@ -136,6 +136,23 @@ def test_bf16_ring_all_reduce_rounds_in_ring_order():
     assert not np.array_equal(out[group[0]].view(np.uint16), naive.view(np.uint16))
 
 
+def test_bf16_rdh_reduces_in_butterfly_order():
+    # Recursive halving: at distance d = n/2 .. 1 every position p adds its partner p ^ d's
+    # partial, rounding to bf16; position q ends with chunk q (q's rank owns it).
+    rng = np.random.default_rng(7)
+    group = [5, 17, 40, 3, 99, 64, 20, 11]
+    xs = {d: (rng.standard_normal(8 * 4) * 10.0 ** rng.uniform(-3, 3, 8 * 4)).astype(BF16) for d in group}
+    out, _ = run_collective("all_reduce", xs, [group], TRN2, algorithm="rdh")
+    at = rdh_order(group, TRN2)
+    part = np.stack([xs[d] for d in at])                   # (position, elements)
+    for d in (4, 2, 1):
+        part = (part.astype(np.float32) + part[np.arange(8) ^ d].astype(np.float32)).astype(BF16)
+    want = np.concatenate([part[at.index(g)][q * 4:(q + 1) * 4] for q, g in enumerate(group)])
+    assert np.array_equal(out[group[0]].view(np.uint16), want.view(np.uint16))
+    ring, _ = run_collective("all_reduce", xs, [group], TRN2, algorithm="ring")
+    assert not np.array_equal(ring[group[0]].view(np.uint16), want.view(np.uint16))
+
+
 def test_mesh_reduces_in_fp32_then_rounds_once():
     # dma_compute sums up to 16 sources in FP32 (§3.4): 1 + 8 * 2^-9 is exact in fp32 and
     # rounds once; a ring rounding per step loses each 2^-9 against 1.0 in bf16.
@@ -168,6 +185,7 @@ def test_choice_on_switch_hierarchy_and_odd_sizes():
     assert choose_algorithm("all_reduce", 1 << 30, [list(range(0, 512, 8))],
                             get_system("trn2-ultraserver").interconnect()) == "ring2d"
     assert choose_algorithm("all_to_all", 1 << 30, CHIP_RANKS, TRN2) == "mesh"
+    assert choose_algorithm("all_reduce", 1 << 30, [[0, 1, 2, 8]], TRN2) == "ring"  # uneven: flat
     # 16 MB: cores of a chip ring (>= 1 MB); the 4 chips get 2 MB each -> RDH.
     t = collective_time("all_reduce", (1 << 22,), np.float32, MULTI, TRN2)
     assert t.algorithm == "all_reduce hierarchical(ring,rdh)"
