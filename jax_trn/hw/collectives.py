@@ -15,7 +15,8 @@ reducing `Xfer` combines into the receiver's slots ("DMA-side accumulation", §5
 
 **Algorithms** (§5.3 [CC-INTRA][CC-INTER]). all-reduce = reduce-scatter + all-gather, run
 level by level (a level = lines of ranks that differ in one coordinate):
-  ring        one ring through the group, in the topology's snake order (the "flat ring").
+  ring        one ring through the group, in the topology's snake order (the "flat ring");
+              rings here run one way round (a known simplification: no bidirectional rings).
   kangaring   on a square 2D torus, one rank per chip: 4 rings, the two edge-disjoint
               Hamiltonian cycles each way, each carrying a quarter of the data (§5.3).
   ring2d      one ring per torus dimension / per level of a cluster (chips of a node, then
@@ -28,12 +29,14 @@ level by level (a level = lines of ranks that differ in one coordinate):
   hierarchical  cores of a chip first, then chips (§5.3 "intra ReduceScatter -> inter
               AllReduce -> intra AllGather"), each level by the size rule below.
 all_to_all: "mesh" (one step) or "pairwise" (n-1 shifted exchanges). collective_permute:
-"direct".
+"direct", any (source, target) pairs (§5.1 says the runtime only supports circular
+permutes of adjacent ranks; we do not enforce that).
 Default choice (§5.3): groups spanning several chips with several cores each ->
 hierarchical; per level by message size: NeuronSwitch -> mesh; < 1 MB mesh, < 56 MB rdh
 (2^k ranks), else kangaring where there are disjoint cycles, else ring2d when the group
 covers a multi-dimensional torus or a cluster, else ring. all_to_all: mesh (no size rule
-is published; pairwise on request). The message size is the larger of a rank's input and output buffers.
+is published; pairwise on request). The message size is the larger of a rank's input and
+output buffers.
 Override with `algorithm=` or `JAX_TRN_COLLECTIVE_ALGORITHM`.
 
 **Numerics.** Element dtype storage between steps; each reducing transfer computes
@@ -50,7 +53,7 @@ trigger-to-DMA start of §5.2/§3.4), then steps run one after another, all grou
 A step's transfers are aggregated per device pair (a flow). Contention is a per-link
 serialization model: every flow on a link shares it for the whole step, so link l drains
 after load[l] / bw[l]; a flow ends at route latency + max over its links of that drain time;
-the step ends with its last flow. A reducing transfer costs 1 / cc_reduce_rate on the
+the step ends with its last flow (steps are bulk-synchronous across groups). A reducing transfer costs 1 / cc_reduce_rate on the
 receiving chip's DMA (pre-v4 accumulation runs at 50% of DMA rate, §5.2 [NKI-ARCH3]).
 `dma_available` (0..1] scales every chip's DMA bandwidth: the hook for collectives that
 share DMA engines with compute (§5.2) -- the runtime will pass what compute leaves.

@@ -286,3 +286,13 @@ def test_numerics_on_all_1152_cores():
     xs = {d: np.full(1152, d % 7, np.float32) for d in range(1152)}
     out, _ = run_collective("all_reduce", xs, [list(range(1152))], SWITCH)
     assert np.all(out[1151] == sum(d % 7 for d in range(1152)))
+
+
+def test_timing_only_matches_the_timing_of_a_real_run():
+    rng = np.random.default_rng(8)
+    for kind, shape in (("all_reduce", (64, 3)), ("all_gather", (4, 3)), ("reduce_scatter", (64, 3)),
+                        ("all_to_all", (64, 3))):
+        xs = _data(MULTI, shape, rng, np.float32)
+        _, ran = run_collective(kind, xs, MULTI, TRN2)
+        alone = collective_time(kind, shape, np.float32, MULTI, TRN2)
+        assert ran == alone, kind
