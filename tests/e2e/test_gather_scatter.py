@@ -140,8 +140,10 @@ def test_embedding_lookup_and_grad(jax, trn, cpu, dtype):
 
 # --- scatter --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("op", ["set", "add", "mul", "max", "min"])
+@pytest.mark.parametrize("op,dtype", [(op, "float32") for op in ("set", "add", "mul", "max",
+                                                                   "min")]
+                         + [("set", "bfloat16"), ("add", "bfloat16"), ("max", "bfloat16"),
+                            ("add", "int32"), ("mul", "int32"), ("min", "int32")])
 def test_at_update(jax, trn, cpu, op, dtype):
     x = _rand((130, 3), dtype, np.random.default_rng(15))
     u = _rand((6, 3), dtype, np.random.default_rng(16), lo=0.5, hi=2.0)
