@@ -260,3 +260,14 @@ def test_embedding_instruction_counts_are_bounded(jax, trn):
     unique = _kernel_counts(jax, trn, lambda t, i, u: t.at[i].max(u, unique_indices=True),
                             table, ids, upd)
     assert unique["vector"] <= 8, unique
+
+
+def test_serial_read_modify_write_is_capped(jax, trn):
+    """max with traced, possibly repeated indices runs one index vector per tile; past
+    MAX_CHUNKS tiles it is a compile-time error naming the op, not a huge kernel."""
+    from jax.sharding import SingleDeviceSharding
+    s = SingleDeviceSharding(trn)
+    args = [jax.ShapeDtypeStruct(shape, dt, sharding=s) for shape, dt in
+            (((100, 8), np.float32), ((9000,), np.int32), ((9000, 8), np.float32))]
+    with pytest.raises(Exception, match=r"scatter.*9000 index vectors"):
+        jax.jit(lambda x, i, u: x.at[i].max(u)).lower(*args).compile()
