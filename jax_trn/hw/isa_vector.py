@@ -2,7 +2,8 @@
 Select, which also run on GpSimd.
 
 Costs and generation checks of the original instructions are in costs.py; the newer
-ones (ScalarTensorTensor, Exponential, QuantizeMx) carry their own `cycles` / `check`.
+ones (ScalarTensorTensor, Exponential, QuantizeMx, TensorTensorScan) carry their own
+`cycles` / `check`.
 """
 from __future__ import annotations
 

@@ -336,9 +336,6 @@ def _by_offsets(ctx: LowerCtx, src: DramTensor, alu: str, w: Window, init) -> bo
 
 def _generic(ctx: LowerCtx, x: DramTensor, init: DramTensor, alu: str, w: Window) -> None:
     out = ctx.outs[0]
-    if alu not in REDUCIBLE:
-        raise LoweringError(f"reduce_window with a {alu} body over a non-cumulative window"
-                            f" is not supported ({ctx.op.describe()})")
     value = ctx.constant(init)
     src = x
     if w.needs_padding():
@@ -352,6 +349,10 @@ def _generic(ctx: LowerCtx, x: DramTensor, init: DramTensor, alu: str, w: Window
         imm = np.asarray(value).reshape(-1)[0].item() if keep_init else None
         if _by_offsets(ctx, src, alu, w, imm):
             return
+    if alu not in REDUCIBLE:
+        raise LoweringError(f"reduce_window with a {alu} body over a window of "
+                            f"{math.prod(w.dims)} elements is not supported "
+                            f"({ctx.op.describe()})")
     axes = window_axes(tuple(src.shape), w, tuple(out.shape))
     emit_reduce(ctx.kb, WindowSource(ctx.kb, src, axes), tuple(out.shape) + w.dims, out,
                 alu, init if keep_init else None, tuple(range(rank, 2 * rank)))

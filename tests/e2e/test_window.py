@@ -131,6 +131,13 @@ def test_avg_pool_and_min_pool(jax, trn, cpu):
     np.testing.assert_array_equal(out, ref)
 
 
+def test_product_window(jax, trn, cpu):
+    x = np.random.default_rng(10).uniform(0.5, 1.5, (2, 6, 6, 3)).astype(np.float32)
+    out, ref = _run(jax, trn, cpu, _pool(jax, 1.0, jax.lax.mul, (1, 2, 2, 1), (1, 2, 2, 1),
+                                         "SAME"), x)
+    assert_close(out, ref, "float32")
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "int32"])
 def test_max_pool_dtypes(jax, trn, cpu, dtype):
     x = np.random.default_rng(7).integers(-50, 50, (1, 6, 6, 130))
