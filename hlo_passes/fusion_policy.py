@@ -25,6 +25,9 @@ The rules, in the order they are checked:
                                                            reduction first
     anything else                                       -> forbidden: not fusible
 
+Before regions grow, the pass offers each attention pattern (passes/attention.py) to
+`attention(...)`: allowed ones become one fusion of kind "attention".
+
 The policy never looks at hardware; `cost` (op -> relative per-element compute cost)
 is the hook a target can pass to steer duplication.
 """
@@ -45,7 +48,7 @@ FUSIBLE_USERS = ELEMENTWISE | VIEWS | {"reduce"}
 TRANSCENDENTAL = frozenset({
         "exponential", "exponential_minus_one", "log", "log_plus_one", "logistic",
         "tanh", "sqrt", "rsqrt", "cbrt", "sine", "cosine", "tan", "atan2", "power"})
-KINDS = ("loop", "reduction", "matmul_epilogue")
+KINDS = ("loop", "reduction", "matmul_epilogue", "attention")
 
 
 @dataclass(frozen=True)
@@ -121,9 +124,26 @@ class FusionPolicy:
     """The default rules (module docstring); override methods or pass `cost`."""
 
     def __init__(self, max_ops: int = 64, max_dup_users: int = 3, dup_budget: float = 8.0,
-                 cost: Callable[[ir.Op], float] | None = None):
+                 cost: Callable[[ir.Op], float] | None = None, attention: bool = True):
         self.max_ops, self.max_dup_users = max_ops, max_dup_users
         self.dup_budget, self.cost = dup_budget, cost or default_cost
+        self.fuse_attention = attention
+
+    def attention(self, out: ir.Op, scale: float, masked: bool,
+                  mask_value: np.ndarray | None) -> FusionDecision:
+        """May the attention pattern ending at `out` (passes/attention.py) become one
+        "attention" fusion? `mask_value` is the mask when known at compile time."""
+        if not self.fuse_attention:
+            return FusionDecision.forbid("attention fusion is off")
+        shape = "x".join(map(str, out.operands[0].shape))
+        mask = "no mask"
+        if masked:
+            mask = "runtime mask"
+            if mask_value is not None:
+                dead = 1 - np.count_nonzero(mask_value) / max(1, mask_value.size)
+                mask = f"compile-time mask, {dead:.0%} masked"
+        return FusionDecision.allow(f"attention: softmax(q @ k^T * {scale:.6g}, {mask}) @ v, "
+                                    f"scores {shape} stay on chip")
 
     def should_fuse(self, producer: ir.Op, consumer: ir.Op,
                     region: RegionView) -> FusionDecision:

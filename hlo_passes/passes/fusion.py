@@ -14,7 +14,8 @@ least one decision becomes
         ...fused ops, in program order...  # isolated: they use only the arguments
         return(%v, ...)                    # the root's results, then extra outputs
 
-placed where the root was. A fused value that is also used outside the region (only
+placed where the root was. Before regions grow, attention patterns (passes/attention.py)
+become fusions of kind "attention" if the policy allows. A fused value that is also used outside the region (only
 the function's return may be, by the policy) is an extra result. Every non-root member
 has all its users inside the region, so fusing never creates a cycle. Originals left
 without users by duplication are removed.
@@ -28,7 +29,7 @@ from collections import defaultdict
 from hlo_passes import ir
 from hlo_passes.effects import TERMINATORS
 from hlo_passes.fusion_policy import FusionPolicy, is_root, region_shape, root_kind
-from hlo_passes.passes import dce
+from hlo_passes.passes import attention, dce
 
 name = "fusion"
 
@@ -44,6 +45,7 @@ class Fusion:
     def run(self, module: ir.Module) -> bool:
         changed = False
         for fn in module.functions.values():
+            changed |= _attention_fusions(fn.body, self.policy)
             changed |= _BlockFusion(fn.body, self.policy).run()
         if changed:
             dce.run(module)
@@ -251,3 +253,74 @@ def _clone_block(block: ir.Block, vmap: dict) -> ir.Block:
     args = [ir.Value(a.type) for a in block.args]
     vmap.update(zip(block.args, args))
     return ir.Block(args, [_clone(op, vmap) for op in block.ops])
+
+
+# --- attention ------------------------------------------------------------------------------
+
+def _attention_fusions(block: ir.Block, policy: FusionPolicy) -> bool:
+    """Each attention pattern of `block` (passes/attention.py) as one fusion op."""
+    graph = _Graph(block)
+    matches = attention.find(block, graph.producer, graph.users)
+    replaced: dict[ir.Op, list[ir.Op]] = {}
+    members: set[ir.Op] = set()
+    for m in matches:
+        mask_value = attention.fold(m.mask, graph.producer) if m.mask is not None else None
+        decision = policy.attention(m.out, m.scale, m.mask is not None, mask_value)
+        if not decision.ok:
+            continue
+        replaced[m.out] = _attention_op(m, mask_value, decision, graph)
+        members.update(m.ops)
+    if not replaced:
+        return False
+    ops, mapping = [], {}
+    for op in block.ops:
+        if op in replaced:
+            ops.extend(replaced[op])
+            mapping[op.result] = replaced[op][-1].result
+        elif op not in members:
+            ops.append(op)
+    block.ops = ops
+    block.replace_all_uses(mapping)
+    return True
+
+
+def _attention_op(m, mask_value, decision, graph: _Graph) -> list[ir.Op]:
+    """[mask constant,] fusion: the pattern's ops cloned into an isolated region whose
+    inputs are q, k, v [and the mask]; constants it uses are cloned in."""
+    pre, inputs = [], [m.q, m.k, m.v]
+    if m.mask is not None:
+        mask = m.mask
+        if mask_value is not None:
+            const = ir.Op("constant", [], [ir.Value(m.mask.type)], {"value": mask_value},
+                          loc=m.out.loc, name=m.out.name)
+            pre.append(const)
+            mask = const.result
+        inputs.append(mask)
+    vmap = {v: ir.Value(v.type) for v in inputs}
+    if m.mask is not None:
+        vmap[m.mask] = vmap[inputs[-1]]
+    inside = {v for op in m.ops for v in op.results}
+    body: list[ir.Op] = []
+    for op in sorted(set(m.ops), key=lambda o: graph.index[o]):
+        for v in _free_values(op, inside):
+            _clone_constant(v, graph, vmap, body)
+        body.append(_clone(op, vmap))
+    body.append(ir.Op("return", [vmap[m.out.result]], [], loc=m.out.loc))
+    args = [vmap[v] for v in inputs]
+    attrs = {"fusion_kind": "attention", "decisions": (decision.reason,),
+             "attention_scale": m.scale, "attention_mask": m.mask is not None}
+    fusion = ir.Op("fusion", inputs, [ir.Value(m.out.result.type)], attrs,
+                   [ir.Region([ir.Block(args, body)])], loc=m.out.loc, name=m.out.name)
+    return pre + [fusion]
+
+
+def _clone_constant(v: ir.Value, graph: _Graph, vmap: dict, body: list) -> None:
+    """Clones the constant (through converts / broadcasts) computing `v` into `body`."""
+    if v in vmap:
+        return
+    op = graph.producer.get(v)
+    if op is None or op.kind not in ("constant", "convert", "broadcast_in_dim"):
+        raise AssertionError(f"attention region uses %{v.name}, not a constant")
+    for u in op.operands:
+        _clone_constant(u, graph, vmap, body)
+    body.append(_clone(op, vmap))

@@ -7,6 +7,8 @@
                      as the reduce's source (input fusion), extra outputs stored per box
     matmul_epilogue  the matmul loop nest (dot.py / matmul.py) with the region applied
                      to each output tile as it leaves PSUM (epilogue.py)
+    attention        softmax(mask(q @ k^T * scale)) @ v, flash-attention style, the
+                     scores never leaving the chip (attention.py)
 
 The kernel's `ops` are the fused ops; its `notes` the fusion kind, the pass's decisions
 and how the lowering applied them. A region this lowering cannot emit raises
@@ -36,7 +38,11 @@ def fusion_notes(op) -> list[str]:
 
 @register_lowering("fusion")
 def _fusion_lower(ctx: LowerCtx, *ins: DramTensor, fusion_kind: str = "loop",
-                  decisions=()) -> None:
+                  decisions=(), attention_scale: float = 1.0,
+                  attention_mask: bool = False) -> None:
+    if fusion_kind == "attention":
+        from .attention import lower_attention
+        return lower_attention(ctx, list(ins), attention_scale, attention_mask)
     plan = translate(ctx.op, list(ins), ctx.outs)
     plan.region = fold(plan.region)
     if fusion_kind == "reduction":

@@ -1,0 +1,292 @@
+"""Attention fusions (hlo_passes/passes/attention.py) as one flash-attention kernel:
+out = softmax(mask(q @ k^T * scale)) @ v, the [Sq, Sk] scores never leaving the chip.
+
+Per batch index (all leading dims flattened), K^T [D, Sk] comes by dma_transpose (§3.4)
+and V [Sk, Dv] in 128-row k-tiles (K on partitions, as TensorE needs, §2.2); both are
+prefetched during the previous batch index. Per q-tile of 128 rows, Q^T [D, 128] comes
+by dma_transpose and is multiplied by the scale on GpSimd. The live key range of the
+q-tile (blocks of 128 keys with any unmasked entry; the mask is a compile-time
+constant, so fully masked causal blocks are never computed) is cut into chunks of up to
+1024 keys (two PSUM banks of FP32, §3.2), and each chunk runs two stages:
+
+  A  S = (scale Q) K^T on TensorE into PSUM; partially masked 128x128 blocks get an
+     additive bias (0 / -3e38, built once per distinct block from the mask) on VectorE;
+     -m = -rowmax(S) (VectorE tensor_reduce, negated); online softmax across chunks:
+     -m_new = min(-m_old, -m), alpha = exp(m_old - m_new) (ScalarE);
+     P = exp(S - m_new) in bf16 with its row sums accumulated by the same ScalarE
+     activation (§2.4 activation with add-reduction); l = l * alpha + rowsum.
+  B  P^T per 128-key block by TensorE transposes (4 per PSUM bank, copied to SBUF on
+     VectorE / ScalarE in turn), O_chunk = P V accumulated in PSUM (stationary P^T
+     [keys, q], moving V [keys, Dv]); O = O * alpha + O_chunk (VectorE); after the last
+     chunk out = O / l, DMAed out.
+
+Stages are emitted software-pipelined (each engine runs its queue in program order,
+§2.1): A(n+2), the transposes of n+1, then the rest of B(n), so TensorE computes the
+scores two chunks ahead while VectorE / ScalarE run the softmax; S and the PSUM
+accumulators are double-buffered.
+
+Numerics: FP32 scores and softmax, P rounded to the dtype of the p @ v operand (as the
+program does), FP32 accumulation; unlike the unfused program the scores are not
+rounded to bf16 before the softmax (more precise). Masked entries get -3e38 instead of
+-inf (exp gives 0 either way); a q row with no unmasked key, a non-constant mask,
+non-16-bit q/k/v or D > 128 / Dv > 512 raise Unsupported: the region's ops then run
+one by one.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+
+from jax_trn.hw import isa
+from jax_trn.hw.program import DramTensor
+
+from .builder import sub
+from .layout import P, tiles
+from .registry import LowerCtx
+from .translate import Unsupported
+
+CHUNK = 1024            # keys per softmax chunk: two PSUM banks of FP32 (§3.2)
+MOVING_MAX = 512        # keys per score matmul: one PSUM bank (§2.2)
+NEG = -3.0e38           # additive bias of a masked score
+BIAS_CACHE = 16         # distinct partially-masked blocks kept as bias tiles
+
+
+def lower_attention(ctx: LowerCtx, ins: list[DramTensor], scale: float,
+                    masked: bool) -> None:
+    q, k, v = ins[:3]
+    mask = _mask(ctx, ins[3]) if masked else None
+    _check(ctx, q, k, v)
+    ctx.kb.notes.append("attention: flash-attention kernel (attention.py)")
+    _Flash(ctx, q, k, v, ctx.outs[0], scale, mask).run()
+
+
+def _mask(ctx: LowerCtx, t: DramTensor) -> tuple[DramTensor, np.ndarray]:
+    value = ctx.constant(t)
+    if value is None:
+        raise Unsupported("attention with a mask computed at run time")
+    return t, np.asarray(value, bool).reshape(value.shape[-2:])
+
+
+def _check(ctx: LowerCtx, q: DramTensor, k: DramTensor, v: DramTensor) -> None:
+    d, dv = q.shape[-1], v.shape[-1]
+    if not (q.dtype == k.dtype == v.dtype and q.dtype in ("bfloat16", "float16")):
+        raise Unsupported(f"attention on {q.dtype}/{k.dtype}/{v.dtype} (16-bit only)")
+    if d > P or dv > MOVING_MAX:
+        raise Unsupported(f"attention head dims D={d}, Dv={dv} (<= {P}, <= {MOVING_MAX})")
+    if not getattr(ctx.spec, "dma_transpose", False):
+        raise Unsupported("attention needs dma_transpose (NC-v3+, §3.4)")
+
+
+class _Flash:
+    def __init__(self, ctx: LowerCtx, q, k, v, out, scale: float, mask):
+        self.ctx, self.kb = ctx, ctx.kb
+        self.q, self.k, self.v, self.out, self.scale = q, k, v, out, scale
+        self.mask = mask
+        self.sq, self.d = q.shape[-2:]
+        self.sk, self.dv = v.shape[-2:]
+        self.batch = math.prod(q.shape[:-2])
+        self.pdtype = self._p_dtype()
+        kb, nkt = self.kb, -(-self.sk // P)
+        self.kT = kb.ring(2, self.sk, q.dtype)
+        self.vb = kb.ring(2, nkt * self.dv, v.dtype)
+        self.qT = kb.ring(3, P, q.dtype)
+        self.s = kb.ring(2, CHUNK, "float32", mem="psum")
+        self.p = kb.ring(3, CHUNK, self.pdtype)
+        self.t = kb.ring(2, MOVING_MAX, "float32", mem="psum")
+        self.pt = kb.ring(6, MOVING_MAX, self.pdtype)
+        self.o = kb.ring(2, self.dv, "float32", mem="psum")
+        self.osb = kb.ring(2, self.dv, "float32")
+        self.res = kb.ring(2, self.dv, out.dtype)
+        self.small = kb.ring(16, 1, "float32")
+        self.biases: dict[bytes, isa.Tile] = {}
+        self.copy_engines = itertools.cycle(("vector", "scalar"))
+        self.queues = itertools.cycle(range(kb.limits.dma_queues))
+        kb.flops += 2 * self.batch * self.sq * self.sk * (self.d + self.dv)
+
+    def _p_dtype(self) -> str:
+        dots = [o for o in self.ctx.op.regions[0].block.ops if o.kind == "dot_general"]
+        return dots[-1].operands[0].dtype if dots else self.v.dtype
+
+    # --- driver ------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Emits the jobs software-pipelined: TensorE runs S(n+2), P^T(n+1), PV(n), so
+        each softmax has two TensorE slots to finish and each P^T copy one."""
+        jobs = [job for b in range(self.batch) for job in self._jobs(b)]
+        kv: dict = {}
+        for n in range(len(jobs) + 2):
+            if n < len(jobs):
+                job = jobs[n]
+                if job["b"] not in kv:
+                    kv[job["b"]] = self._load_kv(job["b"])
+                job["kv"] = kv[job["b"]]
+                self._stage_a(job)
+            if 0 <= n - 1 < len(jobs):
+                self._transposes(jobs[n - 1])
+            if 0 <= n - 2 < len(jobs):
+                self._stage_b(jobs[n - 2])
+
+    def _jobs(self, b: int) -> list[dict]:
+        """One job per (q-tile, key chunk): the chunk's 128-key blocks and flags."""
+        jobs = []
+        for q0, qt in tiles(self.sq, P):
+            blocks = self._live_blocks(q0, qt)
+            chunks = [blocks[i:i + CHUNK // P] for i in range(0, len(blocks), CHUNK // P)]
+            state = {"q0": q0, "qt": qt}
+            for ci, chunk in enumerate(chunks):
+                jobs.append({"b": b, "tile": state, "blocks": chunk, "first": ci == 0,
+                             "last": ci == len(chunks) - 1})
+        return jobs
+
+    def _live_blocks(self, q0: int, qt: int) -> list[tuple[int, int, str]]:
+        """(k0, kb, "full" | "partial") for the key blocks from the first to the last
+        with an unmasked entry in rows [q0, q0 + qt)."""
+        blocks = []
+        for k0, kbn in tiles(self.sk, P):
+            if self.mask is None:
+                blocks.append((k0, kbn, "full"))
+                continue
+            blk = self.mask[1][q0:q0 + qt, k0:k0 + kbn]
+            state = "full" if blk.all() else ("skip" if not blk.any() else "partial")
+            blocks.append((k0, kbn, state))
+        if self.mask is not None and not self.mask[1][q0:q0 + qt].any(axis=1).all():
+            raise Unsupported("attention with a fully masked query row (softmax of -inf)")
+        live = [i for i, blk in enumerate(blocks) if blk[2] != "skip"]
+        return [(k0, kbn, "full" if s == "full" else "partial")
+                for k0, kbn, s in blocks[live[0]:live[-1] + 1]]
+
+    # --- loads -------------------------------------------------------------------------
+
+    def _dma(self, dst, src, cls=isa.DmaCopy) -> None:
+        self.kb.emit(cls, dst=dst, src=src, dma_queue=next(self.queues))
+
+    def _load_kv(self, b: int) -> tuple[isa.Tile, isa.Tile]:
+        kT, vb = self.kT.next(), self.vb.next()
+        base_k, base_v = b * self.sk * self.d, b * self.sk * self.dv
+        for r0, rn in tiles(self.sk, MOVING_MAX):
+            src = self.kb.ap(self.k, base_k + r0 * self.d, ((self.d, rn), (1, self.d)))
+            self._dma(sub(kT, self.d, rn, at=r0), src, isa.DmaTranspose)
+        for j, (r0, rn) in enumerate(tiles(self.sk, P)):
+            src = self.kb.ap(self.v, base_v + r0 * self.dv, ((self.dv, rn), (1, self.dv)))
+            self._dma(sub(vb, rn, self.dv, at=j * self.dv), src)
+        return kT, vb
+
+    def _load_q(self, job: dict) -> isa.Tile:
+        tile = job["tile"]
+        q0, qt = tile["q0"], tile["qt"]
+        qT = sub(self.qT.next(), self.d, qt)
+        src = self.kb.ap(self.q, job["b"] * self.sq * self.d + q0 * self.d,
+                         ((self.d, qt), (1, self.d)))
+        self._dma(qT, src, isa.DmaTranspose)
+        self.kb.emit(isa.TensorScalar, dst=qT, data=qT, op0="multiply",
+                     operand0=self.scale, engine="gpsimd")
+        return qT
+
+    def _bias(self, q0: int, qt: int, k0: int, kbn: int) -> isa.Tile:
+        """The additive mask bias of a partially masked block (cached by content)."""
+        key = self.mask[1][q0:q0 + qt, k0:k0 + kbn].tobytes() + bytes((qt, kbn % 256))
+        tile = self.biases.get(key)
+        if tile is not None:
+            return tile
+        tile = self.kb.tile(kbn, "float32", parts=qt) if len(self.biases) < BIAS_CACHE \
+            else sub(self.osb.next(), qt, kbn)
+        sq, sk = self.mask[1].shape
+        self._dma(tile, self.kb.ap(self.mask[0], q0 * sk + k0, ((sk, qt), (1, kbn))))
+        self.kb.emit(isa.TensorScalar, dst=tile, data=tile, op0="multiply",
+                     operand0=-NEG, op1="add", operand1=NEG, engine="gpsimd")
+        if len(self.biases) < BIAS_CACHE:
+            self.biases[key] = tile
+        return tile
+
+    # --- stage A: scores and softmax ------------------------------------------------------
+
+    def _stage_a(self, job: dict) -> None:
+        kb, tile = self.kb, job["tile"]
+        qt = tile["qt"]
+        if job["first"]:
+            tile["qT"] = self._load_q(job)
+        kT, _ = job["kv"]
+        k0 = job["blocks"][0][0]
+        width = sum(n for _, n, _ in job["blocks"])
+        s = sub(self.s.next(), qt, width)
+        for c0, cn in tiles(width, MOVING_MAX):
+            kb.emit(isa.NcMatmul, dst=sub(s, qt, cn, at=c0), stationary=tile["qT"],
+                    moving=sub(kT, self.d, cn, at=k0 + c0))
+        for bk0, bkn, state in job["blocks"]:
+            if state == "partial":
+                blk = sub(s, qt, bkn, at=bk0 - k0)
+                kb.emit(isa.TensorTensor, dst=blk, data1=blk,
+                        data2=self._bias(tile["q0"], qt, bk0, bkn), op="add")
+        negm = sub(self.small.next(), qt, 1)
+        kb.emit(isa.TensorReduce, dst=negm, data=s, op="max", negate=True)
+        if not job["first"]:
+            old = tile["negm"]
+            kb.emit(isa.TensorTensor, dst=negm, data1=negm, data2=old, op="minimum")
+            alpha = sub(self.small.next(), qt, 1)
+            kb.emit(isa.Activation, dst=alpha, data=old, func="exp", scale=-1.0, bias=negm)
+            job["alpha"] = alpha
+        tile["negm"] = negm
+        p = sub(self.p.next(), qt, width)
+        rs = sub(self.small.next(), qt, 1)
+        kb.emit(isa.Activation, dst=p, data=s, func="exp", bias=negm, reduce_res=rs)
+        if job["first"]:
+            tile["l"] = rs
+        else:
+            lsum = sub(self.small.next(), qt, 1)
+            kb.emit(isa.ScalarTensorTensor, dst=lsum, data=tile["l"], op0="multiply",
+                    operand0=job["alpha"], op1="add", operand1=rs)
+            tile["l"] = lsum
+        job["p"], job["width"], job["l"] = p, width, tile["l"]
+
+    # --- stage B: P^T, P @ V, output ---------------------------------------------------------
+
+    def _transposes(self, job: dict) -> None:
+        kb, tile = self.kb, job["tile"]
+        qt, p, blocks = tile["qt"], job["p"], job["blocks"]
+        k0 = blocks[0][0]
+        pts = []
+        per_bank = MOVING_MAX // qt
+        for group in [blocks[i:i + per_bank] for i in range(0, len(blocks), per_bank)]:
+            bank = self.t.next()
+            for g, (bk0, bkn, _) in enumerate(group):
+                kb.emit(isa.NcTranspose, dst=sub(bank, bkn, qt, at=g * qt),
+                        data=sub(p, qt, bkn, at=bk0 - k0))
+            pt = self.pt.next()
+            rows = group[0][1]
+            if all(n == rows for _, n, _ in group):
+                kb.emit(isa.TensorCopy, dst=sub(pt, rows, qt * len(group)),
+                        src=sub(bank, rows, qt * len(group)), engine=next(self.copy_engines))
+            else:
+                for g, (_, bkn, _) in enumerate(group):
+                    kb.emit(isa.TensorCopy, dst=sub(pt, bkn, qt, at=g * qt),
+                            src=sub(bank, bkn, qt, at=g * qt),
+                            engine=next(self.copy_engines))
+            pts += [(sub(pt, bkn, qt, at=g * qt), bk0, bkn) for g, (bk0, bkn, _)
+                    in enumerate(group)]
+        job["pts"] = pts
+
+    def _stage_b(self, job: dict) -> None:
+        kb, tile = self.kb, job["tile"]
+        qt, pts = tile["qt"], job["pts"]
+        _, vb = job["kv"]
+        o = sub(self.o.next(), qt, self.dv)
+        for i, (pt, bk0, bkn) in enumerate(pts):
+            kb.emit(isa.NcMatmul, dst=o, stationary=pt,
+                    moving=sub(vb, bkn, self.dv, at=(bk0 // P) * self.dv),
+                    accumulate=i > 0)
+        acc = o
+        if not job["first"]:
+            acc = tile["o"]
+            kb.emit(isa.ScalarTensorTensor, dst=acc, data=acc, op0="multiply",
+                    operand0=job["alpha"], op1="add", operand1=o)
+        elif not job["last"]:
+            acc = sub(self.osb.next(), qt, self.dv)
+            kb.emit(isa.TensorCopy, dst=acc, src=o)
+        tile["o"] = acc
+        if job["last"]:
+            res = sub(self.res.next(), qt, self.dv)
+            kb.emit(isa.TensorScalar, dst=res, data=acc, op0="divide", operand0=job["l"])
+            base = job["b"] * self.sq * self.dv + tile["q0"] * self.dv
+            self._dma(kb.ap(self.out, base, ((self.dv, qt), (1, self.dv))), res)
