@@ -289,47 +289,73 @@ def _acc_dtype(dtype: str) -> str:
     return dtype if ir.np_dtype(dtype).itemsize == 8 else "int32"
 
 
-def _by_offsets(ctx: LowerCtx, src: DramTensor, alu: str, w: Window, init) -> bool:
-    """Small windows: out = combine over window offsets k of the strided view k, each
-    view tiled like an elementwise operand ([<=128, <=OFFSETS_FREE] boxes of the output,
-    one DMA per offset and box, TensorTensor into an FP32 / int32 accumulator, in XLA's
-    window order). False when the output merges into one axis (reduce.py does better)."""
-    kb, out = ctx.kb, ctx.outs[0]
-    shape = tuple(out.shape)
-    views = [offset_view(src, w, shape, k) for k in w.offsets()]
-    out_ax, in_ax = merge_axes(row_major(shape), views[0].axes)
+@dataclass(frozen=True)
+class OffsetBox:
+    """One [parts, free] tile of the window grid: where it sits in the grid (row-major
+    tensors of the output shape) and in each window-offset view (plus the view's own
+    offset)."""
+    parts: int
+    free: int
+    grid_offset: int
+    grid_pattern: Axes
+    view_offset: int
+    view_pattern: Axes
+
+
+def offset_boxes(shape, view_axes: Axes, fmax: int) -> list[OffsetBox] | None:
+    """Tiles of the window grid `shape` read through the strided views of the window
+    offsets (all alike but for their offset): the trailing merged axes on the free side
+    (at most `fmax` elements), the longest other axis on partitions, the rest one index
+    at a time. None when the grid merges into one axis."""
+    out_ax, in_ax = merge_axes(row_major(shape), view_axes)
     if len(out_ax) < 2:
-        return False
-    nfree = _free_axes([n for _, n in out_ax], OFFSETS_FREE)
+        return None
+    nfree = _free_axes([n for _, n in out_ax], fmax)
     lead = list(zip(out_ax[:-nfree], in_ax[:-nfree]))
     trail_o, trail_i = out_ax[-nfree:], in_ax[-nfree:]
     pa = max(range(len(lead)), key=lambda i: (lead[i][0][1], i))
     others = [a for i, a in enumerate(lead) if i != pa]
     (po, pn_all), (pi, _) = lead[pa]
-    acc_dt = _acc_dtype(src.dtype)
-    engine = engine_for(acc_dt)
-    fmax = min(OFFSETS_FREE, math.prod(n for _, n in trail_o))
-    loads, accs = kb.ring(3, fmax, acc_dt), kb.ring(2, fmax, acc_dt)
+    boxes = []
     for idx in itertools.product(*(range(o[1]) for o, _ in others)):
         o_base = sum(i * o[0] for i, (o, _) in zip(idx, others))
         i_base = sum(i * ii[0] for i, (_, ii) in zip(idx, others))
         for p0, pn in tiles(pn_all, P):
             for fbox in box_tiles([n for _, n in trail_o], fmax):
-                f = math.prod(fbox[1])
-                acc = sub(accs.next(), pn, f)
-                in_pat = ((pi, pn),) + box_pattern(trail_i, fbox)
-                in_off = i_base + p0 * pi + box_offset(trail_i, fbox)
-                for k, v in enumerate(views):
-                    dst = acc if k == 0 else sub(loads.next(), pn, f)
-                    kb.dma(dst, kb.ap(src, v.offset + in_off, in_pat))
-                    if k:
-                        kb.emit(isa.TensorTensor, dst=acc, data1=acc, data2=dst, op=alu,
-                                engine=engine)
-                if init is not None:
-                    kb.emit(isa.TensorScalar, dst=acc, data=acc, op0=alu, operand0=init,
-                            engine=engine)
-                out_off = o_base + p0 * po + box_offset(trail_o, fbox)
-                kb.dma(kb.ap(out, out_off, ((po, pn),) + box_pattern(trail_o, fbox)), acc)
+                boxes.append(OffsetBox(
+                    pn, math.prod(fbox[1]),
+                    o_base + p0 * po + box_offset(trail_o, fbox),
+                    ((po, pn),) + box_pattern(trail_o, fbox),
+                    i_base + p0 * pi + box_offset(trail_i, fbox),
+                    ((pi, pn),) + box_pattern(trail_i, fbox)))
+    return boxes
+
+
+def _by_offsets(ctx: LowerCtx, src: DramTensor, alu: str, w: Window, init) -> bool:
+    """Small windows: out = combine over window offsets k of the strided view k, each
+    view tiled like an elementwise operand (`offset_boxes`: one DMA per offset and box,
+    TensorTensor into an FP32 / int32 accumulator, in XLA's window order). False when
+    the output merges into one axis (reduce.py does better)."""
+    kb, out = ctx.kb, ctx.outs[0]
+    shape = tuple(out.shape)
+    views = [offset_view(src, w, shape, k) for k in w.offsets()]
+    boxes = offset_boxes(shape, views[0].axes, OFFSETS_FREE)
+    if boxes is None:
+        return False
+    acc_dt = _acc_dtype(src.dtype)
+    engine = engine_for(acc_dt)
+    fmax = max(b.free for b in boxes)
+    loads, accs = kb.ring(3, fmax, acc_dt), kb.ring(2, fmax, acc_dt)
+    for b in boxes:
+        acc = sub(accs.next(), b.parts, b.free)
+        for k, v in enumerate(views):
+            dst = acc if k == 0 else sub(loads.next(), b.parts, b.free)
+            kb.dma(dst, kb.ap(src, v.offset + b.view_offset, b.view_pattern))
+            if k:
+                kb.emit(isa.TensorTensor, dst=acc, data1=acc, data2=dst, op=alu, engine=engine)
+        if init is not None:
+            kb.emit(isa.TensorScalar, dst=acc, data=acc, op0=alu, operand0=init, engine=engine)
+        kb.dma(kb.ap(out, b.grid_offset, b.grid_pattern), acc)
     kb.release(loads, accs)
     return True
 
@@ -452,40 +478,105 @@ def _select_and_scatter_lower(ctx: LowerCtx, x: DramTensor, s: DramTensor, init:
         return fill(ctx.kb, out, value)
     ctx.kb.flops += 4 * s.size * math.prod(w.dims)
     shape = tuple(s.shape)
-    # 1. the window elements, one contiguous temporary per offset
     xp = x
-    if w.needs_padding():
+    if w.needs_padding():       # padding holds a value the select never prefers
         xp = padded_copy(ctx, x, w, identity(extreme, x.dtype))
+    o = ctx.temp(w.padded_shape(x.shape), out.dtype) if w.needs_padding() else out
+    boxes = None
+    if not w.overlapping() and float(value) == 0.0:
+        k_n = math.prod(w.dims)
+        fmax = max(1, min(OFFSETS_FREE, (ctx.kb.limits.sbuf_bytes // 2) // (8 * (k_n + 8))))
+        boxes = offset_boxes(shape, offset_view(xp, w, shape, w.offsets()[0]).axes, fmax)
+    if boxes is not None:
+        fill(ctx.kb, o, value)
+        _scatter_direct(ctx.next_kernel("scatter"), xp, s, o, w, extreme, last_wins, boxes)
+    else:
+        _scatter_via_temps(ctx, xp, s, o, w, value, extreme, last_wins)
+    if o is not out:
+        kb = ctx.next_kernel("unpad")
+        relayout(kb, View.of(out), interior_view(o, w, x.shape))
+
+
+def _scatter_direct(kb, xp: DramTensor, s: DramTensor, o: DramTensor, w: Window,
+                    extreme: str, last_wins: bool, boxes: list[OffsetBox]) -> None:
+    """Windows that do not overlap, init 0 (the max-pool gradient): per grid tile, the
+    K window elements (one strided DMA each), their extreme m, and in select order the
+    one-hot hit_k = (x_k == m) * remaining, remaining -= hit_k; C_k = select(hit_k, s, 0)
+    goes straight to its strided place in the zero-filled output."""
+    shape = tuple(s.shape)
+    views = [offset_view(xp, w, shape, k) for k in w.offsets()]
+    outs = [offset_view(o, w, shape, k) for k in w.offsets()]
+    acc = _acc_dtype(xp.dtype)
+    eng = engine_for(acc)
+    fmax = max(b.free for b in boxes)
+    xs = [kb.tile(fmax, acc) for _ in views]
+    m, eq, rem, hit = (kb.tile(fmax, acc) for _ in range(4))
+    st, zero, cs = kb.tile(fmax, s.dtype), kb.tile(fmax, s.dtype), kb.ring(2, fmax, s.dtype)
+    kb.emit(isa.Memset, dst=zero, value=0, engine=engine_for(s.dtype))
+    op = "max" if extreme == "max" else "min"
+    order = list(range(len(views)))[::-1] if last_wins else list(range(len(views)))
+    for b in boxes:
+        pn, f = b.parts, b.free
+        t = [sub(x, pn, f) for x in xs]
+        mt, eqt, remt, hitt = (sub(z, pn, f) for z in (m, eq, rem, hit))
+        for tile, v in zip(t, views):
+            kb.dma(tile, kb.ap(xp, v.offset + b.view_offset, b.view_pattern))
+        kb.dma(sub(st, pn, f), kb.ap(s, b.grid_offset, b.grid_pattern))
+        if len(t) == 1:
+            mt = t[0]
+        else:
+            kb.emit(isa.TensorTensor, dst=mt, data1=t[0], data2=t[1], op=op, engine=eng)
+        for k in range(2, len(t)):
+            kb.emit(isa.TensorTensor, dst=mt, data1=mt, data2=t[k], op=op, engine=eng)
+        for i, k in enumerate(order):
+            if i == 0:
+                kb.emit(isa.TensorTensor, dst=hitt, data1=t[k], data2=mt, op="is_equal",
+                        engine=eng)
+            else:
+                kb.emit(isa.TensorTensor, dst=eqt, data1=t[k], data2=mt, op="is_equal",
+                        engine=eng)
+                kb.emit(isa.TensorTensor, dst=hitt, data1=eqt, data2=remt, op="multiply",
+                        engine=eng)
+            if i == 0 and len(order) > 1:
+                kb.emit(isa.TensorScalar, dst=remt, data=hitt, op0="subtract", operand0=1,
+                        reverse0=True, engine=eng)
+            elif i < len(order) - 1:
+                kb.emit(isa.TensorTensor, dst=remt, data1=remt, data2=hitt, op="subtract",
+                        engine=eng)
+            c = sub(cs.next(), pn, f)
+            kb.emit(isa.Select, dst=c, pred=hitt, on_true=sub(st, pn, f),
+                    on_false=sub(zero, pn, f), engine=engine_for(s.dtype))
+            kb.dma(kb.ap(o, outs[k].offset + b.view_offset, b.view_pattern), c)
+    kb.release(*xs, m, eq, rem, hit, st, zero, cs)
+
+
+def _scatter_via_temps(ctx: LowerCtx, xp: DramTensor, s: DramTensor, o: DramTensor,
+                       w: Window, value, extreme: str, last_wins: bool) -> None:
+    """The general case (overlapping windows, a non-zero init): through HBM temporaries."""
+    shape = tuple(s.shape)
+    # 1. the window elements, one contiguous temporary per offset
     temps = []
     for k in w.offsets():
-        t = ctx.temp(shape, x.dtype)
+        t = ctx.temp(shape, xp.dtype)
         dram_copy(ctx.kb, View.of(t), offset_view(xp, w, shape, k))
         temps.append(t)
     # 2. the one-hot contributions
     kb = ctx.next_kernel("select")
     contrib = [ctx.temp(shape, s.dtype) for _ in temps]
     kb.flops += emit_loop(kb, _one_hot_region(temps, s, contrib, extreme, last_wins))
-    # 3. scattered into the (padded) output
-    o = ctx.temp(w.padded_shape(x.shape), out.dtype) if w.needs_padding() else out
+    # 3. added into the (padded) output, one offset at a time
     fill(ctx.next_kernel("scatter"), o, value)
     kb = ctx.next_kernel("add")
-    direct = not w.overlapping() and float(value) == 0.0
     for k, c in zip(w.offsets(), contrib):
         view = offset_view(o, w, shape, k)
-        if direct:
-            dram_copy(kb, view, View.of(c))
-            continue
-        cur = ctx.temp(shape, out.dtype)
+        cur = ctx.temp(shape, o.dtype)
         dram_copy(kb, View.of(cur), view)
         kb = ctx.next_kernel("add")
-        total = ctx.temp(shape, out.dtype)
-        region = Region(shape, [Input(cur, row_major(shape), out.dtype),
+        total = ctx.temp(shape, o.dtype)
+        region = Region(shape, [Input(cur, row_major(shape), o.dtype),
                                 Input(c, row_major(shape), c.dtype)],
-                        [Step("add", (0, 1), out.dtype)], [(2, total)])
+                        [Step("add", (0, 1), o.dtype)], [(2, total)])
         kb.flops += emit_loop(kb, region)
         kb = ctx.next_kernel("add")
         dram_copy(kb, view, View.of(total))
         kb = ctx.next_kernel("add")
-    if o is not out:
-        kb = ctx.next_kernel("unpad")
-        relayout(kb, View.of(out), interior_view(o, w, x.shape))

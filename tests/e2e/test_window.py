@@ -168,12 +168,15 @@ def test_windows_dilated_1d_and_large(jax, trn, cpu):
 
 @pytest.mark.parametrize("window, strides, padding", [
     ((1, 2, 2, 1), (1, 2, 2, 1), "VALID"),       # non-overlapping: direct strided writes
+    ((1, 2, 2, 1), (1, 2, 2, 1), "SAME"),        # non-overlapping, padded
     ((1, 3, 3, 1), (1, 2, 2, 1), "SAME"),        # overlapping and padded: read-add-write
 ])
-def test_max_pool_gradient(jax, trn, cpu, window, strides, padding):
+@pytest.mark.parametrize("kind", ["max", "min"])
+def test_pool_gradient(jax, trn, cpu, kind, window, strides, padding):
     rng = np.random.default_rng(9)
     x = rng.integers(-3, 4, (2, 7, 8, 3)).astype(np.float32)     # ties: the first wins
-    pool = _pool(jax, -np.inf, jax.lax.max, window, strides, padding)
+    init = -np.inf if kind == "max" else np.inf
+    pool = _pool(jax, init, getattr(jax.lax, kind), window, strides, padding)
     out, ref = _run(jax, trn, cpu, jax.grad(lambda x: (pool(x) ** 2).sum()), x)
     assert_close(out, ref, "float32")
 
