@@ -223,7 +223,9 @@ def run_kernels(prog, core, dram, device_id: int, chip: int, *, execute: bool = 
                 ) -> list[profiler.KernelRecord]:
     """Runs the program's steps on `core` from simulated time 0: kernels back to back,
     loops and conditionals on the control path (with `execute=False` only the kernels'
-    timing, which needs a program without control flow)."""
+    timing, which needs a program without control flow). Control decisions delay the
+    next kernel by `control_ns`; one after the last kernel (a final loop exit test) is
+    in no record, so an execution's span ends with its last kernel."""
     if not execute and prog.control_flow:
         raise ExecutionError("a timing-only run cannot decide loops or branches: "
                              "run the program's numerics (see `simulate`)")
