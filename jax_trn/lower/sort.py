@@ -48,7 +48,7 @@ from jax_trn.hw.program import DramTensor
 
 from .builder import KernelBuilder, sub
 from .errors import LoweringError
-from .layout import tiles
+from .layout import P, tiles
 from .movement import copy
 from .registry import LowerCtx, register_lowering
 from .window import lines
@@ -59,6 +59,7 @@ CANONICAL_NAN = 0x7FC00000
 PAIR_CHUNK = 2048                # pairs per partition in one compare-exchange tile
 SBUF_BUDGET = 150 * 1024         # bytes per partition the network's tiles may take
 MAX_LEN = 16384                  # padded line length the words kernel handles at once
+FOLD_MIN = 64                    # elements per partition below which lines are not folded
 FLOATS = ("float32", "bfloat16", "float16")
 
 
@@ -228,10 +229,12 @@ class _Plan:
         self.nwords = sum(word_count(xs[k.operand].dtype) for k in ks) + 1
         self.words: DramTensor | None = None      # the long-line path's HBM words
 
-    def sbuf_bytes(self) -> int:
+    def sbuf_bytes(self, g: int) -> int:
         """Per partition, for the on-chip path: words twice, a select buffer, three
-        masks and the index iota ([N] int32 each), the 8-byte load / gather buffer."""
-        return (2 * self.nwords + 5) * 4 * self.big_n + 8 * self.n + 1024
+        masks and the index iota ([N] int32 each, and [N / g] folded), the 8-byte
+        load / gather buffer."""
+        width = self.big_n + (self.big_n // g if g > 1 else 0)
+        return (2 * self.nwords + 5) * 4 * width + 8 * self.n + 1024
 
     def word_offset(self, w: int, row: int) -> int:
         return (w * self.rows + row) * self.big_n
@@ -396,17 +399,22 @@ def _exchange(kb, plan, row, parts, lo_off, j, free, blocks, s, d, los, his, tmp
 # --- 3. gather -----------------------------------------------------------------------------------
 
 def _gather_group(kb: KernelBuilder, plan: _Plan, group, idx: isa.Tile, flat: isa.Tile,
-                  base: isa.Tile, buf: isa.Tile, outs) -> None:
-    """Every operand's line in sorted order: flat element offsets from the final index
-    word `idx` ([parts, n]), one indirect DMA per operand, then a plain DMA out."""
+                  base: isa.Tile, buf: isa.Tile, outs, skip=()) -> None:
+    """Every operand's line in sorted order (but those in `skip`): flat element offsets
+    from the final index word `idx` ([parts, n]), one indirect DMA per operand, then a
+    plain DMA out."""
     offset, (pstride, parts), _ = group
     n = plan.n
+    if len(skip) == len(plan.xs):
+        return
     b, f = sub(base, parts, 1), sub(flat, parts, n)
     kb.emit(isa.Iota, dst=b, pattern=((0, 1),), offset=offset, channel_multiplier=pstride)
     kb.emit(isa.TensorScalar, dst=f, data=idx, op0="multiply", operand0=plan.c,
             op1="add", operand1=b, engine="gpsimd")
     spans = tiles(n, -(-n // kb.limits.dma_queues))
-    for x, out in zip(plan.xs, outs):
+    for i, (x, out) in enumerate(zip(plan.xs, outs)):
+        if i in skip:
+            continue
         dst = buf.with_(num_partitions=parts, free=(n,), dtype=x.dtype)
         table = kb.ap(x, 0, ((1, x.size), (1, 1)))
         for c0, cn in spans:        # column slices on separate queues (§3.4)
@@ -431,62 +439,153 @@ def _emit_gather(kb: KernelBuilder, plan: _Plan, outs) -> None:
 
 # --- the on-chip path: a whole line group stays in SBUF -------------------------------------
 
-def _network_sbuf(kb: KernelBuilder, parts: int, big: int, xs, ys, t, masks, iota):
-    """The bitonic network on [parts, N] word tiles with contiguous shifted views: at
-    distance j, position i is compared with i + j (for every i < N - j at once), the
-    swap kept only at the low position of each pair (bit j of i clear) and flipped in
-    blocks sorting descending (bit s of i set); the pair's two elements are then
-    exchanged with two Selects on views shifted by j, into the other buffer."""
-    p, lt, eq = masks
+class _Layout:
+    """Word tiles of one on-chip layout: `parts` partitions of `width` elements, the
+    global element index of each position (`iota`, bits below log2(N) are the index
+    within the line), the ping-pong buffers, a select buffer and three masks."""
+
+    def __init__(self, kb: KernelBuilder, nwords: int, width: int, parts: int):
+        self.kb, self.width, self.parts = kb, width, parts
+        self.xs = [kb.tile(width, "int32") for _ in range(nwords)]
+        self.ys = [kb.tile(width, "int32") for _ in range(nwords)]
+        self.t, self.iota = kb.tile(width, "int32"), kb.tile(width, "int32")
+        self.masks = [kb.tile(width, "int32") for _ in range(3)]
+        kb.emit(isa.Iota, dst=self.iota, pattern=((1, width),), channel_multiplier=width)
+
+    def close(self) -> None:
+        self.kb.release(*self.xs, *self.ys, self.t, self.iota, *self.masks)
+
+
+def _step(kb: KernelBuilder, lay: _Layout, parts: int, s: int, j: int, big: int) -> None:
+    """One compare-exchange step with contiguous shifted views: position i is compared
+    with i + j (every i < width - j at once; j divides the segment a partition holds),
+    the swap kept only at the low position of each pair (bit j of i clear) and flipped
+    in blocks sorting descending (bit s of i set); the pair's elements are exchanged
+    with two Selects on views shifted by j, into the other buffer."""
+    m = lay.width - j
+    xs, ys, t = lay.xs, lay.ys, lay.t
+    pm, ltm, eqm, im = (sub(z, parts, m) for z in (*lay.masks, lay.iota))
+    _lex_lt(kb, pm, ltm, eqm, [sub(x, parts, m, at=j) for x in xs],
+            [sub(x, parts, m) for x in xs])
+    kb.emit(isa.TensorScalar, dst=eqm, data=im, op0="shift_right_logical",
+            operand0=j.bit_length() - 1, op1="bitwise_and", operand1=1)
+    if s < big:
+        kb.emit(isa.TensorScalar, dst=ltm, data=im, op0="shift_right_logical",
+                operand0=s.bit_length() - 1, op1="bitwise_and", operand1=1)
+        kb.emit(isa.TensorTensor, dst=pm, data1=pm, data2=ltm, op="not_equal",
+                engine="gpsimd")
+    kb.emit(isa.TensorTensor, dst=pm, data1=pm, data2=eqm, op="is_gt", engine="gpsimd")
+    for x, y in zip(xs, ys):
+        kb.emit(isa.Select, dst=sub(t, parts, m), pred=pm, on_true=sub(x, parts, m, at=j),
+                on_false=sub(x, parts, m), engine="gpsimd")
+        kb.emit(isa.TensorCopy, dst=sub(t, parts, j, at=m), src=sub(x, parts, j, at=m),
+                engine="gpsimd")
+        kb.emit(isa.Select, dst=sub(y, parts, m, at=j), pred=pm, on_true=sub(x, parts, m),
+                on_false=sub(t, parts, m, at=j), engine="gpsimd")
+        kb.emit(isa.TensorCopy, dst=sub(y, parts, j), src=sub(t, parts, j), engine="gpsimd")
+    lay.xs, lay.ys = ys, xs
+
+
+def _reshape(kb: KernelBuilder, dst: _Layout, src: _Layout, dparts: int, sparts: int) -> None:
+    """SBUF -> SBUF DMAs moving the words between layouts (row-major reshape)."""
+    for d, x in zip(dst.xs, src.xs):
+        kb.dma(sub(d, dparts, dst.width), sub(x, sparts, src.width))
+
+
+def _network(kb: KernelBuilder, line: _Layout, fold: _Layout | None, parts: int,
+             g: int, big: int) -> None:
+    """The bitonic network. Unfolded ([lines, N]) every step runs in `line`. Folded (g
+    segments of N / g per line, on g x lines partitions: a fewer-line sort uses more
+    lanes) the steps of distance j < N / g run in `fold`; the others (the first
+    log2(s / seg) steps of the last log2(g) stages) in `line`, the words moved between
+    the two by SBUF -> SBUF DMAs."""
+    seg = big // g
+    where = "line"
     s = 2
     while s <= big:
         j = s // 2
         while j >= 1:
-            m = big - j
-            pm, ltm, eqm, im = (sub(z, parts, m) for z in (p, lt, eq, iota))
-            _lex_lt(kb, pm, ltm, eqm, [sub(x, parts, m, at=j) for x in xs],
-                    [sub(x, parts, m) for x in xs])
-            kb.emit(isa.TensorScalar, dst=eqm, data=im, op0="shift_right_logical",
-                    operand0=j.bit_length() - 1, op1="bitwise_and", operand1=1)
-            if s < big:
-                kb.emit(isa.TensorScalar, dst=ltm, data=im, op0="shift_right_logical",
-                        operand0=s.bit_length() - 1, op1="bitwise_and", operand1=1)
-                kb.emit(isa.TensorTensor, dst=pm, data1=pm, data2=ltm, op="not_equal",
-                        engine="gpsimd")
-            kb.emit(isa.TensorTensor, dst=pm, data1=pm, data2=eqm, op="is_gt",
-                    engine="gpsimd")
-            for x, y in zip(xs, ys):
-                kb.emit(isa.Select, dst=sub(t, parts, m), pred=pm,
-                        on_true=sub(x, parts, m, at=j), on_false=sub(x, parts, m),
-                        engine="gpsimd")
-                kb.emit(isa.TensorCopy, dst=sub(t, parts, j, at=m), src=sub(x, parts, j, at=m),
-                        engine="gpsimd")
-                kb.emit(isa.Select, dst=sub(y, parts, m, at=j), pred=pm,
-                        on_true=sub(x, parts, m), on_false=sub(t, parts, m, at=j),
-                        engine="gpsimd")
-                kb.emit(isa.TensorCopy, dst=sub(y, parts, j), src=sub(t, parts, j),
-                        engine="gpsimd")
-            xs, ys = ys, xs
+            want = "line" if fold is None or j >= seg else "fold"
+            if want != where:
+                if want == "line":
+                    _reshape(kb, line, fold, parts, parts * g)
+                else:
+                    _reshape(kb, fold, line, parts * g, parts)
+                where = want
+            if want == "line":
+                _step(kb, line, parts, s, j, big)
+            else:
+                _step(kb, fold, parts * g, s, j, big)
             j //= 2
         s *= 2
-    return xs
+    if where == "fold":
+        _reshape(kb, line, fold, parts, parts * g)
 
 
-def _emit_sbuf(kb: KernelBuilder, plan: _Plan, outs) -> None:
+def _fold(plan: _Plan, parts: int) -> int:
+    """How many segments each line is cut into on chip (1: no folding)."""
+    g = 1
+    while parts * g * 2 <= P and plan.big_n // (g * 2) >= FOLD_MIN:
+        g *= 2
+    return g
+
+
+def invertible(plan: _Plan) -> dict[int, int]:
+    """Operand -> its (single) sort word, for keys whose word is a bijection of the
+    value (integers and bool up to 32 bits, IEEE total-order floats): their sorted values
+    are rebuilt from the words instead of gathered."""
+    out, w = {}, 0
+    for key in plan.keys:
+        x = plan.xs[key.operand]
+        if word_count(x.dtype) == 1 and key.order != "float" and key.operand not in out:
+            out[key.operand] = w
+        w += word_count(x.dtype)
+    return out
+
+
+def _rebuild(kb: KernelBuilder, plan: _Plan, group, word: isa.Tile, key: Key,
+             tmp: isa.Tile, scratch: isa.Tile, out: DramTensor) -> None:
+    """The inverse of `_group_words` for one invertible key, DMAed out."""
+    offset, (pstride, parts), _ = group
+    x = plan.xs[key.operand]
+    v = sub(tmp, parts, plan.n)
+    kb.emit(isa.TensorScalar, dst=v, data=word, op0="bitwise_xor",
+            operand0=-1 if key.descending else 0)
+    if x.dtype == "uint32":
+        kb.emit(isa.TensorScalar, dst=v, data=v, op0="bitwise_xor", operand0=SIGN)
+    elif x.dtype in FLOATS:         # w ^ ((w >> 31) & 0x7fffffff) is its own inverse
+        s = sub(scratch, parts, plan.n)
+        kb.emit(isa.TensorScalar, dst=s, data=v, op0="shift_right_arithmetic", operand0=31,
+                op1="bitwise_and", operand1=INT32_MAX)
+        kb.emit(isa.TensorTensor, dst=v, data1=v, data2=s, op="bitwise_xor")
+        v = v.with_(dtype="float32")
+    kb.dma(plan.line_ap(kb, out, offset, pstride, parts), v)
+
+
+def _emit_sbuf(kb: KernelBuilder, plan: _Plan, outs, g: int) -> None:
     big, n = plan.big_n, plan.n
-    xs = [kb.tile(big, "int32") for _ in range(plan.nwords)]
-    ys = [kb.tile(big, "int32") for _ in range(plan.nwords)]
-    t, iota, base = kb.tile(big, "int32"), kb.tile(big, "int32"), kb.tile(1, "int32")
-    masks = [kb.tile(big, "int32") for _ in range(3)]
-    ws = _WordsScratch(kb, n, masks)
-    kb.emit(isa.Iota, dst=iota, pattern=((1, big),))
+    line = _Layout(kb, plan.nwords, big, P)
+    fold = _Layout(kb, plan.nwords, big // g, P) if g > 1 else None
+    base = kb.tile(1, "int32")
+    ws = _WordsScratch(kb, n, line.masks)
     for group in plan.groups:
         parts = group[1][1]
-        _group_words(kb, plan, group, xs, ws)
-        final = _network_sbuf(kb, parts, big, xs, ys, t, masks, iota)
-        _gather_group(kb, plan, group, sub(final[-1], parts, n), t, base, ws.load, outs)
+        gg = g if parts * g <= P else 1
+        _group_words(kb, plan, group, line.xs, ws)
+        _network(kb, line, fold if gg > 1 else None, parts, gg, big)
+        rebuilt = invertible(plan)
+        for key in plan.keys:
+            if key.operand in rebuilt:
+                word = sub(line.xs[rebuilt[key.operand]], parts, n)
+                _rebuild(kb, plan, group, word, key, line.ys[0], line.masks[0],
+                         outs[key.operand])
+        _gather_group(kb, plan, group, sub(line.xs[-1], parts, n), line.t, base, ws.load,
+                      outs, set(rebuilt))
     ws.close()
-    kb.release(*xs, *ys, t, iota, base, *masks)
+    kb.release(base)
+    line.close()
+    if fold is not None:
+        fold.close()
 
 
 @register_lowering("sort")
@@ -508,8 +607,11 @@ def _sort_lower(ctx: LowerCtx, *xs: DramTensor, dimension, is_stable=False) -> N
                             f"supported ({ctx.op.describe()})")
     steps = plan.big_n.bit_length() - 1
     ctx.kb.flops += plan.rows * plan.big_n // 2 * steps * (steps + 1) // 2
-    if plan.sbuf_bytes() <= ctx.kb.limits.sbuf_bytes - 16 * 1024:
-        return _emit_sbuf(ctx.kb, plan, ctx.outs)
+    budget = ctx.kb.limits.sbuf_bytes - 16 * 1024
+    g = _fold(plan, max(p for _, (_, p), _ in plan.groups))
+    for fold in (g, 1):
+        if plan.sbuf_bytes(fold) <= budget:
+            return _emit_sbuf(ctx.kb, plan, ctx.outs, fold)
     plan.words = ctx.temp((plan.nwords, plan.rows, plan.big_n), "int32")
     _emit_words(ctx.kb, plan)
     _emit_network(ctx.next_kernel("network"), plan)
