@@ -117,6 +117,19 @@ def test_edge_sizes_and_unique(jax, trn, cpu):
     _same(jax, trn, cpu, lambda x: jnp.unique(x, size=8, fill_value=-1), x)
 
 
+def test_few_long_lines_fold_onto_partitions(jax, trn, cpu):
+    """4 or 8 lines of 300-700: each line is cut into segments on more partitions."""
+    jnp, lax = jax.numpy, jax.lax
+    rng = np.random.default_rng(8)
+    x = np.stack([_special(700, rng) for _ in range(4)])
+    _same(jax, trn, cpu, lambda x: jnp.sort(x, axis=1), x)
+    _same(jax, trn, cpu, lambda x: jnp.argsort(x, axis=1, descending=True), x)
+    a = rng.integers(-5, 5, (8, 300)).astype(np.int32)
+    b = rng.standard_normal((8, 300)).astype(np.float32)
+    _same(jax, trn, cpu, lambda a, b: lax.sort((a, b), dimension=1, num_keys=2), a, b)
+    _same(jax, trn, cpu, lambda b: lax.top_k(b, 7), b)
+
+
 def test_long_axis_network_through_hbm(jax, trn, cpu):
     """An axis too long for SBUF: compare-exchange steps round-trip through HBM."""
     x = np.random.default_rng(7).standard_normal(5000).astype(np.float32)
