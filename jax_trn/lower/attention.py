@@ -10,7 +10,8 @@ constant, so fully masked causal blocks are never computed) is cut into chunks o
 1024 keys (two PSUM banks of FP32, §3.2), and each chunk runs two stages:
 
   A  S = (scale Q) K^T on TensorE into PSUM; partially masked 128x128 blocks get an
-     additive bias (0 / -3e38, built once per distinct block from the mask) on VectorE;
+     additive bias (0 / -3e38 in bf16, built once per distinct block from the mask)
+     accumulated by one more TensorE pass, S += I @ bias (cheaper there than on VectorE);
      -m = -rowmax(S) (VectorE tensor_reduce, negated); online softmax across chunks:
      -m_new = min(-m_old, -m), alpha = exp(m_old - m_new) (ScalarE);
      P = exp(S - m_new) in bf16 with its row sums accumulated by the same ScalarE
@@ -21,9 +22,10 @@ constant, so fully masked causal blocks are never computed) is cut into chunks o
      chunk out = O / l, DMAed out.
 
 Stages are emitted software-pipelined (each engine runs its queue in program order,
-§2.1): A(n+2), the transposes of n+1, then the rest of B(n), so TensorE computes the
-scores two chunks ahead while VectorE / ScalarE run the softmax; S and the PSUM
-accumulators are double-buffered.
+§2.1): A(n+2), the transposes (and their copies) of n+1, then the rest of B(n), so
+TensorE computes scores two chunks ahead while VectorE / ScalarE run the softmax; S
+and the PSUM accumulators are double-buffered. (Other orders measured slower: the
+copies of n+1 before the softmax of n+2 delay the next row max.)
 
 Numerics: FP32 scores and softmax, P rounded to the dtype of the p @ v operand (as the
 program does), FP32 accumulation; unlike the unfused program the scores are not
@@ -101,6 +103,7 @@ class _Flash:
         self.res = kb.ring(2, self.dv, out.dtype)
         self.small = kb.ring(16, 1, "float32")
         self.biases: dict[bytes, isa.Tile] = {}
+        self.ident: isa.Tile | None = None
         self.copy_engines = itertools.cycle(("vector", "scalar"))
         self.queues = itertools.cycle(range(kb.limits.dma_queues))
         kb.flops += 2 * self.batch * self.sq * self.sk * (self.d + self.dv)
@@ -122,7 +125,9 @@ class _Flash:
                 if job["b"] not in kv:
                     kv[job["b"]] = self._load_kv(job["b"])
                 job["kv"] = kv[job["b"]]
-                self._stage_a(job)
+                self._scores(job)
+                self._rowmax(job)
+                self._softmax(job)
             if 0 <= n - 1 < len(jobs):
                 self._transposes(jobs[n - 1])
             if 0 <= n - 2 < len(jobs):
@@ -190,8 +195,8 @@ class _Flash:
         tile = self.biases.get(key)
         if tile is not None:
             return tile
-        tile = self.kb.tile(kbn, "float32", parts=qt) if len(self.biases) < BIAS_CACHE \
-            else sub(self.osb.next(), qt, kbn)
+        tile = self.kb.tile(kbn, self.q.dtype, parts=qt) if len(self.biases) < BIAS_CACHE \
+            else sub(self.pt.next(), qt, kbn)
         sq, sk = self.mask[1].shape
         self._dma(tile, self.kb.ap(self.mask[0], q0 * sk + k0, ((sk, qt), (1, kbn))))
         self.kb.emit(isa.TensorScalar, dst=tile, data=tile, op0="multiply",
@@ -200,9 +205,19 @@ class _Flash:
             self.biases[key] = tile
         return tile
 
+    def _identity(self) -> isa.Tile:
+        """I [128, 128] in the matmul dtype, built once on GpSimd (affine_select p == f)."""
+        if self.ident is None:
+            self.ident = self.kb.tile(P, self.q.dtype)
+            self.kb.emit(isa.Memset, dst=self.ident, value=1.0, engine="gpsimd")
+            self.kb.emit(isa.AffineSelect, dst=self.ident, on_true_tile=self.ident,
+                         on_false_value=0.0, pattern=((-1, P),), channel_multiplier=1,
+                         cmp_op="is_equal")
+        return self.ident
+
     # --- stage A: scores and softmax ------------------------------------------------------
 
-    def _stage_a(self, job: dict) -> None:
+    def _scores(self, job: dict) -> None:
         kb, tile = self.kb, job["tile"]
         qt = tile["qt"]
         if job["first"]:
@@ -215,19 +230,32 @@ class _Flash:
             kb.emit(isa.NcMatmul, dst=sub(s, qt, cn, at=c0), stationary=tile["qT"],
                     moving=sub(kT, self.d, cn, at=k0 + c0))
         for bk0, bkn, state in job["blocks"]:
-            if state == "partial":
-                blk = sub(s, qt, bkn, at=bk0 - k0)
-                kb.emit(isa.TensorTensor, dst=blk, data1=blk,
-                        data2=self._bias(tile["q0"], qt, bk0, bkn), op="add")
+            if state == "partial":      # S += I @ bias: the mask costs TensorE 1 pass
+                kb.emit(isa.NcMatmul, dst=sub(s, qt, bkn, at=bk0 - k0),
+                        stationary=sub(self._identity(), qt, qt),
+                        moving=self._bias(tile["q0"], qt, bk0, bkn), accumulate=True)
+        job["s"], job["width"] = s, width
+
+    def _rowmax(self, job: dict) -> None:
+        """-m (VectorE): the chunk's negated row max, combined with the running one."""
+        kb, tile = self.kb, job["tile"]
+        qt = tile["qt"]
         negm = sub(self.small.next(), qt, 1)
-        kb.emit(isa.TensorReduce, dst=negm, data=s, op="max", negate=True)
+        kb.emit(isa.TensorReduce, dst=negm, data=job["s"], op="max", negate=True)
+        job["old"] = tile.get("negm")
         if not job["first"]:
-            old = tile["negm"]
-            kb.emit(isa.TensorTensor, dst=negm, data1=negm, data2=old, op="minimum")
+            kb.emit(isa.TensorTensor, dst=negm, data1=negm, data2=job["old"], op="minimum")
+        tile["negm"] = job["negm"] = negm
+
+    def _softmax(self, job: dict) -> None:
+        """P = exp(S - m) with its row sums (ScalarE); alpha and l across chunks."""
+        kb, tile = self.kb, job["tile"]
+        qt, s, width, negm = tile["qt"], job["s"], job["width"], job["negm"]
+        if not job["first"]:
+            old = job["old"]
             alpha = sub(self.small.next(), qt, 1)
             kb.emit(isa.Activation, dst=alpha, data=old, func="exp", scale=-1.0, bias=negm)
             job["alpha"] = alpha
-        tile["negm"] = negm
         p = sub(self.p.next(), qt, width)
         rs = sub(self.small.next(), qt, 1)
         kb.emit(isa.Activation, dst=p, data=s, func="exp", bias=negm, reduce_res=rs)
@@ -238,7 +266,7 @@ class _Flash:
             kb.emit(isa.ScalarTensorTensor, dst=lsum, data=tile["l"], op0="multiply",
                     operand0=job["alpha"], op1="add", operand1=rs)
             tile["l"] = lsum
-        job["p"], job["width"], job["l"] = p, width, tile["l"]
+        job["p"], job["l"] = p, tile["l"]
 
     # --- stage B: P^T, P @ V, output ---------------------------------------------------------
 
