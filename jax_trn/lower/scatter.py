@@ -17,13 +17,16 @@ arguments. Anything else is a LoweringError naming the op.
   adds accumulate one after another, each sum rounded to the result dtype (bf16 sums
   round at every step, as the CPU backend's bf16 combiner does). Integer adds are FP32
   adds, as the Neuron compiler does for scatter-with-compute on integers (§4): exact
-  while every partial sum stays below 2^24 in magnitude.
+  while every partial sum stays below 2^24 in magnitude and inside the dtype's range
+  (the cast back saturates where the CPU backend wraps).
 - mul, max, min: no DMA compute for them, so a read-modify-write on the engines: a
   DmaGather of the current rows, TensorTensor (VectorE for floats, GpSimd natively for
   integers), a DmaScatter back. Two updates of the same row in one tile would read the
   same old value, so the tiles hold one index vector each unless the indices are unique
-  (`unique_indices`, or compile-time constant indices that are distinct): a cost of
-  ~8 instructions per index vector, capped at MAX_CHUNKS tiles (indexed.py).
+  (`unique_indices`, or compile-time constant indices that are distinct): ~10
+  instructions per index vector (4 DMAs, 5 GpSimd, 1 VectorE), capped at MAX_CHUNKS
+  tiles (indexed.py); with unique indices, a tile of up to 128 x 16 KiB costs about
+  the same.
 """
 from __future__ import annotations
 
