@@ -227,14 +227,16 @@ class _Plan:
             r += parts
         self.rows = r
         self.nwords = sum(word_count(xs[k.operand].dtype) for k in ks) + 1
+        self.passive: list[int] = []    # operands carried through the network as words
         self.words: DramTensor | None = None      # the long-line path's HBM words
 
     def sbuf_bytes(self, g: int) -> int:
-        """Per partition, for the on-chip path: words twice, a select buffer, three
-        masks and the index iota ([N] int32 each, and [N / g] folded), the 8-byte
-        load / gather buffer."""
+        """Per partition, for the on-chip path: words (compared and carried) twice, a
+        select buffer, three masks and the index iota ([N] int32 each, and [N / g]
+        folded), the 8-byte load / gather buffer."""
         width = self.big_n + (self.big_n // g if g > 1 else 0)
-        return (2 * self.nwords + 5) * 4 * width + 8 * self.n + 1024
+        words = self.nwords + len(self.passive)
+        return (2 * words + 5) * 4 * width + 8 * self.n + 1024
 
     def word_offset(self, w: int, row: int) -> int:
         return (w * self.rows + row) * self.big_n
@@ -261,7 +263,7 @@ class _WordsScratch:
 
 
 def _group_words(kb: KernelBuilder, plan: "_Plan", group, outs: list[isa.Tile],
-                 ws: _WordsScratch) -> None:
+                 ws: _WordsScratch, passive=()) -> None:
     """The sort words of one group of lines into `outs` ([parts, N] int32 each, the
     index word last), padded with INT32_MAX keys."""
     offset, (pstride, parts), _ = group
@@ -292,6 +294,12 @@ def _group_words(kb: KernelBuilder, plan: "_Plan", group, outs: list[isa.Tile],
                 kb.emit(isa.Memset, dst=sub(o, parts, big - n, at=n), value=INT32_MAX,
                         engine="gpsimd")
     kb.emit(isa.Iota, dst=sub(next(it), parts, big), pattern=((1, big),))
+    for i in passive:           # carried operands: their bits (floats widened to FP32)
+        x, o = plan.xs[i], sub(next(it), parts, n)
+        if x.dtype in FLOATS:
+            kb.dma(o.with_(dtype="float32"), plan.line_ap(kb, x, offset, pstride, parts))
+        else:
+            kb.dma(o, plan.line_ap(kb, x, offset, pstride, parts))
 
 
 def _emit_words(kb: KernelBuilder, plan: "_Plan") -> None:
@@ -444,8 +452,8 @@ class _Layout:
     global element index of each position (`iota`, bits below log2(N) are the index
     within the line), the ping-pong buffers, a select buffer and three masks."""
 
-    def __init__(self, kb: KernelBuilder, nwords: int, width: int, parts: int):
-        self.kb, self.width, self.parts = kb, width, parts
+    def __init__(self, kb: KernelBuilder, nwords: int, width: int, parts: int, ncmp: int):
+        self.kb, self.width, self.parts, self.ncmp = kb, width, parts, ncmp
         self.xs = [kb.tile(width, "int32") for _ in range(nwords)]
         self.ys = [kb.tile(width, "int32") for _ in range(nwords)]
         self.t, self.iota = kb.tile(width, "int32"), kb.tile(width, "int32")
@@ -465,8 +473,9 @@ def _step(kb: KernelBuilder, lay: _Layout, parts: int, s: int, j: int, big: int)
     m = lay.width - j
     xs, ys, t = lay.xs, lay.ys, lay.t
     pm, ltm, eqm, im = (sub(z, parts, m) for z in (*lay.masks, lay.iota))
-    _lex_lt(kb, pm, ltm, eqm, [sub(x, parts, m, at=j) for x in xs],
-            [sub(x, parts, m) for x in xs])
+    cmp = xs[:lay.ncmp]
+    _lex_lt(kb, pm, ltm, eqm, [sub(x, parts, m, at=j) for x in cmp],
+            [sub(x, parts, m) for x in cmp])
     kb.emit(isa.TensorScalar, dst=eqm, data=im, op0="shift_right_logical",
             operand0=j.bit_length() - 1, op1="bitwise_and", operand1=1)
     if s < big:
@@ -564,14 +573,15 @@ def _rebuild(kb: KernelBuilder, plan: _Plan, group, word: isa.Tile, key: Key,
 
 def _emit_sbuf(kb: KernelBuilder, plan: _Plan, outs, g: int) -> None:
     big, n = plan.big_n, plan.n
-    line = _Layout(kb, plan.nwords, big, P)
-    fold = _Layout(kb, plan.nwords, big // g, P) if g > 1 else None
+    words = plan.nwords + len(plan.passive)
+    line = _Layout(kb, words, big, P, plan.nwords)
+    fold = _Layout(kb, words, big // g, P, plan.nwords) if g > 1 else None
     base = kb.tile(1, "int32")
     ws = _WordsScratch(kb, n, line.masks)
     for group in plan.groups:
         parts = group[1][1]
         gg = g if parts * g <= P else 1
-        _group_words(kb, plan, group, line.xs, ws)
+        _group_words(kb, plan, group, line.xs, ws, plan.passive)
         _network(kb, line, fold if gg > 1 else None, parts, gg, big)
         rebuilt = invertible(plan)
         for key in plan.keys:
@@ -579,8 +589,13 @@ def _emit_sbuf(kb: KernelBuilder, plan: _Plan, outs, g: int) -> None:
                 word = sub(line.xs[rebuilt[key.operand]], parts, n)
                 _rebuild(kb, plan, group, word, key, line.ys[0], line.masks[0],
                          outs[key.operand])
-        _gather_group(kb, plan, group, sub(line.xs[-1], parts, n), line.t, base, ws.load,
-                      outs, set(rebuilt))
+        for w, i in enumerate(plan.passive, plan.nwords):
+            word = sub(line.xs[w], parts, n)
+            if plan.xs[i].dtype in FLOATS:
+                word = word.with_(dtype="float32")
+            kb.dma(plan.line_ap(kb, outs[i], group[0], group[1][0], parts), word)
+        _gather_group(kb, plan, group, sub(line.xs[plan.nwords - 1], parts, n), line.t,
+                      base, ws.load, outs, set(rebuilt) | set(plan.passive))
     ws.close()
     kb.release(base)
     line.close()
@@ -609,9 +624,13 @@ def _sort_lower(ctx: LowerCtx, *xs: DramTensor, dimension, is_stable=False) -> N
     ctx.kb.flops += plan.rows * plan.big_n // 2 * steps * (steps + 1) // 2
     budget = ctx.kb.limits.sbuf_bytes - 16 * 1024
     g = _fold(plan, max(p for _, (_, p), _ in plan.groups))
-    for fold in (g, 1):
+    rebuilt = invertible(plan)
+    carry = [i for i, x in enumerate(xs) if i not in rebuilt and word_count(x.dtype) == 1]
+    for passive, fold in ((carry, g), ([], g), (carry, 1), ([], 1)):
+        plan.passive = passive
         if plan.sbuf_bytes(fold) <= budget:
             return _emit_sbuf(ctx.kb, plan, ctx.outs, fold)
+    plan.passive = []
     plan.words = ctx.temp((plan.nwords, plan.rows, plan.big_n), "int32")
     _emit_words(ctx.kb, plan)
     _emit_network(ctx.next_kernel("network"), plan)
