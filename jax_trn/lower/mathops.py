@@ -46,9 +46,13 @@ is_finite: x * 0 == 0 (0 for finite x, NaN for inf / NaN) in one VectorE tensor_
 popcnt / count_leading_zeros (32-bit integers): the SWAR bit count on GpSimd
 (shift_right_logical / bitwise_and / add, then a multiply by 0x01010101 whose top byte
 is the count). clz smears the highest set bit right (5 shift+or pairs) and returns
-32 - popcnt. 9 G (popcnt), 19 G (clz). No ALU bit-count op exists (§6.2).
+32 - popcnt. 9 G (popcnt), 19 G (clz). No ALU bit-count op exists (§6.2). 8/16-bit
+operands are zero-extended to 32 bits first (clz then subtracts the extension), 64-bit
+ones are counted as two 32-bit words (popcnt: the sum; clz: clz(high), plus clz(low)
+where high is 0).
 
-sign of an integer: clamp(x, -1, 1), one GpSimd tensor_scalar.
+sign of an integer: clamp(x, -1, 1), one GpSimd tensor_scalar. Of a float: ScalarE
+`sign`, then x itself where x == 0 (ScalarE maps -0 to +0, XLA keeps it). 1 S + 2 V.
 
 reduce_precision(x, exponent_bits=e, mantissa_bits=m): XLA's bit algorithm on the
 operand's own bits (f32 / bf16 / f16 seen as uint32 / uint16, SBUF is untyped §3.1) in
@@ -278,9 +282,18 @@ def _is_finite(kb, dst, srcs, step):
 
 # --- integers --------------------------------------------------------------------------------
 
-def _check32(kind, x):
-    if 8 * ir.np_dtype(x.dtype).itemsize != 32 or not ir.is_int(x.dtype):
-        raise LoweringError(f"{kind} is lowered for 32-bit integers only, not {x.dtype}")
+def _words(kb, x, c, d, kind: str):
+    """(bit width of integer x, its low 32-bit word): x itself for 32-bit types, else
+    c = x zero-extended (the low word; d = the high word of 64-bit x)."""
+    if not ir.is_int(x.dtype):
+        raise LoweringError(f"{kind} needs an integer operand, not {x.dtype}")
+    width = 8 * ir.np_dtype(x.dtype).itemsize
+    if width == 32:
+        return width, x
+    _ts(kb, c, x, "bitwise_and", (1 << min(width, 32)) - 1, engine="gpsimd")
+    if width == 64:
+        _ts(kb, d, x, "shift_right_logical", 32, engine="gpsimd")
+    return width, c
 
 
 def _popcnt_into(kb, dst, x, a, b, clz=False):
@@ -300,16 +313,25 @@ def _popcnt_into(kb, dst, x, a, b, clz=False):
         _ts(kb, dst, a, "shift_right_logical", 24, engine=g)
 
 
+def _scratch32(srcs):
+    """The operand and four scratch tiles seen as uint32 (4 bytes each, regions.py)."""
+    (x,), scratch = _tiles(srcs, 1)
+    return x, [t.with_(dtype="uint32") for t in scratch]
+
+
 def _popcnt(kb, dst, srcs, step):
-    (x,), (a, b) = _tiles(srcs, 1)
-    _check32("popcnt", x)
-    _popcnt_into(kb, dst, x, a, b)
+    """32-bit words: narrower types zero-extended, 64-bit ones as two words."""
+    x, (a, b, c, d) = _scratch32(srcs)
+    width, low = _words(kb, x, c, d, "popcnt")
+    if width < 64:
+        return _popcnt_into(kb, dst, low, a, b)
+    _popcnt_into(kb, c, c, a, b)
+    _popcnt_into(kb, d, d, a, b)
+    _tt(kb, dst, c, d, "add", engine="gpsimd")
 
 
-def _clz(kb, dst, srcs, step):
-    """Smear the top set bit into every lower bit, then 32 - popcnt."""
-    (x,), (a, b) = _tiles(srcs, 1)
-    _check32("count_leading_zeros", x)
+def _clz32(kb, dst, x, a, b):
+    """Smear the top set bit into every lower bit, then 32 - popcnt (x may be dst)."""
     src = x
     for k in (1, 2, 4, 8, 16):
         _ts(kb, b, src, "shift_right_logical", k, engine="gpsimd")
@@ -318,11 +340,31 @@ def _clz(kb, dst, srcs, step):
     _popcnt_into(kb, dst, a, a, b, clz=True)
 
 
+def _clz(kb, dst, srcs, step):
+    """clz32 of the zero-extended value minus the extension; 64-bit: clz(high), plus
+    clz(low) where the high word is 0."""
+    x, (a, b, c, d) = _scratch32(srcs)
+    width, low = _words(kb, x, c, d, "count_leading_zeros")
+    if width == 32:
+        return _clz32(kb, dst, low, a, b)
+    if width < 32:
+        _clz32(kb, c, c, a, b)
+        return _ts(kb, dst, c, "subtract", 32 - width, engine="gpsimd")
+    _clz32(kb, d, d, a, b)
+    _clz32(kb, c, c, a, b)
+    _ts(kb, a, d, "is_equal", 32, engine="gpsimd")
+    _tt(kb, a, a, c, "multiply", engine="gpsimd")
+    _tt(kb, dst, d, a, "add", engine="gpsimd")
+
+
 def _sign(kb, dst, srcs, step):
     x = srcs[0].tile
     if ir.is_int(x.dtype):
         return _ts(kb, dst, x, "max", -1, "min", 1, engine=engine_for(x.dtype))
-    return kb.emit(isa.Activation, dst=dst, data=x, func=ACTIVATION["sign"])
+    (p,) = _tiles(srcs, 1)[1]
+    kb.emit(isa.Activation, dst=dst, data=x, func=ACTIVATION["sign"])
+    _ts(kb, p, x, "is_equal", 0.0)                      # +-0 keeps its sign (XLA)
+    return _select(kb, dst, p, x, dst)
 
 
 def _reduce_precision(kb, dst, srcs, step):
@@ -375,7 +417,8 @@ RULES = {
 SCRATCH = {
     "round_nearest_even": 2, "round_nearest_afz": 2, "floor": 2, "ceil": 2,
     "sine": 3, "cosine": 2, "tan": 3, "log_plus_one": 3, "exponential_minus_one": 3,
-    "cbrt": 2, "atan2": 4, "popcnt": 2, "count_leading_zeros": 2, "reduce_precision": 3,
+    "cbrt": 2, "atan2": 4, "popcnt": 4, "count_leading_zeros": 4, "reduce_precision": 3,
+    "sign": 1,
 }
 TILE_OPS.update(RULES)
 

@@ -123,7 +123,8 @@ class _Reducer:
 
     def __init__(self, kb: KernelBuilder, source, out: DramTensor, alu: str, init):
         self.kb, self.source, self.out, self.alu = kb, source, out, alu
-        self.acc_dtype = acc = "float32" if ir.is_float(source.dtype) else "int32"
+        self.acc_dtype = acc = "float32" if ir.is_float(source.dtype) else \
+            "uint32" if source.dtype == "uint32" else "int32"     # uint32: min/max > 2**31
         self.engine = engine_for(acc)
         self.ident = identity(alu, source.dtype)
         self.init = self._load_init(init, out.dtype) if init is not None else None

@@ -81,8 +81,28 @@ def _alu(kb, dst, srcs, step):
     dtype = srcs[0].dtype
     if dtype == "bool" and step.kind in BOOL_ALU:
         return _binary(kb, dst, *srcs, BOOL_ALU[step.kind], "vector")
+    if step.kind == "shift_right_arithmetic" and dtype.startswith("uint"):
+        return _shift_unsigned_arithmetic(kb, dst, *srcs)
     engine = "gpsimd" if step.kind == "power" else engine_for(dtype)
     return _binary(kb, dst, *srcs, ALU[step.kind], engine)
+
+
+def _shift_unsigned_arithmetic(kb, dst, x: Src, amount: Src):
+    """XLA shifts the bits arithmetically whatever the type: the value and result are
+    read as the signed type of the same width (SBUF is untyped, §3.1); the amount
+    stays unsigned."""
+    signed = dst.dtype[1:]
+    return _binary(kb, dst.with_(dtype=signed), _as_signed(x, signed), amount,
+                   "shift_right_arithmetic", "gpsimd")
+
+
+def _as_signed(src: Src, signed: str) -> Src:
+    """The same bits as the signed type `signed`."""
+    if src.imm is None:
+        return Src(src.tile.with_(dtype=signed), src.scalar, None, signed)
+    half = 1 << (8 * ir.np_dtype(signed).itemsize - 1)
+    v = int(src.imm)
+    return Src.immediate(v - 2 * half if v >= half else v, signed)
 
 
 def _compare(kb, dst, srcs, step):

@@ -72,10 +72,17 @@ def test_bit_counts_run_on_gpsimd(dtype):
     assert _engines(pop) == _engines(clz) == {"gpsimd"}
 
 
-def test_popcnt_of_other_widths_is_a_lowering_error():
-    from jax_trn.lower.errors import LoweringError
-    with pytest.raises(LoweringError, match="32-bit"):
-        run(unary("popcnt", (4,), "int16"), np.ones(4, np.int16))
+@pytest.mark.parametrize("dtype", ["int8", "uint16", "int64", "uint64"])
+def test_bit_counts_of_other_widths(dtype):
+    """Narrow types are zero-extended to 32 bits, 64-bit ones counted as two words."""
+    info, width = np.iinfo(dtype), 8 * np.dtype(dtype).itemsize
+    x = np.array([0, 1, 2, 3, 100, info.max, info.min, info.max // 3], dtype)
+    bits = [format(int(v) & ((1 << width) - 1), f"0{width}b") for v in x]
+    pop = run(unary("popcnt", x.shape, dtype), x)
+    clz = run(unary("count_leading_zeros", x.shape, dtype), x)
+    np.testing.assert_array_equal(pop.outputs[0], [b.count("1") for b in bits])
+    np.testing.assert_array_equal(clz.outputs[0], [len(b) - len(b.lstrip("0")) for b in bits])
+    assert _engines(pop) == _engines(clz) == {"gpsimd"}
 
 
 def test_atan2_quadrants():
