@@ -13,29 +13,36 @@ order: SIGNED / UNSIGNED for integers, TOTALORDER for floats (with the canonical
 first and -0 < 0, as `lax.top_k`'s GT). A FLOAT compare is taken as the canonical order.
 Anything else is a LoweringError naming the op.
 
-On the device (three kernels):
+On the device, per group of up to 128 lines (all positions of the other dims):
 
-1. words: each line (all positions of the other dims; up to 128 lines on partitions)
-   is DMAed into SBUF and every key becomes one or two int32 sort words whose signed
-   order is the key's order: integers as they are (uint32 with the sign bit flipped;
-   64-bit keys as a signed high word and a sign-flipped low word), floats through their
-   FP32 bits, w ^ ((w >> 31) & 0x7fffffff), with -0 -> 0 and NaN -> 0x7fc00000 when
-   canonical; descending keys are inverted (~w). A last word is the element's index
-   (iota), so every element is distinct and the result is stable. The line is padded to
-   a power of two N with words INT32_MAX (after every element). Words live in an HBM
-   temporary [words, lines, N].
-2. network: the bitonic sorting network, log2(N)(log2(N)+1)/2 compare-exchange steps.
-   Our tiles are contiguous, so a step's pairs (i, i + j) come into SBUF as two
-   contiguous [lines, pairs] tiles through strided DMA patterns (runs of j elements) and
-   go back the same way. On GpSimd (native int32, §2.5): swap = lexicographic
-   hi < lo over the words (is_lt / is_equal / multiply / max), flipped for blocks that
-   sort descending (a compile-time constant per chunk, or an Iota-built mask), then two
-   Selects per word. Cost per step ~ (5 + 4 x words) GpSimd instructions of N/2 elements
-   per 128 lines plus 4 x words DMAs whose descriptors are j elements long: the small-j
-   steps are DMA-descriptor bound.
-3. gather: the final index word is turned into flat element offsets (Iota + TensorScalar
-   on GpSimd) and every operand is gathered with an indirect DMA (DmaGather, one
-   descriptor per element, §3.4), so values come back bit-exact (NaN payloads, -0).
+1. words: each line is DMAed into SBUF and every key becomes one or two int32 sort
+   words whose signed order is the key's order: integers as they are (uint32 with the
+   sign bit flipped; 64-bit keys as a signed high word and a sign-flipped low word),
+   floats through their FP32 bits, w ^ ((w >> 31) & 0x7fffffff), with -0 -> 0 and NaN
+   -> 0x7fc00000 when canonical; descending keys are inverted (~w). A last compared word
+   is the element's index (iota), so every element is distinct and the result is
+   stable. Lines are padded to a power of two N with INT32_MAX keys (after everything).
+   Other operands of <= 32 bits ride along as uncompared words (their bits).
+2. network: the bitonic sorting network, log2(N)(log2(N)+1)/2 compare-exchange steps,
+   on GpSimd (native int32, §2.5). Our tiles are contiguous, so a step at distance j
+   compares the word tiles with themselves shifted by j (position i against i + j, for
+   every i at once): swap = lexicographic partner < self over the compared words
+   (is_lt / is_equal / multiply / max), kept at the low position of each pair (bit j of
+   i clear, from an iota) and flipped in blocks sorting descending (bit s of i); two
+   Selects per word on views shifted by j exchange the pair into the other buffer.
+   Cost per step ~ (5 + 4 x words) GpSimd instructions of N elements per 128 lines.
+   Few lines are folded: each line cut into g segments on g x more partitions, the
+   steps of distance j < N / g run on [g x lines, N / g] tiles (g x fewer elements per
+   instruction), the others on [lines, N], words moved by SBUF -> SBUF DMA.
+3. results: keys whose words are a bijection of their values (integers, bool, IEEE
+   total-order floats) are rebuilt from the words; carried operands are their words;
+   anything else (64-bit payloads) is gathered by the final index word with indirect
+   DMAs (DmaGather, one descriptor per element, §3.4), bit-exact (NaN payloads, -0).
+
+Lines longer than SBUF holds keep their words in an HBM temporary instead: each step
+brings the pairs (i, i + j) into SBUF as two contiguous [lines, pairs] tiles through
+strided DMA patterns (runs of j elements: the small-j steps are DMA-descriptor bound)
+and writes them back; every operand is then gathered.
 """
 from __future__ import annotations
 
@@ -262,7 +269,7 @@ class _WordsScratch:
         self.kb.release(self.load, *(self.scratch if self.own else []))
 
 
-def _group_words(kb: KernelBuilder, plan: "_Plan", group, outs: list[isa.Tile],
+def _group_words(kb: KernelBuilder, plan: _Plan, group, outs: list[isa.Tile],
                  ws: _WordsScratch, passive=()) -> None:
     """The sort words of one group of lines into `outs` ([parts, N] int32 each, the
     index word last), padded with INT32_MAX keys."""
@@ -302,7 +309,7 @@ def _group_words(kb: KernelBuilder, plan: "_Plan", group, outs: list[isa.Tile],
             kb.dma(o, plan.line_ap(kb, x, offset, pstride, parts))
 
 
-def _emit_words(kb: KernelBuilder, plan: "_Plan") -> None:
+def _emit_words(kb: KernelBuilder, plan: _Plan) -> None:
     """The words of every group into the HBM temporary (the long-line path)."""
     big = plan.big_n
     wt = [kb.tile(big, "int32") for _ in range(plan.nwords)]
@@ -347,7 +354,7 @@ def _lex_lt(kb: KernelBuilder, p, lt, eq, a: list[isa.Tile], b: list[isa.Tile]) 
         kb.emit(isa.TensorTensor, dst=p, data1=p, data2=lt, op="max", engine="gpsimd")
 
 
-def _pair_chunk(plan: "_Plan") -> int:
+def _pair_chunk(plan: _Plan) -> int:
     per_pair = (4 * plan.nwords + 6) * 4        # lo/hi double-buffered per word, masks
     ch = min(plan.big_n // 2, PAIR_CHUNK, max(1, SBUF_BUDGET // per_pair))
     return 1 << (ch.bit_length() - 1)

@@ -1,37 +1,42 @@
 """reduce_window (pooling, cumulative ops) and select_and_scatter (max-pool gradient).
 
-reduce_window, two lowerings:
+reduce_window:
 
 - cumulative (`jnp.cumsum / cumprod / cummax / cummin`, which JAX lowers on non-TPU
   platforms to a window as long as the axis, padded by n - 1 on one side): a VectorE
   `tensor_tensor_scan` per line (§6.2; cost max(MIN_II, 2N), §6.3), O(n) per line
-  instead of the O(n^2) window sums. Lines (every position of the other axes) go on
-  partitions, 128 at a time, the scanned axis on the free axis in chunks of `SCAN_CHUNK`
-  elements, each chunk starting from the last value of the previous one (the
-  instruction's `initial` operand). The reversed form (`reverse=True`) reads and writes
-  each chunk through a negative-stride DMA pattern. Rounding order: a sequential left-to-
-  right FP32 accumulation ((x0 + x1) + x2) + ..., the order in which XLA's CPU backend
-  sums each window, rounded once to the result type; integers accumulate exactly (and
-  wrap) natively. The init must be a constant identity of the combiner.
-- generic (pooling, strided / dilated / padded windows): the operand is copied into an
-  HBM temporary of the padded, base-dilated shape, pre-filled with the init value
-  (XLA's padding value), when padding or base dilation is present. Then each window is a
-  strided access pattern over it: the index space (output dims, window dims) reads
-  element sum(o_d * stride_d + k_d * wdil_d) (overlapping windows re-read elements), and
-  reduce.py's tilings reduce it over the window dims (add / max / min, and / or on bool;
-  FP32 accumulation for floats). A non-identity init is combined once, as XLA does.
+  instead of the O(n^2) window sums. Many lines: lines on partitions, 128 at a time, the
+  scanned axis on the free axis in chunks of `SCAN_CHUNK`, each chunk starting from the
+  last value of the previous one (the instruction's `initial`); the reversed form reads
+  and writes each chunk through negative-stride DMA patterns. Few long contiguous lines
+  (forward): each line on all 128 partitions in segments, segment totals transposed onto
+  one partition (TensorE), scanned into exclusive carries and transposed back. Rounding:
+  FP32, sequential left to right within a line or segment (XLA's CPU backend sums each
+  window left to right; for long windows it uses a tree, so long FP32 sums agree within
+  tolerance, not bit for bit), carry + segment prefix in the split form, right to left
+  for reverse; integers accumulate exactly (and wrap) natively. The init must be a
+  constant identity of the combiner.
+- small windows (<= 64 offsets: pooling): the operand is first copied into an HBM
+  temporary of the padded, base-dilated shape, pre-filled with the init value (XLA's
+  padding value), when padding or base dilation is present. Each window offset k is then
+  a strided view over it (element o * stride + k * dilation), and the output is tiled
+  like an elementwise op (`offset_boxes`): per [<=128, <=2048] tile, one DMA per offset,
+  combined by TensorTensor into an FP32 / int32 accumulator in XLA's window order (add,
+  max, min, multiply; and / or on bool), a non-identity init combined once.
+- larger windows: the (output dims, window dims) index space as one strided view,
+  reduced by reduce.py's tilings (add / max / min).
 
 select_and_scatter (the gradient of max / min pooling), with a GE / GT / LE / LT select
-and an add scatter:
+and an add scatter; the padding holds a value the select never prefers (-inf for max):
 
-1. each window offset k becomes a contiguous HBM temporary T_k[o] = x[o * stride + k]
-   (a strided DMA; padding reads a value the select never prefers: -inf for max);
-2. one elementwise region over the windows computes m = max_k T_k and, walking the
-   offsets in XLA's order (first wins for GE / LE, last for GT / LT), the one-hot hit_k =
-   (T_k == m) and no earlier hit, and C_k = select(hit_k, source, 0);
-3. C_k are added into the output (pre-filled with the init value) at the window
-   positions: a plain strided DMA per offset when windows do not overlap and the init is
-   0, else a read-add-write per offset, one kernel each.
+- windows that do not overlap, init 0 (the usual max-pool gradient), one kernel: per
+  tile of the window grid, the K window elements (strided DMAs), their extreme m and,
+  walking the offsets in XLA's order (first wins for GE / LE, last for GT / LT), the
+  one-hot hit_k = (x_k == m) * remaining; C_k = select(hit_k, source, 0) is DMAed
+  straight to its strided place in the zero-filled output;
+- otherwise, through HBM temporaries: T_k[o] = x[o * stride + k] (strided copies), one
+  elementwise region computing every C_k, then a read-add-write of the output at the
+  window positions per offset, one kernel each.
 NaN operands follow max's NaN propagation, not XLA's select order.
 """
 from __future__ import annotations
@@ -103,7 +108,7 @@ class Window:
     dilations: tuple[int, ...]
 
     @classmethod
-    def of(cls, attrs: dict, rank: int) -> "Window":
+    def of(cls, attrs: dict, rank: int) -> Window:
         one = (1,) * rank
         return cls(tuple(attrs["window_dimensions"]), tuple(attrs.get("window_strides") or one),
                    tuple(tuple(p) for p in (attrs.get("padding") or ((0, 0),) * rank)),
