@@ -1,4 +1,4 @@
-"""convolution on TensorE: one matmul per kernel tap, accumulated in PSUM.
+"""convolution on TensorE: one matmul per kernel tap (or tap group), accumulated in PSUM.
 
 For every output image and output-channel tile, each kernel tap t = (kh, kw) is a
 TensorE matmul over input channels (the contraction, on partitions, §2.2):
@@ -6,33 +6,46 @@ TensorE matmul over input channels (the contraction, on partitions, §2.2):
     psum[co, f] (+)= W[ci, t, co].T @ X[ci, f + offset(t)]
 
 where the moving operand is a *contiguous* run of the input held in SBUF. That works
-because the input is staged in a layout where every tap is a constant shift of a flat
-index ("wide" output grid): rows of the padded, dilated input of width Qw, output
+because the input sits in SBUF in a layout where every tap is a constant shift of a
+flat index ("wide" output grid): rows of the padded, dilated input of width Qw, output
 position (oh, ow) at flat index oh * Qw + ow, tap (kh, kw) at + kh * Qw + kw. The
 Qw - OW columns past each output row are computed and dropped when PSUM is evacuated.
 A stride s splits the input into s x s phases (polyphase): tap k reads phase
 (k * rd) % s shifted by (k * rd) // s, so strided taps are contiguous runs too.
 
-Staging (a DMA kernel before the conv kernel, DRAM -> DRAM, §3.4):
-- input: an HBM temporary [N, C, phases..., Q...] in the matmul dtype, zero-filled
-  (Memset tile DMAed out) where padding or lhs dilation leaves holes, the input
-  copied in with strided access patterns (lhs dilation = a destination stride,
-  negative padding = a cropped source). An input already in that shape (channel-major,
-  no padding, dilation or stride) is read in place.
-- weights: one [ci, taps, co] block per (group block, ci tile, co tile), contiguous
-  so each loads with one DMA; grouped convs with small groups (depthwise) pack as
-  many groups as fit in 128 partitions into a block-diagonal weight (zeros elsewhere),
-  so one matmul serves many groups.
+The input (`_source`):
+- stride 1 without lhs dilation (`Padded`): read in place, band by band; rows are
+  DMAed in (channel-minor NHWC rows by dma_transpose when no cast is needed, §3.4;
+  else from a channel-major copy made by relayout) and copied row by row past the
+  zero columns of the padding (set once per buffer; pad rows memset per band).
+- otherwise (`Staged`): a DMA kernel first writes an HBM temporary [N, C, phases...,
+  Q...] in the matmul dtype, zero-filled where padding or lhs dilation leaves holes,
+  the input copied in with strided access patterns (lhs dilation = a destination
+  stride, negative padding = a cropped source).
 
-The conv kernel: weights of a group block stay resident in SBUF; per output image the
-input is loaded in row bands (double-buffered), each band split in chunks of at most
-512 flat positions (one PSUM bank of FP32, §3.2); per chunk, all (ci tile, tap)
-matmuls accumulate into one bank, then VectorE/ScalarE copy the valid columns of
-each output row to SBUF in the result dtype and one DMA writes the chunk out.
+The weights stay resident per group block: read directly (HWIO: rows of co; OIHW: a
+dma_transpose of [co, ci] per tap) or, for grouped convs with small groups (depthwise)
+packed block-diagonally into 128 partitions (one matmul serves many groups), staged
+as [ci, taps, co] blocks by a DMA kernel.
+
+Tap packing (`Packing`): when input channels fill <= 64 partitions, R copies of the
+band, shifted by the offsets of R consecutive taps, fill R * ct partitions (SBUF ->
+SBUF DMA), so one matmul contracts over R taps at once (3 -> 64 channels, 3x3: one
+matmul instead of nine; 64 -> 64: six instead of nine).
+
+The conv kernel: per band of output rows the input band is loaded (triple-buffered,
+band k + 1 emitted before band k's matmuls so its padding copies overlap them), split
+in chunks of at most 512 flat positions (one PSUM bank of FP32, §3.2); per chunk the
+(ci tile, tap group) matmuls accumulate into one bank, VectorE/ScalarE copy the valid
+columns of each output row to SBUF in the result dtype, and one DMA per band writes
+the rows out (a DMA has a fixed cost of ~2 us, §2.6). A channel-minor output (NHWC)
+is written channel-major to a temporary and swapped into place on TensorE.
 
 Transposed convolutions (lhs dilation), the input gradient (lhs dilation + padding)
 and the weight gradient (batch and feature dims swapped by dimension_numbers, the
-forward stride as rhs dilation) are the same conv with other attributes.
+forward stride as rhs dilation) are the same conv with other attributes; the weight
+gradient contracts over the batch (few partitions: tap packing stacks up to 128 / N
+taps) with the forward output's spatial extent as its kernel window.
 batch_group_count splits the batch: output-channel group b reads input images
 b * N / B + n. Precision follows dot_general (dot.py `matmul_types`).
 """
@@ -399,6 +412,9 @@ def _convolution_lower(ctx: LowerCtx, x: DramTensor, w: DramTensor, **attrs) -> 
                             f"{ctx.op.describe()}")
     ldt, rdt, precision = matmul_types(x.dtype, w.dtype, attrs.get("precision_config", ()),
                                        ctx.matmul_precision)
+    from .conv_wgrad import lower as lower_wgrad, plan as plan_wgrad
+    if (wgrad := plan_wgrad(ctx, cv, x, w, ldt, rdt)) is not None:
+        return lower_wgrad(ctx, cv, *wgrad, out, precision, ldt)
     units, x_in = _units(cv), x
     x, cv = _channel_major_input(ctx, x, cv, ldt)
     staged = _source(ctx, x, cv, ldt)
@@ -741,8 +757,8 @@ class _Emitter:
 
 
 def _runs(slots: list[tuple[int, int]]) -> list[tuple[int, int, int, int]]:
-    """(first slot, its tap, tap step, count) of runs of consecutive slots whose taps
-    step evenly.
+    """(first slot, its offset, offset step, count) of runs of consecutive slots whose
+    weight offsets step evenly.
 
     >>> _runs([(0, 0), (1, 2), (2, 4), (3, 5), (5, 6)])
     [(0, 0, 2, 3), (3, 5, 1, 1), (5, 6, 1, 1)]

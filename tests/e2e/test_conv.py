@@ -138,11 +138,26 @@ def test_default_precision_bf16_operands(jax, trn, cpu, layout):
         x, w, (1, 1), "SAME", dimension_numbers=dn), x, w, rtol=2e-2, atol=3e-2)
 
 
-def test_bf16_in_f32_out(jax, trn, cpu):
-    x, w = _data(*_shapes("NHWC", 2, 5, (6, 6), 4, (3, 3)), seed=13, dtype="bfloat16")
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_bf16_in_f32_out(jax, trn, cpu, layout):
+    """bf16 operands (read without a cast: dma_transpose for NHWC rows and OIHW
+    weights), f32 result via preferred_element_type."""
+    dn = NCHW if layout == "NCHW" else NHWC
+    x, w = _data(*_shapes(layout, 2, 5, (6, 6), 4, (3, 3)), seed=13, dtype="bfloat16")
     check(jax, trn, cpu, lambda x, w: jax.lax.conv_general_dilated(
-        x, w, (1, 1), "SAME", dimension_numbers=NHWC, preferred_element_type=np.float32),
+        x, w, (1, 1), "SAME", dimension_numbers=dn, preferred_element_type=np.float32),
         x, w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("c,k,stride,padding", [
+    (3, (7, 7), 2, ((3, 3), (3, 3))),     # ResNet stem: polyphase, no tap packing
+    (20, (5, 5), 1, "SAME"),              # packing whole kernel rows (6 replicas -> 5)
+    (8, (1, 20), 1, "SAME"),              # packing runs of 16 kw, then the last 4
+    (48, (3, 3), 1, ((0, 2), (1, 0))),    # 2 replicas: pairs of kw, then singles
+], ids=str)
+def test_tap_packing_and_kernel_shapes(jax, trn, cpu, c, k, stride, padding):
+    x, w = _data((2, c, 13, 24), (6, c, *k), seed=c)
+    _check_conv(jax, trn, cpu, x, w, window_strides=(stride, stride), padding=padding)
 
 
 def test_small_cnn(jax, trn, cpu):
@@ -168,3 +183,23 @@ def test_four_spatial_dims_is_a_lowering_error(jax, trn):
         f(jax.device_put(x, trn), jax.device_put(w, trn))
     msg = str(err.value)
     assert "convolution" in msg and "float32[1,1,3,3,3,3]" in msg and "test_conv.py" in msg
+
+
+@pytest.mark.parametrize("layout,n,c,padding", [("NCHW", 2, 3, "SAME"), ("NHWC", 2, 3, "SAME"),
+                                                ("NCH", 1, 130, ((2, 0),))], ids=str)
+def test_weight_grad_contracts_over_the_window(jax, trn, cpu, layout, n, c, padding):
+    """d/dw of a stride-1 conv (a window of 12x12 positions for a 3x3 output, or 64
+    for 3 in 1-D): the window is the contraction (conv_wgrad.py); 130 input channels
+    tile the output."""
+    import jax.numpy as jnp
+    dn = {"NCHW": NCHW, "NHWC": NHWC, "NCH": ("NCH", "OIH", "NCH")}[layout]
+    shapes = ((n, c, 64), (4, c, 3)) if layout == "NCH" else \
+        _shapes(layout, n, c, (12, 12), 4, (3, 3))
+    x, w = _data(*shapes, seed=15)
+
+    def loss(w, x):
+        y = jax.lax.conv_general_dilated(x, w, (1,) * (x.ndim - 2), padding,
+                                         dimension_numbers=dn)
+        return jnp.sum(jnp.tanh(y))
+    with jax.default_matmul_precision("highest"):
+        check(jax, trn, cpu, jax.grad(loss), w, x, **F32)

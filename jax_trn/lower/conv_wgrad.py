@@ -1,0 +1,247 @@
+"""Weight-gradient-shaped convolutions: contract over the kernel window on partitions.
+
+The weight gradient of a conv is itself a conv (JAX's transpose rule): the forward
+input x with batch and feature swapped (batch = forward input channels b, feature =
+forward batch i) against the forward output gradient as the kernel (kernel window =
+the forward output's spatial extent, large; output spatial = the forward kernel, e.g.
+3x3). The tap loop of conv.py then runs thousands of taps, each a matmul over the
+forward batch (a few partitions) into 9 output columns. Here the window is the
+contraction instead, 128 window positions per matmul, for each output position p:
+
+    out[o, b] at p (+)= sum over window tiles k:  WT_i[t, o].T @ XT_i[p + t, b]
+
+with t in "wide" coordinates of the padded input (rows of width Qw; the kernel rows
+padded with zeros to Qw, so every p is a constant shift of the flat index). Per
+contraction feature i both operands sit in SBUF channel-major (padded by row copies
+past zero columns and rows set once per buffer: the geometry is the same for every
+i) and each [rows, 128] slice is transposed on TensorE (§2.2, ~64 cycles) into the
+[128, rows] matmul operands. All output positions accumulate in PSUM across i
+(regions of one or two banks); the result goes to an HBM temporary [p, o, b] (rows of
+b per partition) and a relayout puts it into the kernel's layout.
+
+Applies to stride-1, undilated, ungrouped 2-D convs whose window has at least 16x
+as many positions as the output (`plan`); everything else uses the tap loop.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+from jax_trn.hw import dtypes as hw_dtypes
+from jax_trn.hw import isa
+from jax_trn.hw.program import DramTensor
+
+from .builder import KernelBuilder, sub
+from .conv import Conv, _compact
+from .layout import P, View, row_major, tiles
+from .matmul import MOVING_MAX
+from .registry import LowerCtx
+from .relayout import relayout
+
+MIN_WINDOW_RATIO = 16       # window positions per output position to take this path
+PSUM_BANKS = 8              # §3.2
+TRANSPOSE_BANKS = 4         # PSUM banks for the TensorE transposes in flight
+BUFS = 2                    # operand bands in flight
+STAGES = 4                  # transposed tiles in flight (SBUF)
+
+
+@dataclass(frozen=True)
+class Image:
+    """An operand as [part, feat, rows, cols] strides: `part` goes on partitions, `feat`
+    is the contraction feature; rows of `cols` pixels load by DMA rows or, when the
+    partition axis is the contiguous one, by dma_transpose (§3.4)."""
+    t: DramTensor
+    part: int
+    feat: int
+    row: int
+    col: int
+    rows: int
+    cols: int
+    transposed: bool
+
+
+def _image(ctx: LowerCtx, t: DramTensor, part: int, feat: int, sp, dtype: str
+           ) -> Image | None:
+    (rs, rows), (cs, cols) = sp
+    if cs == 1:
+        return Image(t, part, feat, rs, cs, rows, cols, False)
+    if (part == 1 and rs == cs * cols and t.dtype == dtype
+            and getattr(ctx.spec, "dma_transpose", False)
+            and hw_dtypes.itemsize(dtype) in (2, 4)):
+        return Image(t, part, feat, rs, cs, rows, cols, True)
+    return None
+
+
+def plan(ctx: LowerCtx, cv: Conv, x: DramTensor, w: DramTensor, ldt: str, rdt: str
+         ) -> tuple[Image, Image] | None:
+    """The (input, kernel) operands if this path applies, else None."""
+    if len(cv.dims) != 2 or len(cv.blocks) != 1 or cv.blocks[0].groups != 1 or ldt != rdt:
+        return None
+    h, wd = cv.dims
+    if not all(d.stride == 1 and d.ld == 1 and d.rd == 1 for d in cv.dims):
+        return None
+    positions, window = h.out * wd.out, h.kernel * wd.kernel
+    nb = min(cv.n_out, P)
+    if window < MIN_WINDOW_RATIO * positions or \
+            -(-positions // (MOVING_MAX // nb)) > PSUM_BANKS - TRANSPOSE_BANKS:
+        return None
+    xi = _image(ctx, x, cv.x[0], cv.x[1], cv.x[2], ldt)
+    wi = _image(ctx, w, cv.w[0], cv.w[1], cv.w[2], rdt)
+    return (xi, wi) if xi is not None and wi is not None else None
+
+
+def lower(ctx: LowerCtx, cv: Conv, xi: Image, wi: Image, out: DramTensor, precision: str,
+          dtype: str) -> None:
+    h, w = cv.dims
+    positions, o = h.out * w.out, cv.o_features
+    temp = ctx.temp((positions, o, cv.n_out), out.dtype)
+    _Emitter(ctx.kb, cv, xi, wi, temp, precision, dtype).run()
+    ctx.next_kernel("relayout")
+    # Logical axes (b, o, ph, pw) in the output's own order: its innermost is then the
+    # contiguous one, and relayout swaps it with the temporary's on TensorE.
+    ns, os_, sp = cv.o
+    logical = [(ns, 1, cv.n_out), (os_, cv.n_out, o),
+               (sp[0][0], o * cv.n_out * w.out, h.out), (sp[1][0], o * cv.n_out, w.out)]
+    logical.sort(key=lambda a: -a[0])
+    relayout(ctx.kb, View(out, tuple((a[0], a[2]) for a in logical)),
+             View(temp, tuple((a[1], a[2]) for a in logical)))
+
+
+class _Emitter:
+    def __init__(self, kb: KernelBuilder, cv: Conv, xi: Image, wi: Image, temp: DramTensor,
+                 precision: str, dtype: str):
+        self.kb, self.cv, self.xi, self.wi, self.temp = kb, cv, xi, wi, temp
+        self.precision, self.dtype = precision, dtype
+        self.h, self.w = cv.dims
+        self.q = self.w.q                                   # padded row width
+        self.window = (self.h.kernel - 1) * self.q + self.w.kernel    # wide positions
+        self.offs = [ph * self.q + pw for ph in range(self.h.out) for pw in range(self.w.out)]
+        self.queues = itertools.cycle(range(kb.limits.dma_queues))
+
+    def run(self) -> None:
+        kb, h, w = self.kb, self.h, self.w
+        xsize, wsize = h.q * self.q, h.kernel * self.q
+        self.xbands = self._bands(xsize)
+        self.wbands = self._bands(wsize)
+        self.xstage = kb.ring(BUFS, h.size * w.size, self.dtype)
+        self.wstage = kb.ring(BUFS, self.wi.rows * self.wi.cols, self.dtype)
+        self.tps = kb.ring(TRANSPOSE_BANKS, MOVING_MAX, "float32", mem="psum")
+        self.xts = kb.ring(STAGES, MOVING_MAX, self.dtype)
+        self.wts = kb.ring(STAGES, P, self.dtype)
+        for (b0, nb), (o0, ot) in itertools.product(tiles(self.cv.n_out, P),
+                                                    tiles(self.cv.o_features, P)):
+            self._tile(b0, nb, o0, ot)
+        kb.release(self.xbands, self.wbands, self.xstage, self.wstage, self.tps, self.xts,
+                   self.wts)
+
+    def _bands(self, size: int):
+        ring = self.kb.ring(BUFS, size, self.dtype)
+        for t in ring.tiles:        # pads and zero columns: the same for every feature
+            self.kb.emit(isa.Memset, dst=t, value=0, engine="vector")
+        return ring
+
+    def _tile(self, b0: int, nb: int, o0: int, ot: int) -> None:
+        kb, per = self.kb, MOVING_MAX // nb
+        banks = [kb.tile(MOVING_MAX, "float32", mem="psum")
+                 for _ in range(-(-len(self.offs) // per))]
+        accs = [sub(banks[p // per], ot, nb, at=(p % per) * nb) for p in range(len(self.offs))]
+        pending = None
+        for i in range(self.cv.c):      # the contraction features: the forward batch
+            xb = self._load(self.xi, self.xbands.next(), self.xstage, b0, nb, i, self.h, self.w)
+            wb = self._load_kernel(self.wbands.next(), o0, ot, i)
+            for k, (k0, kt) in enumerate(tiles(self.window, P)):
+                # Step k's transposes are emitted before step k - 1's matmuls, so
+                # TensorE transposes while VectorE/ScalarE evacuate the previous ones.
+                ready = self._transposes(xb, wb, k0, kt, nb, ot)
+                if pending is not None:
+                    self._matmuls(accs, *pending)
+                pending = (ready, nb, i == 0 and k == 0)
+        self._matmuls(accs, *pending)
+        res = kb.tile(len(self.offs) * nb, self.temp.dtype, parts=ot)
+        for j, bank in enumerate(banks):
+            n = min(per, len(self.offs) - j * per) * nb
+            kb.emit(isa.TensorCopy, dst=sub(res, ot, n, at=j * per * nb), src=sub(bank, ot, n),
+                    engine=kb.evac_engine())
+        o, nbt = self.cv.o_features, self.cv.n_out
+        pattern = ((nbt, ot), *_compact(((o * nbt, len(self.offs)), (1, nb))))
+        kb.dma(kb.ap(self.temp, o0 * nbt + b0, pattern), res)
+        kb.release(res, *banks)
+
+    def _transposes(self, xb, wb, k0: int, kt: int, nb: int, ot: int):
+        """Window tile [k0, +kt): the kernel slice and every shifted input slice
+        transposed to [kt, *] (TensorE into PSUM, copied to SBUF)."""
+        kb = self.kb
+        bank = self.tps.next()
+        kb.emit(isa.NcTranspose, dst=sub(bank, kt, ot), data=sub(wb, ot, kt, at=k0))
+        wt = sub(self.wts.next(), kt, ot)
+        kb.emit(isa.TensorCopy, dst=wt, src=sub(bank, kt, ot), engine=kb.evac_engine())
+        xts = []
+        for g0, gn in tiles(len(self.offs), MOVING_MAX // nb):
+            bank = self.tps.next()
+            for j in range(gn):
+                kb.emit(isa.NcTranspose, dst=sub(bank, kt, nb, at=j * nb),
+                        data=sub(xb, nb, kt, at=self.offs[g0 + j] + k0))
+            xt = sub(self.xts.next(), kt, gn * nb)
+            kb.emit(isa.TensorCopy, dst=xt, src=sub(bank, kt, gn * nb), engine=kb.evac_engine())
+            xts.append(xt)
+        return wt, xts
+
+    def _matmuls(self, accs, ready, nb: int, first: bool) -> None:
+        """One matmul per output position: accs[p] (+)= wt.T @ xt[p]."""
+        wt, xts = ready
+        kt, per = wt.num_partitions, MOVING_MAX // nb
+        for p, acc in enumerate(accs):
+            moving = sub(xts[p // per], kt, nb, at=(p % per) * nb)
+            self.kb.emit(isa.NcMatmul, dst=acc, stationary=wt, moving=moving,
+                         precision=self.precision, accumulate=not first)
+
+    # --- loads ---------------------------------------------------------------------------------
+
+    def _load(self, im: Image, band, stage, p0: int, pn: int, i: int, h, w) -> isa.Tile:
+        """Rows of feature i, partitions [p0, +pn), into their padded place in `band`
+        ([pn, h.q rows of width q]); pads were zeroed once."""
+        q = self.q
+        lo, hi = max(0, h.lo), min(h.q, h.lo + h.size)
+        c_lo, c_hi = max(0, w.lo), min(q, w.lo + w.size)
+        tile = sub(band, pn)
+        if hi <= lo or c_hi <= c_lo:
+            return tile
+        r_in, c_in = lo - h.lo, c_lo - w.lo
+        base = p0 * im.part + i * im.feat + r_in * im.row
+        rows = hi - lo
+        if c_lo == 0 and c_hi == q == im.cols and not im.transposed:
+            self._rows(im, sub(tile, pn, rows * q, at=lo * q), base, pn, rows)
+            return tile
+        staged = sub(stage.next(), pn, rows * im.cols)
+        self._rows(im, staged, base, pn, rows)
+        for r in range(rows):
+            self.kb.emit(isa.TensorCopy, dst=sub(tile, pn, c_hi - c_lo, at=(lo + r) * q + c_lo),
+                         src=sub(staged, pn, c_hi - c_lo, at=r * im.cols + c_in),
+                         engine=self.kb.evac_engine())
+        return tile
+
+    def _load_kernel(self, band, o0: int, ot: int, i: int) -> isa.Tile:
+        """Kernel rows of feature i (the forward output gradient) padded to width q."""
+        wi = self.wi
+        return self._load(wi, band, self.wstage, o0, ot, i,
+                          _Span(self.h.kernel), _Span(self.w.kernel))
+
+    def _rows(self, im: Image, dst: isa.Tile, off: int, parts: int, rows: int) -> None:
+        if im.transposed:
+            src = self.kb.ap(im.t, off, ((im.col, rows * im.cols), (im.part, parts)))
+            self.kb.emit(isa.DmaTranspose, dst=dst, src=src, dma_queue=next(self.queues))
+            return
+        pattern = _compact(((im.row, rows), (im.col, im.cols)))
+        self.kb.dma(dst, self.kb.ap(im.t, off, ((im.part, parts), *pattern)))
+
+
+@dataclass(frozen=True)
+class _Span:
+    """A kernel dim seen as an unpadded image dim of `size` (rows/cols [0, size))."""
+    size: int
+    lo: int = 0
+
+    @property
+    def q(self) -> int:
+        return self.size
