@@ -8,6 +8,12 @@ import sys
 import numpy as np
 import pytest
 
+# 8 host devices, so that multi-device programs have a CPU reference on the same mesh
+# (tests/multichip). Set before JAX starts its CPU backend.
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + " --xla_force_host_platform_device_count=8").strip()
+
 
 @pytest.fixture(scope="session")
 def jax():

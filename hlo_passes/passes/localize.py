@@ -31,8 +31,8 @@ pad, reverse, concatenate, dynamic_slice, sort, reduce_window, gather, scatter, 
 convolution's spatial dims, a variadic reduce over a sharded dim, ...) are *replicated*
 on those inputs: the operands are all-gathered, the op runs on global shapes, and each
 device slices its block of the result. This is what a partitioner does when it has no
-specialized rule (XLA's SPMD partitioner has halo exchanges for some of these); the
-op gets a `spmd` attribute saying so, visible in the IR dump and `as_text()`.
+specialized rule (XLA's SPMD partitioner has halo exchanges for some of these);
+`Spmd.notes` lists each such op.
 """
 from __future__ import annotations
 
@@ -145,6 +145,7 @@ class _Localizer:
         self.ops: list[ir.Op] = []
         self.mapping: dict[ir.Value, ir.Value] = {}
         self._pid: ir.Value | None = None
+        self.notes: list[str] = []
 
     # --- entry ------------------------------------------------------------------------
 
@@ -163,6 +164,7 @@ class _Localizer:
             if v.type != t:
                 raise VerifyError(f"result of per-device type {v.type} where the result "
                                   f"sharding gives {t}")
+        spmd.notes = self.notes
         self.module.attrs["trn.spmd"] = spmd
 
     def _parse(self, text):
@@ -257,7 +259,8 @@ class _Localizer:
             self.shardings[id(r)] = None
             self.complete.add(id(r))
             results.append(r)
-        op.attrs["spmd"] = "replicated: sharded inputs all-gathered, result sliced per device"
+        self.notes.append(f"{op.describe()}: replicated (sharded inputs all-gathered, "
+                          "result sliced per device)")
         self._emit(op)
         for r, s in zip(results, shardings):
             if s is not None and not s.is_replicated:

@@ -13,6 +13,10 @@ data, loaded once per executable), and its `steps`, run in order. A step is
     Case(index, branches, ...)     read the int32 `index` from HBM, run branch `index`
                                    (out of range: the last branch, as stablehlo.case)
 
+    Collective(kind, ...)          a collective across the program's devices (SPMD):
+                                   every device waits for its group, the topology's
+                                   algorithm moves and combines the data
+
 `cond`, `body` and each branch are step lists themselves, so loops and conditionals
 nest. Control flow runs on the core's control path between kernels: the predicate /
 index is a device value, read from (simulated) HBM after the kernel that wrote it
@@ -87,7 +91,26 @@ class Case:
     ops: list[str] = field(default_factory=list)
 
 
-Step = Kernel | While | Case
+@dataclass
+class Collective:
+    """A collective between kernels (all_reduce, all_gather, reduce_scatter, all_to_all,
+    collective_permute) over replica `groups` of partition ids, from `operands` into
+    `results` (one result per operand). The runtime runs it once for all devices
+    (`jax_trn.runtime.spmd`) on the system's topology (`jax_trn.hw.collectives`)."""
+    name: str                                  # "all_reduce.5"
+    kind: str
+    operands: list[DramTensor]
+    results: list[DramTensor]
+    groups: tuple[tuple[int, ...], ...] = ()   # partition ids; () = all devices
+    op: str = "add"                            # combiner (all_reduce, reduce_scatter)
+    dim: int = 0                               # all_gather / scatter dimension
+    split_dim: int = 0                         # all_to_all
+    concat_dim: int = 0
+    pairs: tuple[tuple[int, int], ...] = ()    # collective_permute (source, target)
+    ops: list[str] = field(default_factory=list)
+
+
+Step = Kernel | While | Case | Collective
 
 
 def walk_steps(steps: list[Step]) -> Iterator[Step]:
@@ -108,7 +131,11 @@ def walk_kernels(steps: list[Step]) -> Iterator[Kernel]:
 
 
 def has_control_flow(steps: list[Step]) -> bool:
-    return any(not isinstance(s, Kernel) for s in steps)
+    return any(isinstance(s, (While, Case)) for s in steps)
+
+
+def has_collectives(steps: list[Step]) -> bool:
+    return any(isinstance(s, Collective) for s in walk_steps(steps))
 
 
 @dataclass

@@ -51,3 +51,4 @@ from . import window as _window  # noqa: F401,E402
 from . import sort as _sort  # noqa: F401,E402
 from . import control as _control  # noqa: F401,E402
 from . import misc as _misc  # noqa: F401,E402
+from . import collective as _collective  # noqa: F401,E402

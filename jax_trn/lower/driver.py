@@ -28,7 +28,7 @@ import numpy as np
 
 from hlo_passes import ir
 from jax_trn.hw import isa
-from jax_trn.hw.program import DramTensor, Program, Step, walk_kernels
+from jax_trn.hw.program import Collective, DramTensor, Program, Step, walk_kernels, walk_steps
 
 from . import control, movement
 from .builder import KernelBuilder, Limits
@@ -326,6 +326,8 @@ class _Lowering:
 
     def _program(self) -> Program:
         used = {name for k in walk_kernels(self.kernels) for name in k.dram}
+        used |= {t.name for s in walk_steps(self.kernels) if isinstance(s, Collective)
+                 for t in (*s.operands, *s.results)}
         self.temps = [t for t in self.temps if t.name in used]   # e.g. unwritten splats
         text = format_program(self.params, self.outputs, self.temps, self.kernels,
                               self.constants)

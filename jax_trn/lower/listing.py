@@ -17,7 +17,8 @@ from collections import Counter
 
 import numpy as np
 
-from jax_trn.hw.program import Case, DramTensor, Kernel, While, walk_kernels, walk_steps
+from jax_trn.hw.program import (Case, Collective, DramTensor, Kernel, While, walk_kernels,
+                                walk_steps)
 
 ENGINE_ORDER = ("dma", "tensor", "vector", "scalar", "gpsimd")
 
@@ -66,14 +67,31 @@ def format_steps(steps, indent: str = "") -> list[str]:
             for i, branch in enumerate(step.branches):
                 lines.append(f"{indent}  branch {i}:")
                 lines += format_steps(branch, indent + "    ")
+        elif isinstance(step, Collective):
+            lines.append(f"{indent}{format_collective(step)}")
     return lines
+
+
+def format_collective(step: Collective) -> str:
+    """One line: kind, combiner / dims, groups or pairs, operands -> results."""
+    extra = {"all_reduce": f"{step.op}", "reduce_scatter": f"{step.op}, dim {step.dim}",
+             "all_gather": f"dim {step.dim}",
+             "all_to_all": f"split {step.split_dim}, concat {step.concat_dim}",
+             "collective_permute": f"pairs {list(step.pairs)}"}[step.kind]
+    groups = "" if step.kind == "collective_permute" else (
+            f" groups {[list(g) for g in step.groups]}" if step.groups else " all devices")
+    ins = ", ".join(t.name for t in step.operands)
+    outs = ", ".join(t.name for t in step.results)
+    return f"collective {step.name} ({extra}){groups}: {ins} -> {outs}  [{'; '.join(step.ops)}]"
 
 
 def format_program(params, outputs, temps, steps, constants: dict[str, np.ndarray]) -> str:
     kernels = list(walk_kernels(steps))
     loops = sum(isinstance(s, While) for s in walk_steps(steps))
     cases = sum(isinstance(s, Case) for s in walk_steps(steps))
-    control = (f", {loops} loops" if loops else "") + (f", {cases} conditionals" if cases else "")
+    colls = sum(isinstance(s, Collective) for s in walk_steps(steps))
+    control = ((f", {loops} loops" if loops else "") + (f", {cases} conditionals" if cases else "")
+               + (f", {colls} collectives" if colls else ""))
     lines = [(f"trn program: {len(kernels)} kernels{control}, "
               f"{sum(len(k.instructions) for k in kernels)} instructions")]
     for label, ts in (("params", params), ("outputs", outputs), ("temps", temps)):

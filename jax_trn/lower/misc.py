@@ -19,7 +19,7 @@ writes a tile with a stride (the words of a block are adjacent outputs): that co
 GpSimd time instead of 4-byte DMA descriptors (§3.4, ~400x slower per byte). ~400
 GpSimd instructions per [128, <=512] tile.
 
-partition_id / replica_id: 0 on one device, a uint32 scalar written by GpSimd.
+partition_id / replica_id: read from a per-device DRAM scalar the runtime writes.
 
 custom_call: JAX emits targets for other platforms (LAPACK, cuSOLVER, host
 callbacks, ...); none has a trn implementation, so each is a compile error naming the
@@ -58,12 +58,18 @@ def _custom_call_lower(ctx: LowerCtx, *operands: DramTensor, call_target_name: s
 
 @register_lowering("partition_id", "replica_id")
 def _device_id_lower(ctx: LowerCtx) -> None:
-    """One device: the id is 0, written by GpSimd into the result."""
+    """This device's id: a uint32 the runtime writes into DRAM for every execution
+    ("sys:partition_id" / "sys:replica_id", `runtime.executable.bind_dram`), copied
+    into the result by one DMA."""
     out, kb = ctx.outs[0], ctx.kb
-    tile = kb.tile(1, out.dtype, parts=1)
-    kb.emit(isa.Memset, dst=tile, value=0, engine=_G)
+    src = DramTensor(_ID_TENSORS[ctx.op.kind], (), "uint32")
+    tile = kb.tile(1, "uint32", parts=1)
+    kb.dma(tile, kb.ap(src, 0, ((1, 1), (1, 1))))
     kb.dma(kb.ap(out, 0, ((1, 1), (1, 1))), tile)
     kb.release(tile)
+
+
+_ID_TENSORS = {"partition_id": "sys:partition_id", "replica_id": "sys:replica_id"}
 
 
 # --- rng_bit_generator -----------------------------------------------------------------

@@ -42,16 +42,21 @@ class KernelRecord:
 
 @dataclass
 class CollectiveRecord:
-    """One collective operation over the interconnect. Nothing records these yet: the
-    multichip runtime appends them to `Execution.collectives`; the trace export and
-    the summary already show them."""
-    kind: str                      # "all-reduce" | "all-gather" | ...
-    name: str                      # the op it came from
-    devices: list[int]             # participants
-    algorithm: str                 # "ring" | "2d-ring" | "halving-doubling" | ...
-    bytes: int                     # payload per participant
+    """One collective over the interconnect, as the SPMD runtime ran it
+    (`jax_trn.runtime.spmd`): its participants, the algorithm chosen, when it started
+    (its group's last arrival) and ended, and the schedule's steps."""
+    kind: str                      # "all_reduce" | "all_gather" | "reduce_scatter" | ...
+    name: str                      # the program's step, e.g. "all_reduce.4"
+    devices: list[int]             # participants (global device ids)
+    algorithm: str                 # e.g. "all_reduce/ring", "all_gather/mesh"
+    bytes: int                     # message bytes per participant (as used for the choice)
     start_ns: float
     end_ns: float
+    groups: tuple = ()             # replica groups, as global device ids
+    arrival_ns: tuple = ()         # when each participant reached it
+    ops: tuple = ()                # source ops ("all_reduce at f.py:3")
+    context: str = ""              # enclosing loop trips / branches
+    steps: tuple = ()              # (label, start_ns, end_ns, bytes) relative to start
 
     @property
     def duration_ns(self) -> float:

@@ -69,12 +69,13 @@ class Client:
                           program_mlir(str(name), program))
 
     def _assigned_devices(self, opts) -> list[Device]:
+        """The devices of a program, replica-major (device r * partitions + p runs
+        replica r, partition p)."""
         n = opts.num_replicas * opts.num_partitions
-        if n > 1:
-            raise CompileError(
-                f"programs over {n} devices (num_replicas={opts.num_replicas}, "
-                f"num_partitions={opts.num_partitions}) are not supported yet: "
-                "multi-device programs arrive with the multichip work")
+        if n > len(self.devices):
+            raise CompileError(f"a program over {n} devices (num_replicas="
+                               f"{opts.num_replicas}, num_partitions={opts.num_partitions}) "
+                               f"on {self.system.name}, which has {len(self.devices)}")
         if opts.device_assignment is None:
             return [self.devices[i] for i in self.default_device_assignment(
                 opts.num_replicas, opts.num_partitions)]

@@ -13,6 +13,7 @@ with an ExecutionError instead of hanging.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import threading
@@ -22,7 +23,8 @@ import numpy as np
 
 from jax_trn import profiler
 from jax_trn.hw import dtypes as _dt
-from jax_trn.hw.program import Case, Kernel, While
+from jax_trn.hw.program import Case, Collective, Kernel, While, has_collectives
+from . import spmd
 from .buffer import Buffer
 from .device import Device
 
@@ -44,6 +46,8 @@ class Executable:
         fn = module.main
         self.output_types = list(fn.result_types)
         self.param_types = [a.type for a in fn.args]
+        self.spmd = module.attrs.get("trn.spmd")      # hlo_passes.passes.localize.Spmd
+        self.collectives = has_collectives(program.steps)
         self.fingerprint = hashlib.sha256(program.text.encode() + name.encode()).hexdigest()[:32]
         self.deleted = False
         self._lock = threading.Lock()
@@ -120,7 +124,8 @@ class Executable:
         it is the time of a call with all-zero arguments (see `simulate`)."""
         with self._lock:
             if self._timing is None:
-                self._timing = simulate(self.name, self.program, self.devices[0].system)
+                self._timing = simulate(self.name, self.program, self.devices[0].system,
+                                        [d.id for d in self.devices])
             return self._timing
 
     def execute(self, arg_lists: list[list[Buffer]], device: Device | None = None
@@ -137,17 +142,47 @@ class Executable:
         sharers = Counter(d.chip for d in devices)
         hbms = {c: Hbm(chip.hbm_bytes_per_ns, f"hbm.chip{c}", n if n > 1 else None)
                 for c, n in sharers.items()}
+        if self.collectives:
+            return self._execute_spmd(devices, arg_lists, hbms)
         records, results = [], []
-        for dev, args in zip(devices, arg_lists):
-            outs, kernels = self._run_on(dev, args, hbms[dev.chip])
+        for p, (dev, args) in enumerate(zip(devices, arg_lists)):
+            outs, kernels = self._run_on(dev, args, hbms[dev.chip], p)
             results.append(outs)
             records.extend(kernels)
         profiler.record(self._execution(records, devices))
         return results
 
-    def _execution(self, kernels, devices) -> profiler.Execution:
+    def _execute_spmd(self, devices, arg_lists, hbms) -> list[list[Buffer]]:
+        """All devices at once: each runs the steps on its core until a collective,
+        which runs when all have reached it (`spmd.drive`)."""
+        prepared, runners = [], []
+        try:
+            for p, (dev, args) in enumerate(zip(devices, arg_lists)):
+                prepared.append(self._prepare(dev, args, p))
+            with contextlib.ExitStack() as locks:
+                for dev in sorted(set(devices), key=lambda d: d.id):
+                    locks.enter_context(dev.execution_lock)
+                for dev, (outs, dram, _) in zip(devices, prepared):
+                    core = dev.core_model
+                    core.begin(hbms[dev.chip])
+                    runners.append(_StepRunner(core, dram, dev.id, dev.chip, True,
+                                               self.program.steps))
+                collectives = spmd.drive(runners, devices, dev.system.interconnect())
+        except BaseException:
+            for outs, _, temp_bytes in prepared:
+                for b in outs:
+                    b.delete()
+            raise
+        finally:
+            for dev, (_, _, temp_bytes) in zip(devices, prepared):
+                dev.free(temp_bytes)
+        records = [r for run in runners for r in run.records]
+        profiler.record(self._execution(records, devices, collectives))
+        return [outs for outs, _, _ in prepared]
+
+    def _execution(self, kernels, devices, collectives=()) -> profiler.Execution:
         return make_execution(self.name, self.program, devices[0].system,
-                              [d.id for d in devices], kernels)
+                              [d.id for d in devices], kernels, collectives)
 
     def _check_args(self, device: Device, args: list[Buffer]) -> None:
         if len(args) != len(self.program.params):
@@ -163,7 +198,9 @@ class Executable:
                 raise ExecutionError(f"argument {i} of {self.name} is on {b.device.to_string}, "
                                      f"the program runs on {device.to_string}")
 
-    def _run_on(self, device: Device, args: list[Buffer], hbm):
+    def _prepare(self, device: Device, args: list[Buffer], partition: int):
+        """Output buffers, temporaries (charged to the device's HBM) and the DRAM
+        binding of one device's run."""
         self._check_args(device, args)
         prog = self.program
         outs = [Buffer(device, t.shape, t.dtype) for t in prog.outputs]
@@ -174,21 +211,33 @@ class Executable:
             for b in outs:
                 b.delete()
             raise
+        dram = bind_dram(prog, [b.data for b in args], [b.data for b in outs],
+                         partition=partition, replica=0)
+        return outs, dram, temp_bytes
+
+    def _run_on(self, device: Device, args: list[Buffer], hbm, partition: int = 0):
+        outs, dram, temp_bytes = self._prepare(device, args, partition)
         try:
-            dram = bind_dram(prog, [b.data for b in args], [b.data for b in outs])
             with device.execution_lock:
                 core = device.core_model
                 core.begin(hbm)
-                kernels = run_kernels(prog, core, dram, device.id, device.chip)
+                kernels = run_kernels(self.program, core, dram, device.id, device.chip)
             return outs, kernels
         finally:
             device.free(temp_bytes)
 
 
-def bind_dram(prog, params: list[np.ndarray], outs: list[np.ndarray]) -> dict[str, np.ndarray]:
+# Per-device values a program reads from DRAM (`stablehlo.partition_id` / `replica_id`).
+PARTITION_ID, REPLICA_ID = "sys:partition_id", "sys:replica_id"
+
+
+def bind_dram(prog, params: list[np.ndarray], outs: list[np.ndarray], *, partition: int = 0,
+              replica: int = 0) -> dict[str, np.ndarray]:
     """The DRAM tensors of one execution by name: flat parameter arrays (read-only),
-    output arrays (written in place), fresh temporaries and the constants."""
-    dram = {}
+    output arrays (written in place), fresh temporaries, the constants, and this
+    device's partition and replica ids (uint32 scalars the runtime writes)."""
+    dram = {PARTITION_ID: np.array([partition], np.uint32),
+            REPLICA_ID: np.array([replica], np.uint32)}
     for p, data in zip(prog.params, params):
         view = data.view()
         view.flags.writeable = False      # kernels may not write their inputs
@@ -225,33 +274,44 @@ def run_kernels(prog, core, dram, device_id: int, chip: int, *, execute: bool = 
     loops and conditionals on the control path (with `execute=False` only the kernels'
     timing, which needs a program without control flow). Control decisions delay the
     next kernel by `control_ns`; one after the last kernel (a final loop exit test) is
-    in no record, so an execution's span ends with its last kernel."""
+    in no record, so an execution's span ends with its last kernel. A program with
+    collectives runs through `spmd.drive` instead (all its devices at once)."""
     if not execute and prog.control_flow:
         raise ExecutionError("a timing-only run cannot decide loops or branches: "
                              "run the program's numerics (see `simulate`)")
-    run = _StepRunner(core, dram, device_id, chip, execute)
-    run.steps(prog.steps, 0.0, "")
+    run = _StepRunner(core, dram, device_id, chip, execute, prog.steps)
+    for arrival in run.run():
+        raise ExecutionError(f"{arrival.step.name} is a collective: run the program on "
+                             "all its devices (spmd.drive)")
     return run.records
 
 
 class _StepRunner:
-    """Interprets a step list on one core: the control path between kernels."""
+    """Interprets a step list on one core: the control path between kernels. `run()` is
+    a generator that yields an `spmd.Arrival` at each collective and resumes with the
+    collective's end time (sent by `spmd.drive`)."""
 
-    def __init__(self, core, dram, device_id: int, chip: int, execute: bool):
+    def __init__(self, core, dram, device_id: int, chip: int, execute: bool, steps=()):
         self.core, self.dram, self.execute = core, dram, execute
         self.device_id, self.chip = device_id, chip
         self.control_ns = control_ns(core.spec)
         self.limit = max_iterations()
         self.records: list[profiler.KernelRecord] = []
+        self.program_steps = steps
 
-    def steps(self, steps, t: float, context: str) -> float:
+    def run(self):
+        yield from self.steps(self.program_steps, 0.0, "")
+
+    def steps(self, steps, t: float, context: str):
         for step in steps:
             if isinstance(step, Kernel):
                 t = self.kernel(step, t, context)
             elif isinstance(step, While):
-                t = self.loop(step, t, context)
+                t = yield from self.loop(step, t, context)
             elif isinstance(step, Case):
-                t = self.case(step, t, context)
+                t = yield from self.case(step, t, context)
+            elif isinstance(step, Collective):
+                t = yield spmd.Arrival(step, t, context)
         return t
 
     def kernel(self, kernel, t: float, context: str) -> float:
@@ -264,10 +324,10 @@ class _StepRunner:
         """The scalar `tensor` holds, as the control path reads it from HBM."""
         return np.asarray(self.dram[tensor.name]).reshape(-1)[0]
 
-    def loop(self, step: While, t: float, context: str) -> float:
+    def loop(self, step: While, t: float, context: str):
         trip = 0
         while True:
-            t = self.steps(step.cond, t, f"{context}{step.name}[{trip}].cond/")
+            t = yield from self.steps(step.cond, t, f"{context}{step.name}[{trip}].cond/")
             t += self.control_ns
             if not bool(self.read(step.pred)):
                 return t
@@ -276,46 +336,75 @@ class _StepRunner:
                     f"{step.name} ({'; '.join(step.ops)}) ran {self.limit} iterations "
                     f"without its predicate becoming false; raise "
                     f"JAX_TRN_MAX_WHILE_ITERATIONS if the loop is meant to run longer")
-            t = self.steps(step.body, t, f"{context}{step.name}[{trip}]/")
+            t = yield from self.steps(step.body, t, f"{context}{step.name}[{trip}]/")
             trip += 1
 
-    def case(self, step: Case, t: float, context: str) -> float:
+    def case(self, step: Case, t: float, context: str):
         t += self.control_ns
         index = int(self.read(step.index))
         if not 0 <= index < len(step.branches):
             index = len(step.branches) - 1        # stablehlo.case: the default branch
-        return self.steps(step.branches[index], t, f"{context}{step.name}[{index}]/")
+        return (yield from self.steps(step.branches[index], t,
+                                      f"{context}{step.name}[{index}]/"))
 
 
-def simulate(name: str, prog, system) -> profiler.Execution:
-    """The timing of one call of `prog` on a fresh NeuronCore (core 0 of chip 0) of
-    `system`, as an Execution that `profile()` does not record. Needs no JAX backend.
+def simulate(name: str, prog, system, device_ids: list[int] | None = None
+             ) -> profiler.Execution:
+    """The timing of one call of `prog` on fresh NeuronCores of `system` (core 0 of
+    chip 0, or the devices `device_ids` for a program with collectives), as an
+    Execution that `profile()` does not record. Needs no JAX backend.
 
-    Without control flow no instruction takes effect (simulated time never depends on
-    the data). With loops or conditionals, trip counts and branches are data: the
-    run executes the numerics too, on all-zero arguments, so it times the path an
-    all-zero call takes (exact for loops whose trip count does not depend on the
-    arguments, e.g. fori_loop and scan with static bounds)."""
+    Without control flow or collectives no instruction takes effect (simulated time
+    never depends on the data). With loops or conditionals, trip counts and branches
+    are data: the run executes the numerics too, on all-zero arguments, so it times
+    the path an all-zero call takes (exact for loops whose trip count does not depend
+    on the arguments, e.g. fori_loop and scan with static bounds). Collectives run their
+    numerics too (on zeros), on every device of the program."""
     from jax_trn.hw.bandwidth import Hbm
     from jax_trn.hw.core import NeuronCore
     chip = system.chip
-    core = NeuronCore(chip.core, core_id=0)
-    core.begin(Hbm(chip.hbm_bytes_per_ns, "hbm.chip0"))
-    execute, dram = prog.control_flow, {}
-    if execute:
-        zeros = [np.zeros(t.size, _dt.np_dtype(t.dtype)) for t in prog.params]
-        outs = [np.zeros(t.size, _dt.np_dtype(t.dtype)) for t in prog.outputs]
-        dram = bind_dram(prog, zeros, outs)
-    kernels = run_kernels(prog, core, dram, 0, 0, execute=execute)
-    return make_execution(name, prog, system, [0], kernels)
+    collectives = has_collectives(prog.steps)
+    ids = list(device_ids) if collectives and device_ids else [0]
+    cores_per_chip = system.cores_per_chip
+    hbms: dict[int, Hbm] = {}
+    sharers = Counter(d // cores_per_chip for d in ids)
+    runners = []
+    execute = prog.control_flow or collectives
+    for p, d in enumerate(ids):
+        c = d // cores_per_chip
+        if c not in hbms:
+            hbms[c] = Hbm(chip.hbm_bytes_per_ns, f"hbm.chip{c}",
+                          sharers[c] if sharers[c] > 1 else None)
+        core = NeuronCore(chip.core, core_id=d % cores_per_chip)
+        core.begin(hbms[c])
+        dram = {}
+        if execute:
+            zeros = [np.zeros(t.size, _dt.np_dtype(t.dtype)) for t in prog.params]
+            outs = [np.zeros(t.size, _dt.np_dtype(t.dtype)) for t in prog.outputs]
+            dram = bind_dram(prog, zeros, outs, partition=p)
+        runners.append(_StepRunner(core, dram, d, c, execute, prog.steps))
+    if not collectives:
+        kernels = run_kernels(prog, runners[0].core, runners[0].dram, 0, 0, execute=execute)
+        return make_execution(name, prog, system, [0], kernels)
+    done = spmd.drive(runners, [_SimDevice(d) for d in ids], system.interconnect())
+    return make_execution(name, prog, system, ids, [r for run in runners for r in run.records],
+                          done)
 
 
-def make_execution(name: str, prog, system, device_ids: list[int], kernels
+class _SimDevice:
+    """What spmd.drive needs of a device: its global id."""
+
+    def __init__(self, device_id: int):
+        self.id = device_id
+
+
+def make_execution(name: str, prog, system, device_ids: list[int], kernels, collectives=()
                    ) -> profiler.Execution:
     dtype = compute_dtype(prog)
     peak = system.chip.peak_tflops_per_core(dtype) * 1e12
     return profiler.Execution(name, system.name, device_ids, kernels, peak,
-                              generation=system.generation, dtype=dtype)
+                              generation=system.generation, dtype=dtype,
+                              collectives=list(collectives))
 
 
 def compute_dtype(prog) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import Counter
 
 from jax_trn.hw.isa import DmaCopy, DramAP
-from jax_trn.hw.program import Case, Kernel, While
+from jax_trn.hw.program import Case, Collective, Kernel, While
 
 _MLIR_TYPES = {
     "float32": "f32", "bfloat16": "bf16", "float16": "f16", "float8_e4m3fn": "f8E4M3FN",
@@ -96,6 +96,28 @@ class _Emitter:
                 lines += self.loop(step, env, indent)
             elif isinstance(step, Case):
                 lines += self.case(step, env, indent)
+            elif isinstance(step, Collective):
+                lines += self.collective(step, env, indent)
+        return lines
+
+    def collective(self, step: Collective, env, indent: str) -> list[str]:
+        """A collective as `custom_call @trn.collective`, described in its config."""
+        from jax_trn.lower.listing import format_collective
+        lines: list[str] = []
+        ins = [self.value(t, env, indent, lines) for t in step.operands]
+        for t in step.results:
+            self.tensors.setdefault(t.name, t)
+        result = self.fresh()
+        outs = step.results
+        lhs = result if len(outs) == 1 else f"{result}:{len(outs)}"
+        config = format_collective(step).replace('"', "'")
+        in_types = ", ".join(tensor_type(t) for t in step.operands)
+        out_types = ", ".join(tensor_type(t) for t in outs)
+        lines.append(f'{indent}{lhs} = stablehlo.custom_call @trn.collective({", ".join(ins)}) '
+                     f'{{backend_config = "{config}"}} : ({in_types}) -> ({out_types})'
+                     f' loc("{step.name}")')
+        for i, t in enumerate(outs):
+            env[t.name] = result if len(outs) == 1 else f"{result}#{i}"
         return lines
 
     def kernel(self, kernel, env, indent: str) -> list[str]:
