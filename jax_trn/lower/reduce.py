@@ -1,5 +1,5 @@
-"""reduce with add / max / min (and `and` / `or` on bool) over any axes, alone or fused
-with the elementwise ops that produce its input (input fusion).
+"""reduce with add / max / min / multiply (and `and` / `or` on bool) over any axes,
+alone or fused with the elementwise ops that produce its input (input fusion).
 
 Partial results accumulate in FP32 for floats and natively in int32 for integers and
 bool (exact, wrapping like XLA), and are cast to the result type at the end. Three
@@ -41,7 +41,7 @@ from .relayout import relayout
 from .registry import LowerCtx, register_lowering
 from .tileops import TILE_OPS, Src, Step, engine_for, fill_scalar
 
-COMBINERS = {"add": "add", "maximum": "max", "minimum": "min"}
+COMBINERS = {"add": "add", "maximum": "max", "minimum": "min", "multiply": "multiply"}
 BOOL_COMBINERS = {"and": "min", "or": "max", "maximum": "max", "minimum": "min"}
 # Rules for reduces of several operands at once, by operand count (argreduce.py: 2).
 VARIADIC: dict = {}
@@ -59,8 +59,8 @@ def combiner(op, dtype: str) -> str:
 
 
 def identity(alu: str, dtype: str) -> float:
-    if alu == "add":
-        return 0
+    if alu in ("add", "multiply"):
+        return int(alu == "multiply")
     if ir.is_float(dtype):
         return -np.inf if alu == "max" else np.inf
     info = np.iinfo(ir.np_dtype("uint8" if dtype == "bool" else dtype))

@@ -95,7 +95,8 @@ def checks(dtype: str, types=CONVERT_TO) -> dict:
     })
     if not dtype.startswith("float8"):
         c.update({"sum0": lambda x, y, s: x.sum(0), "sum_all": lambda x, y, s: x.sum(),
-                  "sum_tiled": lambda x, y, s: jnp.tile(x, (2, 100)).sum(1)})
+                  "sum_tiled": lambda x, y, s: jnp.tile(x, (2, 100)).sum(1),
+                  "prod1": lambda x, y, s: x.prod(1), "prod0": lambda x, y, s: x[:5].prod(0)})
     if not dtype.startswith("float8") and dtype != "uint64":    # uint64 max/min: reduce.py
         c.update({"max1": lambda x, y, s: x.max(1), "min0": lambda x, y, s: x.min(0),
                   "max_tiled": lambda x, y, s: jnp.tile(x, (2, 100)).max(0)})
