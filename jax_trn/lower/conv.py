@@ -56,13 +56,11 @@ import math
 from dataclasses import dataclass, replace
 
 from jax_trn.hw import dtypes as hw_dtypes
-from jax_trn.hw import isa
 from jax_trn.hw.program import DramTensor
 
-from .builder import KernelBuilder, sub
 from .dot import matmul_types
 from .errors import LoweringError
-from .layout import P, Axes, View, row_major, tiles
+from .layout import Axes, P, View, row_major, tiles
 from .matmul import MOVING_MAX
 from .movement import fill
 from .registry import LowerCtx, register_lowering
@@ -255,7 +253,7 @@ def _source(ctx: LowerCtx, x: DramTensor, cv: Conv, dtype: str) -> Staged | Padd
 def _transposable(ctx: LowerCtx, x: DramTensor, cv: Conv, dtype: str) -> bool:
     """Channel-minor input rows (NHWC) that dma_transpose (v3+, bit-exact, no cast,
     §3.4) can load as [channels, pixels] for the stride-1 path."""
-    ns, cs, sp = cv.x
+    _ns, cs, sp = cv.x
     return (getattr(ctx.spec, "dma_transpose", False) and x.dtype == dtype
             and hw_dtypes.itemsize(dtype) in (2, 4) and cs == 1
             and sp[-2][0] == sp[-1][0] * sp[-1][1]
@@ -412,9 +410,8 @@ def _convolution_lower(ctx: LowerCtx, x: DramTensor, w: DramTensor, **attrs) -> 
                             f"{ctx.op.describe()}")
     ldt, rdt, precision = matmul_types(x.dtype, w.dtype, attrs.get("precision_config", ()),
                                        ctx.matmul_precision)
-    from .conv_wgrad import lower as lower_wgrad, plan as plan_wgrad
-    if (wgrad := plan_wgrad(ctx, cv, x, w, ldt, rdt)) is not None:
-        return lower_wgrad(ctx, cv, *wgrad, out, precision, ldt)
+    if (wgrad := conv_wgrad.plan(ctx, cv, x, w, ldt, rdt)) is not None:
+        return conv_wgrad.lower(ctx, cv, *wgrad, out, precision, ldt)
     units, x_in = _units(cv), x
     x, cv = _channel_major_input(ctx, x, cv, ldt)
     staged = _source(ctx, x, cv, ldt)
@@ -426,8 +423,8 @@ def _convolution_lower(ctx: LowerCtx, x: DramTensor, w: DramTensor, **attrs) -> 
     if wsrc == "staged" or isinstance(staged, Staged) or x is not x_in:
         ctx.next_kernel("conv")
     dst, cv_out = _channel_major_output(ctx, out, cv)
-    _Emitter(ctx.kb, cv_out, plan, pk, staged, (wsrc, wt), units, dst, precision, ldt,
-             rdt).run()
+    ConvEmitter(ctx.kb, cv_out, plan, pk, staged, (wsrc, wt), units, dst, precision, ldt,
+                rdt).run()
     if dst is not out:
         ctx.next_kernel("relayout")
         # (batch, spatial..., feature): the feature axis is the output's contiguous one
@@ -460,7 +457,7 @@ def _channel_major_output(ctx: LowerCtx, out: DramTensor, cv: Conv
                           ) -> tuple[DramTensor, Conv]:
     """A channel-minor output (NHWC) is written channel-major to a temporary (rows of
     pixels per output channel: long DMA runs) and transposed into place afterwards."""
-    ns, os_, sp = cv.o
+    _ns, os_, sp = cv.o
     pixels = math.prod(n for _, n in sp)
     if os_ != 1 or pixels == 1 or cv.o_features == 1:
         return out, cv
@@ -533,248 +530,6 @@ def _matmuls(cv: Conv, plan: Plan, slots: int) -> int:
                                       for b in cv.blocks)
 
 
-# --- the conv kernel ---------------------------------------------------------------------------
-
-class _Emitter:
-    """Emits the conv kernel (see the module docstring)."""
-
-    def __init__(self, kb: KernelBuilder, cv: Conv, plan: Plan, pk: Packing,
-                 staged: Staged | Padded, wts: tuple[str, DramTensor], units,
-                 out: DramTensor, precision: str, ldt: str, rdt: str):
-        self.kb, self.cv, self.plan, self.x, self.pk = kb, cv, plan, staged, pk
-        self.wsrc, self.wt = wts
-        self.units, self.out, self.precision, self.ldt, self.rdt = units, out, precision, ldt, rdt
-        self.h, self.w = cv.dims[-2:]
-        self.outer = cv.dims[:-2]
-        self.ko = list(itertools.product(*(range(d.kernel) for d in self.outer)))
-        self.band_rows = plan.band + self.h.shift
-        self.per_ko = _phases(cv) * self.band_rows * self.w.q
-        self.inner = [(kh, kw) for kh in range(self.h.kernel) for kw in range(self.w.kernel)]
-        self.queues = itertools.cycle(range(kb.limits.dma_queues))
-
-    def run(self) -> None:
-        kb = self.kb
-        ncit = max(len(tiles(b.cn, P)) for b in self.cv.blocks)
-        bands = kb.ring(BAND_BUFS * ncit, len(self.ko) * self.per_ko, self.ldt)
-        self.stage = None
-        if isinstance(self.x, Padded):
-            if self.x.gaps(self.w):         # zero columns between rows, set once
-                for t in bands.tiles:
-                    kb.emit(isa.Memset, dst=t, value=0, engine="vector")
-            if self.x.gaps(self.w) or self.x.row[-2] != self.w.size or (
-                    self.x.transposed and self.w.q != self.w.size):
-                self.stage = kb.ring(2, self.band_rows * self.w.size, self.ldt)
-        accs = kb.ring(PSUM_ACCS, MOVING_MAX, "float32", mem="psum")
-        obuf = kb.ring(OUT_BUFS, self.plan.band * self.w.out, self.out.dtype)
-        for b, us in zip(self.cv.blocks, self.units):
-            weights = [self._load_weights(b, u) for u in us]
-            jobs = [(n, od, r0, rn) for n in range(self.cv.n_out)
-                    for od in itertools.product(*(range(d.out) for d in self.outer))
-                    for r0, rn in tiles(self.h.out, self.plan.band)]
-            load = lambda n, od, r0, rn: [self._replicate(self._load_band(
-                bands.next(), b, ci0, ct, n, od, r0)) for ci0, ct in tiles(b.cn, P)]
-            # Band k + 1 is emitted before band k's matmuls: the engines run their
-            # queues in order, so its padding copies then overlap band k's matmuls.
-            ahead = load(*jobs[0])
-            for k, job in enumerate(jobs):
-                xs, ahead = ahead, load(*jobs[k + 1]) if k + 1 < len(jobs) else None
-                self._compute(b, weights, xs, accs, obuf, *job)
-            kb.release(*weights)
-        kb.release(bands, accs, obuf, *([self.stage] if self.stage else []))
-
-    def _compute(self, b: Block, weights, xs, accs, obuf, n: int, od, r0: int, rn: int
-                 ) -> None:
-        cots = tiles(b.on, P)
-        for m, (co0, cot) in enumerate(cots):
-            ws = weights[m::len(cots)]
-            otile = sub(obuf.next(), cot, rn * self.w.out)
-            for chunk in _chunks(self.cv, self.plan.rows, r0, rn):
-                acc = accs.next()
-                self._matmuls(acc, xs, ws, cot, r0, chunk)
-                self._evacuate(acc, otile, r0, chunk)
-            self._store(otile, b, n, od, co0, r0, rn)
-
-    def _load_weights(self, b: Block, u: Unit) -> isa.Tile:
-        """[reps * ct, slots * cot]: partition r * ct + ci, column g * cot + co holds
-        W[ci, tap r of slot g, co] (slot g: outer tap, then tap group)."""
-        pk, taps, ng = self.pk, self.cv.taps, len(self.pk.groups)
-        t = self.kb.tile(len(self.ko) * ng * u.cot, self.rdt, parts=pk.reps * u.ct)
-        if self.wsrc == "staged":   # [ct, taps, cot] blocks at u.offset
-            base, (cs, os_) = u.offset, (taps * u.cot, 1)
-            tap_at = [i * u.cot for i in range(taps)]
-        else:
-            os_, cs, sp = self.cv.w
-            base = u.ci0 * cs + (b.o0 + u.co0) * os_
-            tap_at = [sum(k * st for k, (st, _) in zip(idx, sp)) for idx in
-                      itertools.product(*(range(d.kernel) for d in self.cv.dims))]
-        inner = self.h.kernel * self.w.kernel
-        isz = hw_dtypes.itemsize(self.rdt)
-        for r in range(pk.reps):
-            slots = [(i * ng + g, tap_at[i * inner + kh * self.w.kernel + kw])
-                     for i in range(len(self.ko)) for g, grp in enumerate(pk.groups)
-                     if r < len(grp) for kh, kw in grp[r:r + 1]]
-            part = t.with_(start_partition=r * u.ct, num_partitions=u.ct)
-            if self.wsrc == "transpose":    # [cot, ct] -> [ct, cot] per tap
-                for g, at in slots:
-                    src = self.kb.ap(self.wt, base + at, ((os_, u.cot), (cs, u.ct)))
-                    self.kb.emit(isa.DmaTranspose, dst=part.with_(
-                        free=(u.cot,), offset=t.offset + g * u.cot * isz), src=src,
-                        dma_queue=next(self.queues))
-                continue
-            for g0, at0, step, cnt in _runs(slots):
-                dst = part.with_(free=(cnt * u.cot,), offset=t.offset + g0 * u.cot * isz)
-                src = ((cs, u.ct), *_compact(((step, cnt), (os_, u.cot))))
-                self.kb.dma(dst, self.kb.ap(self.wt, base + at0, src))
-        return t
-
-    def _replicate(self, band: isa.Tile) -> isa.Tile:
-        """Replicas 1.. of a band (SBUF -> SBUF DMAs), each shifted by its tap offset."""
-        ct, total = band.num_partitions, band.free_size
-        for r, shift in enumerate(self.pk.shifts[1:], 1):
-            size = total - shift
-            src = band.with_(free=(size,),
-                             offset=band.offset + shift * hw_dtypes.itemsize(band.dtype))
-            self.kb.dma(band.with_(start_partition=r * ct, free=(size,)), src)
-        return band.with_(num_partitions=ct * self.pk.reps) if self.pk.reps > 1 else band
-
-    def _load_band(self, buf: isa.Tile, b: Block, ci0: int, ct: int, n: int, od, r0: int
-                   ) -> isa.Tile:
-        """Input rows [r0, r0 + band + shift) of every phase, per outer tap, for
-        channels [ci0, +ct) of block b and output image n."""
-        if isinstance(self.x, Padded):
-            return self._load_padded(buf, b, ci0, ct, n, od, r0)
-        x, h, w = self.x, self.h, self.w
-        base = x.offset + (n + b.batch_off) * x.n + (b.c0 + ci0) * x.c + r0 * x.row[-2]
-        rows = min(self.band_rows, h.q - r0)
-        tile = sub(buf, ct, len(self.ko) * self.per_ko)
-        for i, ko in enumerate(self.ko):
-            off = base
-            for d, k, o, ps, rs in zip(self.outer, ko, od, x.phase, x.row):
-                a, s = d.tap(k)
-                off += d.phases.index(a) * ps + (o + s) * rs
-            pattern = ((x.phase[-2], len(h.phases)), (x.phase[-1], len(w.phases)),
-                       (x.row[-2], rows), (x.row[-1], w.q))
-            if rows < self.band_rows:       # the last band: its phase blocks stay apart
-                for ph in range(_phases(self.cv)):
-                    ih, iw = divmod(ph, len(w.phases))
-                    at = i * self.per_ko + ph * self.band_rows * w.q
-                    src = off + ih * x.phase[-2] + iw * x.phase[-1]
-                    self.kb.dma(sub(tile, ct, rows * w.q, at=at),
-                                self.kb.ap(x.t, src, ((x.c, ct), *pattern[2:])))
-                continue
-            self.kb.dma(sub(tile, ct, self.per_ko, at=i * self.per_ko),
-                        self.kb.ap(x.t, off, ((x.c, ct), *_compact(pattern))))
-        return tile
-
-    def _load_padded(self, buf: isa.Tile, b: Block, ci0: int, ct: int, n: int, od, r0: int
-                     ) -> isa.Tile:
-        x, h, w, q = self.x, self.h, self.w, self.w.q
-        tile = sub(buf, ct, len(self.ko) * self.per_ko)
-        rows = min(self.band_rows, h.q - r0)
-        c_lo, c_hi = x.cols(w)
-        lo, hi = max(r0, h.lo), min(r0 + rows, h.lo + h.size)    # rows with input data
-        base = (n + b.batch_off) * x.n + (b.c0 + ci0) * x.c + (lo - h.lo) * x.row[-2]
-        if self.stage is None:
-            base += c_lo - w.lo
-        for i, ko in enumerate(self.ko):
-            at = i * self.per_ko
-            iq = [o + k * d.rd - d.lo for d, k, o in zip(self.outer, ko, od)]
-            if hi <= lo or not all(0 <= v < d.size for v, d in zip(iq, self.outer)):
-                self._zero(tile, ct, at, rows * q)
-                continue
-            self._zero(tile, ct, at, (lo - r0) * q)
-            self._zero(tile, ct, at + (hi - r0) * q, (r0 + rows - hi) * q)
-            off = base + sum(v * st for v, st in zip(iq, x.row))
-            at += (lo - r0) * q
-            if self.stage is None:
-                self._load_rows(sub(tile, ct, (hi - lo) * q), off, ct, hi - lo, c_hi - c_lo)
-                continue
-            wc, width = c_hi - c_lo, w.size
-            rows_in = sub(self.stage.next(), ct, (hi - lo) * width)
-            self._load_rows(rows_in, off, ct, hi - lo, width)
-            for r in range(hi - lo):
-                self.kb.emit(isa.TensorCopy, dst=sub(tile, ct, wc, at=at + r * q + c_lo),
-                             src=sub(rows_in, ct, wc, at=r * width + c_lo - w.lo),
-                             engine=self.kb.evac_engine())
-        return tile
-
-    def _load_rows(self, dst: isa.Tile, off: int, ct: int, rows: int, width: int) -> None:
-        """`rows` input rows of `width` pixels from element `off`, channels on partitions."""
-        x = self.x
-        if x.transposed:        # [pixels, channels] -> [channels, pixels]
-            src = self.kb.ap(x.t, off, ((x.row[-1], rows * width), (x.c, ct)))
-            self.kb.emit(isa.DmaTranspose, dst=dst, src=src, dma_queue=next(self.queues))
-            return
-        pattern = _compact(((x.row[-2], rows), (x.row[-1], width)))
-        self.kb.dma(dst, self.kb.ap(x.t, off, ((x.c, ct), *pattern)))
-
-    def _zero(self, tile: isa.Tile, ct: int, at: int, size: int) -> None:
-        if size > 0:
-            self.kb.emit(isa.Memset, dst=sub(tile, ct, size, at=at), value=0, engine="gpsimd")
-
-    def _matmuls(self, acc: isa.Tile, xs, ws, cot: int, r0: int, chunk) -> None:
-        a, rows, c0, cn = chunk
-        h, w, q = self.h, self.w, self.w.q
-        length = (rows - 1) * q + cn
-        dst = sub(acc, cot, length)
-        ng = len(self.pk.groups)
-        steps = [(x, wt, i, g, grp) for x, wt in zip(xs, ws) for i in range(len(self.ko))
-                 for g, grp in enumerate(self.pk.groups)]
-        for j, (x, wt, i, g, grp) in enumerate(steps):
-            (kh, kw), ct = grp[0], x.num_partitions // self.pk.reps
-            (ah, sh), (aw, sw) = h.tap(kh), w.tap(kw)
-            ph = h.phases.index(ah) * len(w.phases) + w.phases.index(aw)
-            at = i * self.per_ko + (ph * self.band_rows + a - r0 + sh) * q + c0 + sw
-            parts = len(grp) * ct
-            self.kb.emit(isa.NcMatmul, dst=dst, stationary=sub(wt, parts, cot,
-                                                                 at=(i * ng + g) * cot),
-                         moving=sub(x, parts, length, at=at),
-                         precision=self.precision, accumulate=j > 0)
-
-    def _evacuate(self, acc: isa.Tile, otile: isa.Tile, r0: int, chunk) -> None:
-        """The valid columns of a chunk, PSUM -> the band's output tile [cot, rows, OW]
-        in the result dtype (one copy per output row unless the rows are contiguous)."""
-        a, rows, c0, cn = chunk
-        q, ow, cot = self.w.q, self.w.out, otile.num_partitions
-        at = (a - r0) * ow + c0
-        if rows == 1 or cn == q:
-            self.kb.emit(isa.TensorCopy, dst=sub(otile, cot, rows * cn, at=at),
-                         src=sub(acc, cot, rows * cn), engine=self.kb.evac_engine())
-            return
-        for r in range(rows):
-            self.kb.emit(isa.TensorCopy, dst=sub(otile, cot, cn, at=at + r * ow),
-                         src=sub(acc, cot, cn, at=r * q), engine=self.kb.evac_engine())
-
-    def _store(self, otile: isa.Tile, b: Block, n: int, od, co0: int, r0: int, rn: int
-               ) -> None:
-        """One DMA of a band's output rows (DMAs have a fixed cost of ~2 us, §2.6)."""
-        ns, os_, sp = self.cv.o
-        off = n * ns + (b.o0 + co0) * os_ + r0 * sp[-2][0]
-        off += sum(o * st for o, (st, _) in zip(od, sp[:-2]))
-        pattern = ((os_, otile.num_partitions),
-                   *_compact(((sp[-2][0], rn), (sp[-1][0], self.w.out))))
-        self.kb.dma(self.kb.ap(self.out, off, pattern), otile)
-
-
-def _runs(slots: list[tuple[int, int]]) -> list[tuple[int, int, int, int]]:
-    """(first slot, its offset, offset step, count) of runs of consecutive slots whose
-    weight offsets step evenly.
-
-    >>> _runs([(0, 0), (1, 2), (2, 4), (3, 5), (5, 6)])
-    [(0, 0, 2, 3), (3, 5, 1, 1), (5, 6, 1, 1)]
-    """
-    out: list[list[int]] = []
-    for g, t in slots:
-        if out and out[-1][0] + out[-1][3] == g and (
-                out[-1][3] == 1 or out[-1][1] + out[-1][2] * out[-1][3] == t):
-            run = out[-1]
-            run[2] = t - run[1] if run[3] == 1 else run[2]
-            run[3] += 1
-        else:
-            out.append([g, t, 1, 1])
-    return [tuple(r) for r in out]
-
-
 def _compact(pattern: Axes) -> Axes:
     """Drops count-1 axes and fuses contiguous neighbours (at least one axis)."""
     out: list[tuple[int, int]] = []
@@ -786,3 +541,8 @@ def _compact(pattern: Axes) -> Axes:
         else:
             out.append((st, n))
     return tuple(out) or ((1, 1),)
+
+
+# The kernel emitters use the geometry above, so they are imported last.
+from . import conv_wgrad
+from .conv_kernel import ConvEmitter

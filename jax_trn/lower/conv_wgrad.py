@@ -25,7 +25,6 @@ as many positions as the output (`plan`); everything else uses the tap loop.
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass
 
 from jax_trn.hw import dtypes as hw_dtypes
@@ -34,7 +33,7 @@ from jax_trn.hw.program import DramTensor
 
 from .builder import KernelBuilder, sub
 from .conv import Conv, _compact
-from .layout import P, View, row_major, tiles
+from .layout import P, View, tiles
 from .matmul import MOVING_MAX
 from .registry import LowerCtx
 from .relayout import relayout

@@ -9,7 +9,7 @@ from tests.e2e.test_ops import _rand, check
 
 NCHW = ("NCHW", "OIHW", "NCHW")
 NHWC = ("NHWC", "HWIO", "NHWC")
-F32 = dict(rtol=1e-5, atol=1e-4)          # f32 operands at HIGHEST precision
+F32 = {"rtol": 1e-5, "atol": 1e-4}    # f32 operands at HIGHEST precision
 
 
 def _data(xshape, wshape, seed=0, dtype="float32"):
