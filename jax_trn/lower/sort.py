@@ -55,8 +55,9 @@ from jax_trn.hw.program import DramTensor
 
 from .builder import KernelBuilder, sub
 from .errors import LoweringError
-from .layout import P, tiles
+from .layout import P, View, row_major, tiles
 from .movement import copy
+from .relayout import relayout
 from .registry import LowerCtx, register_lowering
 from .window import lines
 
@@ -66,6 +67,8 @@ CANONICAL_NAN = 0x7FC00000
 PAIR_CHUNK = 2048                # pairs per partition in one compare-exchange tile
 SBUF_BUDGET = 150 * 1024         # bytes per partition the network's tiles may take
 MAX_LEN = 16384                  # padded line length the words kernel handles at once
+TRANSPOSE_MIN = 16               # strided sort axes at least this long (and wide) are
+#                                  transposed to contiguous lines first
 FOLD_MIN = 64                    # elements per partition below which lines are not folded
 FLOATS = ("float32", "bfloat16", "float16")
 
@@ -619,14 +622,42 @@ def _sort_lower(ctx: LowerCtx, *xs: DramTensor, dimension, is_stable=False) -> N
     shape = tuple(xs[0].shape)
     if math.prod(shape) == 0:
         return
-    if shape[dimension] == 1:
+    n = shape[dimension]
+    if n == 1:
         for x, out in zip(xs, ctx.outs):
             copy(ctx.kb, out, x)
         return
-    plan = _Plan(ctx, xs, ks, dimension)
-    if plan.big_n > MAX_LEN:
-        raise LoweringError(f"sort along an axis of {plan.n} > {MAX_LEN} elements is not "
+    if 1 << max(1, (n - 1).bit_length()) > MAX_LEN:
+        raise LoweringError(f"sort along an axis of {n} > {MAX_LEN} elements is not "
                             f"supported ({ctx.op.describe()})")
+    a, c = math.prod(shape[:dimension]), math.prod(shape[dimension + 1:])
+    if c >= TRANSPOSE_MIN and n >= TRANSPOSE_MIN:
+        return _sort_transposed(ctx, xs, ks, (a, n, c))
+    _sort(ctx, xs, ctx.outs, ks, dimension)
+
+
+def _sort_transposed(ctx: LowerCtx, xs, ks: list[Key], shape3) -> None:
+    """A sort along a strided axis: the operands are transposed so that the axis is
+    contiguous (relayout: TensorE transposes for 2- and 4-byte types), sorted, and the
+    results transposed back; the lines' DMAs then move whole rows, not 1-element runs."""
+    a, n, c = shape3
+    swapped = ((c * n, a), (1, n), (n, c))          # (a, n, c) read from (a, c, n)
+    strided = ((n * c, a), (1, c), (c, n))          # (a, c, n) read from (a, n, c)
+    ins = []
+    for x in xs:        # relayout transposes on chip when the source is the swapped side
+        t = ctx.temp((a, c, n), x.dtype)
+        relayout(ctx.kb, View.of(t), View(x, strided))
+        ins.append(t)
+    outs = [ctx.temp((a, c, n), o.dtype) for o in ctx.outs]
+    ctx.next_kernel("lines")
+    _sort(ctx, ins, outs, ks, 2)
+    kb = ctx.next_kernel("back")
+    for o, t in zip(ctx.outs, outs):
+        relayout(kb, View(o, row_major(shape3)), View(t, swapped))
+
+
+def _sort(ctx: LowerCtx, xs, outs, ks: list[Key], dimension: int) -> None:
+    plan = _Plan(ctx, xs, ks, dimension)
     steps = plan.big_n.bit_length() - 1
     ctx.kb.flops += plan.rows * plan.big_n // 2 * steps * (steps + 1) // 2
     budget = ctx.kb.limits.sbuf_bytes - 16 * 1024
@@ -636,9 +667,9 @@ def _sort_lower(ctx: LowerCtx, *xs: DramTensor, dimension, is_stable=False) -> N
     for passive, fold in ((carry, g), ([], g), (carry, 1), ([], 1)):
         plan.passive = passive
         if plan.sbuf_bytes(fold) <= budget:
-            return _emit_sbuf(ctx.kb, plan, ctx.outs, fold)
+            return _emit_sbuf(ctx.kb, plan, outs, fold)
     plan.passive = []
     plan.words = ctx.temp((plan.nwords, plan.rows, plan.big_n), "int32")
     _emit_words(ctx.kb, plan)
     _emit_network(ctx.next_kernel("network"), plan)
-    _emit_gather(ctx.next_kernel("gather"), plan, ctx.outs)
+    _emit_gather(ctx.next_kernel("gather"), plan, outs)

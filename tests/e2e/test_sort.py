@@ -39,7 +39,8 @@ def _special(n, rng):
 
 
 @pytest.mark.parametrize("shape, axis", [((13,), 0), ((6, 37), 0), ((6, 37), 1),
-                                         ((3, 5, 4), 1), ((130, 9), 1)])
+                                         ((3, 5, 4), 1), ((130, 9), 1),
+                                         ((40, 33), 0), ((2, 20, 17), 1)])   # transposed
 def test_sort_argsort_along_each_axis(jax, trn, cpu, shape, axis):
     jnp = jax.numpy
     x = np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32)
