@@ -68,6 +68,8 @@ from .tileops import Step, engine_for
 SCAN_CHUNK = 2048          # elements per partition of one scan instruction
 SPLIT_MIN = 1024           # contiguous lines this long are scanned on all partitions
 SPLIT_MAX_LINES = 16       # ... when there are at most this many of them
+TRANSPOSE_MIN = 16         # strided scan axes at least this long (and wide) are
+#                            transposed to contiguous lines first
 MAX_OFFSETS = 64           # windows up to this size are combined offset by offset
 OFFSETS_FREE = 2048        # elements per partition of one such tile
 COMBINERS = {"add": "add", "maximum": "max", "minimum": "min", "multiply": "multiply"}
@@ -197,8 +199,9 @@ def cumulative(w: Window, shape: tuple[int, ...]) -> tuple[int, bool] | None:
     return None
 
 
-def _scan(ctx: LowerCtx, x: DramTensor, alu: str, dim: int, reverse: bool) -> None:
-    kb, out, shape = ctx.kb, ctx.outs[0], tuple(x.shape)
+def _scan(ctx: LowerCtx, x: DramTensor, out: DramTensor, alu: str, dim: int,
+          reverse: bool) -> None:
+    kb, shape = ctx.kb, tuple(x.shape)
     n, c = shape[dim], math.prod(shape[dim + 1:])
     acc = "float32" if ir.is_float(x.dtype) else ("int32" if x.dtype == "bool" else x.dtype)
     chunk = min(n, SCAN_CHUNK)
@@ -262,7 +265,7 @@ def _split_line(kb, x: DramTensor, out: DramTensor, offset: int, n: int, alu: st
         kb.dma(kb.ap(out, off, pat), r)
 
 
-def _scan_split(ctx: LowerCtx, x: DramTensor, alu: str, dim: int) -> bool:
+def _scan_split(ctx: LowerCtx, x: DramTensor, out: DramTensor, alu: str, dim: int) -> bool:
     """Few long contiguous lines: each on all partitions (`_split_line`)."""
     shape, kb = tuple(x.shape), ctx.kb
     n, c, a = shape[dim], math.prod(shape[dim + 1:]), math.prod(shape[:dim])
@@ -275,7 +278,7 @@ def _scan_split(ctx: LowerCtx, x: DramTensor, alu: str, dim: int) -> bool:
             kb.tile(P + 1, acc), kb.tile(1024, acc, mem="psum"), kb.tile(1, acc))
     kb.emit(isa.Memset, dst=bufs[0], value=identity(alu, x.dtype), engine=engine_for(acc))
     for line in range(a):
-        _split_line(kb, x, ctx.outs[0], line * n, n, alu, acc, bufs)
+        _split_line(kb, x, out, line * n, n, alu, acc, bufs)
     kb.release(*bufs)
     return True
 
@@ -408,10 +411,28 @@ def _reduce_window_lower(ctx: LowerCtx, *operands: DramTensor, **attrs) -> None:
         return _fill_init(ctx, init, out)
     scan = cumulative(w, tuple(x.shape))
     if scan is not None and is_identity(ctx.constant(init), alu, x.dtype):
-        if not scan[1] and _scan_split(ctx, x, alu, scan[0]):
-            return
-        return _scan(ctx, x, alu, *scan)
+        return _cumulative(ctx, x, out, alu, *scan)
     _generic(ctx, x, init, alu, w)
+
+
+def _cumulative(ctx: LowerCtx, x: DramTensor, out: DramTensor, alu: str, dim: int,
+                reverse: bool) -> None:
+    """A scan along `dim`; along a strided axis (>= TRANSPOSE_MIN long and wide) the
+    operand is transposed to contiguous lines first (relayout: TensorE transposes for
+    2- and 4-byte types) and the result back, so line DMAs move rows, not elements."""
+    shape = tuple(x.shape)
+    a, n, c = math.prod(shape[:dim]), shape[dim], math.prod(shape[dim + 1:])
+    if c >= TRANSPOSE_MIN and n >= TRANSPOSE_MIN:
+        t, to = ctx.temp((a, c, n), x.dtype), ctx.temp((a, c, n), out.dtype)
+        relayout(ctx.kb, View.of(t), View(x, ((n * c, a), (1, c), (c, n))))
+        ctx.next_kernel("lines")
+        _cumulative(ctx, t, to, alu, 2, reverse)
+        relayout(ctx.next_kernel("back"), View(out, row_major((a, n, c))),
+                 View(to, ((c * n, a), (1, n), (n, c))))
+        return
+    if not reverse and _scan_split(ctx, x, out, alu, dim):
+        return
+    _scan(ctx, x, out, alu, dim, reverse)
 
 
 # --- select_and_scatter --------------------------------------------------------------------

@@ -45,6 +45,14 @@ def test_cumulative_reverse(jax, trn, cpu, name):
     assert_close(out, ref, "float32", rtol=1e-4)
 
 
+@pytest.mark.parametrize("name, reverse", [("cumsum", False), ("cummax", False),
+                                           ("cumsum", True)])
+def test_cumulative_along_strided_axis_is_transposed(jax, trn, cpu, name, reverse):
+    x = np.random.default_rng(11).standard_normal((2, 40, 33)).astype(np.float32)
+    out, ref = _run(jax, trn, cpu, _cumulative(jax, name, 1, reverse), x)
+    assert_close(out, ref, "float32", rtol=1e-5, atol=1e-5)
+
+
 def test_jnp_cumsum_cumprod_flat_and_integer(jax, trn, cpu):
     jnp = jax.numpy
     rng = np.random.default_rng(2)
