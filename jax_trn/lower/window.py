@@ -342,29 +342,42 @@ def offset_boxes(shape, view_axes: Axes, fmax: int) -> list[OffsetBox] | None:
 def _by_offsets(ctx: LowerCtx, src: DramTensor, alu: str, w: Window, init) -> bool:
     """Small windows: out = combine over window offsets k of the strided view k, each
     view tiled like an elementwise operand (`offset_boxes`: one DMA per offset and box,
-    TensorTensor into an FP32 / int32 accumulator, in XLA's window order). False when
-    the output merges into one axis (reduce.py does better)."""
+    TensorTensor into an FP32 / int32 accumulator, in XLA's window order). When the last
+    dim's windows tile it (stride == window, e.g. NCHW pooling), its window elements are
+    contiguous with the output positions: they are loaded as an inner free axis (long
+    DMA runs) and reduced by TensorReduce first (for add: (x00 + x01) + (x10 + x11)
+    instead of XLA's left-to-right order). False when the output merges into one axis
+    (reduce.py does better)."""
     kb, out = ctx.kb, ctx.outs[0]
     shape = tuple(out.shape)
-    views = [offset_view(src, w, shape, k) for k in w.offsets()]
-    boxes = offset_boxes(shape, views[0].axes, OFFSETS_FREE)
+    kw = w.dims[-1]
+    inner = kw if kw > 1 and w.strides[-1] == kw and w.dilations[-1] == 1 else 1
+    views = [offset_view(src, w, shape, k) for k in w.offsets() if inner == 1 or k[-1] == 0]
+    boxes = offset_boxes(shape, views[0].axes, max(1, OFFSETS_FREE // inner))
     if boxes is None:
         return False
     acc_dt = _acc_dtype(src.dtype)
     engine = engine_for(acc_dt)
     fmax = max(b.free for b in boxes)
-    loads, accs = kb.ring(3, fmax, acc_dt), kb.ring(2, fmax, acc_dt)
+    loads, accs = kb.ring(3, fmax * inner, acc_dt), kb.ring(2, fmax, acc_dt)
+    parts_ring = kb.ring(2, fmax, acc_dt) if inner > 1 else None
     for b in boxes:
         acc = sub(accs.next(), b.parts, b.free)
         for k, v in enumerate(views):
-            dst = acc if k == 0 else sub(loads.next(), b.parts, b.free)
-            kb.dma(dst, kb.ap(src, v.offset + b.view_offset, b.view_pattern))
+            if inner == 1:
+                dst = acc if k == 0 else sub(loads.next(), b.parts, b.free)
+                kb.dma(dst, kb.ap(src, v.offset + b.view_offset, b.view_pattern))
+            else:
+                row = sub(loads.next(), b.parts, (b.free, inner))
+                kb.dma(row, kb.ap(src, v.offset + b.view_offset, b.view_pattern + ((1, inner),)))
+                dst = acc if k == 0 else sub(parts_ring.next(), b.parts, b.free)
+                kb.emit(isa.TensorReduce, dst=dst, data=row, op=alu)
             if k:
                 kb.emit(isa.TensorTensor, dst=acc, data1=acc, data2=dst, op=alu, engine=engine)
         if init is not None:
             kb.emit(isa.TensorScalar, dst=acc, data=acc, op0=alu, operand0=init, engine=engine)
         kb.dma(kb.ap(out, b.grid_offset, b.grid_pattern), acc)
-    kb.release(loads, accs)
+    kb.release(loads, accs, *([parts_ring] if parts_ring else []))
     return True
 
 

@@ -129,6 +129,20 @@ def test_max_pool_nhwc(jax, trn, cpu, window, strides, padding):
     np.testing.assert_array_equal(out, ref)
 
 
+@pytest.mark.parametrize("init, op, window, strides, padding", [
+    (-np.inf, "max", (1, 1, 2, 2), (1, 1, 2, 2), "VALID"),
+    (-np.inf, "max", (1, 1, 2, 2), (1, 1, 2, 2), "SAME"),
+    (0.0, "add", (1, 1, 3, 2), (1, 1, 2, 2), "SAME"),
+    (1.0, "mul", (1, 1, 1, 5), (1, 1, 1, 5), "VALID"),
+])
+def test_pool_nchw_last_dim_tiled(jax, trn, cpu, init, op, window, strides, padding):
+    """Windows tiling the last dim load it as an inner free axis (TensorReduce)."""
+    x = np.random.default_rng(12).uniform(0.5, 1.5, (2, 3, 9, 10)).astype(np.float32)
+    out, ref = _run(jax, trn, cpu, _pool(jax, init, getattr(jax.lax, op), window, strides,
+                                         padding), x)
+    assert_close(out, ref, "float32")
+
+
 def test_avg_pool_and_min_pool(jax, trn, cpu):
     x = np.random.default_rng(6).standard_normal((2, 8, 8, 16)).astype(np.float32)
     avg = _pool(jax, 0.0, jax.lax.add, (1, 2, 2, 1), (1, 2, 2, 1), "SAME")
