@@ -241,23 +241,42 @@ class Padded:
         return self.cols(w) != (0, w.q)
 
 
+@dataclass(frozen=True)
+class Phased(Padded):
+    """The input read in place and split into phases in SBUF (a stride or lhs
+    dilation, 1-D/2-D): each input row is transposed on TensorE and multiplied by a
+    0/1 selection matrix S[col, (phase, j)] = [lo + col * ld == s * j + phase], which
+    scatters it into its padded phase rows (zeros included) in one PSUM bank; strided
+    element reads would cost a 2-4 byte DMA descriptor each (§3.4)."""
+
+
 def _source(ctx: LowerCtx, x: DramTensor, cv: Conv, dtype: str) -> Staged | Padded:
     ns, cs, sp = cv.x
-    if all(d.stride == 1 and d.ld == 1 for d in cv.dims) and sp[-1][0] == 1:
-        return Padded(x, ns, cs, tuple(st for st, _ in sp))
-    if _transposable(ctx, x, cv, dtype):
-        return Padded(x, ns, cs, tuple(st for st, _ in sp), transposed=True)
+    rows = sp[-1][0] == 1
+    if rows or _transposable(ctx, x, cv, dtype):
+        kind = Padded if _unit(cv) else Phased if _phased(cv) else None
+        if kind is not None:
+            return kind(x, ns, cs, tuple(st for st, _ in sp), transposed=not rows)
     return _stage_input(ctx, x, cv, dtype)
+
+
+def _unit(cv: Conv) -> bool:
+    return all(d.stride == 1 and d.ld == 1 for d in cv.dims)
+
+
+def _phased(cv: Conv) -> bool:
+    """2-D (or 1-D) with each input row's phase rows in one PSUM bank (§3.2)."""
+    w = cv.dims[-1]
+    return len(cv.dims) == 2 and len(w.phases) * w.q <= MOVING_MAX
 
 
 def _transposable(ctx: LowerCtx, x: DramTensor, cv: Conv, dtype: str) -> bool:
     """Channel-minor input rows (NHWC) that dma_transpose (v3+, bit-exact, no cast,
-    §3.4) can load as [channels, pixels] for the stride-1 path."""
+    §3.4) can load as [channels, pixels] for the in-place paths."""
     _ns, cs, sp = cv.x
     return (getattr(ctx.spec, "dma_transpose", False) and x.dtype == dtype
             and hw_dtypes.itemsize(dtype) in (2, 4) and cs == 1
-            and sp[-2][0] == sp[-1][0] * sp[-1][1]
-            and all(d.stride == 1 and d.ld == 1 for d in cv.dims))
+            and sp[-2][0] == sp[-1][0] * sp[-1][1] and (_unit(cv) or _phased(cv)))
 
 
 def _stage_input(ctx: LowerCtx, x: DramTensor, cv: Conv, dtype: str) -> Staged:
@@ -437,13 +456,11 @@ def _convolution_lower(ctx: LowerCtx, x: DramTensor, w: DramTensor, **attrs) -> 
 
 def _channel_major_input(ctx: LowerCtx, x: DramTensor, cv: Conv, dtype: str
                          ) -> tuple[DramTensor, Conv]:
-    """A stride-1 conv whose input rows are not contiguous (channel-minor, NHWC) reads a
-    channel-major copy, made by TensorE transposes of [pixels, channels] blocks
+    """A conv read in place whose input rows are not contiguous (channel-minor, NHWC)
+    and that dma_transpose cannot load reads a channel-major copy, made by TensorE transposes of [pixels, channels] blocks
     (relayout.py), so its bands load with long DMA rows."""
     ns, cs, sp = cv.x
-    if sp[-1][0] == 1 or not all(d.stride == 1 and d.ld == 1 for d in cv.dims):
-        return x, cv
-    if _transposable(ctx, x, cv, dtype):
+    if sp[-1][0] == 1 or not (_unit(cv) or _phased(cv)) or _transposable(ctx, x, cv, dtype):
         return x, cv
     shape = (cv.n_in, cv.c, *(d.size for d in cv.dims))
     xt = ctx.temp(shape, x.dtype)
@@ -498,7 +515,7 @@ def _plan(cv: Conv, units, src, pk: Packing, ldt: str, rdt: str, odt: str, sbuf:
     ncit = max(len(tiles(b.cn, P)) for b in cv.blocks)
     per_row = BAND_BUFS * ncit * _outer_taps(cv) * _phases(cv) * w.q * hw_dtypes.itemsize(ldt)
     if isinstance(src, Padded):         # + the staging ring of unpadded rows
-        per_row += 2 * w.size * hw_dtypes.itemsize(ldt)
+        per_row += BAND_BUFS * h.stride * w.size * hw_dtypes.itemsize(ldt)
     per_row += OUT_BUFS * w.out * hw_dtypes.itemsize(odt)
     fit = budget // per_row - h.shift if budget > 0 else 0
     if fit < 1:

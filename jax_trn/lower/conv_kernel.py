@@ -19,6 +19,7 @@ from .conv import (
     Conv,
     Packing,
     Padded,
+    Phased,
     Plan,
     Staged,
     Unit,
@@ -52,7 +53,9 @@ class ConvEmitter:
         ncit = max(len(tiles(b.cn, P)) for b in self.cv.blocks)
         bands = kb.ring(BAND_BUFS * ncit, len(self.ko) * self.per_ko, self.ldt)
         self.stage = None
-        if isinstance(self.x, Padded):
+        if isinstance(self.x, Phased):
+            self._phased_setup()
+        elif isinstance(self.x, Padded):
             if self.x.gaps(self.w):         # zero columns between rows, set once
                 for t in bands.tiles:
                     kb.emit(isa.Memset, dst=t, value=0, engine="vector")
@@ -66,21 +69,106 @@ class ConvEmitter:
             jobs = [(n, od, r0, rn) for n in range(self.cv.n_out)
                     for od in itertools.product(*(range(d.out) for d in self.outer))
                     for r0, rn in tiles(self.h.out, self.plan.band)]
-            # Band k + 1 is emitted before band k's matmuls: the engines run their
-            # queues in order, so its padding copies then overlap band k's matmuls.
-            ahead = self._load_bands(bands, b, *jobs[0])
+            # Band k + 1 is prepared before band k's matmuls: the engines run their
+            # queues in order, so its padding copies then overlap band k's matmuls;
+            # a phased band's DMA is issued one band earlier still, as its TensorE
+            # work would otherwise wait for it at the head of TensorE's queue.
+            lead = 2 if isinstance(self.x, Phased) else 1
+            fetched = [self._fetch_bands(bands, b, *job) for job in jobs[:lead]]
+            ahead = self._prepare_bands(fetched.pop(0))
             for k, job in enumerate(jobs):
+                if k + lead < len(jobs) and lead > 1:
+                    fetched.append(self._fetch_bands(bands, b, *jobs[k + lead]))
                 xs = ahead
                 if k + 1 < len(jobs):
-                    ahead = self._load_bands(bands, b, *jobs[k + 1])
+                    if lead == 1:
+                        fetched.append(self._fetch_bands(bands, b, *jobs[k + 1]))
+                    ahead = self._prepare_bands(fetched.pop(0))
                 self._compute(b, weights, xs, accs, obuf, *job)
             kb.release(*weights)
-        kb.release(bands, accs, obuf, *([self.stage] if self.stage else []))
+        kb.release(bands, accs, obuf, *([self.stage] if self.stage else []),
+                   *getattr(self, "phased_bufs", ()))
 
-    def _load_bands(self, bands, b: Block, n: int, od, r0: int, rn: int) -> list[isa.Tile]:
-        """One (replicated) input band per ci tile of block b."""
-        return [self._replicate(self._load_band(bands.next(), b, ci0, ct, n, od, r0))
-                for ci0, ct in tiles(b.cn, P)]
+    def _fetch_bands(self, bands, b: Block, n: int, od, r0: int, rn: int) -> list:
+        """Per ci tile of block b: the band's DMAs issued (phased input) or what to load."""
+        out = []
+        for ci0, ct in tiles(b.cn, P):
+            buf = bands.next()
+            if isinstance(self.x, Phased):
+                out.append(self._fetch_phased(buf, b, ci0, ct, n, r0))
+            else:
+                out.append(lambda buf=buf, ci0=ci0, ct=ct: self._load_band(
+                    buf, b, ci0, ct, n, od, r0))
+        return out
+
+    def _prepare_bands(self, fetched: list) -> list[isa.Tile]:
+        """The (replicated) input bands, one per ci tile."""
+        if isinstance(self.x, Phased):
+            return [self._replicate(self._place_phased(*f)) for f in fetched]
+        return [self._replicate(load()) for load in fetched]
+
+    # --- phased input (stride / lhs dilation), conv.Phased ------------------------------
+
+    def _phased_setup(self) -> None:
+        """Selection matrices per column block of 128 input columns, and the rings."""
+        kb, w = self.kb, self.w
+        width = len(w.phases) * w.q
+        self.sel_mats = []
+        for c0, cn in tiles(w.size, P):
+            idx = kb.tile(width, "int32", parts=cn)
+            for bi, a in enumerate(w.phases):   # ld * (c0 + p) + lo - a - s * j
+                kb.emit(isa.Iota, dst=sub(idx, cn, w.q, at=bi * w.q), pattern=((-w.stride, w.q),),
+                        offset=w.ld * c0 + w.lo - a, channel_multiplier=w.ld)
+            sel = kb.tile(width, self.ldt, parts=cn)
+            kb.emit(isa.TensorScalar, dst=sel, data=idx, op0="is_equal", operand0=0,
+                    engine="gpsimd")
+            kb.release(idx)
+            self.sel_mats.append((c0, cn, sel))
+        self.stage = kb.ring(BAND_BUFS, self.band_rows * self.h.stride * w.size, self.ldt)
+        self.tps = kb.ring(2, MOVING_MAX, "float32", mem="psum")
+        self.sels = kb.ring(2, MOVING_MAX, "float32", mem="psum")
+        self.xts = kb.ring(3, P, self.ldt)
+        self.phased_bufs = (self.tps, self.sels, self.xts, *(m for *_, m in self.sel_mats))
+
+    def _fetch_phased(self, buf: isa.Tile, b: Block, ci0: int, ct: int, n: int, r0: int):
+        """DMAs the input rows that land in the band's phase rows q in [r0, +rows)."""
+        h, x = self.h, self.x
+        rows = min(self.band_rows, h.q - r0)
+        hits = []                               # (input row, phase index, phase row)
+        for ah, a in enumerate(h.phases):
+            for q in range(r0, r0 + rows):
+                hp = h.stride * q + a - h.lo
+                if hp % h.ld == 0 and 0 <= hp // h.ld < h.size:
+                    hits.append((hp // h.ld, ah, q))
+        hits.sort()
+        staged = None
+        if hits:
+            first, nrows = hits[0][0], hits[-1][0] - hits[0][0] + 1
+            staged = sub(self.stage.next(), ct, nrows * self.w.size)
+            off = (n + b.batch_off) * x.n + (b.c0 + ci0) * x.c + first * x.row[-2]
+            self._load_rows(staged, off, ct, nrows, self.w.size)
+        return buf, ct, r0, hits, staged
+
+    def _place_phased(self, buf: isa.Tile, ct: int, r0: int, hits, staged) -> isa.Tile:
+        """Each input row -> TensorE transpose(s) -> selection matmul -> its phase rows."""
+        kb, w, q = self.kb, self.w, self.w.q
+        tile = sub(buf, ct, self.per_ko)
+        kb.emit(isa.Memset, dst=tile, value=0, engine="gpsimd")
+        for r, ah, qrow in hits:
+            sel = sub(self.sels.next(), ct, len(w.phases) * q)
+            for i, (c0, cn, mat) in enumerate(self.sel_mats):
+                tp = sub(self.tps.next(), cn, ct)
+                at = (r - hits[0][0]) * w.size + c0
+                kb.emit(isa.NcTranspose, dst=tp, data=sub(staged, ct, cn, at=at))
+                xt = sub(self.xts.next(), cn, ct)
+                kb.emit(isa.TensorCopy, dst=xt, src=tp, engine=kb.evac_engine())
+                kb.emit(isa.NcMatmul, dst=sel, stationary=xt, moving=mat, precision="native",
+                        accumulate=i > 0)
+            for bi in range(len(w.phases)):
+                at = ((ah * len(w.phases) + bi) * self.band_rows + qrow - r0) * q
+                kb.emit(isa.TensorCopy, dst=sub(tile, ct, q, at=at),
+                        src=sub(sel, ct, q, at=bi * q), engine=kb.evac_engine())
+        return tile
 
     def _compute(self, b: Block, weights, xs, accs, obuf, n: int, od, r0: int, rn: int
                  ) -> None:
