@@ -13,15 +13,17 @@ Qw - OW columns past each output row are computed and dropped when PSUM is evacu
 A stride s splits the input into s x s phases (polyphase): tap k reads phase
 (k * rd) % s shifted by (k * rd) // s, so strided taps are contiguous runs too.
 
-The input (`_source`):
-- stride 1 without lhs dilation (`Padded`): read in place, band by band; rows are
-  DMAed in (channel-minor NHWC rows by dma_transpose when no cast is needed, §3.4;
-  else from a channel-major copy made by relayout) and copied row by row past the
-  zero columns of the padding (set once per buffer; pad rows memset per band).
-- otherwise (`Staged`): a DMA kernel first writes an HBM temporary [N, C, phases...,
-  Q...] in the matmul dtype, zero-filled where padding or lhs dilation leaves holes,
-  the input copied in with strided access patterns (lhs dilation = a destination
-  stride, negative padding = a cropped source).
+The input (`_source`) is read in place, band by band, its rows DMAed in (channel-minor
+NHWC rows by dma_transpose when no cast is needed, §3.4; else from a channel-major
+copy made by relayout), then
+- stride 1 without lhs dilation (`Padded`): copied row by row past the zero columns
+  of the padding (set once per buffer; pad rows memset per band);
+- a stride or lhs dilation (`Phased`, 1-D/2-D): each row transposed on TensorE and
+  multiplied by a 0/1 selection matrix that scatters it into its padded phase rows;
+- otherwise (3-D strided, phase rows wider than a PSUM bank: `Staged`): a DMA kernel
+  first writes an HBM temporary [N, C, phases..., Q...] in the matmul dtype,
+  zero-filled where padding or lhs dilation leaves holes, the input copied in with
+  strided access patterns (slow: 2-4 byte DMA runs).
 
 The weights stay resident per group block: read directly (HWIO: rows of co; OIHW: a
 dma_transpose of [co, ci] per tap) or, for grouped convs with small groups (depthwise)

@@ -62,11 +62,13 @@ def test_conv_transpose(jax, trn, cpu, layout):
                 lhs_dilation=(2, 3), dimension_numbers=dn)
 
 
-def test_conv2d_negative_padding(jax, trn, cpu):
+@pytest.mark.parametrize("stride", [1, 2])
+def test_conv2d_negative_padding(jax, trn, cpu, stride):
     """Negative padding crops the input (only cases where the CPU backend agrees with
     pad-then-conv: it differs when one side is negative and the other positive)."""
     x, w = _data((1, 2, 8, 9), (3, 2, 3, 3), seed=5)
-    _check_conv(jax, trn, cpu, x, w, window_strides=(1, 1), padding=((-1, 0), (-2, -1)))
+    _check_conv(jax, trn, cpu, x, w, window_strides=(stride, stride),
+                padding=((-1, 0), (-2, -1)))
 
 
 @pytest.mark.parametrize("stride,padding", [(1, "SAME"), (3, ((2, 1),))], ids=str)
@@ -80,6 +82,15 @@ def test_conv1d_wide_rows(jax, trn, cpu):
     x, w = _data((1, 4, 1100), (2, 4, 5), seed=7)
     _check_conv(jax, trn, cpu, x, w, window_strides=(1,), padding="SAME",
                 dimension_numbers=("NCH", "OIH", "NCH"))
+
+
+@pytest.mark.parametrize("stride,lhs_dilation", [(2, 1), (1, 2)])
+def test_conv1d_phases_of_wide_rows(jax, trn, cpu, stride, lhs_dilation):
+    """A strided / lhs-dilated row wider than 128 columns is split into phases by one
+    selection matmul per 128-column block, accumulated in PSUM."""
+    x, w = _data((2, 3, 300 // lhs_dilation), (2, 3, 4), seed=16)
+    _check_conv(jax, trn, cpu, x, w, window_strides=(stride,), padding=((2, 1),),
+                lhs_dilation=(lhs_dilation,))
 
 
 @pytest.mark.parametrize("mode", ["full", "same", "valid"])
