@@ -14,8 +14,10 @@ least one decision becomes
         ...fused ops, in program order...  # isolated: they use only the arguments
         return(%v, ...)                    # the root's results, then extra outputs
 
-placed where the root was. Before regions grow, attention patterns (passes/attention.py)
-become fusions of kind "attention" if the policy allows. A fused value that is also used outside the region (only
+placed where the root was. Before regions grow, a reduce over dims of extent 1 only
+becomes a reshape, as in XLA (a view, so it fuses; a reduce as a producer never does),
+and attention patterns (passes/attention.py) become fusions of kind
+"attention" if the policy allows. A fused value that is also used outside the region (only
 the function's return may be, by the policy) is an extra result. Every non-root member
 has all its users inside the region, so fusing never creates a cycle. Originals left
 without users by duplication are removed.
@@ -45,6 +47,7 @@ class Fusion:
     def run(self, module: ir.Module) -> bool:
         changed = False
         for fn in module.functions.values():
+            changed |= _degenerate_reduces(fn.body)
             changed |= _attention_fusions(fn.body, self.policy)
             changed |= _BlockFusion(fn.body, self.policy).run()
         if changed:
@@ -324,3 +327,33 @@ def _clone_constant(v: ir.Value, graph: _Graph, vmap: dict, body: list) -> None:
     for u in op.operands:
         _clone_constant(u, graph, vmap, body)
     body.append(_clone(op, vmap))
+
+
+# --- degenerate reduces ----------------------------------------------------------------------
+
+def _degenerate_reduces(block: ir.Block) -> bool:
+    """reduce(x, init) over dims of extent 1 only -> reshape(x). XLA's reduce assumes
+    init is the combiner's identity and its simplifier drops it here (the CPU backend
+    keeps a -0.0 and ignores a non-identity init), so we match it; a reshape fuses."""
+    ops, mapping = [], {}
+    for op in block.ops:
+        if _degenerate(op):
+            x, out = op.operands[0], op.result
+            view = ir.Op("reshape", [x], [ir.Value(ir.TensorType(out.shape, x.dtype))],
+                         loc=op.loc, name=op.name)
+            ops.append(view)
+            mapping[out] = view.result
+        else:
+            ops.append(op)
+    if mapping:
+        block.ops = ops
+        block.replace_all_uses(mapping)
+    return bool(mapping)
+
+
+def _degenerate(op: ir.Op) -> bool:
+    if op.kind != "reduce" or len(op.operands) != 2 or len(op.results) != 1:
+        return False
+    x, init = op.operands
+    return (not init.shape and x.dtype == op.result.dtype
+            and all(x.shape[d] == 1 for d in op.attrs.get("dimensions", ())))
