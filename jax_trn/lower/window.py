@@ -55,8 +55,8 @@ from jax_trn.hw.program import DramTensor
 from .builder import sub
 from .elementwise import _free_axes, emit_loop
 from .errors import LoweringError
-from .layout import (P, Axes, View, box_offset, box_pattern, box_tiles, line_tiles, merge_axes,
-                     row_major, tiles)
+from .layout import (P, Axes, View, box_offset, box_pattern, box_tiles, flat_tiles, line_tiles,
+                     merge_axes, row_major, tiles)
 from .movement import dram_copy, fill
 from .reduce import TensorSource, _fill_init, emit_reduce
 from .reduce import identity as _reduce_identity
@@ -310,14 +310,18 @@ class OffsetBox:
     view_pattern: Axes
 
 
-def offset_boxes(shape, view_axes: Axes, fmax: int) -> list[OffsetBox] | None:
+def offset_boxes(shape, view_axes: Axes, fmax: int) -> list[OffsetBox]:
     """Tiles of the window grid `shape` read through the strided views of the window
     offsets (all alike but for their offset): the trailing merged axes on the free side
     (at most `fmax` elements), the longest other axis on partitions, the rest one index
-    at a time. None when the grid merges into one axis."""
+    at a time; a grid that merges into one run is cut like a flat elementwise op."""
     out_ax, in_ax = merge_axes(row_major(shape), view_axes)
-    if len(out_ax) < 2:
-        return None
+    if len(out_ax) < 2:         # one run of the grid: [128, F] blocks and a tail
+        (so, n), (si, _) = (out_ax[0], in_ax[0]) if out_ax else ((1, 1), (1, 1))
+        return [OffsetBox(t.parts, t.free, t.offset * so, ((t.pstride * so, t.parts),
+                                                           (so, t.free)),
+                          t.offset * si, ((t.pstride * si, t.parts), (si, t.free)))
+                for t in flat_tiles(n, fmax)]
     nfree = _free_axes([n for _, n in out_ax], fmax)
     lead = list(zip(out_ax[:-nfree], in_ax[:-nfree]))
     trail_o, trail_i = out_ax[-nfree:], in_ax[-nfree:]
@@ -339,23 +343,20 @@ def offset_boxes(shape, view_axes: Axes, fmax: int) -> list[OffsetBox] | None:
     return boxes
 
 
-def _by_offsets(ctx: LowerCtx, src: DramTensor, alu: str, w: Window, init) -> bool:
+def _by_offsets(ctx: LowerCtx, src: DramTensor, alu: str, w: Window, init) -> None:
     """Small windows: out = combine over window offsets k of the strided view k, each
     view tiled like an elementwise operand (`offset_boxes`: one DMA per offset and box,
     TensorTensor into an FP32 / int32 accumulator, in XLA's window order). When the last
     dim's windows tile it (stride == window, e.g. NCHW pooling), its window elements are
     contiguous with the output positions: they are loaded as an inner free axis (long
     DMA runs) and reduced by TensorReduce first (for add: (x00 + x01) + (x10 + x11)
-    instead of XLA's left-to-right order). False when the output merges into one axis
-    (reduce.py does better)."""
+    instead of XLA's left-to-right order)."""
     kb, out = ctx.kb, ctx.outs[0]
     shape = tuple(out.shape)
     kw = w.dims[-1]
     inner = kw if kw > 1 and w.strides[-1] == kw and w.dilations[-1] == 1 else 1
     views = [offset_view(src, w, shape, k) for k in w.offsets() if inner == 1 or k[-1] == 0]
     boxes = offset_boxes(shape, views[0].axes, max(1, OFFSETS_FREE // inner))
-    if boxes is None:
-        return False
     acc_dt = _acc_dtype(src.dtype)
     engine = engine_for(acc_dt)
     fmax = max(b.free for b in boxes)
@@ -378,7 +379,6 @@ def _by_offsets(ctx: LowerCtx, src: DramTensor, alu: str, w: Window, init) -> bo
             kb.emit(isa.TensorScalar, dst=acc, data=acc, op0=alu, operand0=init, engine=engine)
         kb.dma(kb.ap(out, b.grid_offset, b.grid_pattern), acc)
     kb.release(loads, accs, *([parts_ring] if parts_ring else []))
-    return True
 
 
 def _generic(ctx: LowerCtx, x: DramTensor, init: DramTensor, alu: str, w: Window) -> None:
@@ -394,8 +394,7 @@ def _generic(ctx: LowerCtx, x: DramTensor, init: DramTensor, alu: str, w: Window
     keep_init = not is_identity(value, alu, x.dtype)
     if math.prod(w.dims) <= MAX_OFFSETS and (value is not None or not keep_init):
         imm = np.asarray(value).reshape(-1)[0].item() if keep_init else None
-        if _by_offsets(ctx, src, alu, w, imm):
-            return
+        return _by_offsets(ctx, src, alu, w, imm)
     if alu not in REDUCIBLE:
         raise LoweringError(f"reduce_window with a {alu} body over a window of "
                             f"{math.prod(w.dims)} elements is not supported "
