@@ -50,12 +50,17 @@ class NeuronCore:
     the core's own DMA engines are the only bandwidth limit."""
 
     def __init__(self, spec: CoreSpec, *, hbm: Hbm | None = None, core_id: int = 0,
-                 numerics: Numerics | None = None):
+                 numerics: Numerics | None = None,
+                 memories: tuple[OnChipMemory, OnChipMemory] | None = None):
+        """`memories`: the (SBUF, PSUM) byte arrays to compute in, when several
+        simulated cores share one backing store (they then must not run kernels at
+        the same time); by default the core's own."""
         self.spec = spec
         self.core_id = core_id
         self.hbm = hbm
-        self.sbuf = OnChipMemory("sbuf", spec.pmax, spec.sbuf_usable_bytes)
-        self.psum = OnChipMemory("psum", spec.pmax, spec.psum_partition_bytes)
+        self.sbuf, self.psum = memories or (
+                OnChipMemory("sbuf", spec.pmax, spec.sbuf_usable_bytes),
+                OnChipMemory("psum", spec.pmax, spec.psum_partition_bytes))
         self._mems = {"sbuf": self.sbuf, "psum": self.psum}
         self.numerics = numerics if numerics is not None else Numerics.from_env()
         self.dram: dict[str, np.ndarray] = {}

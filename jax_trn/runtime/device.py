@@ -7,6 +7,19 @@ from dataclasses import dataclass, field
 from jax_trn.systems import System
 
 
+_EXECUTION_LOCK = threading.RLock()
+_SCRATCH: dict = {}
+
+
+def _scratch(spec):
+    """One (SBUF, PSUM) pair per core generation, shared by all devices."""
+    if spec.name not in _SCRATCH:
+        from jax_trn.hw.memory import OnChipMemory
+        _SCRATCH[spec.name] = (OnChipMemory("sbuf", spec.pmax, spec.sbuf_usable_bytes),
+                               OnChipMemory("psum", spec.pmax, spec.psum_partition_bytes))
+    return _SCRATCH[spec.name]
+
+
 class OutOfMemory(MemoryError):
     """An allocation past a device's share of its chip's HBM (RESOURCE_EXHAUSTED)."""
 
@@ -45,15 +58,20 @@ class Device:
     def __post_init__(self):
         self.memory = Memory(self.id, self)
         self._lock = threading.Lock()
-        self.execution_lock = threading.Lock()    # one program at a time per core
+        # Kernels of all devices compute in one SBUF/PSUM backing store (scratch: no
+        # kernel reads what an earlier kernel left there), so one program runs at a time.
+        self.execution_lock = _EXECUTION_LOCK
         self._core = None
 
     @property
     def core_model(self):
-        """This device's simulated NeuronCore (its SBUF and PSUM live across calls)."""
+        """This device's simulated NeuronCore: its own timeline, computing in the
+        SBUF/PSUM byte arrays every device of the process shares (27 MB per core on
+        Trn2: 1152 private copies would not fit in a laptop's memory)."""
         if self._core is None:
             from jax_trn.hw.core import NeuronCore
-            self._core = NeuronCore(self.system.chip.core, core_id=self.core)
+            spec = self.system.chip.core
+            self._core = NeuronCore(spec, core_id=self.core, memories=_scratch(spec))
         return self._core
 
     @property
