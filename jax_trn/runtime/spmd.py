@@ -116,7 +116,7 @@ def execute(step: Collective, drams: list[dict], devices, arrivals: list[float],
     record = profiler.CollectiveRecord(
             name=step.name, kind=step.kind, algorithm=algorithm,
             devices=list(gid), groups=tuple(tuple(gid[p] for p in g) for g in groups),
-            start_ns=start, end_ns=max(ends), bytes=nbytes,
+            start_ns=float(start), end_ns=float(max(ends)), bytes=nbytes,
             arrival_ns=tuple(arrivals), ops=tuple(step.ops), context=context,
             steps=tuple(step_times))
     return ends, record
