@@ -6,9 +6,12 @@ runs them between kernels, reading the predicate / branch index from HBM after t
 kernel that wrote it completed.
 
 Buffers of a `while` (one DRAM tensor C_i per loop-carried value; the results at exit):
-  - C_i is the result's output buffer when the function returns it (claimed); else the
-    init value's own HBM temporary when nothing reads that value after the loop (no
-    copy); else a fresh temporary that a copy kernel (a Memset for a splat constant)
+  - C_i is the result's output buffer when the function returns it (claimed); else,
+    for a carry the body passes through unchanged (a scan's xs, closed-over weights),
+    the init value's own buffer when nothing writes it (a parameter, constant data, a
+    temporary of this block that is no loop's carried buffer; no copy); else the init
+    value's own HBM temporary when nothing reads that value after the loop (no copy);
+    else a fresh temporary that a copy kernel (a Memset for a splat constant)
     initialises before the loop.
   - cond and body block arguments are C_i. The cond steps write the predicate (bool[]).
   - a body result computed by a body op is written straight into C_i when nothing reads
@@ -128,32 +131,63 @@ def _invariant(op: ir.Op) -> list[ir.Op]:
     return hoisted
 
 
+def _buffers(lw) -> dict[str, set[str]]:
+    """Per lowering: the names of every loop-carried buffer (written in loops) and of the
+    buffers a pass-through carry aliases (never reused as a carried buffer)."""
+    state = getattr(lw, "control_buffers", None)
+    if state is None:
+        state = lw.control_buffers = {"carried": set(), "aliased": set()}
+    return state
+
+
 def _carried(lw, op: ir.Op, claims: dict[int, DramTensor]) -> list[DramTensor]:
     """The loop-carried buffers, initialised with the operands (see the module doc)."""
     block, index = lw.cursor
     later = _used(block.ops[index + 1:]) | {id(v) for v in _region_values(op)}
     local = {id(r) for o in block.ops[:index] if o.kind != "constant" for r in o.results}
     temps = {t.name for t in lw.temps}
-    carried = []
-    for v, r in zip(op.operands, op.results):
+    body = op.regions[1].block
+    ret = body.terminator.operands
+    state, carried = _buffers(lw), []
+    for i, (v, r) in enumerate(zip(op.operands, op.results)):
         t = claims.get(id(r))
+        if t is None and ret[i] is body.args[i] and _immutable(lw, v, local, temps):
+            t = lw.where[id(v)]                 # passed through: never written
+            state["aliased"].add(t.name)
+            carried.append(t)
+            continue
         if t is None and _reusable(lw, op, v, local, later, temps, carried):
             t = lw.where[id(v)]
         if t is None:
             t = lw.temp(tuple(r.shape), r.dtype)
         if t is not lw.where.get(id(v)) and not lw.fill_into(v, t):
             lw.copy(op, t, lw.operand(v))
+        state["carried"].add(t.name)
         carried.append(t)
     return carried
+
+
+def _immutable(lw, v, local, temps) -> bool:
+    """Whether `v`'s buffer keeps its value while `v` lives: a parameter, constant data,
+    or a temporary computed in this block that is no loop's carried buffer (a loop
+    carry the body passes through unchanged may then live there, without a copy)."""
+    t = lw.where.get(id(v))
+    if t is None or id(v) in lw.pending:
+        return False
+    if t.name in {p.name for p in lw.params} or t.name in lw.constants:
+        return True
+    return (id(v) in local and t.name in temps
+            and t.name not in _buffers(lw)["carried"])
 
 
 def _reusable(lw, op, v, local, later, temps, carried) -> bool:
     """Whether init value `v`'s own temporary can be the loop-carried buffer: computed
     in this block, read by nothing after the loop (nor by the loop's regions), not a
-    known constant, passed once."""
+    known constant, not aliased by a pass-through carry, passed once."""
     t = lw.where.get(id(v))
     return (t is not None and id(v) in local and id(v) not in later
             and t.name in temps and t.name not in lw.consts
+            and t.name not in _buffers(lw)["aliased"]
             and sum(w is v for w in op.operands) == 1 and t not in carried)
 
 

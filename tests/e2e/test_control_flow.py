@@ -241,6 +241,7 @@ def _run_ir(text: str, *args: np.ndarray, listing: list | None = None) -> list[n
     program's listing appended to `listing`)."""
     from hlo_passes import compile_to_ir
     from jax_trn.hw.core import NeuronCore
+    from jax_trn.hw.dtypes import np_dtype
     from jax_trn.hw.spec import CHIPS
     from jax_trn.lower import lower_module
     from jax_trn.runtime.executable import bind_dram, run_kernels
@@ -248,7 +249,7 @@ def _run_ir(text: str, *args: np.ndarray, listing: list | None = None) -> list[n
     prog = lower_module(compile_to_ir(text, fuse=False), spec)
     if listing is not None:
         listing.append(prog.text)
-    outs = [np.zeros(t.shape, a.dtype) for t, a in zip(prog.outputs, args)]
+    outs = [np.zeros(t.shape, np_dtype(t.dtype)) for t in prog.outputs]
     dram = bind_dram(prog, [np.ascontiguousarray(a).reshape(-1) for a in args],
                      [o.reshape(-1) for o in outs])
     core = NeuronCore(spec)
@@ -342,3 +343,42 @@ def test_call_kept_by_the_inliner():
     s0, s1 = _run_ir(_KEPT_CALLS, x, y)
     np.testing.assert_array_equal(s0, (x + y) + x)
     np.testing.assert_array_equal(s1, x + y)
+
+
+_PASS_THROUGH = """
+func.func @main(%x: tensor<4xf32>, %n: tensor<i32>) -> (tensor<4xf32>, tensor<4xf32>) {
+  %c0 = stablehlo.constant dense<0> : tensor<i32>
+  %c1 = stablehlo.constant dense<1> : tensor<i32>
+  %one = stablehlo.constant dense<1.0> : tensor<4xf32>
+  %two = stablehlo.constant dense<2.0> : tensor<4xf32>
+  %r:3 = stablehlo.while(%i = %c0, %a = %x, %u = %x) : tensor<i32>, tensor<4xf32>, tensor<4xf32>
+    cond {
+      %lt = stablehlo.compare LT, %i, %n : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %lt : tensor<i1>
+    } do {
+      %s:2 = stablehlo.while(%k = %c0, %b = %a) : tensor<i32>, tensor<4xf32>
+        cond {
+          %lt2 = stablehlo.compare LT, %k, %c1 : (tensor<i32>, tensor<i32>) -> tensor<i1>
+          stablehlo.return %lt2 : tensor<i1>
+        } do {
+          %k1 = stablehlo.add %k, %c1 : tensor<i32>
+          stablehlo.return %k1, %b : tensor<i32>, tensor<4xf32>
+        }
+      %t = stablehlo.multiply %a, %two : tensor<4xf32>
+      %u2 = stablehlo.add %s#1, %one : tensor<4xf32>
+      %i1 = stablehlo.add %i, %c1 : tensor<i32>
+      stablehlo.return %i1, %t, %u2 : tensor<i32>, tensor<4xf32>, tensor<4xf32>
+    }
+  return %r#1, %r#2 : tensor<4xf32>, tensor<4xf32>
+}
+"""
+
+
+def test_pass_through_carry_is_not_aliased_to_a_written_buffer():
+    """The inner loop passes `a` through; its result must not live in the outer loop's
+    carried buffer of `a`, which `t = a * 2` overwrites before `u2` reads the result."""
+    x = np.arange(4, dtype=np.float32)
+    for n in (0, 1, 3):
+        a, u = _run_ir(_PASS_THROUGH, x, np.array(n, np.int32))
+        np.testing.assert_array_equal(a, x * 2.0 ** n)
+        np.testing.assert_array_equal(u, x if n == 0 else x * 2.0 ** (n - 1) + 1)
