@@ -517,7 +517,7 @@ def _plan(cv: Conv, units, src, pk: Packing, ldt: str, rdt: str, odt: str, sbuf:
     ncit = max(len(tiles(b.cn, P)) for b in cv.blocks)
     per_row = BAND_BUFS * ncit * _outer_taps(cv) * _phases(cv) * w.q * hw_dtypes.itemsize(ldt)
     if isinstance(src, Padded):         # + the staging ring of unpadded rows
-        per_row += BAND_BUFS * h.stride * w.size * hw_dtypes.itemsize(ldt)
+        per_row += BAND_BUFS * ncit * h.stride * w.size * hw_dtypes.itemsize(ldt)
     per_row += OUT_BUFS * w.out * hw_dtypes.itemsize(odt)
     fit = budget // per_row - h.shift if budget > 0 else 0
     if fit < 1:

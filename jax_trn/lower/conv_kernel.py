@@ -124,7 +124,10 @@ class ConvEmitter:
                     engine="gpsimd")
             kb.release(idx)
             self.sel_mats.append((c0, cn, sel))
-        self.stage = kb.ring(BAND_BUFS, self.band_rows * self.h.stride * w.size, self.ldt)
+        # Rows of bands k + 1 and k + 2 are in flight (DMAed, not yet placed).
+        ncit = max(len(tiles(b.cn, P)) for b in self.cv.blocks)
+        self.stage = kb.ring(BAND_BUFS * ncit, self.band_rows * self.h.stride * w.size,
+                             self.ldt)
         self.tps = kb.ring(2, MOVING_MAX, "float32", mem="psum")
         self.sels = kb.ring(2, MOVING_MAX, "float32", mem="psum")
         self.xts = kb.ring(3, P, self.ldt)

@@ -37,11 +37,13 @@ def test_conv2d(jax, trn, cpu, layout, stride, padding):
                 dimension_numbers=NCHW if layout == "NCHW" else NHWC)
 
 
-@pytest.mark.parametrize("c,o,layout", [(3, 130, "NHWC"), (130, 130, "NCHW"), (130, 7, "NHWC")])
-def test_conv2d_channel_tiles(jax, trn, cpu, c, o, layout):
-    """Channels not multiples of 128 and above 128: contraction and output tiles."""
-    x, w = _data(*_shapes(layout, 1, c, (6, 5), o, (3, 3)), seed=c + o)
-    _check_conv(jax, trn, cpu, x, w, window_strides=(1, 1), padding="SAME",
+@pytest.mark.parametrize("c,o,layout,stride", [(3, 130, "NHWC", 1), (130, 130, "NCHW", 1),
+                                               (130, 7, "NHWC", 1), (160, 3, "NCHW", 2)])
+def test_conv2d_channel_tiles(jax, trn, cpu, c, o, layout, stride):
+    """Channels not multiples of 128 and above 128: contraction and output tiles (with
+    a stride, the rows of every ci tile of two bands are in flight at once)."""
+    x, w = _data(*_shapes(layout, 2 if stride > 1 else 1, c, (6, 5), o, (3, 3)), seed=c + o)
+    _check_conv(jax, trn, cpu, x, w, window_strides=(stride, stride), padding="SAME",
                 dimension_numbers=NCHW if layout == "NCHW" else NHWC)
 
 
