@@ -13,7 +13,17 @@ Simulated time does not depend on the data, so the run is timing-only
 shapes and dtypes. This is deterministic, needs no subprocesses (a new JAX process per system would cost
 seconds each and would hand results back through pipes), and it returns the
 `Execution` of each run, so every system's summary and trace are one call away.
-Programs over several devices are not supported yet (the multichip work).
+
+Sharded programs: give the arguments a `NamedSharding`, as for `jax.jit` — arrays
+placed with `jax.device_put(x, NamedSharding(mesh, spec))` on any backend's mesh, or
+`jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, spec))`, where `mesh`
+may be a `jax.sharding.AbstractMesh` (no devices needed, so a 128-device mesh can be
+compared from a process with 8 NeuronCores). `in_shardings=` / `out_shardings=` are passed to
+`jax.jit` as they are. The StableHLO depends only on the mesh's shape, so it is lowered
+once; `hlo_passes.compile_to_ir` partitions it (Shardy + localization) and each
+system runs the per-device program on its first N devices (N = the mesh size), with
+its collectives over that system's links. A system with fewer than N devices is an
+error naming both.
 """
 from __future__ import annotations
 
@@ -44,17 +54,35 @@ class Comparison:
 
 
 def compare(f, *args, systems=None, name: str | None = None,
-            matmul_precision: str | None = None) -> Comparison:
-    """Compiles `f(*args)` for each system's generation and simulates one call on one
-    NeuronCore of it. Returns a `Comparison`: `print(it)` for the table, `.rows` for
-    the numbers (simulated time, TFLOP/s, MFU, MBU, bound), `.executions[system]` for
-    each run's `summary()` / `save_trace()`."""
+            matmul_precision: str | None = None, in_shardings=None, out_shardings=None,
+            fuse: bool = True) -> Comparison:
+    """Compiles `f(*args)` for each system's generation and simulates one call: on one
+    NeuronCore, or for sharded arguments (a `NamedSharding`, see the module docstring)
+    on the system's first N devices, N the mesh size. Returns a `Comparison`:
+    `print(it)` for the table, `.rows` for the numbers (devices, simulated time,
+    TFLOP/s, MFU, MBU, bound, collective time share), `.executions[system]` for each
+    run's `summary()` / `save_trace()` / `plot_collectives()`.
+
+    `in_shardings` / `out_shardings` go to `jax.jit`; `fuse=False` skips the fusion
+    pass (as JAX_TRN_DISABLE_PASSES=fusion does for the backend)."""
     from jax_trn.systems import get_system
     chosen = [get_system(s) for s in (systems or DEFAULT_SYSTEMS)]
-    code, label = _stablehlo(f, args)
+    jit_kw = {k: v for k, v in (("in_shardings", in_shardings),
+                                ("out_shardings", out_shardings)) if v is not None}
+    code, label, n = _stablehlo(f, args, jit_kw)
+    small = [s for s in chosen if s.num_devices < n]
+    if small:
+        raise ValueError(
+            f"{label} runs on {n} devices (its mesh), more than "
+            + ", ".join(f"{s.name} has ({s.num_devices} devices)" for s in small))
     name = name or label
-    executions = {s.name: _run(code, name, s, matmul_precision) for s in chosen}
-    rows = [_row(s, executions[s.name]) for s in chosen]
+    programs: dict[str, object] = {}            # one lowering per generation
+    executions = {}
+    for s in chosen:
+        if s.generation not in programs:
+            programs[s.generation] = _lower(code, name, s, matmul_precision, fuse)
+        executions[s.name] = _simulate(name, programs[s.generation], s, n)
+    rows = [_row(s, executions[s.name], n) for s in chosen]
     base = rows[0]["simulated_time_s"] if rows else 0.0
     for row in rows:
         t = row["simulated_time_s"]
@@ -62,37 +90,69 @@ def compare(f, *args, systems=None, name: str | None = None,
     return Comparison(name, rows, executions)
 
 
-def _stablehlo(f, args) -> tuple[bytes, str]:
+def _stablehlo(f, args, jit_kw) -> tuple[bytes, str, int]:
     """MLIR bytecode of `jax.jit(f)` lowered for the trn platform (JAX's default
-    lowering rules; lowering needs no backend)."""
+    lowering rules; lowering needs no backend), its name, and how many devices it runs
+    on (num_partitions x num_replicas)."""
     import jax
-    lowered = jax.jit(f).trace(*args).lower(lowering_platforms=("trn",))
+    args = jax.tree.map(_abstract, args)
+    lowered = jax.jit(f, **jit_kw).trace(*args).lower(lowering_platforms=("trn",))
     module = lowered.compiler_ir("stablehlo")
     buf = io.BytesIO()
     module.operation.write_bytecode(file=buf)
-    label = str(module.operation.attributes["sym_name"]).strip('"')
-    return buf.getvalue(), label
+    attrs = module.operation.attributes
+    label = str(attrs["sym_name"]).strip('"')
+    n = 1
+    for key in ("mhlo.num_partitions", "mhlo.num_replicas"):
+        if key in attrs:
+            n *= int(str(attrs[key]).split(":")[0])
+    return buf.getvalue(), label, n
 
 
-def _run(code: bytes, name: str, system, precision):
+def _abstract(x):
+    """A sharded argument as shape, dtype and a NamedSharding over its mesh's shape
+    (the devices it is on do not matter to the lowering: any backend's mesh will do);
+    anything else as it is."""
+    import jax
+    from jax.sharding import NamedSharding
+    sharding = getattr(x, "sharding", None)
+    if isinstance(sharding, NamedSharding) and hasattr(x, "shape"):
+        mesh = sharding.mesh
+        mesh = getattr(mesh, "abstract_mesh", mesh)
+        return jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                    sharding=NamedSharding(mesh, sharding.spec))
+    return x
+
+
+def _lower(code: bytes, name: str, system, precision, fuse: bool):
     import hlo_passes
     from jax_trn.lower import lower_module
+    module = hlo_passes.compile_to_ir(code, name=name, fuse=fuse)
+    return lower_module(module, system.chip.core, matmul_precision=precision)
+
+
+def _simulate(name: str, program, system, n: int):
     from jax_trn.runtime.executable import simulate
-    module = hlo_passes.compile_to_ir(code, name=name)
-    program = lower_module(module, system.chip.core, matmul_precision=precision)
-    return simulate(name, program, system)
+    return simulate(name, program, system, list(range(n)))
 
 
-def _row(system, ex) -> dict:
+def _row(system, ex, n: int) -> dict:
     from .summary import Summary
     d = Summary([ex]).to_dict()
+    # A partitioned program without collectives runs on device 0 only (simulate():
+    # every partition runs the same instructions and time does not depend on the
+    # data), so its FLOP/s count for all n partitions; MFU is per device either way.
+    scale = n / len(ex.devices)
     return {
         "system": system.name, "chip": system.chip_name, "core": system.chip.core.name,
-        "dtype": ex.dtype, "simulated_time_s": ex.simulated_time_s,
-        "tflops": d["achieved_tflops"], "peak_tflops": d["peak_tflops_per_core"],
+        "devices": n, "dtype": ex.dtype, "simulated_time_s": ex.simulated_time_s,
+        "tflops": d["achieved_tflops"] * scale, "peak_tflops": d["peak_tflops_per_core"],
         "mfu": d["mfu_estimated_percent"] / 100, "mbu": d["mbu_estimated_percent"] / 100,
         "bound": d["bound"], "bound_time_percent": d["bound_time_percent"],
         "kernels": len(ex.kernels),
+        "collectives": d["collectives"]["count"],
+        "collective_time_s": d["collectives"]["time_s"],
+        "collective_percent": d["collectives"]["time_percent"],
     }
 
 
@@ -104,14 +164,19 @@ def format_table(name: str, rows: list[dict]) -> str:
     if not rows:
         return f"{name}: no systems"
     base = rows[0]["system"]
+    n = rows[0].get("devices", 1)
+    sharded = n > 1
     width = max(len(r["system"]) for r in rows) + 2
     header = (f"{'system':<{width}}{'chip':<11}{'dtype':<10}{'time':>11}{'TFLOP/s':>9}"
-              f"{'MFU':>8}{'MBU':>7}  {'bound':<16}vs {base}")
-    lines = [f"{name} on one NeuronCore per system", header]
+              f"{'MFU':>8}{'MBU':>7}" + (f"{'coll.':>7}" if sharded else "")
+              + f"  {'bound':<16}vs {base}")
+    where = f"on {n} NeuronCores (the first {n} devices)" if sharded else "on one NeuronCore"
+    lines = [f"{name} {where} per system", header]
     for r in rows:
         bound = f"{r['bound']} {r['bound_time_percent']:.0f}%"
+        coll = f"{r['collective_percent'] / 100:>7.0%}" if sharded else ""
         lines.append(
             f"{r['system']:<{width}}{r['chip']:<11}{r['dtype']:<10}"
             f"{_time(r['simulated_time_s']):>11}{r['tflops']:>9.2f}{r['mfu']:>8.1%}"
-            f"{r['mbu']:>7.0%}  {bound:<16}{r['speedup']:.2f}x")
+            f"{r['mbu']:>7.0%}{coll}  {bound:<16}{r['speedup']:.2f}x")
     return "\n".join(lines) + "\n"
