@@ -95,11 +95,13 @@ def claims():
              f"{size // MIB} MiB, {t.algorithm.split()[1]}: {t.bus_bandwidth:.0f} GB/s vs 512 GB/s link-bound",
              ">= 85%", f"{frac * 100:.1f}%", frac >= 0.85)
     print()
-    print("Note: in this model the switch/torus ratio comes from hops at small sizes (mesh: up to 6\n"
-          "torus hops vs 1 switch hop, plus a 1.3 us launch on both) and from links in use at large\n"
-          "sizes (the torus rings use 1 of a chip's 6 links at a time, the switch port carries the\n"
-          "chip's whole bandwidth), alike for all-gather and all-reduce: it does not reproduce the\n"
-          "published difference between the two (6x vs 2x).")
+    print("Note: NeuronLink rings run both ways round (§5.3 [CC-INTRA]: cycles on mutually exclusive\n"
+          "wires for full wire bandwidth), so a torus ring level uses 2 of a chip's 6 outgoing links;\n"
+          "ring2d still runs its dimensions one after another and RDH (1-56 MB, the size rule) uses one\n"
+          "link pair per step, while the switch port carries the chip's whole NeuronLink bandwidth. Small\n"
+          "sizes: mesh, up to 6 torus hops vs 1 switch hop plus a 1.3 us launch on both (3.7x). The\n"
+          "all-gather/all-reduce ratios are alike in shape: the model does not reproduce the published\n"
+          "6x vs 2x split (no message sizes or setups are published, §11).")
     print()
     print("Sweeps (ratio = torus / switch time at each per-rank size, or flat / 2D at each size):")
     for kind, rows in sweep.items():

@@ -15,8 +15,11 @@ reducing `Xfer` combines into the receiver's slots ("DMA-side accumulation", §5
 
 **Algorithms** (§5.3 [CC-INTRA][CC-INTER]). all-reduce = reduce-scatter + all-gather, run
 level by level (a level = lines of ranks that differ in one coordinate):
-  ring        one ring through the group, in the topology's snake order (the "flat ring");
-              rings here run one way round (a known simplification: no bidirectional rings).
+  ring        one ring through the group, in the topology's snake order (the "flat ring").
+              Inside a NeuronLink node it runs both ways round at once (two rings, each
+              half the data, opposite directions of every link: [CC-INTRA] "multiple cycles
+              with mutually exclusive wires in parallel for full wire bandwidth"); a ring
+              that crosses EFA nodes is one directed cycle ([CC-INTER]).
   kangaring   on a square 2D torus, one rank per chip: 4 rings, the two edge-disjoint
               Hamiltonian cycles each way, each carrying a quarter of the data (§5.3).
   ring2d      one ring per torus dimension / per level of a cluster (chips of a node, then
@@ -207,6 +210,14 @@ def _orders(algo: str, lines: np.ndarray, topo: Topology, devs: np.ndarray) -> n
     else:
         key = topo.snake_rank[chips] * topo.cores_per_chip + core
     order = np.argsort(key, axis=1, kind="stable")
+    nodes = topo.node_of_chip(chips)
+    if algo == "ring" and (nodes == nodes[:, :1]).all():
+        # NeuronLink rings run both ways round, each carrying half the data: [CC-INTRA]
+        # "we run multiple cycles with mutually exclusive wires in parallel for full wire
+        # bandwidth" (link utilisation "Full", §5.3); a link's two directions are separate
+        # wires (the per-chip figures are "bidirectional", §1.3 [TRN3-INST]). Rings that
+        # cross EFA nodes stay one directed cycle ([CC-INTER] describes one).
+        return np.stack([order, order[:, ::-1]])
     if algo == "kangaring":
         cycles = topo.disjoint_cycles
         pos = [np.argsort(np.array(c)) for c in cycles]       # chip -> cycle position

@@ -107,16 +107,21 @@ def test_float32_sum_within_the_algorithms_rounding():
 
 
 def _ring_reference(xs, group, order, chunk):
-    """Rank q owns chunk q; its sum starts at q's successor on the ring and goes round,
-    rounding to bf16 after every addition."""
+    """Rank q owns chunk q. The ring runs both ways round (§5.3 [CC-INTRA]): the first half
+    of the chunk goes round `order`, the second half round the reversed order. A half's
+    sum starts at q's successor on its ring and goes round, rounding to bf16 after every
+    addition."""
     n, out = len(group), []
+    half = chunk // 2
     for q in range(n):
-        p = order.index(group[q])
-        seq = [order[(p + k) % n] for k in range(1, n + 1)]
-        acc = xs[seq[0]][q * chunk:(q + 1) * chunk]
-        for d in seq[1:]:
-            acc = (acc.astype(np.float32) + xs[d][q * chunk:(q + 1) * chunk].astype(np.float32)).astype(BF16)
-        out.append(acc)
+        for h, ring in enumerate((order, order[::-1])):
+            p = ring.index(group[q])
+            seq = [ring[(p + k) % n] for k in range(1, n + 1)]
+            lo = q * chunk + h * half
+            acc = xs[seq[0]][lo:lo + half]
+            for d in seq[1:]:
+                acc = (acc.astype(np.float32) + xs[d][lo:lo + half].astype(np.float32)).astype(BF16)
+            out.append(acc)
     return np.concatenate(out)
 
 
@@ -229,9 +234,10 @@ def test_steps_are_contiguous_and_bytes_are_accounted():
     ends = [s.end_ns for s in t.steps]
     assert all(a.end_ns == b.start_ns for a, b in itertools.pairwise(t.steps))
     assert t.total_ns == ends[-1] and len(t.steps) == 1 + 15
-    # Ring all-gather: each of the 16 ring links carries 15 chunks of 64 KiB.
+    # Ring all-gather both ways round: each of the 16 ring links carries 15 half chunks
+    # of 64 KiB in each direction (32 directed links).
     ring_links = {k: v for k, v in t.link_bytes.items() if "dma" not in k}
-    assert len(ring_links) == 16 and set(ring_links.values()) == {15 * 4 * (1 << 14)}
+    assert len(ring_links) == 32 and set(ring_links.values()) == {15 * 2 * (1 << 14)}
     assert t.group_size == 16 and t.message_bytes == 16 * 4 * (1 << 14)
 
 
@@ -240,7 +246,8 @@ def test_ring_step_is_one_hop_plus_transfer():
     nbytes = 1 << 20
     t = collective_time("all_gather", (nbytes // 4,), np.float32, CHIP_RANKS, TRN2, "ring")
     step = t.steps[1].end_ns - t.steps[1].start_ns
-    assert step == pytest.approx(spec.hop_ns + nbytes / TRN2.link_bw[0])
+    # half of the chunk each way round (§5.3: rings use both directions of a link)
+    assert step == pytest.approx(spec.hop_ns + nbytes / 2 / TRN2.link_bw[0])
 
 
 def test_contention_slows_shared_links():
@@ -268,6 +275,18 @@ def test_switch_beats_torus_hops_for_small_all_gather():
     b = collective_time("all_gather", (256,), np.float32, g, to)
     assert a.algorithm == b.algorithm == "all_gather mesh"
     assert 3 < b.total_ns / a.total_ns < 7
+
+
+def test_ring_across_efa_nodes_is_one_directed_cycle():
+    # [CC-INTER]: the inter-node ring is one directed cycle; NeuronLink rings run both ways.
+    cl = Topology.cluster("trn1", nodes=2)
+    g = [list(range(0, cl.num_devices, cl.cores_per_chip))]
+    t = collective_time("all_gather", (1 << 10,), np.float32, g, cl, "ring")
+    efa = {k for k in t.link_bytes if "efa_tx" in k}
+    assert len(efa) == 2                                  # one chip per node sends over EFA
+    node = collective_time("all_gather", (1 << 10,), np.float32, [g[0][:16]], cl, "ring")
+    torus = {k for k in node.link_bytes if ".+d" in k or ".-d" in k}
+    assert any(".+d" in k for k in torus) and any(".-d" in k for k in torus)
 
 
 def test_large_all_reduce_on_trn2_torus_reaches_85_percent_of_link_bound():
