@@ -339,13 +339,13 @@ def _packing(cv: Conv) -> Packing:
     if w.kernel >= reps:
         runs = [tuple((kh, kw) for kw in range(k0, k0 + kn)) for kh in range(h.kernel)
                 for k0, kn in tiles(w.kernel, reps)]
-        shifts = tuple(r * w.rd for r in range(reps))
+        shifts = tuple(w.tap(r)[1] for r in range(reps))     # one phase: r * rd / s
     else:
         m = min(reps // w.kernel, h.kernel)
         runs = [tuple((kh, kw) for kh in range(r0, r0 + rn) for kw in range(w.kernel))
                 for r0, rn in tiles(h.kernel, m)]
         reps = m * w.kernel
-        shifts = tuple((r // w.kernel) * h.rd * w.q + (r % w.kernel) * w.rd
+        shifts = tuple(h.tap(r // w.kernel)[1] * w.q + w.tap(r % w.kernel)[1]
                        for r in range(reps))
     full = [g for g in runs if len(g) == reps]
     return Packing(reps, shifts, tuple(full + [g for g in runs if len(g) < reps]))

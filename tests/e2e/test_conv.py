@@ -47,9 +47,13 @@ def test_conv2d_channel_tiles(jax, trn, cpu, c, o, layout, stride):
                 dimension_numbers=NCHW if layout == "NCHW" else NHWC)
 
 
-def test_conv2d_rhs_dilation(jax, trn, cpu):
+@pytest.mark.parametrize("stride,rhs_dilation", [((1, 2), (2, 3)), ((2, 2), (2, 2))])
+def test_conv2d_rhs_dilation(jax, trn, cpu, stride, rhs_dilation):
+    """rhs dilation; with the stride dividing it every tap reads one phase (then taps
+    are packed, shifted by rd / s)."""
     x, w = _data((2, 4, 10, 9), (3, 4, 3, 2), seed=3)
-    _check_conv(jax, trn, cpu, x, w, window_strides=(1, 2), padding="SAME", rhs_dilation=(2, 3))
+    _check_conv(jax, trn, cpu, x, w, window_strides=stride, padding="SAME",
+                rhs_dilation=rhs_dilation)
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
