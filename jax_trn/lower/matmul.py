@@ -243,7 +243,11 @@ class MatmulEmitter:
         deep = plan.kb < self.k
         self.stage = {id(op): kb.ring(LOOKAHEAD + 1, plan.kb, op.dtype) for op in (lhs, rhs)
                       if op.pe_transposed}
-        self.strips = kb.ring(2 if deep else -(-plan.mb // P), nk * P, lhs.dtype)
+        # A K-major lhs ([K, M], M contiguous) loads a whole block per k-tile: DMA rows
+        # of mb elements instead of 128 (§3.4: 256 B runs reach ~10% of the DMA rate).
+        self.wide = not (deep or lhs.transposed or double_row) and plan.mb > P
+        self.strips = kb.ring(1, nk * plan.mb, lhs.dtype) if self.wide else \
+            kb.ring(2 if deep else -(-plan.mb // P), nk * P, lhs.dtype)
         self.slices = kb.ring(2, nk * plan.group, rhs.dtype)
         self.obuf = kb.ring(2, plan.group, out.dtype) if epilogue is None else None
         tbanks = TRANSPOSE_BANKS if self.stage else 0
@@ -269,6 +273,8 @@ class MatmulEmitter:
     def _mblock(self, index, base: int, mb0: int, mbn: int) -> None:
         mtiles = [(mb0 + m0, mt) for m0, mt in tiles(mbn, P)]
         whole = (0, self.k)
+        if self.wide:
+            return self._wide_mblock(index, base, mb0, mbn, mtiles)
         fetched = [self._fetch(self.lhs, index, whole, *mt, self.strips)
                    for mt in mtiles[:LOOKAHEAD]]
         strips = [self._finish(fetched[0])]
@@ -283,6 +289,17 @@ class MatmulEmitter:
                     midway = (lambda p=fetched[i + 1]: strips.append(self._finish(p)), i > 0)
                 accs = self._accs(mt, gn)
                 self._matmuls(accs, strips[i], r, self.k, mt, True, midway)
+                self._drain(accs, base, m0, mt, g0, gn)
+
+    def _wide_mblock(self, index, base: int, mb0: int, mbn: int, mtiles) -> None:
+        """The block's lhs [K, mbn] in one DMA per k-tile; strip i is a view into it."""
+        block = self._fetch(self.lhs, index, (0, self.k), mb0, mbn, self.strips).dst
+        strips = [KMajor(sub(block.base, P, 1, at=m0 - mb0), mbn) for m0, _ in mtiles]
+        for g0, gn in tiles(self.n, self.plan.group):
+            r = self._finish(self._fetch(self.rhs, index, (0, self.k), g0, gn, self.slices))
+            for i, (m0, mt) in enumerate(mtiles):
+                accs = self._accs(mt, gn)
+                self._matmuls(accs, strips[i], r, self.k, mt, True, None)
                 self._drain(accs, base, m0, mt, g0, gn)
 
     def _deep(self, index, base: int) -> None:

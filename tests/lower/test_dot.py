@@ -241,3 +241,18 @@ def test_dot_2048_bf16_timing_over_90_percent_of_peak():
     prog = lower_module(m, SPEC)
     run_ = NeuronCore(SPEC).run(prog.kernels[0], {}, execute=False)
     assert 2 * 2048 ** 3 / 79e12 * 1e9 / run_.duration_ns > 0.90, run_.duration_ns
+
+
+def test_dot_kmajor_lhs_loads_the_block_per_k_tile():
+    """lhs given as [K, M] (x.T @ y, weight gradients): one DMA per k-tile for the
+    whole row block (rows of M elements, §3.4), strips are views into it."""
+    x, y = rand((300, 384), "bfloat16", 50), rand((300, 200), "bfloat16", 51)
+    m = dot_module((300, 384), (300, 200), lc=(0,), rc=(0,), dtype="bfloat16",
+                   out_dtype="float32")
+    res = run(m, x, y)
+    np.testing.assert_allclose(res.outputs[0], dot_ref(x, y, lc=(0,), rc=(0,)),
+                               rtol=1e-4, atol=1e-3)
+    loads = [i for i in res.program.kernels[0].instructions
+             if type(i).__name__ == "DmaCopy" and getattr(i.src, "tensor", None)
+             == res.program.params[0].name]
+    assert len(loads) == 3 and {i.dst.free_size for i in loads} == {384}
