@@ -220,3 +220,12 @@ def test_collectives_are_profiled_with_algorithm_and_participants(jax, meshes, h
     (c, *_) = ex.collectives
     assert c.kind == "all_reduce" and c.algorithm and len(c.devices) == 8
     assert c.end_ns > c.start_ns
+
+
+def test_pmap_with_psum(jax, trn_devices):
+    x = np.arange(32, dtype=np.float32).reshape(8, 4)
+    f = jax.pmap(lambda v: jax.lax.psum(v, "i") * v - jax.lax.pmax(v, "i"), axis_name="i",
+                 devices=trn_devices)
+    out = f(x)
+    assert {d.platform for d in out.devices()} == {"trn"}
+    np.testing.assert_allclose(np.asarray(out), x.sum(0) * x - x.max(0))
