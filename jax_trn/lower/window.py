@@ -17,8 +17,9 @@ reduce_window:
   for reverse; integers accumulate exactly (and wrap) natively. The init must be a
   constant identity of the combiner.
 - small windows (<= 64 offsets: pooling): the operand is first copied into an HBM
-  temporary of the padded, base-dilated shape, pre-filled with the init value (XLA's
-  padding value), when padding or base dilation is present. Each window offset k is then
+  temporary of the padded, base-dilated shape, pre-filled with the combiner's identity
+  (XLA's CPU backend skips padding: a non-identity init counts once, not per padded
+  element), when padding or base dilation is present. Each window offset k is then
   a strided view over it (element o * stride + k * dilation), and the output is tiled
   like an elementwise op (`offset_boxes`): per [<=128, <=2048] tile, one DMA per offset,
   combined by TensorTensor into an FP32 / int32 accumulator in XLA's window order (add,
@@ -385,11 +386,8 @@ def _generic(ctx: LowerCtx, x: DramTensor, init: DramTensor, alu: str, w: Window
     out = ctx.outs[0]
     value = ctx.constant(init)
     src = x
-    if w.needs_padding():
-        if value is None:
-            raise LoweringError(f"padded reduce_window with a non-constant init is not "
-                                f"supported ({ctx.op.describe()})")
-        src = padded_copy(ctx, x, w, np.asarray(value).reshape(-1)[0])
+    if w.needs_padding():       # XLA's padding adds nothing: the combiner's identity
+        src = padded_copy(ctx, x, w, identity(alu, x.dtype))
     rank = len(x.shape)
     keep_init = not is_identity(value, alu, x.dtype)
     if math.prod(w.dims) <= MAX_OFFSETS and (value is not None or not keep_init):

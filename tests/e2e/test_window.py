@@ -179,6 +179,8 @@ def test_windows_dilated_1d_and_large(jax, trn, cpu):
               base_dilation=(1, 2)),
         _pool(jax, 0.0, jax.lax.add, (6, 20), (1, 1), "VALID"),           # the whole array
         _pool(jax, 1.0, jax.lax.add, (1, 4), (1, 4), "VALID"),            # non-identity init
+        _pool(jax, 1.0, jax.lax.add, (2, 2), (1, 1), [(1, 1), (0, 2)]),   # padding adds nothing
+        _pool(jax, 1.0, jax.lax.add, (2, 2), (1, 1), [(1, 0), (1, 1)], base_dilation=(2, 1)),
     ]
     for f in cases:
         out, ref = _run(jax, trn, cpu, f, x)
@@ -201,6 +203,16 @@ def test_pool_gradient(jax, trn, cpu, kind, window, strides, padding):
     pool = _pool(jax, init, getattr(jax.lax, kind), window, strides, padding)
     out, ref = _run(jax, trn, cpu, jax.grad(lambda x: (pool(x) ** 2).sum()), x)
     assert_close(out, ref, "float32")
+
+
+def test_run_time_init(jax, trn, cpu):
+    x = np.random.default_rng(13).standard_normal((6, 10)).astype(np.float32)
+    for padding in ("VALID", "SAME"):
+        f = jax.jit(lambda x, i: jax.lax.reduce_window(x, i, jax.lax.add, (2, 2), (1, 1),
+                                                       padding))
+        out = f(jax.device_put(x, trn), jax.device_put(np.float32(0.5), trn))
+        ref = f(jax.device_put(x, cpu), jax.device_put(np.float32(0.5), cpu))
+        assert_close(out, ref, "float32")
 
 
 def test_unsupported_body_is_a_compile_error(jax, trn):
