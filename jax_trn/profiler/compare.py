@@ -22,8 +22,9 @@ compared from a process with 8 NeuronCores). `in_shardings=` / `out_shardings=` 
 `jax.jit` as they are. The StableHLO depends only on the mesh's shape, so it is lowered
 once; `hlo_passes.compile_to_ir` partitions it (Shardy + localization) and each
 system runs the per-device program on its first N devices (N = the mesh size), with
-its collectives over that system's links. A system with fewer than N devices is an
-error naming both.
+its collectives over that system's links (or on `device_ids`: e.g. one core per chip,
+`lambda system: [c * system.cores_per_chip for c in range(16)]`, to spread a 16-device
+mesh over 16 chips). A system with fewer than N devices is an error naming both.
 """
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ class Comparison:
 
 def compare(f, *args, systems=None, name: str | None = None,
             matmul_precision: str | None = None, in_shardings=None, out_shardings=None,
-            fuse: bool = True) -> Comparison:
+            fuse: bool = True, device_ids=None) -> Comparison:
     """Compiles `f(*args)` for each system's generation and simulates one call: on one
     NeuronCore, or for sharded arguments (a `NamedSharding`, see the module docstring)
     on the system's first N devices, N the mesh size. Returns a `Comparison`:
@@ -64,7 +65,9 @@ def compare(f, *args, systems=None, name: str | None = None,
     run's `summary()` / `save_trace()` / `plot_collectives()`.
 
     `in_shardings` / `out_shardings` go to `jax.jit`; `fuse=False` skips the fusion
-    pass (as JAX_TRN_DISABLE_PASSES=fusion does for the backend)."""
+    pass (as JAX_TRN_DISABLE_PASSES=fusion does for the backend). `device_ids`: the
+    devices of each system that run the N partitions (partition p on the p-th id), a
+    list for every system or a function of the `System`; by default 0..N-1."""
     from jax_trn.systems import get_system
     chosen = [get_system(s) for s in (systems or DEFAULT_SYSTEMS)]
     jit_kw = {k: v for k, v in (("in_shardings", in_shardings),
@@ -75,13 +78,14 @@ def compare(f, *args, systems=None, name: str | None = None,
         raise ValueError(
             f"{label} runs on {n} devices (its mesh), more than "
             + ", ".join(f"{s.name} has ({s.num_devices} devices)" for s in small))
+    ids = {s.name: _device_ids(s, n, device_ids, label) for s in chosen}
     name = name or label
     programs: dict[str, object] = {}            # one lowering per generation
     executions = {}
     for s in chosen:
         if s.generation not in programs:
             programs[s.generation] = _lower(code, name, s, matmul_precision, fuse)
-        executions[s.name] = _simulate(name, programs[s.generation], s, n)
+        executions[s.name] = _simulate(name, programs[s.generation], s, ids[s.name])
     rows = [_row(s, executions[s.name], n) for s in chosen]
     base = rows[0]["simulated_time_s"] if rows else 0.0
     for row in rows:
@@ -131,9 +135,19 @@ def _lower(code: bytes, name: str, system, precision, fuse: bool):
     return lower_module(module, system.chip.core, matmul_precision=precision)
 
 
-def _simulate(name: str, program, system, n: int):
+def _device_ids(system, n: int, device_ids, label: str) -> list[int]:
+    ids = device_ids(system) if callable(device_ids) else device_ids
+    ids = list(range(n)) if ids is None else [int(d) for d in ids]
+    if len(ids) != n or len(set(ids)) != n or not all(0 <= d < system.num_devices
+                                                        for d in ids):
+        raise ValueError(f"{label} runs on {n} devices; device_ids {ids} are not {n} "
+                         f"distinct devices of {system.name} (0..{system.num_devices - 1})")
+    return ids
+
+
+def _simulate(name: str, program, system, ids: list[int]):
     from jax_trn.runtime.executable import simulate
-    return simulate(name, program, system, list(range(n)))
+    return simulate(name, program, system, ids)
 
 
 def _row(system, ex, n: int) -> dict:
@@ -170,7 +184,7 @@ def format_table(name: str, rows: list[dict]) -> str:
     header = (f"{'system':<{width}}{'chip':<11}{'dtype':<10}{'time':>11}{'TFLOP/s':>9}"
               f"{'MFU':>8}{'MBU':>7}" + (f"{'coll.':>7}" if sharded else "")
               + f"  {'bound':<16}vs {base}")
-    where = f"on {n} NeuronCores (the first {n} devices)" if sharded else "on one NeuronCore"
+    where = f"on {n} NeuronCores" if sharded else "on one NeuronCore"
     lines = [f"{name} {where} per system", header]
     for r in rows:
         bound = f"{r['bound']} {r['bound_time_percent']:.0f}%"

@@ -128,3 +128,15 @@ def test_fuse_false_skips_fusion(jax):
     fused = jax_trn.compare(f, A, systems=SYSTEMS[:1])
     unfused = jax_trn.compare(f, A, systems=SYSTEMS[:1], fuse=False)
     assert unfused.rows[0]["kernels"] > fused.rows[0]["kernels"]
+
+
+def test_device_ids_spread_the_mesh_over_chips(jax):
+    one_per_chip = lambda s: [c * s.cores_per_chip for c in range(16)]  # noqa: E731
+    c = jax_trn.compare(_matmul, *_abstract(jax, 16, (None, "x"), ("x", None)),
+                        systems=["trn2.48xlarge"], device_ids=one_per_chip)
+    ex = c.executions["trn2.48xlarge"]
+    assert sorted(ex.devices) == list(range(0, 128, 8))
+    assert all(sorted(r.devices) == list(range(0, 128, 8)) for r in ex.collectives)
+    with pytest.raises(ValueError, match="not 16 distinct devices of trn2.48xlarge"):
+        jax_trn.compare(_matmul, *_abstract(jax, 16, (None, "x"), ("x", None)),
+                        systems=["trn2.48xlarge"], device_ids=[0] * 16)
