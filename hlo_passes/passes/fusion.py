@@ -16,7 +16,8 @@ least one decision becomes
 
 placed where the root was. Before regions grow, a reduce over dims of extent 1 only
 becomes a reshape, as in XLA (a view, so it fuses; a reduce as a producer never does),
-and attention patterns (passes/attention.py) become fusions of kind
+a transpose that swaps a dot_general's free dims becomes the dot with its operands
+swapped (C^T = B^T A^T: the same products, no transpose kernel), and attention patterns (passes/attention.py) become fusions of kind
 "attention" if the policy allows. A fused value that is also used outside the region (only
 the function's return may be, by the policy) is an extra result. Every non-root member
 has all its users inside the region, so fusing never creates a cycle. Originals left
@@ -48,6 +49,7 @@ class Fusion:
         changed = False
         for fn in module.functions.values():
             changed |= _degenerate_reduces(fn.body)
+            changed |= _transposed_dots(fn.body)
             changed |= _attention_fusions(fn.body, self.policy)
             changed |= _BlockFusion(fn.body, self.policy).run()
         if changed:
@@ -357,3 +359,46 @@ def _degenerate(op: ir.Op) -> bool:
     x, init = op.operands
     return (not init.shape and x.dtype == op.result.dtype
             and all(x.shape[d] == 1 for d in op.attrs.get("dimensions", ())))
+
+
+# --- transposed dots ------------------------------------------------------------------------
+
+_SWAP = (("lhs_batching_dimensions", "rhs_batching_dimensions"),
+         ("lhs_contracting_dimensions", "rhs_contracting_dimensions"))
+
+
+def _transposed_dots(block: ir.Block) -> bool:
+    """transpose(dot_general(a, b)) that puts b's free dims before a's -> dot_general(b,
+    a) with the dimension numbers swapped, when the transpose is the dot's only user."""
+    users: dict = defaultdict(list)
+    for op in block.ops:
+        for v in _used_values(op):
+            users[v].append(op)
+    producer = {v: op for op in block.ops for v in op.results}
+    swapped: dict[ir.Op, ir.Op] = {}
+    for op in block.ops:
+        dot = producer.get(op.operands[0]) if op.kind == "transpose" else None
+        if dot is None or dot.kind != "dot_general" or users[dot.result] != [op] or \
+                tuple(op.attrs["permutation"]) != _swap_permutation(dot):
+            continue
+        attrs = dict(dot.attrs)
+        for a, b in _SWAP:
+            attrs[a], attrs[b] = dot.attrs.get(b, ()), dot.attrs.get(a, ())
+        if dot.attrs.get("precision_config"):
+            attrs["precision_config"] = tuple(reversed(dot.attrs["precision_config"]))
+        swapped[op] = dot.replace(operands=list(reversed(dot.operands)),
+                                  results=[ir.Value(op.result.type)], attrs=attrs)
+    if not swapped:
+        return False
+    dead = {producer[op.operands[0]] for op in swapped}
+    block.ops = [swapped.get(op, op) for op in block.ops if op not in dead]
+    block.replace_all_uses({op.result: new.result for op, new in swapped.items()})
+    return True
+
+
+def _swap_permutation(dot: ir.Op) -> tuple[int, ...]:
+    lhs, rhs = dot.operands
+    nb = len(dot.attrs.get("lhs_batching_dimensions", ()))
+    fl = lhs.type.rank - nb - len(dot.attrs.get("lhs_contracting_dimensions", ()))
+    fr = rhs.type.rank - nb - len(dot.attrs.get("rhs_contracting_dimensions", ()))
+    return (*range(nb), *range(nb + fl, nb + fl + fr), *range(nb, nb + fl))
