@@ -23,7 +23,8 @@ import numpy as np
 
 from jax_trn import profiler
 from jax_trn.hw import dtypes as _dt
-from jax_trn.hw.program import Case, Collective, Kernel, While, has_collectives
+from jax_trn.hw.isa import DramAP
+from jax_trn.hw.program import Case, Collective, Kernel, While, has_collectives, walk_steps
 from . import spmd
 from .buffer import Buffer
 from .device import Device
@@ -289,7 +290,9 @@ def run_kernels(prog, core, dram, device_id: int, chip: int, *, execute: bool = 
 class _StepRunner:
     """Interprets a step list on one core: the control path between kernels. `run()` is
     a generator that yields an `spmd.Arrival` at each collective and resumes with the
-    collective's end time (sent by `spmd.drive`)."""
+    collective's span on this device (an `spmd.Issued`, sent by `spmd.drive`). The
+    device goes on with the following steps while the collective is in flight and waits
+    for its end only at the first step that depends on it (see `spmd`, "Overlap")."""
 
     def __init__(self, core, dram, device_id: int, chip: int, execute: bool, steps=()):
         self.core, self.dram, self.execute = core, dram, execute
@@ -298,12 +301,19 @@ class _StepRunner:
         self.limit = max_iterations()
         self.records: list[profiler.KernelRecord] = []
         self.program_steps = steps
+        self.in_flight: list[tuple[frozenset, frozenset, float]] = []  # (results, operands, end)
+        self.cc_free = 0.0             # when this device's CC cores finish its last collective
+        self.end_ns = 0.0              # the device's end: last step, collectives included
+        self._touch: dict[int, tuple[frozenset, frozenset]] = {}
 
     def run(self):
-        yield from self.steps(self.program_steps, 0.0, "")
+        t = yield from self.steps(self.program_steps, 0.0, "")
+        self.end_ns = max([t] + [end for _, _, end in self.in_flight])
+        self.in_flight = []
 
     def steps(self, steps, t: float, context: str):
-        for step in steps:
+        for i, step in enumerate(steps):
+            t = self.wait_for(step, t)
             if isinstance(step, Kernel):
                 t = self.kernel(step, t, context)
             elif isinstance(step, While):
@@ -311,8 +321,68 @@ class _StepRunner:
             elif isinstance(step, Case):
                 t = yield from self.case(step, t, context)
             elif isinstance(step, Collective):
-                t = yield spmd.Arrival(step, t, context)
+                nxt = steps[i + 1] if i + 1 < len(steps) else None
+                overlaps = isinstance(nxt, Kernel) and not self._depends(nxt, *_names(step))
+                issued = yield spmd.Arrival(step, t, context, max(t, self.cc_free), overlaps)
+                self.issue(step, issued)
         return t
+
+    # --- collectives in flight ------------------------------------------------------
+
+    def issue(self, step: Collective, issued) -> None:
+        """Registers a collective in flight; its DMA traffic takes its rate from this
+        core's DMA bandwidth over its span (the kernels it overlaps get the rest)."""
+        if issued is None:                     # a driver that does not overlap
+            return
+        self.cc_free = issued.end_ns
+        self.in_flight.append((*_names(step), issued.end_ns))
+        if issued.dma_bytes_per_ns > 0 and issued.end_ns > issued.start_ns:
+            bw = self.core.dma_bw
+            # at most the collective's packet share: round-robin leaves compute the rest
+            rate = min(issued.dma_bytes_per_ns, bw.capacity * spmd.COLLECTIVE_DMA_SHARE)
+            bw.add(issued.start_ns, issued.end_ns, rate)
+
+    def wait_for(self, step, t: float) -> float:
+        """`t`, or the end of the in-flight collectives `step` depends on if later."""
+        if not self.in_flight:
+            return t
+        for results, operands, end in self.in_flight:
+            if end > t and self._depends(step, results, operands):
+                t = end
+        self.in_flight = [f for f in self.in_flight if f[2] > t]
+        return t
+
+    def _depends(self, step, results: frozenset, operands: frozenset) -> bool:
+        """Whether `step` reads or writes one of `results` or writes one of `operands`."""
+        touched, written = self._touches(step)
+        return bool(touched & results) or bool(written & operands)
+
+    def _touches(self, step) -> tuple[frozenset, frozenset]:
+        """(every DRAM tensor `step` names, those it may write), cached per step."""
+        got = self._touch.get(id(step))
+        if got is not None:
+            return got
+        if isinstance(step, Kernel):
+            written = frozenset(o.tensor for ins in step.instructions for o in ins.outputs()
+                                if isinstance(o, DramAP))
+            got = (frozenset(step.dram) | written, written)
+        elif isinstance(step, Collective):
+            res, ops = _names(step)
+            got = (res | ops, res)
+        else:                                  # loops and conditionals: everything inside
+            names = set()
+            if isinstance(step, While):
+                names |= {step.pred.name} | {c.name for c in step.carried}
+                inner = step.cond + step.body
+            else:
+                names |= {step.index.name} | {r.name for r in step.results}
+                inner = [s for b in step.branches for s in b]
+            for s in walk_steps(inner):
+                if isinstance(s, (Kernel, Collective)):
+                    names |= self._touches(s)[0]
+            got = (frozenset(names), frozenset(names))
+        self._touch[id(step)] = got
+        return got
 
     def kernel(self, kernel, t: float, context: str) -> float:
         run = self.core.run(kernel, self.dram, t, execute=self.execute)
@@ -389,6 +459,11 @@ def simulate(name: str, prog, system, device_ids: list[int] | None = None
     done = spmd.drive(runners, [_SimDevice(d) for d in ids], system.interconnect())
     return make_execution(name, prog, system, ids, [r for run in runners for r in run.records],
                           done)
+
+
+def _names(step: Collective) -> tuple[frozenset, frozenset]:
+    """(result tensor names, operand tensor names) of a collective."""
+    return frozenset(t.name for t in step.results), frozenset(t.name for t in step.operands)
 
 
 class _SimDevice:

@@ -11,11 +11,30 @@ collective's end.
 
 Timing. A collective starts when the last member of its replica group arrives (groups
 are independent: the groups of a psum over "x" each start with their own slowest
-member) and takes the algorithm's time; its devices resume at its end. It does not
-overlap the kernels around it: the program's next step usually consumes its result,
-and DMA engines are not shared with a concurrent kernel (the overlap the hardware
-allows, §5.2, is left for later: `dma_available` stays 1).
+member), and not before each member's previous collective ended (one collective at a
+time on a device's CC cores: a simplification of §5.2's "up to 4 concurrent CC
+streams"). It takes the algorithm's time.
 
+Overlap (§5.2: collectives run on the CC cores and DMA rings, so they overlap compute
+but share the DMA engines). A device hands its operands over and goes on with the
+following steps; it waits for the collective's end only at the first step that reads or
+writes one of its results, or writes one of its operands (`_StepRunner`'s dependency
+check on DRAM tensor names: a kernel's `dram` tensors and the DRAM outputs of its
+instructions; a loop's or conditional's tensors and everything nested in it; another
+collective's operands and results), and at the end of the program. Numerics are
+unaffected: a device's runner stops at the collective (in simulation order) until it has
+run for all devices, and what runs before its end in simulated time does not touch its
+tensors. DMA sharing, a deterministic model:
+  - If a device goes on with an independent kernel right after the collective, the
+    collective runs with `dma_available = COLLECTIVE_DMA_SHARE` (16/17) of the DMA
+    bandwidth for its whole duration: across queues the DMA engines go round-robin at
+    packet boundaries, and collective packets are 64 KiB against compute's default 4 KiB
+    (§3.4 [CC-OVERLAP]), so when both stream the collective moves 64 of every 68 KiB.
+  - Each device's DMA engines carry the collective's bytes that its chip sends
+    (remote writes by the sender, §5.3 [CC-INTRA]; a chip's share split over its
+    participating cores) at their average rate over the collective's span: the runner
+    reserves that rate on the core's DMA bandwidth timeline (`NeuronCore.dma_bw`), so the
+    kernels it overlaps get what is left.
 Device ids. Replica groups and permute pairs name partition ids (SPMD: one replica,
 `num_partitions` devices; `use_global_device_ids`); partition p runs on the
 executable's p-th device, whose global id places it on the topology.
@@ -37,12 +56,28 @@ class CollectiveError(RuntimeError):
     pass
 
 
+COLLECTIVE_DMA_SHARE = 64 / (64 + 4)   # §3.4 [CC-OVERLAP]: packet round-robin, 64 vs 4 KiB
+
+
 @dataclass
 class Arrival:
-    """What a device's runner yields at a collective: the step and its clock."""
+    """What a device's runner yields at a collective: the step, its clock `t` (when it
+    reached it), `ready` (when its CC cores are free: its previous collective's end) and
+    whether it goes on with an independent kernel meanwhile (`overlaps`)."""
     step: Collective
     t: float
     context: str
+    ready: float | None = None
+    overlaps: bool = False
+
+
+@dataclass(frozen=True)
+class Issued:
+    """What a runner gets back for its arrival: the collective's span on this device and
+    the DMA rate (bytes/ns) it takes from the device's engines meanwhile."""
+    start_ns: float
+    end_ns: float
+    dma_bytes_per_ns: float = 0.0
 
 
 def drive(runners, devices, topology) -> list[profiler.CollectiveRecord]:
@@ -64,10 +99,12 @@ def drive(runners, devices, topology) -> list[profiler.CollectiveRecord]:
             raise CollectiveError(f"devices reached different collectives {names}: the "
                                   "devices took different paths through the program")
         step = pending[0].step
-        ends, record = execute(step, [r.dram for r in runners], devices,
-                               [p.t for p in pending], topology, pending[0].context)
+        issued, record = execute(step, [r.dram for r in runners], devices,
+                                 [p.t for p in pending], topology, pending[0].context,
+                                 ready=[p.t if p.ready is None else p.ready for p in pending],
+                                 overlaps=any(p.overlaps for p in pending))
         records.append(record)
-        pending = [_advance(g, end) for g, end in zip(gens, ends)]
+        pending = [_advance(g, i) for g, i in zip(gens, issued)]
     return records
 
 
@@ -79,21 +116,25 @@ def _advance(gen, value) -> Arrival | None:
 
 
 def execute(step: Collective, drams: list[dict], devices, arrivals: list[float], topology,
-            context: str = "") -> tuple[list[float], profiler.CollectiveRecord]:
+            context: str = "", *, ready: list[float] | None = None, overlaps: bool = False
+            ) -> tuple[list[Issued], profiler.CollectiveRecord]:
     """Runs `step` for all devices (partition p = devices[p]); returns each device's
-    end time and the record."""
+    span and DMA rate, and the record. `ready[p]`: when p's CC cores are free (default:
+    its arrival); `overlaps`: some device computes meanwhile (see module doc)."""
     n = len(devices)
     gid = [d.id for d in devices]
+    ready = list(arrivals) if ready is None else [max(a, r) for a, r in zip(arrivals, ready)]
     groups = [list(g) for g in step.groups] if step.groups else [list(range(n))]
     for g in groups:
         if any(not 0 <= p < n for p in g):
             raise CollectiveError(f"{step.name}: replica group {g} names partitions outside "
                                   f"0..{n - 1}")
-    ends = list(arrivals)
+    dma_available = COLLECTIVE_DMA_SHARE if overlaps else 1.0
     total_ns, nbytes, algorithm, step_times = 0.0, 0, "", []
+    sent: dict[str, float] = {}
     for src, dst in zip(step.operands, step.results):
         arrays = {gid[p]: _read(drams[p], src) for p in range(n)}
-        results, timing_i = _run(step, arrays, groups, gid, topology)
+        results, timing_i = _run(step, arrays, groups, gid, topology, dma_available)
         for p in range(n):
             if gid[p] in results:
                 _write(drams[p], dst, results[gid[p]])
@@ -105,27 +146,39 @@ def execute(step: Collective, drams: list[dict], devices, arrivals: list[float],
         total_ns += timing_i.total_ns
         nbytes += int(timing_i.message_bytes)
         algorithm = algorithm or timing_i.algorithm
+        for link, b in timing_i.link_bytes.items():
+            if link.endswith(".dma_tx"):
+                sent[link] = sent.get(link, 0.0) + b
     members = groups if step.kind != "collective_permute" else [list(range(n))]
-    start_of = {}
+    start_of, ends = {}, list(ready)
     for g in members:
-        start = max(arrivals[p] for p in g)
+        start = max(ready[p] for p in g)
         for p in g:
             start_of[p] = start
             ends[p] = start + total_ns
+    chips = [int(topology.chip_of(d)) for d in gid]
+    on_chip = {c: chips.count(c) for c in set(chips)}
+    issued = []
+    for p in range(n):
+        if p not in start_of:
+            issued.append(Issued(ready[p], ready[p]))
+            continue
+        b = sent.get(f"chip{chips[p]}.dma_tx", 0.0) / on_chip[chips[p]]
+        issued.append(Issued(start_of[p], ends[p], b / total_ns if total_ns > 0 else 0.0))
     start = min(start_of.values())
     record = profiler.CollectiveRecord(
             name=step.name, kind=step.kind, algorithm=algorithm,
             devices=list(gid), groups=tuple(tuple(gid[p] for p in g) for g in groups),
-            start_ns=float(start), end_ns=float(max(ends)), bytes=nbytes,
+            start_ns=float(start), end_ns=float(max(ends[p] for p in start_of)), bytes=nbytes,
             arrival_ns=tuple(arrivals), ops=tuple(step.ops), context=context,
             steps=tuple(step_times))
-    return ends, record
+    return issued, record
 
 
-def _run(step, arrays, groups, gid, topology):
+def _run(step, arrays, groups, gid, topology, dma_available=1.0):
     from jax_trn.hw.collectives import run_collective
     groups_g = [[gid[p] for p in g] for g in groups]
-    kw = {}
+    kw = {"dma_available": dma_available}
     if step.kind in ("all_reduce", "reduce_scatter"):
         op = KIND_OPS.get(step.op)
         if op is None:
