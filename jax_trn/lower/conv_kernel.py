@@ -278,7 +278,8 @@ class ConvEmitter:
             off = base + sum(v * st for v, st in zip(iq, x.row))
             at += (lo - r0) * q
             if self.stage is None:
-                self._load_rows(sub(tile, ct, (hi - lo) * q), off, ct, hi - lo, c_hi - c_lo)
+                self._load_rows(sub(tile, ct, (hi - lo) * q, at=at), off, ct, hi - lo,
+                                c_hi - c_lo)
                 continue
             wc, width = c_hi - c_lo, w.size
             rows_in = sub(self.stage.next(), ct, (hi - lo) * width)

@@ -68,6 +68,14 @@ def test_conv_transpose(jax, trn, cpu, layout):
                 lhs_dilation=(2, 3), dimension_numbers=dn)
 
 
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_conv2d_top_padding_only(jax, trn, cpu, layout):
+    """Pad rows but no pad columns: band rows are DMAed straight to their padded place."""
+    x, w = _data(*_shapes(layout, 1, 50, (10, 12), 2, (3, 2)), seed=17)
+    _check_conv(jax, trn, cpu, x, w, window_strides=(1, 1), padding=((2, 0), (0, 0)),
+                rhs_dilation=(1, 2), dimension_numbers=NCHW if layout == "NCHW" else NHWC)
+
+
 @pytest.mark.parametrize("stride", [1, 2])
 def test_conv2d_negative_padding(jax, trn, cpu, stride):
     """Negative padding crops the input (only cases where the CPU backend agrees with
