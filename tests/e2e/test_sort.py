@@ -10,7 +10,7 @@ import pytest
 
 from hlo_passes import ir
 from jax_trn.lower import LoweringError
-from jax_trn.lower.sort import keys
+from jax_trn.lower.sortkeys import keys
 from tests.lower.irbuild import FnBuilder
 
 
