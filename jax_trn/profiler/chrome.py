@@ -3,8 +3,11 @@
 Layout, like Neuron Explorer's device view (trainium-hardware.md §7):
 - one process per chip ("chip 0 (trn2)");
 - per core, one thread each for: the executions ("core 3 program"), the kernels
-  ("core 3 kernels"), the four compute engines ("core 3 TensorE", ...) and every DMA
-  queue used ("core 3 DMA q0"); plus one "collectives" thread per chip;
+  ("core 3 kernels"), the four compute engines ("core 3 TensorE", ...), every DMA
+  queue used ("core 3 DMA q0") and, in multi-device runs, the collectives the core
+  took part in ("core 3 collectives": one slice per collective over its span on that
+  device, its group's start to end, with the algorithm, bytes, its group, the
+  participants, its arrival and wait in args);
 - one "X" (complete) event per instruction, kernel and execution, with args: opcode,
   kernel, op, source, bytes, flops, semaphore wait;
 - flow events ("s" -> "f") from the instruction that satisfied a semaphore to the one
@@ -151,13 +154,28 @@ def _args(i) -> dict:
 
 
 def _collectives(w: _Writer, ex, offset_ns: float) -> None:
-    """One slice per collective on each participating chip's "collectives" thread."""
-    chip_of = {k.device: k.chip for k in ex.kernels}
+    """One slice per collective on each participant's "core N collectives" thread, over
+    that device's span of it (records without per-device spans: the whole collective)."""
+    where = {k.device: (k.chip, k.core) for k in ex.kernels}
+    cores = ex.chip_spec.cores if ex.chip_spec else 1
+    gen = f" ({ex.generation})" if ex.generation else ""
     for c in ex.collectives:
-        for chip in sorted({chip_of.get(d, 0) for d in c.devices}):
-            w.processes.setdefault(chip, f"chip {chip}")
-            w.threads[(chip, _COLLECTIVES)] = "collectives"
-            w.slice(chip, _COLLECTIVES, c.kind, _us(offset_ns + c.start_ns),
-                    _us(offset_ns + c.end_ns), "collective",
-                    {"name": c.name, "algorithm": c.algorithm, "bytes": c.bytes,
-                     "devices": list(c.devices)})
+        spans = c.spans or tuple((d, c.start_ns, c.end_ns) for d in c.devices)
+        arrival = dict(zip(c.devices, c.arrival_ns))
+        group_of = {d: g for g in c.groups for d in g}
+        for device, start, end in spans:
+            chip, core = where.get(device, (device // cores, device % cores))
+            tid = core * _STRIDE + _COLLECTIVES
+            w.processes.setdefault(chip, f"chip {chip}{gen}")
+            w.threads[(chip, tid)] = f"core {core} collectives"
+            args = {"name": c.name, "kind": c.kind, "algorithm": c.algorithm,
+                    "bytes": c.bytes, "device": device,
+                    "group": list(group_of.get(device, c.devices)),
+                    "participants": len(c.devices), "steps": len(c.steps)}
+            if device in arrival:
+                args.update(arrival_us=_us(arrival[device]),
+                            wait_us=_us(max(0.0, start - arrival[device])))
+            if c.ops:
+                args["ops"] = list(c.ops)
+            w.slice(chip, tid, c.kind, _us(offset_ns + start), _us(offset_ns + end),
+                    "collective", args)

@@ -57,6 +57,7 @@ class CollectiveRecord:
     ops: tuple = ()                # source ops ("all_reduce at f.py:3")
     context: str = ""              # enclosing loop trips / branches
     steps: tuple = ()              # (label, start_ns, end_ns, bytes) relative to start
+    spans: tuple = ()              # (device, start_ns, end_ns) of each participant
 
     @property
     def duration_ns(self) -> float:

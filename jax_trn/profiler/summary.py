@@ -129,14 +129,54 @@ def _kernel_row(s: metrics.KernelStats, total_ns: float) -> dict:
 
 
 def _collectives(exs, total_ns: float) -> dict:
+    """Count, time (sum of durations) and share of the span; `exposed_s`: the time a
+    device spends in collectives while none of its kernels runs (the device with the
+    most, summed over executions; collectives overlap independent compute, see
+    runtime/spmd.py); per kind durations; and each collective's row."""
     cols = [c for ex in exs for c in ex.collectives]
     ns = sum(c.duration_ns for c in cols)
     by_kind: dict[str, list[float]] = {}
     for c in cols:
         by_kind.setdefault(c.kind, []).append(c.duration_ns * 1e-9)
+    exposed = sum(_exposed_ns(ex) for ex in exs)
+    rows = [{"name": c.name, "kind": c.kind, "algorithm": c.algorithm, "bytes": c.bytes,
+             "participants": len(c.devices), "groups": len(c.groups) or 1,
+             "start_s": c.start_ns * 1e-9, "duration_s": c.duration_ns * 1e-9}
+            for c in cols]
     return {"count": len(cols), "time_s": ns * 1e-9,
             "time_percent": 100 * ns / total_ns if total_ns else 0.0,
-            "durations_s": by_kind}
+            "exposed_s": exposed * 1e-9,
+            "exposed_percent": 100 * exposed / total_ns if total_ns else 0.0,
+            "durations_s": by_kind, "list": rows}
+
+
+def _exposed_ns(ex) -> float:
+    """max over devices of |union of its collective spans minus union of its kernels|."""
+    spans: dict[int, list] = {}
+    for c in ex.collectives:
+        for d, a, b in (c.spans or [(d, c.start_ns, c.end_ns) for d in c.devices]):
+            spans.setdefault(d, []).append((a, b))
+    kernels: dict[int, list] = {}
+    for k in ex.kernels:
+        kernels.setdefault(k.device, []).append((k.start_ns, k.end_ns))
+    worst = 0.0
+    for d, iv in spans.items():
+        busy = _merge(kernels.get(d, []))
+        total = 0.0
+        for a, b in _merge(iv):
+            total += (b - a) - sum(max(0.0, min(b, y) - max(a, x)) for x, y in busy)
+        worst = max(worst, total)
+    return worst
+
+
+def _merge(intervals) -> list:
+    out: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
 
 
 # --- text --------------------------------------------------------------------------
@@ -221,10 +261,14 @@ def _collective_lines(d: dict) -> list[str]:
     if not c["count"]:
         return []
     lines = ["", f"collectives: {c['count']}, {_time(c['time_s'])} "
-                 f"({c['time_percent']:.1f}% of time)"]
+                 f"({c['time_percent']:.1f}% of time; exposed, with no kernel beside it: "
+                 f"{_time(c['exposed_s'])}, {c['exposed_percent']:.1f}%)"]
     for kind, ds in sorted(c["durations_s"].items()):
         lines.append(f"  {kind:<16} x{len(ds):<4} mean {_time(sum(ds) / len(ds))}, "
                      f"max {_time(max(ds))}")
+    for r in sorted(c["list"], key=lambda r: -r["duration_s"])[:TOP_KERNELS]:
+        lines.append(f"  {r['name']:<20} {_time(r['duration_s']):>10}  {_bytes(r['bytes']):>9}  "
+                     f"{r['participants']} devices in {r['groups']} groups  {r['algorithm']}")
     return lines
 
 

@@ -171,7 +171,8 @@ def execute(step: Collective, drams: list[dict], devices, arrivals: list[float],
             devices=list(gid), groups=tuple(tuple(gid[p] for p in g) for g in groups),
             start_ns=float(start), end_ns=float(max(ends[p] for p in start_of)), bytes=nbytes,
             arrival_ns=tuple(arrivals), ops=tuple(step.ops), context=context,
-            steps=tuple(step_times))
+            steps=tuple(step_times),
+            spans=tuple((gid[p], float(start_of[p]), float(ends[p])) for p in sorted(start_of)))
     return issued, record
 
 

@@ -99,7 +99,7 @@ def test_collectives_have_their_own_track(ex, tmp_path):
     ex2.collectives = [CollectiveRecord("all-reduce", "psum", [ex.devices[0]], "ring",
                                         4096, 0.0, 1500.0)]
     names = check_trace(ex2.trace_events())
-    assert "collectives" in names.values()
+    assert any(n.endswith("collectives") for n in names.values())
     d = ex2.summary_dict()["collectives"]
     assert d["count"] == 1 and d["durations_s"]["all-reduce"] == [1.5e-6]
     assert "all-reduce" in str(ex2.summary())
