@@ -15,7 +15,10 @@ Definitions (jax_trn/profiler/metrics.py):
   MultiplyMoving's end to its MM end (tensor_pipe.py): a LoadStationary hidden behind
   the previous MM costs nothing, an exposed one counts as busy, and so do TensorE
   transposes (identity matmuls). MFU (model FLOPs over the published per-core peak for
-  the dtype, §1.2) is printed beside it; it counts no transposes or exposed LS.
+  the dtype, §1.2) is printed beside it; it counts no transposes or exposed LS. The
+  Trn2 power throttle (§2.2) stretches MultiplyMoving time, and busy time with it.
+  Attention's model FLOPs are those of the program's two full matmuls, masked half
+  included (what the unfused program counts), so its MFU can exceed what TensorE ran.
 - throughput = model FLOPs / simulated time.
 - DMA roofline = the bytes the program must move once (read x and y, write the result)
   at the core's DMA ceiling (§3.4, §9: 368 GB/s on Trn2) over the simulated time.
@@ -213,12 +216,21 @@ def row_block(system, ctx) -> list[Row]:
                 f"MFU {mfu(ex):.1%}, TensorE {tensor_util(ex):.1%}, "
                 f"{ex.simulated_time_s * 1e6:.0f} us, {len(prog.kernels)} kernels", None)]
     total = ex.simulated_time_s * 1e9
+    kinds = {k.name: _kind(k) for k in prog.kernels}
     for s in kernel_stats([ex])[:12]:
         t = s.totals
-        rows.append(Row(f"  {s.name[:30]} {'+'.join(s.ops)[:15]}", f"{t.time_ns / total:.1%} of time",
+        rows.append(Row(f"  {s.name} ({kinds.get(s.name, '?')}, {len(s.ops)} ops)",
+                        f"{t.time_ns / total:.1%} of time",
                         f"MFU {t.mfu:.1%}, TensorE {t.active('tensor'):.1%}, "
                         f"{s.bound[0]}", None))
     return rows
+
+
+def _kind(kernel) -> str:
+    for note in kernel.notes:
+        if note.startswith("fusion_kind: "):
+            return note.split(": ", 1)[1]
+    return "op"
 
 
 def row_compile(system, ctx, repeat: int = 3) -> list[Row]:
