@@ -29,13 +29,17 @@ On the device, per group of up to 128 lines (all positions of the other dims):
    anything else (64-bit payloads) is gathered by the final index word with indirect
    DMAs (DmaGather, one descriptor per element, §3.4), bit-exact (NaN payloads, -0).
 
-Lines longer than SBUF holds keep their words in an HBM temporary instead: each step
-brings the pairs (i, i + j) into SBUF as two contiguous [lines, pairs] tiles through
-strided DMA patterns (runs of j elements: the small-j steps are DMA-descriptor bound)
-and writes them back; every operand is then gathered.
+Lines longer than SBUF holds keep their words in an HBM temporary instead; every
+operand is gathered at the end. Few such lines: the words are loaded folded ([g x
+lines, N / g], contiguous rows) and the steps of distance j < N / g run on chip as
+above; the others go through HBM: the pairs (i, i + j) come into SBUF as two
+contiguous [lines, pairs] tiles through strided DMA patterns (runs of >= N / g
+elements) and go back the same way. Many long lines: every step goes through HBM (the
+small-j steps are then DMA-descriptor bound: runs of j elements).
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 from hlo_passes import ir
@@ -59,6 +63,7 @@ SBUF_BUDGET = 150 * 1024         # bytes per partition the network's tiles may t
 MAX_LEN = 16384                  # padded line length the words kernel handles at once
 TRANSPOSE_MIN = 16               # strided sort axes at least this long (and wide) are
 #                                  transposed to contiguous lines first
+HYBRID_FOLD_BYTES = 48 * 1024     # on-chip words of the fold + HBM path, per partition
 FOLD_MIN = 64                    # elements per partition below which lines are not folded
 FLOATS = ("float32", "bfloat16", "float16")
 
@@ -81,13 +86,12 @@ def _float_words(kb: KernelBuilder, x: isa.Tile, w: isa.Tile, key: Key, scratch)
     # -0 (word -1) -> 0: w += (w == -1)
     kb.emit(isa.TensorScalar, dst=s, data=w, op0="is_equal", operand0=-1, engine="gpsimd")
     kb.emit(isa.TensorTensor, dst=w, data1=w, data2=s, op="add", engine="gpsimd")
-    # NaN (|bits| > inf) -> the canonical NaN's word
-    nan, const = sub(scratch[1], x.num_partitions, x.free), sub(scratch[2], x.num_partitions, x.free)
+    # NaN (|bits| > inf) -> the canonical NaN's word (x is free once the flag is made)
     kb.emit(isa.TensorScalar, dst=s, data=bits, op0="bitwise_and", operand0=INT32_MAX)
-    kb.emit(isa.TensorScalar, dst=nan, data=s, op0="is_gt", operand0=0x7F800000,
+    kb.emit(isa.TensorScalar, dst=s, data=s, op0="is_gt", operand0=0x7F800000,
             engine="gpsimd")
-    kb.emit(isa.Memset, dst=const, value=CANONICAL_NAN, engine="gpsimd")
-    kb.emit(isa.Select, dst=w, pred=nan, on_true=const, on_false=w, engine="gpsimd")
+    kb.emit(isa.Memset, dst=bits, value=CANONICAL_NAN, engine="gpsimd")
+    kb.emit(isa.Select, dst=w, pred=s, on_true=bits, on_false=w, engine="gpsimd")
 
 
 def _int64_words(kb: KernelBuilder, x: isa.Tile, hi: isa.Tile, lo: isa.Tile,
@@ -135,14 +139,19 @@ class _Plan:
 
 
 class _WordsScratch:
-    """SBUF the word computation needs: a load buffer (8 bytes per element) and three
-    int32 scratch tiles of at least the line length."""
+    """SBUF the word computation needs: a load buffer (8 bytes per element with 64-bit
+    operands, else 4) and an int32 scratch tile of the line length (float keys)."""
 
-    def __init__(self, kb: KernelBuilder, n: int, scratch: list[isa.Tile] | None = None):
+    def __init__(self, kb: KernelBuilder, plan: _Plan, scratch: list[isa.Tile] | None = None):
+        n = plan.n
         self.kb, self.n = kb, n
-        self.load = kb.tile(8 * n, "uint8")
+        wide = any(word_count(x.dtype) == 2 for x in plan.xs)
+        self.load = kb.tile((8 if wide else 4) * n, "uint8")
+        floats = any(plan.xs[k.operand].dtype in FLOATS for k in plan.keys)
         self.own = scratch is None
-        self.scratch = scratch if scratch is not None else [kb.tile(n, "int32") for _ in range(3)]
+        if scratch is None:
+            scratch = [kb.tile(n, "int32")] if floats else []
+        self.scratch = scratch
 
     def loaded(self, parts: int, dtype: str) -> isa.Tile:
         return self.load.with_(num_partitions=parts, free=(self.n,), dtype=dtype)
@@ -151,13 +160,14 @@ class _WordsScratch:
         self.kb.release(self.load, *(self.scratch if self.own else []))
 
 
-def _group_words(kb: KernelBuilder, plan: _Plan, group, outs: list[isa.Tile],
-                 ws: _WordsScratch, passive=()) -> None:
-    """The sort words of one group of lines into `outs` ([parts, N] int32 each, the
-    index word last), padded with INT32_MAX keys."""
+def _group_words(kb: KernelBuilder, plan: _Plan, group, outs, ws: _WordsScratch,
+                 passive=(), sink=None) -> None:
+    """The sort words of one group of lines into the tiles `outs` yields ([parts, N]
+    int32 each, the index word last), padded with INT32_MAX keys; `sink(w, tile)` is
+    called with each finished compared word."""
     offset, (pstride, parts), _ = group
     n, big = plan.n, plan.big_n
-    it = iter(outs)
+    it, w = iter(outs), 0
     for key in plan.keys:
         x = plan.xs[key.operand]
         mine = [next(it) for _ in range(word_count(x.dtype))]
@@ -182,7 +192,13 @@ def _group_words(kb: KernelBuilder, plan: _Plan, group, outs: list[isa.Tile],
             if big > n:
                 kb.emit(isa.Memset, dst=sub(o, parts, big - n, at=n), value=INT32_MAX,
                         engine="gpsimd")
-    kb.emit(isa.Iota, dst=sub(next(it), parts, big), pattern=((1, big),))
+            if sink is not None:
+                sink(w, o)
+            w += 1
+    idx = next(it)
+    kb.emit(isa.Iota, dst=sub(idx, parts, big), pattern=((1, big),))
+    if sink is not None:
+        sink(w, idx)
     for i in passive:           # carried operands: their bits (floats widened to FP32)
         x, o = plan.xs[i], sub(next(it), parts, n)
         if x.dtype in FLOATS:
@@ -194,14 +210,15 @@ def _group_words(kb: KernelBuilder, plan: _Plan, group, outs: list[isa.Tile],
 def _emit_words(kb: KernelBuilder, plan: _Plan) -> None:
     """The words of every group into the HBM temporary (the long-line path)."""
     big = plan.big_n
-    wt = [kb.tile(big, "int32") for _ in range(plan.nwords)]
-    ws = _WordsScratch(kb, plan.n)
+    wt = [kb.tile(big, "int32") for _ in range(max(word_count(x.dtype) for x in plan.xs))]
+    ws = _WordsScratch(kb, plan)
     for group in plan.groups:
         _, (_, parts), row = group
-        _group_words(kb, plan, group, wt, ws)
-        for w, t in enumerate(wt):
+
+        def sink(w, t, row=row, parts=parts):
             kb.dma(kb.ap(plan.words, plan.word_offset(w, row), ((big, parts), (1, big))),
                    sub(t, parts, big))
+        _group_words(kb, plan, group, itertools.cycle(wt), ws, sink=sink)
     ws.close()
     kb.release(*wt)
 
@@ -236,9 +253,9 @@ def _lex_lt(kb: KernelBuilder, p, lt, eq, a: list[isa.Tile], b: list[isa.Tile]) 
         kb.emit(isa.TensorTensor, dst=p, data1=p, data2=lt, op="max", engine="gpsimd")
 
 
-def _pair_chunk(plan: _Plan) -> int:
+def _pair_chunk(plan: _Plan, budget: int = SBUF_BUDGET) -> int:
     per_pair = (4 * plan.nwords + 6) * 4        # lo/hi double-buffered per word, masks
-    ch = min(plan.big_n // 2, PAIR_CHUNK, max(1, SBUF_BUDGET // per_pair))
+    ch = min(plan.big_n // 2, PAIR_CHUNK, max(1, budget // per_pair))
     return 1 << (ch.bit_length() - 1)
 
 
@@ -324,7 +341,7 @@ def _emit_gather(kb: KernelBuilder, plan: _Plan, outs) -> None:
     """The long-line path: the index word comes back from HBM."""
     n = plan.n
     idx, flat, base = kb.tile(n, "int32"), kb.tile(n, "int32"), kb.tile(1, "int32")
-    buf = kb.tile(8 * n, "uint8")
+    buf = kb.tile(max(ir.np_dtype(x.dtype).itemsize for x in plan.xs) * n, "uint8")
     for group in plan.groups:
         _, (_, parts), row = group
         i = sub(idx, parts, n)
@@ -466,7 +483,7 @@ def _emit_sbuf(kb: KernelBuilder, plan: _Plan, outs, g: int) -> None:
     line = _Layout(kb, words, big, P, plan.nwords)
     fold = _Layout(kb, words, big // g, P, plan.nwords) if g > 1 else None
     base = kb.tile(1, "int32")
-    ws = _WordsScratch(kb, n, line.masks)
+    ws = _WordsScratch(kb, plan, line.masks)
     for group in plan.groups:
         parts = group[1][1]
         gg = g if parts * g <= P else 1
@@ -550,5 +567,60 @@ def _sort(ctx: LowerCtx, xs, outs, ks: list[Key], dimension: int) -> None:
     plan.passive = []
     plan.words = ctx.temp((plan.nwords, plan.rows, plan.big_n), "int32")
     _emit_words(ctx.kb, plan)
-    _emit_network(ctx.next_kernel("network"), plan)
+    kb = ctx.next_kernel("network")
+    if g > 1 and _fold_bytes(plan, g) <= HYBRID_FOLD_BYTES:
+        _emit_hybrid(kb, plan, g)
+    else:
+        _emit_network(kb, plan)
     _emit_gather(ctx.next_kernel("gather"), plan, outs)
+
+
+def _fold_bytes(plan: _Plan, g: int) -> int:
+    return (2 * plan.nwords + 5) * 4 * (plan.big_n // g)
+
+
+def _emit_hybrid(kb: KernelBuilder, plan: _Plan, g: int) -> None:
+    """Few lines too long for SBUF whole: each group's words come from HBM folded ([g x
+    lines, N / g], contiguous rows); steps of distance j < N / g run on chip (`_step`),
+    the others through HBM (`_exchange`: pairs of runs of >= N / g elements, long DMA
+    descriptors), the words written back before and reloaded after them."""
+    big, seg = plan.big_n, plan.big_n // g
+    fold = _Layout(kb, plan.nwords, seg, P, plan.nwords)
+    ch = _pair_chunk(plan, SBUF_BUDGET - _fold_bytes(plan, g))
+    lo_r = [kb.ring(2, ch, "int32") for _ in range(plan.nwords)]
+    hi_r = [kb.ring(2, ch, "int32") for _ in range(plan.nwords)]
+    tmp_r = kb.ring(2, ch, "int32")
+    masks = tuple(kb.tile(ch, "int32") for _ in range(3))
+    for _, (_, parts), row in plan.groups:
+        fp = parts * g
+
+        def move(to_chip: bool, row=row, fp=fp) -> None:
+            for w, x in enumerate(fold.xs):
+                ap = kb.ap(plan.words, plan.word_offset(w, row), ((seg, fp), (1, seg)))
+                tile = sub(x, fp, seg)
+                kb.dma(*((tile, ap) if to_chip else (ap, tile)))
+        move(True)
+        on_chip = True
+        s = 2
+        while s <= big:
+            j = s // 2
+            while j >= 1:
+                if j < seg:
+                    if not on_chip:
+                        move(True)
+                        on_chip = True
+                    _step(kb, fold, fp, s, j, big)
+                else:
+                    if on_chip:
+                        move(False)
+                        on_chip = False
+                    for lo_off, free, blocks, d in _chunks(big, j, s, ch):
+                        _exchange(kb, plan, row, parts, lo_off, j, free, blocks, s, d,
+                                  [r.next() for r in lo_r], [r.next() for r in hi_r],
+                                  tmp_r, masks, ch)
+                j //= 2
+            s *= 2
+        if on_chip:
+            move(False)
+    fold.close()
+    kb.release(*lo_r, *hi_r, tmp_r, *masks)

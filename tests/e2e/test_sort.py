@@ -131,10 +131,20 @@ def test_few_long_lines_fold_onto_partitions(jax, trn, cpu):
     _same(jax, trn, cpu, lambda b: lax.top_k(b, 7), b)
 
 
-def test_long_axis_network_through_hbm(jax, trn, cpu):
-    """An axis too long for SBUF: compare-exchange steps round-trip through HBM."""
-    x = np.random.default_rng(7).standard_normal(5000).astype(np.float32)
-    _same(jax, trn, cpu, jax.numpy.argsort, x)
+def test_long_axis_folded_with_hbm_steps(jax, trn, cpu):
+    """Lines too long for SBUF whole: folded on chip, the long-distance steps through
+    HBM."""
+    rng = np.random.default_rng(7)
+    _same(jax, trn, cpu, jax.numpy.argsort, _special(5000, rng))
+    _same(jax, trn, cpu, lambda x: jax.numpy.sort(x, axis=0),
+          rng.integers(-9, 9, (4100, 3)).astype(np.int32))
+
+
+@pytest.mark.slow
+def test_many_long_lines_network_through_hbm(jax, trn, cpu):
+    """Many long lines: every compare-exchange step round-trips through HBM (~15 s)."""
+    x = np.random.default_rng(8).standard_normal((70, 4100)).astype(np.float32)
+    _same(jax, trn, cpu, lambda x: jax.numpy.argsort(x, axis=1), x)
 
 
 def _sort_op(body):
