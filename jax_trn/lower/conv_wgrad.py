@@ -19,8 +19,14 @@ i) and each [rows, 128] slice is transposed on TensorE (§2.2, ~64 cycles) into 
 (regions of one or two banks); the result goes to an HBM temporary [p, o, b] (rows of
 b per partition) and a relayout puts it into the kernel's layout.
 
-Applies to stride-1, undilated, ungrouped 2-D convs whose window has at least 16x
-as many positions as the output (`plan`); everything else uses the tap loop.
+A forward stride shows up as the rhs dilation rd: output position p then reads the
+input at p + rd * t, i.e. phase p % rd at phase row p // rd + t, so the input is
+split into phases while it is placed (row copies; across columns a 0/1 selection
+matmul per row, as conv.Phased does) and the window runs over phase rows.
+
+Applies to ungrouped 2-D (1-D) convs with window stride 1 and no lhs dilation whose
+window has at least 16x as many positions as the output (`plan`); everything else
+uses the tap loop.
 """
 from __future__ import annotations
 
@@ -78,7 +84,9 @@ def plan(ctx: LowerCtx, cv: Conv, x: DramTensor, w: DramTensor, ldt: str, rdt: s
     if len(cv.dims) != 2 or len(cv.blocks) != 1 or cv.blocks[0].groups != 1 or ldt != rdt:
         return None
     h, wd = cv.dims
-    if not all(d.stride == 1 and d.ld == 1 and d.rd == 1 for d in cv.dims):
+    if not all(d.stride == 1 and d.ld == 1 for d in cv.dims):
+        return None
+    if wd.rd > 1 and len(_phases(wd)) * _q(wd) > MOVING_MAX:
         return None
     positions, window = h.out * wd.out, h.kernel * wd.kernel
     nb = min(cv.n_out, P)
@@ -88,6 +96,17 @@ def plan(ctx: LowerCtx, cv: Conv, x: DramTensor, w: DramTensor, ldt: str, rdt: s
     xi = _image(ctx, x, cv.x[0], cv.x[1], cv.x[2], ldt)
     wi = _image(ctx, w, cv.w[0], cv.w[1], cv.w[2], rdt)
     return (xi, wi) if xi is not None and wi is not None else None
+
+
+def _phases(d) -> tuple[int, ...]:
+    """Phases of the input an output position p reads from: p % rd (rhs dilation, the
+    forward stride); p then reads phase rows p // rd + t for window position t."""
+    return tuple(sorted({p % d.rd for p in range(d.out)}))
+
+
+def _q(d) -> int:
+    """Phase rows read: (O - 1) // rd + K (the padded size when rd = 1)."""
+    return (d.out - 1) // d.rd + d.kernel
 
 
 def lower(ctx: LowerCtx, cv: Conv, xi: Image, wi: Image, out: DramTensor, precision: str,
@@ -113,14 +132,21 @@ class _Emitter:
         self.kb, self.cv, self.xi, self.wi, self.temp = kb, cv, xi, wi, temp
         self.precision, self.dtype = precision, dtype
         self.h, self.w = cv.dims
-        self.q = self.w.q                                   # padded row width
-        self.window = (self.h.kernel - 1) * self.q + self.w.kernel    # wide positions
-        self.offs = [ph * self.q + pw for ph in range(self.h.out) for pw in range(self.w.out)]
+        h, w = self.h, self.w
+        self.q, self.qh = _q(w), _q(h)                       # phase row width, rows
+        self.phw, self.phh = _phases(w), _phases(h)
+        self.window = (h.kernel - 1) * self.q + w.kernel     # wide positions
+        self.offs = [((self.phh.index(ph % h.rd) * len(self.phw) + self.phw.index(pw % w.rd))
+                      * self.qh + ph // h.rd) * self.q + pw // w.rd
+                     for ph in range(h.out) for pw in range(w.out)]
         self.queues = itertools.cycle(range(kb.limits.dma_queues))
 
     def run(self) -> None:
         kb, h, w = self.kb, self.h, self.w
-        xsize, wsize = h.q * self.q, h.kernel * self.q
+        xsize = len(self.phh) * len(self.phw) * self.qh * self.q
+        wsize = h.kernel * self.q
+        self.sel_mats = self._selections() if w.rd > 1 else []
+        self.xsel = kb.ring(2, P, self.dtype)
         self.xbands = self._bands(xsize)
         self.wbands = self._bands(wsize)
         self.xstage = kb.ring(BUFS, h.size * w.size, self.dtype)
@@ -132,7 +158,7 @@ class _Emitter:
                                                     tiles(self.cv.o_features, P)):
             self._tile(b0, nb, o0, ot)
         kb.release(self.xbands, self.wbands, self.xstage, self.wstage, self.tps, self.xts,
-                   self.wts)
+                   self.wts, self.xsel, *(m for *_, m in self.sel_mats))
 
     def _bands(self, size: int):
         ring = self.kb.ring(BUFS, size, self.dtype)
@@ -147,7 +173,11 @@ class _Emitter:
         accs = [sub(banks[p // per], ot, nb, at=(p % per) * nb) for p in range(len(self.offs))]
         pending = None
         for i in range(self.cv.c):      # the contraction features: the forward batch
-            xb = self._load(self.xi, self.xbands.next(), self.xstage, b0, nb, i, self.h, self.w)
+            if self.h.rd == self.w.rd == 1:
+                xb = self._load(self.xi, self.xbands.next(), self.xstage, b0, nb, i, self.h,
+                                self.w)
+            else:
+                xb = self._load_phases(self.xbands.next(), b0, nb, i)
             wb = self._load_kernel(self.wbands.next(), o0, ot, i)
             for k, (k0, kt) in enumerate(tiles(self.window, P)):
                 # Step k's transposes are emitted before step k - 1's matmuls, so
@@ -218,6 +248,64 @@ class _Emitter:
             self.kb.emit(isa.TensorCopy, dst=sub(tile, pn, c_hi - c_lo, at=(lo + r) * q + c_lo),
                          src=sub(staged, pn, c_hi - c_lo, at=r * im.cols + c_in),
                          engine=self.kb.evac_engine())
+        return tile
+
+    def _selections(self) -> list:
+        """0/1 matrices S[col, (phase, j)] = [col + lo == rd * j + phase] per block of
+        128 input columns (TensorE scatters a transposed row into its phase rows)."""
+        kb, w, out = self.kb, self.w, []
+        width = len(self.phw) * self.q
+        for c0, cn in tiles(w.size, P):
+            idx = kb.tile(width, "int32", parts=cn)
+            for bi, a in enumerate(self.phw):
+                kb.emit(isa.Iota, dst=sub(idx, cn, self.q, at=bi * self.q),
+                        pattern=((-w.rd, self.q),), offset=c0 + w.lo - a, channel_multiplier=1)
+            sel = kb.tile(width, self.dtype, parts=cn)
+            kb.emit(isa.TensorScalar, dst=sel, data=idx, op0="is_equal", operand0=0,
+                    engine="gpsimd")
+            kb.release(idx)
+            out.append((c0, cn, sel))
+        return out
+
+    def _load_phases(self, band, b0: int, nb: int, i: int) -> isa.Tile:
+        """Input rows of feature i into their phase rows (rhs dilation rd > 1): row r
+        lands in phase (lo + r) % rd, row (lo + r) // rd; columns likewise, by row
+        copies (rd = 1 across) or a selection matmul per row."""
+        kb, im, h, w, q = self.kb, self.xi, self.h, self.w, self.q
+        tile = sub(band, nb)
+        hits = [(r, self.phh.index((h.lo + r) % h.rd), (h.lo + r) // h.rd)
+                for r in range(h.size) if h.lo + r >= 0 and (h.lo + r) % h.rd in self.phh
+                and (h.lo + r) // h.rd < self.qh]
+        if not hits:
+            return tile
+        first, nrows = hits[0][0], hits[-1][0] - hits[0][0] + 1
+        staged = sub(self.xstage.next(), nb, nrows * w.size)
+        self._rows(im, staged, b0 * im.part + i * im.feat + first * im.row, nb, nrows)
+        c_lo, c_hi = max(0, w.lo), min(q, w.lo + w.size)
+        npw = len(self.phw)
+        for r, ih, qrow in hits:
+            src_at = (r - first) * w.size
+            if w.rd == 1:
+                if c_hi > c_lo:
+                    kb.emit(isa.TensorCopy, dst=sub(tile, nb, c_hi - c_lo,
+                                                    at=(ih * self.qh + qrow) * q + c_lo),
+                            src=sub(staged, nb, c_hi - c_lo, at=src_at + c_lo - w.lo),
+                            engine=kb.evac_engine())
+                continue
+            sel = sub(self.tps.next(), nb, npw * q)
+            for k, (c0, cn, mat) in enumerate(self.sel_mats):
+                tp = sub(self.tps.next(), cn, nb)
+                kb.emit(isa.NcTranspose, dst=tp, data=sub(staged, nb, cn, at=src_at + c0))
+                # Its own ring: the xts tiles of the previous feature's last window
+                # tile are still to be read by matmuls emitted after this load.
+                xt = sub(self.xsel.next(), cn, nb)
+                kb.emit(isa.TensorCopy, dst=xt, src=tp, engine=kb.evac_engine())
+                kb.emit(isa.NcMatmul, dst=sel, stationary=xt, moving=mat, precision="native",
+                        accumulate=k > 0)
+            for iw in range(npw):
+                kb.emit(isa.TensorCopy, dst=sub(tile, nb, q, at=((ih * npw + iw) * self.qh
+                                                                 + qrow) * q),
+                        src=sub(sel, nb, q, at=iw * q), engine=kb.evac_engine())
         return tile
 
     def _load_kernel(self, band, o0: int, ot: int, i: int) -> isa.Tile:

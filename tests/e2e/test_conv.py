@@ -210,20 +210,21 @@ def test_four_spatial_dims_is_a_lowering_error(jax, trn):
     assert "convolution" in msg and "float32[1,1,3,3,3,3]" in msg and "test_conv.py" in msg
 
 
-@pytest.mark.parametrize("layout,n,c,padding", [("NCHW", 2, 3, "SAME"), ("NHWC", 2, 3, "SAME"),
-                                                ("NCH", 1, 130, ((2, 0),))], ids=str)
-def test_weight_grad_contracts_over_the_window(jax, trn, cpu, layout, n, c, padding):
-    """d/dw of a stride-1 conv (a window of 12x12 positions for a 3x3 output, or 64
-    for 3 in 1-D): the window is the contraction (conv_wgrad.py); 130 input channels
-    tile the output."""
+@pytest.mark.parametrize("layout,n,c,padding,stride", [
+    ("NCHW", 2, 3, "SAME", 1), ("NHWC", 2, 3, "SAME", 1), ("NCH", 1, 130, ((2, 0),), 1),
+    ("NCHW", 2, 3, "SAME", 2), ("NHWC", 2, 3, ((1, 2), (0, 1)), 2)], ids=str)
+def test_weight_grad_contracts_over_the_window(jax, trn, cpu, layout, n, c, padding, stride):
+    """d/dw of a conv (a window of 12x12 positions for a 3x3 output, or 64 for 3 in
+    1-D): the window is the contraction (conv_wgrad.py); 130 input channels tile the
+    output; a forward stride is the rhs dilation: the input is split into phases."""
     import jax.numpy as jnp
     dn = {"NCHW": NCHW, "NHWC": NHWC, "NCH": ("NCH", "OIH", "NCH")}[layout]
     shapes = ((n, c, 64), (4, c, 3)) if layout == "NCH" else \
-        _shapes(layout, n, c, (12, 12), 4, (3, 3))
+        _shapes(layout, n, c, (12 * stride, 12 * stride), 4, (3, 3))
     x, w = _data(*shapes, seed=15)
 
     def loss(w, x):
-        y = jax.lax.conv_general_dilated(x, w, (1,) * (x.ndim - 2), padding,
+        y = jax.lax.conv_general_dilated(x, w, (stride,) * (x.ndim - 2), padding,
                                          dimension_numbers=dn)
         return jnp.sum(jnp.tanh(y))
     with jax.default_matmul_precision("highest"):
