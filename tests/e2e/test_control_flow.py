@@ -227,6 +227,21 @@ def test_as_text_and_cost_analysis(jax, trn, lax):
     assert cost["flops"] == ex.flops > 0
 
 
+def test_compare_times_a_loop(jax, lax):
+    """`jax_trn.compare` times a loop on other generations (executing it on zero
+    arguments); the execution counts every kernel instance's FLOPs."""
+    import jax_trn
+    x = np.ones((8, 8), np.float32)
+    cmp = jax_trn.compare(_loop(lax, 3), x, systems=("trn1.2xlarge", "trn2.3xlarge"))
+    times = [ex.simulated_time_s for ex in cmp.executions.values()]
+    assert len(times) == 2 and all(t > 0 for t in times)
+    ex = cmp.executions["trn2.3xlarge"]
+    loop = [k for k in ex.kernels if k.context.startswith("while")]
+    static = {k.name: k.flops for k in ex.kernels}
+    assert len(loop) > len({k.name for k in loop})          # kernels ran more than once
+    assert ex.flops > sum(static.values())                   # executed > static count
+
+
 def test_runaway_loop_is_an_error(jax, trn, lax, monkeypatch):
     monkeypatch.setenv("JAX_TRN_MAX_WHILE_ITERATIONS", "5")
     x = jax.device_put(np.float32(0), trn)
