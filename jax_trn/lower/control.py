@@ -17,9 +17,10 @@ Buffers of a `while` (one DRAM tensor C_i per loop-carried value; the results at
   - a body result computed by a body op is written straight into C_i when nothing reads
     C_i after that op (later ops, nested regions, the terminator at another position)
     and the op itself either does not read C_i or reads it tile by tile before writing
-    the same tile (`i + 1`, a scan's dynamic_update_slice: `_in_place`); the other results are copied into C_i at the end of the body, a
-    source that another of these copies overwrites (a swap `(a, b) -> (b, a)`) saved
-    to a temporary first. A result that is its own argument costs nothing.
+    the same tile (`i + 1`, a scan's dynamic_update_slice: `_in_place`); the other
+    results are copied into C_i at the end of the body, a source that another of these
+    copies overwrites (a swap `(a, b) -> (b, a)`) saved to a temporary first. A result
+    that is its own argument costs nothing.
 A `case` gets fresh result buffers (or the claimed outputs); each branch writes the
 results it computes straight into them and copies (or Memsets) the others.
 

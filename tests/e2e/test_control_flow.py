@@ -345,8 +345,10 @@ func.func private @g(%a: tensor<4xf32>, %b: tensor<4xf32>) -> (tensor<4xf32>, te
   return %c, %a : tensor<4xf32>, tensor<4xf32>
 }
 func.func @main(%x: tensor<4xf32>, %y: tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>) {
-  %r:2 = func.call @g(%x, %y) {no_inline} : (tensor<4xf32>, tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>)
-  %s:2 = func.call @g(%r#0, %r#1) {no_inline} : (tensor<4xf32>, tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>)
+  %r:2 = func.call @g(%x, %y) {no_inline}
+      : (tensor<4xf32>, tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>)
+  %s:2 = func.call @g(%r#0, %r#1) {no_inline}
+      : (tensor<4xf32>, tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>)
   return %s#0, %s#1 : tensor<4xf32>, tensor<4xf32>
 }
 """
