@@ -9,7 +9,7 @@ Buffers of a `while` (one DRAM tensor C_i per loop-carried value; the results at
   - C_i is the result's output buffer when the function returns it (claimed); else,
     for a carry the body passes through unchanged (a scan's xs, closed-over weights),
     the init value's own buffer when nothing writes it (a parameter, constant data, a
-    temporary of this block that is no loop's carried buffer; no copy); else the init
+    temporary of this block that is no enclosing loop's carried buffer; no copy); else the init
     value's own HBM temporary when nothing reads that value after the loop (no copy);
     else a fresh temporary that a copy kernel (a Memset for a splat constant)
     initialises before the loop.
@@ -90,13 +90,26 @@ def lower_while(lw, op: ir.Op, claims: dict[int, DramTensor]) -> None:
     """A `While` step: init copies, then the loop of cond steps and body steps."""
     if len(op.regions) != 2:
         raise LoweringError(f"while without cond and body regions ({op.describe()})")
-    cond, body = op.regions[0].block, op.regions[1].block
     carried = _carried(lw, op, claims)
     for inner in _invariant(op):
         lw.hoisted.add(id(inner))
         lw.lower_op(inner)
     lw.flush_pending(_region_values(op))
     name = lw.name("while")
+    active = _buffers(lw)["active"]
+    entered = {t.name for t in carried} - active
+    active |= entered
+    try:
+        cond_steps, pred, body_steps = _regions(lw, op, carried)
+    finally:
+        active -= entered
+    lw.kernels.append(While(name, cond_steps, pred, body_steps, carried, [_label(op)]))
+    _bind(lw, op.results, carried)
+
+
+def _regions(lw, op: ir.Op, carried: list[DramTensor]):
+    """The cond steps, the predicate and the body steps of a while."""
+    cond, body = op.regions[0].block, op.regions[1].block
     with lw.nested() as cond_steps:
         _bind(lw, cond.args, carried)
         lw.lower_block(cond, {})
@@ -109,8 +122,7 @@ def lower_while(lw, op: ir.Op, claims: dict[int, DramTensor]) -> None:
         body_claims = _body_claims(lw, body, carried)
         lw.lower_block(body, body_claims)
         _move(lw, op, body.terminator.operands, carried, body_claims, body.args)
-    lw.kernels.append(While(name, cond_steps, pred, body_steps, carried, [_label(op)]))
-    _bind(lw, op.results, carried)
+    return cond_steps, pred, body_steps
 
 
 def _invariant(op: ir.Op) -> list[ir.Op]:
@@ -133,11 +145,12 @@ def _invariant(op: ir.Op) -> list[ir.Op]:
 
 
 def _buffers(lw) -> dict[str, set[str]]:
-    """Per lowering: the names of every loop-carried buffer (written in loops) and of the
-    buffers a pass-through carry aliases (never reused as a carried buffer)."""
+    """Per lowering: the names of the carried buffers of the loops being lowered (the
+    enclosing loops: written during the current trip) and of the buffers a pass-through
+    carry aliases (never reused as a carried buffer)."""
     state = getattr(lw, "control_buffers", None)
     if state is None:
-        state = lw.control_buffers = {"carried": set(), "aliased": set()}
+        state = lw.control_buffers = {"active": set(), "aliased": set()}
     return state
 
 
@@ -163,22 +176,23 @@ def _carried(lw, op: ir.Op, claims: dict[int, DramTensor]) -> list[DramTensor]:
             t = lw.temp(tuple(r.shape), r.dtype)
         if t is not lw.where.get(id(v)) and not lw.fill_into(v, t):
             lw.copy(op, t, lw.operand(v))
-        state["carried"].add(t.name)
         carried.append(t)
     return carried
 
 
 def _immutable(lw, v, local, temps) -> bool:
     """Whether `v`'s buffer keeps its value while `v` lives: a parameter, constant data,
-    or a temporary computed in this block that is no loop's carried buffer (a loop
-    carry the body passes through unchanged may then live there, without a copy)."""
+    or a temporary computed in this block that is no enclosing loop's carried buffer
+    (the only buffers written after their value was computed: a finished loop's
+    carried buffer holds its result for good, unless reused, which `aliased` stops);
+    a loop carry the body passes through unchanged may then live there, without a copy."""
     t = lw.where.get(id(v))
     if t is None or id(v) in lw.pending:
         return False
     if t.name in {p.name for p in lw.params} or t.name in lw.constants:
         return True
     return (id(v) in local and t.name in temps
-            and t.name not in _buffers(lw)["carried"])
+            and t.name not in _buffers(lw)["active"])
 
 
 def _reusable(lw, op, v, local, later, temps, carried) -> bool:
