@@ -55,6 +55,7 @@ GROUP_COLS = (1024, 512)    # N columns accumulated together, widest first: 1024
 PSUM_BANKS = 8              # accumulation groups in flight ...
 TRANSPOSE_BANKS = 3         # ... minus these when an operand is transposed on TensorE
 STORE_QUEUE_SHARE = 4       # 1/4 of the DMA queues carry result stores
+BUNCH = 4                   # row tiles of the first column group computed together
 LOOKAHEAD = 1               # strips whose loads are in flight ahead of their use
 SBUF_SHARE = 0.95           # of the kernel's free SBUF a matmul may plan for: the
                             # rest is slack for the allocator's alignment
@@ -231,6 +232,7 @@ class MatmulEmitter:
         self.kb, self.lhs, self.rhs, self.out, self.plan = kb, lhs, rhs, out, plan
         self.epilogue = epilogue
         self.double_row = double_row    # see `double_row()`
+        self.first_block = True
         self.m, self.k, self.n = lhs.f[1], lhs.k[1], rhs.f[1]
         # Loads and stores on separate DMA queues (FIFO each, §3.4): a prefetch never
         # waits behind the store of a tile still being computed.
@@ -275,21 +277,48 @@ class MatmulEmitter:
         whole = (0, self.k)
         if self.wide:
             return self._wide_mblock(index, base, mb0, mbn, mtiles)
-        fetched = [self._fetch(self.lhs, index, whole, *mt, self.strips)
-                   for mt in mtiles[:LOOKAHEAD]]
-        strips = [self._finish(fetched[0])]
+        bunch = self._bunch_size(mtiles) if self.first_block else 1
+        self.first_block = False
+        fetched, strips = [], []
+        for mt in mtiles[:bunch]:       # each finished before the next reuses its stage
+            fetched.append(self._fetch(self.lhs, index, whole, *mt, self.strips))
+            strips.append(self._finish(fetched[-1]))
         for gi, (g0, gn) in enumerate(tiles(self.n, self.plan.group)):
             r = self._finish(self._fetch(self.rhs, index, whole, g0, gn, self.slices))
+            if gi == 0 and bunch > 1:
+                self._bunched(strips, r, mtiles[:bunch], base, g0, gn)
             for i, (m0, mt) in enumerate(mtiles):
                 midway = None
-                if gi == 0 and i + 1 < len(mtiles):
-                    if i + LOOKAHEAD < len(mtiles):
+                if gi == 0:
+                    if i < bunch and bunch > 1:
+                        continue
+                    while len(fetched) <= min(i + LOOKAHEAD, len(mtiles) - 1):
                         fetched.append(self._fetch(self.lhs, index, whole,
-                                                   *mtiles[i + LOOKAHEAD], self.strips))
-                    midway = (lambda p=fetched[i + 1]: strips.append(self._finish(p)), i > 0)
+                                                   *mtiles[len(fetched)], self.strips))
+                    if len(strips) <= i:
+                        strips.append(self._finish(fetched[i]))
+                    if i + 1 < len(mtiles) and len(strips) <= i + 1:
+                        midway = (lambda p=fetched[i + 1]: strips.append(self._finish(p)),
+                                  i > 0)
                 accs = self._accs(mt, gn)
                 self._matmuls(accs, strips[i], r, self.k, mt, True, midway)
                 self._drain(accs, base, m0, mt, g0, gn)
+
+    def _bunch_size(self, mtiles) -> int:
+        """Row tiles the kernel's first column group computes together, k-steps outer:
+        each rhs k-tile then feeds that many matmuls as it arrives (the first group's
+        rhs is the only load nothing hides). One set of PSUM banks stays free."""
+        per = -(-min(self.n, self.plan.group) // MOVING_MAX)
+        return max(1, min(len(mtiles), BUNCH, len(self.acc.tiles) // per - 1))
+
+    def _bunched(self, strips, r: KMajor, mtiles, base: int, g0: int, gn: int) -> None:
+        accs = [self._accs(mt, gn) for _, mt in mtiles]
+        for i, (j, kt, paired) in enumerate(self._ksteps(self.k)):
+            for b, (_, mt) in enumerate(mtiles):
+                for c0, ct, acc in accs[b]:
+                    self._mm(acc, strips[b], r, j, kt, paired, mt, c0, ct, i > 0)
+        for b, (m0, mt) in enumerate(mtiles):
+            self._drain(accs[b], base, m0, mt, g0, gn)
 
     def _wide_mblock(self, index, base: int, mb0: int, mbn: int, mtiles) -> None:
         """The block's lhs [K, mbn] in one DMA per k-tile; strip i is a view into it."""
@@ -328,15 +357,19 @@ class MatmulEmitter:
             if i == at:
                 midway[0]()
             for c0, ct, acc in accs:
-                if paired:
-                    operands = dict(stationary=s.pair(j, mt), moving=r.pair(j, ct, at=c0),
-                                    perf_mode="double_row")
-                else:
-                    operands = dict(stationary=s.tile(j, kt, mt), moving=r.tile(j, kt, ct, at=c0))
-                self.kb.emit(isa.NcMatmul, dst=acc, precision=self.precision,
-                             accumulate=not (first and i == 0), **operands)
+                self._mm(acc, s, r, j, kt, paired, mt, c0, ct, not (first and i == 0))
         if at == len(steps):
             midway[0]()
+
+    def _mm(self, acc, s: KMajor, r: KMajor, j: int, kt: int, paired: bool, mt: int,
+            c0: int, ct: int, accumulate: bool) -> None:
+        if paired:
+            operands = dict(stationary=s.pair(j, mt), moving=r.pair(j, ct, at=c0),
+                            perf_mode="double_row")
+        else:
+            operands = dict(stationary=s.tile(j, kt, mt), moving=r.tile(j, kt, ct, at=c0))
+        self.kb.emit(isa.NcMatmul, dst=acc, precision=self.precision, accumulate=accumulate,
+                     **operands)
 
     def _ksteps(self, depth: int) -> list[tuple[int, int, bool]]:
         """(first k-tile, its depth, double_row) per matmul along K: full k-tiles in

@@ -147,6 +147,7 @@ def test_dot_fp8_numerics():
     ((70, 300), (300, 600), (1,), (0,)),    # 128 + 128 paired, a partial 44 alone
     ((300, 130), (300, 520), (0,), (0,)),   # lhs K-major: no transposes, 2 k-tiles
     ((2, 64, 256), (2, 256, 40), (2,), (1,)),
+    ((640, 512), (512, 256), (1,), (0,)),   # 5 row tiles: the first 4 bunched
 ])
 def test_dot_fp8_double_row(ls, rs, lc, rc):
     """FP8 x FP8 on trn2 runs double_row (K = 256 per matmul, §2.2) wherever two full
