@@ -108,7 +108,8 @@ def _shr_logical(a, b, bits):
 
 
 def _shr_arith(a, b, bits):
-    return np.right_shift(a, np.clip(b, 0, bits - 1))
+    """Amounts outside [0, bits) (negative ones are huge unsigned) fill with the sign."""
+    return np.right_shift(a, np.where((b < 0) | (b >= bits), bits - 1, b))
 
 
 _INT_ONLY = {

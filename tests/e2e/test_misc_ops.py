@@ -152,3 +152,20 @@ def test_other_platforms_custom_call_names_its_target(jax, trn):
         jax.jit(call)(jax.device_put(np.ones(3, np.float32), trn))
     msg = str(info.value)
     assert "'lapack_sgetrf_ffi' is not supported on trn" in msg and "float32[3]" in msg
+
+
+# --- integer edge cases -------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ["int8", "uint16", "int32"])
+def test_shifts_by_any_amount(jax, trn, cpu, dtype):
+    """Amounts >= the width or negative (huge when unsigned): 0, or the sign for
+    arithmetic right shifts, as XLA; unsigned arithmetic shifts copy the top bit."""
+    info = np.iinfo(dtype)
+    x = np.array([0, 1, -1, 5, -77, info.min, info.max, 100] * 4, np.int64).astype(dtype)
+    amounts = np.array([0, 1, 3, 7, 8, 15, 16, 31, 32, 33, -1, -8, -33, 64, 2, 5] * 2,
+                       np.int64).astype(dtype)
+    lax = jax.lax
+    fn = lambda a, b: [lax.shift_left(a, b), lax.shift_right_logical(a, b),  # noqa: E731
+                       lax.shift_right_arithmetic(a, b)]
+    for out, ref in zip(*_run(jax, trn, cpu, fn, x, amounts)):
+        _bits_equal(out, ref)
