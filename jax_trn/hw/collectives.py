@@ -59,7 +59,8 @@ after load[l] / bw[l]; a flow ends at route latency + max over its links of that
 the step ends with its last flow (steps are bulk-synchronous across groups). A reducing transfer costs 1 / cc_reduce_rate on the
 receiving chip's DMA (pre-v4 accumulation runs at 50% of DMA rate, §5.2 [NKI-ARCH3]).
 `dma_available` (0..1] scales every chip's DMA bandwidth: the hook for collectives that
-share DMA engines with compute (§5.2) -- the runtime will pass what compute leaves.
+share DMA engines with compute (§5.2); the SPMD runtime passes 16/17 when the devices
+compute beside the collective (packet round-robin, see jax_trn/runtime/spmd.py).
 """
 from __future__ import annotations
 
