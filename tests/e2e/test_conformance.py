@@ -27,7 +27,7 @@ COMPARES = ["eq", "ne", "lt", "le", "gt", "ge"]
 EXACT = {"neg", "abs", "max", "min", "clamp", "select", "where_scalar", "bcast", "reshape",
          "transpose", "slice", "concat", "pad", "rev", "zero", "scalar_in", "tiled",
          "bcast_row", "bcast_col", "iota", "floor", "round", "sign", "isfinite",
-         "max_tiled", "min0", "max1"}
+         "max_tiled", "min0", "max1", "block128"}
 
 
 def npdt(name: str) -> np.dtype:
@@ -71,6 +71,8 @@ def checks(dtype: str, types=CONVERT_TO) -> dict:
         "zero": lambda x, y, s: jnp.concatenate([x[:0], y[:0]], 1),
         "scalar_in": lambda x, y, s: s,
         "tiled": lambda x, y, s: jnp.tile(x, (2, 100)),         # [260, 300]
+        "block128": lambda x, y, s: jnp.maximum(t := jnp.tile(x[:64], (2, 86))[:, :256],
+                                                t[::-1]),    # [128, 256]
         "iota": lambda x, y, s: lax.broadcasted_iota(jnp.int32 if is_bool else x.dtype,
                                                      (5, 130), 1),
     }
