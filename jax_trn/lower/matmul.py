@@ -28,7 +28,17 @@ Loop order (`Plan.kb == K`, the usual case):
 Each operand is read from HBM once (rhs once per M block). DMAs are issued in program
 order, which is also the order the data is needed: strip 0 first, then the R slice,
 then strip i+1 while tile i computes; strip i+1's transposes are emitted halfway
-through tile i's matmuls so their PSUM evacuation hides behind TensorE work.
+through tile i's matmuls so their PSUM evacuation hides behind TensorE work. Loads and
+stores use separate DMA queues (a prefetch never waits behind a store). The kernel's
+first column group computes its first few row tiles together, k outer, so each rhs
+k-tile feeds several matmuls as it arrives. A K-major lhs ([K, M], M contiguous) loads
+the whole block per k-tile (rows of mb elements rather than 128).
+
+The plan (block rows, column group) is the one that fits SBUF with the least DMA cost
+(bytes over descriptor efficiency, §3.4). FP8 x FP8 on v3+ runs `double_row` (§2.2):
+each matmul contracts two k-tiles (K = 256) at the BF16 cycle count, the moving tiles
+interleaving k-tile pairs (PairMajor); FP8 lhs transposes stay on TensorE (dma_transpose
+is 2/4-byte only).
 
 When K is too deep for a strip to fit (`Plan.kb < K`), K is cut in blocks and every
 (row tile, column group) accumulates over the blocks in PSUM, reloading both operands.
