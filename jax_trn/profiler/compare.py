@@ -6,11 +6,12 @@ through the backend. It does in-process what the plugin does on compile and exec
     jax.jit(f).trace(*args).lower(lowering_platforms=("trn",))   # StableHLO, as PJRT gets it
       -> MLIR bytecode -> hlo_passes.compile_to_ir               # our IR (hardware-agnostic)
       -> jax_trn.lower.lower_module(module, CHIPS[gen].core)     # per generation
-      -> runtime.executable.simulate(program, system)            # timing on a fresh core
+      -> runtime.executable.simulate(name, program, system, ids) # timing on fresh cores
 
-Simulated time does not depend on the data, so the run is timing-only
-(`NeuronCore.run(execute=False)`) and the argument values are not used, only their
-shapes and dtypes. This is deterministic, needs no subprocesses (a new JAX process per system would cost
+Simulated time does not depend on the data, so the argument values are not used, only
+their shapes and dtypes: the run is timing-only (`NeuronCore.run(execute=False)`), except
+that programs with collectives or control flow execute their numerics on all-zero
+arguments (every device of a collective; wall time grows with size x devices). This is deterministic, needs no subprocesses (a new JAX process per system would cost
 seconds each and would hand results back through pipes), and it returns the
 `Execution` of each run, so every system's summary and trace are one call away.
 

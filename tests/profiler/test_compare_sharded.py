@@ -18,7 +18,8 @@ def _matmul(a, b):
 
 
 def _abstract(jax, n, *specs):
-    from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec as P
+    from jax.sharding import AbstractMesh, AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
     mesh = AbstractMesh((n,), ("x",), axis_types=(AxisType.Auto,))
     return [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, P(*s)))
             for a, s in zip((A, B), specs)]
@@ -54,7 +55,8 @@ def test_sharded_run_uses_the_first_devices_with_an_all_reduce(contraction):
 
 
 def test_concrete_cpu_mesh_gives_the_same_program_as_an_abstract_mesh(jax, contraction):
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
     cpus = jax.devices("cpu")
     if len(cpus) < 8:
         pytest.skip("needs 8 CPU devices (tests/conftest.py sets XLA_FLAGS)")
@@ -67,7 +69,8 @@ def test_concrete_cpu_mesh_gives_the_same_program_as_an_abstract_mesh(jax, contr
 
 
 def test_in_shardings_argument(jax, contraction):
-    from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec as P
+    from jax.sharding import AbstractMesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
     mesh = AbstractMesh((8,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))
     c = jax_trn.compare(_matmul, jax.ShapeDtypeStruct(A.shape, A.dtype),
                         jax.ShapeDtypeStruct(B.shape, B.dtype), systems=SYSTEMS[:1],
@@ -78,7 +81,8 @@ def test_in_shardings_argument(jax, contraction):
 
 
 def test_sharded_compare_matches_a_real_run_on_the_backend(jax, trn_devices, contraction):
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
     system = jax_trn.get_system()
     if system.name not in SYSTEMS or len(trn_devices) < 8:
         pytest.skip(f"backend runs {system.name}")
@@ -124,14 +128,14 @@ def test_sixteen_devices_of_a_torus_cross_chips(jax):
 
 
 def test_fuse_false_skips_fusion(jax):
-    f = lambda x: jax.numpy.tanh(x * 2 + 1).sum(0)  # noqa: E731
+    f = lambda x: jax.numpy.tanh(x * 2 + 1).sum(0)
     fused = jax_trn.compare(f, A, systems=SYSTEMS[:1])
     unfused = jax_trn.compare(f, A, systems=SYSTEMS[:1], fuse=False)
     assert unfused.rows[0]["kernels"] > fused.rows[0]["kernels"]
 
 
 def test_device_ids_spread_the_mesh_over_chips(jax):
-    one_per_chip = lambda s: [c * s.cores_per_chip for c in range(16)]  # noqa: E731
+    one_per_chip = lambda s: [c * s.cores_per_chip for c in range(16)]
     c = jax_trn.compare(_matmul, *_abstract(jax, 16, (None, "x"), ("x", None)),
                         systems=["trn2.48xlarge"], device_ids=one_per_chip)
     ex = c.executions["trn2.48xlarge"]
@@ -140,3 +144,16 @@ def test_device_ids_spread_the_mesh_over_chips(jax):
     with pytest.raises(ValueError, match="not 16 distinct devices of trn2.48xlarge"):
         jax_trn.compare(_matmul, *_abstract(jax, 16, (None, "x"), ("x", None)),
                         systems=["trn2.48xlarge"], device_ids=[0] * 16)
+
+
+def test_shard_map_on_an_abstract_mesh(jax):
+    from jax import shard_map
+    from jax.sharding import AbstractMesh, AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
+    mesh = AbstractMesh((8,), ("x",), axis_types=(AxisType.Auto,))
+    f = shard_map(lambda a: jax.lax.psum(a, "x"), mesh=mesh, in_specs=P("x"), out_specs=P())
+    arg = jax.ShapeDtypeStruct(A.shape, A.dtype, sharding=NamedSharding(mesh, P("x")))
+    c = jax_trn.compare(f, arg, systems=SYSTEMS[:1])
+    ex = c.executions[SYSTEMS[0]]
+    assert [col.kind for col in ex.collectives] == ["all_reduce"]
+    assert c.rows[0]["collective_percent"] > 50          # nothing else to do
