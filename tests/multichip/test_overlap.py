@@ -122,3 +122,40 @@ def test_overlapped_kernels_share_dma_with_the_collective(jax, meshes):
     other = Kernel("k2", [], {"z": DramTensor("z", (4,), "float32")})
     assert run.wait_for(other, 200.0) == 200.0
     assert run.wait_for(user, 200.0) == 1100.0
+
+
+def test_psum_in_a_loop_waits_per_trip_and_timing_run_agrees(jax, meshes):
+    # A fori_loop whose trip multiplies the psum's result (dependent, program order):
+    # every trip's kernels that use it start at its end; the cost_analysis timing run
+    # (spmd drive on zeros) gives the call's span.
+    import jax_trn
+    from jax import shard_map
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    def body(x, a, w):
+        def step(i, c):
+            s, m = c
+            return jax.lax.psum(s, "d") * 0.125, m @ w
+        return jax.lax.fori_loop(0, 2, step, (x, a))
+
+    outs, exs, costs = [], [], []
+    for mesh in meshes:
+        f = jax.jit(shard_map(body, mesh=mesh, in_specs=(P("d"), P("d"), P()),
+                              out_specs=(P("d"), P("d")), check_vma=False))
+        args = [jax.device_put(X[:, :128].copy(), NamedSharding(mesh, P("d"))),
+                jax.device_put(A[:, :128].copy(), NamedSharding(mesh, P("d"))),
+                jax.device_put(W[:128, :128] / 12, NamedSharding(mesh, P()))]
+        with jax.default_matmul_precision("highest"), jax_trn.profile() as prof:
+            outs.append([np.asarray(o) for o in f(*args)])
+            exs += prof.executions
+            if prof.executions:
+                costs.append(f.lower(*args).compile().cost_analysis())
+    for t, c in zip(*outs):
+        np.testing.assert_allclose(t, c, rtol=1e-5, atol=1e-4)
+    (ex,) = exs
+    assert len(ex.collectives) == 2
+    for c in ex.collectives:
+        users = [k for k in ex.kernels if k.device == ex.devices[0] and k.name.startswith("multiply")
+                 and k.start_ns >= c.start_ns]
+        assert min(k.start_ns for k in users) >= c.end_ns
+    assert costs[0]["simulated_time_s"] == pytest.approx(ex.span_ns * 1e-9, rel=1e-9)
