@@ -65,7 +65,7 @@ GROUP_COLS = (1024, 512)    # N columns accumulated together, widest first: 1024
 PSUM_BANKS = 8              # accumulation groups in flight ...
 TRANSPOSE_BANKS = 3         # ... minus these when an operand is transposed on TensorE
 STORE_QUEUE_SHARE = 4       # 1/4 of the DMA queues carry result stores
-BUNCH = 4                   # row tiles of the first column group computed together
+BUNCH = 2                   # row tiles of the first column group computed together
 LOOKAHEAD = 1               # strips whose loads are in flight ahead of their use
 SBUF_SHARE = 0.95           # of the kernel's free SBUF a matmul may plan for: the
                             # rest is slack for the allocator's alignment
