@@ -44,6 +44,7 @@ from .matmul import MOVING_MAX
 from .registry import LowerCtx
 from .relayout import relayout
 
+SBUF_SHARE = 0.75           # of SBUF this kernel plans for
 MIN_WINDOW_RATIO = 16       # window positions per output position to take this path
 PSUM_BANKS = 8              # §3.2
 TRANSPOSE_BANKS = 4         # PSUM banks for the TensorE transposes in flight
@@ -93,9 +94,23 @@ def plan(ctx: LowerCtx, cv: Conv, x: DramTensor, w: DramTensor, ldt: str, rdt: s
     if window < MIN_WINDOW_RATIO * positions or \
             -(-positions // (MOVING_MAX // nb)) > PSUM_BANKS - TRANSPOSE_BANKS:
         return None
+    if _sbuf_bytes(cv, ldt) > ctx.limits.sbuf_bytes * SBUF_SHARE:
+        return None                     # the tap loop cuts the input in bands
     xi = _image(ctx, x, cv.x[0], cv.x[1], cv.x[2], ldt)
     wi = _image(ctx, w, cv.w[0], cv.w[1], cv.w[2], rdt)
     return (xi, wi) if xi is not None and wi is not None else None
+
+
+def _sbuf_bytes(cv: Conv, dtype: str) -> int:
+    """Per partition: operand bands and their unpadded rows (BUFS each), transposed
+    tiles, selection matrices and the result."""
+    h, w = cv.dims
+    q = _q(w)
+    bands = len(_phases(h)) * len(_phases(w)) * _q(h) * q + h.kernel * q
+    rows = h.size * w.size + h.kernel * w.kernel
+    other = (STAGES + 2) * (MOVING_MAX + P) + len(_phases(w)) * q * -(-w.size // P)
+    return (BUFS * (bands + rows) + other) * hw_dtypes.itemsize(dtype) + \
+        h.out * w.out * P * 4
 
 
 def _phases(d) -> tuple[int, ...]:
