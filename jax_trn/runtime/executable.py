@@ -24,7 +24,15 @@ import numpy as np
 from jax_trn import profiler
 from jax_trn.hw import dtypes as _dt
 from jax_trn.hw.isa import DramAP
-from jax_trn.hw.program import Case, Collective, Kernel, While, has_collectives, walk_steps
+from jax_trn.hw.program import (
+    Case,
+    Collective,
+    Kernel,
+    While,
+    has_collectives,
+    walk_steps,
+)
+
 from . import spmd
 from .buffer import Buffer
 from .device import Device

@@ -21,9 +21,11 @@ def meshes(jax, trn_devices):
 
 
 def _run(jax, mesh, body, n_out):
-    import jax_trn
     from jax import shard_map
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import jax_trn
     f = jax.jit(shard_map(body, mesh=mesh, in_specs=(P("d"), P("d"), P()),
                           out_specs=(P("d"),) * n_out, check_vma=False))
     args = [jax.device_put(X, NamedSharding(mesh, P("d"))),
@@ -91,7 +93,7 @@ def test_overlap_leaves_numerics_bit_identical(jax, meshes):
     import jax as _jax
     mt, _ = meshes
     with jax.default_matmul_precision("highest"):
-        (s1, m1), ex = _run(jax, mt, independent, 2)
+        (s1, m1), _ = _run(jax, mt, independent, 2)
         (s2,), _ = _run(jax, mt, lambda x, a, w: (_jax.lax.psum(x, "d"),), 1)
         (m2,), _ = _run(jax, mt, lambda x, a, w: (a @ w,), 1)
     assert np.array_equal(np.asarray(s1), np.asarray(s2))
@@ -128,9 +130,11 @@ def test_psum_in_a_loop_waits_per_trip_and_timing_run_agrees(jax, meshes):
     # A fori_loop whose trip multiplies the psum's result (dependent, program order):
     # every trip's kernels that use it start at its end; the cost_analysis timing run
     # (spmd drive on zeros) gives the call's span.
-    import jax_trn
     from jax import shard_map
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import jax_trn
 
     def body(x, a, w):
         def step(i, c):

@@ -5,6 +5,7 @@ participants in args) and the collective scatter plot, from the `CollectiveRecor
 SPMD runtime produces (jax_trn/runtime/spmd.py)."""
 from __future__ import annotations
 
+import itertools
 import json
 
 import numpy as np
@@ -27,9 +28,11 @@ def body(x, a, w):
 
 @pytest.fixture(scope="module")
 def ex(jax, trn_devices):
-    import jax_trn
     from jax import shard_map
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import jax_trn
     mesh = jax.make_mesh((4, 2), ("x", "y"), devices=trn_devices[:8])
     spec = P(("x", "y"))
     f = jax.jit(shard_map(body, mesh=mesh, in_specs=(spec, spec, P()),
@@ -79,7 +82,7 @@ def test_trace_has_a_collective_track_per_device(ex, tmp_path):
     assert len(slices) == sum(len(c.spans) for c in ex.collectives)
     for t in tracks:                                          # one at a time per device
         evs = sorted((e for e in slices if (e["pid"], e["tid"]) == t), key=lambda e: e["ts"])
-        assert all(a["ts"] + a["dur"] <= b["ts"] + 1e-6 for a, b in zip(evs, evs[1:]))
+        assert all(a["ts"] + a["dur"] <= b["ts"] + 1e-6 for a, b in itertools.pairwise(evs))
     ar = [e for e in slices if e["name"] == "all_reduce"]
     assert all(len(e["args"]["group"]) == 2 and e["args"]["participants"] == 8 for e in ar)
     assert all(e["args"]["algorithm"] and e["args"]["device"] in e["args"]["group"] for e in slices)
