@@ -24,6 +24,10 @@ input at p + rd * t, i.e. phase p % rd at phase row p // rd + t, so the input is
 split into phases while it is placed (row copies; across columns a 0/1 selection
 matmul per row, as conv.Phased does) and the window runs over phase rows.
 
+A window too tall for SBUF (ResNet's 7x7 stride-2 stem at 224x224: 112 window rows)
+is contracted in blocks of window rows, each loading only the input rows it reads
+(`_window_rows`); the bands are then zeroed per load, as the pad rows move.
+
 Applies to ungrouped 2-D (1-D) convs with window stride 1 and no lhs dilation whose
 window has at least 16x as many positions as the output (`plan`); everything else
 uses the tap loop.
@@ -94,20 +98,33 @@ def plan(ctx: LowerCtx, cv: Conv, x: DramTensor, w: DramTensor, ldt: str, rdt: s
     if window < MIN_WINDOW_RATIO * positions or \
             -(-positions // (MOVING_MAX // nb)) > PSUM_BANKS - TRANSPOSE_BANKS:
         return None
-    if _sbuf_bytes(cv, ldt) > ctx.limits.sbuf_bytes * SBUF_SHARE:
-        return None                     # the tap loop cuts the input in bands
+    if _window_rows(cv, ldt, ctx.limits.sbuf_bytes * SBUF_SHARE) == 0:
+        return None
     xi = _image(ctx, x, cv.x[0], cv.x[1], cv.x[2], ldt)
     wi = _image(ctx, w, cv.w[0], cv.w[1], cv.w[2], rdt)
     return (xi, wi) if xi is not None and wi is not None else None
 
 
-def _sbuf_bytes(cv: Conv, dtype: str) -> int:
-    """Per partition: operand bands and their unpadded rows (BUFS each), transposed
-    tiles, selection matrices and the result."""
+def _window_rows(cv: Conv, dtype: str, budget: float) -> int:
+    """Window rows per block (all of them if they fit; 0 if not even one does)."""
+    tb = cv.dims[0].kernel
+    while tb > 0 and _sbuf_bytes(cv, dtype, tb) > budget:
+        tb = tb // 2 if tb > 8 else tb - 1
+    return tb
+
+
+def _in_rows(h, tb: int) -> int:
+    """Phase rows of the input a block of tb window rows reads."""
+    return min(_q(h), tb + (h.out - 1) // h.rd)
+
+
+def _sbuf_bytes(cv: Conv, dtype: str, tb: int) -> int:
+    """Per partition, for blocks of tb window rows: operand bands and their unpadded
+    rows (BUFS each), transposed tiles, selection matrices and the result."""
     h, w = cv.dims
-    q = _q(w)
-    bands = len(_phases(h)) * len(_phases(w)) * _q(h) * q + h.kernel * q
-    rows = h.size * w.size + h.kernel * w.kernel
+    q, xr = _q(w), _in_rows(h, tb)
+    bands = len(_phases(h)) * len(_phases(w)) * xr * q + tb * q
+    rows = min(h.size, h.rd * xr + 1) * w.size + tb * w.kernel
     other = (STAGES + 2) * (MOVING_MAX + P) + len(_phases(w)) * q * -(-w.size // P)
     return (BUFS * (bands + rows) + other) * hw_dtypes.itemsize(dtype) + \
         h.out * w.out * P * 4
@@ -129,7 +146,8 @@ def lower(ctx: LowerCtx, cv: Conv, xi: Image, wi: Image, out: DramTensor, precis
     h, w = cv.dims
     positions, o = h.out * w.out, cv.o_features
     temp = ctx.temp((positions, o, cv.n_out), out.dtype)
-    _Emitter(ctx.kb, cv, xi, wi, temp, precision, dtype).run()
+    tb = _window_rows(cv, dtype, ctx.limits.sbuf_bytes * SBUF_SHARE)
+    _Emitter(ctx.kb, cv, xi, wi, temp, precision, dtype, tb).run()
     ctx.next_kernel("relayout")
     # Logical axes (b, o, ph, pw) in the output's own order: its innermost is then the
     # contiguous one, and relayout swaps it with the temporary's on TensorE.
@@ -143,29 +161,30 @@ def lower(ctx: LowerCtx, cv: Conv, xi: Image, wi: Image, out: DramTensor, precis
 
 class _Emitter:
     def __init__(self, kb: KernelBuilder, cv: Conv, xi: Image, wi: Image, temp: DramTensor,
-                 precision: str, dtype: str):
+                 precision: str, dtype: str, tb: int):
         self.kb, self.cv, self.xi, self.wi, self.temp = kb, cv, xi, wi, temp
+        self.tb, self.xr = tb, _in_rows(cv.dims[0], tb)     # window rows, input rows
         self.precision, self.dtype = precision, dtype
         self.h, self.w = cv.dims
         h, w = self.h, self.w
         self.q, self.qh = _q(w), _q(h)                       # phase row width, rows
         self.phw, self.phh = _phases(w), _phases(h)
-        self.window = (h.kernel - 1) * self.q + w.kernel     # wide positions
         self.offs = [((self.phh.index(ph % h.rd) * len(self.phw) + self.phw.index(pw % w.rd))
-                      * self.qh + ph // h.rd) * self.q + pw // w.rd
+                      * self.xr + ph // h.rd) * self.q + pw // w.rd
                      for ph in range(h.out) for pw in range(w.out)]
         self.queues = itertools.cycle(range(kb.limits.dma_queues))
 
     def run(self) -> None:
         kb, h, w = self.kb, self.h, self.w
-        xsize = len(self.phh) * len(self.phw) * self.qh * self.q
-        wsize = h.kernel * self.q
+        xsize = len(self.phh) * len(self.phw) * self.xr * self.q
+        wsize = self.tb * self.q
+        self.blocks = tiles(h.kernel, self.tb)
         self.sel_mats = self._selections() if w.rd > 1 else []
         self.xsel = kb.ring(2, P, self.dtype)
         self.xbands = self._bands(xsize)
         self.wbands = self._bands(wsize)
-        self.xstage = kb.ring(BUFS, h.size * w.size, self.dtype)
-        self.wstage = kb.ring(BUFS, self.wi.rows * self.wi.cols, self.dtype)
+        self.xstage = kb.ring(BUFS, min(h.size, h.rd * self.xr + 1) * w.size, self.dtype)
+        self.wstage = kb.ring(BUFS, self.tb * self.wi.cols, self.dtype)
         self.tps = kb.ring(TRANSPOSE_BANKS, MOVING_MAX, "float32", mem="psum")
         self.xts = kb.ring(STAGES, MOVING_MAX, self.dtype)
         self.wts = kb.ring(STAGES, P, self.dtype)
@@ -181,26 +200,37 @@ class _Emitter:
             self.kb.emit(isa.Memset, dst=t, value=0, engine="vector")
         return ring
 
+    def _fresh(self, ring) -> isa.Tile:
+        """The next band; zeroed again if window blocks change which rows are pads."""
+        t = ring.next()
+        if len(self.blocks) > 1:
+            self.kb.emit(isa.Memset, dst=t, value=0, engine="gpsimd")
+        return t
+
     def _tile(self, b0: int, nb: int, o0: int, ot: int) -> None:
         kb, per = self.kb, MOVING_MAX // nb
         banks = [kb.tile(MOVING_MAX, "float32", mem="psum")
                  for _ in range(-(-len(self.offs) // per))]
         accs = [sub(banks[p // per], ot, nb, at=(p % per) * nb) for p in range(len(self.offs))]
         pending = None
-        for i in range(self.cv.c):      # the contraction features: the forward batch
+        steps = itertools.product(range(self.cv.c), self.blocks)
+        for i, (t0, tn) in steps:       # contraction features (the forward batch), blocks
+            nq = min(self.xr, self.qh - t0)
             if self.h.rd == self.w.rd == 1:
-                xb = self._load(self.xi, self.xbands.next(), self.xstage, b0, nb, i, self.h,
-                                self.w)
+                xb = self._load(self.xi, self._fresh(self.xbands), self.xstage, b0, nb, i,
+                                self.h, self.w, t0, nq)
             else:
-                xb = self._load_phases(self.xbands.next(), b0, nb, i)
-            wb = self._load_kernel(self.wbands.next(), o0, ot, i)
-            for k, (k0, kt) in enumerate(tiles(self.window, P)):
+                xb = self._load_phases(self._fresh(self.xbands), b0, nb, i, t0, nq)
+            wb = self._load(self.wi, self._fresh(self.wbands), self.wstage, o0, ot, i,
+                            _Span(self.h.kernel), _Span(self.w.kernel), t0, tn)
+            window = (tn - 1) * self.q + self.w.kernel
+            for k, (k0, kt) in enumerate(tiles(window, P)):
                 # Step k's transposes are emitted before step k - 1's matmuls, so
                 # TensorE transposes while VectorE/ScalarE evacuate the previous ones.
                 ready = self._transposes(xb, wb, k0, kt, nb, ot)
                 if pending is not None:
                     self._matmuls(accs, *pending)
-                pending = (ready, nb, i == 0 and k == 0)
+                pending = (ready, nb, i == 0 and t0 == 0 and k == 0)
         self._matmuls(accs, *pending)
         res = kb.tile(len(self.offs) * nb, self.temp.dtype, parts=ot)
         for j, bank in enumerate(banks):
@@ -242,11 +272,12 @@ class _Emitter:
 
     # --- loads ---------------------------------------------------------------------------------
 
-    def _load(self, im: Image, band, stage, p0: int, pn: int, i: int, h, w) -> isa.Tile:
-        """Rows of feature i, partitions [p0, +pn), into their padded place in `band`
-        ([pn, h.q rows of width q]); pads were zeroed once."""
+    def _load(self, im: Image, band, stage, p0: int, pn: int, i: int, h, w, q0: int,
+              nq: int) -> isa.Tile:
+        """Padded rows [q0, +nq) of feature i, partitions [p0, +pn), into their place in
+        `band` ([pn, nq rows of width q]); pads are zero."""
         q = self.q
-        lo, hi = max(0, h.lo), min(h.q, h.lo + h.size)
+        lo, hi = max(q0, h.lo), min(q0 + nq, h.lo + h.size)
         c_lo, c_hi = max(0, w.lo), min(q, w.lo + w.size)
         tile = sub(band, pn)
         if hi <= lo or c_hi <= c_lo:
@@ -255,12 +286,13 @@ class _Emitter:
         base = p0 * im.part + i * im.feat + r_in * im.row
         rows = hi - lo
         if c_lo == 0 and c_hi == q == im.cols and not im.transposed:
-            self._rows(im, sub(tile, pn, rows * q, at=lo * q), base, pn, rows)
+            self._rows(im, sub(tile, pn, rows * q, at=(lo - q0) * q), base, pn, rows)
             return tile
         staged = sub(stage.next(), pn, rows * im.cols)
         self._rows(im, staged, base, pn, rows)
         for r in range(rows):
-            self.kb.emit(isa.TensorCopy, dst=sub(tile, pn, c_hi - c_lo, at=(lo + r) * q + c_lo),
+            self.kb.emit(isa.TensorCopy, dst=sub(tile, pn, c_hi - c_lo,
+                                                  at=(lo - q0 + r) * q + c_lo),
                          src=sub(staged, pn, c_hi - c_lo, at=r * im.cols + c_in),
                          engine=self.kb.evac_engine())
         return tile
@@ -282,15 +314,15 @@ class _Emitter:
             out.append((c0, cn, sel))
         return out
 
-    def _load_phases(self, band, b0: int, nb: int, i: int) -> isa.Tile:
-        """Input rows of feature i into their phase rows (rhs dilation rd > 1): row r
-        lands in phase (lo + r) % rd, row (lo + r) // rd; columns likewise, by row
+    def _load_phases(self, band, b0: int, nb: int, i: int, q0: int, nq: int) -> isa.Tile:
+        """Input rows of feature i into their phase rows [q0, +nq) (rhs dilation rd > 1):
+        row r lands in phase (lo + r) % rd, row (lo + r) // rd; columns likewise, by row
         copies (rd = 1 across) or a selection matmul per row."""
         kb, im, h, w, q = self.kb, self.xi, self.h, self.w, self.q
         tile = sub(band, nb)
-        hits = [(r, self.phh.index((h.lo + r) % h.rd), (h.lo + r) // h.rd)
+        hits = [(r, self.phh.index((h.lo + r) % h.rd), (h.lo + r) // h.rd - q0)
                 for r in range(h.size) if h.lo + r >= 0 and (h.lo + r) % h.rd in self.phh
-                and (h.lo + r) // h.rd < self.qh]
+                and 0 <= (h.lo + r) // h.rd - q0 < nq]
         if not hits:
             return tile
         first, nrows = hits[0][0], hits[-1][0] - hits[0][0] + 1
@@ -303,7 +335,7 @@ class _Emitter:
             if w.rd == 1:
                 if c_hi > c_lo:
                     kb.emit(isa.TensorCopy, dst=sub(tile, nb, c_hi - c_lo,
-                                                    at=(ih * self.qh + qrow) * q + c_lo),
+                                                    at=(ih * self.xr + qrow) * q + c_lo),
                             src=sub(staged, nb, c_hi - c_lo, at=src_at + c_lo - w.lo),
                             engine=kb.evac_engine())
                 continue
@@ -318,16 +350,10 @@ class _Emitter:
                 kb.emit(isa.NcMatmul, dst=sel, stationary=xt, moving=mat, precision="native",
                         accumulate=k > 0)
             for iw in range(npw):
-                kb.emit(isa.TensorCopy, dst=sub(tile, nb, q, at=((ih * npw + iw) * self.qh
+                kb.emit(isa.TensorCopy, dst=sub(tile, nb, q, at=((ih * npw + iw) * self.xr
                                                                  + qrow) * q),
                         src=sub(sel, nb, q, at=iw * q), engine=kb.evac_engine())
         return tile
-
-    def _load_kernel(self, band, o0: int, ot: int, i: int) -> isa.Tile:
-        """Kernel rows of feature i (the forward output gradient) padded to width q."""
-        wi = self.wi
-        return self._load(wi, band, self.wstage, o0, ot, i,
-                          _Span(self.h.kernel), _Span(self.w.kernel))
 
     def _rows(self, im: Image, dst: isa.Tile, off: int, parts: int, rows: int) -> None:
         if im.transposed:

@@ -229,3 +229,21 @@ def test_weight_grad_contracts_over_the_window(jax, trn, cpu, layout, n, c, padd
         return jnp.sum(jnp.tanh(y))
     with jax.default_matmul_precision("highest"):
         check(jax, trn, cpu, jax.grad(loss), w, x, **F32)
+
+
+@pytest.mark.parametrize("layout,stride", [("NCHW", 1), ("NHWC", 2)])
+def test_weight_grad_window_in_row_blocks(jax, trn, cpu, monkeypatch, layout, stride):
+    """A window too tall for SBUF (ResNet's 7x7 stem at 224x224) is contracted in
+    blocks of window rows, each with its own input rows (here blocks of 5 of 12)."""
+    import jax.numpy as jnp
+
+    from jax_trn.lower import conv_wgrad
+    monkeypatch.setattr(conv_wgrad, "_window_rows", lambda cv, dtype, budget: 5)
+    dn = NCHW if layout == "NCHW" else NHWC
+    x, w = _data(*_shapes(layout, 2, 3, (12 * stride, 12 * stride), 4, (3, 3)), seed=18)
+
+    def loss(w, x):
+        y = jax.lax.conv_general_dilated(x, w, (stride, stride), "SAME", dimension_numbers=dn)
+        return jnp.sum(jnp.tanh(y))
+    with jax.default_matmul_precision("highest"):
+        check(jax, trn, cpu, jax.grad(loss), w, x, **F32)
