@@ -132,14 +132,14 @@ def test_version_macros():
     assert (capi.PJRT_API_MAJOR, capi.PJRT_API_MINOR) == (0, 112)
 
 
-def test_import_is_fast():
-    code = ("import time; t = time.perf_counter(); "
-            "import pjrt_plugin._c_api; "
-            "print(time.perf_counter() - t)")
+def test_imports_alone_without_jax():
+    """The ctypes definitions import on their own (no JAX needed to check a header)."""
+    code = ("import sys, pjrt_plugin._c_api as c; "
+            "print(c.struct_size(c.PJRT_Api) > 0, 'jax' in sys.modules)")
     root = pathlib.Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "-c", code], cwd=root,
                          capture_output=True, text=True, check=True)
-    assert float(out.stdout) < 0.5
+    assert out.stdout.split() == ["True", "False"]
 
 
 # ----------------------------------------------------------- regeneration
