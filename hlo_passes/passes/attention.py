@@ -27,6 +27,7 @@ import numpy as np
 
 from hlo_passes import ir
 
+SHAREABLE = frozenset({"broadcast_in_dim", "reshape", "convert", "constant"})
 FOLD_LIMIT = 1 << 24        # elements of a mask evaluated at compile time
 _FOLDABLE = frozenset({"constant", "iota", "broadcast_in_dim", "add", "subtract",
                        "multiply", "compare", "select", "and", "or", "not", "convert",
@@ -43,6 +44,7 @@ class Match:
         self.mask: ir.Value | None = None       # the un-broadcast [Sq, Sk] predicate
         self.mask_value: np.ndarray | None = None
         self.scale = 1.0
+        self.shared: set[ir.Op] = set()         # views also used outside: cloned, kept
 
     def take(self, op: ir.Op | None, kind: str) -> ir.Op:
         if op is None or op.kind != kind:
@@ -56,7 +58,8 @@ class _NoMatch(Exception):
 
 
 def find(block: ir.Block, producer: dict, users: dict) -> list[Match]:
-    """The attention patterns of `block`, last first, sharing no ops."""
+    """The attention patterns of `block`, last first, sharing no ops but views of
+    constants / the mask (each region clones those; dead originals go to DCE)."""
     found, used = [], set()
     for op in reversed(block.ops):
         if op.kind != "dot_general" or op in used:
@@ -66,7 +69,8 @@ def find(block: ir.Block, producer: dict, users: dict) -> list[Match]:
         except _NoMatch:
             continue
         inner = set(m.ops)
-        if inner & used or not _closed(m, inner, users):
+        if any(op.kind not in SHAREABLE for op in inner & used) or \
+                not _closed(m, inner, users):
             continue
         used |= inner
         found.append(m)
@@ -207,13 +211,17 @@ def _check_mask(mask: ir.Value, shape: tuple[int, ...]) -> None:
 
 
 def _closed(m: Match, inner: set, users: dict) -> bool:
-    """Every value made inside is used only inside (the output excepted)."""
+    """Every value made inside is used only inside (the output excepted), but for
+    views and converts (of the mask, the scale, the -inf fill), which the region
+    clones and leaves in place for their other users (`m.shared`)."""
     for op in inner:
         if op is m.out:
             continue
         for v in op.results:
             if any(u not in inner for u in users.get(v, ())):
-                return False
+                if op.kind not in SHAREABLE:
+                    return False
+                m.shared.add(op)
     return True
 
 

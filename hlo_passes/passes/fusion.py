@@ -274,7 +274,7 @@ def _attention_fusions(block: ir.Block, policy: FusionPolicy) -> bool:
         if not decision.ok:
             continue
         replaced[m.out] = _attention_op(m, mask_value, decision, graph)
-        members.update(m.ops)
+        members.update(op for op in m.ops if op.kind not in attention.SHAREABLE)
     if not replaced:
         return False
     ops, mapping = [], {}

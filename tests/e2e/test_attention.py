@@ -80,3 +80,13 @@ def test_float32_attention_falls_back_and_matches_cpu(jax, trn, cpu):
     with jax.default_matmul_precision("highest"):
         out, ref = _both(jax, trn, cpu, causal_attention, args)
     assert_close(out, ref, "float32", rtol=1e-4, atol=1e-5)
+
+
+def test_two_causal_layers_match_cpu(jax, trn, cpu):
+    """Two attention fusions sharing the mask and scale broadcasts."""
+    import ml_dtypes  # noqa: F401
+    args = _args((1, 2, 128, 64), 6)
+    f = lambda q, k, v: causal_attention(causal_attention(q, k, v), k, v)  # noqa: E731
+    out, ref = _both(jax, trn, cpu, f, args)
+    assert_close(out, ref, "bfloat16")
+    assert len(_kernels(jax, trn, f, args)) == 2

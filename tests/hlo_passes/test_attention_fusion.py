@@ -63,3 +63,12 @@ def test_policy_can_forbid_attention():
     module = hlo_passes.compile_to_ir(artifact_of(causal, ARG, ARG, ARG), fuse=False)
     Fusion(FusionPolicy(attention=False)).run(module)
     assert not _attention_ops(module)
+
+
+def test_two_layers_sharing_the_mask_both_fuse():
+    """CSE shares the mask (and scale) broadcasts between layers: each region clones
+    them and the originals stay for the other."""
+    def two(q, k, v):
+        return causal(causal(q, k, v), k, v)
+    module = hlo_passes.compile_to_ir(artifact_of(two, ARG, ARG, ARG))
+    assert len(_attention_ops(module)) == 2
