@@ -15,13 +15,11 @@ from jax_trn.hw.program import Collective, DramTensor
 
 from . import control
 from .errors import LoweringError
+from .registry import op_label as _label
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute")
 COMBINERS = ("add", "maximum", "minimum")
 
-
-def _label(op: ir.Op) -> str:
-    return op.kind + (f" at {op.loc}" if op.loc else "")
 
 
 def _groups(op: ir.Op) -> tuple[tuple[int, ...], ...]:

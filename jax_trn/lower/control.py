@@ -43,6 +43,7 @@ from jax_trn.hw.program import Case, DramTensor, While
 from . import dynslice, elementwise
 from .errors import LoweringError
 from .registry import get_rule
+from .registry import op_label as _label
 
 STRUCTURED: dict[str, Callable] = {}
 
@@ -54,9 +55,6 @@ def _structured(*kinds: str):
         return fn
     return register
 
-
-def _label(op: ir.Op) -> str:
-    return op.kind + (f" at {op.loc}" if op.loc else "")
 
 
 # --- uses -----------------------------------------------------------------------------------

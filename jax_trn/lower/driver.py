@@ -36,6 +36,7 @@ from .errors import LoweringError
 from .fusion import fusion_notes
 from .listing import format_program
 from .registry import LowerCtx, get_rule
+from .registry import op_label as _label
 
 UNSUPPORTED_DTYPES = ("float64", "complex64", "complex128", "token")
 PRECISIONS = {"default": "default", "bfloat16": "default", "high": "high",
@@ -334,9 +335,6 @@ class _Lowering:
         return Program(self.params, self.outputs, self.temps, self.kernels, text,
                        self.constants)
 
-
-def _label(op: ir.Op) -> str:
-    return op.kind + (f" at {op.loc}" if op.loc else "")
 
 
 def _hero(block: ir.Block) -> str:

@@ -65,3 +65,11 @@ def get_rule(kind: str, target: str | None = None) -> Rule | None:
     """The target's own rule for `kind` if it has one, else the default."""
     rule = _TARGET_LOWERINGS.get(target or "", {}).get(kind)
     return rule if rule is not None else LOWERINGS.get(kind)
+
+
+def op_label(op: ir.Op) -> str:
+    """How a kernel (or step) names a source op: "kind at file.py:12 | jit(f)/scope/kind"
+    -- the op kind, the user's source line and JAX's op name (its name stack, with any
+    `jax.named_scope`), each part only when known. `profiler.trace.parse_op` reads it."""
+    label = op.kind + (f" at {op.loc}" if op.loc else "")
+    return label + (f" | {op.name}" if op.name else "")

@@ -29,6 +29,7 @@ from .layout import row_major
 from .reduce import combiner
 from .regions import Input, Region
 from .tileops import TILE_OPS, Step
+from .registry import op_label as _label
 
 VIEW_KINDS = ("broadcast_in_dim", "reshape")
 
@@ -77,9 +78,6 @@ class _Imm:
 def translate(op: ir.Op, ins: list[DramTensor], outs: list[DramTensor]) -> FusionPlan:
     return _Translator(op, ins).run(outs)
 
-
-def _label(op: ir.Op) -> str:
-    return op.kind + (f" at {op.loc}" if op.loc else "")
 
 
 class _Translator:

@@ -143,6 +143,7 @@ def _instructions(w: _Writer, ex, offset_ns: float) -> None:
 
 def _args(i) -> dict:
     args = {"opcode": i.opcode, "kernel": i.kernel, "op": i.op, "source": i.source,
+            "jax_op": i.op_name,
             "ops": list(i.ops), "index": i.index, "bytes": i.bytes, "flops": i.flops}
     if i.engine == "dma":
         args.update(hbm_bytes=i.hbm_bytes, descriptor_bytes=i.descriptor_bytes)

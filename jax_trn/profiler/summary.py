@@ -198,7 +198,8 @@ def _source(ops: list[str]) -> str:
     """"dot_general at /p/f.py:7" -> "dot_general f.py:7" (first op, +n more)."""
     if not ops:
         return ""
-    kind, _, loc = ops[0].partition(" at ")
+    from .trace import parse_op
+    kind, loc = parse_op(ops[0])
     text = f"{kind} {os.path.basename(loc)}".strip()
     return text + (f" +{len(ops) - 1}" if len(ops) > 1 else "")
 

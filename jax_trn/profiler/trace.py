@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-__all__ = ["Instruction", "Dependency", "instructions", "engine_of", "parse_op",
+__all__ = ["Instruction", "Dependency", "instructions", "engine_of", "parse_op", "op_name",
            "COMPUTE_ENGINES"]
 
 COMPUTE_ENGINES = ("tensor", "vector", "scalar", "gpsimd")
@@ -67,6 +67,12 @@ class Instruction:
         """The source line of the kernel's first source op ("f.py:12")."""
         return parse_op(self.ops[0])[1] if self.ops else ""
 
+    @property
+    def op_name(self) -> str:
+        """JAX's name for the kernel's first source op, with its scopes
+        ("jit(f)/attention/dot_general")."""
+        return op_name(self.ops[0]) if self.ops else ""
+
 
 @dataclass(frozen=True, slots=True)
 class Dependency:
@@ -81,9 +87,16 @@ def engine_of(queue: str) -> str:
 
 
 def parse_op(label: str) -> tuple[str, str]:
-    """"dot_general at /p/f.py:12" -> ("dot_general", "/p/f.py:12")."""
-    kind, sep, loc = label.partition(" at ")
+    """"dot_general at /p/f.py:12 | jit(f)/dot_general" -> ("dot_general", "/p/f.py:12")."""
+    head = label.partition(" | ")[0]
+    kind, sep, loc = head.partition(" at ")
     return kind, (loc if sep else "")
+
+
+def op_name(label: str) -> str:
+    """The JAX op name of a kernel's source-op label ("jit(f)/attention/dot_general"),
+    "" when the program carried none."""
+    return label.partition(" | ")[2]
 
 
 def instructions(record, spec=None) -> tuple[list[Instruction], list[Dependency]]:

@@ -103,3 +103,23 @@ def test_collectives_have_their_own_track(ex, tmp_path):
     d = ex2.summary_dict()["collectives"]
     assert d["count"] == 1 and d["durations_s"]["all-reduce"] == [1.5e-6]
     assert "all-reduce" in str(ex2.summary())
+
+
+def test_instructions_know_the_jax_op_name_with_its_scope(jax, trn, tmp_path):
+    import numpy as np
+    import jax_trn
+
+    def f(x, w):
+        with jax.named_scope("attention"):
+            return jax.nn.relu(x @ w)
+
+    x = jax.device_put(np.ones((128, 128), np.float32), trn)
+    w = jax.device_put(np.ones((128, 64), np.float32), trn)
+    with jax_trn.profile() as prof:
+        jax.jit(f)(x, w).block_until_ready()
+    ex = prof.executions[-1]
+    (mm, *_) = [i for i in ex.instructions if i.opcode == "NcMatmul"]
+    assert mm.op == "dot_general" and re.search(r"test_trace\.py:\d+$", mm.source)
+    assert mm.op_name == "jit(f)/attention/dot_general"
+    events = json.load(open(ex.save_trace(tmp_path / "t.json")))["traceEvents"]
+    assert any(e.get("args", {}).get("jax_op") == "jit(f)/attention/dot_general" for e in events)
