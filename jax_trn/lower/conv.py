@@ -43,11 +43,12 @@ columns of each output row to SBUF in the result dtype, and one DMA per band wri
 the rows out (a DMA has a fixed cost of ~2 us, §2.6). A channel-minor output (NHWC)
 is written channel-major to a temporary and swapped into place on TensorE.
 
-Transposed convolutions (lhs dilation), the input gradient (lhs dilation + padding)
-and the weight gradient (batch and feature dims swapped by dimension_numbers, the
-forward stride as rhs dilation) are the same conv with other attributes; the weight
-gradient contracts over the batch (few partitions: tap packing stacks up to 128 / N
-taps) with the forward output's spatial extent as its kernel window.
+Transposed convolutions (lhs dilation) and the input gradient (lhs dilation +
+padding) are the same conv with other attributes. The weight gradient (batch and
+feature dims swapped by dimension_numbers, the forward output as a large kernel
+window, the forward stride as rhs dilation) contracts over the window instead
+(conv_wgrad.py) when the window is >= 16x the output; otherwise (grouped: batch
+groups) the tap loop runs it, contracting over the batch with tap packing.
 batch_group_count splits the batch: output-channel group b reads input images
 b * N / B + n. Precision follows dot_general (dot.py `matmul_types`).
 """
