@@ -528,9 +528,9 @@ def _plan(cv: Conv, units, src, pk: Packing, ldt: str, rdt: str, odt: str, sbuf:
     plan = Plan(band, rows, wbytes)
     count = _matmuls(cv, plan, slots)
     if count > MAX_INSTRUCTIONS:
-        raise LoweringError(f"convolution needs {count} matmuls (more than "
-                            f"{MAX_INSTRUCTIONS}); a weight-gradient-shaped conv (large "
-                            f"kernel window, small output) has no better lowering yet: {what}")
+        raise LoweringError(f"convolution needs {count} matmuls in its tap loop (more than "
+                            f"{MAX_INSTRUCTIONS}, minutes to compile); a huge kernel window "
+                            f"outside conv_wgrad's cases (grouped, 3-D, strided window): {what}")
     return plan
 
 
