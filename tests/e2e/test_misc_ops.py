@@ -169,3 +169,16 @@ def test_shifts_by_any_amount(jax, trn, cpu, dtype):
                        lax.shift_right_arithmetic(a, b)]
     for out, ref in zip(*_run(jax, trn, cpu, fn, x, amounts)):
         _bits_equal(out, ref)
+
+
+def test_nextafter_bit_exact(jax, trn, cpu):
+    """JAX expands nextafter into integer ops on the bits: signed zeros, infinities,
+    NaN, the largest finite and the smallest denormal, f32 / bf16 / f16 in one program."""
+    a = np.array([0, -0.0, 1, -1, np.inf, -np.inf, np.nan, 3e38, 1e-45, 2.0, 1.5, 0])
+    b = np.array([1, 1, 2, -2, 0, 0, 1, np.inf, 0, 2.0, -np.inf, -1])
+    types = (np.float32, ml_dtypes.bfloat16, np.float16)
+    with np.errstate(over="ignore"):
+        args = [v.astype(np.float32).astype(t) for t in types for v in (a, b)]
+    fn = lambda *xs: [jax.numpy.nextafter(*xs[i:i + 2]) for i in (0, 2, 4)]  # noqa: E731
+    for out, ref in zip(*_run(jax, trn, cpu, fn, *args)):
+        _bits_equal(out, ref)
