@@ -130,7 +130,7 @@ class ConvEmitter:
                              self.ldt)
         self.tps = kb.ring(2, MOVING_MAX, "float32", mem="psum")
         self.sels = kb.ring(2, MOVING_MAX, "float32", mem="psum")
-        self.xts = kb.ring(3, P, self.ldt)
+        self.xts = kb.ring(3, MOVING_MAX, self.ldt)
         self.phased_bufs = (self.tps, self.sels, self.xts, *(m for *_, m in self.sel_mats))
 
     def _fetch_phased(self, buf: isa.Tile, b: Block, ci0: int, ct: int, n: int, r0: int):
@@ -153,24 +153,36 @@ class ConvEmitter:
         return buf, ct, r0, hits, staged
 
     def _place_phased(self, buf: isa.Tile, ct: int, r0: int, hits, staged) -> isa.Tile:
-        """Each input row -> TensorE transpose(s) -> selection matmul -> its phase rows."""
+        """Input rows -> TensorE transposes -> selection matmuls -> their phase rows, a
+        group of rows per PSUM bank (one evacuation copy per group, and TensorE runs
+        the group's transposes and matmuls back to back)."""
         kb, w, q = self.kb, self.w, self.w.q
         tile = sub(buf, ct, self.per_ko)
         kb.emit(isa.Memset, dst=tile, value=0, engine="gpsimd")
-        for r, ah, qrow in hits:
-            sel = sub(self.sels.next(), ct, len(w.phases) * q)
+        width = len(w.phases) * q
+        group = max(1, min(MOVING_MAX // ct, MOVING_MAX // width))
+        for g0 in range(0, len(hits), group):
+            rows = hits[g0:g0 + group]
+            sel = self.sels.next()
             for i, (c0, cn, mat) in enumerate(self.sel_mats):
-                tp = sub(self.tps.next(), cn, ct)
-                at = (r - hits[0][0]) * w.size + c0
-                kb.emit(isa.NcTranspose, dst=tp, data=sub(staged, ct, cn, at=at))
-                xt = sub(self.xts.next(), cn, ct)
-                kb.emit(isa.TensorCopy, dst=xt, src=tp, engine=kb.evac_engine())
-                kb.emit(isa.NcMatmul, dst=sel, stationary=xt, moving=mat, precision="native",
-                        accumulate=i > 0)
-            for bi in range(len(w.phases)):
-                at = ((ah * len(w.phases) + bi) * self.band_rows + qrow - r0) * q
-                kb.emit(isa.TensorCopy, dst=sub(tile, ct, q, at=at),
-                        src=sub(sel, ct, q, at=bi * q), engine=kb.evac_engine())
+                tp = self.tps.next()
+                for g, (r, _, _) in enumerate(rows):
+                    at = (r - hits[0][0]) * w.size + c0
+                    kb.emit(isa.NcTranspose, dst=sub(tp, cn, ct, at=g * ct),
+                            data=sub(staged, ct, cn, at=at))
+                xt = sub(self.xts.next(), cn, len(rows) * ct)
+                kb.emit(isa.TensorCopy, dst=xt, src=sub(tp, cn, len(rows) * ct),
+                        engine=kb.evac_engine())
+                for g in range(len(rows)):
+                    kb.emit(isa.NcMatmul, dst=sub(sel, ct, width, at=g * width),
+                            stationary=sub(xt, cn, ct, at=g * ct), moving=mat,
+                            precision="native", accumulate=i > 0)
+            for g, (_, ah, qrow) in enumerate(rows):
+                for bi in range(len(w.phases)):
+                    at = ((ah * len(w.phases) + bi) * self.band_rows + qrow - r0) * q
+                    kb.emit(isa.TensorCopy, dst=sub(tile, ct, q, at=at),
+                            src=sub(sel, ct, q, at=g * width + bi * q),
+                            engine=kb.evac_engine())
         return tile
 
     def _compute(self, b: Block, weights, xs, accs, obuf, n: int, od, r0: int, rn: int
