@@ -94,6 +94,7 @@ def test_rbg_keys_match_cpu(jax, trn, cpu, impl):
         _bits_equal(o, r)
 
 
+@pytest.mark.slow
 def test_rng_bit_generator_uint64_in_x64():
     code = ("import jax, numpy as np\n"
             "jax.config.update('jax_enable_x64', True)\n"
