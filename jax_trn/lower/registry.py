@@ -68,8 +68,8 @@ def get_rule(kind: str, target: str | None = None) -> Rule | None:
 
 
 def op_label(op: ir.Op) -> str:
-    """How a kernel (or step) names a source op: "kind at file.py:12 | jit(f)/scope/kind"
+    """How a kernel (or step) names a source op: "kind at file.py:12 [jit(f)/scope/kind]"
     -- the op kind, the user's source line and JAX's op name (its name stack, with any
     `jax.named_scope`), each part only when known. `profiler.trace.parse_op` reads it."""
     label = op.kind + (f" at {op.loc}" if op.loc else "")
-    return label + (f" | {op.name}" if op.name else "")
+    return label + (f" [{op.name}]" if op.name else "")

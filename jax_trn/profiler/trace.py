@@ -87,8 +87,8 @@ def engine_of(queue: str) -> str:
 
 
 def parse_op(label: str) -> tuple[str, str]:
-    """"dot_general at /p/f.py:12 | jit(f)/dot_general" -> ("dot_general", "/p/f.py:12")."""
-    head = label.partition(" | ")[0]
+    """"dot_general at /p/f.py:12 [jit(f)/dot_general]" -> ("dot_general", "/p/f.py:12")."""
+    head = _split_name(label)[0]
     kind, sep, loc = head.partition(" at ")
     return kind, (loc if sep else "")
 
@@ -96,7 +96,15 @@ def parse_op(label: str) -> tuple[str, str]:
 def op_name(label: str) -> str:
     """The JAX op name of a kernel's source-op label ("jit(f)/attention/dot_general"),
     "" when the program carried none."""
-    return label.partition(" | ")[2]
+    return _split_name(label)[1]
+
+
+def _split_name(label: str) -> tuple[str, str]:
+    """(kind and location, JAX op name) of a label; the name is the trailing "[...]"."""
+    if label.endswith("]") and " [" in label:
+        head, _, name = label.rpartition(" [")
+        return head, name[:-1]
+    return label, ""
 
 
 def instructions(record, spec=None) -> tuple[list[Instruction], list[Dependency]]:
