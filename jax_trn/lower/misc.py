@@ -10,14 +10,13 @@ results take words (0, 1) and (2, 3) as two values), and the new state is
 
 It runs on GpSimd in 32-bit integer lanes (§2.5: no 64-bit multiply): the state is
 DMAed into every partition (a stride-0 partition pattern) and its words used as
-per-partition TensorScalar operands; each output element e gets its counter e >> 2
-from an Iota (the 128-bit add as four 32-bit adds with carries, carry = sum < addend),
-the ten rounds compute mulhi / mullo of 32-bit words with 16-bit limbs (17
-instructions per product), and the element's word is picked with selects. Each
-element computes its whole counter block (4x the minimal work) because no engine
-writes a tile with a stride (the words of a block are adjacent outputs): that costs
-GpSimd time instead of 4-byte DMA descriptors (§3.4, ~400x slower per byte). ~400
-GpSimd instructions per [128, <=512] tile.
+per-partition TensorScalar operands; counters are tiled [128, <=512] from an Iota (the
+128-bit add as four 32-bit adds with carries, carry = sum < addend), the ten rounds
+compute mulhi / mullo of 32-bit words with 16-bit limbs (17 instructions per
+product), ~390 GpSimd instructions per tile. The four words of a counter are adjacent
+outputs, and no engine writes a tile with a stride, so one [P, 1] bit-exact
+TensorCopy per word column (round-robin over VectorE / GpSimd / ScalarE) interleaves
+them before a contiguous store (4-byte DMA descriptors would be ~600x slower, §3.4).
 
 partition_id / replica_id: read from a per-device DRAM scalar the runtime writes.
 
@@ -27,13 +26,15 @@ target.
 """
 from __future__ import annotations
 
+import itertools
+
 from hlo_passes import ir
 from jax_trn.hw import isa
 from jax_trn.hw.program import DramTensor
 
 from .builder import KernelBuilder, sub
 from .errors import LoweringError
-from .layout import P, flat_tiles
+from .layout import P, FlatTile, flat_tiles
 from .registry import LowerCtx, register_lowering
 
 __all__ = ["philox_kernel"]
@@ -93,25 +94,32 @@ def _rng_bit_generator_lower(ctx: LowerCtx, state: DramTensor, *,
 def philox_kernel(kb: KernelBuilder, state: DramTensor, new_state: DramTensor,
                   bits: DramTensor) -> None:
     """Writes XLA's Philox bits for `state` into `bits` and the next state."""
-    wide = ir.np_dtype(bits.dtype).itemsize == 8
+    per = 2 if ir.np_dtype(bits.dtype).itemsize == 8 else 4     # elements per counter
     st = kb.tile(2, "uint64")
     kb.dma(st, kb.ap(state, 0, ((0, P), (1, 2))))          # every partition: the state
     words = st.with_(dtype="uint32", free=(4,))
     keys = _round_keys(kb, words)
-    blocks = flat_tiles(bits.size, RNG_FREE)
+    blocks = flat_tiles(bits.size // per, RNG_FREE)
+    if bits.size % per:                                    # the last, partial counter
+        blocks.append(FlatTile(bits.size // per, 1, 1, 1))
     if blocks:
         free = max(b.free for b in blocks)
-        tiles = [kb.tile(free, "uint32") for _ in range(15)]
-        out = kb.tile(free, bits.dtype)
+        tiles = [kb.tile(free, "uint32") for _ in range(13)]
+        words_out = kb.tile(4 * free, "uint32")
+        narrow = kb.tile(4 * free, bits.dtype) if ir.np_dtype(bits.dtype).itemsize < 4 \
+            else None
+        engines = itertools.cycle(("vector", "gpsimd", "scalar"))
         for b in blocks:
             mine = [sub(t, b.parts, b.free) for t in tiles]
-            val = _philox_block(kb, b, mine, [sub(w, b.parts) for w in _cols(words, 4)],
-                                [sub(k, b.parts) for k in _cols(keys, 2 * PHILOX_ROUNDS)],
-                                wide, sub(out, b.parts, b.free))
-            kb.dma(kb.ap(bits, b.offset, b.pattern), val)
-        kb.release(out, *tiles)
-    counters = -(-bits.size * (2 if wide else 1) // 4)
-    _next_state(kb, words, new_state, counters)
+            y = _philox_block(kb, b, mine, [sub(w, b.parts) for w in _cols(words, 4)],
+                              [sub(k, b.parts) for k in _cols(keys, 2 * PHILOX_ROUNDS)])
+            val = _interleave(kb, y, sub(words_out, b.parts, 4 * b.free), engines)
+            val = _as_bits(kb, val, bits.dtype, narrow)
+            count = min(per * b.free, bits.size - per * b.offset)
+            kb.dma(kb.ap(bits, per * b.offset, ((per * b.pstride, b.parts), (1, count))),
+                   sub(val, free=count))
+        kb.release(words_out, *tiles, *([narrow] if narrow is not None else []))
+    _next_state(kb, words, new_state, -(-bits.size // per))
     kb.release(keys, st)
 
 
@@ -138,22 +146,21 @@ def _round_keys(kb: KernelBuilder, words: isa.Tile) -> isa.Tile:
     return keys
 
 
-def _philox_block(kb, block, t, w, keys, wide: bool, out: isa.Tile) -> isa.Tile:
-    """Output elements offset + p * pstride + f of one flat tile (`t`: 15 scratch)."""
-    e, x, y, tmp = t[0], t[1:5], t[5:9], t[9:13]
-    kb.emit(isa.Iota, dst=e, pattern=((1, block.free),), offset=block.offset,
+def _philox_block(kb, block, t, w, keys) -> list[isa.Tile]:
+    """The four output words of counters offset + p * pstride + f (`t`: 13 scratch)."""
+    c, x, y, tmp = t[0], t[1:5], t[5:9], t[9:13]
+    kb.emit(isa.Iota, dst=c, pattern=((1, block.free),), offset=block.offset,
             channel_multiplier=block.pstride)
-    _counter(kb, x, e, w, tmp[0], 1 if wide else 2)
+    _counter(kb, x, c, w)
     for r in range(PHILOX_ROUNDS):
         _round(kb, x, y, keys[2 * r], keys[2 * r + 1], tmp)
         x, y = y, x
-    return _pick(kb, e, x, t[13], t[14], wide, out)
+    return x
 
 
-def _counter(kb, x, e, w, c, shift: int) -> None:
-    """x = the 128-bit counter (state[1] low, state[0] high) + (e >> shift), in 32-bit
-    words, carry = (sum < addend)."""
-    _ts(kb, c, e, "shift_right_logical", shift)
+def _counter(kb, x, c, w) -> None:
+    """x = the 128-bit counter (state[1] low, state[0] high) + c, in 32-bit words,
+    carry = (sum < addend); c is overwritten with the carries."""
     addends = (w[2], w[3], w[0], w[1])
     _ts(kb, x[0], c, "add", addends[0])
     for k in range(1, 4):
@@ -193,28 +200,25 @@ def _mul_hi_lo(kb, x, k: int, hi, lo, tmp) -> None:
         _tt(kb, hi, hi, part, "add")
 
 
-def _pick(kb, e, y, p, v, wide: bool, out: isa.Tile) -> isa.Tile:
-    """The element's word(s): word e % 4, or words (2h, 2h + 1) with h = e % 2 as one
-    64-bit value; narrower types keep the low bits (GpSimd copies wrap)."""
-    if wide:
-        _ts(kb, p, e, "bitwise_and", 1)
-        kb.emit(isa.Select, dst=v, pred=p, on_true=y[3], on_false=y[1], engine=_G)
-        kb.emit(isa.TensorCopy, dst=out, src=v, engine=_G)
-        _ts(kb, out, out, "shift_left", 32)
-        kb.emit(isa.Select, dst=v, pred=p, on_true=y[2], on_false=y[0], engine=_G)
-        _tt(kb, out, out, v, "bitwise_or")
-        return out
-    val = y[0]
-    for j in (1, 2, 3):
-        _ts(kb, p, e, "bitwise_and", 3, "is_equal", j)
-        kb.emit(isa.Select, dst=v, pred=p, on_true=y[j], on_false=val, engine=_G)
-        val = v
-    if out.dtype == "uint32":
-        return v
-    if ir.np_dtype(out.dtype).itemsize == 4:
-        return v.with_(dtype=out.dtype)                      # the same bits, signed
-    kb.emit(isa.TensorCopy, dst=out, src=v, engine=_G)
+def _interleave(kb, y, out: isa.Tile, engines) -> isa.Tile:
+    """out[:, 4f + j] = y[j][:, f]: the words of each counter side by side (one [P, 1]
+    bit-exact copy per word column; no engine writes a tile with a stride, §6.2)."""
+    for f in range(y[0].free_size):
+        for j in range(4):
+            kb.emit(isa.TensorCopy, dst=sub(out, free=1, at=4 * f + j),
+                    src=sub(y[j], free=1, at=f), engine=next(engines))
     return out
+
+
+def _as_bits(kb, words: isa.Tile, dtype: str, narrow: isa.Tile | None) -> isa.Tile:
+    """The output elements: the words themselves (32-bit types), pairs of words
+    (64-bit: low word first, as XLA combines them), or each word's low bits."""
+    size = ir.np_dtype(dtype).itemsize
+    if size >= 4:
+        return words.with_(dtype=dtype, free=(words.free_size * 4 // size,))
+    dst = sub(narrow, words.num_partitions, words.free_size)
+    kb.emit(isa.TensorCopy, dst=dst, src=words, engine=_G)     # GpSimd copies wrap
+    return dst
 
 
 def _next_state(kb, words: isa.Tile, new_state: DramTensor, counters: int) -> None:
