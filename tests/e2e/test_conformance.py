@@ -53,7 +53,6 @@ def operands(dtype: str, shape=(130, 3)):
 
 def checks(dtype: str, types=CONVERT_TO) -> dict:
     """name -> fn(x, y, s) for everything defined on `dtype`."""
-    import jax
     import jax.numpy as jnp
     from jax import lax
     is_float, is_bool = dtype in FLOATS or dtype == "float64", dtype == "bool"
