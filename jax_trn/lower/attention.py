@@ -96,9 +96,10 @@ class _Flash:
         self.qT = kb.ring(3, P, q.dtype)
         self.s = kb.ring(2, CHUNK, "float32", mem="psum")
         self.p = kb.ring(3, CHUNK, self.pdtype)
-        self.t = kb.ring(2, MOVING_MAX, "float32", mem="psum")
+        self.t = kb.ring(3 if 2 * self.dv * 4 <= 2048 else 2, MOVING_MAX, "float32", mem="psum")
         self.pt = kb.ring(6, MOVING_MAX, self.pdtype)
-        self.o = kb.ring(2, self.dv, "float32", mem="psum")
+        self.o = _ring_in_bank(kb, 2, self.dv) if 2 * self.dv * 4 <= 2048 else \
+            kb.ring(2, self.dv, "float32", mem="psum")
         self.osb = kb.ring(2, self.dv, "float32")
         self.res = kb.ring(2, self.dv, out.dtype)
         self.small = kb.ring(16, 1, "float32")
@@ -318,3 +319,11 @@ class _Flash:
             kb.emit(isa.TensorScalar, dst=res, data=acc, op0="divide", operand0=job["l"])
             base = job["b"] * self.sq * self.dv + tile["q0"] * self.dv
             self._dma(kb.ap(self.out, base, ((self.dv, qt), (1, self.dv))), res)
+
+
+def _ring_in_bank(kb, depth: int, free: int):
+    """`depth` FP32 [P, free] PSUM accumulators sharing one 2 KiB bank (§3.2: a matmul
+    must not cross a bank, several may share one)."""
+    from .builder import Ring
+    bank = kb.tile(depth * free, "float32", mem="psum")
+    return Ring([sub(bank, P, free, at=i * free) for i in range(depth)])
