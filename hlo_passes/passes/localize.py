@@ -504,26 +504,37 @@ class _Localizer:
         self._settle(op, out)
 
     def _sdy_manual_computation(self, op: ir.Op) -> None:
+        """A shard_map body, inlined. Inside it values are per-device along the manual
+        axes: an operand the body reads is seen with its sharding over the free axes
+        only (none when every axis is manual), and its outer sharding is restored after
+        the body; the results take the op's out_shardings."""
         body = op.regions[0].block
         ins = parse_per_value(op.attrs.get("in_shardings")) or []
+        outs = parse_per_value(op.attrs.get("out_shardings")) or []
         manual = {a.name for a in parse_axes(op.attrs.get("manual_axes", ""))}
+        outer: dict[int, TensorSharding | None] = {}
         for arg, operand, s in zip(body.args, op.operands, ins + [None] * len(body.args)):
-            free = _restrict(s, manual) if s else None
-            self._localize_value(arg, free if free and self.mesh else None)
+            free = _restrict(s, manual) if s and self.mesh else None
+            self._localize_value(arg, free)
             if arg.type != operand.type:
                 raise VerifyError(f"shard_map argument of per-device type {arg.type} "
                                   f"receives {operand.type} ({op.describe()})")
+            outer.setdefault(id(operand), self.shardings.get(id(operand)))
+            self.shardings[id(operand)] = free
             self.mapping[arg] = operand
-        outer_mapping = self.mapping
         for inner in body.ops[:-1]:
             inner.operands = [self.mapping.get(v, v) for v in inner.operands]
             self._op(inner)
+        self.shardings.update(outer)
         ret = body.terminator
-        for r, v in zip(op.results, ret.operands):
+        for i, (r, v) in enumerate(zip(op.results, ret.operands)):
             v = self.mapping.get(v, v)
-            self.shardings[id(r)] = self.shardings.get(id(v))
+            if id(v) not in outer:
+                self.shardings[id(v)] = self._parse_text(outs[i] if i < len(outs) else None)
             self.mapping[r] = v
-        self.mapping = outer_mapping
+
+    def _parse_text(self, s: TensorSharding | None) -> TensorSharding | None:
+        return s if self.mesh and s is not None and s.mesh == self.mesh.name else None
 
     def _settle(self, op: ir.Op, v: ir.Value) -> None:
         """`v` replaces the sdy op's result; checks it has the expected local type."""

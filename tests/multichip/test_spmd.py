@@ -229,3 +229,18 @@ def test_pmap_with_psum(jax, trn_devices):
     out = f(x)
     assert {d.platform for d in out.devices()} == {"trn"}
     np.testing.assert_allclose(np.asarray(out), x.sum(0) * x - x.max(0))
+
+
+def test_shard_map_body_ops_are_per_device(jax, meshes):
+    """Inside shard_map, slices / iota / concatenate / cumsum act on the device's block."""
+    from jax import shard_map
+    from jax.sharding import PartitionSpec as P
+    jnp = jax.numpy
+
+    def body(x):
+        return (x[:, :3] * 2, jnp.concatenate([x, x[::-1]], 0),
+                jnp.cumsum(x, 0) + jnp.arange(x.shape[0], dtype=x.dtype)[:, None])
+
+    f = lambda m: jax.jit(shard_map(body, mesh=m, in_specs=P("x", "y"),  # noqa: E731
+                                    out_specs=(P("x", "y"),) * 3, check_vma=False))
+    _both(jax, meshes, (4, 2), ("x", "y"), f, [(A, ("x", "y"))])
