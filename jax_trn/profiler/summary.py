@@ -48,7 +48,7 @@ class Summary:
             "tensor_busy_breakdown_percent": _tensor_breakdown(exs),
             "bound": bound,
             "bound_time_percent": 100 * share,
-            "kernels": [_kernel_row(s, t.time_ns) for s in self.kernels],
+            "kernels": [_kernel_row(s, t.device_ns) for s in self.kernels],
             "collectives": _collectives(exs, t.time_ns),
             "insights": [i.to_dict() for i in self.insights],
         }
@@ -115,6 +115,8 @@ def _tensor_breakdown(exs) -> dict:
 
 
 def _kernel_row(s: metrics.KernelStats, total_ns: float) -> dict:
+    """`total_ns`: device time (span x devices): a kernel's time is summed over the
+    devices that ran it, so its share is of all devices' time (<= 100%)."""
     t = s.totals
     bound, why = s.bound
     return {

@@ -106,3 +106,16 @@ def test_collective_scatter_plot(ex):
         assert labels == ["all_gather", "all_reduce"]
     finally:
         plt.close("all")
+
+
+def test_kernel_shares_of_a_multi_device_run_stay_within_100_percent(jax, trn_devices):
+    import numpy as np
+    import jax_trn
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    mesh = jax.make_mesh((8,), ("d",), devices=trn_devices,
+                         axis_types=(jax.sharding.AxisType.Auto,))
+    x = jax.device_put(np.ones((1024, 256), np.float32), NamedSharding(mesh, P("d")))
+    with jax_trn.profile() as prof:
+        jax.jit(lambda x: jax.numpy.tanh(x) * 2)(x).block_until_ready()
+    rows = prof.executions[-1].summary_dict()["kernels"]
+    assert rows and sum(r["time_percent"] for r in rows) <= 100.0 + 1e-6
