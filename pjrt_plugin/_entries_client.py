@@ -102,11 +102,11 @@ def _host_array(a, dtype: str, dims: list[int]) -> np.ndarray:
     strides = read_array(get_ptr(a, "byte_strides"), ctypes.c_int64, a.num_byte_strides)
     if not strides:
         strides = list(np.empty(0, np_dtype).reshape([0] + dims[1:]).strides) if dims else []
-    if any(s < 0 for s in strides):
-        raise PjrtError(Code.UNIMPLEMENTED, "negative byte strides in a host buffer")
-    span = np_dtype.itemsize + sum((d - 1) * s for d, s in zip(dims, strides))
-    raw = (ctypes.c_uint8 * span).from_address(get_ptr(a, "data"))
-    view = np.ndarray(dims, np_dtype, buffer=raw, offset=0, strides=strides)
+    # Negative strides (a reversed numpy view): elements lie below the data pointer too.
+    low = sum((d - 1) * s for d, s in zip(dims, strides) if s < 0)
+    high = np_dtype.itemsize + sum((d - 1) * s for d, s in zip(dims, strides) if s > 0)
+    raw = (ctypes.c_uint8 * (high - low)).from_address(get_ptr(a, "data") + low)
+    view = np.ndarray(dims, np_dtype, buffer=raw, offset=-low, strides=strides)
     return np.array(view, copy=True, order="C")
 
 

@@ -62,3 +62,9 @@ def test_copy_between_devices(jax, trn_devices):
     y = jax.device_put(jax.device_put(a, trn_devices[0]), trn_devices[4])
     assert y.devices() == {trn_devices[4]}
     np.testing.assert_array_equal(np.asarray(y), a)
+
+
+def test_device_put_of_views_with_negative_strides(jax, trn):
+    u = np.arange(24, dtype=np.float32).reshape(4, 6)
+    for v in (u[::-1], u[:, ::-2], u[::-2, ::-1].T):
+        np.testing.assert_array_equal(np.asarray(jax.device_put(v, trn)), v)
