@@ -54,15 +54,20 @@ def _concatenate_lower(ctx: LowerCtx, *xs: DramTensor, dimension) -> None:
 
 
 def _pad_dim(lo: int, hi: int, interior: int, n: int) -> tuple[int, int, int]:
-    """(first source index, source count, first result index) of one padded dim.
+    """(first source index, source count, first result index) of one padded dim: source
+    element i lands at lo + i * (interior + 1); negative edges cut elements off.
 
     >>> _pad_dim(2, 1, 0, 5), _pad_dim(-2, -1, 0, 5), _pad_dim(1, 0, 1, 3)
     ((0, 5, 2), (2, 2, 0), (0, 3, 1))
+    >>> _pad_dim(-3, -2, 1, 5)      # 9 positions, cut to 4: elements 2, 3 at 1, 3
+    (2, 2, 1)
     """
-    if interior and (lo < 0 or hi < 0):
-        raise LoweringError("negative edge padding with interior padding is not supported")
-    first = max(0, -lo)
-    return first, max(0, n - first - max(0, -hi)), max(0, lo)
+    k = interior + 1
+    size = lo + hi + n + (n - 1) * interior if n else lo + hi
+    first = max(0, -(lo // k)) if lo < 0 else 0
+    last = min(n - 1, (size - 1 - lo) // k) if size > 0 else -1
+    count = max(0, last - first + 1)
+    return first, count, (lo + first * k) if count else 0
 
 
 @register_lowering("pad")

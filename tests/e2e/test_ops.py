@@ -223,3 +223,11 @@ def test_random_bits_match_cpu(jax, trn, cpu):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
         else:
             np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("config", [
+    [(1, 2, 0), (0, 3, 0)], [(-2, -1, 0), (3, -4, 0)], [(1, 2, 1), (0, 1, 2)],
+    [(-3, -2, 1), (-1, 4, 2)], [(2, -5, 3), (-6, -1, 1)], [(-4, 0, 1), (0, -9, 2)]])
+def test_pad_edge_interior_and_negative(jax, trn, cpu, config):
+    x = np.random.default_rng(7).normal(size=(6, 130)).astype(np.float32)
+    check(jax, trn, cpu, lambda x: jax.lax.pad(x, np.float32(0.5), config), x)
