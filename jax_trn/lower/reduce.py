@@ -2,7 +2,7 @@
 alone or fused with the elementwise ops that produce its input (input fusion).
 
 Partial results accumulate in FP32 for floats and natively in int32 for integers and
-bool (exact, wrapping like XLA), and are cast to the result type at the end. Three
+bool (uint32 / int64 / uint64 in their own type; exact, wrapping like XLA), and are cast to the result type at the end. Three
 tilings, by where the contiguous axis of the input is:
 
 - rows: the innermost axis is reduced. Kept positions go on partitions, the reduced
@@ -124,7 +124,11 @@ class _Reducer:
     def __init__(self, kb: KernelBuilder, source, out: DramTensor, alu: str, init):
         self.kb, self.source, self.out, self.alu = kb, source, out, alu
         self.acc_dtype = acc = "float32" if ir.is_float(source.dtype) else \
-            "uint32" if source.dtype == "uint32" else "int32"     # uint32: min/max > 2**31
+            source.dtype if source.dtype in ("uint32", "int64", "uint64") else "int32"
+        # uint32: min/max above 2**31; 64-bit integers: sums past the int32 range
+        if source.dtype == "uint64" and alu in ("max", "min"):
+            raise LoweringError(f"{alu} of uint64 is not supported: the integer ALU "
+                                "compares in signed 64-bit")
         self.engine = engine_for(acc)
         self.ident = identity(alu, source.dtype)
         self.init = self._load_init(init, out.dtype) if init is not None else None

@@ -231,3 +231,11 @@ def test_random_bits_match_cpu(jax, trn, cpu):
 def test_pad_edge_interior_and_negative(jax, trn, cpu, config):
     x = np.random.default_rng(7).normal(size=(6, 130)).astype(np.float32)
     check(jax, trn, cpu, lambda x: jax.lax.pad(x, np.float32(0.5), config), x)
+
+
+def test_64_bit_integer_reductions_past_the_int32_range():
+    from tests.conftest import run_python
+    code = open(__file__.replace("test_ops.py", "_i64_reductions.py")).read()
+    r = run_python(code)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["True"] * 5 + ["uint64-max-error"], r.stdout
