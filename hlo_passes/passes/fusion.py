@@ -48,13 +48,29 @@ class Fusion:
     def run(self, module: ir.Module) -> bool:
         changed = False
         for fn in module.functions.values():
-            changed |= _degenerate_reduces(fn.body)
-            changed |= _transposed_dots(fn.body)
-            changed |= _attention_fusions(fn.body, self.policy)
-            changed |= _BlockFusion(fn.body, self.policy).run()
+            for block in _control_blocks(fn.body):
+                changed |= _degenerate_reduces(block)
+                changed |= _transposed_dots(block)
+                changed |= _attention_fusions(block, self.policy)
+                changed |= _BlockFusion(block, self.policy).run()
         if changed:
             dce.run(module)
         return changed
+
+
+CONTROL_KINDS = ("while", "case")
+
+
+def _control_blocks(block: ir.Block):
+    """`block` and, recursively, the cond / body / branch blocks of its loops and
+    conditionals: each is a sequence of kernels of its own, fused on its own (values
+    from enclosing blocks are inputs, like function arguments)."""
+    yield block
+    for op in list(block.ops):
+        if op.kind in CONTROL_KINDS:
+            for region in op.regions:
+                for inner in region.blocks:
+                    yield from _control_blocks(inner)
 
 
 def run(module: ir.Module) -> bool:

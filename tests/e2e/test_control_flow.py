@@ -399,3 +399,20 @@ def test_pass_through_carry_is_not_aliased_to_a_written_buffer():
         a, u = _run_ir(_PASS_THROUGH, x, np.array(n, np.int32))
         np.testing.assert_array_equal(a, x * 2.0 ** n)
         np.testing.assert_array_equal(u, x if n == 0 else x * 2.0 ** (n - 1) + 1)
+
+
+def test_loop_bodies_are_fused(jax, trn):
+    """The fusion pass runs inside loop bodies and branches: an elementwise chain in a
+    fori_loop body is one kernel per trip."""
+    import jax_trn
+    jnp = jax.numpy
+    x = np.random.default_rng(0).normal(size=(128, 512)).astype(np.float32)
+    f = jax.jit(lambda x: jax.lax.fori_loop(
+        0, 10, lambda i, c: jnp.tanh(c * 1.01 + 0.1) * 0.9, x))
+    with jax_trn.profile() as prof:
+        y = f(jax.device_put(x, trn))
+    np.testing.assert_allclose(np.asarray(y), np.asarray(f(x)), rtol=1e-6, atol=1e-6)
+    body = [k for k in prof.executions[-1].kernels if "while" in k.context
+            and ".cond" not in k.context and "multiply" in " ".join(k.ops)]
+    assert len(body) == 10                       # one fused kernel per trip
+    assert all(len(k.ops) >= 4 for k in body)    # multiply, add, tanh, multiply
