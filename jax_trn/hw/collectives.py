@@ -53,6 +53,8 @@ over all ranks of all groups.
 
 **Timing** (deterministic). The collective pays one fixed cost (`LinkSpec.onchip_ns`, the
 trigger-to-DMA start of §5.2/§3.4), then steps run one after another, all groups together.
+A `LocalReduce` is a chain of dma_computes (16 sources each, the running partial one of
+them): each pays the DMA fixed cost, plus the bytes at the reduce rate.
 A step's transfers are aggregated per device pair (a flow). Contention is a per-link
 serialization model: every flow on a link shares it for the whole step, so link l drains
 after load[l] / bw[l]; a flow ends at route latency + max over its links of that drain time;
@@ -511,13 +513,26 @@ def _local_reduce(buf, st, op, sources):
 
 # --- timing -----------------------------------------------------------------------------
 
+def _reduce_batches(sources: int, per_dma: int) -> int:
+    """dma_computes a local reduce of `sources` ranges takes: the first sums `per_dma`,
+    each later one the running partial and `per_dma - 1` more (as `_local_reduce`).
+
+    >>> _reduce_batches(2, 16), _reduce_batches(16, 16), _reduce_batches(17, 16), _reduce_batches(64, 16)
+    (1, 1, 2, 5)
+    """
+    return 1 + max(0, -(-(sources - per_dma) // (per_dma - 1)))
+
+
 def _step_time(st, topo: Topology, devs, chunk_bytes, dma_available, link_total):
     spec = topo.spec
     if isinstance(st, LocalReduce):
         chips = topo.chip_of(devs[st.rank])
         per_chip = np.bincount(chips, minlength=topo.num_chips) * st.sstarts.shape[1] * st.length * chunk_bytes
         rate = spec.chip_dma_bytes_per_ns * dma_available * spec.cc_reduce_rate
-        return spec.onchip_ns + per_chip.max() / rate, 0.0
+        # One dma_compute per batch of sources, chained (each adds the running partial,
+        # as `_local_reduce` computes it): each pays the DMA fixed cost, §3.4.
+        return spec.onchip_ns * _reduce_batches(st.sstarts.shape[1], spec.dma_compute_sources) \
+            + per_chip.max() / rate, 0.0
     sd, dd = devs[st.src], devs[st.dst]
     keep = sd != dd
     if not keep.any():
