@@ -14,10 +14,11 @@ _TO_NAME = {
 }
 _TO_PJRT = {v: k for k, v in _TO_NAME.items()}
 
-# What the Trainium hardware can hold (trainium-hardware.md §4): transfers of these work.
+# What the Trainium hardware can hold (trainium-hardware.md §4; FP8: legacy e4m3 and e5m2
+# on every generation, OCP e4m3fn computed natively from v4, §2.2): transfers of these work.
 SUPPORTED = frozenset({
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-    "float16", "bfloat16", "float32", "float8_e4m3fn", "float8_e5m2",
+    "float16", "bfloat16", "float32", "float8_e4m3fn", "float8_e5m2", "float8_e4m3",
 })
 
 

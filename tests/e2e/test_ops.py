@@ -239,3 +239,14 @@ def test_64_bit_integer_reductions_past_the_int32_range():
     r = run_python(code)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == ["True"] * 5 + ["uint64-max-error"], r.stdout
+
+
+def test_legacy_float8_e4m3_transfers_converts_and_multiplies(jax, trn, cpu):
+    """The FP8 e4m3 of Trn1/Trn2 (ml_dtypes float8_e4m3; OCP e4m3fn is v4's), §2.2."""
+    jnp = jax.numpy
+    r = np.random.default_rng(0)
+    a = r.normal(size=(256, 256)).astype(ml_dtypes.float8_e4m3)
+    b = r.normal(size=(256, 128)).astype(ml_dtypes.float8_e4m3)
+    check(jax, trn, cpu, lambda a, b: (jnp.dot(a, b, preferred_element_type=jnp.float32),
+                                       (a.astype(jnp.float32) * 2 + 1).astype(a.dtype),
+                                       a.astype(jnp.bfloat16)), a, b, rtol=0, atol=0)
