@@ -48,12 +48,18 @@ VARIADIC: dict = {}
 
 
 def combiner(op, dtype: str) -> str:
-    """The ALU op of a single-op reduce region (add, max, min)."""
-    body = [o for o in op.regions[0].block.ops if o.kind not in ("return", "func.return")]
+    """The ALU op of a single-op reduce region (add, max, min, multiply)."""
+    return body_alu(op.regions[0], dtype, "reduce combiner", op)
+
+
+def body_alu(region, dtype: str, what: str, op) -> str:
+    """The ALU op of a one-op binary body (add, max, min, multiply; and/or on bool):
+    reduce, reduce_window and select_and_scatter bodies."""
+    body = [o for o in region.block.ops if o.kind not in ("return", "func.return")]
     table = BOOL_COMBINERS if dtype == "bool" else COMBINERS
     if len(body) != 1 or body[0].kind not in table:
         kinds = ", ".join(o.kind for o in body) or "nothing"
-        raise LoweringError(f"reduce combiner ({kinds}) is not supported; expected one of "
+        raise LoweringError(f"{what} ({kinds}) is not supported; expected one of "
                             f"{sorted(table)} ({op.describe()})")
     return table[body[0].kind]
 

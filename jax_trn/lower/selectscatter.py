@@ -30,8 +30,9 @@ from .regions import Input, Region
 from .registry import LowerCtx, register_lowering
 from .relayout import relayout
 from .tileops import Step, engine_for
-from .window import (OFFSETS_FREE, OffsetBox, Window, _acc_dtype, body_alu, identity,
-                     interior_view, offset_boxes, offset_view, padded_copy)
+from .reduce import body_alu
+from .window import (OFFSETS_FREE, OffsetBox, Window, _acc_dtype, identity, interior_view,
+                     offset_boxes, offset_view, padded_copy)
 
 
 # --- select_and_scatter --------------------------------------------------------------------

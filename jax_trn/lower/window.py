@@ -48,7 +48,7 @@ from .errors import LoweringError
 from .layout import (P, Axes, View, box_offset, box_pattern, box_tiles, flat_tiles, line_tiles,
                      merge_axes, row_major, tiles)
 from .movement import dram_copy, fill
-from .reduce import TensorSource, _fill_init, emit_reduce
+from .reduce import TensorSource, _fill_init, body_alu, emit_reduce
 from .reduce import identity as _reduce_identity
 from .registry import LowerCtx, register_lowering
 from .relayout import relayout
@@ -61,20 +61,7 @@ TRANSPOSE_MIN = 16         # strided scan axes at least this long (and wide) are
 #                            transposed to contiguous lines first
 MAX_OFFSETS = 64           # windows up to this size are combined offset by offset
 OFFSETS_FREE = 2048        # elements per partition of one such tile
-COMBINERS = {"add": "add", "maximum": "max", "minimum": "min", "multiply": "multiply"}
-BOOL_COMBINERS = {"and": "min", "or": "max", "maximum": "max", "minimum": "min"}
 REDUCIBLE = ("add", "max", "min")       # what reduce.py's tilings combine
-
-
-def body_alu(region: ir.Region, dtype: str, what: str, op: ir.Op) -> str:
-    """The ALU op of a one-op binary body (add, max, min, multiply)."""
-    body = [o for o in region.block.ops if o.kind not in ("return", "func.return")]
-    table = BOOL_COMBINERS if dtype == "bool" else COMBINERS
-    if len(body) != 1 or body[0].kind not in table:
-        kinds = ", ".join(o.kind for o in body) or "nothing"
-        raise LoweringError(f"{what} body ({kinds}) is not supported; expected one of "
-                            f"{sorted(table)} ({op.describe()})")
-    return table[body[0].kind]
 
 
 def identity(alu: str, dtype: str):
@@ -401,7 +388,7 @@ def _reduce_window_lower(ctx: LowerCtx, *operands: DramTensor, **attrs) -> None:
     if any(lo < 0 or hi < 0 for lo, hi in w.padding):
         raise LoweringError(f"reduce_window with negative padding is not supported "
                             f"({ctx.op.describe()})")
-    alu = body_alu(ctx.op.regions[0], x.dtype, "reduce_window", ctx.op)
+    alu = body_alu(ctx.op.regions[0], x.dtype, "reduce_window body", ctx.op)
     ctx.kb.flops += out.size * math.prod(w.dims)
     if out.size == 0:
         return
