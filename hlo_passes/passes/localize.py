@@ -144,7 +144,6 @@ class _Localizer:
         self.whole: dict[int, ir.Value] = {}   # local value -> the global value it slices
         self.ops: list[ir.Op] = []
         self.mapping: dict[ir.Value, ir.Value] = {}
-        self._pid: ir.Value | None = None
         self.notes: list[str] = []
 
     # --- entry ------------------------------------------------------------------------
@@ -168,8 +167,11 @@ class _Localizer:
         self.module.attrs["trn.spmd"] = spmd
 
     def _parse(self, text):
-        s = parse_sharding(text) if text else None
-        return s if self.mesh and s and s.mesh == self.mesh.name else None
+        return self._ours(parse_sharding(text) if text else None)
+
+    def _ours(self, s: TensorSharding | None) -> TensorSharding | None:
+        """`s` if it is over this program's mesh (else the value is replicated)."""
+        return s if self.mesh and s is not None and s.mesh == self.mesh.name else None
 
     def _local_type(self, t: ir.TensorType, s: TensorSharding | None) -> ir.TensorType:
         try:
@@ -208,8 +210,7 @@ class _Localizer:
             raise VerifyError(f"{kind} is not supported by the SPMD localization "
                               f"({op.describe()})")
         shardings = parse_per_value(op.attrs.pop("sdy.sharding", None)) or [None] * len(op.results)
-        shardings = [s if self.mesh and s and s.mesh == self.mesh.name else None
-                     for s in shardings]
+        shardings = [self._ours(s) for s in shardings]
         if op.kind in ("while", "case"):
             return self._control(op, shardings)
         if self._positional(op, shardings):
@@ -406,7 +407,7 @@ class _Localizer:
     def _sdy_sharding_constraint(self, op: ir.Op) -> None:
         x = op.operands[0]
         want = self._parse(op.attrs.get("sharding"))
-        if self._local_type(ir.TensorType(_global(op.result), x.dtype), want) != x.type:
+        if self._local_type(ir.TensorType(op.result.shape, x.dtype), want) != x.type:
             raise VerifyError(f"sharding constraint {want} left without its reshard "
                               f"({op.describe()})")
         self._replace(op, x)
@@ -530,16 +531,13 @@ class _Localizer:
         for i, (r, v) in enumerate(zip(op.results, ret.operands)):
             v = self.mapping.get(v, v)
             if id(v) not in outer:
-                self.shardings[id(v)] = self._parse_text(outs[i] if i < len(outs) else None)
+                self.shardings[id(v)] = self._ours(outs[i] if i < len(outs) else None)
             self.mapping[r] = v
-
-    def _parse_text(self, s: TensorSharding | None) -> TensorSharding | None:
-        return s if self.mesh and s is not None and s.mesh == self.mesh.name else None
 
     def _settle(self, op: ir.Op, v: ir.Value) -> None:
         """`v` replaces the sdy op's result; checks it has the expected local type."""
         want = self._out(op)
-        t = self._local_type(ir.TensorType(_global(op.result), op.result.dtype), want)
+        t = self._local_type(ir.TensorType(op.result.shape, op.result.dtype), want)
         if v.type != t:
             raise VerifyError(f"localized {op.kind} gives {v.type}, expected {t}")
         self.shardings[id(v)] = want
@@ -562,10 +560,6 @@ class _Localizer:
 
 def _attrs(attrs: list[dict], values) -> list[dict]:
     return attrs if attrs else [{} for _ in values]
-
-
-def _global(v: ir.Value) -> tuple[int, ...]:
-    return v.shape
 
 
 def _replicated_like(v: ir.Value) -> TensorSharding:
