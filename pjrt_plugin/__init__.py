@@ -1,8 +1,9 @@
 """pjrt_plugin: the PJRT C API (version 0.112) implemented in Python with ctypes.
 
 JAX discovers this module through the `jax_plugins` entry point and calls
-`initialize()`, which registers the platform "trn". The plugin knows nothing about
-Trainium: each C entry point becomes one call into `jax_trn.runtime`.
+`initialize()`, which registers the platform "trn" (and `jax_trn.jax_rules`, the few
+JAX lowering rules trn needs). The plugin knows nothing about Trainium: each C entry
+point becomes one call into `jax_trn.runtime`.
 """
 from __future__ import annotations
 
@@ -31,3 +32,5 @@ def initialize() -> None:
     from jax._src import xla_bridge
     from ._api import capsule
     xla_bridge.register_plugin(PLATFORM, priority=PRIORITY, c_api=capsule(get_api()))
+    from jax_trn.jax_rules import register      # JAX lowering rules for platform "trn"
+    register()

@@ -1,0 +1,94 @@
+"""JAX lowering rules for the "trn" platform, for primitives whose generic lowering
+emits an op that XLA expands in its own pipeline (so no backend sees it on CPU/GPU) but
+that reaches ours as is.
+
+    triangular_solve   (jnp.linalg.solve / inv / cholesky solves, jax.scipy.linalg.
+                        solve_triangular): substitution row by row, a `fori_loop` whose
+                        body is one masked matrix-vector product at HIGHEST precision (a
+                        solve is as sensitive as XLA's expander assumes)
+    cholesky           (jnp.linalg.cholesky, cho_factor): column by column, a
+                        `fori_loop` whose body is one masked matrix-vector product; a
+                        matrix that is not positive definite gives NaNs
+
+They are registered when the plugin initializes (`register()`), for platform "trn"
+only; everything they emit runs on the device like any other program.
+"""
+from __future__ import annotations
+
+_done = False
+
+
+def register() -> None:
+    global _done
+    if _done:
+        return
+    from jax._src.interpreters import mlir
+    from jax._src.lax import linalg as lax_linalg
+    mlir.register_lowering(lax_linalg.triangular_solve_p,
+                           mlir.lower_fun(_triangular_solve, multiple_results=False),
+                           platform="trn")
+    mlir.register_lowering(lax_linalg.cholesky_p,
+                           mlir.lower_fun(_cholesky, multiple_results=False),
+                           platform="trn")
+    _done = True
+
+
+def _triangular_solve(a, b, *, left_side, lower, transpose_a, conjugate_a, unit_diagonal):
+    """op(a) x = b (left_side) or x op(a) = b, a triangular; canonicalised to a lower
+    left solve without transpose, then forward substitution."""
+    import jax.numpy as jnp
+    if conjugate_a:
+        a = jnp.conj(a)
+    if transpose_a:
+        a, lower = jnp.swapaxes(a, -1, -2), not lower
+    if not left_side:               # x a = b  <=>  a^T x^T = b^T
+        x = _triangular_solve(jnp.swapaxes(a, -1, -2), jnp.swapaxes(b, -1, -2),
+                              left_side=True, lower=not lower, transpose_a=False,
+                              conjugate_a=False, unit_diagonal=unit_diagonal)
+        return jnp.swapaxes(x, -1, -2)
+    if not lower:                   # reverse rows and columns: upper becomes lower
+        x = _forward(a[..., ::-1, ::-1], b[..., ::-1, :], unit_diagonal)
+        return x[..., ::-1, :]
+    return _forward(a, b, unit_diagonal)
+
+
+def _forward(a, b, unit_diagonal: bool):
+    """x with a x = b, a lower triangular [..., m, m], b [..., m, n]."""
+    import jax
+    import jax.numpy as jnp
+    lax = jax.lax
+    m = a.shape[-1]
+    cols = jnp.arange(m)
+
+    def row(i, x):
+        ai = lax.dynamic_slice_in_dim(a, i, 1, axis=-2)                 # [..., 1, m]
+        below = jnp.where(cols < i, ai, jnp.zeros_like(ai))
+        s = jnp.matmul(below, x, precision=lax.Precision.HIGHEST)      # [..., 1, n]
+        xi = lax.dynamic_slice_in_dim(b, i, 1, axis=-2) - s
+        if not unit_diagonal:
+            xi = xi / lax.dynamic_slice_in_dim(ai, i, 1, axis=-1)
+        return lax.dynamic_update_slice_in_dim(x, xi.astype(x.dtype), i, axis=-2)
+
+    return lax.fori_loop(0, m, row, jnp.zeros(b.shape, b.dtype))
+
+
+def _cholesky(a):
+    """Lower L with L L^T = a [..., m, m] (the lower triangle of a is read)."""
+    import jax
+    import jax.numpy as jnp
+    lax = jax.lax
+    m = a.shape[-1]
+    idx = jnp.arange(m)
+
+    def column(i, low):
+        li = lax.dynamic_slice_in_dim(low, i, 1, axis=-2)              # [..., 1, m]
+        li = jnp.where(idx < i, li, jnp.zeros_like(li))
+        ai = lax.dynamic_slice_in_dim(a, i, 1, axis=-1)[..., 0]       # column i of a
+        s = jnp.matmul(low, jnp.swapaxes(li, -1, -2),
+                       precision=lax.Precision.HIGHEST)[..., 0]      # [..., m]
+        d = jnp.sqrt(jnp.take(ai, i, axis=-1) - jnp.take(s, i, axis=-1))[..., None]
+        col = jnp.where(idx > i, (ai - s) / d, jnp.where(idx == i, d, jnp.zeros_like(ai)))
+        return lax.dynamic_update_slice_in_dim(low, col[..., None].astype(low.dtype), i,
+                                               axis=-1)
+
+    return lax.fori_loop(0, m, column, jnp.zeros_like(a))
