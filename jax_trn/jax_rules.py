@@ -9,6 +9,9 @@ that reaches ours as is.
     cholesky           (jnp.linalg.cholesky, cho_factor): column by column, a
                         `fori_loop` whose body is one masked matrix-vector product; a
                         matrix that is not positive definite gives NaNs
+    cumlogsumexp       (its generic lowering is a reduce_window with a logaddexp body):
+                        `lax.associative_scan` of logaddexp, log2(n) steps of elementwise
+                        ops on shifted slices (the form JAX uses on TPU)
 
 They are registered when the plugin initializes (`register()`), for platform "trn"
 only; everything they emit runs on the device like any other program.
@@ -29,6 +32,10 @@ def register() -> None:
                            platform="trn")
     mlir.register_lowering(lax_linalg.cholesky_p,
                            mlir.lower_fun(_cholesky, multiple_results=False),
+                           platform="trn")
+    from jax._src.lax.control_flow import loops
+    mlir.register_lowering(loops.cumlogsumexp_p,
+                           mlir.lower_fun(_cumlogsumexp, multiple_results=False),
                            platform="trn")
     _done = True
 
@@ -92,3 +99,8 @@ def _cholesky(a):
                                                axis=-1)
 
     return lax.fori_loop(0, m, column, jnp.zeros_like(a))
+
+
+def _cumlogsumexp(x, *, axis: int, reverse: bool):
+    import jax
+    return jax.lax.associative_scan(jax.numpy.logaddexp, x, reverse=reverse, axis=axis)

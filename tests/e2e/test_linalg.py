@@ -1,5 +1,5 @@
-"""Linear solves and Cholesky on trn (jax_trn/jax_rules.py: substitution and Cholesky as
-fori_loops of masked matrix-vector products) against the CPU backend."""
+"""The ops jax_trn/jax_rules.py lowers for trn: linear solves and Cholesky (fori_loops of
+masked matrix-vector products) and cumlogsumexp (an associative scan), against CPU."""
 from __future__ import annotations
 
 import numpy as np
@@ -41,3 +41,11 @@ def test_matches_cpu(jax, trn, name):
 def test_cholesky_of_a_matrix_that_is_not_positive_definite_has_nans(jax, trn):
     got = np.asarray(jax.jit(jax.numpy.linalg.cholesky)(jax.device_put(-SPD, trn)))
     assert np.isnan(got).any()
+
+
+@pytest.mark.parametrize("axis,reverse", [(1, False), (0, True)])
+def test_cumlogsumexp(jax, trn, axis, reverse):
+    x = RNG.normal(size=(6, 130)).astype(np.float32)
+    f = jax.jit(lambda x: jax.lax.cumlogsumexp(x, axis=axis, reverse=reverse))
+    np.testing.assert_allclose(np.asarray(f(jax.device_put(x, trn))), np.asarray(f(x)),
+                               rtol=1e-5, atol=1e-5)
