@@ -244,3 +244,44 @@ def test_shard_map_body_ops_are_per_device(jax, meshes):
     f = lambda m: jax.jit(shard_map(body, mesh=m, in_specs=P("x", "y"),  # noqa: E731
                                     out_specs=(P("x", "y"),) * 3, check_vma=False))
     _both(jax, meshes, (4, 2), ("x", "y"), f, [(A, ("x", "y"))])
+
+
+def _programs(jax):
+    from jax import shard_map
+    from jax.sharding import PartitionSpec as P
+    jnp, lax = jax.numpy, jax.lax
+    sm = lambda f, m, i, o: shard_map(f, mesh=m, in_specs=i, out_specs=o,  # noqa: E731
+                                      check_vma=False)
+    return {
+        "psum_in_a_scan": lambda m: sm(lambda x: lax.scan(
+            lambda c, _: (lax.psum(c, "x") * 0.25, None), x, None, length=3)[0],
+            m, P("x", "y"), P("x", "y")),
+        "fori_loop_on_sharded": lambda m: lambda x: lax.fori_loop(
+            0, 3, lambda i, c: jnp.tanh(c @ c.T @ c * 0.01), x),
+        "cond_on_sharded": lambda m: lambda x: lax.cond(x.sum() > 0, lambda: x * 2,
+                                                        lambda: x - 1),
+        "gather_scatter_sort": lambda m: lambda x: (x[jnp.array([1, 5, 9, 13])],
+                                                    x.at[jnp.array([1, 5])].add(1.0),
+                                                    jnp.sort(x, axis=0)),
+        "softmax_layernorm": lambda m: lambda x: (
+            jax.nn.softmax(x, axis=-1),
+            (x - x.mean(-1, keepdims=True)) / x.std(-1, keepdims=True)),
+        "all_to_all_over_two_axes": lambda m: sm(lambda x: lax.all_to_all(
+            x, ("x", "y"), 1, 1, tiled=True), m, P(("x", "y")), P(("x", "y"))),
+        "pmin_pmean_int_psum": lambda m: sm(lambda x: (
+            lax.pmin(x, "x") + lax.pmean(x, "y"), lax.psum((x * 10).astype(jnp.int32), "y")),
+            m, P("x", "y"), (P(None, None), P("x", None))),
+        "grad_through_psum": lambda m: jax.grad(lambda x: jnp.sum(sm(
+            lambda v: lax.psum(v ** 2, "x"), m, P("x", "y"), P(None, "y"))(x))),
+    }
+
+
+@pytest.mark.parametrize("name", ["psum_in_a_scan", "fori_loop_on_sharded", "cond_on_sharded",
+                                  "gather_scatter_sort", "softmax_layernorm",
+                                  "all_to_all_over_two_axes", "pmin_pmean_int_psum",
+                                  "grad_through_psum"])
+def test_control_flow_and_more_ops_on_sharded_arrays(jax, meshes, highest, name):
+    spec = (("x", "y"),) if name == "all_to_all_over_two_axes" else ("x", "y")
+    f = _programs(jax)[name]
+    _both(jax, meshes, (4, 2), ("x", "y"), lambda m: jax.jit(f(m)), [(A, spec)], rtol=1e-5,
+          atol=1e-5)
