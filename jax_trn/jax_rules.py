@@ -9,6 +9,10 @@ that reaches ours as is.
     cholesky           (jnp.linalg.cholesky, cho_factor): column by column, a
                         `fori_loop` whose body is one masked matrix-vector product; a
                         matrix that is not positive definite gives NaNs
+    geqrf,             (jnp.linalg.qr, orthogonal initializers): Householder QR in
+    householder_product LAPACK's conventions (dlarfg's reflector, R and the vectors packed
+                        in one matrix), one column per trip of a `fori_loop`; their generic
+                        lowering is a custom_call XLA expands only for TPU
     cumlogsumexp       (its generic lowering is a reduce_window with a logaddexp body):
                         `lax.associative_scan` of logaddexp, log2(n) steps of elementwise
                         ops on shifted slices (the form JAX uses on TPU)
@@ -32,6 +36,11 @@ def register() -> None:
                            platform="trn")
     mlir.register_lowering(lax_linalg.cholesky_p,
                            mlir.lower_fun(_cholesky, multiple_results=False),
+                           platform="trn")
+    mlir.register_lowering(lax_linalg.geqrf_p,
+                           mlir.lower_fun(_geqrf, multiple_results=True), platform="trn")
+    mlir.register_lowering(lax_linalg.householder_product_p,
+                           mlir.lower_fun(_householder_product, multiple_results=False),
                            platform="trn")
     from jax._src.lax.control_flow import loops
     mlir.register_lowering(loops.cumlogsumexp_p,
@@ -104,3 +113,61 @@ def _cholesky(a):
 def _cumlogsumexp(x, *, axis: int, reverse: bool):
     import jax
     return jax.lax.associative_scan(jax.numpy.logaddexp, x, reverse=reverse, axis=axis)
+
+
+def _geqrf(a):
+    """LAPACK geqrf: R above the diagonal, Householder vectors (unit leading entry
+    implied) below it, and their taus: column j's reflector H = I - tau v v^T maps
+    a[j:, j] to (beta, 0, ...), beta = -sign(alpha) * ||a[j:, j]|| (dlarfg)."""
+    import jax
+    import jax.numpy as jnp
+    lax = jax.lax
+    *batch, m, n = a.shape
+    k = min(m, n)
+    rows, cols = jnp.arange(m), jnp.arange(n)
+    hi = lax.Precision.HIGHEST
+
+    def column(j, state):
+        a, taus = state
+        col = lax.dynamic_slice_in_dim(a, j, 1, axis=-1)[..., 0]            # [..., m]
+        alpha = jnp.take(col, j, axis=-1)[..., None]
+        x = jnp.where(rows > j, col, jnp.zeros_like(col))
+        xnorm = jnp.sqrt(jnp.sum(x * x, axis=-1, keepdims=True))
+        beta = -jnp.copysign(jnp.sqrt(alpha * alpha + xnorm * xnorm), alpha)
+        safe = xnorm != 0
+        tau = jnp.where(safe, (beta - alpha) / jnp.where(safe, beta, 1), 0)
+        scale = jnp.where(safe, 1 / jnp.where(safe, alpha - beta, 1), 0)
+        v = jnp.where(rows == j, jnp.ones_like(col), x * scale)
+        w = jnp.matmul(v[..., None, :], a, precision=hi)[..., 0, :]          # v^T a
+        w = jnp.where(cols > j, w, jnp.zeros_like(w))
+        a = a - tau[..., None] * v[..., :, None] * w[..., None, :]
+        new = jnp.where(rows < j, col, jnp.where(rows == j, jnp.where(safe, beta, alpha),
+                                                   x * scale))
+        a = lax.dynamic_update_slice_in_dim(a, new[..., None].astype(a.dtype), j, axis=-1)
+        taus = lax.dynamic_update_slice_in_dim(taus, tau.astype(taus.dtype), j, axis=-1)
+        return a, taus
+
+    taus = jnp.zeros((*batch, k), a.dtype)
+    return list(lax.fori_loop(0, k, column, (a, taus)))
+
+
+def _householder_product(a, taus):
+    """LAPACK orgqr: the first n columns of H_0 H_1 ... H_{k-1} for the reflectors
+    packed below the diagonal of a [..., m, n]."""
+    import jax
+    import jax.numpy as jnp
+    lax = jax.lax
+    *batch, m, n = a.shape
+    k = taus.shape[-1]
+    rows = jnp.arange(m)
+    q = jnp.broadcast_to(jnp.eye(m, n, dtype=a.dtype), a.shape)
+
+    def reflect(i, q):
+        j = k - 1 - i
+        col = lax.dynamic_slice_in_dim(a, j, 1, axis=-1)[..., 0]
+        v = jnp.where(rows < j, jnp.zeros_like(col), jnp.where(rows == j, 1, col))
+        tau = lax.dynamic_slice_in_dim(taus, j, 1, axis=-1)
+        w = jnp.matmul(v[..., None, :], q, precision=lax.Precision.HIGHEST)[..., 0, :]
+        return q - tau[..., None] * v[..., :, None] * w[..., None, :]
+
+    return lax.fori_loop(0, k, reflect, q)

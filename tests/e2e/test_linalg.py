@@ -1,5 +1,6 @@
-"""The ops jax_trn/jax_rules.py lowers for trn: linear solves and Cholesky (fori_loops of
-masked matrix-vector products) and cumlogsumexp (an associative scan), against CPU."""
+"""The ops jax_trn/jax_rules.py lowers for trn: linear solves, Cholesky and Householder QR
+(fori_loops of masked matrix-vector products) and cumlogsumexp (an associative scan),
+against CPU."""
 from __future__ import annotations
 
 import numpy as np
@@ -49,3 +50,19 @@ def test_cumlogsumexp(jax, trn, axis, reverse):
     f = jax.jit(lambda x: jax.lax.cumlogsumexp(x, axis=axis, reverse=reverse))
     np.testing.assert_allclose(np.asarray(f(jax.device_put(x, trn))), np.asarray(f(x)),
                                rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(5, 5), (6, 4), (4, 6), (2, 5, 3)])
+@pytest.mark.parametrize("mode", ["reduced", "complete", "r"])
+def test_qr_matches_lapack(jax, trn, shape, mode):
+    """Same Q and R as LAPACK on CPU, signs included (dlarfg's reflector convention)."""
+    a = np.random.default_rng(1).normal(size=shape).astype(np.float32)
+    f = jax.jit(lambda a: jax.numpy.linalg.qr(a, mode=mode))
+    for got, want in zip(jax.tree.leaves(f(jax.device_put(a, trn))), jax.tree.leaves(f(a))):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=2e-6)
+
+
+def test_orthogonal_initializer(jax, trn):
+    init = jax.nn.initializers.orthogonal()
+    w = np.asarray(jax.jit(lambda k: init(k, (8, 8)))(jax.device_put(jax.random.PRNGKey(0), trn)))
+    np.testing.assert_allclose(w @ w.T, np.eye(8), atol=1e-5)
