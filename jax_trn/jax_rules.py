@@ -22,6 +22,9 @@ only; everything they emit runs on the device like any other program.
 """
 from __future__ import annotations
 
+import jax.numpy as jnp
+from jax import lax
+
 _done = False
 
 
@@ -52,7 +55,6 @@ def register() -> None:
 def _triangular_solve(a, b, *, left_side, lower, transpose_a, conjugate_a, unit_diagonal):
     """op(a) x = b (left_side) or x op(a) = b, a triangular; canonicalised to a lower
     left solve without transpose, then forward substitution."""
-    import jax.numpy as jnp
     if conjugate_a:
         a = jnp.conj(a)
     if transpose_a:
@@ -68,17 +70,18 @@ def _triangular_solve(a, b, *, left_side, lower, transpose_a, conjugate_a, unit_
     return _forward(a, b, unit_diagonal)
 
 
+def _row(x, i):
+    """Row i of x [..., m, k] as [..., 1, k], and the same with columns >= i zeroed."""
+    xi = lax.dynamic_slice_in_dim(x, i, 1, axis=-2)
+    return xi, jnp.where(jnp.arange(x.shape[-1]) < i, xi, jnp.zeros_like(xi))
+
+
 def _forward(a, b, unit_diagonal: bool):
     """x with a x = b, a lower triangular [..., m, m], b [..., m, n]."""
-    import jax
-    import jax.numpy as jnp
-    lax = jax.lax
     m = a.shape[-1]
-    cols = jnp.arange(m)
 
     def row(i, x):
-        ai = lax.dynamic_slice_in_dim(a, i, 1, axis=-2)                 # [..., 1, m]
-        below = jnp.where(cols < i, ai, jnp.zeros_like(ai))
+        ai, below = _row(a, i)                                          # [..., 1, m]
         s = jnp.matmul(below, x, precision=lax.Precision.HIGHEST)      # [..., 1, n]
         xi = lax.dynamic_slice_in_dim(b, i, 1, axis=-2) - s
         if not unit_diagonal:
@@ -90,15 +93,11 @@ def _forward(a, b, unit_diagonal: bool):
 
 def _cholesky(a):
     """Lower L with L L^T = a [..., m, m] (the lower triangle of a is read)."""
-    import jax
-    import jax.numpy as jnp
-    lax = jax.lax
     m = a.shape[-1]
     idx = jnp.arange(m)
 
     def column(i, low):
-        li = lax.dynamic_slice_in_dim(low, i, 1, axis=-2)              # [..., 1, m]
-        li = jnp.where(idx < i, li, jnp.zeros_like(li))
+        _, li = _row(low, i)                                           # [..., 1, m]
         ai = lax.dynamic_slice_in_dim(a, i, 1, axis=-1)[..., 0]       # column i of a
         s = jnp.matmul(low, jnp.swapaxes(li, -1, -2),
                        precision=lax.Precision.HIGHEST)[..., 0]      # [..., m]
@@ -111,17 +110,13 @@ def _cholesky(a):
 
 
 def _cumlogsumexp(x, *, axis: int, reverse: bool):
-    import jax
-    return jax.lax.associative_scan(jax.numpy.logaddexp, x, reverse=reverse, axis=axis)
+    return lax.associative_scan(jnp.logaddexp, x, reverse=reverse, axis=axis)
 
 
 def _geqrf(a):
     """LAPACK geqrf: R above the diagonal, Householder vectors (unit leading entry
     implied) below it, and their taus: column j's reflector H = I - tau v v^T maps
     a[j:, j] to (beta, 0, ...), beta = -sign(alpha) * ||a[j:, j]|| (dlarfg)."""
-    import jax
-    import jax.numpy as jnp
-    lax = jax.lax
     *batch, m, n = a.shape
     k = min(m, n)
     rows, cols = jnp.arange(m), jnp.arange(n)
@@ -154,10 +149,7 @@ def _geqrf(a):
 def _householder_product(a, taus):
     """LAPACK orgqr: the first n columns of H_0 H_1 ... H_{k-1} for the reflectors
     packed below the diagonal of a [..., m, n]."""
-    import jax
-    import jax.numpy as jnp
-    lax = jax.lax
-    *batch, m, n = a.shape
+    m, n = a.shape[-2:]
     k = taus.shape[-1]
     rows = jnp.arange(m)
     q = jnp.broadcast_to(jnp.eye(m, n, dtype=a.dtype), a.shape)
