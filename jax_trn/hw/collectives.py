@@ -29,6 +29,9 @@ level by level (a level = lines of ranks that differ in one coordinate):
               "RDH treats the 2D torus as a 4D hypercube"); needs 2^k ranks per line.
   mesh        direct writes: every rank writes each peer's chunk in one step, then a
               local reduce (the NeuronSwitch case; "oversubscribes links" on a torus).
+  mesh1       all-reduce only: the "single-step mesh": every rank broadcasts its whole
+              buffer to every peer and each reduces all of them (one network latency
+              instead of two, n times the bytes).
   hierarchical  cores of a chip first, then chips (§5.3 "intra ReduceScatter -> inter
               AllReduce -> intra AllGather"), each level by the size rule below.
 all_to_all: "mesh" (one step) or "pairwise" (n-1 shifted exchanges). collective_permute:
@@ -37,7 +40,10 @@ permutes of adjacent ranks; we do not enforce that).
 Default choice (§5.3): groups spanning several chips with several cores each ->
 hierarchical; per level by message size: NeuronSwitch -> mesh; < 1 MB mesh, < 56 MB rdh
 (2^k ranks), else kangaring where there are disjoint cycles, else ring2d when the group
-covers a multi-dimensional torus or a cluster, else ring. all_to_all: mesh (no size rule
+covers a multi-dimensional torus or a cluster, else ring. A flat all-reduce that would
+mesh runs as mesh1 when that is faster on the topology ([CC-INTER]: "Single-step Mesh
+wins when the extra transfer time is under" one hop latency), which in practice means
+small messages. all_to_all: mesh (no size rule
 is published; pairwise on request). The message size is the larger of a rank's input and
 output buffers.
 Override with `algorithm=` or `JAX_TRN_COLLECTIVE_ALGORITHM`.
@@ -89,9 +95,11 @@ __all__ = [
 ]
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute")
-ALGORITHMS = ("ring", "kangaring", "ring2d", "rdh", "mesh", "hierarchical", "pairwise", "direct")
+ALGORITHMS = ("ring", "kangaring", "ring2d", "rdh", "mesh", "mesh1", "hierarchical", "pairwise",
+              "direct")
 MESH_MAX_BYTES = 1 << 20        # §5.3 [CC-INTRA]: mesh below 1 MB
 RDH_MAX_BYTES = 56 << 20        # §5.3 [CC-INTRA]: RDH 1-56 MB, KangaRing/ring beyond
+MESH1_MAX_RANKS = 256           # mesh1 holds n whole buffers per rank; larger groups mesh
 ENV = "JAX_TRN_COLLECTIVE_ALGORITHM"
 _REDUCING = ("all_reduce", "reduce_scatter")
 
@@ -330,7 +338,23 @@ def choose_algorithm(kind: str, nbytes: int, groups, topology: Topology) -> str:
         return "ring2d"
     algo = _size_rule(nbytes, len(groups[0]), topology, onchip=n_chips == 1,
                       all_chips=n_chips == topology.num_chips == len(groups[0]))
+    if kind == "all_reduce" and algo == "mesh" and _single_step_wins(groups, topology, nbytes):
+        return "mesh1"
     return algo
+
+
+def _single_step_wins(groups, topo: Topology, nbytes: int) -> bool:
+    """Whether the single-step mesh all-reduce (one latency, n x the bytes) beats the
+    two-step one (reduce-scatter + all-gather mesh) for `nbytes` per rank on `topo`:
+    §5.3 [CC-INTER] "Single-step Mesh wins when the extra transfer time is under" the
+    latency it saves. Decided on the modelled times of both."""
+    n = groups.shape[1]
+    if n < 2 or n > MESH1_MAX_RANKS:
+        return False
+    t = {a: _timing(_plan("all_reduce", groups, topo, a, nbytes)[0], topo, groups.ravel(),
+                    -(-nbytes // n), 1.0, "all_reduce", nbytes, n).total_ns
+         for a in ("mesh", "mesh1")}
+    return t["mesh1"] < t["mesh"]
 
 
 # --- schedules ------------------------------------------------------------------------
@@ -442,6 +466,23 @@ def _level_plan(kind, levels, idx, sizes, name) -> _Plan:
     for m in range(len(sizes)):
         leaf = leaf * sizes[m] + idx[:, m]
     return _Plan(steps, slots, slots + scratch, leaf * p, p, name)
+
+
+def _mesh1_plan(g, n) -> _Plan:
+    """Single-step mesh all-reduce: rank a writes its whole buffer (n slots) into every
+    peer's scratch row a, then every rank sums the n buffers in rank order (its own in
+    place), as `_mesh_phase` orders its sources."""
+    ranks = np.arange(g * n).reshape(g, n)
+    a, b = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
+    off = a != b
+    a, b = a[off], b[off]
+    src, dst = ranks[:, a].ravel(), ranks[:, b].ravel()
+    dstart = n + np.tile(a, g) * n
+    jj = np.tile(np.arange(n), g)
+    srcs = np.where(np.arange(n)[None, :] == jj[:, None], 0, n + np.arange(n)[None, :] * n)
+    steps = [Xfer(src, np.zeros_like(src), dst, dstart, n, False, "L0 mesh1 broadcast"),
+             LocalReduce(ranks.ravel(), np.zeros(g * n, int), srcs, n, "L0 mesh1 reduce")]
+    return _Plan(steps, n, n + n * n, np.zeros(g * n, int), 1, "mesh1")
 
 
 def _a2a_plan(algo, g, n) -> _Plan:
@@ -577,6 +618,10 @@ def _plan(kind, groups, topo, algorithm, nbytes):
         if algo not in ("mesh", "pairwise"):
             raise ValueError(f"all_to_all algorithm must be mesh or pairwise, got {algo!r}")
         return _a2a_plan(algo, g, n), algo
+    if algo == "mesh1":
+        if kind != "all_reduce":
+            raise ValueError(f"mesh1 (single-step mesh) is an all_reduce algorithm, not {kind}")
+        return _mesh1_plan(g, n), algo
     levels, name = _levels_for(kind, algo, groups, topo, nbytes)
     lv, idx, sizes = levels
     return _level_plan(kind, lv, idx, sizes, name), name

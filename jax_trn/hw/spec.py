@@ -251,8 +251,15 @@ class LinkSpec:
     chip_dma_bytes_per_ns: float     # chip DMA bandwidth moving collective data, §1.1
     cc_reduce_rate: float            # DMA-side accumulation rate vs DMA rate, §5.2
     hop_ns: float = 1500.0           # NeuronLink hop "~1-2 us", §5.3 [CC-INTRA] (midpoint)
-    switch_hop_ns: float = 1500.0    # one NeuronSwitch traversal: not published (§11);
-    #                                  taken equal to a NeuronLink hop
+    # One NeuronSwitch traversal: not published (§11). Derived from the one published
+    # relation, [SEED-AIM201] "all-gather ... up to 6x the reduction in latency" vs the
+    # torus: a small all-gather's latency is the launch (onchip_ns) plus its longest
+    # route, 6 NeuronLink hops on a 4x4x4 torus against one switch traversal, so
+    # (1300 + 6 x 1500) / (1300 + s) = 6 gives s = 417 ns (a PCIe Gen6 switch, §1.3,
+    # forwards by address without the HBM write a torus hop's ~1-2 us includes).
+    # benchmarks/collectives.py shows that row as a calibration; the all-reduce "2x"
+    # claim is then a prediction.
+    switch_hop_ns: float = 417.0
     efa_hop_ns: float = 15000.0      # inter-node hop ~15 us, §5.3 [CC-INTER][CC-ABOUT]
     onchip_ns: float = 1300.0        # core-to-core on a chip: one DMA fixed cost, §3.4/§9
     dma_compute_sources: int = 16    # dma_compute sums <= 16 sources in FP32, §3.4 [NKI-ISA]
