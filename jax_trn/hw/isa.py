@@ -143,13 +143,17 @@ def _not_both_psum(a: "Tile", b: "Tile", what: str) -> None:
 @dataclass(frozen=True)
 class Tile:
     """A region of on-chip memory: partitions [start_partition, +num_partitions), and in
-    each partition a row-major block of shape `free` of `dtype` at byte `offset`."""
+    each partition a block of shape `free` of `dtype` at byte `offset`: row-major and
+    contiguous, or with `strides` (elements per free axis, negative to walk backwards;
+    §3.1: an access pattern of up to 4 (size, stride) dims, the same for every
+    partition)."""
     mem: str                      # "sbuf" | "psum"
     start_partition: int
     num_partitions: int
     offset: int                   # bytes from the start of each partition
-    free: tuple[int, ...]         # free-axis shape, row-major, contiguous
+    free: tuple[int, ...]         # free-axis shape
     dtype: str
+    strides: tuple[int, ...] | None = None    # None: row-major, contiguous
 
     def __post_init__(self):
         _check(self.mem in ("sbuf", "psum"), f"bad memory {self.mem}")
@@ -158,6 +162,16 @@ class Tile:
                f"partitions [{self.start_partition}, +{self.num_partitions}) outside 0..{PMAX}")
         _check(all(d >= 1 for d in self.free), f"empty free shape {self.free}")
         _dt.np_dtype(self.dtype)      # TypeError for a dtype the hardware lacks
+        if self.strides is not None:
+            _check(len(self.strides) == len(self.free) <= 4 and all(self.strides)
+                   and all(abs(s) < 1 << 15 for s in self.strides),
+                   f"strides {self.strides} for free shape {self.free}: up to 4 nonzero "
+                   f"int16 element strides, one per free axis (§3.1)")
+            # §3.1: an innermost stride above 16 bytes halves the engines' bandwidth; the
+            # cost model does not price that, so such a pattern is refused, not mispriced.
+            _check(abs(self.strides[-1]) * _dt.itemsize(self.dtype) <= 16,
+                   f"innermost stride of {self.strides[-1]} x {self.dtype} exceeds 16 bytes "
+                   f"(half-bandwidth access, §3.1, not modelled)")
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -174,6 +188,17 @@ class Tile:
     @property
     def nbytes(self) -> int:
         return self.num_partitions * self.bytes_per_partition
+
+    @property
+    def byte_range(self) -> tuple[int, int]:
+        """[lo, hi): the bytes of each partition the tile touches. `offset` is element
+        0's, which a negative stride puts above others."""
+        if self.strides is None:
+            return self.offset, self.offset + self.bytes_per_partition
+        steps = [(n - 1) * s for n, s in zip(self.free, self.strides)]
+        item = _dt.itemsize(self.dtype)
+        return (self.offset + item * sum(d for d in steps if d < 0),
+                self.offset + item * (sum(d for d in steps if d > 0) + 1))
 
     def with_(self, **kw) -> "Tile":
         return Tile(**{**self.__dict__, **kw})

@@ -31,26 +31,35 @@ class OnChipMemory:
         self.by_matmul = np.zeros((partitions, nbytes), bool) if name == "psum" else None
 
     def check(self, tile: Tile) -> None:
-        end = tile.offset + tile.bytes_per_partition
-        if tile.offset < 0 or end > self.nbytes:
-            raise IsaError(f"{self.name} tile bytes [{tile.offset}, {end}) outside the "
+        lo, hi = tile.byte_range
+        if lo < 0 or hi > self.nbytes:
+            raise IsaError(f"{self.name} tile bytes [{lo}, {hi}) outside the "
                            f"{self.nbytes} bytes per partition")
 
     def view(self, tile: Tile) -> np.ndarray:
-        """A writable view of the tile, shape `tile.shape`, dtype `tile.dtype`."""
+        """A writable view of the tile, shape `tile.shape`, dtype `tile.dtype` (strided
+        when the tile has `strides`)."""
         self.check(tile)
         p0 = tile.start_partition
-        rows = self.data[p0:p0 + tile.num_partitions,
-                         tile.offset:tile.offset + tile.bytes_per_partition]
-        return rows.view(_dt.np_dtype(tile.dtype)).reshape(tile.shape)
+        lo, hi = tile.byte_range
+        rows = self.data[p0:p0 + tile.num_partitions, lo:hi]
+        dtype = _dt.np_dtype(tile.dtype)
+        if tile.strides is None:
+            return rows.view(dtype).reshape(tile.shape)
+        item = dtype.itemsize
+        # Stride over unsigned integers of the element's width from element 0, then view
+        # them as the element type (as_strided cannot build ml_dtypes arrays directly).
+        raw = rows.view(f"u{item}")[:, (tile.offset - lo) // item:]
+        view = as_strided(raw, shape=tile.shape,
+                          strides=(raw.strides[0], *(s * item for s in tile.strides)))
+        return view.view(dtype)
 
     def read(self, tile: Tile) -> np.ndarray:
         return self.view(tile)
 
     def _flags(self, tile: Tile) -> np.ndarray:
-        p0 = tile.start_partition
-        return self.by_matmul[p0:p0 + tile.num_partitions,
-                              tile.offset:tile.offset + tile.bytes_per_partition]
+        p0, (lo, hi) = tile.start_partition, tile.byte_range
+        return self.by_matmul[p0:p0 + tile.num_partitions, lo:hi]
 
     def mark(self, tile: Tile, by_matmul: bool) -> None:
         """Record who wrote `tile` last (PSUM only)."""
@@ -88,8 +97,13 @@ def _strided(ap: DramAP, arrays: dict[str, np.ndarray]) -> np.ndarray:
         raise IsaError(f"DRAM tensor {ap.tensor!r} is not allocated") from None
     if flat.ndim != 1 or not flat.flags.c_contiguous:
         raise IsaError(f"DRAM tensor {ap.tensor!r} must be a flat contiguous array")
-    if flat.dtype != _dt.np_dtype(ap.dtype):
-        raise IsaError(f"DRAM tensor {ap.tensor!r} is {flat.dtype}, pattern says {ap.dtype}")
+    want = _dt.np_dtype(ap.dtype)
+    if flat.dtype != want:
+        # A reinterpreting view (NKI `view(dtype)`, §6.1), e.g. FP8 bytes as 16-bit
+        # pairs for dma_transpose; offsets and strides count the view's elements.
+        if flat.itemsize == want.itemsize or flat.nbytes % want.itemsize:
+            raise IsaError(f"DRAM tensor {ap.tensor!r} is {flat.dtype}, pattern says {ap.dtype}")
+        flat = flat.view(np.uint8).view(f"u{want.itemsize}").view(want)
     if any(num < 1 for _, num in ap.pattern):
         raise IsaError(f"empty dimension in access pattern {ap.pattern}")
     lo, hi = ap_bounds(ap)

@@ -8,8 +8,8 @@ with (read-after-write, write-after-read, write-after-write) and sets `waits` to
 order is already guaranteed by the in-order queue. One wait per queue, the strongest.
 
 Regions: SBUF/PSUM tiles are partition range x byte range; a DRAM access pattern is
-its tensor and the element range [min, max] it touches (conservative for strided
-patterns). Accesses are indexed by region in page buckets, so the pass is linear in
+its tensor and the byte range of the elements [min, max] it touches (conservative for
+strided patterns). Accesses are indexed by region in page buckets, so the pass is linear in
 the number of instructions for ordinary kernels.
 
 Only the latest accesses per exact region are kept: a write W to region R waited for
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
+from . import dtypes as _dt
 from .isa import DramAP, Instr, Tile
 from .memory import ap_bounds
 
@@ -27,17 +28,17 @@ __all__ = ["insert_semaphores", "accesses", "written_tiles"]
 
 _WRITE_FIELDS = ("reduce_res",)     # and every field whose name starts with "dst"
 _ON_CHIP_PAGE = 9          # 512-byte pages of a partition's bytes
-_DRAM_MIN_PAGE = 10        # DRAM pages of >= 1024 elements
+_DRAM_MIN_PAGE = 12        # DRAM pages of >= 4 KiB
 _WIDE_PAGES = 64           # wider accesses are checked against everything
 
 
 def _region(v) -> tuple:
-    """(space, p0, p1, lo, hi): partitions [p0, p1) x bytes/elements [lo, hi)."""
+    """(space, p0, p1, lo, hi): partitions [p0, p1) x bytes [lo, hi)."""
     if isinstance(v, Tile):
-        return (v.mem, v.start_partition, v.start_partition + v.num_partitions,
-                v.offset, v.offset + v.bytes_per_partition)
+        return (v.mem, v.start_partition, v.start_partition + v.num_partitions, *v.byte_range)
     lo, hi = ap_bounds(v)
-    return ("dram:" + v.tensor, 0, 1, lo, hi + 1)
+    item = _dt.itemsize(v.dtype)     # bytes: a pattern may view a tensor as another width
+    return ("dram:" + v.tensor, 0, 1, lo * item, (hi + 1) * item)
 
 
 _FIELDS: dict[type, tuple[tuple[str, ...], tuple[str, ...]]] = {}

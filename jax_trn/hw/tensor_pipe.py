@@ -134,5 +134,5 @@ def _overlap(a, b) -> bool:
     return (a.mem == b.mem
             and a.start_partition < b.start_partition + b.num_partitions
             and b.start_partition < a.start_partition + a.num_partitions
-            and a.offset < b.offset + b.bytes_per_partition
-            and b.offset < a.offset + a.bytes_per_partition)
+            and a.byte_range[0] < b.byte_range[1]
+            and b.byte_range[0] < a.byte_range[1])

@@ -97,6 +97,7 @@ class Ring:
 def sub(tile: isa.Tile, parts: int | None = None, free: int | tuple[int, ...] | None = None,
         at: int = 0) -> isa.Tile:
     """A [parts, free] tile inside `tile`, starting `at` elements into each partition."""
+    assert tile.strides is None, "sub() of a strided tile"
     free = tile.free if free is None else free
     free = (free,) if isinstance(free, int) else tuple(free)
     parts = tile.num_partitions if parts is None else parts

@@ -28,6 +28,53 @@ def test_tile_bounds_and_dtype_are_checked():
         mem.write(Tile("psum", 0, 1, 0, (2,), "float32"), np.zeros((1, 2), np.float64))
 
 
+def test_strided_tiles_are_access_patterns_over_partition_bytes():
+    # §3.1: up to 4 (size, stride) free dims in elements, the same for every partition.
+    mem = OnChipMemory("sbuf", 128, 1024)
+    words = Tile("sbuf", 0, 2, 16, (4,), "uint16")
+    mem.write(words, np.uint16([[0x0201, 0x0403, 0x0605, 0x0807], [0x1211, 0x1413, 0x1615, 0x1817]]))
+    pairs = Tile("sbuf", 0, 2, 16, (2, 4), "uint8", strides=(1, 2))   # bytes [m, 2] read as [2, m]
+    assert pairs.byte_range == (16, 24) and pairs.bytes_per_partition == 8
+    np.testing.assert_array_equal(mem.read(pairs)[0], [[1, 3, 5, 7], [2, 4, 6, 8]])
+    np.testing.assert_array_equal(mem.read(pairs)[1], [[0x11, 0x13, 0x15, 0x17], [0x12, 0x14, 0x16, 0x18]])
+    fp8 = Tile("sbuf", 0, 1, 16, (2, 4), "float8_e5m2", strides=(1, 2))
+    assert mem.read(fp8).dtype == ml_dtypes.float8_e5m2
+    cols = Tile("sbuf", 0, 1, 512, (2, 3), "float32", strides=(8, 1))   # runs 32 bytes apart
+    mem.write(cols, np.float32([[1, 2, 3], [4, 5, 6]]))
+    assert cols.byte_range == (512, 556)
+    np.testing.assert_array_equal(mem.read(Tile("sbuf", 0, 1, 512, (11,), "float32"))[0],
+                                  [1, 2, 3, 0, 0, 0, 0, 0, 4, 5, 6])
+    with pytest.raises(IsaError, match="outside"):
+        mem.read(Tile("sbuf", 0, 1, 1000, (2, 3), "float32", strides=(8, 1)))
+    back = Tile("sbuf", 0, 1, 512 + 40, (2, 3), "float32", strides=(-8, -1))  # from the end
+    assert back.byte_range == (512, 556)
+    np.testing.assert_array_equal(mem.read(back)[0], [[6, 5, 4], [3, 2, 1]])
+    with pytest.raises(IsaError, match="outside"):
+        mem.read(Tile("sbuf", 0, 1, 4, (3,), "float32", strides=(-1,)))
+
+
+@pytest.mark.parametrize("free, strides, match", [
+    ((2, 4), (1,), "one per free axis"),
+    ((2, 4), (0, 1), "nonzero"),
+    ((2, 4), (1 << 15, 1), "int16"),
+    ((2, 4), (1, 5), "16 bytes"),          # 20-byte innermost stride: half bandwidth
+])
+def test_bad_strides_are_refused(free, strides, match):
+    with pytest.raises(IsaError, match=match):
+        Tile("sbuf", 0, 1, 0, free, "float32", strides=strides)
+
+
+def test_dram_patterns_may_view_a_tensor_as_another_width():
+    # NKI view(dtype) (§6.1): FP8 bytes read as 16-bit words, offsets in words.
+    x = np.arange(8, dtype=np.uint8).view(ml_dtypes.float8_e5m2)
+    w = dram_read(DramAP("x", 0, ((2, 2), (1, 2)), "uint16"), {"x": x})
+    np.testing.assert_array_equal(w, [[0x0100, 0x0302], [0x0504, 0x0706]])
+    np.testing.assert_array_equal(dram_read(DramAP("x", 1, ((1, 3),), "uint16"), {"x": x}),
+                                  [0x0302, 0x0504, 0x0706])
+    with pytest.raises(IsaError, match="pattern says"):            # 7 bytes: no whole words
+        dram_read(DramAP("x", 0, ((1, 2),), "uint16"), {"x": x[:7]})
+
+
 def test_pattern_bounds_with_negative_stride():
     ap = DramAP("x", 5, ((-1, 6),), "float32")               # reversed
     assert ap_bounds(ap) == (0, 5)

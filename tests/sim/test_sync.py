@@ -66,6 +66,24 @@ def test_dram_regions_by_element_range():
     del x
 
 
+def test_dram_regions_are_bytes_across_dtype_views():
+    # A 16-bit view of an FP8 tensor overlaps the FP8 elements of the same bytes.
+    fp8 = DramAP("x", 256, ((1, 64),), "float8_e5m2")             # bytes [256, 320)
+    w = waits([isa.DmaCopy(dst=fp8, src=sb(0, p=1, n=64, dtype="float8_e5m2"), dma_queue=0),
+               isa.DmaCopy(dst=sb(4096, p=1, n=32, dtype="uint16"),
+                           src=DramAP("x", 0, ((1, 32),), "uint16"), dma_queue=1),   # [0, 64)
+               isa.DmaCopy(dst=sb(8192, p=1, n=32, dtype="uint16"),
+                           src=DramAP("x", 150, ((1, 32),), "uint16"), dma_queue=2)])  # [300, 364)
+    assert w == [(), (), (("dma0", 1),)]
+
+
+def test_strided_tiles_conflict_over_their_span():
+    pairs = Tile("sbuf", 0, 128, 0, (2, 64), "float8_e5m2", strides=(1, 2))   # bytes [0, 128)
+    w = waits([isa.Memset(dst=sb(120, n=2, dtype="float32"), value=0.0, engine="vector"),
+               isa.TensorCopy(dst=sb(4096, n=128, dtype="float8_e5m2"), src=pairs, engine="scalar")])
+    assert w == [(), (("vector", 1),)]
+
+
 def test_missing_semaphore_gives_a_wrong_result_but_synced_is_right():
     """Without the wait both start at t=0 and the consumer's queue (vector) wins the
     tie against the producer's (scalar), so it reads A before exp(0) = 1 lands."""
