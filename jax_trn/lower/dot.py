@@ -19,6 +19,7 @@ to FP32, §4).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from hlo_passes import ir
@@ -30,7 +31,8 @@ from .builder import KernelBuilder, sub
 from .elementwise import FMAX
 from .layout import (P, Axes, View, box_offset, box_pattern, line_tiles, merge_axes,
                      row_major, tiles)
-from .matmul import MatmulEmitter, Operand, double_row, make_plan, with_dma_transpose
+from .matmul import (MatmulEmitter, Operand, double_row, interleaved, make_plan,
+                     with_dma_transpose)
 from .movement import fill
 from .relayout import relayout
 from .registry import LowerCtx, register_lowering
@@ -154,10 +156,14 @@ def lower_dot(ctx: LowerCtx, lhs: DramTensor, rhs: DramTensor, out: DramTensor,
     if lop.f[1] == rop.f[1] == 1 and lop.batch and precision == "native":
         _no_epilogue(epilogue, "batched inner products (M = N = 1)")
         return _inner_products(ctx.kb, lop, rop, out)
-    lop, rop = with_dma_transpose(lop, ctx.spec), with_dma_transpose(rop, ctx.spec)
-    reserved = epilogue.sbuf_bytes() if epilogue is not None else 0
     pairs = double_row(lop, rop, precision, ctx.spec)
-    plan = make_plan(lop, rop, out.dtype, _free_sbuf(ctx.kb), reserved, ctx.spec, pairs)
+    lop, rop = with_dma_transpose(lop, ctx.spec, pairs), with_dma_transpose(rop, ctx.spec)
+    reserved = epilogue.sbuf_bytes() if epilogue is not None else 0
+    plan = make_plan(lop, rop, out.dtype, _free_sbuf(ctx.kb), reserved, ctx.spec)
+    if interleaved(lop, pairs) and plan.kb % (2 * P):
+        # K blocks of an odd number of k-tiles cannot hold 16-bit pairs: TensorE transposes.
+        lop = dataclasses.replace(lop, via_dma=False)
+        plan = make_plan(lop, rop, out.dtype, _free_sbuf(ctx.kb), reserved, ctx.spec)
     MatmulEmitter(ctx.kb, lop, rop, out, plan, precision, epilogue, pairs).run()
 
 

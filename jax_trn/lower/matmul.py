@@ -36,9 +36,14 @@ the whole block per k-tile (rows of mb elements rather than 128).
 
 The plan (block rows, column group) is the one that fits SBUF with the least DMA cost
 (bytes over descriptor efficiency, §3.4). FP8 x FP8 on v3+ runs `double_row` (§2.2):
-each matmul contracts two k-tiles (K = 256) at the BF16 cycle count, the moving tiles
-interleaving k-tile pairs (PairMajor); FP8 lhs transposes stay on TensorE (dma_transpose
-is 2/4-byte only).
+each matmul contracts 256 rows of K at the BF16 cycle count, both operands [P, 2, F].
+dma_transpose is 2/4-byte only (§3.4), so a row-major FP8 lhs is transposed as 16-bit
+pairs of K: partition p of a 256-row block then holds rows 2p and 2p + 1, interleaved
+byte by byte along M, and the stationary operand reads it as [P, 2, M] through a
+stride-2 access pattern (§3.1: strided free-axis patterns, full bandwidth up to 16-byte
+strides). The moving tiles take the same rows (2p, 2p + 1) per partition. Otherwise
+pairs are k-tiles (j, j + 1), read from the ordinary K-major tiles through a pattern
+stepping one k-tile, and an FP8 lhs is transposed on TensorE.
 
 When K is too deep for a strip to fit (`Plan.kb < K`), K is cut in blocks and every
 (row tile, column group) accumulates over the blocks in PSUM, reloading both operands.
@@ -128,30 +133,39 @@ def _candidates(m: int, k: int, n: int):
         yield Plan(P, kb, group)
 
 
-def with_dma_transpose(op: Operand, spec) -> Operand:
+def with_dma_transpose(op: Operand, spec, pairs: bool = False) -> Operand:
     """`op`, transposed by dma_transpose if the core has it (v3+) and the load needs no
-    cast: the transpose is bit-exact on 2- and 4-byte types only (§3.4). FP8 operands
-    stay on TensorE: through SBUF (rows DMA-cast to 16 bits, SBUF->SBUF dma_transpose
-    at 50% of the DMA rate, cast back) the first column group, which needs every
-    strip, becomes DMA-bound at ~2x its matmul time (measured 1037 vs 969 us at
-    4096^3 fp8 on trn2)."""
+    cast: the transpose is bit-exact on 2- and 4-byte types only (§3.4). An FP8 lhs of
+    a double_row matmul (`pairs`) goes as 16-bit pairs of K (`pair_transposable`);
+    other FP8 operands stay on TensorE (through SBUF -- rows DMA-cast to 16 bits,
+    SBUF->SBUF dma_transpose at 50% of the DMA rate, cast back -- the first column
+    group became DMA-bound: 1037 vs 969 us at 4096^3 fp8 on trn2)."""
     size = hw_dtypes.itemsize(op.dtype)
     ok = (op.transposed and getattr(spec, "dma_transpose", False)
-          and op.t.dtype == op.dtype and size in (2, 4))
+          and op.t.dtype == op.dtype and (size in (2, 4) or pairs and pair_transposable(op)))
     return dataclasses.replace(op, via_dma=True) if ok else op
+
+
+def pair_transposable(op: Operand) -> bool:
+    """A row-major 1-byte operand viewed as 16-bit words (NKI `view(dtype)`, §6.1):
+    whole 256-row blocks of a contiguous K, and every offset a whole word."""
+    return (hw_dtypes.itemsize(op.dtype) == 1 and op.k[0] == 1 and op.k[1] % (2 * P) == 0
+            and op.f[0] % 2 == 0 and all(st % 2 == 0 for st, _ in op.batch))
+
+
+def interleaved(lhs: Operand, pairs: bool) -> bool:
+    """double_row with the lhs transposed as 16-bit pairs (see the module docstring)."""
+    return pairs and lhs.via_dma and hw_dtypes.itemsize(lhs.dtype) == 1
 
 
 def double_row(lhs: Operand, rhs: Operand, precision: str, spec) -> bool:
     """FP8 x FP8 in double_row mode (v3+, §2.2): K = 256 per matmul at the BF16 cycle
-    count. The moving tiles then interleave k-tile pairs (PairMajor), which a
-    K-contiguous rhs (transposed on load) does not fit."""
+    count, each operand a [P, 2, F] view of two k-tiles (`KMajor.pair`)."""
     return (getattr(spec, "fp8_double_row", 1) > 1 and precision == "native"
-            and not rhs.transposed
             and all(op.dtype.startswith("float8") for op in (lhs, rhs)))
 
 
-def _dma_cost(lhs: Operand, rhs: Operand, out_dtype: str, plan: Plan, pairs: bool,
-              spec) -> float:
+def _dma_cost(lhs: Operand, rhs: Operand, out_dtype: str, plan: Plan, spec) -> float:
     """Bytes the plan moves over their DMA efficiency (§3.4: per-descriptor size; 90%
     for dma_transpose): what the plan choice minimises among those that fit."""
     m, k, n = lhs.f[1], lhs.k[1], rhs.f[1]
@@ -164,16 +178,15 @@ def _dma_cost(lhs: Operand, rhs: Operand, out_dtype: str, plan: Plan, pairs: boo
             return eff(plan.kb * hw_dtypes.itemsize(op.dtype))
         return eff(width * hw_dtypes.itemsize(op.t.dtype))
     reloads = -(-m // plan.mb) if plan.kb == k else -(-m // P)
-    rwidth = min(plan.group, MOVING_MAX) if pairs else plan.group
     cost = m * k * hw_dtypes.itemsize(lhs.t.dtype) / load(lhs, min(m, P))
     cost *= 1 if plan.kb == k else -(-n // plan.group)
-    cost += reloads * k * n * hw_dtypes.itemsize(rhs.t.dtype) / load(rhs, rwidth)
+    cost += reloads * k * n * hw_dtypes.itemsize(rhs.t.dtype) / load(rhs, plan.group)
     return cost + m * n * hw_dtypes.itemsize(out_dtype) / eff(
         plan.group * hw_dtypes.itemsize(out_dtype))
 
 
 def make_plan(lhs: Operand, rhs: Operand, out_dtype: str, sbuf_bytes: int,
-              reserved: int = 0, spec=None, pairs: bool = False) -> Plan:
+              reserved: int = 0, spec=None) -> Plan:
     """The plan that fits the SBUF share of a matmul kernel (of `sbuf_bytes` free per
     partition, after `reserved` bytes per partition: a fused epilogue's buffers) with
     the least DMA cost on `spec` (the first that fits without a spec); K blocks only
@@ -184,7 +197,7 @@ def make_plan(lhs: Operand, rhs: Operand, out_dtype: str, sbuf_bytes: int,
             if _plan_bytes(lhs, rhs, out_dtype, p, k) <= budget]
     whole = [p for p in fits if p.kb == k]
     if whole and spec is not None:
-        return min(whole, key=lambda p: _dma_cost(lhs, rhs, out_dtype, p, pairs, spec))
+        return min(whole, key=lambda p: _dma_cost(lhs, rhs, out_dtype, p, spec))
     if fits:
         return fits[0]
     raise LoweringError("dot_general tiles do not fit in SBUF")
@@ -202,26 +215,32 @@ class KMajor:
         return sub(self.base, kt, free, at=j * self.stride + at)
 
     def pair(self, j: int, free: int, at: int = 0) -> isa.Tile:
-        """k-tiles j and j + 1 as one [P, 2, free] double_row operand: adjacent only
-        when the stride is the tile width (a stationary strip)."""
-        assert self.stride == free and at == 0, "k-tiles are not adjacent"
-        return sub(self.base, P, (2, free), at=j * self.stride)
+        """k-tiles j and j + 1 (columns [at, at + free)) as one [P, 2, free] double_row
+        operand (§2.2): contiguous in a stationary strip (stride == free), else through
+        an access pattern stepping `stride` between the two (§3.1)."""
+        view = sub(self.base, P, self.stride + free, at=j * self.stride + at)
+        if self.stride == free:
+            return view.with_(free=(2, free))
+        return view.with_(free=(2, free), strides=(self.stride, 1))
 
 
 @dataclass
-class PairMajor(KMajor):
-    """Moving tiles laid out for double_row (§2.2: [K, 2, N], K = 2 x partitions): the
-    k-tiles 2q and 2q + 1 of each column tile [c0, c0 + ct) sit side by side, so
-    k-tile j of it is at (j // 2) * 2 * stride + 2 * c0 + (j % 2) * ct."""
+class WordPairs(KMajor):
+    """A stationary strip transposed as 16-bit words of 1-byte elements: the pair
+    (k-tiles j, j + 1) is [P, M] words, i.e. bytes [P, M, 2] holding rows 2p, 2p + 1 of
+    the 256-row block; double_row reads it as [P, 2, M] with element strides (1, 2).
+    The moving tiles of such a matmul hold the same rows (`MatmulEmitter._fetch`)."""
 
     def tile(self, j: int, kt: int, free: int, at: int = 0) -> isa.Tile:
-        return sub(self.base, kt, free, at=self._at(j, free, at))
+        raise AssertionError("a word-pair strip has no single k-tiles")
+
+    def words(self, j: int, free: int) -> isa.Tile:
+        """The pair's SBUF region as [P, free] 16-bit words (the dma_transpose target)."""
+        return sub(self.base, P, 2 * free, at=j * self.stride).with_(free=(free,), dtype="uint16")
 
     def pair(self, j: int, free: int, at: int = 0) -> isa.Tile:
-        return sub(self.base, P, (2, free), at=self._at(j, free, at))
-
-    def _at(self, j: int, free: int, at: int) -> int:
-        return (j // 2) * 2 * self.stride + 2 * at + (j % 2) * free
+        assert self.stride == free and at == 0, "k-tiles are not adjacent"
+        return sub(self.base, P, 2 * free, at=j * self.stride).with_(free=(2, free), strides=(1, 2))
 
 
 @dataclass
@@ -242,6 +261,7 @@ class MatmulEmitter:
         self.kb, self.lhs, self.rhs, self.out, self.plan = kb, lhs, rhs, out, plan
         self.epilogue = epilogue
         self.double_row = double_row    # see `double_row()`
+        self.interleaved = interleaved(lhs, double_row)
         self.first_block = True
         self.m, self.k, self.n = lhs.f[1], lhs.k[1], rhs.f[1]
         # Loads and stores on separate DMA queues (FIFO each, §3.4): a prefetch never
@@ -409,16 +429,25 @@ class MatmulEmitter:
 
     def _fetch(self, op: Operand, index, kblock, f0: int, fsize: int, ring) -> _Load:
         """Issues the DMAs of op[kblock, f0:f0+fsize] as K-major tiles."""
-        paired = self.double_row and op is self.rhs
-        load = _Load((PairMajor if paired else KMajor)(ring.next(), fsize))
+        words = self.interleaved and op is self.lhs
+        load = _Load((WordPairs if words else KMajor)(ring.next(), fsize))
         base = op.batch_offset(index) + kblock[0] * op.k[0] + f0 * op.f[0]
-        if paired:
-            # One DMA per (k-tile, 512-column tile): the layout interleaves k-tiles.
-            for j, (k0, kt) in enumerate(tiles(kblock[1], P)):
-                for c0, ct in tiles(fsize, MOVING_MAX):
-                    src = self.kb.ap(op.t, base + k0 * op.k[0] + c0 * op.f[0],
-                                     ((op.k[0], kt), (op.f[0], ct)))
-                    self._dma(load.dst.tile(j, kt, ct, at=c0), src)
+        if words:
+            # One 16-bit dma_transpose per 256-row block: [fsize, 128 words] -> [128, fsize].
+            for q, k0 in enumerate(range(0, kblock[1], 2 * P)):
+                src = self.kb.ap(op.t, base + k0, ((op.f[0], fsize), (1, 2 * P)))
+                src = dataclasses.replace(src, offset=src.offset // 2, dtype="uint16",
+                                          pattern=((op.f[0] // 2, fsize), (1, P)))
+                self.kb.emit(isa.DmaTranspose, dst=load.dst.words(2 * q, fsize), src=src,
+                             dma_queue=next(self.load_q))
+            return load
+        if self.interleaved and op is self.rhs:
+            # Rows (2p, 2p + 1) of each 256-row block on partition p, as the stationary
+            # holds them; each row's `fsize` columns one DMA run, as plain k-tiles.
+            for q, k0 in enumerate(range(0, kblock[1], 2 * P)):
+                src = self.kb.ap(op.t, base + k0 * op.k[0],
+                                 ((2 * op.k[0], P), (op.k[0], 2), (op.f[0], fsize)))
+                self._dma(sub(load.dst.base, P, (2, fsize), at=2 * q * fsize), src)
             return load
         if op.via_dma:
             for j, (k0, kt) in enumerate(tiles(kblock[1], P)):

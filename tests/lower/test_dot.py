@@ -148,11 +148,14 @@ def test_dot_fp8_numerics():
     ((300, 130), (300, 520), (0,), (0,)),   # lhs K-major: no transposes, 2 k-tiles
     ((2, 64, 256), (2, 256, 40), (2,), (1,)),
     ((640, 512), (512, 256), (1,), (0,)),   # 5 row tiles: the first 4 bunched
+    ((300, 768), (768, 200), (1,), (0,)),   # K in 256-row blocks: 16-bit dma_transpose
+    ((2, 130, 512), (2, 512, 70), (2,), (1,)),
+    ((130, 512), (70, 512), (1,), (1,)),    # rhs [N, K]: transposed on TensorE, paired
 ])
 def test_dot_fp8_double_row(ls, rs, lc, rc):
     """FP8 x FP8 on trn2 runs double_row (K = 256 per matmul, §2.2) wherever two full
-    k-tiles pair up, with the moving tiles interleaved per pair; numerics as the
-    float64 reference of the fp8 values (FP32 accumulation)."""
+    k-tiles pair up; numerics as the float64 reference of the fp8 values (FP32
+    accumulation)."""
     lb = rb = (0,) if len(ls) == 3 else ()
     x, y = rand(ls, "float8_e4m3", 40), rand(rs, "float8_e5m2", 41)
     m = dot_module(ls, rs, lb, rb, lc, rc, dtype="float8_e4m3", rdtype="float8_e5m2",
@@ -164,6 +167,38 @@ def test_dot_fp8_double_row(ls, rs, lc, rc):
                     if type(i).__name__ == "NcMatmul")
     k = ls[lc[0]]
     assert modes["double_row"] > 0 and (k % 256 == 0) == (modes["none"] == 0), modes
+
+
+def test_dot_fp8_lhs_transposed_as_16_bit_pairs():
+    """A row-major FP8 lhs over whole 256-row blocks of K is transposed by DMA as 16-bit
+    words (§3.4 is 2/4-byte only), nothing on TensorE; the stationary reads each word
+    pair as [P, 2, M] with strides (1, 2) (§3.1) and the moving tiles hold rows 2p and
+    2p + 1 of each block, so the result is exact to FP32 accumulation."""
+    x, y = rand((256, 1024), "float8_e5m2", 44), rand((1024, 384), "float8_e5m2", 45)
+    res = run(dot_module((256, 1024), (1024, 384), dtype="float8_e5m2", out_dtype="float32"), x, y)
+    np.testing.assert_allclose(res.outputs[0], dot_ref(x, y), rtol=1e-5, atol=1e-4)
+    ins = [i for k in res.program.kernels for i in k.instructions]
+    kinds = Counter(type(i).__name__ for i in ins)
+    assert kinds["NcTranspose"] == 0 and kinds["DmaTranspose"] == 2 * 4, kinds
+    assert {i.dst.dtype for i in ins if type(i).__name__ == "DmaTranspose"} == {"uint16"}
+    mms = [i for i in ins if type(i).__name__ == "NcMatmul"]
+    assert {(i.perf_mode, i.stationary.strides) for i in mms} == {("double_row", (1, 2))}
+
+
+def test_dot_fp8_pairs_with_k_blocks():
+    """K blocks (tiny SBUF) of whole 256-row blocks keep the 16-bit transposes; an odd
+    number of k-tiles per block falls back to TensorE transposes. Both exact."""
+    import dataclasses
+    from .runner import run_program
+    for k, extra, words in ((2048, 3000, True), (1536, 3000, False)):   # kb 512 / 384
+        x, y = rand((130, k), "float8_e5m2", 46), rand((k, 70), "float8_e5m2", 47)
+        m = dot_module((130, k), (k, 70), dtype="float8_e5m2", out_dtype="float32")
+        spec = dataclasses.replace(SPEC, sbuf_partition_bytes=SPEC.sbuf_reserved_bytes + extra)
+        program = lower_module(m, spec)
+        out = run_program(program, [x, y], spec).outputs[0]
+        np.testing.assert_allclose(out, dot_ref(x, y), rtol=1e-5, atol=1e-4)
+        kinds = Counter(type(i).__name__ for kn in program.kernels for i in kn.instructions)
+        assert (kinds["NcTranspose"] == 0) == words == (kinds["DmaTranspose"] > 0), kinds
 
 
 def test_dot_fp8_trn1_has_no_double_row():
