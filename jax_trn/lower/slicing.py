@@ -146,7 +146,7 @@ def _prod(axes: Axes) -> int:
 
 def _reverse_columns(kb: KernelBuilder, dst: View, src: View) -> None:
     """dst[..., j] = src[..., j] where src's innermost stride is -1: forward loads,
-    columns reversed on-chip, forward stores."""
+    columns reversed on-chip (one copy per tile), forward stores."""
     (_, m), lead_d, lead_s = dst.axes[-1], dst.axes[:-1], src.axes[:-1]
     dtype, width = dst.t.dtype, min(m, REVERSE_COLS)
     engines = _copy_engines(dtype)
@@ -170,11 +170,11 @@ def _copy_engines(dtype: str):
 
 
 def _flip_free(kb: KernelBuilder, src: isa.Tile, dst: isa.Tile, engines) -> isa.Tile:
-    """dst[:, k] = src[:, F - 1 - k], one column per instruction."""
+    """dst[:, k] = src[:, F - 1 - k]: one copy reading `src` through a stride -1 access
+    pattern from its last column (§3.1)."""
     c = src.free_size
     if c == 1:
         return src
-    for k in range(c):
-        kb.emit(isa.TensorCopy, dst=sub(dst, free=1, at=k), src=sub(src, free=1, at=c - 1 - k),
-                engine=next(engines))
+    back = sub(src, free=1, at=c - 1).with_(free=(c,), strides=(-1,))
+    kb.emit(isa.TensorCopy, dst=dst, src=back, engine=next(engines))
     return dst
