@@ -18,7 +18,7 @@ from .isa import (Instr, Scalar, Tile, _check, _engine, _lanes, _not_both_psum, 
 
 __all__ = ["Activation", "TensorTensor", "TensorScalar", "ScalarTensorTensor",
            "TensorReduce", "TensorCopy", "Memset", "Select", "Exponential", "QuantizeMx",
-           "TensorTensorScan"]
+           "TensorTensorScan", "Max8", "FindIndex8", "MatchReplace8"]
 
 _BITVEC = ("bitwise_and", "bitwise_or", "bitwise_xor", "shift_left",
            "shift_right_logical", "shift_right_arithmetic")
@@ -320,6 +320,120 @@ class TensorTensorScan(Instr):
     def cycles(self, spec) -> float:
         """max(MIN_II, 2N), §6.3."""
         return float(max(spec.min_ii, 2 * self.data1.free_size))
+
+    def check(self, spec) -> None:
+        pass
+
+
+# --- max8 / nc_find_index8 / nc_match_replace8 (§6.2, §6.3) ---------------------------
+#
+# What the NKI docs state [NKI-ISA]: max8 reads 8 to 16,384 elements per partition
+# (converted to FP32) and writes the 8 largest in descending order; nc_find_index8 writes
+# the index of the first occurrence of each of 8 values (uint16 / uint32), pairing
+# duplicate values with successive matching positions in ascending order, and the
+# all-ones sentinel for a value not present; nc_match_replace8 replaces the first
+# occurrence of each of the 8 values by an immediate, optionally writing the matched
+# positions to `dst_idx`, duplicates in descending order across their columns.
+# What they leave open, and what we chose: values are compared in FP32, so -0.0 equals
+# +0.0 and NaN equals nothing (find_index8 / match_replace8 never match a NaN); max8
+# ranks NaN above +inf, as the ALU's max propagates NaN (alu.py), and equal values keep
+# their positions' order; match_replace8 ignores a value it cannot find (the docs say
+# undefined) and writes the sentinel to its dst_idx slot, like find_index8. Engine:
+# VectorE (stated for match_replace8, not for the other two). Cost: N engine cycles
+# (§6.3 for max8 / find_index8; the 2.26 docstring gives match_replace8 "min(MIN_II, N)",
+# read as max like every other VectorE instruction), at least MIN_II (§2.3).
+
+_INDEX8_TYPES = ("uint16", "uint32")
+MAX8_MIN, MAX8_MAX = 8, 16384          # elements per partition, §6.2
+
+
+def _eight(t: Tile, what: str, parts: int) -> None:
+    _tile(t, what, "vector")
+    _check(t.num_partitions == parts and t.free_size == 8,
+           f"{what} must be [{parts}, 8], got {t.shape}, §6.2")
+
+
+def _search_data(t: Tile, what: str, lo: int) -> None:
+    _tile(t, what, "vector")
+    _check(len(t.free) <= 4, f"{what} has at most 4 free dims, got {t.shape}, §6.2")
+    _check(lo <= t.free_size <= MAX8_MAX, f"{what}: {t.free_size} elements per "
+           f"partition, not in [{lo}, {MAX8_MAX}], §6.2")
+
+
+def _vector_n(n: int, spec) -> float:
+    return float(max(spec.min_ii, n))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Max8(Instr):
+    """`max8` (§6.2): dst[p, :] = the 8 largest of src[p, ...] in descending order."""
+    dst: Tile
+    src: Tile
+    engine = "vector"
+
+    def __post_init__(self):
+        _search_data(self.src, "max8 src", MAX8_MIN)
+        _eight(self.dst, "max8 dst", self.src.num_partitions)
+
+    def cycles(self, spec) -> float:
+        return _vector_n(self.src.free_size, spec)
+
+    def check(self, spec) -> None:
+        pass
+
+
+@dataclass(frozen=True, kw_only=True)
+class FindIndex8(Instr):
+    """`nc_find_index8` (§6.2): dst[p, j] = position of the first occurrence of
+    vals[p, j] in data[p, ...] (duplicates: successive occurrences), else all ones."""
+    dst: Tile
+    data: Tile
+    vals: Tile
+    engine = "vector"
+
+    def __post_init__(self):
+        _search_data(self.data, "find_index8 data", MAX8_MIN)
+        p = self.data.num_partitions
+        _eight(self.vals, "find_index8 vals", p)
+        _eight(self.dst, "find_index8 dst", p)
+        _check(self.dst.dtype in _INDEX8_TYPES, f"find_index8 dst must be uint16/uint32, "
+               f"not {self.dst.dtype}, §6.2")
+
+    def cycles(self, spec) -> float:
+        return _vector_n(self.data.free_size, spec)
+
+    def check(self, spec) -> None:
+        pass
+
+
+@dataclass(frozen=True, kw_only=True)
+class MatchReplace8(Instr):
+    """`nc_match_replace8` (§6.2): dst = data with the first occurrence of each of
+    vals[p, :] replaced by `imm`; dst_idx (optional) gets the matched positions."""
+    dst: Tile
+    data: Tile
+    vals: Tile
+    imm: float
+    dst_idx: Tile | None = None
+    engine = "vector"
+
+    def __post_init__(self):
+        _search_data(self.data, "match_replace8 data", 1)
+        p = self.data.num_partitions
+        _eight(self.vals, "match_replace8 vals", p)
+        _tile(self.dst, "match_replace8 dst", "vector")
+        _lanes(self.dst, self.data, "match_replace8")
+        _check(isinstance(self.imm, (int, float)), "match_replace8 imm must be a number")
+        if self.dst_idx is not None:
+            _eight(self.dst_idx, "match_replace8 dst_idx", p)
+            _check(self.dst_idx.dtype in _INDEX8_TYPES, f"match_replace8 dst_idx must be "
+                   f"uint16/uint32, not {self.dst_idx.dtype}, §6.2")
+
+    def outputs(self):
+        return [t for t in (self.dst, self.dst_idx) if t is not None]
+
+    def cycles(self, spec) -> float:
+        return _vector_n(self.data.free_size, spec)
 
     def check(self, spec) -> None:
         pass

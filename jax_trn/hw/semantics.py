@@ -347,6 +347,62 @@ def tensor_tensor_scan(ins, core) -> None:
     _store(core, ins.dst, out)
 
 
+
+# --- max8 / nc_find_index8 / nc_match_replace8 (the choices: isa_vector.py) -------------
+
+def _rows32(core, tile: isa.Tile) -> np.ndarray:
+    """A tile as [P, n] FP32 (integers converted like any VectorE input, §2.3)."""
+    return to_fp32(_read(core, tile)).reshape(tile.num_partitions, -1)
+
+
+def _sentinel(tile: isa.Tile) -> int:
+    return (1 << _bits(tile)) - 1
+
+
+def max8(ins, core) -> None:
+    """The 8 largest per partition, descending; NaN above +inf, ties in position order."""
+    x = _rows32(core, ins.src)
+    pos = np.broadcast_to(np.arange(x.shape[1]), x.shape)
+    nan = np.isnan(x)
+    order = np.lexsort((pos, -np.where(nan, 0, x), ~nan), axis=-1)[:, :8]
+    _store(core, ins.dst, np.take_along_axis(x, order, axis=1))
+
+
+def _matches(data: np.ndarray, vals: np.ndarray, ascending: bool) -> np.ndarray:
+    """[P, 8] int64 positions: the occurrence of vals[:, j] in data that slot j takes
+    (duplicates in vals take successive occurrences, in ascending or descending slot
+    order), -1 where there is none; FP32 equality (NaN matches nothing)."""
+    out = np.full(vals.shape, -1, _I64)
+    for j in range(vals.shape[1]):
+        v = vals[:, j:j + 1]
+        same = vals == v
+        rank = same[:, :j].sum(1) if ascending else same[:, j + 1:].sum(1)
+        eq = data == v
+        hit = eq & (np.cumsum(eq, axis=1) == (rank + 1)[:, None])
+        found = hit.any(1)
+        out[found, j] = hit[found].argmax(1)
+    return out
+
+
+def find_index8(ins, core) -> None:
+    pos = _matches(_rows32(core, ins.data), _rows32(core, ins.vals), ascending=True)
+    _store(core, ins.dst, np.where(pos < 0, _sentinel(ins.dst), pos))
+
+
+def match_replace8(ins, core) -> None:
+    x = _rows32(core, ins.data)
+    pos = _matches(x, _rows32(core, ins.vals), ascending=False)
+    raw = _read(core, ins.data).reshape(x.shape)
+    out = _convert(core, raw, ins.dst.dtype).copy()
+    rows = np.broadcast_to(np.arange(x.shape[0])[:, None], pos.shape)
+    ok = pos >= 0
+    out[rows[ok], pos[ok]] = _convert(core, np.full(1, ins.imm, _F32), ins.dst.dtype)[0]
+    view = _read(core, ins.dst)
+    view[...] = out.reshape(view.shape)
+    if ins.dst_idx is not None:
+        _store(core, ins.dst_idx, np.where(ok, pos, _sentinel(ins.dst_idx)))
+
+
 EXECUTE = {
     isa.DmaCopy: dma_copy, isa.NcMatmul: nc_matmul, isa.NcTranspose: nc_transpose,
     isa.Activation: activation, isa.TensorTensor: tensor_tensor,
@@ -357,6 +413,8 @@ EXECUTE = {
     isa.ScalarTensorTensor: scalar_tensor_tensor, isa.Exponential: exponential,
     isa.TensorPartitionReduce: tensor_partition_reduce, isa.AffineSelect: affine_select,
     _isa_vector.TensorTensorScan: tensor_tensor_scan,
+    _isa_vector.Max8: max8, _isa_vector.FindIndex8: find_index8,
+    _isa_vector.MatchReplace8: match_replace8,
 }
 
 
