@@ -45,6 +45,13 @@ def register() -> None:
     mlir.register_lowering(lax_linalg.householder_product_p,
                            mlir.lower_fun(_householder_product, multiple_results=False),
                            platform="trn")
+    from jax_trn import linalg_jacobi
+    mlir.register_lowering(lax_linalg.eigh_p,
+                           mlir.lower_fun(linalg_jacobi.eigh, multiple_results=True),
+                           platform="trn")
+    mlir.register_lowering(lax_linalg.svd_p,
+                           mlir.lower_fun(linalg_jacobi.svd, multiple_results=True),
+                           platform="trn")
     from jax._src.lax.control_flow import loops
     mlir.register_lowering(loops.cumlogsumexp_p,
                            mlir.lower_fun(_cumlogsumexp, multiple_results=False),

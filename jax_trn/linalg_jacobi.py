@@ -1,0 +1,226 @@
+"""Symmetric eigendecomposition and SVD by parallel (Brent-Luk) Jacobi, in plain jax/lax,
+for the trn lowering rules of `eigh_p` and `svd_p` (`jax_trn/jax_rules.py`).
+
+Layout: the n (even) indices sit in two rows, top = positions [0, h) and bottom = [h, n),
+h = n/2; step pairs position k with k + h, so the h rotations of a step are disjoint and
+are applied together. After each step the positions are permuted round-robin (position 0
+stays, the others move one place around the ring 1..h-1, bottom h-1..0), so every pair of
+indices meets once in n - 1 steps and the order returns to the start after a sweep.
+
+A step is one n x n matrix M = J P^T (J: the h rotations, P: the round-robin permutation),
+built elementwise from two constant 0/1 matrices and the rotation cosines and sines, and
+applied by matmuls at HIGHEST precision: B <- M^T B M (eigh), U <- U M (SVD), V <- V M.
+Each column of M has at most two nonzeros, so every entry of a product is the rotation's
+own two-term sum (the other terms are exact zeros): as accurate as rotating rows and
+columns one pair at a time.
+
+The steps of a sweep run in a `fori_loop`; sweeps run in a `while_loop` until the
+off-diagonal part is negligible (eigh: ||off(B)||_F <= eps ||B||_F; SVD: every
+|u_i . u_j| <= eps ||u_i|| ||u_j||) or `MAX_SWEEPS` sweeps ran. Odd n is padded with one
+zero row and column: its pairs have a zero off-diagonal entry, hence the identity
+rotation, and the padded index stays decoupled; it is dropped at the end.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+import jax.numpy as jnp
+from jax import lax
+
+HI = lax.Precision.HIGHEST
+MAX_SWEEPS = 12
+
+
+def _round_robin(n: int) -> np.ndarray:
+    """perm[i] = the position whose index moves to position i after a step."""
+    h = n // 2
+    ring = [*range(1, h), *range(n - 1, h - 1, -1)]      # positions 1..h-1, then bottom reversed
+    perm = np.arange(n)
+    for a, b in zip(ring, ring[1:] + ring[:1]):           # the index at a moves to b
+        perm[b] = a
+    return perm
+
+
+def _step_matrices(n: int, dtype):
+    """Constants giving M = J P^T from the rotation vectors: M = cc[:, None] * E + ss[:, None] * F
+    with cc = [c, c], ss = [s, -s] (J = diag(cc) + diag(ss) X, X swapping the halves)."""
+    h = n // 2
+    perm = _round_robin(n)
+    pt = np.zeros((n, n), np.float64)
+    pt[perm, np.arange(n)] = 1                            # (P^T)[perm[i], i] = 1
+    swap = np.roll(np.eye(n), h, axis=1)                  # X[k, k+h] = X[k+h, k] = 1
+    return jnp.asarray(pt, dtype), jnp.asarray(swap @ pt, dtype)
+
+
+def _step_matrix(s, e, f, eye, swap, half_sign):
+    """M = J P^T for the step whose pairs are read from the symmetric s [..., n, n]: row i of
+    J holds the cosine and sine of the rotation of the pair (i, partner(i)), zeroing
+    s[i, partner] (symmetric Schur, Golub-Van Loan 8.5.2, tan written without a division
+    by s[i, partner]). Everything after the three reductions is one elementwise [n, n]
+    computation (the vectors broadcast along rows), so it fuses into one kernel."""
+    own = jnp.sum(s * eye, axis=-1)[..., :, None]                  # s[i, i]
+    off = jnp.sum(s * swap, axis=-1)[..., :, None]                 # s[i, partner]
+    other = jnp.sum(swap * jnp.swapaxes(own, -1, -2), axis=-1)[..., :, None]
+    d = other - own
+    r = jnp.sqrt(d * d + 4 * off * off)
+    sign = jnp.where(d > 0, 1.0, jnp.where(d < 0, -1.0, half_sign))  # both rows of a pair agree
+    den = jnp.abs(d) + r
+    t = jnp.where(den > 0, 2 * off * sign / jnp.where(den > 0, den, 1), 0)
+    c = 1 / jnp.sqrt(1 + t * t)
+    return c * e + (t * c) * f
+
+
+def _mm(a, b):
+    return jnp.matmul(a, b, precision=HI)
+
+
+def _tmm(a, b):
+    """a^T b over the last two axes, without materialising a^T."""
+    nb = a.ndim - 2
+    batch = tuple(range(nb))
+    return lax.dot_general(a, b, (((nb,), (nb,)), (batch, batch)), precision=HI)
+
+
+class _Consts:
+    def __init__(self, n: int, dtype):
+        self.eye = jnp.eye(n, dtype=dtype)
+        self.swap = jnp.roll(self.eye, n // 2, axis=1)
+        self.e, self.f = _step_matrices(n, dtype)
+        h = n // 2
+        self.half_sign = jnp.asarray(np.where(np.arange(n) < h, 1.0, -1.0)[:, None], dtype)
+
+    def step(self, s):
+        return _step_matrix(s, self.e, self.f, self.eye, self.swap, self.half_sign)
+
+
+def _sweeps(n: int, carry, step, converged):
+    """Jacobi sweeps (n - 1 steps each) over `carry` until `converged(carry)` or MAX_SWEEPS."""
+    def cond(state):
+        return (state[0] < MAX_SWEEPS) & ~converged(state[1])
+
+    def body(state):
+        return state[0] + 1, lax.fori_loop(0, n - 1, lambda _, c: step(c), state[1])
+
+    return lax.while_loop(cond, body, (jnp.int32(0), carry))[1]
+
+
+def _ranks(keys):
+    """A permutation matrix p [..., n, n] with (x @ p)[..., j] the j-th smallest key's entry
+    (ties by index): p[i, j] = 1 where j = #{keys smaller than keys[i]}."""
+    n = keys.shape[-1]
+    i = jnp.arange(n)
+    ki, kj = keys[..., :, None], keys[..., None, :]
+    before = (kj < ki) | ((kj == ki) & (i[None, :] < i[:, None]))
+    rank = jnp.sum(before.astype(jnp.int32), axis=-1)
+    return (rank[..., :, None] == i).astype(jnp.float32)
+
+
+def _pad_last(x, axes):
+    pad = [(0, 0)] * x.ndim
+    for ax in axes:
+        pad[ax] = (0, 1)
+    return jnp.pad(x, pad)
+
+
+def eigh(a, *, lower: bool, sort_eigenvalues: bool, subset_by_index, algorithm=None):
+    """(v, w) of the symmetric a [..., n, n], eigenvalues ascending, eigenvectors as columns;
+    only the triangle `lower` names is read. Every `algorithm` (QR, Jacobi, QDWH) runs as
+    this Jacobi; unsorted eigenvalues come sorted (an order the API allows)."""
+    del sort_eigenvalues, algorithm
+    dtype = a.dtype
+    n0 = a.shape[-1]
+    a = a.astype(jnp.float32)
+    tri = jnp.tril(a) if lower else jnp.triu(a)
+    a = tri + jnp.swapaxes(tri, -1, -2) - tri * jnp.eye(n0, dtype=a.dtype)
+    n = n0 + n0 % 2
+    if n != n0:
+        a = _pad_last(a, (-2, -1))
+    k = _Consts(n, a.dtype)
+    tol = n * jnp.finfo(jnp.float32).eps
+
+    def step(bv):
+        b, v = bv
+        m = k.step(b)
+        return _tmm(m, _mm(b, m)), _mm(v, m)
+
+    def converged(bv):
+        b = bv[0]
+        off = jnp.sum(jnp.square(b * (1 - k.eye)), axis=(-2, -1))
+        return jnp.all(off <= tol * tol * jnp.sum(jnp.square(b), axis=(-2, -1)))
+
+    b, v = _sweeps(n, (a, jnp.broadcast_to(k.eye, a.shape)), step, converged)
+    w = jnp.sum(b * k.eye, axis=-1)
+    keys = w
+    if n != n0:                  # the padded index (back at n0 after whole sweeps) sorts last
+        keys = jnp.where(jnp.arange(n) == n0, jnp.inf, w)
+    p = _ranks(keys)
+    w = _mm(w[..., None, :], p)[..., 0, :]
+    v = _mm(v, p)
+    lo, hi = (0, n0) if subset_by_index is None else subset_by_index
+    return [v[..., :n0, lo:hi].astype(dtype), w[..., lo:hi].astype(dtype)]
+
+
+def svd(a, *, full_matrices: bool, compute_uv: bool, subset_by_index, algorithm=None):
+    """One-sided (Hestenes) Jacobi: the columns of u = a v are rotated until mutually
+    orthogonal; singular values are their norms (descending), u's columns normalised.
+    Columns of zero norm, and the extra columns of a full u, come from a Householder QR
+    of the normalised u (its leading columns are u's own, up to sign)."""
+    del algorithm
+    dtype = a.dtype
+    m0, n0 = a.shape[-2:]
+    if m0 < n0:                                           # a^T = v s u^T
+        res = svd(jnp.swapaxes(a, -1, -2), full_matrices=full_matrices,
+                  compute_uv=compute_uv, subset_by_index=subset_by_index)
+        if not compute_uv:
+            return res
+        s, u, vt = res
+        return [s, jnp.swapaxes(vt, -1, -2), jnp.swapaxes(u, -1, -2)]
+    a = a.astype(jnp.float32)
+    n = n0 + n0 % 2
+    if n != n0:
+        a = _pad_last(a, (-1,))
+    k = _Consts(n, a.dtype)
+    tol = max(m0, n) * jnp.finfo(jnp.float32).eps
+
+    def step(uv):                # (u, v), or (u,) when v is not wanted
+        m = k.step(_tmm(uv[0], uv[0]))
+        return tuple(_mm(x, m) for x in uv)
+
+    def converged(uv):
+        g = _tmm(uv[0], uv[0])
+        d = jnp.sum(g * k.eye, axis=-1)
+        bound = tol * tol * d[..., :, None] * d[..., None, :]
+        return jnp.all(jnp.square(g * (1 - k.eye)) <= bound)
+
+    carry = (a, jnp.broadcast_to(k.eye, (*a.shape[:-2], n, n))) if compute_uv else (a,)
+    u, *v = _sweeps(n, carry, step, converged)
+    s = jnp.sqrt(jnp.sum(u * u, axis=-2))
+    keys = -s
+    if n != n0:                  # the padded column (back at n0 after whole sweeps) sorts last
+        keys = jnp.where(jnp.arange(n) == n0, jnp.inf, keys)
+    p = _ranks(keys)
+    s = _mm(s[..., None, :], p)[..., 0, :n0]
+    lo, hi = (0, n0) if subset_by_index is None else subset_by_index
+    if not compute_uv:
+        return [s[..., lo:hi].astype(dtype)]
+    u = _mm(u, p)[..., :n0]
+    v = _mm(v[0], p)[..., :n0, :n0]
+    ok = s > jnp.finfo(jnp.float32).tiny / jnp.finfo(jnp.float32).eps
+    u = jnp.where(ok[..., None, :], u / jnp.where(ok, s, 1)[..., None, :], 0)
+    full = full_matrices and m0 > n0
+
+    def complete(u):
+        q, r = jnp.linalg.qr(u, mode="complete" if full else "reduced")
+        sign = jnp.where(jnp.diagonal(r, axis1=-2, axis2=-1) < 0, -1.0, 1.0)
+        if full:
+            sign = jnp.concatenate([sign, jnp.ones((*sign.shape[:-1], m0 - n0), sign.dtype)], -1)
+        return q * sign[..., None, :]
+
+    if full:
+        u = complete(u)
+    else:
+        u = lax.cond(jnp.all(ok), lambda u: u, complete, u)
+    vt = jnp.swapaxes(v, -1, -2)
+    if subset_by_index is not None:
+        s, u, vt = s[..., lo:hi], u[..., lo:hi], vt[..., lo:hi, :]
+    return [s.astype(dtype), u.astype(dtype), vt.astype(dtype)]
