@@ -53,6 +53,8 @@ elements -> nested tuples, dialect structs -> dict of fields, sdy -> text, else 
     custom_call        call_target_name: str, backend_config: str (dict configs as
                        text), api_version: int, has_side_effect: bool
     composite          name, decomposition: str, composite_attributes: dict, version
+    top_k              k: int (from `custom_call @trn.top_k`, which mlir_passes makes
+                       of the `chlo.top_k` the trn rule takes)
     func.call          callee: str
 
 Functions: `arg_attrs` / `result_attrs` keep every attribute by its MLIR name
@@ -203,6 +205,8 @@ def _import_op(op: mlir_ir.Operation, env: dict) -> ir.Op:
         fill_rank_defaults(kind, attrs, operands[0].type.rank)
     if kind == "constant":
         attrs["value"] = _constant(op, results[0].type, where)
+    if kind == "custom_call" and attrs.get("call_target_name") == "trn.top_k":
+        kind, attrs = "top_k", {"k": int(attrs["backend_config"])}
     regions = [_import_region(r, env, where) for r in op.regions]
     return ir.Op(kind, operands, results, attrs, regions, loc=loc, name=name)
 

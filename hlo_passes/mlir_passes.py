@@ -13,8 +13,17 @@ sees real `sdy` ops:
    -> `sdy.mesh` ops and `sdy.sharding` attributes.
 2. `custom_call @Sharding {sdy.sharding}` -> `sdy.sharding_constraint` (in Python; the
    XLA pass that does this is not registered in jaxlib).
-3. `chlo-legalize-to-stablehlo` for programs given as text with chlo ops.
-4. Shardy, for programs over a mesh of more than one device (`run_shardy`):
+3. `chlo.top_k` -> `custom_call @trn.top_k` (backend_config: k in decimal), which the
+   importer turns into a `top_k` op of our IR (jax_trn/lower/topk.py lowers it with
+   max8 / find_index8 / match_replace8), for the operand types and lengths that rule
+   takes (`TOP_K_TYPES`, last axis <= `TOP_K_MAX_LEN`, k <= `TOP_K_MAX_K`) in programs that Shardy does not
+   partition (Shardy has no sharding rule for our custom_call). Every other top_k is
+   legalized below into a sort + slice, as before. JAX serializes lax.top_k as
+   `stablehlo.composite "chlo.top_k"` (composite_attributes {k}) whose decomposition
+   is that sort + slice; such composites are replaced the same way (the decomposition
+   function is left unused), the others are inlined as before (passes/inline_calls.py).
+4. `chlo-legalize-to-stablehlo` for programs given as text with chlo ops.
+5. Shardy, for programs over a mesh of more than one device (`run_shardy`):
    `sdy-propagation-pipeline`, then per function
    `sdy-insert-explicit-reshards{enable-full-version=true}` and
    `sdy-reshard-to-collectives`. Afterwards every value's sharding is explicit and
@@ -63,6 +72,8 @@ def run_mlir_passes(module: mlir_ir.Module) -> None:
         if _has_sdy_round_trip_attrs(module):
             _run(module, SDY_IMPORT)
             sharding_custom_calls_to_constraints(module)
+        if not _partitioned(module):
+            top_k_to_custom_calls(module)
         if _has_dialect(module, "chlo."):
             _run(module, CHLO_LEGALIZE)
         if _partitioned(module):
@@ -132,3 +143,47 @@ def _is_sharding_call(op: mlir_ir.Operation) -> bool:
             and op.attributes["call_target_name"].value == "Sharding"
             and "sdy.sharding" in op.attributes
             and len(op.operands) == 1 and len(op.results) == 1)
+
+
+# --- chlo.top_k kept as one op -------------------------------------------------------
+
+TOP_K_TARGET = "trn.top_k"
+TOP_K_TYPES = ("f32", "bf16", "f16", "i8", "i16", "i32", "ui8", "ui16", "ui32")
+TOP_K_MAX_LEN = 8192             # three FP32 [128, N] tiles in SBUF (max8 reads <= 16K)
+TOP_K_MAX_K = 64                 # the 32-bit keys' rank costs k passes over the line
+
+
+def top_k_to_custom_calls(module: mlir_ir.Module) -> int:
+    """`chlo.top_k` the trn rule takes -> `custom_call @trn.top_k`; returns count."""
+    calls = []
+    _walk(module.operation, lambda op: calls.append(op) if _keeps_top_k(op) else None)
+    for op in calls:
+        k = _top_k_k(op)
+        new = shlo.CustomCallOp([r.type for r in op.results], list(op.operands),
+                                TOP_K_TARGET, backend_config=mlir_ir.StringAttr.get(str(k)),
+                                loc=op.location, ip=mlir_ir.InsertionPoint(op))
+        for old, res in zip(op.results, new.results):
+            old.replace_all_uses_with(res)
+        op.erase()
+    return len(calls)
+
+
+def _top_k_k(op: mlir_ir.Operation) -> int | None:
+    """k of a `chlo.top_k` op or of a `chlo.top_k` composite; None for other ops."""
+    if op.name == "chlo.top_k":
+        return mlir_ir.IntegerAttr(op.attributes["k"]).value
+    if (op.name == "stablehlo.composite" and "name" in op.attributes
+            and mlir_ir.StringAttr(op.attributes["name"]).value == "chlo.top_k"
+            and len(op.operands) == 1 and len(op.results) == 2):
+        attrs = mlir_ir.DictAttr(op.attributes["composite_attributes"])
+        return mlir_ir.IntegerAttr(attrs["k"]).value if "k" in attrs else None
+    return None
+
+
+def _keeps_top_k(op: mlir_ir.Operation) -> bool:
+    k = _top_k_k(op)
+    if k is None:
+        return False
+    t = mlir_ir.RankedTensorType(op.operands[0].type)
+    return (t.has_static_shape and 1 <= k <= TOP_K_MAX_K and t.rank >= 1 and 1 <= t.shape[-1] <= TOP_K_MAX_LEN
+            and str(t.element_type) in TOP_K_TYPES)

@@ -49,6 +49,7 @@ from . import scatter as _scatter  # noqa: F401,E402
 from . import conv as _conv  # noqa: F401,E402
 from . import window as _window  # noqa: F401,E402
 from . import sort as _sort  # noqa: F401,E402
+from . import topk as _topk  # noqa: F401,E402
 from . import control as _control  # noqa: F401,E402
 from . import misc as _misc  # noqa: F401,E402
 from . import collective as _collective  # noqa: F401,E402

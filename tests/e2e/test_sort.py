@@ -171,3 +171,63 @@ def test_comparators_recognised_or_rejected():
         keys(_sort_op(lambda b, x, y: lt(b, b.op("negate", [x], (), "float32"), y)))
     with pytest.raises(LoweringError, match="sort comparator"):
         keys(_sort_op(lambda b, x, y: lt(b, x, y, "LE")))
+
+
+# --- top_k through max8 / find_index8 / match_replace8 (jax_trn/lower/topk.py) ----------
+
+def _top_k_kernels(jax, fn, x):
+    """The kernel names of `fn`'s compiled program (to see which path top_k took)."""
+    return jax.jit(fn).lower(x).compile().as_text()
+
+
+def _ties_and_specials(shape, dtype, rng):
+    """Values of `dtype` with many ties, and for floats NaN (both signs), +-0, +-inf."""
+    if dtype in ("int8", "int32", "uint8", "uint32", "int16", "uint16"):
+        info = np.iinfo(dtype)
+        x = rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
+        x[..., ::3] = info.max                       # ties at the top
+        x[..., 1::7] = info.min
+        return x
+    x = rng.integers(-3, 4, shape).astype(np.float32)          # ties
+    x = np.where(rng.random(shape) < 0.5, x, rng.standard_normal(shape).astype(np.float32))
+    for value, frac in ((np.nan, 0.05), (-np.nan, 0.03), (-0.0, 0.1), (0.0, 0.1),
+                        (np.inf, 0.03), (-np.inf, 0.03)):
+        x[rng.random(shape) < frac] = value
+    return x.astype(getattr(ml_dtypes, dtype, dtype))
+
+
+@pytest.mark.parametrize("k", [1, 5, 8, 9, 20])
+def test_top_k_rounds_of_max8(jax, trn, cpu, k):
+    """k <= 8: one max8 round; more: rounds with match_replace8; 200 rows (2 groups of
+    partitions, the second partial)."""
+    x = np.random.default_rng(10 + k).standard_normal((200, 37)).astype(np.float32)
+    x[:, 3] = x[:, 30]                               # ties: the smaller index first
+    fn = lambda x: jax.lax.top_k(x, k)               # noqa: E731
+    _same(jax, trn, cpu, fn, x)
+    assert "top_k" in _top_k_kernels(jax, fn, jax.device_put(x, trn))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "int32", "uint32",
+                                   "int8", "uint16"])
+def test_top_k_dtypes_ties_nan_signed_zero(jax, trn, cpu, dtype):
+    x = _ties_and_specials((3, 4, 50), dtype, np.random.default_rng(11))  # a 3-D batch
+    for k in (3, 12):
+        _same(jax, trn, cpu, lambda x: jax.lax.top_k(x, k), x)
+
+
+def test_top_k_short_lines_and_all_equal(jax, trn, cpu):
+    rng = np.random.default_rng(12)
+    _same(jax, trn, cpu, lambda x: jax.lax.top_k(x, 3), rng.standard_normal((5, 4))
+          .astype(np.float32))                       # lines < 8: padded with -inf keys
+    _same(jax, trn, cpu, lambda x: jax.lax.top_k(x, 10), np.zeros((4, 30), np.float32))
+    x = np.float32([[np.nan, -np.nan, np.inf, -0.0, 0.0, -np.inf, 1, np.nan]])
+    x[0, 7] = np.frombuffer(np.uint32(0x7FC00001).tobytes(), np.float32)[0]  # a payload
+    _same(jax, trn, cpu, lambda x: jax.lax.top_k(x, 8), x)
+
+
+def test_top_k_outside_the_fast_path_is_a_sort(jax, trn, cpu):
+    """k > 64 and 64-bit keys keep the sort + slice (still exact)."""
+    x = np.random.default_rng(13).standard_normal((4, 100)).astype(np.float32)
+    fn = lambda x: jax.lax.top_k(x, 70)              # noqa: E731
+    _same(jax, trn, cpu, fn, x)
+    assert "sort" in _top_k_kernels(jax, fn, jax.device_put(x, trn))
