@@ -1,9 +1,12 @@
 """Simulated time of cumulative ops, pooling, the max-pool gradient, sort and top_k on
-one trn2 NeuronCore (jax_trn/lower/window.py, selectscatter.py, sort.py).
+one trn2 NeuronCore (jax_trn/lower/window.py, selectscatter.py, sort.py, topk.py).
 
     python benchmarks/window_sort.py
 
-Float32 inputs; the figures are deterministic (same program, same cycles).
+Float32 inputs unless named; the figures are deterministic (same program, same cycles).
+top_k runs with max8 / find_index8 / match_replace8 (topk.py); the "(sort)" rows are the
+same programs with top_k legalized into a sort + slice (hlo_passes.mlir_passes.KEEP_TOP_K
+off), the path every top_k took before.
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import numpy as np
 from jax import lax
 
 import jax_trn
+from hlo_passes import mlir_passes
 
 
 def _pool(x, window, strides, padding):
@@ -34,6 +38,13 @@ CASES = [
     ("grad maxpool 3x3/2 SAME (4,32,32,64)",
      jax.grad(lambda x: _pool(x, (1, 3, 3, 1), (1, 2, 2, 1), "SAME").sum()), (4, 32, 32, 64)),
     ("top_k k=5 (32,1000)", lambda x: lax.top_k(x, 5), (32, 1000)),
+    ("top_k k=5 (32,1000) (sort)", lambda x: lax.top_k(x, 5), (32, 1000)),
+    ("top_k k=8 (128,4096)", lambda x: lax.top_k(x, 8), (128, 4096)),
+    ("top_k k=8 (128,4096) (sort)", lambda x: lax.top_k(x, 8), (128, 4096)),
+    ("top_k k=8 (128,4096) bf16", lambda x: lax.top_k(x.astype(jnp.bfloat16), 8),
+     (128, 4096)),
+    ("top_k k=64 (32,1000)", lambda x: lax.top_k(x, 64), (32, 1000)),
+    ("top_k k=64 (32,1000) (sort)", lambda x: lax.top_k(x, 64), (32, 1000)),
     ("sort (128,1024) axis=1", lambda x: jnp.sort(x, axis=1), (128, 1024)),
     ("sort (1024,128) axis=0", lambda x: jnp.sort(x, axis=0), (1024, 128)),
     ("argsort (8192,)", jnp.argsort, (8192,)),
@@ -45,8 +56,10 @@ def main() -> None:
     rng = np.random.default_rng(0)
     for name, f, shape in CASES:
         x = jax.device_put(rng.standard_normal(shape).astype(np.float32), trn)
+        mlir_passes.KEEP_TOP_K = not name.endswith("(sort)")
         with jax_trn.profile() as prof:
             jax.block_until_ready(jax.jit(f)(x))
+        mlir_passes.KEEP_TOP_K = True
         print(f"{name:40s} {prof.executions[-1].simulated_time_s * 1e6:9.1f} us")
 
 

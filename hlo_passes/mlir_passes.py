@@ -22,6 +22,10 @@ sees real `sdy` ops:
    `stablehlo.composite "chlo.top_k"` (composite_attributes {k}) whose decomposition
    is that sort + slice; such composites are replaced the same way (the decomposition
    function is left unused), the others are inlined as before (passes/inline_calls.py).
+   `lax.approx_max_k` (`custom_call @ApproxTopK`, the fallback form JAX emits off TPU:
+   aggregate_to_topk, along the last axis of an iota-indexed operand, GT comparator)
+   becomes the same exact top_k: a valid result for any recall target; among equal
+   values, NaN and -0 it follows lax.top_k's order (approx_max_k promises none).
 4. `chlo-legalize-to-stablehlo` for programs given as text with chlo ops.
 5. Shardy, for programs over a mesh of more than one device (`run_shardy`):
    `sdy-propagation-pipeline`, then per function
@@ -72,7 +76,7 @@ def run_mlir_passes(module: mlir_ir.Module) -> None:
         if _has_sdy_round_trip_attrs(module):
             _run(module, SDY_IMPORT)
             sharding_custom_calls_to_constraints(module)
-        if not _partitioned(module):
+        if KEEP_TOP_K and not _partitioned(module):
             top_k_to_custom_calls(module)
         if _has_dialect(module, "chlo."):
             _run(module, CHLO_LEGALIZE)
@@ -147,6 +151,7 @@ def _is_sharding_call(op: mlir_ir.Operation) -> bool:
 
 # --- chlo.top_k kept as one op -------------------------------------------------------
 
+KEEP_TOP_K = True                # False: every top_k a sort + slice (for comparisons)
 TOP_K_TARGET = "trn.top_k"
 TOP_K_TYPES = ("f32", "bf16", "f16", "i8", "i16", "i32", "ui8", "ui16", "ui32")
 TOP_K_MAX_LEN = 8192             # three FP32 [128, N] tiles in SBUF (max8 reads <= 16K)
@@ -159,7 +164,7 @@ def top_k_to_custom_calls(module: mlir_ir.Module) -> int:
     _walk(module.operation, lambda op: calls.append(op) if _keeps_top_k(op) else None)
     for op in calls:
         k = _top_k_k(op)
-        new = shlo.CustomCallOp([r.type for r in op.results], list(op.operands),
+        new = shlo.CustomCallOp([r.type for r in op.results], [op.operands[0]],
                                 TOP_K_TARGET, backend_config=mlir_ir.StringAttr.get(str(k)),
                                 loc=op.location, ip=mlir_ir.InsertionPoint(op))
         for old, res in zip(op.results, new.results):
@@ -169,15 +174,63 @@ def top_k_to_custom_calls(module: mlir_ir.Module) -> int:
 
 
 def _top_k_k(op: mlir_ir.Operation) -> int | None:
-    """k of a `chlo.top_k` op or of a `chlo.top_k` composite; None for other ops."""
+    """k of a `chlo.top_k` op, a `chlo.top_k` composite or an approx_max_k custom_call
+    that is an exact top_k; None for other ops."""
     if op.name == "chlo.top_k":
         return mlir_ir.IntegerAttr(op.attributes["k"]).value
+    if op.name == "stablehlo.custom_call":
+        return _approx_max_k(op)
     if (op.name == "stablehlo.composite" and "name" in op.attributes
             and mlir_ir.StringAttr(op.attributes["name"]).value == "chlo.top_k"
             and len(op.operands) == 1 and len(op.results) == 2):
         attrs = mlir_ir.DictAttr(op.attributes["composite_attributes"])
         return mlir_ir.IntegerAttr(attrs["k"]).value if "k" in attrs else None
     return None
+
+
+def _approx_max_k(op: mlir_ir.Operation) -> int | None:
+    if (op.attributes["call_target_name"].value != "ApproxTopK"
+            or "mhlo.backend_config" not in op.attributes or len(op.operands) != 4
+            or len(op.results) != 2):
+        return None
+    config = mlir_ir.DictAttr(op.attributes["mhlo.backend_config"])
+    rank = mlir_ir.RankedTensorType(op.operands[0].type).rank
+
+    def value(name):
+        return config[name].value if name in config else None
+    iota = op.operands[1].owner
+    if (value("aggregate_to_topk") is not True or value("reduction_dim") != rank - 1
+            or value("reduction_input_size_override") not in (None, -1)
+            or value("top_k") is None or not isinstance(iota, mlir_ir.OpView)
+            or iota.operation.name != "stablehlo.iota"
+            or mlir_ir.IntegerAttr(iota.operation.attributes["iota_dimension"]).value
+            != rank - 1 or _comparator(op) != "GT"):
+        return None
+    return value("top_k")
+
+
+def _comparator(op: mlir_ir.Operation) -> str | None:
+    """The direction of a one-compare comparator of (arg0, arg1), else None."""
+    calls = op.attributes["called_computations"] if "called_computations" in \
+        op.attributes else []
+    if len(calls) != 1:
+        return None
+    name = mlir_ir.FlatSymbolRefAttr(calls[0]).value
+    module = op
+    while module.parent is not None:
+        module = module.parent
+    fns = [f for f in module.regions[0].blocks[0].operations
+           if f.operation.name == "func.func" and f.operation.attributes["sym_name"].value == name]
+    if len(fns) != 1:
+        return None
+    block = fns[0].operation.regions[0].blocks[0]
+    ops = [o.operation for o in block.operations]
+    if len(ops) != 2 or ops[0].name != "stablehlo.compare":
+        return None
+    args = list(block.arguments)
+    if list(ops[0].operands) != args[:2] or list(ops[1].operands) != list(ops[0].results):
+        return None
+    return shlo.ComparisonDirectionAttr(ops[0].attributes["comparison_direction"]).value
 
 
 def _keeps_top_k(op: mlir_ir.Operation) -> bool:

@@ -231,3 +231,19 @@ def test_top_k_outside_the_fast_path_is_a_sort(jax, trn, cpu):
     fn = lambda x: jax.lax.top_k(x, 70)              # noqa: E731
     _same(jax, trn, cpu, fn, x)
     assert "sort" in _top_k_kernels(jax, fn, jax.device_put(x, trn))
+
+
+def test_approx_max_k_runs_as_the_exact_top_k(jax, trn, cpu):
+    """approx_max_k (custom_call @ApproxTopK, the fallback form) becomes top_k: equal
+    to CPU's where values are distinct; with ties (bf16) CPU orders equal values
+    arbitrarily, so only the values and that the indices point at them are compared."""
+    lax = jax.lax
+    x = np.random.default_rng(14).standard_normal((3, 32, 100)).astype(np.float32)
+    fn = lambda x: lax.approx_max_k(x, 5)            # noqa: E731
+    _same(jax, trn, cpu, fn, x)
+    assert "top_k" in _top_k_kernels(jax, fn, jax.device_put(x, trn))
+    xb = x.astype(ml_dtypes.bfloat16)
+    f = jax.jit(lambda x: lax.approx_max_k(x, 9))
+    (v, i), (rv, _) = f(jax.device_put(xb, trn)), f(jax.device_put(xb, cpu))
+    np.testing.assert_array_equal(np.asarray(v), np.asarray(rv))
+    np.testing.assert_array_equal(np.take_along_axis(xb, np.asarray(i), -1), np.asarray(v))
