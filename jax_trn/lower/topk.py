@@ -24,6 +24,11 @@ partitions (128 per group), the last axis on the free axis.
   32-bit values are gathered by index from the input in HBM (DmaGather, one 4-byte
   descriptor each, §3.4), bit-exact (NaN payloads, -0).
 
+Many short lines: g lines per partition come in one DMA (partition p holds lines
+r0 + p g .. r0 + p g + g - 1, contiguous), are selected one after another, and their
+k results leave in one DMA per output, so the DMA fixed cost (§2.6) is paid per block,
+not per 128 lines.
+
 Lines shorter than 8 are padded with -inf keys (k <= N never selects them). Cost per
 group of 128 rows (N = line length, R = ceil(k / 8) rounds, VectorE, §6.3): one key
 ~3N; 32-bit keys add R x 2N for the A rounds and k x 2N for the rank. mlir_passes keeps
@@ -35,13 +40,14 @@ from __future__ import annotations
 
 import math
 
+from jax_trn.hw import dtypes as hw_dtypes
 from jax_trn.hw import isa
 from jax_trn.hw.isa_vector import FindIndex8, MatchReplace8, Max8
 from jax_trn.hw.program import DramTensor
 
 from .builder import KernelBuilder, sub
 from .errors import LoweringError
-from .layout import P, tiles
+from .layout import P
 from .registry import LowerCtx, register_lowering
 
 NEG_INF = float("-inf")
@@ -50,25 +56,31 @@ ONE_KEY = ("bfloat16", "float16", "int8", "int16", "uint8", "uint16")
 TWO_KEYS = ("float32", "int32", "uint32")
 
 
-class _Tiles:
-    """The working tiles of one kernel, sized for 128 rows of W = max(N, 8) keys."""
+XIN_BYTES = 32 * 1024            # input lines per partition loaded at once
 
-    def __init__(self, kb: KernelBuilder, x: DramTensor, n: int, k: int):
-        self.w, self.rounds = max(n, 8), math.ceil(k / 8)
-        self.x = kb.tile(n, x.dtype) if x.dtype in ONE_KEY else None
-        self.bufs = [kb.tile(self.w, "float32") for _ in range(3 if self.x is None else 2)]
-        self.tops = kb.tile(8 * self.rounds, "float32")
-        self.vals = kb.tile(8 * self.rounds, "float32")
-        self.idx = kb.tile(8 * self.rounds, "uint32")
-        self.out = kb.tile(k, "int32")
+
+class _Tiles:
+    """The working tiles of one kernel: 3 FP32 key buffers of W = max(N, 8), the input
+    of g lines per partition, and the results of g lines (8 R spare columns: a round
+    writes 8)."""
+
+    def __init__(self, kb: KernelBuilder, x: DramTensor, n: int, k: int, g: int):
+        self.n, self.k, self.w, self.rounds = n, k, max(n, 8), math.ceil(k / 8)
+        spare = 8 * self.rounds
+        self.xin = kb.tile(g * n, x.dtype)
+        self.bufs = [kb.tile(self.w, "float32") for _ in range(3)]
+        self.tops = kb.tile(spare, "float32")
+        self.vals = kb.tile(g * k + spare, "float32")
+        self.idx = kb.tile(g * k + spare, "uint32")
+        self.flat = kb.tile(g * k, "int32")
 
     def all(self) -> list[isa.Tile]:
-        return [t for t in (self.x, *self.bufs, self.tops, self.vals, self.idx, self.out)
-                if t is not None]
+        return [self.xin, *self.bufs, self.tops, self.vals, self.idx, self.flat]
 
 
 def _view(t: isa.Tile, parts: int, n: int, dtype: str, at: int = 0) -> isa.Tile:
-    return sub(t, parts, n, at=at).with_(dtype=dtype) if dtype != t.dtype else sub(t, parts, n, at=at)
+    v = sub(t, parts, n, at=at)
+    return v.with_(dtype=dtype) if dtype != t.dtype else v
 
 
 def _pad(kb: KernelBuilder, t: isa.Tile, parts: int, n: int, w: int) -> None:
@@ -85,40 +97,37 @@ def _flip(kb: KernelBuilder, dst: isa.Tile, bits: isa.Tile, scratch: isa.Tile,
     kb.emit(isa.TensorTensor, dst=dst, data1=bits, data2=scratch, op="bitwise_xor")
 
 
-def _one_key(kb: KernelBuilder, t: _Tiles, x: DramTensor, p: int, n: int) -> isa.Tile:
-    """The key of 8/16-bit types in bufs[0] (FP32)."""
-    key, scratch = t.bufs
-    kf = sub(key, p, n)
+def _one_key(kb: KernelBuilder, t: _Tiles, x: isa.Tile, p: int) -> isa.Tile:
+    """The FP32 key of a line of an 8/16-bit type `x`, in bufs[0]."""
+    key, scratch = t.bufs[0], t.bufs[1]
+    kf = sub(key, p, t.n)
     if x.dtype in ("bfloat16", "float16"):
-        bits = _view(t.x, p, n, "int16")
-        _flip(kb, kf, bits, _view(scratch, p, n, "int16"), 16)
+        _flip(kb, kf, x.with_(dtype="int16"), _view(scratch, p, t.n, "int16"), 16)
     else:
-        kb.emit(isa.TensorCopy, dst=kf, src=sub(t.x, p, n))
-    _pad(kb, key, p, n, t.w)
+        kb.emit(isa.TensorCopy, dst=kf, src=x)
+    _pad(kb, key, p, t.n, t.w)
     return sub(key, p, t.w)
 
 
-def _two_keys(kb: KernelBuilder, t: _Tiles, x: DramTensor, p: int, n: int) -> isa.Tile:
-    """C = 256 * #{j : a_j <= A} + B in a buffer (FP32), from the input in bufs[0]."""
-    b0, b1, b2 = t.bufs
+def _two_keys(kb: KernelBuilder, t: _Tiles, x: isa.Tile, p: int) -> isa.Tile:
+    """C = 256 * #{j : a_j <= A} + B (FP32, in bufs[2]) of a line of a 32-bit type."""
+    n, k = t.n, t.k
+    a, work, bkey = t.bufs
     if x.dtype == "float32":
-        kk = _view(b1, p, n, "int32")
-        _flip(kb, kk, _view(b0, p, n, "int32"), _view(b2, p, n, "int32"), 32)
-        a, work = b1, b0
+        kk = _view(work, p, n, "int32")
+        _flip(kb, kk, x.with_(dtype="int32"), _view(bkey, p, n, "int32"), 32)
+    elif x.dtype == "uint32":
+        kk = _view(work, p, n, "int32")
+        kb.emit(isa.TensorScalar, dst=kk, data=x, op0="bitwise_xor", operand0=2 ** 31)
     else:
-        kk = _view(b0, p, n, "int32")
-        if x.dtype == "uint32":
-            kb.emit(isa.TensorScalar, dst=kk, data=_view(b0, p, n, "uint32"),
-                    op0="bitwise_xor", operand0=2 ** 31)
-        a, work = b0, b1
-    kb.emit(isa.TensorScalar, dst=sub(b2, p, n), data=kk, op0="bitwise_and", operand0=255)
+        kk = x
+    kb.emit(isa.TensorScalar, dst=sub(bkey, p, n), data=kk, op0="bitwise_and", operand0=255)
     kb.emit(isa.TensorScalar, dst=sub(a, p, n), data=kk, op0="shift_right_arithmetic",
             operand0=8)
-    for buf in (a, b2):
+    for buf in (a, bkey):
         _pad(kb, buf, p, n, t.w)
-    a, work, bkey = sub(a, p, t.w), sub(work, p, t.w), sub(b2, p, t.w)
+    a, work, bkey = sub(a, p, t.w), sub(work, p, t.w), sub(bkey, p, t.w)
     kb.emit(isa.TensorCopy, dst=work, src=a)
-    k = t.out.free_size
     _rounds(kb, work, sub(t.tops, p), None, t.rounds)
     for j in range(k):
         aj = sub(t.tops, p, 1, at=j)
@@ -146,35 +155,68 @@ def _rounds(kb: KernelBuilder, key: isa.Tile, vals: isa.Tile, idx: isa.Tile | No
             kb.emit(MatchReplace8, dst=key, data=key, vals=m, imm=NEG_INF)
 
 
-def _values_from_keys(kb: KernelBuilder, t: _Tiles, x: DramTensor, vout: DramTensor,
-                      r0: int, p: int, k: int) -> None:
+def _values_from_keys(kb: KernelBuilder, t: _Tiles, x: DramTensor, out: isa.DramAP,
+                      p: int, gk: int) -> None:
     """One-key types: the value is the key (integers) or its flip (16-bit floats)."""
-    keys = sub(t.vals, p, k)
+    keys = sub(t.vals, p, gk)
     if x.dtype not in ("bfloat16", "float16"):
-        kb.dma(kb.ap(vout, r0 * k, ((k, p), (1, k))), keys)
+        kb.dma(out, keys)
         return
-    kq, scratch = _view(t.bufs[0], p, k, "int16"), _view(t.bufs[1], p, k, "int16")
+    f16 = t.flat.with_(dtype="int16", free=(2 * t.flat.free_size,))
+    kq, scratch = sub(f16, p, gk), sub(f16, p, gk, at=gk)
     kb.emit(isa.TensorCopy, dst=kq, src=keys)
     _flip(kb, kq, kq, scratch, 16)
-    kb.dma(kb.ap(vout, r0 * k, ((k, p), (1, k))), kq.with_(dtype=x.dtype))
+    kb.dma(out, kq.with_(dtype=x.dtype))
 
 
-def _values_gathered(kb: KernelBuilder, t: _Tiles, x: DramTensor, vout: DramTensor,
-                     r0: int, p: int, n: int, k: int) -> None:
-    """32-bit types: value = x[row, index], by indirect DMA from HBM (bit-exact)."""
-    flat = sub(t.out, p, k)
-    kb.emit(isa.Iota, dst=flat, pattern=((0, k),), offset=r0 * n, channel_multiplier=n)
-    kb.emit(isa.TensorTensor, dst=flat, data1=flat, data2=sub(t.idx, p, k), op="add",
+def _values_gathered(kb: KernelBuilder, t: _Tiles, x: DramTensor, out: isa.DramAP,
+                     r0: int, p: int, g: int) -> None:
+    """32-bit types: value = x[line, index], by indirect DMA from HBM (bit-exact)."""
+    n, k = t.n, t.k
+    flat = sub(t.flat, p, g * k)
+    kb.emit(isa.Iota, dst=flat, pattern=((n, g), (0, k)), offset=r0 * n,
+            channel_multiplier=g * n)
+    kb.emit(isa.TensorTensor, dst=flat, data1=flat, data2=sub(t.idx, p, g * k), op="add",
             engine="gpsimd")
-    dst = _view(t.bufs[0], p, k, x.dtype)
+    dst = _view(t.vals, p, g * k, x.dtype)
     table = kb.ap(x, 0, ((1, x.size), (1, 1)))
     kb.emit(isa.DmaGather, dst=dst, src=table, indices=flat, dma_queue=next(kb._queues))
-    kb.dma(kb.ap(vout, r0 * k, ((k, p), (1, k))), dst)
+    kb.dma(out, dst)
+
+
+def _blocks(rows: int, gmax: int) -> list[tuple[int, int, int]]:
+    """(first line, partitions, lines per partition) covering `rows` lines."""
+    out, r = [], 0
+    while r < rows:
+        rem = rows - r
+        g = max(1, min(rem // P, gmax))
+        p = min(P, rem) if g == 1 else P
+        out.append((r, p, g))
+        r += p * g
+    return out
+
+
+def _block(kb: KernelBuilder, t: _Tiles, x: DramTensor, outs, r0: int, p: int,
+           g: int) -> None:
+    n, k = t.n, t.k
+    vout, iout = outs
+    kb.dma(sub(t.xin, p, g * n), kb.ap(x, r0 * n, ((g * n, p), (1, g * n))))
+    for i in range(g):
+        line = sub(t.xin, p, n, at=i * n)
+        key = _one_key(kb, t, line, p) if x.dtype in ONE_KEY else _two_keys(kb, t, line, p)
+        width = 8 * t.rounds
+        _rounds(kb, key, sub(t.vals, p, width, at=i * k), sub(t.idx, p, width, at=i * k),
+                t.rounds)
+    pattern = ((g * k, p), (1, g * k))
+    kb.dma(kb.ap(iout, r0 * k, pattern), sub(t.idx, p, g * k))
+    if x.dtype in ONE_KEY:
+        _values_from_keys(kb, t, x, kb.ap(vout, r0 * k, pattern), p, g * k)
+    else:
+        _values_gathered(kb, t, x, kb.ap(vout, r0 * k, pattern), r0, p, g)
 
 
 @register_lowering("top_k")
 def _top_k_lower(ctx: LowerCtx, x: DramTensor, *, k: int) -> None:
-    vout, iout = ctx.outs
     if x.dtype not in ONE_KEY + TWO_KEYS or not x.shape:
         raise LoweringError(f"top_k of {x.dtype}{list(x.shape)} is not supported "
                             f"({ctx.op.describe()})")
@@ -186,18 +228,8 @@ def _top_k_lower(ctx: LowerCtx, x: DramTensor, *, k: int) -> None:
         raise LoweringError(f"top_k with k={k} of a line of {n} ({ctx.op.describe()})")
     kb = ctx.kb
     kb.flops += rows * n * math.ceil(k / 8) * 3
-    t = _Tiles(kb, x, n, k)
-    for r0, p in tiles(rows, P):
-        src = kb.ap(x, r0 * n, ((n, p), (1, n)))
-        kb.dma(sub(t.x, p, n) if t.x is not None else _view(t.bufs[0], p, n, x.dtype), src)
-        if t.x is not None:
-            key = _one_key(kb, t, x, p, n)
-        else:
-            key = _two_keys(kb, t, x, p, n)
-        _rounds(kb, key, sub(t.vals, p), sub(t.idx, p), t.rounds)
-        kb.dma(kb.ap(iout, r0 * k, ((k, p), (1, k))), sub(t.idx, p, k))
-        if t.x is not None:
-            _values_from_keys(kb, t, x, vout, r0, p, k)
-        else:
-            _values_gathered(kb, t, x, vout, r0, p, n, k)
+    blocks = _blocks(rows, max(1, XIN_BYTES // (n * hw_dtypes.itemsize(x.dtype))))
+    t = _Tiles(kb, x, n, k, max(g for _, _, g in blocks))
+    for r0, p, g in blocks:
+        _block(kb, t, x, ctx.outs, r0, p, g)
     kb.release(*t.all())

@@ -175,9 +175,12 @@ def test_comparators_recognised_or_rejected():
 
 # --- top_k through max8 / find_index8 / match_replace8 (jax_trn/lower/topk.py) ----------
 
-def _top_k_kernels(jax, fn, x):
-    """The kernel names of `fn`'s compiled program (to see which path top_k took)."""
-    return jax.jit(fn).lower(x).compile().as_text()
+def _top_k_path(jax, fn, x) -> str:
+    """Which kernel `fn`'s top_k became: "top_k" (topk.py) or "sort" (sort + slice)."""
+    text = jax.jit(fn).lower(x).compile().as_text()
+    paths = [p for p in ("top_k", "sort") if f": {p} at " in text]
+    assert len(paths) == 1, text
+    return paths[0]
 
 
 def _ties_and_specials(shape, dtype, rng):
@@ -204,7 +207,7 @@ def test_top_k_rounds_of_max8(jax, trn, cpu, k):
     x[:, 3] = x[:, 30]                               # ties: the smaller index first
     fn = lambda x: jax.lax.top_k(x, k)               # noqa: E731
     _same(jax, trn, cpu, fn, x)
-    assert "top_k" in _top_k_kernels(jax, fn, jax.device_put(x, trn))
+    assert _top_k_path(jax, fn, jax.device_put(x, trn)) == "top_k"
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "int32", "uint32",
@@ -213,6 +216,7 @@ def test_top_k_dtypes_ties_nan_signed_zero(jax, trn, cpu, dtype):
     x = _ties_and_specials((3, 4, 50), dtype, np.random.default_rng(11))  # a 3-D batch
     for k in (3, 12):
         _same(jax, trn, cpu, lambda x: jax.lax.top_k(x, k), x)
+    assert _top_k_path(jax, lambda x: jax.lax.top_k(x, 3), jax.device_put(x, trn)) == "top_k"
 
 
 def test_top_k_short_lines_and_all_equal(jax, trn, cpu):
@@ -225,12 +229,24 @@ def test_top_k_short_lines_and_all_equal(jax, trn, cpu):
     _same(jax, trn, cpu, lambda x: jax.lax.top_k(x, 8), x)
 
 
+def test_top_k_many_short_lines_several_per_partition(jax, trn, cpu):
+    """1000 lines of 20: 7 lines per partition in one block, then 104 lines; a 16-bit
+    and an integer case (the values rebuilt from keys) and a float32 one (gathered)."""
+    rng = np.random.default_rng(15)
+    x = rng.standard_normal((1000, 20)).astype(np.float32)
+    x[::5, 4] = x[::5, 11]
+    _same(jax, trn, cpu, lambda x: jax.lax.top_k(x, 3), x)
+    _same(jax, trn, cpu, lambda x: jax.lax.top_k(x, 10), x.astype(ml_dtypes.bfloat16))
+    _same(jax, trn, cpu, lambda x: jax.lax.top_k(x, 2),
+          rng.integers(-4, 4, (600, 16)).astype(np.int8))
+
+
 def test_top_k_outside_the_fast_path_is_a_sort(jax, trn, cpu):
     """k > 64 and 64-bit keys keep the sort + slice (still exact)."""
     x = np.random.default_rng(13).standard_normal((4, 100)).astype(np.float32)
     fn = lambda x: jax.lax.top_k(x, 70)              # noqa: E731
     _same(jax, trn, cpu, fn, x)
-    assert "sort" in _top_k_kernels(jax, fn, jax.device_put(x, trn))
+    assert _top_k_path(jax, fn, jax.device_put(x, trn)) == "sort"
 
 
 def test_approx_max_k_runs_as_the_exact_top_k(jax, trn, cpu):
@@ -241,7 +257,7 @@ def test_approx_max_k_runs_as_the_exact_top_k(jax, trn, cpu):
     x = np.random.default_rng(14).standard_normal((3, 32, 100)).astype(np.float32)
     fn = lambda x: lax.approx_max_k(x, 5)            # noqa: E731
     _same(jax, trn, cpu, fn, x)
-    assert "top_k" in _top_k_kernels(jax, fn, jax.device_put(x, trn))
+    assert _top_k_path(jax, fn, jax.device_put(x, trn)) == "top_k"
     xb = x.astype(ml_dtypes.bfloat16)
     f = jax.jit(lambda x: lax.approx_max_k(x, 9))
     (v, i), (rv, _) = f(jax.device_put(xb, trn)), f(jax.device_put(xb, cpu))
