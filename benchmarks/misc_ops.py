@@ -34,6 +34,9 @@ def main() -> None:
         ("reverse axis 1 (on-chip columns)", lambda a: a[:, ::-1], x),
         ("rng_bit_generator uint32 (Philox)",
          lambda s: jax.lax.rng_bit_generator(s, (n, n), np.uint32)[1], state),
+        ("rng_bit_generator uint32 (Threefry)",
+         lambda s: jax.lax.rng_bit_generator(
+             s, (n, n), np.uint32, algorithm=jax.lax.RandomAlgorithm.RNG_THREE_FRY)[1], state),
         ("reduce_precision(5, 10)", lambda a: jax.lax.reduce_precision(a, 5, 10), x),
     ]
     print(f"{'op on [' + str(n) + ', ' + str(n) + ']':36s} {'simulated us':>14s}")

@@ -1,12 +1,13 @@
-"""reverse, reduce_precision, rng_bit_generator, partition_id / replica_id and
-custom_call errors (jax_trn/lower/slicing.py, misc.py), against JAX's CPU backend."""
+"""reverse, reduce_precision, rng_bit_generator (Philox, Threefry, jax.random on rbg
+keys), partition_id / replica_id and custom_call errors (jax_trn/lower/slicing.py,
+misc.py), against JAX's CPU backend."""
 from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
 import pytest
 
-from tests.conftest import run_python
+from tests.conftest import assert_close, run_python
 
 REVERSE_CASES = [((7,), (0,)), ((301,), (0,)), ((5, 7), (0,)), ((5, 7), (1,)),
                  ((5, 7), (0, 1)), ((130, 3), (0,)), ((3, 4, 5), (1,)), ((3, 4, 5), (0, 2)),
@@ -83,16 +84,25 @@ def test_rng_bit_generator_is_bit_exact(jax, trn, cpu):
         _bits_equal(o, r)
 
 
-@pytest.mark.parametrize("impl", ["rbg"])
-def test_rbg_keys_match_cpu(jax, trn, cpu, impl):
-    data = jax.random.key_data(jax.random.key(42, impl=impl))
+@pytest.mark.parametrize("impl", ["rbg", "unsafe_rbg"])
+def test_rbg_random_matches_cpu(jax, trn, cpu, impl):
+    """jax.random on rng_bit_generator keys (the default impl set to rbg / unsafe_rbg):
+    bits, uniform and bernoulli bit for bit; normal through erf_inv's log, which XLA's
+    CPU backend approximates (a few ulp from the exact FP32 log), to float32
+    tolerance after its uniform input matched bit for bit."""
+    with jax.default_prng_impl(impl):
+        data = jax.random.key_data(jax.random.key(42))
 
-    def draws(kd):
-        k1, k2 = jax.random.split(jax.random.wrap_key_data(kd, impl=impl))
-        return jax.random.bits(k1, (5, 3)), jax.random.uniform(k2, (9,))
-    out, ref = _run(jax, trn, cpu, draws, data)
-    for o, r in zip(out, ref):
+        def draws(kd):
+            k1, k2, k3, k4 = jax.random.split(jax.random.wrap_key_data(kd), 4)
+            return (jax.random.bits(k1, (5, 3)), jax.random.uniform(k2, (9,)),
+                    jax.random.bernoulli(k3, 0.3, (7, 2)),
+                    jax.random.uniform(k4, (300,), minval=-1.0, maxval=1.0),
+                    jax.random.normal(k4, (300,)))
+        out, ref = _run(jax, trn, cpu, draws, data)
+    for o, r in zip(out[:4], ref[:4]):
         _bits_equal(o, r)
+    assert_close(out[4], ref[4], "float32")
 
 
 @pytest.mark.slow
@@ -109,11 +119,59 @@ def test_rng_bit_generator_uint64_in_x64():
     assert r.stdout.strip().endswith("True")
 
 
-def test_three_fry_is_a_compile_error(jax, trn):
-    fn = lambda s: jax.lax.rng_bit_generator(  # noqa: E731
-        s, (4,), algorithm=jax.lax.RandomAlgorithm.RNG_THREE_FRY)
-    with pytest.raises(Exception, match="THREE_FRY.*test_misc_ops.py"):
-        jax.jit(fn)(jax.device_put(STATE, trn))
+THREE_FRY = "RNG_THREE_FRY"
+# Every layout of XLA's Threefry: split on the first even dimension with rows of one
+# counter (7, 2), many (300, 7), (3, 4, 5), longer than a tile (2, 1100), or on the
+# largest of all-odd dimensions ((7,), (5, 3), (3, 5, 7), more than 128 groups
+# (131, 133)), scalars, unit and empty dimensions.
+THREE_FRY_CASES = [((), "uint8"), ((1,), "uint32"), ((7,), "uint16"), ((7, 2), "uint32"),
+                   ((5, 3), "uint8"), ((3, 5), "uint32"), ((3, 4, 5), "uint32"),
+                   ((3, 5, 7), "uint16"), ((300, 7), "uint32"), ((2, 1100), "uint32"),
+                   ((131, 133), "uint32"), ((1, 3, 1), "uint8"), ((0, 4), "uint32"),
+                   ((4, 0, 3), "uint16")]
+LOW_CARRY = np.array([0x9E3779B9, 0xDEADBEEF, 0xFFFFFF00, 0x00000001], np.uint32)
+
+
+def test_three_fry_is_bit_exact(jax, trn, cpu):
+    """Values and new states of every case, from a state whose 64-bit counter wraps
+    (STATE) and one whose low word carries into the high word (LOW_CARRY)."""
+    alg = getattr(jax.lax.RandomAlgorithm, THREE_FRY)
+
+    def draws(*states):
+        return [jax.lax.rng_bit_generator(s, shape, np.dtype(dt), algorithm=alg)
+                for s in states for shape, dt in THREE_FRY_CASES]
+    out, ref = _run(jax, trn, cpu, draws, STATE, LOW_CARRY)
+    for o, r in zip(jax.tree.leaves(out), jax.tree.leaves(ref)):
+        _bits_equal(o, r)
+
+
+def test_three_fry_uint64_is_bit_exact(jax, trn, cpu):
+    """64-bit values are one counter's two words each (not the halved layout)."""
+    alg = getattr(jax.lax.RandomAlgorithm, THREE_FRY)
+    with jax.enable_x64(True):
+        states = [np.array([0x0123456789ABCDEF, 0xFFFFFFFFFFFFFFFD], np.uint64),
+                  LOW_CARRY.view(np.uint64)]
+
+        def draws(*st):
+            return [jax.lax.rng_bit_generator(s, shape, np.uint64, algorithm=alg)
+                    for s in st for shape in [(), (3, 5), (300, 7), (0, 2)]]
+        out, ref = _run(jax, trn, cpu, draws, *states)
+    for o, r in zip(jax.tree.leaves(out), jax.tree.leaves(ref)):
+        _bits_equal(o, r)
+
+
+def test_three_fry_runs_on_gpsimd_in_full_tiles(jax, trn):
+    """A [2, 65536] draw (one row of counters per output row pair) tiles its columns
+    over all 128 partitions: one Iota, ~111 GpSimd instructions, not 128 tiles."""
+    import jax_trn
+    alg = getattr(jax.lax.RandomAlgorithm, THREE_FRY)
+    fn = lambda s: jax.lax.rng_bit_generator(s, (2, 65536), algorithm=alg)[1]  # noqa: E731
+    with jax_trn.profile() as prof:
+        jax.block_until_ready(jax.jit(fn)(jax.device_put(STATE, trn)))
+    ev = prof.executions[-1].events
+    ops = [e.opcode for e in ev]
+    assert ops.count("Iota") == 1
+    assert 100 < sum(e.queue == "gpsimd" for e in ev) < 140
 
 
 # --- reduce_precision -------------------------------------------------------------------
