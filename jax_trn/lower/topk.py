@@ -20,9 +20,11 @@ partitions (128 per group), the last axis on the free axis.
 - then per round of 8: m = max8(key); indices = find_index8(key, m) (duplicates take
   successive positions, ascending: equal keys by position); match_replace8(key, m,
   -inf) removes them before the next round (it removes the same first occurrences).
-- values: one-key types are rebuilt from the selected keys (the flip is an involution);
-  32-bit values are gathered by index from the input in HBM (DmaGather, one 4-byte
-  descriptor each, §3.4), bit-exact (NaN payloads, -0).
+- values, rebuilt from the keys (the flip is an involution), bit-exact (NaN payloads,
+  -0): one-key types from the selected keys; 32-bit types as K = 256 a_t + (C_t & 255)
+  for output slot t: the top k by K hold exactly the A values a_1 >= ... >= a_k of the
+  first rounds (all elements with A > a_k, and as many with A = a_k as the list holds),
+  in the same (descending) order, so slot t's A is a_t, no lookup needed.
 
 Many short lines: g lines per partition come in one DMA (partition p holds lines
 r0 + p g .. r0 + p g + g - 1, contiguous), are selected one after another, and their
@@ -69,13 +71,13 @@ class _Tiles:
         spare = 8 * self.rounds
         self.xin = kb.tile(g * n, x.dtype)
         self.bufs = [kb.tile(self.w, "float32") for _ in range(3)]
-        self.tops = kb.tile(spare, "float32")
+        self.tops = kb.tile(g * k + spare, "float32")
         self.vals = kb.tile(g * k + spare, "float32")
         self.idx = kb.tile(g * k + spare, "uint32")
-        self.flat = kb.tile(g * k, "int32")
+        self.ints = [kb.tile(g * k, "int32") for _ in range(2)]
 
     def all(self) -> list[isa.Tile]:
-        return [self.xin, *self.bufs, self.tops, self.vals, self.idx, self.flat]
+        return [self.xin, *self.bufs, self.tops, self.vals, self.idx, *self.ints]
 
 
 def _view(t: isa.Tile, parts: int, n: int, dtype: str, at: int = 0) -> isa.Tile:
@@ -109,8 +111,9 @@ def _one_key(kb: KernelBuilder, t: _Tiles, x: isa.Tile, p: int) -> isa.Tile:
     return sub(key, p, t.w)
 
 
-def _two_keys(kb: KernelBuilder, t: _Tiles, x: isa.Tile, p: int) -> isa.Tile:
-    """C = 256 * #{j : a_j <= A} + B (FP32, in bufs[2]) of a line of a 32-bit type."""
+def _two_keys(kb: KernelBuilder, t: _Tiles, x: isa.Tile, p: int, tops: isa.Tile) -> isa.Tile:
+    """C = 256 * #{j : a_j <= A} + B (FP32, in bufs[2]) of a line of a 32-bit type; the
+    a_j go to `tops` ([p, 8 R])."""
     n, k = t.n, t.k
     a, work, bkey = t.bufs
     if x.dtype == "float32":
@@ -128,9 +131,9 @@ def _two_keys(kb: KernelBuilder, t: _Tiles, x: isa.Tile, p: int) -> isa.Tile:
         _pad(kb, buf, p, n, t.w)
     a, work, bkey = sub(a, p, t.w), sub(work, p, t.w), sub(bkey, p, t.w)
     kb.emit(isa.TensorCopy, dst=work, src=a)
-    _rounds(kb, work, sub(t.tops, p), None, t.rounds)
+    _rounds(kb, work, tops, None, t.rounds)
     for j in range(k):
-        aj = sub(t.tops, p, 1, at=j)
+        aj = sub(tops, p, 1, at=j)
         if j == 0:
             kb.emit(isa.TensorScalar, dst=work, data=a, op0="is_ge", operand0=aj)
         else:
@@ -162,26 +165,29 @@ def _values_from_keys(kb: KernelBuilder, t: _Tiles, x: DramTensor, out: isa.Dram
     if x.dtype not in ("bfloat16", "float16"):
         kb.dma(out, keys)
         return
-    f16 = t.flat.with_(dtype="int16", free=(2 * t.flat.free_size,))
-    kq, scratch = sub(f16, p, gk), sub(f16, p, gk, at=gk)
+    kq, scratch = (_view(i, p, gk, "int16") for i in t.ints)
     kb.emit(isa.TensorCopy, dst=kq, src=keys)
     _flip(kb, kq, kq, scratch, 16)
     kb.dma(out, kq.with_(dtype=x.dtype))
 
 
-def _values_gathered(kb: KernelBuilder, t: _Tiles, x: DramTensor, out: isa.DramAP,
-                     r0: int, p: int, g: int) -> None:
-    """32-bit types: value = x[line, index], by indirect DMA from HBM (bit-exact)."""
-    n, k = t.n, t.k
-    flat = sub(t.flat, p, g * k)
-    kb.emit(isa.Iota, dst=flat, pattern=((n, g), (0, k)), offset=r0 * n,
-            channel_multiplier=g * n)
-    kb.emit(isa.TensorTensor, dst=flat, data1=flat, data2=sub(t.idx, p, g * k), op="add",
-            engine="gpsimd")
-    dst = _view(t.vals, p, g * k, x.dtype)
-    table = kb.ap(x, 0, ((1, x.size), (1, 1)))
-    kb.emit(isa.DmaGather, dst=dst, src=table, indices=flat, dma_queue=next(kb._queues))
-    kb.dma(out, dst)
+def _values_from_two_keys(kb: KernelBuilder, t: _Tiles, x: DramTensor, out: isa.DramAP,
+                          p: int, gk: int) -> None:
+    """32-bit types: K = 256 a_t + (C_t & 255), then the key flip undone."""
+    kk, b = (sub(i, p, gk) for i in t.ints)
+    kb.emit(isa.TensorCopy, dst=kk, src=sub(t.tops, p, gk))
+    kb.emit(isa.TensorCopy, dst=b, src=sub(t.vals, p, gk))
+    kb.emit(isa.TensorScalar, dst=b, data=b, op0="bitwise_and", operand0=255)
+    kb.emit(isa.TensorScalar, dst=kk, data=kk, op0="shift_left", operand0=8)
+    kb.emit(isa.TensorTensor, dst=kk, data1=kk, data2=b, op="bitwise_or")
+    if x.dtype == "float32":
+        _flip(kb, b, kk, b, 32)
+    elif x.dtype == "uint32":
+        kb.emit(isa.TensorScalar, dst=b.with_(dtype="uint32"), data=kk, op0="bitwise_xor",
+                operand0=2 ** 31)
+    else:
+        b = kk
+    kb.dma(out, b.with_(dtype=x.dtype))
 
 
 def _blocks(rows: int, gmax: int) -> list[tuple[int, int, int]]:
@@ -203,8 +209,11 @@ def _block(kb: KernelBuilder, t: _Tiles, x: DramTensor, outs, r0: int, p: int,
     kb.dma(sub(t.xin, p, g * n), kb.ap(x, r0 * n, ((g * n, p), (1, g * n))))
     for i in range(g):
         line = sub(t.xin, p, n, at=i * n)
-        key = _one_key(kb, t, line, p) if x.dtype in ONE_KEY else _two_keys(kb, t, line, p)
         width = 8 * t.rounds
+        if x.dtype in ONE_KEY:
+            key = _one_key(kb, t, line, p)
+        else:
+            key = _two_keys(kb, t, line, p, sub(t.tops, p, width, at=i * k))
         _rounds(kb, key, sub(t.vals, p, width, at=i * k), sub(t.idx, p, width, at=i * k),
                 t.rounds)
     pattern = ((g * k, p), (1, g * k))
@@ -212,7 +221,7 @@ def _block(kb: KernelBuilder, t: _Tiles, x: DramTensor, outs, r0: int, p: int,
     if x.dtype in ONE_KEY:
         _values_from_keys(kb, t, x, kb.ap(vout, r0 * k, pattern), p, g * k)
     else:
-        _values_gathered(kb, t, x, kb.ap(vout, r0 * k, pattern), r0, p, g)
+        _values_from_two_keys(kb, t, x, kb.ap(vout, r0 * k, pattern), p, g * k)
 
 
 @register_lowering("top_k")
