@@ -42,8 +42,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Iterable, Iterator
 
 from hlo_passes import ir
 from jax_trn.hw import isa
@@ -51,7 +51,7 @@ from jax_trn.hw.program import DramTensor
 
 from .builder import KernelBuilder, sub
 from .errors import LoweringError
-from .layout import P, FlatTile, flat_tiles, tiles
+from .layout import FlatTile, P, flat_tiles, tiles
 from .registry import LowerCtx, register_lowering
 
 __all__ = ["philox_kernel", "three_fry_kernel"]
@@ -127,13 +127,13 @@ def philox_kernel(kb: KernelBuilder, state: DramTensor, new_state: DramTensor,
         blocks.append(FlatTile(bits.size // per, 1, 1, 1))
     if blocks:
         free = max(b.free for b in blocks)
-        tiles = [kb.tile(free, "uint32") for _ in range(13)]
+        scratch = [kb.tile(free, "uint32") for _ in range(13)]
         words_out = kb.tile(4 * free, "uint32")
         narrow = kb.tile(4 * free, bits.dtype) if ir.np_dtype(bits.dtype).itemsize < 4 \
             else None
         engines = itertools.cycle(("vector", "gpsimd", "scalar"))
         for b in blocks:
-            mine = [sub(t, b.parts, b.free) for t in tiles]
+            mine = [sub(t, b.parts, b.free) for t in scratch]
             y = _philox_block(kb, b, mine, [sub(w, b.parts) for w in _cols(words, 4)],
                               [sub(k, b.parts) for k in _cols(keys, 2 * PHILOX_ROUNDS)])
             val = _interleave(kb, y, sub(words_out, b.parts, 4 * b.free), engines)
@@ -141,7 +141,7 @@ def philox_kernel(kb: KernelBuilder, state: DramTensor, new_state: DramTensor,
             count = min(per * b.free, bits.size - per * b.offset)
             kb.dma(kb.ap(bits, per * b.offset, ((per * b.pstride, b.parts), (1, count))),
                    sub(val, free=count))
-        kb.release(words_out, *tiles, *([narrow] if narrow is not None else []))
+        kb.release(words_out, *scratch, *([narrow] if narrow is not None else []))
     _next_state(kb, words, new_state, -(-bits.size // per))
     kb.release(keys, st)
 
@@ -398,14 +398,14 @@ def three_fry_kernel(kb: KernelBuilder, state: DramTensor, new_state: DramTensor
     work = [(r, b) for r in parts for b in three_fry_blocks(r)]
     if work:
         free = max(b.rows * b.cols for _, b in work)
-        tiles_ = [kb.tile(free, "uint32") for _ in range(4)]
+        scratch = [kb.tile(free, "uint32") for _ in range(4)]
         words_out = kb.tile(2 * free, "uint32")
         narrow = kb.tile(2 * free, bits.dtype) if ir.np_dtype(bits.dtype).itemsize < 4 \
             else None
         engines = itertools.cycle(("vector", "gpsimd", "scalar"))
         for r, b in work:
             n = b.rows * b.cols
-            c, x0, x1, t = (sub(tt, b.parts, n) for tt in tiles_)
+            c, x0, x1, t = (sub(tt, b.parts, n) for tt in scratch)
             kb.emit(isa.Iota, dst=c, pattern=_axes(((r.B, b.rows), (1, b.cols))),
                     offset=b.c0, channel_multiplier=b.cps)
             _three_fry_block(kb, c, x0, x1, t, [sub(w, b.parts) for w in _cols(words, 4)],
@@ -418,7 +418,7 @@ def three_fry_kernel(kb: KernelBuilder, state: DramTensor, new_state: DramTensor
             # 64-bit values are stored as their words (a uint32 view of the tensor).
             dst = kb.ap(bits, b.o0, pattern)
             kb.dma(dataclasses.replace(dst, dtype="uint32") if wide else dst, val)
-        kb.release(words_out, *tiles_, *([narrow] if narrow is not None else []))
+        kb.release(words_out, *scratch, *([narrow] if narrow is not None else []))
     _next_state(kb, words, new_state, counters)
     kb.release(keys, st)
 

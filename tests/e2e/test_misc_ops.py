@@ -3,6 +3,8 @@ keys), partition_id / replica_id and custom_call errors (jax_trn/lower/slicing.p
 misc.py), against JAX's CPU backend."""
 from __future__ import annotations
 
+import itertools
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -158,6 +160,61 @@ def test_three_fry_uint64_is_bit_exact(jax, trn, cpu):
         out, ref = _run(jax, trn, cpu, draws, *states)
     for o, r in zip(jax.tree.leaves(out), jax.tree.leaves(ref)):
         _bits_equal(o, r)
+
+
+@pytest.mark.parametrize("shape", [(), (1,), (7,), (8,), (3, 5), (5, 3), (3, 4, 5), (3, 5, 7),
+                                   (131, 133), (2, 1100), (1, 3, 1), (600, 2), (9, 1030),
+                                   (4, 0, 3), (3, 131, 133)])
+def test_three_fry_tiles_write_each_word_once(shape):
+    """The blocks (the cheapest tiling of every part) reproduce XLA's layout exactly:
+    output word k holds word j of counter c as three_fry_layout says, no word twice,
+    every counter below the count used (pure layout arithmetic, no simulator)."""
+    from jax_trn.lower import misc
+    n = int(np.prod(shape))
+    for wide in (False, True):
+        counters, parts = misc.three_fry_layout(shape, wide)
+        want = _three_fry_words(shape, wide)
+        got = {}
+        for r in parts:
+            for b in misc.three_fry_blocks(r):
+                assert 1 <= b.parts <= 128 and b.rows * b.cols <= misc.RNG_FREE
+                for p, q, f, j in itertools.product(range(b.parts), range(b.rows),
+                                                    range(b.cols), range(r.nj)):
+                    k = b.o0 + p * b.ops + (2 * q + j) * r.B + f
+                    assert k not in got
+                    got[k] = (b.c0 + p * b.cps + q * r.B + f, j)
+        assert got == want and counters == (n if wide else _half_counters(shape))
+
+
+def test_misc_doctests():
+    import doctest
+
+    from jax_trn.lower import misc
+    assert doctest.testmod(misc).failed == 0
+
+
+def _half_counters(shape):
+    dims = shape or (1,)
+    even = [i for i, d in enumerate(dims) if d % 2 == 0]
+    s = even[0] if even else int(np.argmax(dims))
+    return int(np.prod(dims[:s])) * -(-dims[s] // 2) * int(np.prod(dims[s + 1:]))
+
+
+def _three_fry_words(shape, wide):
+    """{output word: (counter, word of it)} following prng.cc's ops literally: a
+    concatenation of (x0, x1) on a new axis after the split one, reshape, slice."""
+    n = int(np.prod(shape))
+    if wide:
+        return {2 * c + j: (c, j) for c in range(n) for j in (0, 1)}
+    dims = list(shape or (1,))
+    even = [i for i, d in enumerate(dims) if d % 2 == 0]
+    s = even[0] if even else int(np.argmax(dims))
+    half = dims[:s] + [-(-dims[s] // 2), 1] + dims[s + 1:]
+    ctr = np.arange(int(np.prod(half))).reshape(half)
+    pair = np.concatenate([ctr * 2, ctr * 2 + 1], axis=s + 1)     # 2c + j
+    full = pair.reshape(dims[:s] + [2 * half[s]] + dims[s + 1:])
+    full = full[tuple(slice(0, d) for d in dims)].reshape(-1)
+    return {k: (int(v) // 2, int(v) % 2) for k, v in enumerate(full)}
 
 
 def test_three_fry_runs_on_gpsimd_in_full_tiles(jax, trn):
