@@ -64,7 +64,12 @@ def _step_matrix(s, e, f, eye, swap, half_sign):
 
     diag = jnp.sum(s * eye, axis=-1)
     own = rows(diag)                                                # s[i, i]
-    off = rows(jnp.sum(s * swap, axis=-1))                          # s[i, partner]
+    # s[i, partner] and s[partner, i] averaged: B = M^T (B M) is symmetric only to rounding,
+    # and both rows of a pair must get the same rotation (else J is not orthogonal: with a
+    # rounding-level off-diagonal entry and equal diagonal ones, its two copies may differ
+    # in sign, giving t = +1 and +1 instead of +1 and -1).
+    sx = s * swap
+    off = rows((jnp.sum(sx, axis=-1) + jnp.sum(sx, axis=-2)) / 2)
     other = rows(jnp.sum(swap * diag[..., None, :], axis=-1))       # s[partner, partner]
     d = other - own
     r = jnp.sqrt(d * d + 4 * off * off)
@@ -129,11 +134,18 @@ def _pad_last(x, axes):
     return jnp.pad(x, pad)
 
 
+def _real_only(name: str, a) -> None:
+    if jnp.issubdtype(a.dtype, jnp.complexfloating):
+        raise NotImplementedError(f"{name} on trn: complex operand {a.dtype}{list(a.shape)} "
+                                  "is not supported (the hardware has no complex type)")
+
+
 def eigh(a, *, lower: bool, sort_eigenvalues: bool, subset_by_index, algorithm=None):
     """(v, w) of the symmetric a [..., n, n], eigenvalues ascending, eigenvectors as columns;
     only the triangle `lower` names is read. Every `algorithm` (QR, Jacobi, QDWH) runs as
     this Jacobi; unsorted eigenvalues come sorted (an order the API allows)."""
     del sort_eigenvalues, algorithm
+    _real_only("eigh", a)
     dtype = a.dtype
     n0 = a.shape[-1]
     a = a.astype(jnp.float32)
@@ -143,7 +155,7 @@ def eigh(a, *, lower: bool, sort_eigenvalues: bool, subset_by_index, algorithm=N
     if n != n0:
         a = _pad_last(a, (-2, -1))
     k = _Consts(n, a.dtype)
-    tol = 8 * n * jnp.finfo(jnp.float32).eps     # ~10x the rounding floor of off / ||B||
+    tol = n * jnp.finfo(jnp.float32).eps           # the rounding floor of off / ||B|| is ~n eps / 2
 
     def step(bv):
         b, v = bv
@@ -173,6 +185,7 @@ def svd(a, *, full_matrices: bool, compute_uv: bool, subset_by_index, algorithm=
     Columns of zero norm, and the extra columns of a full u, come from a Householder QR
     of the normalised u (its leading columns are u's own, up to sign)."""
     del algorithm
+    _real_only("svd", a)
     dtype = a.dtype
     m0, n0 = a.shape[-2:]
     if m0 < n0:                                           # a^T = v s u^T
