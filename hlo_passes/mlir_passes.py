@@ -16,8 +16,9 @@ sees real `sdy` ops:
 3. `chlo.top_k` -> `custom_call @trn.top_k` (backend_config: k in decimal), which the
    importer turns into a `top_k` op of our IR (jax_trn/lower/topk.py lowers it with
    max8 / find_index8 / match_replace8), for the operand types and lengths that rule
-   takes (`TOP_K_TYPES`, last axis <= `TOP_K_MAX_LEN`, k <= `TOP_K_MAX_K`) in programs that Shardy does not
-   partition (Shardy has no sharding rule for our custom_call). Every other top_k is
+   takes (`TOP_K_TYPES`, last axis <= `TOP_K_MAX_LEN`, k <= `TOP_K_MAX_K`) in
+   single-device programs (Shardy and localization have no rule for our custom_call,
+   so multi-device programs keep the sort). Every other top_k is
    legalized below into a sort + slice, as before. JAX serializes lax.top_k as
    `stablehlo.composite "chlo.top_k"` (composite_attributes {k}) whose decomposition
    is that sort + slice; such composites are replaced the same way (the decomposition
@@ -76,7 +77,7 @@ def run_mlir_passes(module: mlir_ir.Module) -> None:
         if _has_sdy_round_trip_attrs(module):
             _run(module, SDY_IMPORT)
             sharding_custom_calls_to_constraints(module)
-        if KEEP_TOP_K and not _partitioned(module):
+        if KEEP_TOP_K and not _multi_device(module):
             top_k_to_custom_calls(module)
         if _has_dialect(module, "chlo."):
             _run(module, CHLO_LEGALIZE)
@@ -96,6 +97,13 @@ def _partitioned(module: mlir_ir.Module) -> bool:
             if any(sdy.MeshAxisAttr(a).size > 1 for a in mesh.axes):
                 return True
     return False
+
+
+def _multi_device(module: mlir_ir.Module) -> bool:
+    """A program for more than one partition or replica (whatever its mesh)."""
+    attrs = module.operation.attributes
+    return any(name in attrs and mlir_ir.IntegerAttr(attrs[name]).value > 1
+               for name in ("mhlo.num_partitions", "mhlo.num_replicas"))
 
 
 def _run(module: mlir_ir.Module, pipeline: str) -> None:
