@@ -22,10 +22,10 @@ DMAed into every partition (a stride-0 partition pattern) and its words used as
 per-partition TensorScalar operands; counters come from an Iota (carries as
 carry = sum < addend). Philox: counters tiled [128, <=512], the ten rounds compute
 mulhi / mullo of 32-bit words with 16-bit limbs (17 instructions per product), ~390
-GpSimd instructions per tile. Threefry: blocks of whole output rows of B counters (or
-of rows, groups or columns, whichever makes the fewest, fullest tiles), a round is
-5 instructions (add, rotate as shift / shift / or, xor; key injections folded into
-the next round's operands), ~111 per tile. The words of a counter are adjacent
+GpSimd instructions per tile. Threefry: tiles of <= 2048 counters per partition
+(partitions over rows, groups or columns, whichever costs least), a round is 5
+instructions (add, rotate as shift / shift / or, xor; key injections folded into the
+next round's operands), ~111 per tile. The words of a counter are adjacent
 outputs: one bit-exact TensorCopy per word (round-robin over VectorE / GpSimd /
 ScalarE), each writing that word of every counter through a strided access pattern
 (16 bytes or less, full bandwidth, §3.1), interleave them before a contiguous store
@@ -60,10 +60,13 @@ _M32 = 0xFFFFFFFF
 PHILOX_ROUNDS = 10
 PHILOX_W = (0x9E3779B9, 0xBB67AE85)        # key increments per round
 PHILOX_M = (0xD2511F53, 0xCD9E8D57)        # round multipliers
-THREE_FRY_ROTATIONS = (13, 15, 26, 6, 17, 29, 16, 24)   # rounds 4g .. 4g + 3 use 4 (g % 2) ..
+THREE_FRY_ROTATIONS = (13, 15, 26, 6, 17, 29, 16, 24)   # group g: [4 (g % 2), +4)
 THREE_FRY_PARITY = 0x1BD11BDA              # the third key word is key0 ^ key1 ^ this
-THREE_FRY_GROUPS = 5                       # of four rounds, each followed by a key injection
+THREE_FRY_GROUPS = 5                       # of four rounds, then a key injection
 RNG_FREE = 512                             # elements per partition of one tile
+# Counters per partition of a Threefry tile: 4 scratch words + 2 output words + the
+# narrow copy, <= 56 KiB of SBUF (§3.1); the instruction start-ups are ~4% of the time.
+THREE_FRY_FREE = 2048
 # A Threefry tile's ~111 GpSimd instructions cost 150 cycles each to start plus ~180
 # cycles per element in all (§6.3: 150 + N): a tile is worth ~100 elements of work.
 THREE_FRY_TILE_COST = 100
@@ -309,8 +312,9 @@ def three_fry_layout(shape: tuple[int, ...], wide: bool) -> tuple[int, list[_Row
 
     >>> three_fry_layout((3, 4, 5), False)
     (30, [_Rows(G=1, T=6, B=5, cg=0, og=0, c=0, o=0, nj=2)])
-    >>> three_fry_layout((3, 5), False)[1]
-    [_Rows(G=3, T=2, B=1, cg=3, og=5, c=0, o=0, nj=2), _Rows(G=3, T=1, B=1, cg=3, og=5, c=2, o=4, nj=1)]
+    >>> for r in three_fry_layout((3, 5), False)[1]: print(r)
+    _Rows(G=3, T=2, B=1, cg=3, og=5, c=0, o=0, nj=2)
+    _Rows(G=3, T=1, B=1, cg=3, og=5, c=2, o=4, nj=1)
     """
     n = math.prod(shape)
     if wide:
@@ -329,30 +333,30 @@ def three_fry_layout(shape: tuple[int, ...], wide: bool) -> tuple[int, list[_Row
 
 
 def _by_rows(r: _Rows) -> Iterator[_Block]:
-    """Partitions over rows: runs of whole rows each (rows of <= RNG_FREE), else one
-    row's columns in chunks."""
+    """Partitions over rows: runs of whole rows each (rows of <= THREE_FRY_FREE
+    counters), else one row's columns in chunks."""
     for g in range(r.G):
         c, o = r.c + g * r.cg, r.o + g * r.og
-        if r.B <= RNG_FREE:
-            for t in flat_tiles(r.T, RNG_FREE // r.B):
+        if r.B <= THREE_FRY_FREE:
+            for t in flat_tiles(r.T, THREE_FRY_FREE // r.B):
                 yield _Block(c + t.offset * r.B, o + 2 * t.offset * r.B, t.parts,
                              t.pstride * r.B, 2 * t.pstride * r.B, t.free, r.B)
         else:
             for t0, tp in tiles(r.T, P):
-                for b0, bc in tiles(r.B, RNG_FREE):
+                for b0, bc in tiles(r.B, THREE_FRY_FREE):
                     yield _Block(c + t0 * r.B + b0, o + 2 * t0 * r.B + b0, tp, r.B,
                                  2 * r.B, 1, bc)
 
 
 def _by_groups(r: _Rows) -> Iterator[_Block]:
     """Partitions over groups, each a run of rows or of one row's columns."""
-    chunks = ([(t0, tq, 0, r.B) for t0, tq in tiles(r.T, RNG_FREE // r.B)]
-              if r.B <= RNG_FREE else
-              [(t, 1, b0, bc) for t in range(r.T) for b0, bc in tiles(r.B, RNG_FREE)])
+    chunks = ([(t0, tq, 0, r.B) for t0, tq in tiles(r.T, THREE_FRY_FREE // r.B)]
+              if r.B <= THREE_FRY_FREE else
+              [(t, 1, b0, bc) for t in range(r.T) for b0, bc in tiles(r.B, THREE_FRY_FREE)])
     for g0, gp in tiles(r.G, P):
         for t0, tq, b0, bc in chunks:
-            yield _Block(r.c + g0 * r.cg + t0 * r.B + b0, r.o + g0 * r.og + 2 * t0 * r.B + b0,
-                         gp, r.cg, r.og, tq, bc)
+            yield _Block(r.c + g0 * r.cg + t0 * r.B + b0,
+                         r.o + g0 * r.og + 2 * t0 * r.B + b0, gp, r.cg, r.og, tq, bc)
 
 
 def _by_cols(r: _Rows) -> Iterator[_Block]:
@@ -360,7 +364,7 @@ def _by_cols(r: _Rows) -> Iterator[_Block]:
     for g in range(r.G):
         for t in range(r.T):
             c, o = r.c + g * r.cg + t * r.B, r.o + g * r.og + 2 * t * r.B
-            for f in flat_tiles(r.B, RNG_FREE):
+            for f in flat_tiles(r.B, THREE_FRY_FREE):
                 yield _Block(c + f.offset, o + f.offset, f.parts, f.pstride, f.pstride, 1,
                              f.free)
 
@@ -370,8 +374,10 @@ def three_fry_blocks(r: _Rows) -> list[_Block]:
     THREE_FRY_TILE_COST plus its elements per partition (a candidate is dropped as
     soon as it costs more than the best so far).
 
-    >>> [(b.parts, b.rows, b.cols) for b in three_fry_blocks(_Rows(1, 512, 1024, 0, 0))][:2]
-    [(128, 1, 512), (128, 1, 512)]
+    >>> [(b.parts, b.rows, b.cols) for b in three_fry_blocks(_Rows(1, 512, 1024, 0, 0))]
+    [(128, 2, 1024), (128, 2, 1024)]
+    >>> [(b.parts, b.rows, b.cols) for b in three_fry_blocks(_Rows(1, 512, 4096, 0, 0))][:2]
+    [(128, 1, 2048), (128, 1, 2048)]
     >>> [(b.parts, b.rows, b.cols) for b in three_fry_blocks(_Rows(1, 1, 65536, 0, 0))][:1]
     [(128, 1, 512)]
     """

@@ -177,7 +177,7 @@ def test_three_fry_tiles_write_each_word_once(shape):
         got = {}
         for r in parts:
             for b in misc.three_fry_blocks(r):
-                assert 1 <= b.parts <= 128 and b.rows * b.cols <= misc.RNG_FREE
+                assert 1 <= b.parts <= 128 and b.rows * b.cols <= misc.THREE_FRY_FREE
                 for p, q, f, j in itertools.product(range(b.parts), range(b.rows),
                                                     range(b.cols), range(r.nj)):
                     k = b.o0 + p * b.ops + (2 * q + j) * r.B + f
