@@ -55,23 +55,22 @@ def _step_matrices(n: int, dtype):
 
 def _step_matrix(s, e, f, eye, swap, half_sign):
     """M = J P^T for the step whose pairs are read from the symmetric s [..., n, n]: row i of
-    J holds the cosine and sine of the rotation of the pair (i, partner(i)), zeroing
-    s[i, partner] (symmetric Schur, Golub-Van Loan 8.5.2, tan written without a division
-    by s[i, partner]). Everything after the three reductions is one elementwise [n, n]
-    computation (the vectors broadcast along rows), so it fuses into one kernel."""
+    J holds the cosine and sine of the rotation of the pair (i, p = partner(i)), zeroing
+    s[i, p] (symmetric Schur, Golub-Van Loan 8.5.2, tan written without a division by
+    s[i, p]). Everything after the two row sums is one elementwise [n, n] computation (the
+    sums broadcast along rows first, so nothing narrower is computed), one kernel."""
     def rows(x):                 # [..., n] -> [..., n, n], x[i] along row i (a fused view)
         return jnp.broadcast_to(x[..., :, None], s.shape)
 
-    diag = jnp.sum(s * eye, axis=-1)
-    own = rows(diag)                                                # s[i, i]
-    # s[i, partner] and s[partner, i] averaged: B = M^T (B M) is symmetric only to rounding,
-    # and both rows of a pair must get the same rotation (else J is not orthogonal: with a
-    # rounding-level off-diagonal entry and equal diagonal ones, its two copies may differ
-    # in sign, giving t = +1 and +1 instead of +1 and -1).
-    sx = s * swap
-    off = rows((jnp.sum(sx, axis=-1) + jnp.sum(sx, axis=-2)) / 2)
-    other = rows(jnp.sum(swap * diag[..., None, :], axis=-1))       # s[partner, partner]
-    d = other - own
+    # xs = X s (rows swapped, exact): row i of s holds s[i, i] and s[i, partner], row i of xs
+    # s[partner, partner] and s[partner, i]; two masked row sums give the difference of the
+    # diagonal entries and the off-diagonal entry averaged over both triangles (s = M^T s M
+    # is symmetric only to rounding, and both rows of a pair must get the same rotation:
+    # unequal copies of a rounding-level entry may differ in sign, and J is not orthogonal).
+    # Each sum has two nonzero terms, so the two rows of a pair get d and -d, the same off.
+    xs = _mm(swap, s)
+    d = rows(jnp.sum(xs * swap - s * eye, axis=-1))                 # s[p, p] - s[i, i]
+    off = rows(jnp.sum(s * swap + xs * eye, axis=-1)) / 2           # s[i, p], s[p, i]
     r = jnp.sqrt(d * d + 4 * off * off)
     sign = jnp.where(d > 0, 1.0, jnp.where(d < 0, -1.0, half_sign))  # both rows of a pair agree
     den = jnp.abs(d) + r
