@@ -161,6 +161,7 @@ class _Run:
         self.last_end = dict.fromkeys(self.queues, start_ns)  # previous one ended
         self.done: dict[str, list[float]] = {q: [] for q in self.queues}  # end times
         self.heap: list[tuple[float, int, str]] = []
+        self.port_free = start_ns      # the SBUF access VectorE and GpSimd share
         self.parked: dict[str, list[tuple[int, str]]] = {}   # queue -> [(count, waiter)]
         self.events: list[TraceEvent] = []
 
@@ -170,7 +171,11 @@ class _Run:
             self._offer(q)
         # 2. issue the earliest-starting head; its successor and waiters become offers
         while self.heap:
-            start, _, q = heapq.heappop(self.heap)
+            start, rank, q = heapq.heappop(self.heap)
+            later = self._port_start(q, start)
+            if later > start:       # the shared port was taken since the offer
+                heapq.heappush(self.heap, (later, rank, q))
+                continue
             self._issue(q, start)
             self._offer(q)
             self._wake(q)
@@ -204,8 +209,18 @@ class _Run:
                 return None
             met = max(met, ends[count - 1])
         if met >= free and instr.engine != "dma":
-            return met + self.core.overhead_ns(instr)
-        return max(free, met)
+            return self._port_start(q, met + self.core.overhead_ns(instr))
+        return self._port_start(q, max(free, met))
+
+    def _port_start(self, q: str, start: float) -> float:
+        """`start`, or later while the SBUF port VectorE and GpSimd share is held
+        (`costs.shares_gpsimd_port`, §2.3, §2.6)."""
+        if q not in ("vector", "gpsimd"):
+            return start
+        instr = self._head(q)[1]
+        if costs.shares_gpsimd_port(instr, self.core.spec):
+            return max(start, self.port_free)
+        return start
 
     def _wake(self, q: str) -> None:
         waiting = self.parked.get(q)
@@ -236,6 +251,8 @@ class _Run:
                 end, nbytes = core.dma_end(instr, start), instr.nbytes
             else:
                 end = start + core.compute_ns(instr)
+                if q in ("vector", "gpsimd") and costs.shares_gpsimd_port(instr, core.spec):
+                    self.port_free = end
         self.events.append(TraceEvent(q, type(instr).__name__, instr.name, start, end,
                                       self.last_end[q], nbytes, instr.flops, core.core_id))
         self.free[q] = end if free is None else free

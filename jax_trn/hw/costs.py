@@ -127,6 +127,33 @@ def _two_input(ins, spec: CoreSpec, a: isa.Tile, b: isa.Tile, fast_op: bool) -> 
     return float(max(spec.min_ii, n if one_pass else 2 * n))
 
 
+def shares_gpsimd_port(ins, spec: CoreSpec) -> bool:
+    """Whether `ins` holds the SBUF access VectorE and GpSimd share for its duration
+    (`CoreSpec.gpsimd_port`): every GpSimd instruction touching SBUF; on NC-v2 every
+    VectorE one touching SBUF (§2.6); from NC-v3 the VectorE instructions that run in a
+    performance mode (§2.3: the 2x/4x modes "use a bus shared with GpSimd"), i.e. those
+    the cost functions above price below one element per cycle and input."""
+    engine = getattr(ins, "engine", None)
+    if engine not in ("vector", "gpsimd"):
+        return False
+    tiles = [v for v in ins.__dict__.values() if isinstance(v, isa.Tile)]
+    if not any(t.mem == "sbuf" for t in tiles):
+        return False
+    if engine == "gpsimd" or spec.gpsimd_port == "sbuf":
+        return True
+    if isinstance(ins, (isa.TensorCopy, isa.TensorScalar)):
+        src = ins.src if isinstance(ins, isa.TensorCopy) else ins.data
+        scalars = () if isinstance(ins, isa.TensorCopy) else (ins.operand0, ins.operand1)
+        group = (ins.dst, src) + tuple(x for x in scalars if isinstance(x, isa.Tile))
+        return (spec.vector_fast_copy if _tiles16_sbuf(*group) else spec.vector_fast_psum) > 1
+    if isinstance(ins, (isa.TensorTensor, isa.Select)):
+        a, b = (ins.data1, ins.data2) if isinstance(ins, isa.TensorTensor) else \
+            (ins.on_true, ins.on_false)
+        return (spec.vector_fast_psum > 1 and "psum" not in (a.mem, b.mem)
+                and all(t.dtype == "bfloat16" and t.mem == "sbuf" for t in (ins.dst, a, b)))
+    return False
+
+
 def tensor_tensor(ins: isa.TensorTensor, spec: CoreSpec) -> float:
     fast = ins.op in ("add", "multiply", "subtract")
     return _two_input(ins, spec, ins.data1, ins.data2, fast)

@@ -41,6 +41,10 @@ class CoreSpec:
     scalar_width: tuple[int, int] = (128, 128)
     gpsimd_width: int = 128
     fp8_is_narrow: bool = False      # FP8 runs at the 16-bit width (v4 Vector/Scalar), §1.2
+    # The SBUF access VectorE and GpSimd share (§2.6 [NKI-ARCH1], §2.3 [NKI-ARCH2]):
+    # "sbuf" -- they cannot access SBUF at the same time (NC-v2); "fast_modes" -- only
+    # VectorE's performance modes use a bus shared with GpSimd (NC-v3; kept on v4).
+    gpsimd_port: str = "fast_modes"
     # Features that only some generations have (the ISA checks read these), §2-§3.
     transpose_mode: bool = False     # v3+ bit-exact `is_transpose` matmul, §2.2
     dma_transpose: bool = False      # v3+ dma_transpose, §3.4 [NKI-ARCH2]
@@ -145,6 +149,7 @@ NC_V2 = CoreSpec(
     scalar_ts_ops=_SCALAR_TS_OPS,                   # §6.2 (Trn2 rule, assumed on Trn1)
     vector_width=(128, 128), scalar_width=(128, 128),   # §1.2 [NKI-ARCH1]
     gpsimd_width=128,                               # §1.2 [NKI-ARCH1]
+    gpsimd_port="sbuf",                             # §2.6 [NKI-ARCH1]: v2 exclusive
 )
 
 NC_V3 = CoreSpec(

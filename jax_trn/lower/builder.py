@@ -113,8 +113,9 @@ def opcode(cls: type) -> str:
 class KernelBuilder:
     """Builds one `Kernel`: allocation, instructions in program order, DMA queues."""
 
-    def __init__(self, name: str, limits: Limits = Limits()):
+    def __init__(self, name: str, limits: Limits = Limits(), spec: Any = None):
         self.name, self.limits = name, limits
+        self.spec = getattr(spec, "core", spec)  # the CoreSpec, if the caller has one
         self.instrs: list[isa.Instr] = []
         self.flops = 0                          # useful FLOPs of the source ops
         self.notes: list[str] = []              # compiler notes for the Kernel

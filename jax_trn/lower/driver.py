@@ -308,7 +308,7 @@ class _Lowering:
         self.kernels.append(ctx.kb.finish(label))
 
     def _builder(self, name: str, notes) -> KernelBuilder:
-        kb = KernelBuilder(name, self.limits)
+        kb = KernelBuilder(name, self.limits, self.spec)
         kb.notes.extend(notes)
         return kb
 

@@ -26,6 +26,7 @@ from .builder import KernelBuilder
 from .layout import (P, box_offset, box_pattern, box_size, box_tiles, flat_tiles,
                      line_tiles, merge_axes, row_major)
 from .regions import FMAX, Evaluator, Input, Region, _itemsize
+from .spread import Spreader
 from .registry import LowerCtx, register_lowering
 from .tileops import TILE_OPS, Src, Step, engine_for
 
@@ -44,10 +45,11 @@ def emit_loop(kb: KernelBuilder, region: Region) -> int:
     merged = merge_axes(*region.views())
     free = free_size(kb, region, n // P)
     ev = Evaluator(kb, region, free)
+    spread = Spreader(kb, kb.spec) if hasattr(kb.spec, "clock_ghz") else None
     if len(merged[0]) <= 1:
-        _flat(ev, merged, n, free)
+        _flat(ev, merged, n, free, spread)
     else:
-        _rows(ev, merged, free)
+        _rows(ev, merged, free, spread)
     ev.close()
     return n * sum(1 for s in region.steps if s.kind != "constant")
 
@@ -62,15 +64,23 @@ def free_size(kb: KernelBuilder, region: Region, cols: int) -> int:
     return max(1, min(cap, fit, max(MIN_FREE, -(-cols // 4))))
 
 
-def _flat(ev: Evaluator, merged, n: int, free: int) -> None:
+def _compute(ev: Evaluator, loaded, parts: int, free: int, spread):
+    first = len(ev.kb.instrs)
+    vals = ev.compute(loaded, parts, free)
+    if spread is not None:
+        spread.after_tile(first)
+    return vals
+
+
+def _flat(ev: Evaluator, merged, n: int, free: int, spread=None) -> None:
     axis = [m[0] if m else (1, 1) for m in merged]
     for t in flat_tiles(n, free):
         boxes = [(t.offset * s, ((t.pstride * s, t.parts), (s, t.free))) for s, _ in axis]
-        vals = ev.compute(ev.load(boxes[1:]), t.parts, t.free)
+        vals = _compute(ev, ev.load(boxes[1:]), t.parts, t.free, spread)
         ev.store(vals, boxes[0], t.free)
 
 
-def _rows(ev: Evaluator, merged, free: int) -> None:
+def _rows(ev: Evaluator, merged, free: int, spread=None) -> None:
     nfree = _free_axes([n for _, n in merged[0]], free)
     lead, trail = [m[:-nfree] for m in merged], [m[-nfree:] for m in merged]
     for rbox in line_tiles([n for _, n in lead[0]], P):
@@ -79,7 +89,7 @@ def _rows(ev: Evaluator, merged, free: int) -> None:
                       box_pattern(l, rbox)[-1:] + box_pattern(t, fbox))
                      for l, t in zip(lead, trail)]
             parts, f = boxes[0][1][0][1], box_size(fbox)
-            vals = ev.compute(ev.load(boxes[1:]), parts, f)
+            vals = _compute(ev, ev.load(boxes[1:]), parts, f, spread)
             ev.store(vals, boxes[0], f)
 
 

@@ -176,3 +176,43 @@ def test_clamp(dtype, scalar_bounds):
     x_v = make(shape, dtype) * (300 if ir.is_float(dtype) else 1)
     out = run(m, lo_v, x_v, hi_v).outputs[0]
     np.testing.assert_array_equal(out, np.clip(x_v, lo_v, hi_v))
+
+
+def test_fp32_tiles_spread_over_vector_and_gpsimd(monkeypatch):
+    """spread.py: consecutive tiles of a compute-bound FP32 loop fusion alternate between
+    VectorE and GpSimd (same FP32 arithmetic, §2.3/§2.5): faster than VectorE alone,
+    the same bits."""
+    import jax
+    import hlo_passes
+    from jax_trn.lower import lower_module, spread
+    from tests.hlo_passes.helpers import artifact_of
+    from .runner import SPEC, run_program
+
+    def f(x, y):
+        return ((x * y - x) * (y + 3.0) - x * x) * (x - y) + y * y
+    x, y = (np.random.default_rng(s).standard_normal((512, 1024)).astype(np.float32)
+            for s in (1, 2))
+    code = artifact_of(f, x, y)
+
+    def go():
+        program = lower_module(hlo_passes.compile_to_ir(code, fuse=True), SPEC)
+        return program, run_program(program, [x, y])
+    program, spread_run = go()
+    engines = {i.engine for k in program.kernels for i in k.instructions
+               if type(i).__name__ == "TensorTensor"}
+    assert engines == {"vector", "gpsimd"}
+    cpu = np.asarray(jax.jit(f)(*(jax.device_put(a, jax.devices("cpu")[0]) for a in (x, y))))
+    np.testing.assert_allclose(spread_run.outputs[0], cpu, rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(spread.Spreader, "after_tile", lambda self, first: None)
+    _, alone = go()
+    np.testing.assert_array_equal(spread_run.outputs[0], alone.outputs[0])
+    assert spread_run.ns < 0.8 * alone.ns
+
+
+def test_bf16_fast_mode_tiles_stay_on_vector():
+    """A BF16 SBUF multiply runs in VectorE's fast mode (§2.3): GpSimd would take ~4x
+    longer per tile and share the bus, so no tile moves."""
+    x = np.ones((1024, 1024), ir.np_dtype("bfloat16"))
+    res = run(binary("multiply", (1024, 1024), "bfloat16"), x, x)
+    assert {i.engine for k in res.program.kernels for i in k.instructions
+            if type(i).__name__ == "TensorTensor"} == {"vector"}

@@ -149,7 +149,7 @@ def test_program_text_lists_kernels():
     text = lower_module(binary("add", (130, 3)), SPEC).text
     assert "params: arg0: float32[130,3], arg1: float32[130,3]" in text
     assert "kernel add.0  [add at test.py:1]" in text
-    assert "8 instrs (dma 6, vector 2)" in text
+    assert "8 instrs (dma 6, vector 1, gpsimd 1)" in text     # tiles spread (spread.py)
 
 
 def test_rules_table():

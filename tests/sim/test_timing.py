@@ -305,3 +305,40 @@ def test_dma_transpose_runs_at_its_share_of_the_dma_rate():
     transpose = data_ns(isa.DmaTranspose(dst=isa.Tile("sbuf", 0, n, 0, (n * 16,), "bfloat16"),
                                          src=tsrc))
     assert 1.05 < transpose / copy < 1.2    # ~1/0.9 of a full-rate (4 KiB per partition) copy
+
+
+# --- the SBUF access VectorE and GpSimd share (§2.3, §2.6) --------------------------------
+
+def _pair(vector_dtype: str, gen: str):
+    """An independent VectorE copy and GpSimd copy of 512 elements per partition."""
+    v = isa.TensorCopy(dst=sb(0, dtype=vector_dtype), src=sb(4096, dtype=vector_dtype))
+    g = isa.TensorCopy(dst=sb(8192, dtype="float32"), src=sb(12288, dtype="float32"),
+                       engine="gpsimd")
+    r = run([v, g], gen=gen)
+    (ev,), (eg,) = ([e for e in r.events if e.queue == q] for q in ("vector", "gpsimd"))
+    return ev, eg
+
+
+def test_vector_fast_modes_hold_the_bus_gpsimd_uses():
+    """NC-v3: a BF16 SBUF copy runs in VectorE's 4x mode, which uses GpSimd's bus, so
+    GpSimd starts when it ends (§2.3); an FP32 tensor_tensor (no fast mode) overlaps."""
+    ev, eg = _pair("bfloat16", "trn2")
+    assert ev.start_ns == 0 and eg.start_ns == pytest.approx(ev.end_ns)
+    tt = isa.TensorTensor(dst=sb(0, dtype="float32"), data1=sb(4096, dtype="float32"),
+                          data2=sb(16384, dtype="float32"), op="add")
+    g = isa.TensorCopy(dst=sb(8192, dtype="float32"), src=sb(12288, dtype="float32"),
+                       engine="gpsimd")
+    r = run([tt, g], gen="trn2")
+    assert [e.start_ns for e in r.events] == [0, 0]
+    assert not costs.shares_gpsimd_port(tt, TRN2) and costs.shares_gpsimd_port(g, TRN2)
+
+
+def test_on_nc_v2_vector_and_gpsimd_never_touch_sbuf_together():
+    """§2.6 [NKI-ARCH1]: on NC-v2 VectorE and GpSimd cannot access SBUF at once."""
+    tt = isa.TensorTensor(dst=sb(0, dtype="float32"), data1=sb(4096, dtype="float32"),
+                          data2=sb(16384, dtype="float32"), op="add")
+    g = isa.TensorCopy(dst=sb(8192, dtype="float32"), src=sb(12288, dtype="float32"),
+                       engine="gpsimd")
+    r = run([tt, g], gen="trn1")
+    first, second = sorted(r.events, key=lambda e: e.start_ns)
+    assert second.start_ns == pytest.approx(first.end_ns)
