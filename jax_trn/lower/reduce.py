@@ -37,6 +37,7 @@ from .layout import (P, View, box_offset, box_pattern, box_tiles, flat_tiles, li
                      merge_axes, row_major)
 from .movement import fill
 from .regions import FMAX, Evaluator, Region
+from .spread import Spreader
 from .relayout import relayout
 from .registry import LowerCtx, register_lowering
 from .tileops import TILE_OPS, Src, Step, engine_for, fill_scalar
@@ -110,13 +111,19 @@ class RegionSource:
         self.kb, self.region, self.vid = kb, region, vid
         self.dtype, self.views, self.chunk = region.dtype(vid), region.views(), chunk
         self.ev = Evaluator(kb, region, chunk)
+        self.spread = Spreader(kb, kb.spec) if hasattr(kb.spec, "clock_ghz") else None
 
     def load(self, boxes) -> isa.Tile:
         parts = boxes[0][1][0][1]
         free = math.prod(n for _, n in boxes[0][1][1:])
-        vals = self.ev.compute(self.ev.load(boxes[1:]), parts, free)
+        loaded = self.ev.load(boxes[1:])
+        first = len(self.kb.instrs)
+        vals = self.ev.compute(loaded, parts, free)
+        tile = self.ev._full(vals[self.vid], parts, free, ("reduced",)).tile
+        if self.spread is not None:         # the box's elementwise work (spread.py)
+            self.spread.after_tile(first)
         self.ev.store(vals, boxes[0], free)
-        return self.ev._full(vals[self.vid], parts, free, ("reduced",)).tile
+        return tile
 
     def close(self) -> None:
         self.ev.close()
