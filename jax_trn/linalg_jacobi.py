@@ -29,6 +29,8 @@ from jax import lax
 
 HI = lax.Precision.HIGHEST
 MAX_SWEEPS = 12
+TINY = 2.0 ** -100           # pairs below this (d^2 + 4 off^2, scaled) count as diagonal
+SQRT_MIN = 2.0 ** -116       # ScalarE sqrt's smallest valid input (§2.4); below: s = 0
 UNROLL = 3                   # steps per loop trip (a trip costs ~10 us of loop control)
 
 
@@ -71,10 +73,13 @@ def _step_matrix(s, e, f, eye, swap, half_sign):
     xs = _mm(swap, s)
     d = rows(jnp.sum(xs * swap - s * eye, axis=-1))                 # s[p, p] - s[i, i]
     off = rows(jnp.sum(s * swap + xs * eye, axis=-1)) / 2           # s[i, p], s[p, i]
-    r = jnp.sqrt(d * d + 4 * off * off)
+    # ScalarE's sqrt is valid on [2^-116, 2^118] (§2.4): a pair with d^2 + 4 off^2 < 2^-100
+    # (|off| < 2^-51 of the scaled matrix's max entry, far below its rounding) is not rotated.
+    x = d * d + 4 * off * off
+    small = x < TINY
+    r = jnp.sqrt(jnp.where(small, 1, x))
     sign = jnp.where(d > 0, 1.0, jnp.where(d < 0, -1.0, half_sign))  # both rows of a pair agree
-    den = jnp.abs(d) + r
-    t = jnp.where(den > 0, 2 * off * sign / jnp.where(den > 0, den, 1), 0)
+    t = jnp.where(small, 0, 2 * off * sign / jnp.where(small, 1, jnp.abs(d) + r))
     c = 1 / jnp.sqrt(1 + t * t)
     return c * e + (t * c) * f
 
@@ -133,6 +138,17 @@ def _pad_last(x, axes):
     return jnp.pad(x, pad)
 
 
+def _scaled(a):
+    """a / 2^k, 2^k <= max |a| < 2^(k+1) (exact), and 2^k [..., 1]: the squares in the
+    rotation formulas neither overflow nor fall far below 1. 2^k is max |a| with its
+    mantissa bits cleared (log2 would be out of ScalarE's range [2^-64, 2^64], §2.4)."""
+    amax = jnp.max(jnp.abs(a), axis=(-2, -1))[..., None]
+    ok = (amax >= jnp.finfo(jnp.float32).tiny) & jnp.isfinite(amax)
+    bits = lax.bitcast_convert_type(jnp.where(ok, amax, 1), jnp.int32) & 0x7F800000
+    scale = lax.bitcast_convert_type(bits, jnp.float32)
+    return a / scale[..., None], scale
+
+
 def _real_only(name: str, a) -> None:
     if jnp.issubdtype(a.dtype, jnp.complexfloating):
         raise NotImplementedError(f"{name} on trn: complex operand {a.dtype}{list(a.shape)} "
@@ -150,6 +166,7 @@ def eigh(a, *, lower: bool, sort_eigenvalues: bool, subset_by_index, algorithm=N
     a = a.astype(jnp.float32)
     tri = jnp.tril(a) if lower else jnp.triu(a)
     a = tri + jnp.swapaxes(tri, -1, -2) - tri * jnp.eye(n0, dtype=a.dtype)
+    a, scale = _scaled(a)
     n = n0 + n0 % 2
     if n != n0:
         a = _pad_last(a, (-2, -1))
@@ -167,7 +184,7 @@ def eigh(a, *, lower: bool, sort_eigenvalues: bool, subset_by_index, algorithm=N
         return jnp.all(off <= tol * tol * jnp.sum(jnp.square(b), axis=(-2, -1)))
 
     b, v = _sweeps(n, (a, jnp.broadcast_to(k.eye, a.shape)), step, converged)
-    w = jnp.sum(b * k.eye, axis=-1)
+    w = jnp.sum(b * k.eye, axis=-1) * scale
     keys = w
     if n != n0:                  # the padded index (back at n0 after whole sweeps) sorts last
         keys = jnp.where(jnp.arange(n) == n0, jnp.inf, w)
@@ -194,7 +211,7 @@ def svd(a, *, full_matrices: bool, compute_uv: bool, subset_by_index, algorithm=
             return res
         s, u, vt = res
         return [s, jnp.swapaxes(vt, -1, -2), jnp.swapaxes(u, -1, -2)]
-    a = a.astype(jnp.float32)
+    a, scale = _scaled(a.astype(jnp.float32))
     n = n0 + n0 % 2
     if n != n0:
         a = _pad_last(a, (-1,))
@@ -208,12 +225,13 @@ def svd(a, *, full_matrices: bool, compute_uv: bool, subset_by_index, algorithm=
     def converged(uv):
         g = _tmm(uv[0], uv[0])
         d = jnp.sum(g * k.eye, axis=-1)
-        bound = tol * tol * d[..., :, None] * d[..., None, :]
+        bound = jnp.maximum(tol * tol * d[..., :, None] * d[..., None, :], TINY / 4)
         return jnp.all(jnp.square(g * (1 - k.eye)) <= bound)
 
     carry = (a, jnp.broadcast_to(k.eye, (*a.shape[:-2], n, n))) if compute_uv else (a,)
     u, *v = _sweeps(n, carry, step, converged)
-    s = jnp.sqrt(jnp.sum(u * u, axis=-2))
+    ss = jnp.sum(u * u, axis=-2)                          # of the scaled matrix, < 4m
+    s = jnp.where(ss >= SQRT_MIN, jnp.sqrt(jnp.where(ss >= SQRT_MIN, ss, 1)), 0)
     keys = -s
     if n != n0:                  # the padded column (back at n0 after whole sweeps) sorts last
         keys = jnp.where(jnp.arange(n) == n0, jnp.inf, keys)
@@ -221,7 +239,7 @@ def svd(a, *, full_matrices: bool, compute_uv: bool, subset_by_index, algorithm=
     s = _mm(s[..., None, :], p)[..., 0, :n0]
     lo, hi = (0, n0) if subset_by_index is None else subset_by_index
     if not compute_uv:
-        return [s[..., lo:hi].astype(dtype)]
+        return [(s * scale)[..., lo:hi].astype(dtype)]
     u = _mm(u, p)[..., :n0]
     v = _mm(v[0], p)[..., :n0, :n0]
     ok = s > jnp.finfo(jnp.float32).tiny / jnp.finfo(jnp.float32).eps
@@ -240,6 +258,7 @@ def svd(a, *, full_matrices: bool, compute_uv: bool, subset_by_index, algorithm=
     else:
         u = lax.cond(jnp.all(ok), lambda u: u, complete, u)
     vt = jnp.swapaxes(v, -1, -2)
+    s = s * scale
     if subset_by_index is not None:
         s, u, vt = s[..., lo:hi], u[..., lo:hi], vt[..., lo:hi, :]
     return [s.astype(dtype), u.astype(dtype), vt.astype(dtype)]

@@ -127,6 +127,17 @@ def test_eigh_repeated_eigenvalues_and_subset(jax, trn):
     np.testing.assert_allclose(a @ v3, v3 * w3, atol=1e-5)
 
 
+@pytest.mark.parametrize("scale", [1e-25, 1e25])
+def test_eigh_and_svd_of_tiny_and_huge_matrices(jax, trn, scale):
+    """Scaled by a power of two near max |a| first: d^2 + 4 off^2 neither over- nor
+    underflows (it would at 1e25 / 1e-25, leaving NaNs or unrotated pairs)."""
+    a = _sym(5, seed=12) * np.float32(scale)
+    (w, v), (w_cpu, _) = _run(jax, trn, jax.numpy.linalg.eigh, a)
+    _check_eigh(a.astype(np.float64), v, w, w_cpu)
+    (u, s, vt), (_, s_cpu, _) = _run(jax, trn, jax.numpy.linalg.svd, a[:, :4])
+    _check_svd(a[:, :4].astype(np.float64), s, u, vt, s_cpu, True)
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_eigh_half_precision(jax, trn, dtype):
     """CPU (LAPACK) has no 16-bit eigh; trn computes in float32 and rounds the results."""
