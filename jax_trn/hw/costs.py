@@ -199,10 +199,11 @@ CYCLES = {
 
 def _run_bytes(v) -> int:
     """Bytes of the longest contiguous run of one DMA side (a descriptor's size)."""
-    if isinstance(v, isa.Tile):
+    if isinstance(v, isa.Tile) and v.strides is None:
         return v.bytes_per_partition          # each partition is its own buffer, §3.4
+    pattern = v.pattern if isinstance(v, isa.DramAP) else tuple(zip(v.strides, v.free))
     run = 1
-    for stride, num in reversed(v.pattern):
+    for stride, num in reversed(pattern):
         if num == 1:
             continue
         if stride != run:

@@ -5,7 +5,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from jax_trn.hw import DramAP, IsaError, Kernel, isa
+from jax_trn.hw import DramAP, IsaError, Kernel, Tile, isa
 from tests.sim.helpers import core, run1, tile
 
 TABLE = np.arange(15, dtype=np.float32).reshape(5, 3) + 0.5      # 5 rows of 3
@@ -82,3 +82,13 @@ def test_dma_transpose_needs_trn2():
     with pytest.raises(IsaError, match="dma_transpose needs NC-v3"):
         core("trn1").run(Kernel("k", [ins], {}), {})
     core("trn2").run(Kernel("k", [ins], {}), {})
+
+
+def test_a_strided_sbuf_side_prices_its_contiguous_runs():
+    """A DMA into an SBUF access pattern (§3.1) moves descriptors of its contiguous runs
+    (§3.4), not of the partition's whole span."""
+    from jax_trn.hw import costs
+    strided = Tile("sbuf", 0, 128, 0, (2, 64), "float32", strides=(128, 1))
+    assert costs._run_bytes(strided) == 256
+    assert costs._run_bytes(strided.with_(strides=None)) == 512
+    assert costs._run_bytes(Tile("sbuf", 0, 128, 0, (64,), "uint8", strides=(2,))) == 1
