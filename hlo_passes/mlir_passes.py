@@ -246,5 +246,6 @@ def _keeps_top_k(op: mlir_ir.Operation) -> bool:
     if k is None:
         return False
     t = mlir_ir.RankedTensorType(op.operands[0].type)
-    return (t.has_static_shape and 1 <= k <= TOP_K_MAX_K and t.rank >= 1 and 1 <= t.shape[-1] <= TOP_K_MAX_LEN
+    return (t.has_static_shape and 1 <= k <= TOP_K_MAX_K and t.rank >= 1
+            and 1 <= t.shape[-1] <= TOP_K_MAX_LEN
             and str(t.element_type) in TOP_K_TYPES)

@@ -53,11 +53,8 @@ from .layout import P
 from .registry import LowerCtx, register_lowering
 
 NEG_INF = float("-inf")
-INT32_MAX = 2 ** 31 - 1
 ONE_KEY = ("bfloat16", "float16", "int8", "int16", "uint8", "uint16")
 TWO_KEYS = ("float32", "int32", "uint32")
-
-
 XIN_BYTES = 32 * 1024            # input lines per partition loaded at once
 
 
