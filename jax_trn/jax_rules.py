@@ -16,6 +16,10 @@ that reaches ours as is.
     cumlogsumexp       (its generic lowering is a reduce_window with a logaddexp body):
                         `lax.associative_scan` of logaddexp, log2(n) steps of elementwise
                         ops on shifted slices (the form JAX uses on TPU)
+    eigh, svd          (jnp.linalg.eigh / eigvalsh / svd / pinv / lstsq / matrix_rank /
+                        norm(ord=2); their generic lowering is a LAPACK or cuSOLVER call):
+                        parallel (Brent-Luk) Jacobi, two-sided for eigh and one-sided for
+                        svd, in `jax_trn/linalg_jacobi.py`
 
 They are registered when the plugin initializes (`register()`), for platform "trn"
 only; everything they emit runs on the device like any other program.
