@@ -31,7 +31,7 @@ HI = lax.Precision.HIGHEST
 MAX_SWEEPS = 12
 TINY = 2.0 ** -100           # pairs below this (d^2 + 4 off^2, scaled) count as diagonal
 SQRT_MIN = 2.0 ** -116       # ScalarE sqrt's smallest valid input (§2.4); below: s = 0
-UNROLL = 3                   # steps per loop trip (a trip costs ~10 us of loop control)
+UNROLL = 7                   # steps per loop trip (a trip costs ~10 us of loop control)
 
 
 def _round_robin(n: int) -> np.ndarray:
