@@ -78,10 +78,10 @@ def _step_matrix(s, e, f, eye, swap, half_sign):
     x = d * d + 4 * off * off
     small = x < TINY
     r = jnp.sqrt(jnp.where(small, 1, x))
-    sign = jnp.where(d > 0, 1.0, jnp.where(d < 0, -1.0, half_sign))  # both rows of a pair agree
-    t = jnp.where(small, 0, 2 * off * sign / jnp.where(small, 1, jnp.abs(d) + r))
-    c = 1 / jnp.sqrt(1 + t * t)
-    return c * e + (t * c) * f
+    sign = jnp.where(d == 0, half_sign, jnp.sign(d))    # both rows of a pair agree at d = 0
+    t = jnp.where(small, 0, 2 * off * sign / (d * sign + r))        # |d| + r >= 1 if small
+    c = lax.rsqrt(1 + t * t)                            # 1 + t^2 in [1, 2]: in rsqrt's range
+    return c * (e + t * f)
 
 
 def _mm(a, b):
