@@ -39,6 +39,8 @@ CASES = [
      jax.grad(lambda x: _pool(x, (1, 3, 3, 1), (1, 2, 2, 1), "SAME").sum()), (4, 32, 32, 64)),
     ("top_k k=5 (32,1000)", lambda x: lax.top_k(x, 5), (32, 1000)),
     ("top_k k=5 (32,1000) (sort)", lambda x: lax.top_k(x, 5), (32, 1000)),
+    ("top_k k=2 (2048,64)", lambda x: lax.top_k(x, 2), (2048, 64)),
+    ("top_k k=2 (2048,64) (sort)", lambda x: lax.top_k(x, 2), (2048, 64)),
     ("top_k k=8 (128,4096)", lambda x: lax.top_k(x, 8), (128, 4096)),
     ("top_k k=8 (128,4096) (sort)", lambda x: lax.top_k(x, 8), (128, 4096)),
     ("top_k k=8 (128,4096) bf16", lambda x: lax.top_k(x.astype(jnp.bfloat16), 8),

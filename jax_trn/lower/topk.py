@@ -127,8 +127,7 @@ def _two_keys(kb: KernelBuilder, t: _Tiles, x: isa.Tile, p: int, tops: isa.Tile)
     for buf in (a, bkey):
         _pad(kb, buf, p, n, t.w)
     a, work, bkey = sub(a, p, t.w), sub(work, p, t.w), sub(bkey, p, t.w)
-    kb.emit(isa.TensorCopy, dst=work, src=a)
-    _rounds(kb, work, tops, None, t.rounds)
+    _rounds(kb, a, tops, None, t.rounds, work)
     for j in range(k):
         aj = sub(tops, p, 1, at=j)
         if j == 0:
@@ -142,9 +141,10 @@ def _two_keys(kb: KernelBuilder, t: _Tiles, x: isa.Tile, p: int, tops: isa.Tile)
 
 
 def _rounds(kb: KernelBuilder, key: isa.Tile, vals: isa.Tile, idx: isa.Tile | None,
-            rounds: int) -> None:
+            rounds: int, work: isa.Tile | None = None) -> None:
     """vals (and idx) [p, 8 x rounds] = the largest keys (and their positions), by rounds
-    of max8 (+ find_index8), each followed by match_replace8 of what it found."""
+    of max8 (+ find_index8), each followed by match_replace8 of what it found: in place,
+    or into `work` (then `key` is left as it was)."""
     p = key.num_partitions
     for r in range(rounds):
         m = sub(vals, p, 8, at=8 * r)
@@ -152,7 +152,9 @@ def _rounds(kb: KernelBuilder, key: isa.Tile, vals: isa.Tile, idx: isa.Tile | No
         if idx is not None:
             kb.emit(FindIndex8, dst=sub(idx, p, 8, at=8 * r), data=key, vals=m)
         if r + 1 < rounds:
-            kb.emit(MatchReplace8, dst=key, data=key, vals=m, imm=NEG_INF)
+            dst = key if work is None else work
+            kb.emit(MatchReplace8, dst=dst, data=key, vals=m, imm=NEG_INF)
+            key = dst
 
 
 def _values_from_keys(kb: KernelBuilder, t: _Tiles, x: DramTensor, out: isa.DramAP,
