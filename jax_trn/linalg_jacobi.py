@@ -225,8 +225,11 @@ def svd(a, *, full_matrices: bool, compute_uv: bool, subset_by_index, algorithm=
     def converged(uv):
         g = _tmm(uv[0], uv[0])
         d = jnp.sum(g * k.eye, axis=-1)
-        bound = jnp.maximum(tol * tol * d[..., :, None] * d[..., None, :], TINY / 4)
-        return jnp.all(jnp.square(g * (1 - k.eye)) <= bound)
+        # d_i d_j by a K = 1 matmul: as a broadcast along partitions inside the reduction
+        # this kernel took ~226 us at n = 64, as a matmul operand ~7 us
+        dd = _mm(d[..., :, None], d[..., None, :])
+        bound = jnp.maximum(tol * tol * dd, TINY / 4)
+        return jnp.all(jnp.max(jnp.square(g * (1 - k.eye)) - bound, axis=(-2, -1)) <= 0)
 
     carry = (a, jnp.broadcast_to(k.eye, (*a.shape[:-2], n, n))) if compute_uv else (a,)
     u, *v = _sweeps(n, carry, step, converged)
