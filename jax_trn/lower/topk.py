@@ -31,9 +31,15 @@ r0 + p g .. r0 + p g + g - 1, contiguous), are selected one after another, and t
 k results leave in one DMA per output, so the DMA fixed cost (§2.6) is paid per block,
 not per 128 lines.
 
+The rank's k indicator tiles [A >= a_j] (VectorE tensor_scalar, BF16 0/1) are summed
+by TensorE into PSUM (identity stationary, accumulate=True; exact in FP32), N columns
+of TensorE per j at its own clock, instead of k VectorE scalar_tensor_tensor passes of
+2N (§6.3), when a line fits PSUM (W <= 4096 FP32 per partition, §3.2); longer lines
+and lines shorter than PE_MIN (where the passes cost little) use the VectorE passes.
+
 Lines shorter than 8 are padded with -inf keys (k <= N never selects them). Cost per
-group of 128 rows (N = line length, R = ceil(k / 8) rounds, VectorE, §6.3): one key
-~3N; 32-bit keys add R x 2N for the A rounds and k x 2N for the rank. mlir_passes keeps
+line of 128 rows (N = line length, R = ceil(k / 8) rounds, VectorE, §6.3): one key
+~3N; 32-bit keys add R x 2N for the A rounds and k x N/2 (or k x 2N) for the rank. mlir_passes keeps
 top_k as this op only for these dtypes, N <= TOP_K_MAX_LEN (three FP32 [128, N]
 working tiles in SBUF) and k <= TOP_K_MAX_K (beyond, the rank's k passes lose to the
 sort); other top_k's are a sort + slice as before.
@@ -56,6 +62,9 @@ NEG_INF = float("-inf")
 ONE_KEY = ("bfloat16", "float16", "int8", "int16", "uint8", "uint16")
 TWO_KEYS = ("float32", "int32", "uint32")
 XIN_BYTES = 32 * 1024            # input lines per partition loaded at once
+MOVING_MAX = 512                 # moving free size of one matmul (§2.2, v2/v3)
+PE_MIN = 128                     # shorter lines: the VectorE rank (2N <= MIN_II-bound
+#                                  mask + the cross-engine wait, §2.6)
 
 
 class _Tiles:
@@ -72,9 +81,22 @@ class _Tiles:
         self.vals = kb.tile(g * k + spare, "float32")
         self.idx = kb.tile(g * k + spare, "uint32")
         self.ints = [kb.tile(g * k, "int32") for _ in range(2)]
+        self.pe = (x.dtype in TWO_KEYS and PE_MIN <= self.w
+                   and self.w * 4 <= kb.limits.psum_bytes)
+        self.pe_tiles = []
+        if self.pe:
+            self.count = kb.tile(self.w, "float32", mem="psum")
+            self.masks = [kb.tile(self.w, "bfloat16") for _ in range(2)]
+            self.ident = kb.tile(P, "bfloat16")
+            self.pe_tiles = [self.count, *self.masks, self.ident]
+            kb.emit(isa.Memset, dst=self.ident, value=1.0, engine="gpsimd")
+            kb.emit(isa.AffineSelect, dst=self.ident, on_true_tile=self.ident,
+                    on_false_value=0.0, pattern=((-1, P),), channel_multiplier=1,
+                    cmp_op="is_equal")
 
     def all(self) -> list[isa.Tile]:
-        return [self.xin, *self.bufs, self.tops, self.vals, self.idx, *self.ints]
+        return [self.xin, *self.bufs, self.tops, self.vals, self.idx, *self.ints,
+                *self.pe_tiles]
 
 
 def _view(t: isa.Tile, parts: int, n: int, dtype: str, at: int = 0) -> isa.Tile:
@@ -128,6 +150,16 @@ def _two_keys(kb: KernelBuilder, t: _Tiles, x: isa.Tile, p: int, tops: isa.Tile)
         _pad(kb, buf, p, n, t.w)
     a, work, bkey = sub(a, p, t.w), sub(work, p, t.w), sub(bkey, p, t.w)
     _rounds(kb, a, tops, None, t.rounds, work)
+    count = _rank_pe(kb, t, a, tops) if t.pe else _rank_vector(kb, a, tops, work, k)
+    kb.emit(isa.ScalarTensorTensor, dst=bkey, data=count, op0="multiply", operand0=256.0,
+            op1="add", operand1=bkey)
+    return bkey
+
+
+def _rank_vector(kb: KernelBuilder, a: isa.Tile, tops: isa.Tile, work: isa.Tile,
+                 k: int) -> isa.Tile:
+    """#{j : a_j <= A} in `work`: k VectorE passes."""
+    p = a.num_partitions
     for j in range(k):
         aj = sub(tops, p, 1, at=j)
         if j == 0:
@@ -135,9 +167,21 @@ def _two_keys(kb: KernelBuilder, t: _Tiles, x: isa.Tile, p: int, tops: isa.Tile)
         else:
             kb.emit(isa.ScalarTensorTensor, dst=work, data=a, op0="is_ge", operand0=aj,
                     op1="add", operand1=work)
-    kb.emit(isa.ScalarTensorTensor, dst=bkey, data=work, op0="multiply", operand0=256.0,
-            op1="add", operand1=bkey)
-    return bkey
+    return work
+
+
+def _rank_pe(kb: KernelBuilder, t: _Tiles, a: isa.Tile, tops: isa.Tile) -> isa.Tile:
+    """#{j : a_j <= A} in PSUM: BF16 indicator tiles (VectorE) summed by TensorE."""
+    p, w = a.num_partitions, a.free_size
+    count, ident = sub(t.count, p, w), sub(t.ident, p, p)
+    for j in range(t.k):
+        mask = sub(t.masks[j % 2], p, w)
+        kb.emit(isa.TensorScalar, dst=mask, data=a, op0="is_ge", operand0=sub(tops, p, 1, at=j))
+        for c0 in range(0, w, MOVING_MAX):
+            cn = min(MOVING_MAX, w - c0)
+            kb.emit(isa.NcMatmul, dst=sub(count, p, cn, at=c0), stationary=ident,
+                    moving=sub(mask, p, cn, at=c0), accumulate=j > 0)
+    return count
 
 
 def _rounds(kb: KernelBuilder, key: isa.Tile, vals: isa.Tile, idx: isa.Tile | None,

@@ -212,8 +212,9 @@ def test_top_k_rounds_of_max8(jax, trn, cpu, k):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "int32", "uint32",
                                    "int8", "uint16"])
-def test_top_k_dtypes_ties_nan_signed_zero(jax, trn, cpu, dtype):
-    x = _ties_and_specials((3, 4, 50), dtype, np.random.default_rng(11))  # a 3-D batch
+@pytest.mark.parametrize("n", [50, 150])     # 32-bit ranks on VectorE / TensorE
+def test_top_k_dtypes_ties_nan_signed_zero(jax, trn, cpu, dtype, n):
+    x = _ties_and_specials((3, 4, n), dtype, np.random.default_rng(11))  # a 3-D batch
     for k in (3, 12):
         _same(jax, trn, cpu, lambda x: jax.lax.top_k(x, k), x)
     assert _top_k_path(jax, lambda x: jax.lax.top_k(x, 3), jax.device_put(x, trn)) == "top_k"
