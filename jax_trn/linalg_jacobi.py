@@ -20,8 +20,8 @@ n eps ||B||_F; SVD: every |u_i . u_j| <= max(m, n) eps ||u_i|| ||u_j||) or `MAX_
 sweeps ran: 5-7 sweeps for eigh and 6-9 for SVD at n = 16..128 on random matrices. Odd n
 is padded with one zero row and column: its pairs have a zero off-diagonal entry, hence
 the identity rotation, and the padded index stays decoupled; it is dropped at the end.
-The input is first scaled by a power of two (exact) so that no square over- or
-underflows and every sqrt input is in ScalarE's valid range (§2.4).
+The input is first scaled by a power of two (exact) so that no square overflows, and
+every sqrt input is kept in ScalarE's valid range (§2.4).
 
 Cost on the simulated Trn2 core: a step is 7 kernels (X s, two row sums, the elementwise
 rotation kernel, three matmuls; SVD: the Gram matrix instead of one of the B products),
@@ -36,8 +36,10 @@ from jax import lax
 
 HI = lax.Precision.HIGHEST
 MAX_SWEEPS = 12
-TINY = 2.0 ** -100           # pairs below this (d^2 + 4 off^2, scaled) count as diagonal
-SQRT_MIN = 2.0 ** -116       # ScalarE sqrt's smallest valid input (§2.4); below: s = 0
+# SVD columns of the scaled matrix (max entry in [1, 2)) with s^2 below this are treated as
+# zero: their singular value is 0 and their u column comes from the QR completion. 2^-100
+# keeps 1 / s, products of two such reciprocals and sqrt's input (>= 2^-116, §2.4) in range.
+S2_MIN = 2.0 ** -100
 UNROLL = 7                   # steps per loop trip (a trip costs ~10 us of loop control)
 
 
@@ -81,13 +83,16 @@ def _step_matrix(s, e, f, eye, swap, half_sign):
     xs = _mm(swap, s)
     d = rows(jnp.sum(xs * swap - s * eye, axis=-1))                 # s[p, p] - s[i, i]
     off = rows(jnp.sum(s * swap + xs * eye, axis=-1)) / 2           # s[i, p], s[p, i]
-    # ScalarE's sqrt is valid on [2^-116, 2^118] (§2.4): a pair with d^2 + 4 off^2 < 2^-100
-    # (|off| < 2^-51 of the scaled matrix's max entry, far below its rounding) is not rotated.
-    x = d * d + 4 * off * off
-    small = x < TINY
-    r = jnp.sqrt(jnp.where(small, 1, x))
+    # r = hypot(d, 2 off) as q sqrt((|d|/q)^2 + (2|off|/q)^2), q = max(|d|, 2|off|): the sqrt
+    # input is in [1, 2], inside ScalarE's valid range [2^-116, 2^118] (§2.4), for pairs of
+    # any size (tiny columns of a rank-deficient SVD must be rotated too).
     sign = jnp.where(d == 0, half_sign, jnp.sign(d))    # both rows of a pair agree at d = 0
-    t = jnp.where(small, 0, 2 * off * sign / (d * sign + r))        # |d| + r >= 1 if small
+    ad, ao = d * sign, 2 * jnp.abs(off)
+    q = jnp.maximum(ad, ao)
+    zero = q == 0
+    q = jnp.where(zero, 1, q)
+    r = q * jnp.sqrt(jnp.square(ad / q) + jnp.square(ao / q))
+    t = jnp.where(zero, 0, 2 * off * sign / jnp.where(zero, 1, ad + r))
     c = lax.rsqrt(1 + t * t)                            # 1 + t^2 in [1, 2]: in rsqrt's range
     return c * (e + t * f)
 
@@ -235,19 +240,20 @@ def svd(a, *, full_matrices: bool, compute_uv: bool, subset_by_index, algorithm=
         m = k.step(_tmm(uv[0], uv[0]))
         return tuple(_mm(x, m) for x in uv)
 
-    def converged(uv):
+    def converged(uv):          # every |cos| between columns (not treated as zero) <= tol
         g = _tmm(uv[0], uv[0])
         d = jnp.sum(g * k.eye, axis=-1)
-        # d_i d_j by a K = 1 matmul: as a broadcast along partitions inside the reduction
-        # this kernel took ~226 us at n = 64, as a matmul operand ~7 us
-        dd = _mm(d[..., :, None], d[..., None, :])
-        bound = jnp.maximum(tol * tol * dd, TINY / 4)
-        return jnp.all(jnp.max(jnp.square(g * (1 - k.eye)) - bound, axis=(-2, -1)) <= 0)
+        live = d >= S2_MIN
+        inv = jnp.where(live, 1 / jnp.sqrt(jnp.where(live, d, 1)), 0)
+        # 1 / (s_i s_j) by a K = 1 matmul: as a broadcast along partitions inside the
+        # reduction this kernel took ~226 us at n = 64, as a matmul operand ~7 us
+        cos = g * _mm(inv[..., :, None], inv[..., None, :])
+        return jnp.all(jnp.max(jnp.abs(cos * (1 - k.eye)), axis=(-2, -1)) <= tol)
 
     carry = (a, jnp.broadcast_to(k.eye, (*a.shape[:-2], n, n))) if compute_uv else (a,)
     u, *v = _sweeps(n, carry, step, converged)
     ss = jnp.sum(u * u, axis=-2)                          # of the scaled matrix, < 4m
-    s = jnp.where(ss >= SQRT_MIN, jnp.sqrt(jnp.where(ss >= SQRT_MIN, ss, 1)), 0)
+    s = jnp.where(ss >= S2_MIN, jnp.sqrt(jnp.where(ss >= S2_MIN, ss, 1)), 0)
     keys = -s
     if n != n0:                  # the padded column (back at n0 after whole sweeps) sorts last
         keys = jnp.where(jnp.arange(n) == n0, jnp.inf, keys)
@@ -258,7 +264,7 @@ def svd(a, *, full_matrices: bool, compute_uv: bool, subset_by_index, algorithm=
         return [(s * scale)[..., lo:hi].astype(dtype)]
     u = _mm(u, p)[..., :n0]
     v = _mm(v[0], p)[..., :n0, :n0]
-    ok = s > jnp.finfo(jnp.float32).tiny / jnp.finfo(jnp.float32).eps   # u / s is finite
+    ok = s > 0
     u = jnp.where(ok[..., None, :], u / jnp.where(ok, s, 1)[..., None, :], 0)
     full = full_matrices and m0 > n0
 

@@ -199,6 +199,16 @@ def test_svd_rank_deficient(jax, trn, full):
     assert (s[-2:] < 1e-5).all()
 
 
+def test_svd_numerically_rank_deficient(jax, trn):
+    """Hilbert 12 x 12: in float32 about half the singular values are rounding noise
+    (< 1e-7 s_max); their u columns must still be orthonormal (tiny pairs are rotated
+    too, and the convergence test is on cosines)."""
+    i = np.arange(12)
+    a = (1 / (i[:, None] + i[None, :] + 1)).astype(np.float32)
+    (u, s, vt), (_, s_cpu, _) = _run(jax, trn, jax.numpy.linalg.svd, a)
+    _check_svd(a.astype(np.float64), s, u, vt, s_cpu, True)
+
+
 def test_svd_ill_conditioned(jax, trn):
     """Condition number 1e6: the small singular values to ~1e-8 absolute, as LAPACK's gesdd
     (via sqrt(eigvalsh(A^T A)) in float32 their errors are ~1e-4, 100x the smallest value)."""
