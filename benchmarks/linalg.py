@@ -1,12 +1,13 @@
-"""Simulated and wall time of jnp.linalg.eigh and jnp.linalg.svd on one NeuronCore.
+"""Simulated and wall time of jnp.linalg.eigh, svd, qr and cholesky on one NeuronCore.
 
     python benchmarks/linalg.py [--sizes 32 64 128]
 
-Both run as parallel Jacobi (jax_trn/linalg_jacobi.py): sweeps of n - 1 rotation steps
-(one loop trip per `UNROLL` steps), float32 with HIGHEST matmuls. Per size the table
-gives the simulated time of one execution, the kernels it ran, the wall time of that
-execution in the simulator (compiled beforehand) and the compile time, for a random
-symmetric matrix (eigh) and a random square matrix (svd, full U and V^T).
+eigh and svd run as parallel Jacobi (jax_trn/linalg_jacobi.py): sweeps of n - 1 rotation
+steps (one loop trip per `UNROLL` steps); qr and cholesky as one `fori_loop` trip per
+column (jax_trn/jax_rules.py); float32 with HIGHEST matmuls. Per size the table gives the
+simulated time of one execution, the kernels it ran, the wall time of that execution in
+the simulator (compiled beforehand) and the compile time, for a random symmetric matrix
+(eigh), a random square matrix (svd with full U and V^T; qr) and an SPD one (cholesky).
 """
 from __future__ import annotations
 
@@ -44,15 +45,17 @@ def main() -> None:
     import jax
     jax.config.update("jax_default_matmul_precision", "highest")
     rng = np.random.default_rng(0)
-    print(f"{'op':6s} {'n':>5s} {'simulated us':>13s} {'kernels':>8s} {'wall s':>7s} "
+    print(f"{'op':8s} {'n':>5s} {'simulated us':>13s} {'kernels':>8s} {'wall s':>7s} "
           f"{'compile s':>9s}")
     for n in sizes:
         x = rng.normal(size=(n, n)).astype(np.float32)
         rows = [("eigh", jax.numpy.linalg.eigh, (x + x.T) / 2),
-                ("svd", jax.numpy.linalg.svd, x)]
+                ("svd", jax.numpy.linalg.svd, x),
+                ("qr", jax.numpy.linalg.qr, x),
+                ("cholesky", jax.numpy.linalg.cholesky, x @ x.T + n * np.eye(n, dtype=x.dtype))]
         for name, fn, arg in rows:
             r = measure(jax, fn, arg)
-            print(f"{name:6s} {n:5d} {r['sim_us']:13.0f} {r['kernels']:8d} {r['wall_s']:7.1f} "
+            print(f"{name:8s} {n:5d} {r['sim_us']:13.0f} {r['kernels']:8d} {r['wall_s']:7.1f} "
                   f"{r['compile_s']:9.1f}", flush=True)
 
 

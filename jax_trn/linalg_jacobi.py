@@ -17,7 +17,7 @@ columns one pair at a time.
 The steps of a sweep run in a `fori_loop` (`UNROLL` steps per trip); sweeps run in a
 `while_loop` until the off-diagonal part is at rounding level (eigh: ||off(B)||_F <=
 n eps ||B||_F; SVD: every |u_i . u_j| <= max(m, n) eps ||u_i|| ||u_j||) or `MAX_SWEEPS`
-sweeps ran: 5-7 sweeps for eigh and 6-9 for SVD at n = 16..128 on random matrices. Odd n
+sweeps ran: 5-7 sweeps for eigh and 6-10 for SVD at n = 16..128 on random matrices. Odd n
 is padded with one zero row and column: its pairs have a zero off-diagonal entry, hence
 the identity rotation, and the padded index stays decoupled; it is dropped at the end.
 The input is first scaled by a power of two (exact) so that no square overflows, and
@@ -26,7 +26,7 @@ every sqrt input is kept in ScalarE's valid range (§2.4).
 Cost on the simulated Trn2 core: a step is 7 kernels (X s, two row sums, the elementwise
 rotation kernel, three matmuls; SVD: the Gram matrix instead of one of the B products),
 ~40 us at n <= 128, almost all fixed per-kernel DMA cost; `benchmarks/linalg.py` measures
-eigh at 8 / 20 / 48 ms and SVD at 8 / 23 / 61 ms for n = 32 / 64 / 128.
+eigh at 8.1 / 20.8 / 51.4 ms and SVD at 8.4 / 23.9 / 71.2 ms for n = 32 / 64 / 128.
 """
 from __future__ import annotations
 
