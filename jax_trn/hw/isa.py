@@ -35,6 +35,10 @@ isa_dma.py, isa_tensor.py, isa_vector.py, isa_gpsimd.py.
 | AffineSelect         | gpsimd               | dst = on_true_tile where cmp(affine(p, f), 0) else on_false_value |
 | Exponential          | vector (v4)          | dst = exp(src - max_value); reduce_res = sum(dst)  |
 | QuantizeMx           | vector (v4)          | dst, dst_scale = MXFP8 x4 data + E8M0 scales of src|
+| TensorTensorScan     | vector               | dst[:, i] = (data0[:, i] <op0> dst[:, i-1]) <op1> data1[:, i] |
+| Max8                 | vector               | dst = the 8 largest values per partition           |
+| FindIndex8           | vector               | dst = positions of 8 given values per partition    |
+| MatchReplace8        | vector               | dst = data with 8 given values replaced            |
 
 Engines compute in FP32 with casts on input and output (§2.3, §2.4, §4); integer
 operands run natively on GpSimd (§2.5).
@@ -281,9 +285,10 @@ class Instr:
 # by type and import the classes above (so they come last).
 from .isa_dma import DmaCopy, DmaGather, DmaScatter, DmaTranspose  # noqa: E402
 from .isa_tensor import NcMatmul, NcMatmulMx, NcTranspose  # noqa: E402
-from .isa_vector import (Activation, Exponential, Memset, QuantizeMx,  # noqa: E402
-                         ScalarTensorTensor, Select, TensorCopy, TensorReduce,
-                         TensorScalar, TensorTensor)
+from .isa_vector import (Activation, Exponential, FindIndex8, MatchReplace8,  # noqa: E402
+                         Max8, Memset, QuantizeMx, ScalarTensorTensor, Select,
+                         TensorCopy, TensorReduce, TensorScalar, TensorTensor,
+                         TensorTensorScan)
 from .isa_gpsimd import AffineSelect, Iota, TensorPartitionReduce  # noqa: E402
 from . import alu as _alu        # noqa: E402
 from . import costs as _costs    # noqa: E402
@@ -293,4 +298,5 @@ __all__ = ["IsaError", "Tile", "DramAP", "Operand", "Scalar", "Instr", "PMAX", "
            "DmaCopy", "DmaGather", "DmaScatter", "DmaTranspose", "NcMatmul", "NcMatmulMx",
            "NcTranspose", "Activation", "TensorTensor", "TensorScalar",
            "ScalarTensorTensor", "TensorReduce", "TensorPartitionReduce", "TensorCopy",
-           "Memset", "Iota", "Select", "AffineSelect", "Exponential", "QuantizeMx"]
+           "Memset", "Iota", "Select", "AffineSelect", "Exponential", "QuantizeMx",
+           "TensorTensorScan", "Max8", "FindIndex8", "MatchReplace8"]
