@@ -73,6 +73,7 @@ compute beside the collective (packet round-robin, see jax_trn/runtime/spmd.py).
 from __future__ import annotations
 
 import os
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -351,10 +352,17 @@ def _single_step_wins(groups, topo: Topology, nbytes: int) -> bool:
     n = groups.shape[1]
     if n < 2 or n > MESH1_MAX_RANKS:
         return False
-    t = {a: _timing(_plan("all_reduce", groups, topo, a, nbytes)[0], topo, groups.ravel(),
-                    -(-nbytes // n), 1.0, "all_reduce", nbytes, n).total_ns
-         for a in ("mesh", "mesh1")}
-    return t["mesh1"] < t["mesh"]
+    known = _MESH1_WINS.setdefault(topo, {})
+    key = (groups.shape, groups.tobytes(), nbytes)
+    if key not in known:
+        t = {a: _timing(_plan("all_reduce", groups, topo, a, nbytes)[0], topo, groups.ravel(),
+                        -(-nbytes // n), 1.0, "all_reduce", nbytes, n).total_ns
+             for a in ("mesh", "mesh1")}
+        known[key] = t["mesh1"] < t["mesh"]
+    return known[key]
+
+
+_MESH1_WINS: "weakref.WeakKeyDictionary[Topology, dict]" = weakref.WeakKeyDictionary()
 
 
 # --- schedules ------------------------------------------------------------------------

@@ -161,7 +161,9 @@ class _Run:
         self.last_end = dict.fromkeys(self.queues, start_ns)  # previous one ended
         self.done: dict[str, list[float]] = {q: [] for q in self.queues}  # end times
         self.heap: list[tuple[float, int, str]] = []
-        self.port_free = start_ns      # the SBUF access VectorE and GpSimd share
+        self.port_free = start_ns      # the SBUF access VectorE and GpSimd share ...
+        self.port_users = {i for i, ins in enumerate(kernel.instructions)   # ... and who
+                           if costs.shares_gpsimd_port(ins, core.spec)}     # holds it
         self.parked: dict[str, list[tuple[int, str]]] = {}   # queue -> [(count, waiter)]
         self.events: list[TraceEvent] = []
 
@@ -215,10 +217,7 @@ class _Run:
     def _port_start(self, q: str, start: float) -> float:
         """`start`, or later while the SBUF port VectorE and GpSimd share is held
         (`costs.shares_gpsimd_port`, §2.3, §2.6)."""
-        if q not in ("vector", "gpsimd"):
-            return start
-        instr = self._head(q)[1]
-        if costs.shares_gpsimd_port(instr, self.core.spec):
+        if self.port_users and self._head(q)[0] in self.port_users:
             return max(start, self.port_free)
         return start
 
@@ -251,7 +250,7 @@ class _Run:
                 end, nbytes = core.dma_end(instr, start), instr.nbytes
             else:
                 end = start + core.compute_ns(instr)
-                if q in ("vector", "gpsimd") and costs.shares_gpsimd_port(instr, core.spec):
+                if index in self.port_users:
                     self.port_free = end
         self.events.append(TraceEvent(q, type(instr).__name__, instr.name, start, end,
                                       self.last_end[q], nbytes, instr.flops, core.core_id))

@@ -26,7 +26,7 @@ from .builder import KernelBuilder
 from .layout import (P, box_offset, box_pattern, box_size, box_tiles, flat_tiles,
                      line_tiles, merge_axes, row_major)
 from .regions import FMAX, Evaluator, Input, Region, _itemsize
-from .spread import Spreader
+from .spread import spreader
 from .registry import LowerCtx, register_lowering
 from .tileops import TILE_OPS, Src, Step, engine_for
 
@@ -45,7 +45,7 @@ def emit_loop(kb: KernelBuilder, region: Region) -> int:
     merged = merge_axes(*region.views())
     free = free_size(kb, region, n // P)
     ev = Evaluator(kb, region, free)
-    spread = Spreader(kb, kb.spec) if hasattr(kb.spec, "clock_ghz") else None
+    spread = spreader(kb)
     if len(merged[0]) <= 1:
         _flat(ev, merged, n, free, spread)
     else:

@@ -37,7 +37,7 @@ from .layout import (P, View, box_offset, box_pattern, box_tiles, flat_tiles, li
                      merge_axes, row_major)
 from .movement import fill
 from .regions import FMAX, Evaluator, Region
-from .spread import Spreader
+from .spread import spreader
 from .relayout import relayout
 from .registry import LowerCtx, register_lowering
 from .tileops import TILE_OPS, Src, Step, engine_for, fill_scalar
@@ -111,7 +111,7 @@ class RegionSource:
         self.kb, self.region, self.vid = kb, region, vid
         self.dtype, self.views, self.chunk = region.dtype(vid), region.views(), chunk
         self.ev = Evaluator(kb, region, chunk)
-        self.spread = Spreader(kb, kb.spec) if hasattr(kb.spec, "clock_ghz") else None
+        self.spread = spreader(kb)
 
     def load(self, boxes) -> isa.Tile:
         parts = boxes[0][1][0][1]

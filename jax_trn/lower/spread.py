@@ -24,25 +24,26 @@ import dataclasses
 from jax_trn.hw import isa
 from jax_trn.hw.costs import shares_gpsimd_port
 
-__all__ = ["Spreader"]
+__all__ = ["Spreader", "spreader"]
 
 _MOVABLE = (isa.TensorTensor, isa.TensorScalar, isa.Select, isa.TensorCopy, isa.Memset)
 _FLOATS = ("float32", "bfloat16", "float16")
 
 
 def _tiles(ins: isa.Instr) -> list[isa.Tile]:
-    out = []
-    for f in dataclasses.fields(ins):
-        v = getattr(ins, f.name)
-        if isinstance(v, isa.Tile):
-            out.append(v)
-    return out
+    return [v for v in ins.__dict__.values() if isinstance(v, isa.Tile)]
 
 
 def _movable(ins: isa.Instr) -> bool:
     return (type(ins) in _MOVABLE
             and all(t.mem == "sbuf" and t.dtype in _FLOATS + ("bool",) for t in _tiles(ins))
             and any(t.dtype in _FLOATS for t in _tiles(ins)))
+
+
+def spreader(kb) -> "Spreader | None":
+    """A Spreader for `kb`'s kernel, or None when the builder has no CoreSpec to price
+    instructions with (unit tests that build kernels by hand)."""
+    return Spreader(kb, kb.spec) if hasattr(kb.spec, "clock_ghz") else None
 
 
 class Spreader:
@@ -64,11 +65,9 @@ class Spreader:
         idx = [i for i in range(first, len(instrs)) if getattr(instrs[i], "engine", "") == "vector"]
         if not idx:
             return
-        if not all(_movable(instrs[i]) for i in idx):
-            self.load["vector"] += sum(self._ns(instrs[i], "vector") for i in idx)
-            return
-        moved = {"vector": [instrs[i] for i in idx],
-                 "gpsimd": [dataclasses.replace(instrs[i], engine="gpsimd") for i in idx]}
+        moved = {"vector": [instrs[i] for i in idx]}
+        if all(_movable(instrs[i]) for i in idx):
+            moved["gpsimd"] = [dataclasses.replace(instrs[i], engine="gpsimd") for i in idx]
         cost = {e: sum(self._ns(x, e) for x in moved[e]) for e in moved}
         port = {e: sum(self._ns(x, e) for x in moved[e] if shares_gpsimd_port(x, self.spec))
                 for e in moved}
