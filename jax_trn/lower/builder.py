@@ -153,10 +153,13 @@ class KernelBuilder:
         self.instrs.append(instr)
         return instr
 
-    def ap(self, tensor: DramTensor, offset: int, pattern: Axes) -> isa.DramAP:
-        """An access pattern over `tensor` (recorded as used by the kernel)."""
+    def ap(self, tensor: DramTensor, offset: int, pattern: Axes,
+           view: str | None = None) -> isa.DramAP:
+        """An access pattern over `tensor` (recorded as used by the kernel); with `view`
+        a dtype, over the tensor's bytes read as that type (offset and strides in its
+        elements, NKI `view(dtype)`, §6.1)."""
         self.dram[tensor.name] = tensor
-        return isa.DramAP(tensor.name, offset, tuple(pattern), tensor.dtype)
+        return isa.DramAP(tensor.name, offset, tuple(pattern), view or tensor.dtype)
 
     def dma(self, dst: isa.Operand, src: isa.Operand) -> isa.Instr:
         """A DmaCopy on the next DMA queue (round-robin)."""

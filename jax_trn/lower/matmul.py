@@ -236,11 +236,15 @@ class WordPairs(KMajor):
 
     def words(self, j: int, free: int) -> isa.Tile:
         """The pair's SBUF region as [P, free] 16-bit words (the dma_transpose target)."""
-        return sub(self.base, P, 2 * free, at=j * self.stride).with_(free=(free,), dtype="uint16")
+        return self._bytes(j, free).with_(free=(free,), dtype="uint16")
 
     def pair(self, j: int, free: int, at: int = 0) -> isa.Tile:
-        assert self.stride == free and at == 0, "k-tiles are not adjacent"
-        return sub(self.base, P, 2 * free, at=j * self.stride).with_(free=(2, free), strides=(1, 2))
+        assert at == 0, "a word-pair strip is read whole"
+        return self._bytes(j, free).with_(free=(2, free), strides=(1, 2))
+
+    def _bytes(self, j: int, free: int) -> isa.Tile:
+        assert self.stride == free, "k-tiles are not adjacent"
+        return sub(self.base, P, 2 * free, at=j * self.stride)
 
 
 @dataclass
@@ -435,9 +439,8 @@ class MatmulEmitter:
         if words:
             # One 16-bit dma_transpose per 256-row block: [fsize, 128 words] -> [128, fsize].
             for q, k0 in enumerate(range(0, kblock[1], 2 * P)):
-                src = self.kb.ap(op.t, base + k0, ((op.f[0], fsize), (1, 2 * P)))
-                src = dataclasses.replace(src, offset=src.offset // 2, dtype="uint16",
-                                          pattern=((op.f[0] // 2, fsize), (1, P)))
+                src = self.kb.ap(op.t, (base + k0) // 2, ((op.f[0] // 2, fsize), (1, P)),
+                                 view="uint16")
                 self.kb.emit(isa.DmaTranspose, dst=load.dst.words(2 * q, fsize), src=src,
                              dma_queue=next(self.load_q))
             return load
