@@ -46,13 +46,8 @@ class OnChipMemory:
         dtype = _dt.np_dtype(tile.dtype)
         if tile.strides is None:
             return rows.view(dtype).reshape(tile.shape)
-        item = dtype.itemsize
-        # Stride over unsigned integers of the element's width from element 0, then view
-        # them as the element type (as_strided cannot build ml_dtypes arrays directly).
-        raw = rows.view(f"u{item}")[:, (tile.offset - lo) // item:]
-        view = as_strided(raw, shape=tile.shape,
-                          strides=(raw.strides[0], *(s * item for s in tile.strides)))
-        return view.view(dtype)
+        raw = rows.view(f"u{dtype.itemsize}")[:, (tile.offset - lo) // dtype.itemsize:]
+        return _typed_strided(raw, tile.shape, (None, *tile.strides), dtype)
 
     def read(self, tile: Tile) -> np.ndarray:
         return self.view(tile)
@@ -110,12 +105,17 @@ def _strided(ap: DramAP, arrays: dict[str, np.ndarray]) -> np.ndarray:
     if lo < 0 or hi >= flat.size:
         raise IsaError(f"access pattern on {ap.tensor!r} touches elements [{lo}, {hi}] "
                        f"outside its {flat.size} elements")
-    item = flat.itemsize
-    # as_strided cannot build ml_dtypes float8 arrays directly: stride over the raw
-    # unsigned integers of the same width, then view them as the element type.
-    raw = flat.view(f"u{item}")[ap.offset:]
-    view = as_strided(raw, shape=ap.shape, strides=[s * item for s, _ in ap.pattern])
-    return view.view(flat.dtype)
+    raw = flat.view(f"u{flat.itemsize}")[ap.offset:]
+    return _typed_strided(raw, ap.shape, [s for s, _ in ap.pattern], flat.dtype)
+
+
+def _typed_strided(raw: np.ndarray, shape, strides, dtype) -> np.ndarray:
+    """A view of `raw` (unsigned integers of the element's width, from element 0) with
+    element `strides` (None keeps raw's own stride on that axis), as `dtype`:
+    as_strided cannot build ml_dtypes (float8, bfloat16) arrays directly."""
+    item = raw.itemsize
+    byte_strides = [raw.strides[i] if s is None else s * item for i, s in enumerate(strides)]
+    return as_strided(raw, shape=shape, strides=byte_strides).view(dtype)
 
 
 def dram_read(ap: DramAP, arrays: dict[str, np.ndarray]) -> np.ndarray:
