@@ -47,12 +47,12 @@ New header versions only append fields to structs and entries to PJRT_Api.
 Mirror the change here (same order), bump PJRT_API_MINOR, then regenerate the
 C-compiled truth table and run the size test::
 
-    python tests/null/test_pjrt_struct_sizes.py --regen DIR
-    python -m pytest tests/null
+    python tests/pjrt_abi/test_pjrt_struct_sizes.py --regen DIR
+    python -m pytest tests/pjrt_abi
 
 where DIR holds ``pjrt_c_api.h`` and the two extension headers.  The
 ``--regen`` step writes and compiles (gcc) a throwaway probe in a temporary
-directory and rewrites ``tests/null/pjrt_struct_sizes.json``.
+directory and rewrites ``tests/pjrt_abi/pjrt_struct_sizes.json``.
 """
 
 from ctypes import (

@@ -5,7 +5,7 @@ headers: sizeof/alignof/NAME_STRUCT_SIZE and field offsets of every struct,
 the offset of every PJRT_Api entry, enum values and version macros.  It is
 produced by compiling a throwaway probe with gcc, never by hand::
 
-    python tests/null/test_pjrt_struct_sizes.py --regen DIR
+    python tests/pjrt_abi/test_pjrt_struct_sizes.py --regen DIR
 
 DIR must contain pjrt_c_api.h, pjrt_c_api_shardings_extension.h and
 pjrt_c_api_layouts_extension.h.  The list of structs, API entries and enums
