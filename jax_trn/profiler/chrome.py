@@ -22,8 +22,7 @@ from __future__ import annotations
 import json
 import os
 
-from .metrics import ENGINE_NAMES
-from .trace import COMPUTE_ENGINES
+from .engines import COMPUTE_ENGINES, ENGINE_NAMES
 
 GAP_US = 1.0
 _PROGRAM, _KERNELS, _COLLECTIVES = 0, 1, 99

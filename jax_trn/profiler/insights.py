@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .metrics import ENGINE_NAMES, KernelStats
-from .trace import COMPUTE_ENGINES, engine_of
+from .engines import COMPUTE_ENGINES, ENGINE_NAMES
+from .metrics import KernelStats
+from .trace import engine_of
 
 SMALL_DMA_BYTES = 512
 WAIT_SHARE = 0.20

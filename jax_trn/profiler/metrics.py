@@ -21,13 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .record import ENGINES
-from .trace import COMPUTE_ENGINES
+from .engines import COMPUTE_ENGINES, ENGINE_NAMES, ENGINES
 
 COMPUTE_BOUND = 0.90
 MEMORY_BOUND = 0.60
-ENGINE_NAMES = {"tensor": "TensorE", "vector": "VectorE", "scalar": "ScalarE",
-                "gpsimd": "GpSimdE", "dma": "DMA"}
 
 
 @dataclass

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 from . import metrics
 from .chrome import GAP_US
-from .metrics import ENGINE_NAMES
-from .record import ENGINES
-from .trace import COMPUTE_ENGINES
+from .engines import COMPUTE_ENGINES, ENGINE_NAMES, ENGINES
 
 MAX_LEGEND = 10
 

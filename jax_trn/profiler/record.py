@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
-ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma")
+from .engines import ENGINES
 
 
 @dataclass

@@ -11,8 +11,7 @@ import os
 
 from . import metrics
 from .insights import insights
-from .metrics import ENGINE_NAMES
-from .record import ENGINES
+from .engines import ENGINE_NAMES, ENGINES
 
 TOP_KERNELS = 8
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from .engines import COMPUTE_ENGINES
+
 __all__ = ["Instruction", "Dependency", "instructions", "engine_of", "parse_op", "op_name",
            "COMPUTE_ENGINES"]
-
-COMPUTE_ENGINES = ("tensor", "vector", "scalar", "gpsimd")
 
 
 @dataclass(frozen=True, slots=True)
