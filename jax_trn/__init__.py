@@ -12,7 +12,9 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from jax_trn.profiler import compare, last_execution, profile  # noqa: E402
-from jax_trn.systems import SYSTEMS, configure, get_system  # noqa: E402
+from jax_trn.comparison import compare  # noqa: E402
+from jax_trn.config import configure, get_system  # noqa: E402
+from jax_trn.profiler import last_execution, profile  # noqa: E402
+from jax_trn.systems import SYSTEMS  # noqa: E402
 
 __all__ = ["profile", "last_execution", "compare", "configure", "get_system", "SYSTEMS", "__version__"]

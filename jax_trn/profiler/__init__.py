@@ -8,8 +8,9 @@
 
 Modules: record (Execution, KernelRecord, CollectiveRecord), trace (per-instruction
 records with kernel, source and semaphore waits), metrics (the summary's definitions),
-summary, insights, chrome (trace export), compare (one program on several
-generations), plots (matplotlib, optional).
+summary, insights, chrome (trace export), plots (matplotlib, optional). The profiler only
+reads records: it never compiles or runs anything (`jax_trn.compare`, one program on
+several systems, is built on the runtime and hands its executions here).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import threading
 from .record import CollectiveRecord, Execution, KernelRecord
 
 __all__ = ["Profile", "profile", "record", "Execution", "KernelRecord", "CollectiveRecord",
-           "last_execution", "compare"]
+           "last_execution"]
 
 _lock = threading.Lock()
 _active: list["Profile"] = []
@@ -97,9 +98,3 @@ def recording() -> bool:
 def last_execution() -> Execution | None:
     """The most recent execution on any trn device (also outside `profile()`)."""
     return _last[0] if _last else None
-
-
-def compare(f, *args, systems=None, **kwargs):
-    """`f(*args)` compiled and simulated on each system; see `profiler.compare`."""
-    from .compare import compare as _compare
-    return _compare(f, *args, systems=systems, **kwargs)

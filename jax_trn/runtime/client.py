@@ -1,13 +1,18 @@
 """The runtime behind one PJRT client: devices of the configured system, compilation,
-and host transfers. Everything here is plain Python; pjrt_plugin maps C calls onto it."""
+and host transfers. Everything here is plain Python; pjrt_plugin maps C calls onto it.
+
+A client is made from one `jax_trn.config.Options` (`create_client` resolves them from
+`configure()`, the PJRT create options and the environment, once); the compiler and the
+runtime get their settings from it."""
 from __future__ import annotations
 
 import threading
 
 import numpy as np
 
-from jax_trn import systems
-from . import compile_options
+from jax_trn import config
+from jax_trn.config import Options
+from . import compile_options, compiler
 from .buffer import Buffer
 from .device import Device, Memory, OutOfMemory, make_devices
 from .executable import Executable
@@ -20,9 +25,10 @@ class CompileError(Exception):
 
 
 class Client:
-    def __init__(self, system: systems.System):
+    def __init__(self, options: Options):
         from jax_trn import __version__
-        self.system = system
+        self.options = options
+        self.system = system = options.system
         self.devices: list[Device] = make_devices(system)
         self.memories: list[Memory] = [d.memory for d in self.devices]
         self.platform_version = (
@@ -51,22 +57,19 @@ class Client:
         return Buffer.from_host(device, array)
 
     def compile(self, code: bytes, fmt: str, options: bytes) -> Executable:
-        import hlo_passes
-        from jax_trn.lower import lower_module
         if fmt != "mlir":
             raise CompileError(f"program format {fmt!r} is not supported; expected 'mlir'")
         opts = compile_options.parse(options)
+        settings = config.for_compile(self.options, opts.overrides)
         devices = self._assigned_devices(opts)
         with self._compile_lock:
             self._counter += 1
             name = f"module_{self._counter:04d}"
-        module = hlo_passes.compile_to_ir(code, name=name)
-        name = module.attrs.get("sym_name", name) or name
-        _check_fits(str(name), module, devices)
-        program = lower_module(module, self.system.chip.core)
+        compiled = compiler.compile_program(
+            code, settings, name=name, check=lambda n, m: _check_fits(n, m, devices))
         from .program_mlir import program_mlir
-        return Executable(str(name), program, module, devices, opts,
-                          program_mlir(str(name), program))
+        return Executable(compiled.name, compiled.program, compiled.module, devices, opts,
+                          program_mlir(compiled.name, compiled.program))
 
     def _assigned_devices(self, opts) -> list[Device]:
         """The devices of a program, replica-major (device r * partitions + p runs
@@ -94,6 +97,7 @@ def _check_fits(name: str, module, devices: list[Device]) -> None:
                 f"results, more than the {d.hbm_limit} bytes of {d.to_string} ({d.kind})")
 
 
-def create_client(options: dict | None = None) -> Client:
-    options = options or {}
-    return Client(systems.get_system(options.get("system")))
+def create_client(create_options: dict | None = None) -> Client:
+    """The process's client, with the options `config.start` resolves (and records as
+    the live ones: `configure()` refuses changes from now on)."""
+    return Client(config.start(create_options))

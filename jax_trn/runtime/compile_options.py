@@ -10,6 +10,8 @@ class Options:
     num_partitions: int
     device_assignment: tuple[tuple[int, ...], ...] | None   # [replica][partition] -> device id
     raw: bytes = field(repr=False)
+    # JAX's `compiler_options` (`.compile({...})`): name -> value, ours and anyone's
+    overrides: dict = field(default_factory=dict, repr=False, compare=False)
 
 
 def parse(serialized: bytes) -> Options:
@@ -19,7 +21,7 @@ def parse(serialized: bytes) -> Options:
     da = build.device_assignment
     assignment = _parse_device_assignment(da.serialize()) if da is not None else None
     return Options(max(1, build.num_replicas), max(1, build.num_partitions), assignment,
-                   serialized)
+                   serialized, dict(opts.env_option_overrides))
 
 
 def _varint(buf: bytes, i: int) -> tuple[int, int]:

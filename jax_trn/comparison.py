@@ -1,12 +1,14 @@
-"""One program on several Trainium generations: `jax_trn.compare(f, *args, systems=...)`.
+"""One program on several Trainium systems: `jax_trn.compare(f, *args, systems=...)`.
 
 The system of a running `trn` backend is fixed when it starts, so compare does not go
-through the backend. It does in-process what the plugin does on compile and execute:
+through the backend. It does in-process what the plugin does on compile and execute,
+with the same compile driver (`jax_trn.runtime.compiler`) and the options of this
+process (`jax_trn.config.current()`) with each system in turn:
 
     jax.jit(f).trace(*args).lower(lowering_platforms=("trn",))   # StableHLO, as PJRT gets it
-      -> MLIR bytecode -> hlo_passes.compile_to_ir               # our IR (hardware-agnostic)
-      -> jax_trn.lower.lower_module(module, CHIPS[gen].core)     # per generation
-      -> runtime.executable.simulate(name, program, system, ids) # timing on fresh cores
+      -> MLIR bytecode -> runtime.compiler.to_ir                 # our IR (hardware-agnostic)
+      -> runtime.compiler.lower(module, options)                 # per generation
+      -> runtime.executable.simulate(name, program, options, ids)   # timing on fresh cores
 
 Simulated time does not depend on the data, so the argument values are not used, only
 their shapes and dtypes: the run is timing-only (`NeuronCore.run(execute=False)`), except
@@ -69,8 +71,12 @@ def compare(f, *args, systems=None, name: str | None = None,
     pass (as JAX_TRN_DISABLE_PASSES=fusion does for the backend). `device_ids`: the
     devices of each system that run the N partitions (partition p on the p-th id), a
     list for every system or a function of the `System`; by default 0..N-1."""
-    from jax_trn.systems import get_system
-    chosen = [get_system(s) for s in (systems or DEFAULT_SYSTEMS)]
+    from jax_trn import config
+    base = config.current()
+    if matmul_precision is not None:
+        base = base.replace(matmul_precision=matmul_precision)
+    chosen = [config.get_system(s) if isinstance(s, str) else s
+              for s in (systems or DEFAULT_SYSTEMS)]
     jit_kw = {k: v for k, v in (("in_shardings", in_shardings),
                                 ("out_shardings", out_shardings)) if v is not None}
     code, label, n = _stablehlo(f, args, jit_kw)
@@ -81,12 +87,15 @@ def compare(f, *args, systems=None, name: str | None = None,
             + ", ".join(f"{s.name} has ({s.num_devices} devices)" for s in small))
     ids = {s.name: _device_ids(s, n, device_ids, label) for s in chosen}
     name = name or label
-    programs: dict[str, object] = {}            # one lowering per generation
+    from jax_trn.runtime import compiler
+    module = compiler.to_ir(code, base, name=name, fuse=fuse)   # the same for every system
+    programs: dict[object, object] = {}         # one lowering per core generation
     executions = {}
     for s in chosen:
-        if s.generation not in programs:
-            programs[s.generation] = _lower(code, name, s, matmul_precision, fuse)
-        executions[s.name] = _simulate(name, programs[s.generation], s, ids[s.name])
+        options = base.replace(system=s)
+        if s.chip.core not in programs:
+            programs[s.chip.core] = compiler.lower(module, options)
+        executions[s.name] = _simulate(name, programs[s.chip.core], options, ids[s.name])
     rows = [_row(s, executions[s.name], n) for s in chosen]
     base = rows[0]["simulated_time_s"] if rows else 0.0
     for row in rows:
@@ -129,13 +138,6 @@ def _abstract(x):
     return x
 
 
-def _lower(code: bytes, name: str, system, precision, fuse: bool):
-    import hlo_passes
-    from jax_trn.lower import lower_module
-    module = hlo_passes.compile_to_ir(code, name=name, fuse=fuse)
-    return lower_module(module, system.chip.core, matmul_precision=precision)
-
-
 def _device_ids(system, n: int, device_ids, label: str) -> list[int]:
     ids = device_ids(system) if callable(device_ids) else device_ids
     ids = list(range(n)) if ids is None else [int(d) for d in ids]
@@ -146,13 +148,13 @@ def _device_ids(system, n: int, device_ids, label: str) -> list[int]:
     return ids
 
 
-def _simulate(name: str, program, system, ids: list[int]):
+def _simulate(name: str, program, options, ids: list[int]):
     from jax_trn.runtime.executable import simulate
-    return simulate(name, program, system, ids)
+    return simulate(name, program, options.system, ids)
 
 
 def _row(system, ex, n: int) -> dict:
-    from .summary import Summary
+    from jax_trn.profiler.summary import Summary
     d = Summary([ex]).to_dict()
     # A partitioned program without collectives runs on device 0 only (simulate():
     # every partition runs the same instructions and time does not depend on the

@@ -1,0 +1,53 @@
+"""The compile driver: program bytes + options -> the per-device IR and its ISA program.
+
+One driver for everything that compiles: the PJRT client (`Client.compile`) and the
+tools that compile without going through the backend (`jax_trn.compare`). Each step
+takes what it needs from the `jax_trn.config.Options` it is given, never from the
+environment:
+
+    hlo_passes.compile_to_ir(code, ...)      # Shardy, import, our passes (disabled
+                                             # passes and IR dumps from the options)
+    jax_trn.lower.lower_module(module, ...)  # kernels for one NeuronCore of the
+                                             # options' system (its CoreSpec)
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from jax_trn.config import Options
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """A compiled program: its name, per-device IR and the lowered `hw.program.Program`."""
+    name: str
+    module: object          # hlo_passes.ir.Module
+    program: object         # jax_trn.hw.program.Program
+
+
+def to_ir(code: bytes, options: Options, *, name: str | None = None, fuse: bool = True):
+    """StableHLO bytes -> verified, optimized per-device IR (`hlo_passes.ir.Module`)."""
+    import hlo_passes
+    return hlo_passes.compile_to_ir(code, name=name, fuse=fuse,
+                                    disabled_passes=options.disable_passes,
+                                    dump_dir=options.dump)
+
+
+def lower(module, options: Options):
+    """Per-device IR -> the ISA program for one NeuronCore of `options.system`."""
+    from jax_trn.lower import lower_module
+    return lower_module(module, options.system.chip.core,
+                        matmul_precision=options.matmul_precision)
+
+
+def compile_program(code: bytes, options: Options, *, name: str | None = None,
+                    fuse: bool = True, check: Callable[[str, object], None] | None = None
+                    ) -> Compiled:
+    """Both steps. `check(name, module)` runs between them (e.g. the client's test that
+    the arguments and results fit in a device's HBM, before lowering anything large)."""
+    module = to_ir(code, options, name=name, fuse=fuse)
+    name = str(module.attrs.get("sym_name", name) or name or "module")
+    if check is not None:
+        check(name, module)
+    return Compiled(name, module, lower(module, options))
