@@ -60,7 +60,7 @@ class Client:
         with self._compile_lock:
             self._counter += 1
             name = f"module_{self._counter:04d}"
-        module = hlo_passes.compile_to_ir(code, name=name)
+        module = hlo_passes.compile_to_ir(code, name=name, **_pass_options())
         name = module.attrs.get("sym_name", name) or name
         _check_fits(str(name), module, devices)
         program = lower_module(module, self.system.chip.core)
@@ -92,6 +92,15 @@ def _check_fits(name: str, module, devices: list[Device]) -> None:
             raise OutOfMemory(
                 f"{name} needs {need} bytes of HBM for its arguments and "
                 f"results, more than the {d.hbm_limit} bytes of {d.to_string} ({d.kind})")
+
+
+def _pass_options() -> dict:
+    """hlo_passes reads no environment: JAX_TRN_DUMP / JAX_TRN_DISABLE_PASSES as its
+    parameters, read at each compile as before (until the options object passes them)."""
+    import os
+    names = os.environ.get("JAX_TRN_DISABLE_PASSES", "").split(",")
+    return {"dump_dir": os.environ.get("JAX_TRN_DUMP") or None,
+            "disabled_passes": frozenset(n.strip() for n in names if n.strip())}
 
 
 def create_client(options: dict | None = None) -> Client:
