@@ -48,17 +48,22 @@ def run(module: ir.Module) -> bool:
 def _fuse_block(block: ir.Block, policy: FusionPolicy) -> bool:
     """Each allowed attention pattern of `block` as one fusion op."""
     graph = BlockGraph(block)
-    replaced: dict[ir.Op, list[ir.Op]] = {}
-    members: set[ir.Op] = set()
+    replaced: dict[ir.Op, list[ir.Op]] = {}     # pattern output -> [mask constant,] fusion
+    members: set[ir.Op] = set()                 # ops that go with their pattern
     for m in pattern.find(block, graph.producer, graph.users):
         mask_value = pattern.fold(m.mask, graph.producer) if m.mask is not None else None
         decision = policy.attention(m.out, m.scale, m.mask is not None, mask_value)
-        if not decision.ok:
-            continue
-        replaced[m.out] = _attention_op(m, mask_value, decision, graph)
-        members.update(op for op in m.ops if op.kind not in pattern.SHAREABLE)
-    if not replaced:
-        return False
+        if decision.ok:
+            replaced[m.out] = _attention_op(m, mask_value, decision, graph)
+            members.update(op for op in m.ops if op.kind not in pattern.SHAREABLE)
+    if replaced:
+        _rewrite(block, replaced, members)
+    return bool(replaced)
+
+
+def _rewrite(block: ir.Block, replaced: dict[ir.Op, list[ir.Op]],
+             members: set[ir.Op]) -> None:
+    """Each pattern output replaced by its fusion, the members dropped."""
     ops, mapping = [], {}
     for op in block.ops:
         if op in replaced:
@@ -69,7 +74,6 @@ def _fuse_block(block: ir.Block, policy: FusionPolicy) -> bool:
     block.ops = ops
     block.replace_all_uses(mapping)
     block.ops = _without_dangling(ops, {v for op in members for v in op.results})
-    return True
 
 
 def _without_dangling(ops: list[ir.Op], gone: set[ir.Value]) -> list[ir.Op]:
