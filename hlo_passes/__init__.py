@@ -1,50 +1,103 @@
 """StableHLO in, our small IR out: deserialize, MLIR passes, import, pass pipeline.
 
-    compile_to_ir(code, name=None, fuse=True) -> ir.Module   # what pjrt_plugin calls
+    compile_to_ir(code, *, name=None, fuse=True, disabled_passes=frozenset(),
+                  dump_dir=None) -> ir.Module        # what the compile driver calls
     deserialize(code) -> (mlir context, mlir module)
     run_mlir_passes(mlir_module)                    # Shardy round-trip import, chlo
     import_module(mlir_module, name=None) -> ir.Module
-    default_pipeline(fuse=True) -> Pipeline          # inline, localize (SPMD),
-                                                    # fix(simplify,cse,dce), fusion
-    Pipeline([...], verify=True, dump_dir=$JAX_TRN_DUMP), Fix([...]), verify(module)
+    default_pipeline(*, fuse=True, disabled=frozenset(), dump_dir=None) -> Pipeline
+    pass_names() -> ("inline-calls", ...)           # every name `disabled` accepts
+    Pipeline([...], verify=True, dump_dir=None, disabled=frozenset()), Fix([...]),
+    verify(module)
+
+The default pipeline, one pass per file in hlo_passes/passes/ (the names are the ones
+dumps and `disabled` use):
+
+    inline-calls         func.call / composite ops inlined
+    localize             SPMD programs to per-device shapes and collectives
+    fix(simplify, cse, dce)   cleanup, repeated until nothing changes
+    degenerate-reduce    reduce over extent-1 dims -> reshape          } fuse=True
+    transposed-dot       transpose(dot(a, b)) -> dot(b, a)              } only
+    attention-fusion     softmax(q k^T) v -> fusion "attention"         }
+    fusion               loop / reduction / matmul-epilogue regions     }
+    dce                  what the rewrites above left without users     }
+
+Everything is a parameter; nothing here reads the environment (the caller's options
+object does, once).
 """
 from __future__ import annotations
 
+import os
+from typing import Iterable
+
 from hlo_passes import ir
 from hlo_passes.errors import HloImportError, VerifyError
+from hlo_passes.fusion_policy import FusionPolicy
 from hlo_passes.importer import artifact_version, deserialize, import_module
 from hlo_passes.mlir_passes import run_mlir_passes
-from hlo_passes.passes import cse, dce, fusion, inline_calls, localize, simplify
-from hlo_passes.pipeline import Fix, Pipeline
+from hlo_passes.passes import (
+    cse,
+    dce,
+    degenerate_reduce,
+    inline_calls,
+    localize,
+    simplify,
+    transposed_dot,
+)
+from hlo_passes.passes.attention_fusion import AttentionFusion
+from hlo_passes.passes.fusion import Fusion
+from hlo_passes.pipeline import Fix, Pipeline, check_disabled, names_of
 from hlo_passes.verifier import verify
 
 __all__ = [
-        "HloImportError", "VerifyError", "Fix", "Pipeline", "compile_to_ir",
-        "default_pipeline", "deserialize", "import_module", "ir", "run_mlir_passes",
-        "verify",
+        "HloImportError", "VerifyError", "Fix", "FusionPolicy", "Pipeline",
+        "compile_to_ir", "default_pipeline", "deserialize", "import_module", "ir",
+        "pass_names", "run_mlir_passes", "verify",
 ]
 
 
-def default_pipeline(*, fuse: bool = True, **kwargs) -> Pipeline:
-    """The hardware-agnostic pipeline every program gets after import: inlining, SPMD
-    localization (multi-device programs), cleanup to a fixpoint, then fusion (`fuse=False` stops after cleanup; at run time
-    JAX_TRN_DISABLE_PASSES=fusion does the same)."""
-    cleanup = [inline_calls, localize, Fix([simplify, cse, dce])]
-    return Pipeline(cleanup + ([fusion] if fuse else []), **kwargs)
+def _cleanup() -> list:
+    return [inline_calls, localize, Fix([simplify, cse, dce])]
 
 
-def compile_to_ir(code: bytes | str, *, name: str | None = None,
-                  fuse: bool = True) -> ir.Module:
+def _fusion(policy: FusionPolicy) -> list:
+    return [degenerate_reduce, transposed_dot, AttentionFusion(policy), Fusion(policy), dce]
+
+
+def pass_names() -> tuple[str, ...]:
+    """Every pass name `disabled` / `disabled_passes` accepts, in pipeline order."""
+    return names_of(_cleanup() + _fusion(FusionPolicy()))
+
+
+def default_pipeline(*, fuse: bool = True, disabled: Iterable[str] = frozenset(),
+                     dump_dir: str | os.PathLike | None = None, verify: bool = True,
+                     policy: FusionPolicy | None = None) -> Pipeline:
+    """The hardware-agnostic pipeline every program gets after import (module
+    docstring). `fuse=False` stops after cleanup (no rewrite for fusion, no fusion);
+    `disabled` skips passes by name (any of `pass_names()`, whatever `fuse` says;
+    others are a ValueError); `policy` decides attention-fusion and fusion."""
+    disabled = check_disabled(disabled, pass_names())
+    passes = _cleanup() + (_fusion(policy or FusionPolicy()) if fuse else [])
+    return Pipeline(passes, verify=verify, dump_dir=dump_dir,
+                    disabled=disabled & set(names_of(passes)))
+
+
+def compile_to_ir(code: bytes | str, *, name: str | None = None, fuse: bool = True,
+                  disabled_passes: Iterable[str] = frozenset(),
+                  dump_dir: str | os.PathLike | None = None) -> ir.Module:
     """Bytes from PJRT_Client_Compile (format "mlir") -> verified, optimized IR.
 
     `name` names the module (and its IR dumps); by default the MLIR module's name
-    ("jit_f"), or "module". `fuse=False` skips the fusion pass.
+    ("jit_f"), or "module". `fuse`, `disabled_passes`: see `default_pipeline`;
+    `dump_dir`: the IR after every pass goes there. Unknown pass names are a ValueError
+    before any work, an unusable dump directory one before the first pass.
     """
+    pipeline = default_pipeline(fuse=fuse, disabled=disabled_passes, dump_dir=dump_dir)
     _, mlir_module = deserialize(code)
     run_mlir_passes(mlir_module)
     module = import_module(mlir_module, name=name)
     version = artifact_version(code if isinstance(code, bytes) else b"")
     if version:
         module.attrs["stablehlo.version"] = version
-    default_pipeline(fuse=fuse).run(module)
+    pipeline.run(module)
     return module

@@ -25,8 +25,9 @@ The rules, in the order they are checked:
                                                            reduction first
     anything else                                       -> forbidden: not fusible
 
-Before regions grow, the pass offers each attention pattern (passes/attention.py) to
-`attention(...)`: allowed ones become one fusion of kind "attention".
+Before the fusion pass, the attention-fusion pass (passes/attention_fusion.py) offers
+each attention pattern (attention_pattern.py) to `attention(...)`: allowed ones become
+one fusion of kind "attention". The pipeline gives both passes the same policy.
 
 The policy never looks at hardware; `cost` (op -> relative per-element compute cost)
 is the hook a target can pass to steer duplication.
@@ -131,7 +132,7 @@ class FusionPolicy:
 
     def attention(self, out: ir.Op, scale: float, masked: bool,
                   mask_value: np.ndarray | None) -> FusionDecision:
-        """May the attention pattern ending at `out` (passes/attention.py) become one
+        """May the attention pattern ending at `out` (attention_pattern.py) become one
         "attention" fusion? `mask_value` is the mask when known at compile time."""
         if not self.fuse_attention:
             return FusionDecision.forbid("attention fusion is off")

@@ -16,6 +16,11 @@ attribute names of each op). Types use numpy-style dtype names (`DTYPES`).
 
 Ops are changed only through `Op.replace(**changes)` or by building new ops; a pass that
 rewires uses calls `Block.replace_uses(old, new)`.
+
+`Value.name` is a process-unique id (for identity and debugging), never printed: the text
+form (`format_module`) numbers the values of each module in print order (`value_names`:
+%v0, %v1, ...), so the same program always prints the same text, however many programs
+the process built before it.
 """
 from __future__ import annotations
 
@@ -90,7 +95,7 @@ _ids = itertools.count()
 @dataclass(eq=False)
 class Value:
     type: TensorType
-    name: str = ""
+    name: str = ""          # process-unique id; printed text uses `value_names` instead
 
     def __post_init__(self):
         if not self.name:
@@ -204,16 +209,48 @@ def walk(block: Block) -> Iterator[Op]:
                 yield from walk(b)
 
 
-def format_module(module: Module) -> str:
-    """A readable text form of the module (used by IR dumps and `as_text()`)."""
-    lines = []
+def value_names(module: Module) -> dict[Value, str]:
+    """The names `format_module` prints for the values of `module`: "v0", "v1", ...
+    numbered per module in print order (function arguments, then each op's results,
+    operands and nested block arguments), so they depend on the program only."""
+    names: dict[Value, str] = {}
     for fn in module.functions.values():
-        args = ", ".join(repr(a) for a in fn.args)
+        _number(fn.args, names)
+        _name_block(fn.body, names)
+    return names
+
+
+def _number(values: list[Value], names: dict[Value, str]) -> None:
+    for v in values:
+        if v not in names:
+            names[v] = f"v{len(names)}"
+
+
+def _name_block(block: Block, names: dict[Value, str]) -> None:
+    for op in block.ops:
+        _number(op.results, names)
+        _number(op.operands, names)
+        for region in op.regions:
+            for b in region.blocks:
+                _number(b.args, names)
+                _name_block(b, names)
+
+
+def format_module(module: Module) -> str:
+    """A readable text form of the module (used by IR dumps and `as_text()`); the same
+    program gives the same text (values numbered by `value_names`)."""
+    names, lines = value_names(module), []
+    for fn in module.functions.values():
+        args = ", ".join(_typed(a, names) for a in fn.args)
         rets = ", ".join(str(t) for t in fn.result_types)
         lines.append(f"func @{fn.name}({args}) -> ({rets}) {{")
-        _format_block(fn.body, lines, "  ")
+        _format_block(fn.body, lines, "  ", names)
         lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def _typed(v: Value, names: dict[Value, str]) -> str:
+    return f"%{names[v]}:{v.type}"
 
 
 def _format_attr(v: Any) -> str:
@@ -228,10 +265,11 @@ def _format_attr(v: Any) -> str:
 LISTED_ATTRS = ("decisions",)
 
 
-def _format_block(block: Block, lines: list[str], indent: str) -> None:
+def _format_block(block: Block, lines: list[str], indent: str,
+                  names: dict[Value, str]) -> None:
     for op in block.ops:
-        res = ", ".join(repr(r) for r in op.results)
-        ops = ", ".join(f"%{v.name}" for v in op.operands)
+        res = ", ".join(_typed(r, names) for r in op.results)
+        ops = ", ".join(f"%{names[v]}" for v in op.operands)
         attrs = ", ".join(f"{k}={_format_attr(v)}" for k, v in op.attrs.items()
                           if k not in LISTED_ATTRS)
         head = f"{res} = " if op.results else ""
@@ -242,6 +280,6 @@ def _format_block(block: Block, lines: list[str], indent: str) -> None:
             lines.extend(f"{indent}  // {key[:-1]}: {item}" for item in op.attrs.get(key, ()))
         for region in op.regions:
             for b in region.blocks:
-                bargs = ", ".join(repr(a) for a in b.args)
+                bargs = ", ".join(_typed(a, names) for a in b.args)
                 lines.append(f"{indent}  ^bb({bargs}):")
-                _format_block(b, lines, indent + "    ")
+                _format_block(b, lines, indent + "    ", names)

@@ -1,12 +1,14 @@
 """The IR spec, checked: SSA scoping, types, terminators, and per-op shape rules.
 
-`verify(module)` raises `VerifyError` naming the op (`op.describe()`). Scoping follows
-MLIR: a block sees its own args, earlier results in the block, and everything its
-enclosing blocks defined before the op that holds the region (JAX artifacts do use
-outer values inside reduce/while/sort bodies: the serializer hoists constants).
+`verify(module)` raises `VerifyError` naming the op (`op.describe()`) and values as the
+IR dump prints them (`ir.value_names`). Scoping follows MLIR: a block sees its own args,
+earlier results in the block, and everything its enclosing blocks defined before the op
+that holds the region (JAX artifacts do use outer values inside reduce/while/sort
+bodies: the serializer hoists constants).
 """
 from __future__ import annotations
 
+import re
 from typing import Callable
 
 from hlo_passes import ir
@@ -20,8 +22,17 @@ def verify(module: ir.Module) -> None:
     """Raises VerifyError at the first broken invariant."""
     if module.entry not in module.functions:
         raise VerifyError(f"entry function @{module.entry} is missing")
-    for fn in module.functions.values():
-        _verify_function(fn)
+    try:
+        for fn in module.functions.values():
+            _verify_function(fn)
+    except VerifyError as e:
+        raise VerifyError(_printed_names(str(e), module)) from None
+
+
+def _printed_names(message: str, module: ir.Module) -> str:
+    """`message` with each value's id (`Value.name`) replaced by its printed name."""
+    printed = {v.name: name for v, name in ir.value_names(module).items()}
+    return re.sub(r"%([\w.]+)", lambda m: "%" + printed.get(m.group(1), m.group(1)), message)
 
 
 def _verify_function(fn: ir.Function) -> None:

@@ -1,6 +1,6 @@
-"""Causal attention written in plain JAX, on trn against the CPU backend: the fusion
-pass makes it one "attention" fusion (hlo_passes/passes/attention.py), lowered as a
-flash-attention kernel (jax_trn/lower/attention.py)."""
+"""Causal attention written in plain JAX, on trn against the CPU backend: the
+attention-fusion pass (hlo_passes/passes/attention_fusion.py) makes it one "attention"
+fusion, lowered as a flash-attention kernel (jax_trn/lower/attention.py)."""
 from __future__ import annotations
 
 import numpy as np

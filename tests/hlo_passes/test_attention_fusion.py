@@ -1,5 +1,6 @@
-"""The fusion pass turns softmax(mask(q @ k^T * scale)) @ v into one "attention" fusion
-(hlo_passes/passes/attention.py), folding an iota-built mask into a constant."""
+"""The attention-fusion pass turns softmax(mask(q @ k^T * scale)) @ v into one "attention"
+fusion (the pattern: hlo_passes/attention_pattern.py), folding an iota-built mask into a
+constant."""
 from __future__ import annotations
 
 import jax
@@ -8,7 +9,9 @@ import numpy as np
 
 import hlo_passes
 from hlo_passes.fusion_policy import FusionPolicy
-from hlo_passes.passes.fusion import Fusion
+from hlo_passes.passes import dce
+from hlo_passes.passes.attention_fusion import AttentionFusion
+from hlo_passes.verifier import verify
 
 from .helpers import artifact_of, kinds
 
@@ -61,8 +64,41 @@ def test_scores_used_elsewhere_do_not_fuse_as_attention():
 
 def test_policy_can_forbid_attention():
     module = hlo_passes.compile_to_ir(artifact_of(causal, ARG, ARG, ARG), fuse=False)
-    Fusion(FusionPolicy(attention=False)).run(module)
+    assert not AttentionFusion(FusionPolicy(attention=False)).run(module)
     assert not _attention_ops(module)
+    assert AttentionFusion().run(module)
+    verify(module)
+    assert len(_attention_ops(module)) == 1
+
+
+def test_the_policy_given_to_the_pipeline_decides():
+    module = hlo_passes.compile_to_ir(artifact_of(causal, ARG, ARG, ARG), fuse=False)
+    hlo_passes.default_pipeline(policy=FusionPolicy(attention=False)).run(module)
+    assert not _attention_ops(module)
+    assert "fusion" in kinds(module.main.body)          # loop / reduction fusions still
+
+
+def test_the_pass_leaves_valid_ir_and_dead_views_for_dce():
+    """Views of the pattern's inner values go with it; views of what stays (the scale
+    and -inf broadcasts) stay for the fusion pass to count, as before, and dce."""
+    module = hlo_passes.compile_to_ir(artifact_of(causal, ARG, ARG, ARG), fuse=False)
+    assert AttentionFusion().run(module)
+    verify(module)
+    body = kinds(module.main.body)
+    assert body.count("fusion") == 1 and "broadcast_in_dim" in body
+    dce.run(module)
+    assert kinds(module.main.body) == ["constant", "fusion", "func.return"]
+
+
+def test_disabled_by_its_own_name_not_by_fusion():
+    """Was: JAX_TRN_DISABLE_PASSES=fusion disabled attention fusion too."""
+    code = artifact_of(causal, ARG, ARG, ARG)
+    module = hlo_passes.compile_to_ir(code, disabled_passes={"fusion"})
+    assert kinds(module.main.body) == ["constant", "fusion", "func.return"]
+    module = hlo_passes.compile_to_ir(code, disabled_passes={"attention-fusion"})
+    assert not _attention_ops(module) and "fusion" in kinds(module.main.body)
+    module = hlo_passes.compile_to_ir(code, disabled_passes={"attention-fusion", "fusion"})
+    assert "fusion" not in kinds(module.main.body)
 
 
 def test_two_layers_sharing_the_mask_both_fuse():

@@ -1,13 +1,23 @@
-"""The fusion pass turns a reduce over extent-1 dims into a reshape, as XLA does (so
-it fuses: a reduce as a producer never does)."""
+"""The degenerate-reduce pass turns a reduce over extent-1 dims into a reshape, as XLA
+does (so it fuses: a reduce as a producer never does)."""
 from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
 
 import hlo_passes
+from hlo_passes.passes import degenerate_reduce
+from hlo_passes.verifier import verify
 
-from .helpers import artifact_of
+from .helpers import artifact_of, from_text, kinds
+
+TEXT = """
+  func.func @main(%x: tensor<3x1x2xf32>) -> tensor<3x2xf32> {
+    %0 = stablehlo.constant dense<0.0> : tensor<f32>
+    %1 = stablehlo.reduce(%x init: %0) applies stablehlo.add across dimensions = [1]
+        : (tensor<3x1x2xf32>, tensor<f32>) -> tensor<3x2xf32>
+    return %1 : tensor<3x2xf32>
+  }"""
 
 
 def _ops(module):
@@ -49,3 +59,22 @@ def test_degenerate_sum_and_max_match_cpu(jax, trn, cpu):
         ref = np.asarray(g(jax.device_put(x, cpu)))
         np.testing.assert_array_equal(out, ref)
         np.testing.assert_array_equal(np.signbit(out), np.signbit(ref))
+
+
+def test_the_pass_alone():
+    """The reduce becomes a reshape; its init, now unused, is left for dce."""
+    module = from_text(TEXT)
+    assert degenerate_reduce.run(module)
+    verify(module)
+    assert kinds(module.main.body) == ["constant", "reshape", "func.return"]
+    assert module.main.body.ops[1].result.shape == (3, 2)
+    assert not degenerate_reduce.run(module)
+
+
+def test_disabled_by_its_own_name_not_by_fusion():
+    """Was: only JAX_TRN_DISABLE_PASSES=fusion, which disabled fusion too."""
+    code = artifact_of(lambda x: x.sum(0) * 2, jnp.zeros((1, 8, 16), jnp.bfloat16))
+    assert "reduce" in _ops(hlo_passes.compile_to_ir(
+        code, disabled_passes={"degenerate-reduce"}))
+    kinds_ = _ops(hlo_passes.compile_to_ir(code, disabled_passes={"fusion"}))
+    assert "reduce" not in kinds_ and "reshape" in kinds_ and "fusion" not in kinds_

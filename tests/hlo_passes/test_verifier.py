@@ -45,6 +45,16 @@ def test_use_before_definition():
         verify(m)
 
 
+def test_errors_name_values_as_the_dump_prints_them():
+    m = program()
+    ops = m.main.body.ops
+    ops[1], ops[2] = ops[2], ops[1]
+    undefined = ir.value_names(m)[ops[1].operands[0]]
+    with pytest.raises(VerifyError, match=f"operand %{undefined} is not defined"):
+        verify(m)
+    assert f"%{undefined}:" in ir.format_module(m)        # defined, but later
+
+
 def test_region_value_not_visible_outside():
     m = program()
     inner = op(m, "reduce").regions[0].block.ops[0].result

@@ -1,6 +1,7 @@
-"""Attention regions for the fusion pass: `softmax(mask(q @ k^T * scale)) @ v` as one
-`fusion` op of kind "attention", so the backend can run it flash-attention style
-(the [Sq, Sk] scores never leave the chip).
+"""The attention pattern `softmax(mask(q @ k^T * scale)) @ v`: what the attention-fusion
+pass (passes/attention_fusion.py) finds and replaces by one `fusion` op of kind
+"attention", so the backend can run it flash-attention style (the [Sq, Sk] scores never
+leave the chip).
 
 The pattern, as `jax.nn.softmax` and einsum lower it (names are the values):
 
