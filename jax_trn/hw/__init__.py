@@ -1,13 +1,17 @@
 """The NeuronCore hardware model: ISA, memories, numerics, costs, timing (ARCHITECTURE.md §4).
 
-Public names are re-exported here; the modules are:
-  isa        instructions and operands (`Tile`, `DramAP`, `NcMatmul`, ...)
-  spec       generations as data (`CoreSpec`, `ChipSpec`, `CHIPS`)
+Public names are re-exported here; the modules are, bottom up (each imports only those
+above it; `python tests/test_layering.py` prints the graph):
+  spec       generations as data (`CoreSpec`, `ChipSpec`, `CHIPS`), every hardware number
+  dtypes     element types; mx: microscaling formats
+  operands   `Tile`, `DramAP`, `IsaError`
   memory     SBUF/PSUM byte arrays, DRAM access patterns
   numerics   casts, rounding (RNE / stochastic), TF32
   alu        ALU ops and activation functions
-  semantics  what each instruction does
+  semantics  what each instruction does (semantics_mx: the MX instructions)
   costs      cycles per instruction, DMA shape, generation checks
+  isa_base   `Instr`: each instruction class names its semantics and cost
+  isa_*      the instruction families; isa: the public face (`isa.NcMatmul`, ...)
   bandwidth  shared-bandwidth reservation (core DMA engines, chip HBM)
   sync       semaphore insertion
   core       `NeuronCore.run`: the discrete-event engine/queue simulation

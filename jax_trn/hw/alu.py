@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.special as _sp
 
-from .isa import IsaError
+from .operands import IsaError
 
 __all__ = ["float_op", "int_op", "activation", "reduce_float", "reduce_int",
            "ALU_OPS", "ACTIVATIONS"]

@@ -16,6 +16,17 @@ from dataclasses import dataclass, field
 KIB = 1024
 GIB = 1024 ** 3
 
+# --- ISA-wide limits: the same on every generation, checked when an instruction is built
+PMAX = 128                      # SBUF/PSUM partitions = PE rows, §3.3 `pmax`, §2.2
+PARTITION_QUADRANT = 32         # start-partition granularity, §3.1; VectorE bank, §2.3
+PARTITION_MOVE_MAX = 64         # data changes partitions only within <= 64 of them, §2.3
+AP_DIMS_MAX = 4                 # free-axis dims of an access pattern, §3.1
+INNER_STRIDE_MAX_BYTES = 16     # a longer innermost stride halves bandwidth, §3.1
+VECTOR_TRANSPOSE_MAX = 32       # VectorE transposes <= 32 x 32 (one bank), §2.3, §6.2
+# nc_matmul_mx moving free size by dst dtype (the NC-v4 instruction's docstring), §6.2
+MX_MOVING_MAX = (("float32", 512), ("bfloat16", 1024))
+MAX8_FREE_MIN, MAX8_FREE_MAX = 8, 16384   # max8 / find_index8 elements per partition, §6.2
+
 
 @dataclass(frozen=True)
 class CoreSpec:
@@ -51,7 +62,7 @@ class CoreSpec:
     vector_exponential: int = 0      # v4 VectorE `exponential`: x ScalarE exp rate; 0 = none, §2.3
     quantize_mx: int = 0             # v4 `quantize_mx` elements/partition/cycle; 0 = none, §2.3
     psum_accumulate_any: bool = False   # v4: accumulate onto non-matmul PSUM data, §2.2
-    pmax: int = 128                  # PE rows / partitions, §2.2, §3.3
+    pmax: int = PMAX                 # PE rows / partitions, §2.2, §3.3
     pe_cols: int = 128               # PE columns = stationary F limit, §2.2
     fp32_matmul_factor: int = 4      # FP32 matmul costs 4x, §2.2 [NKI-ARCH1]
     ls_speedup: int = 4              # "fast LS": LoadStationary up to 4x an MM, §2.2
@@ -77,7 +88,7 @@ class CoreSpec:
     dma_packet_bytes: int = 4 * KIB  # default DMA packetisation, §3.4 [CC-OVERLAP]
     dma_full_rate_bytes: float = 2500.0   # descriptor size reaching full rate, see below
     hwdge_ns: float = 600.0          # hardware-DGE DMA instruction, §2.6 [NKI-ARCH2]
-    vector_transpose_max: int = 32   # VectorE transpose <= 32x32, §2.3 [NKI-ARCH1]
+    vector_transpose_max: int = VECTOR_TRANSPOSE_MAX   # §2.3 [NKI-ARCH1]
 
     def clock(self, engine: str) -> float:
         """GHz of a compute engine, i.e. cycles per ns."""
