@@ -48,7 +48,7 @@ class System:
 
     def interconnect(self):
         """Links, routes and contention of this system (`jax_trn.hw.topology.Topology`),
-        for `jax_trn.hw.collectives`."""
+        for `jax_trn.collectives`."""
         return _interconnect(self.name)
 
 

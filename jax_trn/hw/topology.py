@@ -185,6 +185,11 @@ class Topology:
     def _dma_tx(self) -> int:
         return self._link_base("chip0.dma_tx")
 
+    @functools.cached_property
+    def dma_ports(self) -> slice:
+        """The ids of every chip's DMA port links: all dma_tx, then all dma_rx."""
+        return slice(self._dma_tx, self._dma_tx + 2 * self.num_chips)
+
     def route(self, src: int, dst: int) -> list[str]:
         """Link names from device `src` to device `dst`."""
         links, _ = self.routes([src], [dst])

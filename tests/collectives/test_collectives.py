@@ -8,8 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from jax_trn.hw import collectives as cc
-from jax_trn.hw.collectives import choose_algorithm, collective_time, rdh_order, ring_order, run_collective
+from jax_trn.collectives import choose_algorithm, collective_time, rdh_order, ring_order, run_collective
 from jax_trn.hw.topology import Topology
 from jax_trn.systems import get_system
 
@@ -233,14 +232,18 @@ def test_choice_on_switch_hierarchy_and_odd_sizes():
     assert t.algorithm == "all_reduce hierarchical(ring,rdh)"
 
 
-def test_override_by_argument_and_environment(monkeypatch):
+def test_override_by_argument_only(monkeypatch):
+    # The algorithm is a parameter; the package never reads the environment (the
+    # runtime passes JAX_TRN_COLLECTIVE_ALGORITHM down from the options).
     assert collective_time("all_reduce", (64,), np.float32, CHIP_RANKS, TRN2, "ring").algorithm == "all_reduce ring"
-    monkeypatch.setenv(cc.ENV, "rdh")
-    assert collective_time("all_reduce", (64,), np.float32, CHIP_RANKS, TRN2).algorithm == "all_reduce rdh"
+    monkeypatch.setenv("JAX_TRN_COLLECTIVE_ALGORITHM", "rdh")
+    assert collective_time("all_reduce", (64,), np.float32, CHIP_RANKS, TRN2).algorithm == "all_reduce mesh1"
     with pytest.raises(ValueError, match="power-of-two"):
-        collective_time("all_reduce", (64,), np.float32, [[0, 8, 16]], TRN2)
+        collective_time("all_reduce", (64,), np.float32, [[0, 8, 16]], TRN2, "rdh")
     with pytest.raises(ValueError, match="unknown algorithm"):
         collective_time("all_reduce", (64,), np.float32, CHIP_RANKS, TRN2, "bogus")
+    with pytest.raises(ValueError, match="pairwise is an all_to_all algorithm"):
+        collective_time("all_reduce", (64,), np.float32, CHIP_RANKS, TRN2, "pairwise")
 
 
 def test_bad_groups_are_rejected():
