@@ -70,8 +70,10 @@ class Device:
         Trn2: 1152 private copies would not fit in a laptop's memory)."""
         if self._core is None:
             from jax_trn.hw.core import NeuronCore
+            from jax_trn.runtime.settings import core_numerics
             spec = self.system.chip.core
-            self._core = NeuronCore(spec, core_id=self.core, memories=_scratch(spec))
+            self._core = NeuronCore(spec, core_id=self.core, memories=_scratch(spec),
+                                    numerics=core_numerics())
         return self._core
 
     @property

@@ -178,8 +178,9 @@ def execute(step: Collective, drams: list[dict], devices, arrivals: list[float],
 
 def _run(step, arrays, groups, gid, topology, dma_available=1.0):
     from jax_trn.collectives import run_collective
+    from jax_trn.runtime.settings import collective_algorithm
     groups_g = [[gid[p] for p in g] for g in groups]
-    kw = {"dma_available": dma_available}
+    kw = {"dma_available": dma_available, "algorithm": collective_algorithm()}
     if step.kind in ("all_reduce", "reduce_scatter"):
         op = KIND_OPS.get(step.op)
         if op is None:
