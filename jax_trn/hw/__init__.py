@@ -16,13 +16,36 @@ above it; `python tests/test_layering.py` prints the graph):
   sync       semaphore insertion
   core       `NeuronCore.run`: the discrete-event engine/queue simulation
   trace      `TraceEvent`, `KernelRun`
+
+The public names load their module on first use (PEP 562), so importing one module of
+the model (e.g. `jax_trn.hw.spec` for a system's chip) does not load all of it.
 """
-from .bandwidth import Bandwidth as Bandwidth, Hbm as Hbm
-from .core import DeadlockError as DeadlockError, NeuronCore as NeuronCore
-from .core import chip_cores as chip_cores
-from .isa import IsaError as IsaError, Tile as Tile, DramAP as DramAP
-from .numerics import Numerics as Numerics
-from .program import DramTensor as DramTensor, Kernel as Kernel, Program as Program
-from .spec import CHIPS as CHIPS, ChipSpec as ChipSpec, CoreSpec as CoreSpec
-from .sync import insert_semaphores as insert_semaphores
-from .trace import KernelRun as KernelRun, TraceEvent as TraceEvent
+from __future__ import annotations
+
+import importlib
+
+# public name -> the module that defines it
+_EXPORTS = {
+    "Bandwidth": "bandwidth", "Hbm": "bandwidth",
+    "DeadlockError": "core", "NeuronCore": "core", "chip_cores": "core",
+    "IsaError": "isa", "Tile": "isa", "DramAP": "isa",
+    "Numerics": "numerics",
+    "DramTensor": "program", "Kernel": "program", "Program": "program",
+    "CHIPS": "spec", "ChipSpec": "spec", "CoreSpec": "spec", "LinkSpec": "spec",
+    "insert_semaphores": "sync",
+    "KernelRun": "trace", "TraceEvent": "trace",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

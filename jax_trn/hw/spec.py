@@ -5,9 +5,11 @@ widths (§1.2), memories (§1.1, §3), TensorE modes and their speedups (§2.2),
 Vector/Scalar performance modes and v4 instructions (§2.3, §2.4), instruction
 overheads (§2.6, §6.3), the TensorE power throttle (§2.2), DMA engines, queues and
 bandwidth (§3.4). `ChipSpec` adds the chip-level numbers (cores, HBM capacity and
-bandwidth shared by the cores, published peak rates). `CHIPS` maps "trn1" / "trn2" /
-"trn3" to their `ChipSpec`. Generations differ only in these numbers, never in code
-paths (tests/sim/test_spec.py checks both).
+bandwidth shared by the cores, published peak rates) and the chip's `LinkSpec`
+(NeuronLink, EFA, collective DMA, §1.3, §5). `CHIPS` maps "trn1" / "trn2" / "trn3" to
+their `ChipSpec`. Generations differ only in these numbers, never in code paths
+(tests/sim/test_spec.py checks both). The module-level limits below are the ISA's, the
+same on every generation; no other hw module writes a hardware number of its own.
 """
 from __future__ import annotations
 
@@ -204,51 +206,6 @@ NC_V4 = CoreSpec(
 )
 
 
-@dataclass(frozen=True)
-class ChipSpec:
-    name: str                        # "trn1" | "trn2" | "trn3"
-    core: CoreSpec
-    cores: int                       # NeuronCores per chip, §1.1
-    hbm_bytes: int                   # §1.1
-    hbm_bytes_per_ns: float          # chip HBM bandwidth (GB/s == B/ns), §1.1, §10.2
-    peak_tflops: tuple[tuple[str, float], ...] = field(default=())  # per core, §1.2
-
-    def peak_tflops_per_core(self, dtype: str) -> float:
-        """Published dense TensorE peak per core for an input dtype (for MFU)."""
-        table = dict(self.peak_tflops)
-        if dtype.startswith("float8"):
-            return table["fp8"]
-        return table["fp32"] if dtype == "float32" else table["bf16"]
-
-
-# HBM bandwidth choices (§1.1, §10.2): Trn1 820 GB/s [NKI-ARCH1] (the GiB/s variant is
-# 7% more; loads alone, 2 cores x 272 GB/s, never reach either, HBM -> HBM copies do).
-# Trn2 2.9 TB/s [TRN2-CHIP][SEED-CMP333], consistent with 8 cores x ~362 GB/s (§9).
-# Trn3 4.9 TB/s [TRN3-CHIP], the chip page, like Trn2 (the NKI guide's 4.7 is the
-# conservative one).
-CHIPS = {
-    "trn1": ChipSpec(
-        name="trn1", core=NC_V2, cores=2,           # §1.1 [TRN1-CHIP]
-        hbm_bytes=32 * GIB,                         # §1.1 [TRN1-CHIP]
-        hbm_bytes_per_ns=820.0,                     # §1.1 [NKI-ARCH1], §10.2
-        peak_tflops=(("bf16", 92.0), ("fp8", 92.0), ("fp32", 23.0)),   # §1.2
-    ),
-    "trn2": ChipSpec(
-        name="trn2", core=NC_V3, cores=8,           # §1.1 [TRN2-CHIP]
-        hbm_bytes=96 * GIB,                         # §1.1 [TRN2-CHIP]
-        hbm_bytes_per_ns=2900.0,                    # §1.1 [TRN2-CHIP], §10.2
-        peak_tflops=(("bf16", 79.0), ("fp8", 158.0), ("fp32", 20.0)),  # §1.2
-    ),
-    "trn3": ChipSpec(
-        name="trn3", core=NC_V4, cores=8,           # §1.1 [TRN3-CHIP]
-        hbm_bytes=144 * GIB,                        # §1.1 [TRN3-CHIP]
-        hbm_bytes_per_ns=4900.0,                    # §1.1 [TRN3-CHIP], §10.2
-        # §1.2: 315 is MX only; plain FP8 is double_row = 2x BF16 (§10.5).
-        peak_tflops=(("bf16", 79.0), ("fp8", 158.0), ("fp32", 20.0), ("mx", 315.0)),
-    ),
-}
-
-
 # --- Interconnect (trainium-hardware.md §1.1, §1.3, §3.4, §5) -------------------------
 
 @dataclass(frozen=True)
@@ -287,7 +244,7 @@ class LinkSpec:
         return chip / (links or self.links_per_chip) / 2
 
 
-LINKS = {
+_LINKS = {
     # §1.1: 384 GB/s NeuronLink-v2 per chip (trn1.32xlarge; trn1n 768); §1.3: 800 Gbps
     # EFA per 16-chip instance = 6.25 GB/s per chip; DMA 1 TB/s per chip;
     # §5.2 [NKI-ARCH3]: before NC-v4 DMA-side accumulation runs at 50% of DMA rate.
@@ -306,3 +263,58 @@ LINKS = {
                      efa_bytes_per_ns=200 / 8, chip_dma_bytes_per_ns=4900.0,
                      cc_reduce_rate=1.0),
 }
+
+
+@dataclass(frozen=True)
+class ChipSpec:
+    """One Trainium chip: its NeuronCores, HBM, published peaks and chip-to-chip links.
+    A `jax_trn.systems.System` holds one and builds its topology from it."""
+    name: str                        # "trn1" | "trn2" | "trn3"
+    core: CoreSpec
+    cores: int                       # NeuronCores per chip, §1.1
+    hbm_bytes: int                   # §1.1
+    hbm_bytes_per_ns: float          # chip HBM bandwidth (GB/s == B/ns), §1.1, §10.2
+    peak_tflops: tuple[tuple[str, float], ...] = field(default=())  # per core, §1.2
+    links: LinkSpec = field(kw_only=True)   # chip-to-chip links, collective engine, §1.3
+
+    def peak_tflops_per_core(self, dtype: str) -> float:
+        """Published dense TensorE peak per core for an input dtype (for MFU)."""
+        table = dict(self.peak_tflops)
+        if dtype.startswith("float8"):
+            return table["fp8"]
+        return table["fp32"] if dtype == "float32" else table["bf16"]
+
+
+# HBM bandwidth choices (§1.1, §10.2): Trn1 820 GB/s [NKI-ARCH1] (the GiB/s variant is
+# 7% more; loads alone, 2 cores x 272 GB/s, never reach either, HBM -> HBM copies do).
+# Trn2 2.9 TB/s [TRN2-CHIP][SEED-CMP333], consistent with 8 cores x ~362 GB/s (§9).
+# Trn3 4.9 TB/s [TRN3-CHIP], the chip page, like Trn2 (the NKI guide's 4.7 is the
+# conservative one).
+CHIPS = {
+    "trn1": ChipSpec(
+        name="trn1", core=NC_V2, cores=2,           # §1.1 [TRN1-CHIP]
+        hbm_bytes=32 * GIB,                         # §1.1 [TRN1-CHIP]
+        hbm_bytes_per_ns=820.0,                     # §1.1 [NKI-ARCH1], §10.2
+        peak_tflops=(("bf16", 92.0), ("fp8", 92.0), ("fp32", 23.0)),   # §1.2
+        links=_LINKS["trn1"],                       # §1.1, §1.3, §5.2 (above)
+    ),
+    "trn2": ChipSpec(
+        name="trn2", core=NC_V3, cores=8,           # §1.1 [TRN2-CHIP]
+        hbm_bytes=96 * GIB,                         # §1.1 [TRN2-CHIP]
+        hbm_bytes_per_ns=2900.0,                    # §1.1 [TRN2-CHIP], §10.2
+        peak_tflops=(("bf16", 79.0), ("fp8", 158.0), ("fp32", 20.0)),  # §1.2
+        links=_LINKS["trn2"],                       # §1.1, §1.3, §5.2 (above)
+    ),
+    "trn3": ChipSpec(
+        name="trn3", core=NC_V4, cores=8,           # §1.1 [TRN3-CHIP]
+        hbm_bytes=144 * GIB,                        # §1.1 [TRN3-CHIP]
+        hbm_bytes_per_ns=4900.0,                    # §1.1 [TRN3-CHIP], §10.2
+        # §1.2: 315 is MX only; plain FP8 is double_row = 2x BF16 (§10.5).
+        peak_tflops=(("bf16", 79.0), ("fp8", 158.0), ("fp32", 20.0), ("mx", 315.0)),
+        links=_LINKS["trn3"],                       # §1.1, §1.3, §5.2 (above)
+    ),
+}
+
+
+# The link facts of each preset chip (kept by generation name for older callers).
+LINKS = {name: chip.links for name, chip in CHIPS.items()}

@@ -488,7 +488,7 @@ def make_execution(name: str, prog, system, device_ids: list[int], kernels, coll
     peak = system.chip.peak_tflops_per_core(dtype) * 1e12
     return profiler.Execution(name, system.name, device_ids, kernels, peak,
                               generation=system.generation, dtype=dtype,
-                              collectives=list(collectives))
+                              collectives=list(collectives), chip=system.chip)
 
 
 def compute_dtype(prog) -> str:
