@@ -31,7 +31,7 @@ import math
 
 from . import dtypes as _dt
 from .operands import DramAP, Tile, _check
-from .spec import CoreSpec
+from .spec import KIB, CoreSpec
 
 _HALF = ("bfloat16", "float16")
 
@@ -277,7 +277,7 @@ def check_psum_banks(ins, spec: CoreSpec) -> None:
     bank = spec.psum_bank_bytes
     first, last = ins.dst.offset // bank, (ins.dst.offset + ins.dst.bytes_per_partition - 1) // bank
     _check(spec.matmul_spans_banks or first == last, f"matmul dst bytes "
-           f"[{ins.dst.offset}, +{ins.dst.bytes_per_partition}) cross a {bank // 1024} KiB "
+           f"[{ins.dst.offset}, +{ins.dst.bytes_per_partition}) cross a {bank // KIB} KiB "
            f"PSUM bank, §3.2")
 
 

@@ -16,13 +16,14 @@ from . import dtypes as _dt
 from . import semantics as _sem
 from .isa_base import Instr
 from .operands import DramAP, Operand, Tile, _check
+from .spec import DMA_TRANSPOSE_EFFICIENCY
 
 __all__ = ["DmaCopy", "DmaGather", "DmaScatter", "DmaTranspose"]
 
 _INDEX_TYPES = ("int32", "uint32")
 # §3.4 [NKI-ARCH2]: DMA transpose reaches up to 90% of DMA throughput HBM->SBUF, 50%
 # SBUF->SBUF.
-TRANSPOSE_EFFICIENCY = {"dram": 0.9, "sbuf": 0.5}
+TRANSPOSE_EFFICIENCY = dict(DMA_TRANSPOSE_EFFICIENCY)
 
 
 def _size(v: Operand) -> int:

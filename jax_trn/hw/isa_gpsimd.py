@@ -23,8 +23,6 @@ __all__ = ["Iota", "TensorPartitionReduce", "AffineSelect"]
 # §6.2 [NKI-ISA] `tensor_partition_reduce` docstring: add, max, bitwise_or, bitwise_and.
 _PARTITION_REDUCE_OPS = ("add", "max", "bitwise_or", "bitwise_and")
 _COMPARE_OPS = ("is_equal", "not_equal", "is_lt", "is_le", "is_gt", "is_ge")
-_GPSIMD_PARTITIONS = 16     # each of the 8 processors serves 16 partitions, §2.5
-_GPSIMD_PORT_BYTES = 64     # 512 bits per cycle per direction, §2.5
 
 
 def _pattern(pattern, dst: Tile, what: str) -> None:
@@ -78,9 +76,11 @@ class TensorPartitionReduce(Instr):
         log2(processors) steps combine the partial rows."""
         item = _dt.itemsize(self.data.dtype)
         n = self.data.free_size
-        procs = math.ceil(self.data.num_partitions / _GPSIMD_PARTITIONS)
-        local = math.ceil(n * item * _GPSIMD_PARTITIONS / _GPSIMD_PORT_BYTES)
-        combine = math.ceil(math.log2(procs)) * math.ceil(n * item / _GPSIMD_PORT_BYTES)
+        per_proc = spec.pmax // spec.gpsimd_processors          # 16 partitions, §2.5
+        port = spec.gpsimd_port_bytes
+        procs = math.ceil(self.data.num_partitions / per_proc)
+        local = math.ceil(n * item * per_proc / port)
+        combine = math.ceil(math.log2(procs)) * math.ceil(n * item / port)
         return float(spec.gpsimd_startup + local + combine)
 
 

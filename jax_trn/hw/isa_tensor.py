@@ -15,7 +15,7 @@ from . import semantics as _sem
 from . import semantics_mx as _sem_mx
 from .isa_base import Instr, _engine, _tile
 from .operands import Tile, _check
-from .spec import MX_MOVING_MAX, PMAX, VECTOR_TRANSPOSE_MAX
+from .spec import MX_MOVING_MAX, PARTITION_QUADRANT, PMAX, VECTOR_TRANSPOSE_MAX
 
 __all__ = ["NcMatmul", "NcMatmulMx", "NcTranspose"]
 
@@ -119,8 +119,9 @@ class NcMatmulMx(Instr):
                    f"{', '.join(_MX_DATA)}, got {t.dtype}, §2.2")
         _tile(dst, "dst", "tensor", "psum")
         p = st.num_partitions
-        _check(p == mv.num_partitions and p % 32 == 0, f"nc_matmul_mx partitions must "
-               f"be equal multiples of 32: {st.shape} x {mv.shape}, §6.2")
+        _check(p == mv.num_partitions and p % PARTITION_QUADRANT == 0, f"nc_matmul_mx "
+               f"partitions must be equal multiples of {PARTITION_QUADRANT}: {st.shape} x "
+               f"{mv.shape}, §6.2")
         _check(self.m <= PMAX and self.m % 2 == 0, f"nc_matmul_mx stationary free size "
                f"{self.m} must be even and <= {PMAX}, §6.2")
         _check(dst.dtype in _MX_MOVING_MAX, f"matmul dst must be FP32 or BF16, got "

@@ -19,7 +19,7 @@ from . import semantics as _sem
 from . import semantics_mx as _sem_mx
 from .isa_base import Instr, _engine, _lanes, _not_both_psum, _op, _scalar, _tile
 from .operands import Scalar, Tile, _check
-from .spec import MAX8_FREE_MAX, MAX8_FREE_MIN
+from .spec import MAX8_FREE_MAX, MAX8_FREE_MIN, PARTITION_QUADRANT
 
 __all__ = ["Activation", "TensorTensor", "TensorScalar", "ScalarTensorTensor",
            "TensorReduce", "TensorCopy", "Memset", "Select", "Exponential", "QuantizeMx",
@@ -286,8 +286,9 @@ class QuantizeMx(Instr):
         _check(scale.dtype in _dt.MX_SCALE_TYPES, f"dst_scale must be uint8/"
                f"float8_e8m0fnu, got {scale.dtype}, §6.2")
         p, f = src.num_partitions, src.free_size
-        _check(p % 32 == 0 and f % 4 == 0, f"quantize_mx src {src.shape}: partitions a "
-               f"multiple of 32, free size a multiple of 4, §6.2")
+        _check(p % PARTITION_QUADRANT == 0 and f % _mx.PACK == 0, f"quantize_mx src "
+               f"{src.shape}: partitions a multiple of {PARTITION_QUADRANT}, free size a "
+               f"multiple of {_mx.PACK}, §6.2")
         _check(dst.num_partitions == p and dst.start_partition == src.start_partition
                and dst.free_size == f // 4, f"quantize_mx dst {dst.shape} is not "
                f"[{p}, {f // 4}] on the partitions of src")

@@ -28,6 +28,23 @@ VECTOR_TRANSPOSE_MAX = 32       # VectorE transposes <= 32 x 32 (one bank), §2.
 # nc_matmul_mx moving free size by dst dtype (the NC-v4 instruction's docstring), §6.2
 MX_MOVING_MAX = (("float32", 512), ("bfloat16", 1024))
 MAX8_FREE_MIN, MAX8_FREE_MAX = 8, 16384   # max8 / find_index8 elements per partition, §6.2
+MX_GROUP_PARTITIONS = 8         # an MX scale group: 8 partitions x 4 packed values, §2.2
+PSUM_PARTITION_BYTES = 16 * KIB  # PSUM bytes per partition, §3.2 [NKI-ARCH1]
+PSUM_BANKS = 8                  # 2 KiB banks, §3.2 [NKI-ARCH1]
+# dma_transpose reaches up to 90% of DMA throughput HBM->SBUF, 50% SBUF->SBUF, §3.4
+# [NKI-ARCH2] (by where the source is).
+DMA_TRANSPOSE_EFFICIENCY = (("dram", 0.9), ("sbuf", 0.5))
+# ScalarE activation functions are valid only on these inputs (outside: "invalid
+# results"), §2.4 [NKI-SHARED]: func -> (low, high, on |x|); bounds inclusive, as FP32.
+_PI = 3.1415927410125732        # float(np.float32(np.pi))
+ACTIVATION_RANGES = (
+    ("log", (2.0 ** -64, 2.0 ** 64, False)),
+    ("sin", (-_PI, _PI, False)),
+    ("arctan", (-_PI / 2, _PI / 2, False)),
+    ("sqrt", (2.0 ** -116, 2.0 ** 118, False)),
+    ("rsqrt", (2.0 ** -87, 2.0 ** 97, False)),
+    ("reciprocal", (2.0 ** -42, 2.0 ** 42, True)),
+)
 
 
 @dataclass(frozen=True)
@@ -72,6 +89,8 @@ class CoreSpec:
     mm_init_latency: int = 64        # TensorE MM_INIT_LATENCY cycles, §2.6 [NKI-ARCH1]
     static_overhead: int = 100       # cycles, tiny/dependent instructions, §2.6 [NKI-ARCH1]
     gpsimd_startup: int = 150        # cycles, §2.5/§6.3 [NKI-ISA-2.26]
+    gpsimd_processors: int = 8       # each serves pmax / 8 = 16 partitions, §2.5 [NKI-ARCH1]
+    gpsimd_port_bytes: int = 64      # 512 bits per cycle per direction, §2.5 [NKI-ARCH1]
     dynamic_address_cycles: int = 600   # register-addressed instructions, §2.6
     act_read_accumulator: int = 64   # ActReadAccumulator cycles, §2.4/§2.6 [NKI-ARCH1]
     # TensorE power throttling, §2.2 [NX-SUMMARY]: starts at `pe_throttle_floor` of the
@@ -82,8 +101,8 @@ class CoreSpec:
     pe_throttle_ramp_ns: float = 3000.0
     pe_throttle_window_ns: float = 3000.0
     pe_throttle_util: float = 0.5
-    psum_partition_bytes: int = 16 * KIB   # §3.2 [NKI-ARCH1]
-    psum_banks: int = 8                    # §3.2 [NKI-ARCH1]
+    psum_partition_bytes: int = PSUM_PARTITION_BYTES   # §3.2 [NKI-ARCH1]
+    psum_banks: int = PSUM_BANKS                       # §3.2 [NKI-ARCH1]
     dma_engines: int = 16            # per NC, §3.4 [NKI-DMA]
     dma_queues: int = 16             # queue IDs per engine, §3.4 [NKI-DMA]
     dma_fixed_ns: float = 1300.0     # descriptor + semaphore-to-start, §2.6 [NKI-DMABW]
