@@ -94,8 +94,8 @@ def plan_for(kind: str, groups: np.ndarray, topo, name: str, nbytes: int) -> Pla
     if algo is None:
         raise ValueError(f"unknown algorithm {name!r} for {kind}; choose from {_names(kind)}")
     if kind not in algo.kinds:
-        raise ValueError(f"{name} is an {'/'.join(algo.kinds)} algorithm, not a {kind} one; "
-                         f"{kind} takes {_names(kind)}")
+        raise ValueError(f"{name} is an algorithm for {', '.join(algo.kinds)}, not for "
+                         f"{kind}; {kind} takes {_names(kind)}")
     return algo.plan(kind, groups, topo, nbytes)
 
 
