@@ -2,9 +2,10 @@
 
 One function per instruction, `fn(instr, spec)`: engine cycles; each instruction class
 names its own (`cycles = ...`, isa_base.py), so this module knows operands, not
-instruction classes. N is elements per partition of the free axes. The §6.3 formulas are the NC-v2 docstrings [NKI-ISA-2.26]; on v3+ the
-automatic Vector / Scalar performance modes (§2.3, §2.4) divide N for the cases listed
-there. Where the sources give no rule we say what we chose:
+instruction classes. N is elements per partition of the free axes. The §6.3 formulas
+are the NC-v2 docstrings [NKI-ISA-2.26]; on v3+ the automatic Vector / Scalar
+performance modes (§2.3, §2.4) divide N for the cases listed there. Where the sources
+give no rule we say what we chose:
 
 - GpSimd compute (iota, memset, tensor_tensor/scalar/copy/select on gpsimd):
   `gpsimd_startup (150) + N x inputs`, like iota/affine_select in §6.3.
