@@ -33,7 +33,7 @@ import time
 
 import numpy as np
 
-from jax_trn.hw.collectives import collective_time, run_collective
+from jax_trn.collectives import collective_time, run_collective
 from jax_trn.hw.topology import Topology
 from jax_trn.systems import get_system
 

@@ -21,7 +21,8 @@ from __future__ import annotations
 import numpy as np
 import scipy.special as _sp
 
-from .isa import IsaError
+from .operands import IsaError
+from .spec import ACTIVATION_RANGES
 
 __all__ = ["float_op", "int_op", "activation", "reduce_float", "reduce_int",
            "ALU_OPS", "ACTIVATIONS"]
@@ -160,16 +161,8 @@ ACTIVATIONS = {
 }
 
 
-_PI = float(np.float32(np.pi))      # the bounds are inclusive, as FP32 values
 # §2.4 [NKI-SHARED]: func -> (low, high, on |x|): inputs on which ScalarE is valid.
-RANGES = {
-    "log": (2.0 ** -64, 2.0 ** 64, False),
-    "sin": (-_PI, _PI, False),
-    "arctan": (-_PI / 2, _PI / 2, False),
-    "sqrt": (2.0 ** -116, 2.0 ** 118, False),
-    "rsqrt": (2.0 ** -87, 2.0 ** 97, False),
-    "reciprocal": (2.0 ** -42, 2.0 ** 42, True),
-}
+RANGES = dict(ACTIVATION_RANGES)
 
 
 def out_of_range(func: str, x: np.ndarray) -> np.ndarray:

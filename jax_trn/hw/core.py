@@ -52,9 +52,11 @@ class NeuronCore:
     def __init__(self, spec: CoreSpec, *, hbm: Hbm | None = None, core_id: int = 0,
                  numerics: Numerics | None = None,
                  memories: tuple[OnChipMemory, OnChipMemory] | None = None):
-        """`memories`: the (SBUF, PSUM) byte arrays to compute in, when several
-        simulated cores share one backing store (they then must not run kernels at
-        the same time); by default the core's own."""
+        """`numerics`: the core's rounding context (default `Numerics()`: RNE, strict
+        activation ranges); its creator decides it, the model reads no settings.
+        `memories`: the (SBUF, PSUM) byte arrays to compute in, when several simulated
+        cores share one backing store (they then must not run kernels at the same
+        time); by default the core's own."""
         self.spec = spec
         self.core_id = core_id
         self.hbm = hbm
@@ -62,7 +64,7 @@ class NeuronCore:
                 OnChipMemory("sbuf", spec.pmax, spec.sbuf_usable_bytes),
                 OnChipMemory("psum", spec.pmax, spec.psum_partition_bytes))
         self._mems = {"sbuf": self.sbuf, "psum": self.psum}
-        self.numerics = numerics if numerics is not None else Numerics.from_env()
+        self.numerics = numerics if numerics is not None else Numerics()
         self.dram: dict[str, np.ndarray] = {}
         self._clock = dict(spec.clock_ghz)
         self._new_timeline(0.0)

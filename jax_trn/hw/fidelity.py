@@ -24,7 +24,7 @@ import numpy as np
 from . import isa
 from .core import NeuronCore, chip_cores
 from .program import Kernel
-from .spec import CHIPS, ChipSpec
+from .spec import CHIPS, PMAX, PSUM_BANKS, PSUM_PARTITION_BYTES, ChipSpec
 
 __all__ = ["Row", "ROWS", "NOTES", "TOLERANCE", "Pending", "table", "measure"]
 
@@ -48,12 +48,14 @@ class Row:
 
 # --- building blocks --------------------------------------------------------------------
 
-def _sb(offset: int, free: tuple[int, ...], dtype: str, p: int = 128) -> isa.Tile:
+def _sb(offset: int, free: tuple[int, ...], dtype: str, p: int = PMAX) -> isa.Tile:
     return isa.Tile("sbuf", 0, p, offset, free, dtype)
 
 
 def _psum(i: int, n: int = 512) -> isa.Tile:
-    return isa.Tile("psum", 0, 128, (i % 8) * 2048, (n,), "float32")
+    """PSUM bank i % 8 (§3.2), so consecutive matmuls never wait on each other's bank."""
+    bank = PSUM_PARTITION_BYTES // PSUM_BANKS
+    return isa.Tile("psum", 0, PMAX, (i % PSUM_BANKS) * bank, (n,), "float32")
 
 
 def _run(chip: ChipSpec, instrs: list, dram: dict | None = None, core=None):

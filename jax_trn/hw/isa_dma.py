@@ -11,15 +11,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import costs as _costs
 from . import dtypes as _dt
-from .isa import DramAP, Instr, Operand, Tile, _check
+from . import semantics as _sem
+from .isa_base import Instr
+from .operands import DramAP, Operand, Tile, _check
+from .spec import DMA_TRANSPOSE_EFFICIENCY
 
 __all__ = ["DmaCopy", "DmaGather", "DmaScatter", "DmaTranspose"]
 
 _INDEX_TYPES = ("int32", "uint32")
 # §3.4 [NKI-ARCH2]: DMA transpose reaches up to 90% of DMA throughput HBM->SBUF, 50%
 # SBUF->SBUF.
-TRANSPOSE_EFFICIENCY = {"dram": 0.9, "sbuf": 0.5}
+TRANSPOSE_EFFICIENCY = dict(DMA_TRANSPOSE_EFFICIENCY)
 
 
 def _size(v: Operand) -> int:
@@ -32,17 +36,15 @@ def _side(v, what: str) -> None:
            f"DMA {what} must be in SBUF or DRAM, not PSUM, §3.4")
 
 
-def _check_queue(ins, spec) -> None:
-    _check(ins.dma_queue < spec.dma_queues, f"DMA queue {ins.dma_queue} >= "
-           f"{spec.dma_queues}, §3.4")
-
-
 @dataclass(frozen=True, kw_only=True)
 class DmaCopy(Instr):
     dst: Operand
     src: Operand
     dma_queue: int = 0
     engine = "dma"
+    semantics = _sem.dma_copy
+    cycles = _costs.dma_copy        # 0: timed by the DMA model (costs.dma_shape)
+    check = _costs.check_dma
 
     def __post_init__(self):
         _side(self.dst, "dst")
@@ -94,6 +96,9 @@ class DmaGather(DmaCopy):
     oob_mode: str = "error"        # "error" | "skip", §6.2 `oob_mode`
     dge_mode = "swdge"             # §3.4: the only mode with indirect gather
     descriptor_engine = "gpsimd"
+    semantics = _sem.dma_gather
+    cycles = _costs.dma_copy
+    check = _costs.check_dma
 
     def __post_init__(self):
         _check(isinstance(self.src, DramAP), "gather src must be a DRAM table (DramAP)")
@@ -140,12 +145,6 @@ class DmaGather(DmaCopy):
         """One descriptor per gathered row (§3.4: each buffer is contiguous)."""
         return self.row_size * _dt.itemsize(self.src.dtype)
 
-    def cycles(self, spec) -> float:
-        return 0.0
-
-    def check(self, spec) -> None:
-        _check_queue(self, spec)
-
 
 @dataclass(frozen=True, kw_only=True)
 class DmaScatter(DmaCopy):
@@ -165,6 +164,9 @@ class DmaScatter(DmaCopy):
     oob_mode: str = "error"        # "error" | "skip", §6.2 `oob_mode`
     dge_mode = "swdge"             # §3.4: the only mode with indirect scatter
     descriptor_engine = "gpsimd"
+    semantics = _sem.dma_scatter
+    cycles = _costs.dma_copy
+    check = _costs.check_dma
 
     def __post_init__(self):
         _check(isinstance(self.dst, DramAP), "scatter dst must be a DRAM table (DramAP)")
@@ -216,12 +218,6 @@ class DmaScatter(DmaCopy):
         """One descriptor per scattered row (§3.4: each buffer is contiguous)."""
         return self.row_size * _dt.itemsize(self.dst.dtype)
 
-    def cycles(self, spec) -> float:
-        return 0.0
-
-    def check(self, spec) -> None:
-        _check_queue(self, spec)
-
 
 @dataclass(frozen=True, kw_only=True)
 class DmaTranspose(DmaCopy):
@@ -229,6 +225,8 @@ class DmaTranspose(DmaCopy):
     DramAP of two pattern pairs, or an SBUF tile with its free axes flattened) into an
     SBUF tile, bit-exact, 2- or 4-byte types. `efficiency`: up to 90% of DMA
     throughput from DRAM, 50% SBUF->SBUF."""
+    semantics = _sem.dma_transpose
+    cycles = _costs.dma_copy
 
     def __post_init__(self):
         super().__post_init__()
@@ -260,10 +258,7 @@ class DmaTranspose(DmaCopy):
         rate (§3.4), not limited by element-sized descriptors."""
         return float("inf")
 
-    def cycles(self, spec) -> float:
-        return 0.0
-
     def check(self, spec) -> None:
-        _check_queue(self, spec)
+        _costs.check_dma(self, spec)
         _check(spec.dma_transpose, f"dma_transpose needs NC-v3+, not "
                f"{spec.name}, §3.4")

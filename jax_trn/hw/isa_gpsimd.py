@@ -1,7 +1,7 @@
 """GpSimd instructions (trainium-hardware.md §2.5, §6.2): iota, partition reduce,
 affine select. GpSimd cannot touch PSUM (§2.5), which `_tile` enforces.
 
-Iota's cost is in costs.py; the newer instructions carry their own `cycles` / `check`.
+Iota's cost is in costs.py; the newer instructions carry their own `cycles`.
 """
 from __future__ import annotations
 
@@ -11,21 +11,24 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import alu as _alu
+from . import costs as _costs
 from . import dtypes as _dt
-from .isa import Instr, Tile, _check, _lanes, _tile
+from . import semantics as _sem
+from .isa_base import Instr, _lanes, _tile
+from .operands import Tile, _check
+from .spec import AP_DIMS_MAX
 
 __all__ = ["Iota", "TensorPartitionReduce", "AffineSelect"]
 
 # §6.2 [NKI-ISA] `tensor_partition_reduce` docstring: add, max, bitwise_or, bitwise_and.
 _PARTITION_REDUCE_OPS = ("add", "max", "bitwise_or", "bitwise_and")
 _COMPARE_OPS = ("is_equal", "not_equal", "is_lt", "is_le", "is_gt", "is_ge")
-_GPSIMD_PARTITIONS = 16     # each of the 8 processors serves 16 partitions, §2.5
-_GPSIMD_PORT_BYTES = 64     # 512 bits per cycle per direction, §2.5
 
 
 def _pattern(pattern, dst: Tile, what: str) -> None:
     """An affine [step, num] pattern of up to 4 dims covering dst's free elements."""
-    _check(1 <= len(pattern) <= 4, f"{what} pattern {pattern} must have 1-4 dims, §6.2")
+    _check(1 <= len(pattern) <= AP_DIMS_MAX,
+           f"{what} pattern {pattern} must have 1-{AP_DIMS_MAX} dims, §6.2")
     size = math.prod(n for _, n in pattern)
     _check(size == dst.free_size,
            f"{what} pattern {pattern} has {size} elements, dst {dst.free_size}")
@@ -38,6 +41,8 @@ class Iota(Instr):
     offset: int = 0
     channel_multiplier: int = 0
     engine = "gpsimd"
+    semantics = _sem.iota
+    cycles = _costs.iota
 
     def __post_init__(self):
         _tile(self.dst, "dst", "gpsimd")
@@ -52,6 +57,7 @@ class TensorPartitionReduce(Instr):
     data: Tile
     op: str
     engine = "gpsimd"
+    semantics = _sem.tensor_partition_reduce
 
     def __post_init__(self):
         _tile(self.data, "data", "gpsimd")
@@ -70,13 +76,12 @@ class TensorPartitionReduce(Instr):
         log2(processors) steps combine the partial rows."""
         item = _dt.itemsize(self.data.dtype)
         n = self.data.free_size
-        procs = math.ceil(self.data.num_partitions / _GPSIMD_PARTITIONS)
-        local = math.ceil(n * item * _GPSIMD_PARTITIONS / _GPSIMD_PORT_BYTES)
-        combine = math.ceil(math.log2(procs)) * math.ceil(n * item / _GPSIMD_PORT_BYTES)
+        per_proc = spec.pmax // spec.gpsimd_processors          # 16 partitions, §2.5
+        port = spec.gpsimd_port_bytes
+        procs = math.ceil(self.data.num_partitions / per_proc)
+        local = math.ceil(n * item * per_proc / port)
+        combine = math.ceil(math.log2(procs)) * math.ceil(n * item / port)
         return float(spec.gpsimd_startup + local + combine)
-
-    def check(self, spec) -> None:
-        pass
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,6 +99,7 @@ class AffineSelect(Instr):
     channel_multiplier: int = 0
     cmp_op: str = "is_equal"
     engine = "gpsimd"
+    semantics = _sem.affine_select
 
     def __post_init__(self):
         _tile(self.dst, "dst", "gpsimd", "sbuf")
@@ -109,6 +115,3 @@ class AffineSelect(Instr):
     def cycles(self, spec) -> float:
         """~150 + N (§6.3)."""
         return float(spec.gpsimd_startup + self.dst.free_size)
-
-    def check(self, spec) -> None:
-        pass

@@ -1,14 +1,21 @@
 """TensorE instructions (trainium-hardware.md §2.2, §6.2): matmul, MX matmul, transpose.
 
-NcMatmul's cost and generation checks are in costs.py; NcMatmulMx carries its own.
+NcMatmul's and NcTranspose's costs and generation checks are in costs.py; NcMatmulMx
+carries its own. Each names the operand LoadStationary puts in the PE array
+(`pe_weights`) and its LoadStationary cost (`load_cycles`), for tensor_pipe.py.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import costs as _costs
 from . import dtypes as _dt
 from . import mx as _mx
-from .isa import PMAX, Instr, Tile, _check, _engine, _tile
+from . import semantics as _sem
+from . import semantics_mx as _sem_mx
+from .isa_base import Instr, _engine, _tile
+from .operands import Tile, _check
+from .spec import MX_MOVING_MAX, PARTITION_QUADRANT, PMAX, VECTOR_TRANSPOSE_MAX
 
 __all__ = ["NcMatmul", "NcMatmulMx", "NcTranspose"]
 
@@ -26,6 +33,11 @@ class NcMatmul(Instr):
     precision: str = "native"     # "native" | "tf32": round FP32 operands to TF32 first
     engine = "tensor"
     matmul_output = True
+    pe_weights = "stationary"
+    semantics = _sem.nc_matmul
+    cycles = _costs.nc_matmul
+    load_cycles = _costs.matmul_load
+    check = _costs.check_matmul
 
     def __post_init__(self):
         st, mv, dst = self.stationary, self.moving, self.dst
@@ -76,9 +88,8 @@ class NcMatmul(Instr):
         return 2 * self.rows * self.m * self.n
 
 
-
 _MX_DATA = tuple(_dt.PACKED)
-_MX_MOVING_MAX = {"float32": 512, "bfloat16": 1024}   # nc_matmul_mx docstring [NKI-ISA]
+_MX_MOVING_MAX = dict(MX_MOVING_MAX)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,6 +107,9 @@ class NcMatmulMx(Instr):
     accumulate: bool = False
     engine = "tensor"
     matmul_output = True
+    pe_weights = "stationary"
+    semantics = _sem_mx.nc_matmul_mx
+    load_cycles = _costs.matmul_load
 
     def __post_init__(self):
         st, mv, dst = self.stationary, self.moving, self.dst
@@ -105,8 +119,9 @@ class NcMatmulMx(Instr):
                    f"{', '.join(_MX_DATA)}, got {t.dtype}, §2.2")
         _tile(dst, "dst", "tensor", "psum")
         p = st.num_partitions
-        _check(p == mv.num_partitions and p % 32 == 0, f"nc_matmul_mx partitions must "
-               f"be equal multiples of 32: {st.shape} x {mv.shape}, §6.2")
+        _check(p == mv.num_partitions and p % PARTITION_QUADRANT == 0, f"nc_matmul_mx "
+               f"partitions must be equal multiples of {PARTITION_QUADRANT}: {st.shape} x "
+               f"{mv.shape}, §6.2")
         _check(self.m <= PMAX and self.m % 2 == 0, f"nc_matmul_mx stationary free size "
                f"{self.m} must be even and <= {PMAX}, §6.2")
         _check(dst.dtype in _MX_MOVING_MAX, f"matmul dst must be FP32 or BF16, got "
@@ -157,11 +172,7 @@ class NcMatmulMx(Instr):
         _check(spec.mx_speedup > 1, f"nc_matmul_mx needs NC-v4, not {spec.name}, §2.2")
         _check(self.dst.dtype != "bfloat16" or spec.psum_bf16, f"BF16 matmul dst needs "
                f"NC-v4, not {spec.name}, §2.2")
-        bank = spec.psum_bank_bytes
-        first = self.dst.offset // bank
-        last = (self.dst.offset + self.dst.bytes_per_partition - 1) // bank
-        _check(spec.matmul_spans_banks or first == last, "matmul dst crosses a 2 KiB "
-               "PSUM bank, §3.2")
+        _costs.check_psum_banks(self, spec)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -169,13 +180,17 @@ class NcTranspose(Instr):
     dst: Tile
     data: Tile
     engine: str = "tensor"
+    pe_weights = "data"           # an identity matmul: the data is the stationary, §2.2
+    semantics = _sem.nc_transpose
+    cycles = _costs.nc_transpose
+    load_cycles = _costs.transpose_load
 
     def __post_init__(self):
         _engine(self, ("tensor", "vector"))
         d, dst = self.data, self.dst
         _tile(d, "data", self.engine, "sbuf" if self.engine == "tensor" else None)
         _tile(dst, "dst", self.engine, "psum" if self.engine == "tensor" else None)
-        limit = PMAX if self.engine == "tensor" else 32     # §6.2 [NKI-ISA]
+        limit = PMAX if self.engine == "tensor" else VECTOR_TRANSPOSE_MAX   # §6.2
         _check(d.num_partitions <= limit and d.free_size <= limit,
                f"{self.engine} transpose is limited to {limit}x{limit}, got {d.shape}")
         _check(dst.num_partitions == d.free_size and dst.free_size == d.num_partitions,

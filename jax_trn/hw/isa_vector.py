@@ -1,8 +1,9 @@
 """VectorE / ScalarE instructions (trainium-hardware.md §2.3, §2.4, §6.2), and Memset /
 Select, which also run on GpSimd.
 
-Costs and generation checks of the original instructions are in costs.py; the newer
-ones (ScalarTensorTensor, Exponential, QuantizeMx, TensorTensorScan) carry their own
+Each class names its semantics (semantics.py, semantics_mx.py) and its cost: the
+original instructions' costs and generation checks are in costs.py, the newer ones
+(ScalarTensorTensor, Exponential, QuantizeMx, TensorTensorScan, Max8, ...) carry their own
 `cycles` / `check`.
 """
 from __future__ import annotations
@@ -11,10 +12,14 @@ import math
 from dataclasses import dataclass
 
 from . import alu as _alu
+from . import costs as _costs
 from . import dtypes as _dt
 from . import mx as _mx
-from .isa import (Instr, Scalar, Tile, _check, _engine, _lanes, _not_both_psum, _op,
-                  _scalar, _tile)
+from . import semantics as _sem
+from . import semantics_mx as _sem_mx
+from .isa_base import Instr, _engine, _lanes, _not_both_psum, _op, _scalar, _tile
+from .operands import Scalar, Tile, _check
+from .spec import MAX8_FREE_MAX, MAX8_FREE_MIN, PARTITION_QUADRANT
 
 __all__ = ["Activation", "TensorTensor", "TensorScalar", "ScalarTensorTensor",
            "TensorReduce", "TensorCopy", "Memset", "Select", "Exponential", "QuantizeMx",
@@ -33,6 +38,8 @@ class Activation(Instr):
     bias: Scalar | None = None
     reduce_res: Tile | None = None   # [P, 1]: add-reduction of the result along F
     engine = "scalar"
+    semantics = _sem.activation
+    cycles = _costs.activation
 
     def __post_init__(self):
         _tile(self.data, "data", "scalar")
@@ -54,6 +61,9 @@ class TensorTensor(Instr):
     data2: Tile
     op: str                       # ALU op name, §6.2: "add", "subtract", "multiply", ...
     engine: str = "vector"
+    semantics = _sem.tensor_tensor
+    cycles = _costs.tensor_tensor
+    vector_fast_mode = _costs.tensor_tensor_fast_mode
 
     def __post_init__(self):
         _engine(self, ("vector", "gpsimd"))
@@ -76,6 +86,10 @@ class TensorScalar(Instr):
     operand1: Scalar | None = None
     reverse1: bool = False
     engine: str = "vector"
+    semantics = _sem.tensor_scalar
+    cycles = _costs.tensor_scalar
+    check = _costs.check_tensor_scalar
+    vector_fast_mode = _costs.tensor_scalar_fast_mode
 
     def __post_init__(self):
         _engine(self, ("vector", "scalar", "gpsimd"))
@@ -99,6 +113,8 @@ class TensorReduce(Instr):
     axis: tuple[int, ...] = (-1,)  # free axes of `data` (1-based: axis 0 is the partition)
     negate: bool = False
     engine = "vector"
+    semantics = _sem.tensor_reduce
+    cycles = _costs.tensor_reduce
 
     def __post_init__(self):
         _tile(self.data, "data", "vector")
@@ -124,6 +140,9 @@ class TensorCopy(Instr):
     dst: Tile
     src: Tile
     engine: str = "vector"
+    semantics = _sem.tensor_copy
+    cycles = _costs.tensor_copy
+    vector_fast_mode = _costs.tensor_copy_fast_mode
 
     def __post_init__(self):
         _engine(self, ("vector", "scalar", "gpsimd"))
@@ -138,6 +157,8 @@ class Memset(Instr):
     dst: Tile
     value: float | int
     engine: str = "vector"
+    semantics = _sem.memset
+    cycles = _costs.memset
 
     def __post_init__(self):
         _engine(self, ("vector", "gpsimd"))
@@ -153,6 +174,9 @@ class Select(Instr):
     on_true: Tile
     on_false: Tile
     engine: str = "vector"
+    semantics = _sem.select
+    cycles = _costs.select
+    vector_fast_mode = _costs.select_fast_mode
 
     def __post_init__(self):
         _engine(self, ("vector", "gpsimd"))
@@ -176,6 +200,7 @@ class ScalarTensorTensor(Instr):
     reverse0: bool = False
     reverse1: bool = False
     engine = "vector"
+    semantics = _sem.scalar_tensor_tensor
 
     def __post_init__(self):
         for what in ("dst", "data", "operand1"):
@@ -197,9 +222,6 @@ class ScalarTensorTensor(Instr):
         fast = bf16 and (self.op0, self.op1) == ("subtract", "multiply") and n % 2 == 0
         return float(max(spec.min_ii, n if fast else 2 * n))
 
-    def check(self, spec) -> None:
-        pass
-
 
 @dataclass(frozen=True, kw_only=True)
 class Exponential(Instr):
@@ -214,6 +236,7 @@ class Exponential(Instr):
     reduce_res: Tile | None = None
     reduce_init: float = 0.0
     engine = "vector"
+    semantics = _sem.exponential
 
     def __post_init__(self):
         _tile(self.src, "src", "vector")
@@ -249,6 +272,7 @@ class QuantizeMx(Instr):
     src: Tile
     dst_scale: Tile
     engine = "vector"
+    semantics = _sem_mx.quantize_mx
 
     def __post_init__(self):
         src, dst, scale = self.src, self.dst, self.dst_scale
@@ -262,8 +286,9 @@ class QuantizeMx(Instr):
         _check(scale.dtype in _dt.MX_SCALE_TYPES, f"dst_scale must be uint8/"
                f"float8_e8m0fnu, got {scale.dtype}, §6.2")
         p, f = src.num_partitions, src.free_size
-        _check(p % 32 == 0 and f % 4 == 0, f"quantize_mx src {src.shape}: partitions a "
-               f"multiple of 32, free size a multiple of 4, §6.2")
+        _check(p % PARTITION_QUADRANT == 0 and f % _mx.PACK == 0, f"quantize_mx src "
+               f"{src.shape}: partitions a multiple of {PARTITION_QUADRANT}, free size a "
+               f"multiple of {_mx.PACK}, §6.2")
         _check(dst.num_partitions == p and dst.start_partition == src.start_partition
                and dst.free_size == f // 4, f"quantize_mx dst {dst.shape} is not "
                f"[{p}, {f // 4}] on the partitions of src")
@@ -301,6 +326,7 @@ class TensorTensorScan(Instr):
     op0: str
     op1: str
     engine = "vector"
+    semantics = _sem.tensor_tensor_scan
 
     def __post_init__(self):
         for what in ("dst", "data0", "data1"):
@@ -320,9 +346,6 @@ class TensorTensorScan(Instr):
     def cycles(self, spec) -> float:
         """max(MIN_II, 2N), §6.3."""
         return float(max(spec.min_ii, 2 * self.data1.free_size))
-
-    def check(self, spec) -> None:
-        pass
 
 
 # --- max8 / nc_find_index8 / nc_match_replace8 (§6.2, §6.3) ---------------------------
@@ -344,7 +367,7 @@ class TensorTensorScan(Instr):
 # read as max like every other VectorE instruction), at least MIN_II (§2.3).
 
 _INDEX8_TYPES = ("uint16", "uint32")
-MAX8_MIN, MAX8_MAX = 8, 16384          # elements per partition, §6.2
+MAX8_MIN, MAX8_MAX = MAX8_FREE_MIN, MAX8_FREE_MAX    # elements per partition
 
 
 def _eight(t: Tile, what: str, parts: int) -> None:
@@ -370,6 +393,7 @@ class Max8(Instr):
     dst: Tile
     src: Tile
     engine = "vector"
+    semantics = _sem.max8
 
     def __post_init__(self):
         _search_data(self.src, "max8 src", MAX8_MIN)
@@ -377,9 +401,6 @@ class Max8(Instr):
 
     def cycles(self, spec) -> float:
         return _vector_n(self.src.free_size, spec)
-
-    def check(self, spec) -> None:
-        pass
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -390,6 +411,7 @@ class FindIndex8(Instr):
     data: Tile
     vals: Tile
     engine = "vector"
+    semantics = _sem.find_index8
 
     def __post_init__(self):
         _search_data(self.data, "find_index8 data", MAX8_MIN)
@@ -402,9 +424,6 @@ class FindIndex8(Instr):
     def cycles(self, spec) -> float:
         return _vector_n(self.data.free_size, spec)
 
-    def check(self, spec) -> None:
-        pass
-
 
 @dataclass(frozen=True, kw_only=True)
 class MatchReplace8(Instr):
@@ -416,6 +435,7 @@ class MatchReplace8(Instr):
     imm: float
     dst_idx: Tile | None = None
     engine = "vector"
+    semantics = _sem.match_replace8
 
     def __post_init__(self):
         _search_data(self.data, "match_replace8 data", 1)
@@ -434,6 +454,3 @@ class MatchReplace8(Instr):
 
     def cycles(self, spec) -> float:
         return _vector_n(self.data.free_size, spec)
-
-    def check(self, spec) -> None:
-        pass

@@ -14,7 +14,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from . import dtypes as _dt
-from .isa import DramAP, IsaError, Tile
+from .operands import DramAP, IsaError, Tile
 
 __all__ = ["OnChipMemory", "dram_read", "dram_write", "ap_bounds"]
 

@@ -22,12 +22,14 @@ from __future__ import annotations
 import numpy as np
 
 from . import dtypes as _dt
+from .spec import MX_GROUP_PARTITIONS, PARTITION_QUADRANT
 
 __all__ = ["pack", "unpack", "scale_rows", "scale_values", "quantize", "dequantize",
            "EMAX"]
 
-GROUP_PARTITIONS = 8      # §2.2: a group spans 8 partitions x 4 packed values
-PACK = 4
+GROUP_PARTITIONS = MX_GROUP_PARTITIONS    # §2.2: a group spans 8 partitions x 4 values
+PACK = 4                                  # values per packed element (the "_x4" types)
+_SCALE_ROWS = PARTITION_QUADRANT // GROUP_PARTITIONS   # 4 scale rows per quadrant
 EMAX = {"float8_e4m3fn": 8, "float8_e5m2": 15, "float4_e2m1fn": 2}   # OCP MX v1.0
 _E8M0_BIAS = 127
 
@@ -68,12 +70,13 @@ def _e8m0(bits: np.ndarray) -> np.ndarray:
 def scale_rows(partitions: int) -> np.ndarray:
     """Scale-tile partition of each group g = p // 8 of a `partitions`-row data tile."""
     g = np.arange(partitions // GROUP_PARTITIONS)
-    return g if partitions == 32 else 32 * (g // 4) + g % 4
+    q = PARTITION_QUADRANT
+    return g if partitions == q else q * (g // _SCALE_ROWS) + g % _SCALE_ROWS
 
 
 def scale_partitions(partitions: int) -> int:
     """Partitions of the scale tile that goes with a data tile of `partitions`."""
-    return 4 if partitions == 32 else partitions
+    return _SCALE_ROWS if partitions == PARTITION_QUADRANT else partitions
 
 
 def scale_values(scale_tile: np.ndarray, partitions: int) -> np.ndarray:

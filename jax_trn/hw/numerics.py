@@ -8,20 +8,20 @@
   NaN to 0, which is what XLA's `convert` gives on CPU. Int -> int wraps (two's
   complement), like XLA. Any -> bool is `!= 0`.
 - `round_tf32`: FP32 rounded (RNE) to TF32's 10 mantissa bits, for `precision="tf32"`.
-- `Numerics`: the per-core rounding context. Stochastic rounding is switched on by
-  `JAX_TRN_STOCHASTIC_ROUNDING=1`, seeded by `JAX_TRN_STOCHASTIC_ROUNDING_SEED`
-  (default 0), mirroring `NEURON_RT_STOCHASTIC_ROUNDING_EN/_SEED` (§4 [ROUND]). Its
-  random bits come from a counter-based stream keyed by (seed, kernel, instruction
-  index), so the same program gives the same bits on every run. The runtime builds
-  each core's Numerics once, from the environment, when the device first runs.
+- `Numerics`: the per-core rounding context, given to a `NeuronCore` by whoever makes
+  it (default: RNE, seed 0, strict ranges). Stochastic rounding mirrors
+  `NEURON_RT_STOCHASTIC_ROUNDING_EN/_SEED` (§4 [ROUND]); its random bits come from a
+  counter-based stream keyed by (seed, kernel, instruction index), so the same program
+  gives the same bits on every run. The runtime builds each core's Numerics from the
+  options (JAX_TRN_STOCHASTIC_ROUNDING, _SEED, JAX_TRN_STRICT_ACTIVATION_RANGES,
+  `jax_trn.config`); the hardware model reads no environment.
 - `Numerics.strict_ranges`: ScalarE activation functions are only valid on their
   published input ranges (§2.4 [NKI-SHARED], alu.RANGES); when strict (the default)
-  inputs outside them give NaN, as the hardware gives "invalid results".
-  `JAX_TRN_STRICT_ACTIVATION_RANGES=0` computes them exactly instead.
+  inputs outside them give NaN, as the hardware gives "invalid results"; otherwise
+  they are computed exactly.
 """
 from __future__ import annotations
 
-import os
 import zlib
 
 import numpy as np
@@ -108,13 +108,6 @@ class Numerics:
         self.strict_ranges = strict_ranges
         self._key: tuple[int, ...] = (seed,)
         self._rng: np.random.Generator | None = None
-
-    @classmethod
-    def from_env(cls) -> "Numerics":
-        on = os.environ.get("JAX_TRN_STOCHASTIC_ROUNDING", "0") not in ("", "0")
-        seed = int(os.environ.get("JAX_TRN_STOCHASTIC_ROUNDING_SEED", "0"))
-        strict = os.environ.get("JAX_TRN_STRICT_ACTIVATION_RANGES", "1") not in ("", "0")
-        return cls("stochastic" if on else "rne", seed, strict)
 
     def at(self, kernel: str, index: int) -> None:
         """Key the random stream of the instruction about to execute."""

@@ -96,7 +96,7 @@ class Collective:
     """A collective between kernels (all_reduce, all_gather, reduce_scatter, all_to_all,
     collective_permute) over replica `groups` of partition ids, from `operands` into
     `results` (one result per operand). The runtime runs it once for all devices
-    (`jax_trn.runtime.spmd`) on the system's topology (`jax_trn.hw.collectives`)."""
+    (`jax_trn.runtime.spmd`) on the system's topology (`jax_trn.collectives`)."""
     name: str                                  # "all_reduce.5"
     kind: str
     operands: list[DramTensor]

@@ -1,8 +1,9 @@
 """What each instruction does to a core's memories: the living definition of the ISA.
 
-`EXECUTE[type(instr)](instr, core)` applies one instruction. `core` provides `mem(tile)`
-(its SBUF / PSUM `OnChipMemory`), `dram` (name -> flat numpy array) and `numerics` (the
-rounding context). Compute rules (§2.3-§2.5, §4):
+One function per instruction, `fn(instr, core)`; each instruction class names its own
+(`semantics = ...`, isa_base.py), so this module knows operands, not instruction
+classes. `core` provides `mem(tile)` (its SBUF / PSUM `OnChipMemory`), `dram` (name ->
+flat numpy array) and `numerics` (the rounding context). Compute rules (§2.3-§2.5, §4):
 
 - Float work runs in FP32: inputs widen exactly, the result is cast to the destination
   dtype (RNE or stochastic).
@@ -16,8 +17,8 @@ rounding context). Compute rules (§2.3-§2.5, §4):
 - PSUM remembers whether a matmul wrote each byte last; on v2/v3 a matmul that
   accumulates onto anything else raises IsaError (undefined behaviour, §2.2).
 
-`execute(instr, core)` is the entry point (`Instr.execute`); MX instructions are in
-semantics_mx.py.
+`execute(instr, core)` is the entry point (`Instr.execute`): the instruction's own
+function plus the PSUM bookkeeping. MX instructions are in semantics_mx.py.
 """
 from __future__ import annotations
 
@@ -25,10 +26,9 @@ import numpy as np
 
 from . import alu as _alu
 from . import dtypes as _dt
-from . import isa
-from . import isa_vector as _isa_vector
 from .memory import dram_read, dram_write
 from .numerics import is_int, round_tf32, to_fp32
+from .operands import DramAP, IsaError, Tile
 
 _F32 = np.float32
 _I64 = np.int64
@@ -36,11 +36,11 @@ _I64 = np.int64
 
 # --- operand access -------------------------------------------------------------------
 
-def _read(core, tile: isa.Tile) -> np.ndarray:
+def _read(core, tile: Tile) -> np.ndarray:
     return core.mem(tile).view(tile)
 
 
-def _store(core, tile: isa.Tile, result: np.ndarray) -> None:
+def _store(core, tile: Tile, result: np.ndarray) -> None:
     """Cast `result` (FP32 or int64) to the tile's dtype and write it."""
     dt = _dt.np_dtype(tile.dtype)
     if is_int(result.dtype) and not is_int(dt) and result.dtype != dt:
@@ -51,16 +51,16 @@ def _store(core, tile: isa.Tile, result: np.ndarray) -> None:
 
 
 def _int_imm(v) -> bool:
-    if isinstance(v, isa.Tile):
+    if isinstance(v, Tile):
         return is_int(_dt.np_dtype(v.dtype))
     if isinstance(v, (bool, int, np.integer)):
         return True
     return float(v).is_integer() and abs(v) < 2.0 ** 63
 
 
-def _scalar(core, v, data: isa.Tile, as_int: bool) -> np.ndarray:
+def _scalar(core, v, data: Tile, as_int: bool) -> np.ndarray:
     """An immediate, or a [P, 1] tile shaped to broadcast over `data`."""
-    if isinstance(v, isa.Tile):
+    if isinstance(v, Tile):
         x = _read(core, v).reshape((v.num_partitions,) + (1,) * len(data.free))
     else:
         x = np.asarray(v)
@@ -81,7 +81,7 @@ def _convert(core, x: np.ndarray, dtype: str) -> np.ndarray:
     return core.numerics.cast(to_fp32(x), dt)
 
 
-def _bits(tile: isa.Tile) -> int:
+def _bits(tile: Tile) -> int:
     return 8 * _dt.itemsize(tile.dtype)
 
 
@@ -92,19 +92,19 @@ def _binary(op: str, a: np.ndarray, b: np.ndarray, as_int: bool, bits: int) -> n
 # --- DMA and TensorE ------------------------------------------------------------------
 
 def _read_operand(core, v) -> np.ndarray:
-    return dram_read(v, core.dram) if isinstance(v, isa.DramAP) else _read(core, v)
+    return dram_read(v, core.dram) if isinstance(v, DramAP) else _read(core, v)
 
 
-def dma_copy(ins: isa.DmaCopy, core) -> None:
+def dma_copy(ins, core) -> None:
     x = _convert(core, _read_operand(core, ins.src), ins.dst.dtype)
-    if isinstance(ins.dst, isa.DramAP):
+    if isinstance(ins.dst, DramAP):
         dram_write(ins.dst, core.dram, x.reshape(ins.dst.shape))
     else:
         view = _read(core, ins.dst)
         view[...] = x.reshape(view.shape)
 
 
-def dma_gather(ins: isa.DmaGather, core) -> None:
+def dma_gather(ins, core) -> None:
     """dst[p, j, :] = table[indices[p, j], :], cast like dma_copy; out-of-bounds rows
     raise (oob_mode "error") or leave their slot unchanged ("skip")."""
     table = dram_read(ins.src, core.dram).reshape(ins.rows, ins.row_size)
@@ -112,26 +112,26 @@ def dma_gather(ins: isa.DmaGather, core) -> None:
     idx = _read(core, ins.indices).reshape(p, -1).astype(_I64)
     ok = (idx >= 0) & (idx < ins.rows)
     if ins.oob_mode == "error" and not ok.all():
-        raise isa.IsaError(f"gather index {idx[~ok][0]} outside the {ins.rows} rows of "
-                           f"{ins.src.tensor!r} (oob_mode='error')")
+        raise IsaError(f"gather index {idx[~ok][0]} outside the {ins.rows} rows of "
+                       f"{ins.src.tensor!r} (oob_mode='error')")
     rows = _convert(core, table[np.where(ok, idx, 0)], ins.dst.dtype)
     view = _read(core, ins.dst).reshape(p, idx.shape[1], ins.row_size)
     view[ok] = rows[ok]
 
 
-def dma_scatter(ins: isa.DmaScatter, core) -> None:
+def dma_scatter(ins, core) -> None:
     """table[indices[p, j], :] = src[p, j, :] (or += in FP32, cast back) in index order,
     p-major: the k-th write to a row lands after every earlier one; out-of-bounds rows
     raise (oob_mode "error") or are dropped ("skip")."""
     dram_read(ins.dst, core.dram)                   # checks the table's bounds and dtype
     flat = core.dram[ins.dst.tensor]
     if not flat.flags.writeable:
-        raise isa.IsaError(f"DRAM tensor {ins.dst.tensor!r} is read-only (a kernel input?)")
+        raise IsaError(f"DRAM tensor {ins.dst.tensor!r} is read-only (a kernel input?)")
     idx = _read(core, ins.indices).reshape(-1).astype(_I64)
     ok = (idx >= 0) & (idx < ins.rows)
     if ins.oob_mode == "error" and not ok.all():
-        raise isa.IsaError(f"scatter index {idx[~ok][0]} outside the {ins.rows} rows of "
-                           f"{ins.dst.tensor!r} (oob_mode='error')")
+        raise IsaError(f"scatter index {idx[~ok][0]} outside the {ins.rows} rows of "
+                       f"{ins.dst.tensor!r} (oob_mode='error')")
     src = _read(core, ins.src).reshape(idx.size, ins.row_size)[ok]
     (step, _), *inner = ins.dst.pattern
     cols = ins.dst.offset + _pattern_offsets(inner)
@@ -167,7 +167,7 @@ def _layers(idx: np.ndarray, overlapping: bool):
         yield np.flatnonzero(rank == r)
 
 
-def dma_transpose(ins: isa.DmaTranspose, core) -> None:
+def dma_transpose(ins, core) -> None:
     """dst[B, A] = src[A, B], bit-exact."""
     x = _read_operand(core, ins.src).reshape(ins.src_shape)
     view = _read(core, ins.dst)
@@ -175,12 +175,12 @@ def dma_transpose(ins: isa.DmaTranspose, core) -> None:
     view.view(bits)[...] = x.view(bits).T.reshape(view.shape)
 
 
-def _matmul_operand(core, tile: isa.Tile, rows: int, tf32: bool) -> np.ndarray:
+def _matmul_operand(core, tile: Tile, rows: int, tf32: bool) -> np.ndarray:
     x = to_fp32(_read(core, tile)).reshape(rows, -1)
     return round_tf32(x) if tf32 else x
 
 
-def nc_matmul(ins: isa.NcMatmul, core) -> None:
+def nc_matmul(ins, core) -> None:
     """dst[M,N] (+)= stationary[K,M].T @ moving[K,N] in FP32 (§2.2). double_row
     contracts over (partition, row) pairs, i.e. K = 2 x partitions."""
     tf32 = ins.precision == "tf32"
@@ -192,7 +192,7 @@ def nc_matmul(ins: isa.NcMatmul, core) -> None:
     _store(core, ins.dst, result)
 
 
-def nc_transpose(ins: isa.NcTranspose, core) -> None:
+def nc_transpose(ins, core) -> None:
     """dst[F, P] = data[P, F], free axes flattened; values converted like a copy."""
     x = _read(core, ins.data).reshape(ins.data.num_partitions, -1)
     view = _read(core, ins.dst)
@@ -201,7 +201,7 @@ def nc_transpose(ins: isa.NcTranspose, core) -> None:
 
 # --- ScalarE / VectorE / GpSimd -------------------------------------------------------
 
-def activation(ins: isa.Activation, core) -> None:
+def activation(ins, core) -> None:
     """dst = func(data * scale + bias), FP32 inside; reduce_res = sum of the result."""
     x = to_fp32(_read(core, ins.data))
     if not (isinstance(ins.scale, (int, float)) and ins.scale == 1.0):
@@ -215,7 +215,7 @@ def activation(ins: isa.Activation, core) -> None:
         _store(core, ins.reduce_res, total)
 
 
-def tensor_tensor(ins: isa.TensorTensor, core) -> None:
+def tensor_tensor(ins, core) -> None:
     a, b = _read(core, ins.data1), _read(core, ins.data2)
     as_int = is_int(a.dtype) and is_int(b.dtype)
     b = b.reshape(a.shape)
@@ -229,7 +229,7 @@ def _apply_scalar(core, x, op, operand, reverse, data, as_int):
     return _binary(op, a, b, as_int, _bits(data))
 
 
-def tensor_scalar(ins: isa.TensorScalar, core) -> None:
+def tensor_scalar(ins, core) -> None:
     """dst = (data <op0> operand0) <op1> operand1 (operand first when reversed)."""
     x = _read(core, ins.data)
     ops = [(ins.op0, ins.operand0, ins.reverse0)]
@@ -242,7 +242,7 @@ def tensor_scalar(ins: isa.TensorScalar, core) -> None:
     _store(core, ins.dst, x)
 
 
-def tensor_reduce(ins: isa.TensorReduce, core) -> None:
+def tensor_reduce(ins, core) -> None:
     x = _read(core, ins.data)
     if is_int(x.dtype):
         r = _alu.reduce_int(ins.op, x.astype(_I64), ins.axes)
@@ -251,12 +251,12 @@ def tensor_reduce(ins: isa.TensorReduce, core) -> None:
     _store(core, ins.dst, -r if ins.negate else r)
 
 
-def tensor_copy(ins: isa.TensorCopy, core) -> None:
+def tensor_copy(ins, core) -> None:
     view = _read(core, ins.dst)
     view[...] = _convert(core, _read(core, ins.src), ins.dst.dtype).reshape(view.shape)
 
 
-def memset(ins: isa.Memset, core) -> None:
+def memset(ins, core) -> None:
     as_int = is_int(_dt.np_dtype(ins.dst.dtype)) and _int_imm(ins.value)
     _store(core, ins.dst, np.asarray(ins.value, _I64 if as_int else _F32))
 
@@ -272,14 +272,14 @@ def _affine(partitions: int, pattern, offset: int, channel_multiplier: int) -> n
     return idx
 
 
-def iota(ins: isa.Iota, core) -> None:
+def iota(ins, core) -> None:
     """dst[p, i...] = offset + p * channel_multiplier + sum(step_k * i_k), in int."""
     t = ins.dst
     _store(core, t, _affine(t.num_partitions, ins.pattern, ins.offset,
                             ins.channel_multiplier))
 
 
-def select(ins: isa.Select, core) -> None:
+def select(ins, core) -> None:
     pred = _read(core, ins.pred) != 0
     a, b = _read(core, ins.on_true), _read(core, ins.on_false)
     as_int = is_int(a.dtype) and is_int(b.dtype)
@@ -288,7 +288,7 @@ def select(ins: isa.Select, core) -> None:
     _store(core, ins.dst, r)
 
 
-def scalar_tensor_tensor(ins: isa.ScalarTensorTensor, core) -> None:
+def scalar_tensor_tensor(ins, core) -> None:
     """dst = (data <op0> operand0) <op1> operand1, in FP32 (VectorE)."""
     x = to_fp32(_read(core, ins.data))
     x = _apply_scalar(core, x, ins.op0, ins.operand0, ins.reverse0, ins.data, False)
@@ -297,7 +297,7 @@ def scalar_tensor_tensor(ins: isa.ScalarTensorTensor, core) -> None:
     _store(core, ins.dst, _alu.float_op(ins.op1, a, b))
 
 
-def exponential(ins: isa.Exponential, core) -> None:
+def exponential(ins, core) -> None:
     """dst = exp(src - max_value) in FP32; reduce_res = reduce_init + sum of it."""
     x = to_fp32(_read(core, ins.src)) - _scalar(core, ins.max_value, ins.src, False)
     with np.errstate(over="ignore", invalid="ignore"):
@@ -308,7 +308,7 @@ def exponential(ins: isa.Exponential, core) -> None:
         _store(core, ins.reduce_res, total + _F32(ins.reduce_init))
 
 
-def tensor_partition_reduce(ins: isa.TensorPartitionReduce, core) -> None:
+def tensor_partition_reduce(ins, core) -> None:
     """dst[1, F] = reduce over partitions; integers natively, floats in FP32."""
     x = _read(core, ins.data).reshape(ins.data.num_partitions, -1)
     if is_int(x.dtype):
@@ -318,7 +318,7 @@ def tensor_partition_reduce(ins: isa.TensorPartitionReduce, core) -> None:
     _store(core, ins.dst, r.reshape(1, -1))
 
 
-def affine_select(ins: isa.AffineSelect, core) -> None:
+def affine_select(ins, core) -> None:
     """dst = on_true_tile where cmp_op(affine, 0) else on_false_value."""
     t = ins.dst
     a = _affine(t.num_partitions, ins.pattern, ins.offset, ins.channel_multiplier)
@@ -350,12 +350,12 @@ def tensor_tensor_scan(ins, core) -> None:
 
 # --- max8 / nc_find_index8 / nc_match_replace8 (the choices: isa_vector.py) -------------
 
-def _rows32(core, tile: isa.Tile) -> np.ndarray:
+def _rows32(core, tile: Tile) -> np.ndarray:
     """A tile as [P, n] FP32 (integers converted like any VectorE input, §2.3)."""
     return to_fp32(_read(core, tile)).reshape(tile.num_partitions, -1)
 
 
-def _sentinel(tile: isa.Tile) -> int:
+def _sentinel(tile: Tile) -> int:
     return (1 << _bits(tile)) - 1
 
 
@@ -403,21 +403,6 @@ def match_replace8(ins, core) -> None:
         _store(core, ins.dst_idx, np.where(ok, pos, _sentinel(ins.dst_idx)))
 
 
-EXECUTE = {
-    isa.DmaCopy: dma_copy, isa.NcMatmul: nc_matmul, isa.NcTranspose: nc_transpose,
-    isa.Activation: activation, isa.TensorTensor: tensor_tensor,
-    isa.TensorScalar: tensor_scalar, isa.TensorReduce: tensor_reduce,
-    isa.TensorCopy: tensor_copy, isa.Memset: memset, isa.Iota: iota, isa.Select: select,
-    isa.DmaGather: dma_gather, isa.DmaScatter: dma_scatter,
-    isa.DmaTranspose: dma_transpose,
-    isa.ScalarTensorTensor: scalar_tensor_tensor, isa.Exponential: exponential,
-    isa.TensorPartitionReduce: tensor_partition_reduce, isa.AffineSelect: affine_select,
-    _isa_vector.TensorTensorScan: tensor_tensor_scan,
-    _isa_vector.Max8: max8, _isa_vector.FindIndex8: find_index8,
-    _isa_vector.MatchReplace8: match_replace8,
-}
-
-
 # --- dispatch and PSUM bookkeeping ------------------------------------------------
 
 def _check_accumulate(ins, core) -> None:
@@ -426,21 +411,16 @@ def _check_accumulate(ins, core) -> None:
     if core.spec.psum_accumulate_any:
         return
     if not core.mem(ins.dst).written_by_matmul(ins.dst):
-        raise isa.IsaError(f"matmul accumulates onto PSUM {ins.dst.shape} at byte "
-                           f"{ins.dst.offset} that a matmul did not write: undefined on "
-                           f"{core.spec.name}, §2.2")
+        raise IsaError(f"matmul accumulates onto PSUM {ins.dst.shape} at byte "
+                       f"{ins.dst.offset} that a matmul did not write: undefined on "
+                       f"{core.spec.name}, §2.2")
 
 
-def execute(ins: isa.Instr, core) -> None:
+def execute(ins, core) -> None:
     """Apply `ins` to `core`, then record which PSUM bytes a matmul wrote."""
     if ins.matmul_output and getattr(ins, "accumulate", False):
         _check_accumulate(ins, core)
-    EXECUTE[type(ins)](ins, core)
+    ins.semantics(core)
     for t in ins.outputs():
-        if isinstance(t, isa.Tile) and t.mem == "psum":
+        if isinstance(t, Tile) and t.mem == "psum":
             core.mem(t).mark(t, ins.matmul_output)
-
-
-from . import semantics_mx as _mx_sem    # noqa: E402  (imports the helpers above)
-
-EXECUTE.update(_mx_sem.EXECUTE)

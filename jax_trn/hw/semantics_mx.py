@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import isa
 from . import mx as _mx
 from .numerics import to_fp32
+from .operands import Tile
 from .semantics import _read, _store
 
-__all__ = ["quantize_mx", "nc_matmul_mx", "EXECUTE"]
+__all__ = ["quantize_mx", "nc_matmul_mx"]
 
 
-def quantize_mx(ins: isa.QuantizeMx, core) -> None:
+def quantize_mx(ins, core) -> None:
     """Groups of 8 partitions x 4 values -> packed FP8 data and E8M0 scale bytes; the
     data rounds like any output cast (RNE, or stochastic when enabled)."""
     p = ins.src.num_partitions
@@ -24,7 +24,7 @@ def quantize_mx(ins: isa.QuantizeMx, core) -> None:
     scale.view(np.uint8)[_mx.scale_rows(p)] = bits
 
 
-def _operand(core, data: isa.Tile, scale: isa.Tile) -> np.ndarray:
+def _operand(core, data: Tile, scale: Tile) -> np.ndarray:
     """Dequantized [4P, F]: row 4p + i is packed value i of partition p."""
     p = data.num_partitions
     raw = _read(core, data).reshape(p, -1)
@@ -32,7 +32,7 @@ def _operand(core, data: isa.Tile, scale: isa.Tile) -> np.ndarray:
     return values.transpose(0, 2, 1).reshape(4 * p, -1)
 
 
-def nc_matmul_mx(ins: isa.NcMatmulMx, core) -> None:
+def nc_matmul_mx(ins, core) -> None:
     """dst[M, N] (+)= A.T @ B in FP32 over K = 4P dequantized rows (§2.2)."""
     a = _operand(core, ins.stationary, ins.stationary_scale)
     b = _operand(core, ins.moving, ins.moving_scale)
@@ -42,5 +42,3 @@ def nc_matmul_mx(ins: isa.NcMatmulMx, core) -> None:
         result += to_fp32(_read(core, ins.dst)).reshape(result.shape)
     _store(core, ins.dst, result)
 
-
-EXECUTE = {isa.QuantizeMx: quantize_mx, isa.NcMatmulMx: nc_matmul_mx}

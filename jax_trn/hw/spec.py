@@ -5,9 +5,11 @@ widths (§1.2), memories (§1.1, §3), TensorE modes and their speedups (§2.2),
 Vector/Scalar performance modes and v4 instructions (§2.3, §2.4), instruction
 overheads (§2.6, §6.3), the TensorE power throttle (§2.2), DMA engines, queues and
 bandwidth (§3.4). `ChipSpec` adds the chip-level numbers (cores, HBM capacity and
-bandwidth shared by the cores, published peak rates). `CHIPS` maps "trn1" / "trn2" /
-"trn3" to their `ChipSpec`. Generations differ only in these numbers, never in code
-paths (tests/sim/test_spec.py checks both).
+bandwidth shared by the cores, published peak rates) and the chip's `LinkSpec`
+(NeuronLink, EFA, collective DMA, §1.3, §5). `CHIPS` maps "trn1" / "trn2" / "trn3" to
+their `ChipSpec`. Generations differ only in these numbers, never in code paths
+(tests/sim/test_spec.py checks both). The module-level limits below are the ISA's, the
+same on every generation; no other hw module writes a hardware number of its own.
 """
 from __future__ import annotations
 
@@ -15,6 +17,34 @@ from dataclasses import dataclass, field
 
 KIB = 1024
 GIB = 1024 ** 3
+
+# --- ISA-wide limits: the same on every generation, checked when an instruction is built
+PMAX = 128                      # SBUF/PSUM partitions = PE rows, §3.3 `pmax`, §2.2
+PARTITION_QUADRANT = 32         # start-partition granularity, §3.1; VectorE bank, §2.3
+PARTITION_MOVE_MAX = 64         # data changes partitions only within <= 64 of them, §2.3
+AP_DIMS_MAX = 4                 # free-axis dims of an access pattern, §3.1
+INNER_STRIDE_MAX_BYTES = 16     # a longer innermost stride halves bandwidth, §3.1
+VECTOR_TRANSPOSE_MAX = 32       # VectorE transposes <= 32 x 32 (one bank), §2.3, §6.2
+# nc_matmul_mx moving free size by dst dtype (the NC-v4 instruction's docstring), §6.2
+MX_MOVING_MAX = (("float32", 512), ("bfloat16", 1024))
+MAX8_FREE_MIN, MAX8_FREE_MAX = 8, 16384   # max8 / find_index8 elements per partition, §6.2
+MX_GROUP_PARTITIONS = 8         # an MX scale group: 8 partitions x 4 packed values, §2.2
+PSUM_PARTITION_BYTES = 16 * KIB  # PSUM bytes per partition, §3.2 [NKI-ARCH1]
+PSUM_BANKS = 8                  # 2 KiB banks, §3.2 [NKI-ARCH1]
+# dma_transpose reaches up to 90% of DMA throughput HBM->SBUF, 50% SBUF->SBUF, §3.4
+# [NKI-ARCH2] (by where the source is).
+DMA_TRANSPOSE_EFFICIENCY = (("dram", 0.9), ("sbuf", 0.5))
+# ScalarE activation functions are valid only on these inputs (outside: "invalid
+# results"), §2.4 [NKI-SHARED]: func -> (low, high, on |x|); bounds inclusive, as FP32.
+_PI = 3.1415927410125732        # float(np.float32(np.pi))
+ACTIVATION_RANGES = (
+    ("log", (2.0 ** -64, 2.0 ** 64, False)),
+    ("sin", (-_PI, _PI, False)),
+    ("arctan", (-_PI / 2, _PI / 2, False)),
+    ("sqrt", (2.0 ** -116, 2.0 ** 118, False)),
+    ("rsqrt", (2.0 ** -87, 2.0 ** 97, False)),
+    ("reciprocal", (2.0 ** -42, 2.0 ** 42, True)),
+)
 
 
 @dataclass(frozen=True)
@@ -51,7 +81,7 @@ class CoreSpec:
     vector_exponential: int = 0      # v4 VectorE `exponential`: x ScalarE exp rate; 0 = none, §2.3
     quantize_mx: int = 0             # v4 `quantize_mx` elements/partition/cycle; 0 = none, §2.3
     psum_accumulate_any: bool = False   # v4: accumulate onto non-matmul PSUM data, §2.2
-    pmax: int = 128                  # PE rows / partitions, §2.2, §3.3
+    pmax: int = PMAX                 # PE rows / partitions, §2.2, §3.3
     pe_cols: int = 128               # PE columns = stationary F limit, §2.2
     fp32_matmul_factor: int = 4      # FP32 matmul costs 4x, §2.2 [NKI-ARCH1]
     ls_speedup: int = 4              # "fast LS": LoadStationary up to 4x an MM, §2.2
@@ -59,6 +89,8 @@ class CoreSpec:
     mm_init_latency: int = 64        # TensorE MM_INIT_LATENCY cycles, §2.6 [NKI-ARCH1]
     static_overhead: int = 100       # cycles, tiny/dependent instructions, §2.6 [NKI-ARCH1]
     gpsimd_startup: int = 150        # cycles, §2.5/§6.3 [NKI-ISA-2.26]
+    gpsimd_processors: int = 8       # each serves pmax / 8 = 16 partitions, §2.5 [NKI-ARCH1]
+    gpsimd_port_bytes: int = 64      # 512 bits per cycle per direction, §2.5 [NKI-ARCH1]
     dynamic_address_cycles: int = 600   # register-addressed instructions, §2.6
     act_read_accumulator: int = 64   # ActReadAccumulator cycles, §2.4/§2.6 [NKI-ARCH1]
     # TensorE power throttling, §2.2 [NX-SUMMARY]: starts at `pe_throttle_floor` of the
@@ -69,15 +101,15 @@ class CoreSpec:
     pe_throttle_ramp_ns: float = 3000.0
     pe_throttle_window_ns: float = 3000.0
     pe_throttle_util: float = 0.5
-    psum_partition_bytes: int = 16 * KIB   # §3.2 [NKI-ARCH1]
-    psum_banks: int = 8                    # §3.2 [NKI-ARCH1]
+    psum_partition_bytes: int = PSUM_PARTITION_BYTES   # §3.2 [NKI-ARCH1]
+    psum_banks: int = PSUM_BANKS                       # §3.2 [NKI-ARCH1]
     dma_engines: int = 16            # per NC, §3.4 [NKI-DMA]
     dma_queues: int = 16             # queue IDs per engine, §3.4 [NKI-DMA]
     dma_fixed_ns: float = 1300.0     # descriptor + semaphore-to-start, §2.6 [NKI-DMABW]
     dma_packet_bytes: int = 4 * KIB  # default DMA packetisation, §3.4 [CC-OVERLAP]
     dma_full_rate_bytes: float = 2500.0   # descriptor size reaching full rate, see below
     hwdge_ns: float = 600.0          # hardware-DGE DMA instruction, §2.6 [NKI-ARCH2]
-    vector_transpose_max: int = 32   # VectorE transpose <= 32x32, §2.3 [NKI-ARCH1]
+    vector_transpose_max: int = VECTOR_TRANSPOSE_MAX   # §2.3 [NKI-ARCH1]
 
     def clock(self, engine: str) -> float:
         """GHz of a compute engine, i.e. cycles per ns."""
@@ -193,51 +225,6 @@ NC_V4 = CoreSpec(
 )
 
 
-@dataclass(frozen=True)
-class ChipSpec:
-    name: str                        # "trn1" | "trn2" | "trn3"
-    core: CoreSpec
-    cores: int                       # NeuronCores per chip, §1.1
-    hbm_bytes: int                   # §1.1
-    hbm_bytes_per_ns: float          # chip HBM bandwidth (GB/s == B/ns), §1.1, §10.2
-    peak_tflops: tuple[tuple[str, float], ...] = field(default=())  # per core, §1.2
-
-    def peak_tflops_per_core(self, dtype: str) -> float:
-        """Published dense TensorE peak per core for an input dtype (for MFU)."""
-        table = dict(self.peak_tflops)
-        if dtype.startswith("float8"):
-            return table["fp8"]
-        return table["fp32"] if dtype == "float32" else table["bf16"]
-
-
-# HBM bandwidth choices (§1.1, §10.2): Trn1 820 GB/s [NKI-ARCH1] (the GiB/s variant is
-# 7% more; loads alone, 2 cores x 272 GB/s, never reach either, HBM -> HBM copies do).
-# Trn2 2.9 TB/s [TRN2-CHIP][SEED-CMP333], consistent with 8 cores x ~362 GB/s (§9).
-# Trn3 4.9 TB/s [TRN3-CHIP], the chip page, like Trn2 (the NKI guide's 4.7 is the
-# conservative one).
-CHIPS = {
-    "trn1": ChipSpec(
-        name="trn1", core=NC_V2, cores=2,           # §1.1 [TRN1-CHIP]
-        hbm_bytes=32 * GIB,                         # §1.1 [TRN1-CHIP]
-        hbm_bytes_per_ns=820.0,                     # §1.1 [NKI-ARCH1], §10.2
-        peak_tflops=(("bf16", 92.0), ("fp8", 92.0), ("fp32", 23.0)),   # §1.2
-    ),
-    "trn2": ChipSpec(
-        name="trn2", core=NC_V3, cores=8,           # §1.1 [TRN2-CHIP]
-        hbm_bytes=96 * GIB,                         # §1.1 [TRN2-CHIP]
-        hbm_bytes_per_ns=2900.0,                    # §1.1 [TRN2-CHIP], §10.2
-        peak_tflops=(("bf16", 79.0), ("fp8", 158.0), ("fp32", 20.0)),  # §1.2
-    ),
-    "trn3": ChipSpec(
-        name="trn3", core=NC_V4, cores=8,           # §1.1 [TRN3-CHIP]
-        hbm_bytes=144 * GIB,                        # §1.1 [TRN3-CHIP]
-        hbm_bytes_per_ns=4900.0,                    # §1.1 [TRN3-CHIP], §10.2
-        # §1.2: 315 is MX only; plain FP8 is double_row = 2x BF16 (§10.5).
-        peak_tflops=(("bf16", 79.0), ("fp8", 158.0), ("fp32", 20.0), ("mx", 315.0)),
-    ),
-}
-
-
 # --- Interconnect (trainium-hardware.md §1.1, §1.3, §3.4, §5) -------------------------
 
 @dataclass(frozen=True)
@@ -276,7 +263,7 @@ class LinkSpec:
         return chip / (links or self.links_per_chip) / 2
 
 
-LINKS = {
+_LINKS = {
     # §1.1: 384 GB/s NeuronLink-v2 per chip (trn1.32xlarge; trn1n 768); §1.3: 800 Gbps
     # EFA per 16-chip instance = 6.25 GB/s per chip; DMA 1 TB/s per chip;
     # §5.2 [NKI-ARCH3]: before NC-v4 DMA-side accumulation runs at 50% of DMA rate.
@@ -295,3 +282,58 @@ LINKS = {
                      efa_bytes_per_ns=200 / 8, chip_dma_bytes_per_ns=4900.0,
                      cc_reduce_rate=1.0),
 }
+
+
+@dataclass(frozen=True)
+class ChipSpec:
+    """One Trainium chip: its NeuronCores, HBM, published peaks and chip-to-chip links.
+    A `jax_trn.systems.System` holds one and builds its topology from it."""
+    name: str                        # "trn1" | "trn2" | "trn3"
+    core: CoreSpec
+    cores: int                       # NeuronCores per chip, §1.1
+    hbm_bytes: int                   # §1.1
+    hbm_bytes_per_ns: float          # chip HBM bandwidth (GB/s == B/ns), §1.1, §10.2
+    peak_tflops: tuple[tuple[str, float], ...] = field(default=())  # per core, §1.2
+    links: LinkSpec = field(kw_only=True)   # chip-to-chip links, collective engine, §1.3
+
+    def peak_tflops_per_core(self, dtype: str) -> float:
+        """Published dense TensorE peak per core for an input dtype (for MFU)."""
+        table = dict(self.peak_tflops)
+        if dtype.startswith("float8"):
+            return table["fp8"]
+        return table["fp32"] if dtype == "float32" else table["bf16"]
+
+
+# HBM bandwidth choices (§1.1, §10.2): Trn1 820 GB/s [NKI-ARCH1] (the GiB/s variant is
+# 7% more; loads alone, 2 cores x 272 GB/s, never reach either, HBM -> HBM copies do).
+# Trn2 2.9 TB/s [TRN2-CHIP][SEED-CMP333], consistent with 8 cores x ~362 GB/s (§9).
+# Trn3 4.9 TB/s [TRN3-CHIP], the chip page, like Trn2 (the NKI guide's 4.7 is the
+# conservative one).
+CHIPS = {
+    "trn1": ChipSpec(
+        name="trn1", core=NC_V2, cores=2,           # §1.1 [TRN1-CHIP]
+        hbm_bytes=32 * GIB,                         # §1.1 [TRN1-CHIP]
+        hbm_bytes_per_ns=820.0,                     # §1.1 [NKI-ARCH1], §10.2
+        peak_tflops=(("bf16", 92.0), ("fp8", 92.0), ("fp32", 23.0)),   # §1.2
+        links=_LINKS["trn1"],                       # §1.1, §1.3, §5.2 (above)
+    ),
+    "trn2": ChipSpec(
+        name="trn2", core=NC_V3, cores=8,           # §1.1 [TRN2-CHIP]
+        hbm_bytes=96 * GIB,                         # §1.1 [TRN2-CHIP]
+        hbm_bytes_per_ns=2900.0,                    # §1.1 [TRN2-CHIP], §10.2
+        peak_tflops=(("bf16", 79.0), ("fp8", 158.0), ("fp32", 20.0)),  # §1.2
+        links=_LINKS["trn2"],                       # §1.1, §1.3, §5.2 (above)
+    ),
+    "trn3": ChipSpec(
+        name="trn3", core=NC_V4, cores=8,           # §1.1 [TRN3-CHIP]
+        hbm_bytes=144 * GIB,                        # §1.1 [TRN3-CHIP]
+        hbm_bytes_per_ns=4900.0,                    # §1.1 [TRN3-CHIP], §10.2
+        # §1.2: 315 is MX only; plain FP8 is double_row = 2x BF16 (§10.5).
+        peak_tflops=(("bf16", 79.0), ("fp8", 158.0), ("fp32", 20.0), ("mx", 315.0)),
+        links=_LINKS["trn3"],                       # §1.1, §1.3, §5.2 (above)
+    ),
+}
+
+
+# The link facts of each preset chip (kept by generation name for older callers).
+LINKS = {name: chip.links for name, chip in CHIPS.items()}

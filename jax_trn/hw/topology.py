@@ -24,6 +24,11 @@ documented, §11).
 
 `routes(src, dst)` is vectorized over device pairs: a padded (F, H) array of link ids
 (-1 = none) and the latency of each route (sum of its links' latencies).
+
+Every constructor takes the chip (a `ChipSpec`, or a preset's name "trn1" / "trn2" /
+"trn3"): its cores per chip and its `LinkSpec` give the devices, bandwidths and
+latencies, so a user-made chip is as good as a preset. `for_system` builds a
+`jax_trn.systems.System`'s topology from the system itself (its chip, shape and dims).
 """
 from __future__ import annotations
 
@@ -33,7 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .spec import CHIPS, LINKS, LinkSpec
+from .spec import CHIPS, ChipSpec, LinkSpec
 
 __all__ = ["Topology", "gray", "torus_route"]
 
@@ -73,49 +78,52 @@ class Topology:
     # --- construction --------------------------------------------------------------
 
     @classmethod
-    def single(cls, generation: str) -> Topology:
-        return cls._build("single", generation, (1,), chips=1, nodes=1, dim_bw=())
+    def single(cls, chip: ChipSpec | str) -> Topology:
+        return cls._build("single", _chip(chip), (1,), chips=1, nodes=1, dim_bw=())
 
     @classmethod
-    def torus(cls, generation: str, dims: tuple[int, ...], dim_bw=None, name=None) -> Topology:
+    def torus(cls, chip: ChipSpec | str, dims: tuple[int, ...], dim_bw=None, name=None) -> Topology:
         """A torus of `dims`; `dim_bw[d]` = B/ns of one direction of one dim-d link
         (default: the chip's NeuronLink figure split over 2 * len(dims) links, 2 ways)."""
-        spec = LINKS[generation]
+        chip = _chip(chip)
         if dim_bw is None:
-            dim_bw = (spec.link_bytes_per_ns(links=2 * len(dims)),) * len(dims)
-        return cls._build("torus", generation, tuple(dims), chips=_prod(dims), nodes=1,
+            dim_bw = (chip.links.link_bytes_per_ns(links=2 * len(dims)),) * len(dims)
+        return cls._build("torus", chip, tuple(dims), chips=_prod(dims), nodes=1,
                           dim_bw=tuple(dim_bw), name=name)
 
     @classmethod
-    def switch(cls, generation: str, servers: int, chips_per_server: int, name=None) -> Topology:
-        return cls._build("switch", generation, (servers, chips_per_server),
+    def switch(cls, chip: ChipSpec | str, servers: int, chips_per_server: int, name=None) -> Topology:
+        return cls._build("switch", _chip(chip), (servers, chips_per_server),
                           chips=servers * chips_per_server, nodes=1, dim_bw=(), name=name)
 
     @classmethod
-    def cluster(cls, generation: str, nodes: int, node_dims=(4, 4), name=None) -> Topology:
-        spec = LINKS[generation]
-        dim_bw = (spec.link_bytes_per_ns(links=2 * len(node_dims)),) * len(node_dims)
-        return cls._build("cluster", generation, tuple(node_dims), chips=nodes * _prod(node_dims),
+    def cluster(cls, chip: ChipSpec | str, nodes: int, node_dims=(4, 4), name=None) -> Topology:
+        chip = _chip(chip)
+        dim_bw = (chip.links.link_bytes_per_ns(links=2 * len(node_dims)),) * len(node_dims)
+        return cls._build("cluster", chip, tuple(node_dims), chips=nodes * _prod(node_dims),
                           nodes=nodes, dim_bw=dim_bw, name=name)
 
     @classmethod
     def for_system(cls, system) -> Topology:
-        """The topology of a `jax_trn.systems.System` preset."""
-        gen, spec = system.generation, LINKS[system.generation]
+        """The topology a `jax_trn.systems.System` describes: its chip, its shape
+        ("single" | "torus2d" | "torus3d" | "switch") and dims. A torus uses every
+        NeuronLink port of a chip in a server (§1.1: 4 links per chip); in a 3D torus
+        dimension 0 is the Z rings across servers at the chip's Z bandwidth (§1.3)."""
+        chip, links = system.chip, system.chip.links
         if system.topology == "single":
-            return cls.single(gen)
+            return cls.single(chip)
         if system.topology == "switch":
-            return cls.switch(gen, *system.dims, name=system.name)
+            return cls.switch(chip, *system.dims, name=system.name)
         if system.topology == "torus3d":       # §1.3: X/Y in a server, Z rings across servers
-            xy = spec.link_bytes_per_ns()
-            z = spec.link_bytes_per_ns(spec.z_bytes_per_ns, links=2)
-            return cls.torus(gen, system.dims, dim_bw=(z, xy, xy), name=system.name)
-        return cls.torus(gen, system.dims, dim_bw=(spec.link_bytes_per_ns(),) * len(system.dims),
+            xy = links.link_bytes_per_ns()
+            z = links.link_bytes_per_ns(links.z_bytes_per_ns, links=2)
+            return cls.torus(chip, system.dims, dim_bw=(z, xy, xy), name=system.name)
+        return cls.torus(chip, system.dims, dim_bw=(links.link_bytes_per_ns(),) * len(system.dims),
                          name=system.name)
 
     @classmethod
-    def _build(cls, kind, generation, dims, chips, nodes, dim_bw, name=None):
-        spec, cores = LINKS[generation], CHIPS[generation].cores
+    def _build(cls, kind, chip: ChipSpec, dims, chips, nodes, dim_bw, name=None):
+        spec, cores = chip.links, chip.cores
         names, bw, lat = [], [], []
 
         def add(n, b, l):
@@ -140,7 +148,7 @@ class Topology:
         lat = np.array(lat)
         links = _CHIP_ROUTES[kind](dims, chips, nodes)
         clat = np.where(links >= 0, lat[np.maximum(links, 0)], 0.0).sum(-1)
-        return cls(name or f"{generation}-{kind}{'x'.join(map(str, dims))}", generation, kind,
+        return cls(name or f"{chip.name}-{kind}{'x'.join(map(str, dims))}", chip.name, kind,
                    chips, cores, dims, nodes, tuple(names), np.array(bw, float), lat, spec,
                    links, clat)
 
@@ -184,6 +192,11 @@ class Topology:
     @functools.cached_property
     def _dma_tx(self) -> int:
         return self._link_base("chip0.dma_tx")
+
+    @functools.cached_property
+    def dma_ports(self) -> slice:
+        """The ids of every chip's DMA port links: all dma_tx, then all dma_rx."""
+        return slice(self._dma_tx, self._dma_tx + 2 * self.num_chips)
 
     def route(self, src: int, dst: int) -> list[str]:
         """Link names from device `src` to device `dst`."""
@@ -259,6 +272,11 @@ class Topology:
                     y = (y + 1) % k
             out.append(cyc)
         return out
+
+
+def _chip(chip: ChipSpec | str) -> ChipSpec:
+    """A chip spec, or a preset chip by its name ("trn1" / "trn2" / "trn3")."""
+    return CHIPS[chip] if isinstance(chip, str) else chip
 
 
 def _prod(xs) -> int:

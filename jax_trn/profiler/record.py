@@ -84,6 +84,7 @@ class Execution:
     generation: str = ""                            # "trn1" | "trn2" | "trn3"
     dtype: str = ""                                 # the dtype the peak is for
     collectives: list[CollectiveRecord] = field(default_factory=list)
+    chip: object = field(default=None, repr=False)  # the hw.spec.ChipSpec that ran
 
     @property
     def events(self) -> list:
@@ -92,9 +93,10 @@ class Execution:
 
     @property
     def chip_spec(self):
-        """The `hw.spec.ChipSpec` of the generation that ran (None if unknown)."""
+        """The `hw.spec.ChipSpec` that ran: the system's own chip, else the generation's
+        preset (None if unknown)."""
         from jax_trn.hw.spec import CHIPS
-        return CHIPS.get(self.generation)
+        return self.chip if self.chip is not None else CHIPS.get(self.generation)
 
     @cached_property
     def _trace(self):

@@ -12,12 +12,13 @@ _SCRATCH: dict = {}
 
 
 def _scratch(spec):
-    """One (SBUF, PSUM) pair per core generation, shared by all devices."""
-    if spec.name not in _SCRATCH:
+    """One (SBUF, PSUM) pair per core spec (the value, not its name: a user-made core
+    may keep a preset's name), shared by all devices."""
+    if spec not in _SCRATCH:
         from jax_trn.hw.memory import OnChipMemory
-        _SCRATCH[spec.name] = (OnChipMemory("sbuf", spec.pmax, spec.sbuf_usable_bytes),
-                               OnChipMemory("psum", spec.pmax, spec.psum_partition_bytes))
-    return _SCRATCH[spec.name]
+        _SCRATCH[spec] = (OnChipMemory("sbuf", spec.pmax, spec.sbuf_usable_bytes),
+                          OnChipMemory("psum", spec.pmax, spec.psum_partition_bytes))
+    return _SCRATCH[spec]
 
 
 class OutOfMemory(MemoryError):
@@ -70,8 +71,10 @@ class Device:
         Trn2: 1152 private copies would not fit in a laptop's memory)."""
         if self._core is None:
             from jax_trn.hw.core import NeuronCore
+            from jax_trn.runtime.settings import core_numerics
             spec = self.system.chip.core
-            self._core = NeuronCore(spec, core_id=self.core, memories=_scratch(spec))
+            self._core = NeuronCore(spec, core_id=self.core, memories=_scratch(spec),
+                                    numerics=core_numerics())
         return self._core
 
     @property

@@ -440,6 +440,7 @@ def simulate(name: str, prog, system, device_ids: list[int] | None = None
     numerics too (on zeros), on every device of the program."""
     from jax_trn.hw.bandwidth import Hbm
     from jax_trn.hw.core import NeuronCore
+    from jax_trn.runtime.settings import core_numerics
     chip = system.chip
     collectives = has_collectives(prog.steps)
     ids = list(device_ids) if collectives and device_ids else [0]
@@ -453,7 +454,7 @@ def simulate(name: str, prog, system, device_ids: list[int] | None = None
         if c not in hbms:
             hbms[c] = Hbm(chip.hbm_bytes_per_ns, f"hbm.chip{c}",
                           sharers[c] if sharers[c] > 1 else None)
-        core = NeuronCore(chip.core, core_id=d % cores_per_chip)
+        core = NeuronCore(chip.core, core_id=d % cores_per_chip, numerics=core_numerics())
         core.begin(hbms[c])
         dram = {}
         if execute:
@@ -487,7 +488,7 @@ def make_execution(name: str, prog, system, device_ids: list[int], kernels, coll
     peak = system.chip.peak_tflops_per_core(dtype) * 1e12
     return profiler.Execution(name, system.name, device_ids, kernels, peak,
                               generation=system.generation, dtype=dtype,
-                              collectives=list(collectives))
+                              collectives=list(collectives), chip=system.chip)
 
 
 def compute_dtype(prog) -> str:

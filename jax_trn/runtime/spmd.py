@@ -4,7 +4,7 @@ Every device of an execution interprets the same step list (`executable._StepRun
 on its own NeuronCore, from simulated time 0. A `Collective` step is a rendezvous: each
 device's runner is a generator that stops there and hands over its arrival time; once
 every device has arrived, the collective runs once for all of them on the system's
-topology (`jax_trn.hw.collectives.run_collective`: the chosen algorithm's schedule gives
+topology (`jax_trn.collectives.run_collective`: the chosen algorithm's schedule gives
 both the numerics, in its reduction order, and the timing over the links), its
 results are written into every device's DRAM, and each device resumes at the
 collective's end.
@@ -177,9 +177,10 @@ def execute(step: Collective, drams: list[dict], devices, arrivals: list[float],
 
 
 def _run(step, arrays, groups, gid, topology, dma_available=1.0):
-    from jax_trn.hw.collectives import run_collective
+    from jax_trn.collectives import run_collective
+    from jax_trn.runtime.settings import collective_algorithm
     groups_g = [[gid[p] for p in g] for g in groups]
-    kw = {"dma_available": dma_available}
+    kw = {"dma_available": dma_available, "algorithm": collective_algorithm()}
     if step.kind in ("all_reduce", "reduce_scatter"):
         op = KIND_OPS.get(step.op)
         if op is None:

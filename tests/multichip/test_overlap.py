@@ -109,8 +109,8 @@ def test_overlapped_kernels_share_dma_with_the_collective(jax, meshes):
     from jax_trn.hw.program import Collective, DramTensor, Kernel
     from jax_trn.runtime import spmd
     from jax_trn.runtime.executable import _StepRunner
-    from jax_trn.systems import get_system
-    system = get_system("trn2.48xlarge")
+    from jax_trn.systems import SYSTEMS
+    system = SYSTEMS["trn2.48xlarge"]
     core = NeuronCore(system.chip.core)
     core.begin(None)
     run = _StepRunner(core, {}, 0, 0, True)

@@ -285,3 +285,18 @@ def test_control_flow_and_more_ops_on_sharded_arrays(jax, meshes, highest, name)
     f = _programs(jax)[name]
     _both(jax, meshes, (4, 2), ("x", "y"), lambda m: jax.jit(f(m)), [(A, spec)], rtol=1e-5,
           atol=1e-5)
+
+
+def test_the_forced_collective_algorithm_comes_from_the_options(jax, meshes, highest,
+                                                                 monkeypatch):
+    """JAX_TRN_COLLECTIVE_ALGORITHM reaches the collectives as a parameter, from the
+    options (`jax_trn.collectives` reads no environment)."""
+    import jax_trn
+    from jax_trn import config
+    monkeypatch.setattr(config, "_live", config.current().replace(collective_algorithm="ring"))
+    mt, _ = meshes((4, 2), ("x", "y"))
+    f = jax.jit(lambda a, b: a @ b)
+    with jax_trn.profile() as prof:
+        f(_put(jax, mt, A, ("x", "y")), _put(jax, mt, B, ("y", None))).block_until_ready()
+    (c, *_) = prof.executions[-1].collectives
+    assert c.algorithm == "all_reduce ring"

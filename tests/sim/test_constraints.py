@@ -286,3 +286,16 @@ def test_accumulating_after_a_matmul_or_tensor_transpose_is_fine():
     _accumulate_after(isa.NcMatmul(dst=ps(128, 4), stationary=sb(128, 128), moving=sb(128, 4)),
                       "trn2")
     _accumulate_after(isa.NcTranspose(dst=ps(128, 4), data=sb(4, 128)), "trn2")
+
+
+def test_every_instruction_class_names_its_own_semantics_and_cost():
+    """A subclass never inherits its parent's effect or cost silently (isa_base.py): a
+    DmaGather is not a DmaCopy to the hardware."""
+    import dataclasses
+
+    with pytest.raises(TypeError, match="semantics and cycles"):
+        @dataclasses.dataclass(frozen=True, kw_only=True)
+        class Gather2(isa.DmaCopy):
+            pass
+    for cls in (isa.DmaCopy, isa.DmaGather, isa.NcMatmul, isa.NcTranspose, isa.Max8):
+        assert {"semantics", "cycles"} <= set(vars(cls))

@@ -88,13 +88,16 @@ def test_stochastic_rounding_keeps_exact_values_and_specials():
     assert np.isfinite(out[5]) or np.isinf(out[5])
 
 
-def test_numerics_from_env(monkeypatch):
+def test_a_core_reads_no_environment(monkeypatch):
+    """The hardware model takes its numerics from its creator (the runtime builds them
+    from the options), never from the environment (ARCHITECTURE.md Seams)."""
     monkeypatch.setenv("JAX_TRN_STOCHASTIC_ROUNDING", "1")
     monkeypatch.setenv("JAX_TRN_STOCHASTIC_ROUNDING_SEED", "42")
-    n = Numerics.from_env()
-    assert (n.rounding, n.seed) == ("stochastic", 42)
-    monkeypatch.delenv("JAX_TRN_STOCHASTIC_ROUNDING")
-    assert Numerics.from_env().rounding == "rne"
+    monkeypatch.setenv("JAX_TRN_STRICT_ACTIVATION_RANGES", "0")
+    n = NeuronCore(CHIPS["trn2"].core).numerics
+    assert (n.rounding, n.seed, n.strict_ranges) == ("rne", 0, True)
+    n = NeuronCore(CHIPS["trn2"].core, numerics=Numerics("stochastic", 42, False)).numerics
+    assert (n.rounding, n.seed, n.strict_ranges) == ("stochastic", 42, False)
 
 
 @pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2", "float16"])
@@ -149,20 +152,23 @@ def test_activation_ranges_can_be_turned_off(func, x):
     np.testing.assert_allclose(out, alu.activation(func, np.float32(x)), rtol=1e-6)
 
 
-def test_strict_ranges_from_env(monkeypatch):
-    monkeypatch.delenv("JAX_TRN_STRICT_ACTIVATION_RANGES", raising=False)
-    assert Numerics.from_env().strict_ranges
-    monkeypatch.setenv("JAX_TRN_STRICT_ACTIVATION_RANGES", "0")
-    assert not Numerics.from_env().strict_ranges
-
-
-def test_stochastic_rounding_from_env_reaches_the_core(monkeypatch):
-    """What the runtime does: NeuronCore(spec) reads the environment."""
-    monkeypatch.setenv("JAX_TRN_STOCHASTIC_ROUNDING", "1")
-    monkeypatch.setenv("JAX_TRN_STOCHASTIC_ROUNDING_SEED", "5")
+def test_runtime_cores_take_their_numerics_from_the_options(monkeypatch):
+    """What the runtime does: each device's core gets the Numerics of the options
+    (JAX_TRN_STOCHASTIC_ROUNDING=1, _SEED=5, JAX_TRN_STRICT_ACTIVATION_RANGES=0)."""
+    from jax_trn import config, systems
+    from jax_trn.runtime.device import make_devices
+    from jax_trn.runtime.settings import core_numerics
+    options = config.resolve(environ={"JAX_TRN_STOCHASTIC_ROUNDING": "1",
+                                      "JAX_TRN_STOCHASTIC_ROUNDING_SEED": "5",
+                                      "JAX_TRN_STRICT_ACTIVATION_RANGES": "0"})
+    n = core_numerics(options)
+    assert (n.rounding, n.seed, n.strict_ranges) == ("stochastic", 5, False)
+    assert core_numerics(config.Options()).rounding == "rne"
+    monkeypatch.setattr(config, "_live", options)           # as if the backend started so
     x = np.full((1, 4096), 1 + 2 ** -9, np.float32)
     s, d = tile(x.shape), tile(x.shape, "bfloat16")
-    outs = [run1(isa.TensorCopy(dst=d, src=s), {s: x}, c=NeuronCore(CHIPS["trn2"].core))
+    outs = [run1(isa.TensorCopy(dst=d, src=s), {s: x},
+                 c=make_devices(systems.SYSTEMS["trn2.3xlarge"])[0].core_model)
             for _ in range(2)]
     np.testing.assert_array_equal(outs[0], outs[1])             # seeded: reproducible
     assert len(np.unique(outs[0])) == 2                          # really stochastic

@@ -1,6 +1,7 @@
 """Generations as data: each CoreSpec / ChipSpec against the fact sheet (trainium-hardware.md)."""
 from __future__ import annotations
 
+import ast
 import pathlib
 import re
 
@@ -144,3 +145,16 @@ def test_psum_capacity_is_enforced():
     copy = isa.TensorCopy(dst=Tile("sbuf", 0, 128, 0, (512,), "float32"), src=past)
     with pytest.raises(IsaError, match="psum"):
         NeuronCore(V3).validate(Kernel("k", [copy], {}))
+
+
+def test_hardware_numbers_live_in_the_spec():
+    """No hw module but spec.py writes the partition count or the PSUM geometry: they
+    read spec.PMAX, PSUM_BANKS, ... (issue 11). fidelity.py holds published figures and
+    the published benchmarks' shapes, not model constants."""
+    hw = pathlib.Path(isa.__file__).parent
+    for path in sorted(hw.glob("*.py")):
+        if path.name in ("spec.py", "fidelity.py"):
+            continue
+        consts = {n.value for n in ast.walk(ast.parse(path.read_text()))
+                  if isinstance(n, ast.Constant) and type(n.value) is int}
+        assert not consts & {128, 2048, 16384}, f"{path.name} writes a hardware number"

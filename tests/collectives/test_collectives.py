@@ -8,14 +8,13 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from jax_trn.hw import collectives as cc
-from jax_trn.hw.collectives import choose_algorithm, collective_time, rdh_order, ring_order, run_collective
+from jax_trn.collectives import choose_algorithm, collective_time, rdh_order, ring_order, run_collective
 from jax_trn.hw.topology import Topology
-from jax_trn.systems import get_system
+from jax_trn.systems import SYSTEMS
 
 BF16 = ml_dtypes.bfloat16
-TRN2 = get_system("trn2.48xlarge").interconnect()          # 16 chips x 8 cores, 4x4 torus
-SWITCH = get_system("trn3-ultraserver").interconnect()
+TRN2 = SYSTEMS["trn2.48xlarge"].interconnect()          # 16 chips x 8 cores, 4x4 torus
+SWITCH = SYSTEMS["trn3-ultraserver"].interconnect()
 CHIP_RANKS = [[c * 8 for c in range(16)]]                  # one rank on every chip
 TWO_GROUPS = [list(range(16)), list(range(16, 32))]        # cores of chips 0-1 / 2-3
 ODD_GROUPS = [[3, 9, 17, 40], [0, 100, 50, 7]]             # non-contiguous, across chips
@@ -189,7 +188,7 @@ def test_single_step_mesh_sums_in_the_two_step_mesh_order():
     one, _ = run_collective("all_reduce", xs, group, TRN2, algorithm="mesh1")
     two, _ = run_collective("all_reduce", xs, group, TRN2, algorithm="mesh")
     assert all(np.array_equal(one[d].view(np.uint16), two[d].view(np.uint16)) for d in group[0])
-    with pytest.raises(ValueError, match="all_reduce algorithm"):
+    with pytest.raises(ValueError, match="mesh1 is an algorithm for all_reduce, not for reduce_scatter"):
         run_collective("reduce_scatter", xs, group, TRN2, algorithm="mesh1")
 
 
@@ -225,7 +224,7 @@ def test_choice_on_switch_hierarchy_and_odd_sizes():
     assert choose_algorithm("all_reduce", 1 << 30, MULTI, TRN2) == "hierarchical"
     assert choose_algorithm("all_reduce", 8 << 20, [[0, 8, 16]], TRN2) == "ring"    # RDH needs 2^k
     assert choose_algorithm("all_reduce", 1 << 30, [list(range(0, 512, 8))],
-                            get_system("trn2-ultraserver").interconnect()) == "ring2d"
+                            SYSTEMS["trn2-ultraserver"].interconnect()) == "ring2d"
     assert choose_algorithm("all_to_all", 1 << 30, CHIP_RANKS, TRN2) == "mesh"
     assert choose_algorithm("all_reduce", 1 << 30, [[0, 1, 2, 8]], TRN2) == "ring"  # uneven: flat
     # 16 MB: cores of a chip ring (>= 1 MB); the 4 chips get 2 MB each -> RDH.
@@ -233,14 +232,18 @@ def test_choice_on_switch_hierarchy_and_odd_sizes():
     assert t.algorithm == "all_reduce hierarchical(ring,rdh)"
 
 
-def test_override_by_argument_and_environment(monkeypatch):
+def test_override_by_argument_only(monkeypatch):
+    # The algorithm is a parameter; the package never reads the environment (the
+    # runtime passes JAX_TRN_COLLECTIVE_ALGORITHM down from the options).
     assert collective_time("all_reduce", (64,), np.float32, CHIP_RANKS, TRN2, "ring").algorithm == "all_reduce ring"
-    monkeypatch.setenv(cc.ENV, "rdh")
-    assert collective_time("all_reduce", (64,), np.float32, CHIP_RANKS, TRN2).algorithm == "all_reduce rdh"
+    monkeypatch.setenv("JAX_TRN_COLLECTIVE_ALGORITHM", "rdh")
+    assert collective_time("all_reduce", (64,), np.float32, CHIP_RANKS, TRN2).algorithm == "all_reduce mesh1"
     with pytest.raises(ValueError, match="power-of-two"):
-        collective_time("all_reduce", (64,), np.float32, [[0, 8, 16]], TRN2)
+        collective_time("all_reduce", (64,), np.float32, [[0, 8, 16]], TRN2, "rdh")
     with pytest.raises(ValueError, match="unknown algorithm"):
         collective_time("all_reduce", (64,), np.float32, CHIP_RANKS, TRN2, "bogus")
+    with pytest.raises(ValueError, match="pairwise is an algorithm for all_to_all"):
+        collective_time("all_reduce", (64,), np.float32, CHIP_RANKS, TRN2, "pairwise")
 
 
 def test_bad_groups_are_rejected():

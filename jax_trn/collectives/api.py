@@ -1,0 +1,98 @@
+"""Running a collective: numerics and timing, or timing alone.
+
+    results, timing = run_collective("all_reduce", arrays_by_device, groups, topology)
+    timing = collective_time("all_gather", shape, dtype, groups, topology)   # no numerics
+
+The algorithm is `algorithm=` (a name of `ALGORITHMS`) or, by default, the choice rule
+(choice.py). Both functions build the same plan, so a timing-only run times exactly what
+a real run does.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from jax_trn.hw.topology import Topology
+
+from . import buffers, numerics, permute
+from .choice import choose_algorithm
+from .plan import KINDS, Plan
+from .table import plan_for
+from .timing import Timing, timing
+
+__all__ = ["run_collective", "collective_time"]
+
+
+def _plan(kind, groups, topo, algorithm, nbytes) -> Plan:
+    name = algorithm or choose_algorithm(kind, nbytes, groups, topo)
+    return plan_for(kind, groups, topo, name, nbytes)
+
+
+def _validate(kind, groups, topo, op) -> np.ndarray:
+    if kind not in KINDS:
+        raise ValueError(f"unknown collective {kind!r}; choose from {KINDS}")
+    if op not in ("sum", "max", "min"):
+        raise ValueError(f"unknown reduction {op!r}")
+    groups = np.asarray(groups, dtype=np.int64)
+    if groups.ndim != 2:
+        raise ValueError("groups must be a list of equal-size lists of device ids")
+    flat = groups.ravel()
+    if len(np.unique(flat)) != len(flat) or flat.min() < 0 or flat.max() >= topo.num_devices:
+        raise ValueError(f"groups must name distinct devices of {topo.name} "
+                         f"(0..{topo.num_devices - 1}); got {groups.tolist()}")
+    return groups
+
+
+def collective_time(kind, shape, dtype, groups, topology: Topology, algorithm=None, *,
+                    pairs=None, dma_available: float = 1.0) -> Timing:
+    """Timing only (no numerics): `shape` is one rank's input."""
+    groups = _validate(kind, groups, topology, "sum")
+    itemsize = np.dtype(dtype).itemsize
+    n = groups.shape[1]
+    nbytes = buffers.message_bytes(kind, shape, itemsize, n)
+    if kind == "collective_permute":
+        return permute.permute_timing(pairs, shape, itemsize, topology, dma_available)
+    plan = _plan(kind, groups, topology, algorithm, nbytes)
+    chunk = buffers.chunk_elems(kind, shape, plan, n)
+    return timing(plan, topology, groups.ravel(), chunk * itemsize, dma_available, kind, nbytes, n)
+
+
+def run_collective(kind, arrays_by_device, groups, topology: Topology, algorithm=None, op="sum", *,
+                   axis: int = 0, pairs=None, dma_available: float = 1.0, split_axis: int = 0,
+                   concat_axis: int = 0):
+    """Run collective `kind` on `arrays_by_device` (dict device -> array, or a sequence
+    indexed by device id) over `groups` (lists of device ids, all of one size, as XLA
+    emits them; any devices, not necessarily contiguous). Returns ({device: result},
+    Timing).
+
+    all_reduce / reduce_scatter combine with `op` (sum, max, min); all_gather
+    concatenates along `axis`; reduce_scatter splits `axis` into n blocks; all_to_all
+    splits `split_axis` and concatenates along `concat_axis`; collective_permute takes
+    `pairs` of (source device, target device) and gives zeros to devices that receive
+    nothing (XLA semantics). `algorithm`: a name of `ALGORITHMS`, None for the choice
+    rule. `dma_available`: see timing.py."""
+    if kind == "collective_permute":
+        groups = [sorted({d for p in pairs for d in p})]
+    groups = _validate(kind, groups, topology, op)
+    g, n = groups.shape
+    devs = groups.ravel()
+    xs = [np.asarray(arrays_by_device[int(d)]) for d in devs]
+    x0 = xs[0]
+    if any(x.shape != x0.shape or x.dtype != x0.dtype for x in xs):
+        raise ValueError("all arrays of a collective must have one shape and dtype")
+    if kind == "collective_permute":
+        return permute.run(pairs, arrays_by_device, topology, dma_available, x0)
+    nbytes = buffers.message_bytes(kind, x0.shape, x0.dtype.itemsize, n)
+    plan = _plan(kind, groups, topology, algorithm, nbytes)
+    move = {"all_gather": axis, "reduce_scatter": axis, "all_to_all": split_axis}.get(kind, 0)
+    blocks = np.stack([np.moveaxis(x, move, 0) for x in xs]) if x0.ndim else np.stack(xs)[:, None]
+    if kind in ("reduce_scatter", "all_to_all") and blocks.shape[1] % n:
+        raise ValueError(f"{kind}: axis of size {blocks.shape[1]} does not split into {n} blocks")
+    chunk = buffers.chunk_elems(kind, x0.shape, plan, n)
+    buf = buffers.load(kind, blocks, plan, n, chunk)
+    numerics.execute(plan, buf, op, topology.spec.dma_compute_sources)
+    out = buffers.unload(kind, buf, plan, blocks, g, n, chunk)
+    results = {int(d): buffers.restore(kind, out[r], x0, n, axis, split_axis, concat_axis)
+               for r, d in enumerate(devs)}
+    result_timing = timing(plan, topology, devs, chunk * x0.dtype.itemsize, dma_available, kind,
+                           nbytes, n)
+    return results, result_timing
