@@ -35,7 +35,7 @@ import numpy as np
 
 from jax_trn.collectives import collective_time, run_collective
 from jax_trn.hw.topology import Topology
-from jax_trn.systems import get_system
+from jax_trn.config import get_system
 
 KIB, MIB = 1 << 10, 1 << 20
 SIZES = [KIB * 4 ** k for k in range(10)]          # 1 KiB .. 256 MiB per rank (output)

@@ -273,7 +273,7 @@ def main() -> None:
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=ROWS)
     opts = parser.parse_args()
     os.environ["JAX_TRN_SYSTEM"] = opts.system
-    from jax_trn.systems import get_system
+    from jax_trn.config import get_system
     system = get_system(opts.system)
     print(f"compiled-code quality on one {system.chip.core.name} of {system.name} "
           f"(simulated, deterministic)\n")

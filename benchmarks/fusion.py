@@ -81,7 +81,7 @@ def main() -> None:
     opts = parser.parse_args()
     import jax
     import jax.numpy as jnp
-    from jax_trn.systems import get_system
+    from jax_trn.config import get_system
 
     system = get_system(opts.system)
     print(f"fusion on one {system.chip.core.name} of {system.name}: DMA ceiling "

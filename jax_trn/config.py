@@ -91,7 +91,7 @@ def _system(value: Any) -> System:
         return systems.SYSTEMS[name]
     close = difflib.get_close_matches(name, list(systems.SYSTEMS), n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise ValueError(f"unknown system{hint}; expected one of {', '.join(systems.SYSTEMS)}, "
+    raise ValueError(f"unknown Trainium system{hint}; expected one of {', '.join(systems.SYSTEMS)}, "
                      "or a jax_trn.systems.System object given to configure()")
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -130,23 +129,3 @@ SYSTEMS: dict[str, System] = {s.name: s for s in [
     _preset("trn3-ultraserver", "trn3", 144, "switch", (36, 4),
             "144 Trainium3 chips: 36 servers x 4 chips, all-to-all over NeuronSwitch-v1"),
 ]}
-
-
-_configured: str | None = None
-
-
-def configure(system: str | None = None) -> None:
-    """Chooses the simulated system before the `trn` backend starts."""
-    global _configured
-    if system is not None:
-        get_system(system)          # validates the name
-        _configured = system
-
-
-def get_system(name: str | None = None) -> System:
-    name = name or _configured or os.environ.get("JAX_TRN_SYSTEM") or DEFAULT_SYSTEM
-    try:
-        return SYSTEMS[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown Trainium system {name!r}; valid systems: {', '.join(SYSTEMS)}") from None

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import pytest
 
+import jax_trn
 from jax_trn import systems
+from jax_trn.config import Options
 from jax_trn.runtime.client import Client
 from tests.conftest import run_python
 
@@ -31,24 +33,24 @@ def test_device_attributes_name_chip_core_and_coords(trn_devices):
     ("trn3-ultraserver", 144, 8, "Trainium3 NeuronCore-v4"),
 ])
 def test_presets(name, chips, cores, kind):
-    client = Client(systems.get_system(name))
+    client = Client(Options(system=systems.SYSTEMS[name]))
     assert len(client.devices) == chips * cores
     last = client.devices[-1]
     assert (last.chip, last.core) == (chips - 1, cores - 1)
     assert last.kind == kind
-    chip = systems.get_system(name).chip
+    chip = systems.SYSTEMS[name].chip
     assert last.hbm_limit == chip.hbm_bytes // cores
 
 
 def test_torus_coordinates():
-    client = Client(systems.get_system("trn2-ultraserver"))
+    client = Client(Options(system=systems.SYSTEMS["trn2-ultraserver"]))
     coords = {tuple(d.coords) for d in client.devices if d.core == 0}
     assert len(coords) == 64 and max(coords) == (3, 3, 3)
 
 
 def test_unknown_system_lists_valid_names():
     with pytest.raises(ValueError, match="trn2.48xlarge"):
-        systems.get_system("trn9.huge")
+        jax_trn.get_system("trn9.huge")
 
 
 def test_system_chosen_by_environment():

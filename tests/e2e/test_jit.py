@@ -129,7 +129,7 @@ def test_allocation_past_the_device_share_names_the_sizes():
     from jax_trn import systems
     from jax_trn.runtime.buffer import Buffer
     from jax_trn.runtime.device import OutOfMemory, make_devices
-    dev = make_devices(systems.get_system("trn1.2xlarge"))[1]     # 16 GiB per core
+    dev = make_devices(systems.SYSTEMS["trn1.2xlarge"])[1]     # 16 GiB per core
     held = Buffer(dev, (2**31,), "int32")                           # 8 GiB: fits
     with pytest.raises(OutOfMemory, match=r"allocating 8589934596 bytes .* 8589934592 of "
                                           r"17179869184 bytes in use"):
