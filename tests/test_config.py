@@ -141,3 +141,16 @@ def test_configure_after_the_backend_started_says_why():
     assert r.returncode == 0, r.stderr
     assert "ERROR the trn backend has already started" in r.stdout
     assert "SYSTEM trn2.3xlarge 8" in r.stdout
+
+
+def test_compile_time_settings_per_program(jax, trn):
+    import numpy as np
+    x = jax.device_put(np.random.RandomState(0).randn(64, 64).astype(np.float32), trn)
+    ref = np.asarray(x, np.float64) @ np.asarray(x, np.float64)
+    f = jax.jit(lambda a: a @ a)
+    default = np.asarray(f.lower(x).compile()(x))
+    exact = np.asarray(f.lower(x).compile({"jax_trn_matmul_precision": "highest"})(x))
+    assert np.abs(default - ref).max() > 1e-2          # bf16 operands
+    assert np.abs(exact - ref).max() < 1e-4            # fp32
+    with pytest.raises(Exception, match="'jax_trn_system' is not a per-program"):
+        f.lower(x).compile({"jax_trn_system": "trn1.2xlarge"})
