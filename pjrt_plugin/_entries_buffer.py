@@ -17,7 +17,7 @@ def _buf(a) -> CBuffer:
     return HANDLES.get(get_ptr(a, "buffer"), CBuffer)
 
 
-@entry("PJRT_Buffer_Destroy")
+@entry("PJRT_Buffer_Destroy", never_fails=True)
 def buffer_destroy(a):
     b = HANDLES.free(get_ptr(a, "buffer"))
     if b is not None:

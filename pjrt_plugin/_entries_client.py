@@ -26,7 +26,7 @@ def client_create(a):
     set_ptr(a, "client", CClient(create_client(options)).handle)
 
 
-@entry("PJRT_Client_Destroy")
+@entry("PJRT_Client_Destroy", never_fails=True)
 def client_destroy(a):
     HANDLES.free(get_ptr(a, "client"))
 

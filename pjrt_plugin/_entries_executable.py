@@ -22,7 +22,7 @@ def _loaded(a) -> CLoadedExecutable:
     return HANDLES.get(get_ptr(a, "executable"), CLoadedExecutable)
 
 
-@entry("PJRT_Executable_Destroy")
+@entry("PJRT_Executable_Destroy", never_fails=True)
 def executable_destroy(a):
     HANDLES.free(get_ptr(a, "executable"))
 
