@@ -96,8 +96,7 @@ def buffer_is_on_cpu(a):
 
 @entry("PJRT_Buffer_ReadyEvent")
 def buffer_ready_event(a):
-    _buf(a)
-    set_ptr(a, "event", new_event())
+    set_ptr(a, "event", new_event(_buf(a).rt.error))
 
 
 @entry("PJRT_Buffer_ToHostBuffer")
