@@ -5,6 +5,8 @@ import ctypes
 
 import numpy as np
 
+from jax_trn.runtime.gc_pause import gc_paused
+
 from . import _dtypes
 from ._errors import Code, PjrtError
 from ._handles import HANDLES
@@ -81,7 +83,8 @@ def client_compile(a):
     code = read_bytes(get_ptr(program, "code"), program.code_size)
     fmt = read_bytes(get_ptr(program, "format"), program.format_size).decode()
     options = read_bytes(get_ptr(a, "compile_options"), a.compile_options_size)
-    executable = c.rt.compile(code, fmt, options)
+    with gc_paused():
+        executable = c.rt.compile(code, fmt, options)
     set_ptr(a, "executable", HANDLES.new(CLoadedExecutable(executable, c)))
 
 

@@ -1,7 +1,8 @@
 """The faults found by probing (issue 11, item 7), each pinned by a test that failed
 before its fix: an abort at interpreter exit, Ctrl-C turned into JaxRuntimeError, and
 simulated HBM left charged by failed executions. (Compile-time scaling: tests/lower/
-test_sync_scaling.py.)
+test_semaphores.py; the garbage
+collector during compilation: at the end.)
 
 Scripts that need a fresh interpreter (interpreter exit, signals, an environment
 setting read at start) run in subprocesses with the repository on PYTHONPATH.
@@ -233,3 +234,54 @@ def test_a_buffer_whose_host_memory_fails_charges_nothing(monkeypatch):
     with pytest.raises(MemoryError):
         buffer.Buffer(dev, (1024,), "float32")
     assert dev.memory_stats()["bytes_in_use"] == 0
+
+
+# --- the garbage collector during compilation ------------------------------------------------
+
+def test_compiling_runs_with_the_garbage_collector_paused(jax, trn, monkeypatch):
+    """Full collections walked JAX's whole heap over and over during a compile (20-34%
+    of its time); the plugin pauses the collector while it compiles."""
+    import gc
+    from jax_trn.runtime.client import Client
+    states = []
+    compile_ = Client.compile
+
+    def recording(self, *args, **kwargs):
+        states.append(gc.isenabled())
+        return compile_(self, *args, **kwargs)
+
+    monkeypatch.setattr(Client, "compile", recording)
+    x = jax.device_put(np.ones((8, 8), np.float32), trn)
+    assert gc.isenabled()
+    jax.jit(lambda a: a * 5 - 1)(x).block_until_ready()
+    assert states == [False] and gc.isenabled()
+
+
+def test_gc_pause_restores_the_collector_after_overlapping_bodies():
+    import gc
+    import threading
+    from jax_trn.runtime.gc_pause import gc_paused
+    inside, release = threading.Event(), threading.Event()
+
+    def other():
+        with gc_paused():
+            inside.set()
+            release.wait(10)
+
+    assert gc.isenabled()
+    thread = threading.Thread(target=other)
+    with gc_paused():
+        thread.start()
+        inside.wait(10)
+        assert not gc.isenabled()
+    assert not gc.isenabled()              # the other body still runs
+    release.set()
+    thread.join()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()          # left as it was found
+    finally:
+        gc.enable()
