@@ -1,12 +1,13 @@
 """Builds the PJRT_Api function table (C API 0.112) from the registered shims.
 
-Every slot of the table is filled. An implemented entry point calls its shim through
+Every slot of the table is filled. Some entry points are native
+(`_native.native_entry_points`). The others call their shim through
 `call(args_address)`, which turns an `Exception` into a PJRT_Error (or, for entry points
-JAX cannot survive failing, logs it and answers with zeroed out-fields); the rest return
-UNIMPLEMENTED naming themselves; the PJRT_Error_* entry points are native. `_native` turns
-each `call` into the address C calls, and handles what a Python function cannot:
-interrupts (KeyboardInterrupt is not caught here), exceptions escaping `call`, calls
-during interpreter shutdown. The table and the extension chain are kept alive for the
+JAX cannot survive failing, logs it and answers with zeroed out-fields); those without a
+shim return UNIMPLEMENTED naming themselves. `_native` turns each `call` into the
+address C calls, and handles what a Python function cannot: interrupts
+(KeyboardInterrupt is not caught here), exceptions escaping `call`, calls during
+interpreter shutdown. The table and the extension chain are kept alive for the
 life of the process: JAX may call into them while Python is shutting down.
 """
 from __future__ import annotations
@@ -92,7 +93,7 @@ def build_api() -> C.PJRT_Api:
     version.struct_size = C.struct_size(C.PJRT_Api_Version)
     version.major_version = C.PJRT_API_MAJOR
     version.minor_version = C.PJRT_API_MINOR
-    _fill(api, C.API_ENTRY_POINTS, _native.error_entry_points())
+    _fill(api, C.API_ENTRY_POINTS, _native.native_entry_points())
     _KEEP.append(api)
     ctypes.pythonapi.Py_IncRef(ctypes.py_object(_KEEP))    # outlive interpreter teardown
     return api

@@ -85,7 +85,12 @@ def client_compile(a):
     options = read_bytes(get_ptr(a, "compile_options"), a.compile_options_size)
     with gc_paused():
         executable = c.rt.compile(code, fmt, options)
-    set_ptr(a, "executable", HANDLES.new(CLoadedExecutable(executable, c)))
+    try:
+        loaded = CLoadedExecutable(executable, c)
+    except BaseException:
+        executable.release()             # its constants' HBM
+        raise
+    set_ptr(a, "executable", HANDLES.new(loaded))
 
 
 @entry("PJRT_Client_DefaultDeviceAssignment")
@@ -126,7 +131,7 @@ def client_buffer_from_host_buffer(a):
     device = _target_device(c, a)
     array = _host_array(a, dtype, dims)
     buffer = c.rt.buffer_from_host(array, device.rt)
-    set_ptr(a, "buffer", HANDLES.new(CBuffer(buffer, c)))
+    set_ptr(a, "buffer", CBuffer(buffer, c).new_handle())
     set_ptr(a, "done_with_host_buffer", new_event())
 
 

@@ -212,7 +212,7 @@ def _hand_over(a, le: CLoadedExecutable, results, n_dev: int, error) -> None:
     for outs, address in zip(handles, out_lists):
         slots = (ctypes.c_void_p * max(1, len(outs))).from_address(address)
         for j, buf in enumerate(outs):
-            slots[j] = HANDLES.new(buf)
+            slots[j] = buf.new_handle()
     if events:
         (ctypes.c_void_p * n_dev).from_address(get_ptr(a, "device_complete_events"))[:] = events
 

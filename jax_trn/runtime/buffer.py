@@ -1,4 +1,4 @@
-"""Device buffers: arrays held in a device's simulated HBM."""
+"""Device buffers: arrays held in a device's simulated HBM; the allocations of one execution."""
 from __future__ import annotations
 
 import numpy as np
@@ -68,6 +68,37 @@ class Buffer:
 
     def __repr__(self) -> str:
         return f"Buffer({self.dtype}{list(self.shape)} on {self.device.to_string})"
+
+
+class Allocations:
+    """The HBM one execution allocates: its outputs, kept if it succeeds, and its
+    temporaries, freed when it ends. If it fails in any way (an exception, a runaway
+    loop, KeyboardInterrupt) its outputs are deleted too: a failed call leaves nothing
+    charged on any device."""
+
+    def __init__(self):
+        self.outputs: list[Buffer] = []
+        self.reserved: list[tuple[Device, int]] = []
+
+    def output(self, device: Device, shape, dtype: str) -> Buffer:
+        buf = Buffer(device, shape, dtype)
+        self.outputs.append(buf)
+        return buf
+
+    def reserve(self, device: Device, nbytes: int, what: str) -> None:
+        device.allocate(nbytes, what)
+        self.reserved.append((device, nbytes))
+
+    def __enter__(self) -> "Allocations":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        for device, nbytes in self.reserved:
+            device.free(nbytes)
+        self.reserved = []
+        if exc_type is not None:
+            for buf in self.outputs:
+                buf.delete()
 
 
 def host_zeros(size: int, dtype: str) -> np.ndarray:

@@ -34,7 +34,7 @@ from jax_trn.hw.program import (
 )
 
 from . import spmd
-from .buffer import Buffer
+from .buffer import Allocations, Buffer
 from .device import Device
 
 
@@ -154,7 +154,7 @@ class Executable:
         sharers = Counter(d.chip for d in devices)
         hbms = {c: Hbm(chip.hbm_bytes_per_ns, f"hbm.chip{c}", n if n > 1 else None)
                 for c, n in sharers.items()}
-        with _Allocations() as alloc:
+        with Allocations() as alloc:
             run = self._execute_spmd if self.collectives else self._execute_each
             results, records, collectives = run(devices, arg_lists, hbms, alloc)
             profiler.record(self._execution(records, devices, collectives))
@@ -229,37 +229,6 @@ class Executable:
         dram = bind_dram(prog, [b.data for b in args], [b.data for b in outs],
                          partition=partition, replica=0)
         return outs, dram
-
-
-class _Allocations:
-    """The HBM one execution allocates: its outputs, kept if it succeeds, and its
-    temporaries, freed when it ends. If it fails in any way (an exception, a runaway
-    loop, KeyboardInterrupt) its outputs are deleted too: a failed call leaves nothing
-    charged on any device."""
-
-    def __init__(self):
-        self.outputs: list[Buffer] = []
-        self.reserved: list[tuple[Device, int]] = []
-
-    def output(self, device: Device, shape, dtype: str) -> Buffer:
-        buf = Buffer(device, shape, dtype)
-        self.outputs.append(buf)
-        return buf
-
-    def reserve(self, device: Device, nbytes: int, what: str) -> None:
-        device.allocate(nbytes, what)
-        self.reserved.append((device, nbytes))
-
-    def __enter__(self) -> "_Allocations":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        for device, nbytes in self.reserved:
-            device.free(nbytes)
-        self.reserved = []
-        if exc_type is not None:
-            for buf in self.outputs:
-                buf.delete()
 
 
 # Per-device values a program reads from DRAM (`stablehlo.partition_id` / `replica_id`).

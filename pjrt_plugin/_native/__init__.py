@@ -19,6 +19,7 @@ import ctypes
 import threading
 import warnings
 
+from .._mem import clear_outputs
 from . import _pyerrors
 
 try:
@@ -58,10 +59,11 @@ def defer(exc: BaseException) -> None:
         _thread.interrupt_main()
 
 
-def error_entry_points() -> dict[str, int]:
-    """{name: address} of PJRT_Error_Destroy/_Message/_GetCode/_ForEachPayload."""
+def native_entry_points() -> dict[str, int]:
+    """{name: address} of the entry points implemented natively: PJRT_Error_* and,
+    with the extension, the infallible buffer getters (see _guard.c, "Buffers")."""
     if _guard is not None:
-        return _guard.error_entry_points()
+        return _guard.entry_points()
     return {name: entry_address(name, call, INFALLIBLE)
             for name, call in _pyerrors.ENTRY_POINTS.items()}
 
@@ -80,7 +82,7 @@ def entry_address(name: str, call, kind: int) -> int:
 def _ctypes_call(name: str, call, kind: int):
     """Without the extension: what _guard.c does, as far as Python can."""
     def thunk(address, call=call, name=name, kind=kind, new_error=new_error,
-              interrupt=_thread.interrupt_main, memset=ctypes.memset):
+              interrupt=_thread.interrupt_main, clear=clear_outputs):
         try:
             return call(address)
         except BaseException as exc:  # noqa: BLE001 - nothing may cross into C
@@ -89,8 +91,6 @@ def _ctypes_call(name: str, call, kind: int):
                 interrupt()              # raised again when control is back in Python
             if kind == FALLIBLE:
                 return new_error(1 if interrupted else 13, f"jax-trn: {name} failed: {exc!r}")
-            size = ctypes.c_size_t.from_address(address).value
-            if size > 16:
-                memset(address + 16, 0, size - 16)
+            clear(address)
             return None
     return thunk

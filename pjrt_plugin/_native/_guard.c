@@ -40,6 +40,13 @@
  * PJRT_Error_* entry points and the vtable are C functions, so an error can be made,
  * read and destroyed with no Python at all (during shutdown, or from any thread).
  *
+ * Buffers. XLA asks a buffer's element type, dimensions, device... when JAX reads it,
+ * and aborts on a wrong answer (an invalid type, a NULL device) as on an error. Those
+ * infallible getters are C functions reading the words Python put in the buffer's
+ * handle block when it made the handle (`BUFFER_WORDS`; the Python objects behind
+ * handles are never freed at exit), so they answer in every phase of interpreter exit:
+ * even once module teardown has cleared the plugin's globals, while JAX still reads.
+ *
  * Every trampoline takes one pointer (the entry point's *_Args) and returns one.
  */
 #define PY_SSIZE_T_CLEAN
@@ -51,7 +58,8 @@
 #include <string.h>
 
 /* PJRT_Error_Code values (absl status codes), pjrt_c_api.h. */
-enum { CODE_CANCELLED = 1, CODE_INTERNAL = 13, CODE_UNAVAILABLE = 14 };
+enum { CODE_CANCELLED = 1, CODE_RESOURCE_EXHAUSTED = 8, CODE_INTERNAL = 13,
+       CODE_UNAVAILABLE = 14 };
 /* Every *_Args starts with struct_size and extension_start; out-fields follow. */
 #define ARGS_HEADER 16
 
@@ -74,7 +82,12 @@ typedef struct {
     char message[];             /* NUL-terminated */
 } Error;
 
-static void vt_destroy(void *e) { free(e); }
+static void *no_memory;          /* the error reported when malloc fails (never freed) */
+
+static void vt_destroy(void *e) {
+    if (e != no_memory)
+        free(e);
+}
 
 static void vt_message(void *e, const char **message, size_t *size) {
     *message = ((Error *)e)->message;
@@ -91,11 +104,11 @@ static void vt_for_each_payload(void *e, void *visitor, void *user_arg) {
 static const ErrorVtable vtable = {56, 8, NULL, vt_destroy, vt_message, vt_get_code,
                                    vt_for_each_payload};
 
-/* A new error; NULL only if malloc fails (then XLA sees success: nothing better exists). */
+/* A new error, or the preallocated RESOURCE_EXHAUSTED one if malloc fails. */
 static Error *make_error(int code, const char *message, size_t size) {
     Error *e = malloc(sizeof(Error) + size + 1);
     if (e == NULL)
-        return NULL;
+        return no_memory;
     e->vtable = &vtable;
     e->code = code;
     e->size = size;
@@ -116,7 +129,7 @@ typedef struct { size_t struct_size; void *ext; Error *error; const char *messag
                  size_t message_size; } MessageArgs;
 typedef struct { size_t struct_size; void *ext; Error *error; int code; } CodeArgs;
 
-static void *api_error_destroy(ErrorArgs *a) { free(a->error); return NULL; }
+static void *api_error_destroy(ErrorArgs *a) { vt_destroy(a->error); return NULL; }
 
 static void *api_error_message(MessageArgs *a) {
     vt_message(a->error, &a->message, &a->message_size);
@@ -126,6 +139,40 @@ static void *api_error_message(MessageArgs *a) {
 static void *api_error_get_code(CodeArgs *a) { a->code = a->error->code; return NULL; }
 
 static void *api_error_for_each_payload(ErrorArgs *a) { (void)a; return NULL; }
+
+/* --- buffers: infallible getters answered from the handle block ------------------- */
+
+/* The words of a buffer's handle block, in order (pjrt_plugin._objects.BUFFER_WORDS). */
+enum { B_VTABLE, B_TYPE, B_DIMS, B_NUM_DIMS, B_DEVICE, B_MEMORY, B_DELETED, B_WORDS };
+#define BUFFER_WORDS_TEXT "vtable type dims num_dims device memory deleted"
+
+/* *_Args of the buffer getters: the header, the buffer, then one or two out-fields. */
+typedef struct { size_t struct_size; void *ext; intptr_t *buffer; } BufferArgs;
+#define OUT(a, type) (*(type *)((char *)(a) + sizeof(BufferArgs)))
+#define OUT2(a, type) (*(type *)((char *)(a) + sizeof(BufferArgs) + sizeof(void *)))
+#define WORD(a, i) (((BufferArgs *)(a))->buffer[i])
+
+static void *buffer_element_type(void *a) { OUT(a, int) = (int)WORD(a, B_TYPE); return NULL; }
+
+static void *buffer_dimensions(void *a) {           /* also UnpaddedDimensions */
+    OUT(a, const int64_t *) = (const int64_t *)WORD(a, B_DIMS);
+    OUT2(a, size_t) = (size_t)WORD(a, B_NUM_DIMS);
+    return NULL;
+}
+
+static void *buffer_dynamic_dimension_indices(void *a) {   /* none: static shapes */
+    OUT(a, const size_t *) = NULL;
+    OUT2(a, size_t) = 0;
+    return NULL;
+}
+
+static void *buffer_device(void *a) { OUT(a, void *) = (void *)WORD(a, B_DEVICE); return NULL; }
+
+static void *buffer_memory(void *a) { OUT(a, void *) = (void *)WORD(a, B_MEMORY); return NULL; }
+
+static void *buffer_is_deleted(void *a) { OUT(a, _Bool) = WORD(a, B_DELETED) != 0; return NULL; }
+
+static void *buffer_is_on_cpu(void *a) { OUT(a, _Bool) = 0; return NULL; }
 
 /* --- interpreter state ----------------------------------------------------------- */
 
@@ -334,18 +381,34 @@ static PyObject *new_error(PyObject *self, PyObject *args) {
     Error *e;
     if (!PyArg_ParseTuple(args, "iy#", &code, &message, &size))
         return NULL;
-    if ((e = make_error(code, message, (size_t)size)) == NULL)
-        return PyErr_NoMemory();
+    e = make_error(code, message, (size_t)size);
     return PyLong_FromVoidPtr(e);
 }
 
-static PyObject *error_entry_points(PyObject *self, PyObject *unused) {
-    return Py_BuildValue(
-        "{sNsNsNsN}",
-        "PJRT_Error_Destroy", PyLong_FromVoidPtr((void *)api_error_destroy),
-        "PJRT_Error_Message", PyLong_FromVoidPtr((void *)api_error_message),
-        "PJRT_Error_GetCode", PyLong_FromVoidPtr((void *)api_error_get_code),
-        "PJRT_Error_ForEachPayload", PyLong_FromVoidPtr((void *)api_error_for_each_payload));
+static PyObject *entry_points(PyObject *self, PyObject *unused) {
+    const struct { const char *name; void *fn; } native[] = {
+        {"PJRT_Error_Destroy", (void *)api_error_destroy},
+        {"PJRT_Error_Message", (void *)api_error_message},
+        {"PJRT_Error_GetCode", (void *)api_error_get_code},
+        {"PJRT_Error_ForEachPayload", (void *)api_error_for_each_payload},
+        {"PJRT_Buffer_ElementType", (void *)buffer_element_type},
+        {"PJRT_Buffer_Dimensions", (void *)buffer_dimensions},
+        {"PJRT_Buffer_UnpaddedDimensions", (void *)buffer_dimensions},
+        {"PJRT_Buffer_DynamicDimensionIndices", (void *)buffer_dynamic_dimension_indices},
+        {"PJRT_Buffer_Device", (void *)buffer_device},
+        {"PJRT_Buffer_Memory", (void *)buffer_memory},
+        {"PJRT_Buffer_IsDeleted", (void *)buffer_is_deleted},
+        {"PJRT_Buffer_IsOnCpu", (void *)buffer_is_on_cpu},
+    };
+    PyObject *table = PyDict_New(), *address;
+    size_t i;
+    for (i = 0; table != NULL && i < sizeof native / sizeof native[0]; i++) {
+        address = PyLong_FromVoidPtr(native[i].fn);
+        if (address == NULL || PyDict_SetItemString(table, native[i].name, address) < 0)
+            Py_CLEAR(table);
+        Py_XDECREF(address);
+    }
+    return table;
 }
 
 static PyObject *defer(PyObject *self, PyObject *exc) {
@@ -371,8 +434,9 @@ static PyMethodDef methods[] = {
      "(kind 0: fallible, 1: infallible; see the file's comment)."},
     {"new_error", new_error, METH_VARARGS,
      "new_error(code, message: bytes) -> address of a new PJRT_Error."},
-    {"error_entry_points", error_entry_points, METH_NOARGS,
-     "{name: address} of the PJRT_Error_* entry points, implemented in C."},
+    {"entry_points", entry_points, METH_NOARGS,
+     "{name: address} of the entry points implemented in C: PJRT_Error_*, and the "
+     "buffer getters answered from the handle block (BUFFER_WORDS)."},
     {"defer", defer, METH_O,
      "defer(exc): raises `exc` again once control is back in Python, after the entry "
      "point running now has returned (see \"Interrupts\" above)."},
@@ -386,12 +450,17 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__guard(void) {
-    PyObject *m = PyModule_Create(&module);
-    if (m == NULL)
+    static const char oom[] = "jax-trn: out of host memory while reporting an error";
+    PyObject *m;
+    if (no_memory == NULL &&
+        (no_memory = make_error(CODE_RESOURCE_EXHAUSTED, oom, sizeof oom - 1)) == NULL)
+        return PyErr_NoMemory();
+    if ((m = PyModule_Create(&module)) == NULL)
         return NULL;
     Py_AtExit(on_python_gone);
     PyModule_AddIntConstant(m, "MAX_SLOTS", MAX_SLOTS);
     PyModule_AddIntConstant(m, "FALLIBLE", FALLIBLE);
     PyModule_AddIntConstant(m, "INFALLIBLE", INFALLIBLE);
+    PyModule_AddStringConstant(m, "BUFFER_WORDS", BUFFER_WORDS_TEXT);
     return m;
 }

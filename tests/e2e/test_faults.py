@@ -1,8 +1,7 @@
 """The faults found by probing (issue 11, item 7), each pinned by a test that failed
 before its fix: an abort at interpreter exit, Ctrl-C turned into JaxRuntimeError, and
-simulated HBM left charged by failed executions. (Compile-time scaling: tests/lower/
-test_semaphores.py; the garbage
-collector during compilation: at the end.)
+simulated HBM left charged by failed executions; and the garbage collector kept out of
+compilation (compile-time scaling itself: tests/lower/test_semaphores.py).
 
 Scripts that need a fresh interpreter (interpreter exit, signals, an environment
 setting read at start) run in subprocesses with the repository on PYTHONPATH.
@@ -50,16 +49,47 @@ READ_IN_DEL_AT_EXIT = """
     Holder()
 """
 
+# Freed later, while the modules are torn down (their globals cleared, the plugin's
+# before JAX's); the same read runs once first, so that nothing is imported at exit.
+READ_IN_DEL_AT_MODULE_TEARDOWN = READ_IN_DEL_AT_EXIT.replace(
+    "            self.me = self          # a cycle: only the interpreter's final collection frees it\n",
+    "").replace("    Holder()\n", "    holder = Holder()\n    float(np.asarray(holder.x).sum())\n")
 
-def test_trn_array_read_in_a_del_at_interpreter_exit_works_every_time():
+
+@pytest.mark.parametrize("script", [READ_IN_DEL_AT_EXIT, READ_IN_DEL_AT_MODULE_TEARDOWN],
+                         ids=["final_collection", "module_teardown"])
+def test_trn_array_read_in_a_del_at_interpreter_exit_works_every_time(script):
     """Was SIGABRT in 6 of 10 runs (XLA read an unset element type while Python was
     finalizing), or "Array has been deleted"; the CPU backend prints the sum."""
-    procs = [_start(READ_IN_DEL_AT_EXIT) for _ in range(10)]
+    procs = [_start(script) for _ in range(10)]
     results = [(p.returncode, out, err) for p in procs
                for out, err in [p.communicate(timeout=300)]]
     for returncode, out, err in results:
         assert returncode == 0, err[-2000:]
         assert out.strip() == "read at exit: 120.0", err[-2000:]
+
+
+WITHOUT_EXTENSION = """
+    import sys, warnings
+    sys.modules["pjrt_plugin._native._guard"] = None        # as if it was never built
+    warnings.simplefilter("ignore")
+    import jax, numpy as np
+    from pjrt_plugin import _native
+    assert not _native.has_guard()
+    x = jax.device_put(np.ones((8, 8), np.float32), jax.devices("trn")[0])
+    print(float(jax.jit(lambda a: a * 2)(x).sum()), np.asarray(x).dtype, x.is_deleted())
+    try:
+        jax.jit(lambda a: jax.numpy.fft.rfft(a).real)(x)
+    except Exception as e:
+        print(type(e).__name__, "fft" in str(e))
+"""
+
+
+def test_the_plugin_still_runs_without_its_extension():
+    """Without a C compiler at install: ctypes thunks and Python errors instead."""
+    returncode, out, err = _run(WITHOUT_EXTENSION)
+    assert returncode == 0, err[-3000:]
+    assert out.splitlines() == ["128.0 float32 False", "JaxRuntimeError True"], err[-3000:]
 
 
 # --- Ctrl-C -------------------------------------------------------------------------------
