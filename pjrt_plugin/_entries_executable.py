@@ -204,10 +204,12 @@ def _interrupted(le: CLoadedExecutable, exc: BaseException, device):
 
 
 def _hand_over(a, le: CLoadedExecutable, results, n_dev: int, error) -> None:
-    """Writes the output handles (and completion events) into the caller's arrays;
-    the handles are made first, so a failure hands over nothing."""
+    """Writes the output handles (and completion events, failed with `error` if any)
+    into the caller's arrays. If this fails, the caller deletes the outputs."""
     handles = [[CBuffer(buf, le.client) for buf in outs] for outs in results]
-    events = [new_event(error) for _ in range(n_dev)] if get_ptr(a, "device_complete_events") else []
+    events = []
+    if get_ptr(a, "device_complete_events"):
+        events = [new_event(error) for _ in range(n_dev)]
     out_lists = read_array(get_ptr(a, "output_lists"), ctypes.c_void_p, n_dev)
     for outs, address in zip(handles, out_lists):
         slots = (ctypes.c_void_p * max(1, len(outs))).from_address(address)
