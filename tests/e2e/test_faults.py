@@ -255,7 +255,7 @@ def test_a_buffer_whose_host_memory_fails_charges_nothing(monkeypatch):
     from jax_trn import systems
     from jax_trn.runtime import buffer
     from jax_trn.runtime.device import make_devices
-    dev = make_devices(systems.get_system("trn1.2xlarge"))[0]
+    dev = make_devices(systems.SYSTEMS["trn1.2xlarge"])[0]
 
     def no_host_memory(*args, **kwargs):
         raise MemoryError("host memory exhausted (test)")
