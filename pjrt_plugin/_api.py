@@ -1,10 +1,14 @@
 """Builds the PJRT_Api function table (C API 0.112) from the registered shims.
 
-Every slot of the table is filled: implemented entry points call their shim through a
-thunk that turns exceptions into PJRT_Errors (or, for entry points JAX cannot survive
-failing, logs them and reports success); the rest return UNIMPLEMENTED naming
-themselves. The table, the thunks and the extension chain are kept alive for the life
-of the process: JAX may call into them while Python is shutting down.
+Every slot of the table is filled. Some entry points are native
+(`_native.native_entry_points`). The others call their shim through
+`call(args_address)`, which turns an `Exception` into a PJRT_Error (or, for entry points
+JAX cannot survive failing, logs it and answers with zeroed out-fields); those without a
+shim return UNIMPLEMENTED naming themselves. `_native` turns each `call` into the
+address C calls, and handles what a Python function cannot: interrupts
+(KeyboardInterrupt is not caught here), exceptions escaping `call`, calls during
+interpreter shutdown. The table and the extension chain are kept alive for the
+life of the process: JAX may call into them while Python is shutting down.
 """
 from __future__ import annotations
 
@@ -12,63 +16,61 @@ import ctypes
 
 from . import _c_api as C
 from . import _errors
-from ._native import native_address
+from . import _native
+from ._mem import clear_outputs
 from ._registry import ENTRIES
 from . import _entries_core, _entries_client, _entries_device  # noqa: F401  (register shims)
 from . import _entries_buffer, _entries_executable  # noqa: F401
 
-_ENTRY = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)
-_VOID = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-
 _KEEP: list = []       # the table and extensions; never freed (see module doc)
 
 
-def _thunk(name: str, fn, never_fails: bool, void: bool):
+def _call(name: str, fn, never_fails: bool):
+    """The Python side of entry point `name`: `call(args_address) -> error | None`.
+    Everything it uses is bound as a default argument: late in interpreter exit the
+    module globals and builtins are cleared, and JAX may still call in."""
     cls = getattr(C, name + "_Args")
     size = C.struct_size(cls)
-    errors = _errors
 
-    def call(address, fn=fn, cls=cls, size=size, errors=errors, name=name):
+    def call(address, fn=fn, cls=cls, size=size, errors=_errors, name=name,
+             never_fails=never_fails, clear=clear_outputs, Exception=Exception):
         try:
             args = cls.from_address(address)
-            if args.struct_size < size and not (never_fails or void):
+            if args.struct_size < size and not never_fails:
                 return errors.new_error(errors.Code.INVALID_ARGUMENT,
                                         f"{name}: struct_size {args.struct_size} < {size}")
             fn(args)
             return None
-        except BaseException as exc:  # noqa: BLE001 - nothing may cross into C
-            try:
-                if never_fails or void:
-                    errors.log_swallowed(name, exc)
-                    return None
+        except Exception as exc:  # noqa: BLE001 - not interrupts: those go on to _native
+            if not never_fails:
                 return errors.from_exception(exc)
-            except BaseException:
-                return None
-    return (_VOID if void else _ENTRY)(call)
+            errors.log_swallowed(name, exc)
+            clear(address)
+            return None
+    return call
 
 
 def _unimplemented(name: str):
     def call(address, name=name, errors=_errors):
-        try:
-            return errors.new_error(errors.Code.UNIMPLEMENTED,
-                                    f"{name} is not implemented by the trn plugin")
-        except BaseException:
-            return None
-    return _ENTRY(call)
+        return errors.new_error(errors.Code.UNIMPLEMENTED,
+                                f"{name} is not implemented by the trn plugin")
+    return call
 
 
-def _address(fn) -> int:
-    return native_address(fn)
+def _address(name: str) -> int:
+    if name in ENTRIES:
+        fn, never_fails = ENTRIES[name]
+        kind = _native.INFALLIBLE if never_fails else _native.FALLIBLE
+        return _native.entry_address(name, _call(name, fn, never_fails), kind)
+    return _native.entry_address(name, _unimplemented(name), _native.FALLIBLE)
 
 
-def _fill(struct, names) -> None:
+def _fill(struct, names, native: dict[str, int] | None = None) -> None:
+    native = native or {}
     for name in names:
-        if name in ENTRIES:
-            thunk = _thunk(name, *ENTRIES[name])
-        else:
-            thunk = _unimplemented(name)
+        address = native[name] if name in native else _address(name)
         offset = getattr(type(struct), name).offset
-        ctypes.c_void_p.from_address(ctypes.addressof(struct) + offset).value = _address(thunk)
+        ctypes.c_void_p.from_address(ctypes.addressof(struct) + offset).value = address
 
 
 def _shardings_extension():
@@ -91,7 +93,7 @@ def build_api() -> C.PJRT_Api:
     version.struct_size = C.struct_size(C.PJRT_Api_Version)
     version.major_version = C.PJRT_API_MAJOR
     version.minor_version = C.PJRT_API_MINOR
-    _fill(api, C.API_ENTRY_POINTS)
+    _fill(api, C.API_ENTRY_POINTS, _native.native_entry_points())
     _KEEP.append(api)
     ctypes.pythonapi.Py_IncRef(ctypes.py_object(_KEEP))    # outlive interpreter teardown
     return api

@@ -1,4 +1,7 @@
-"""Buffers: shape queries (infallible), deletion, device-to-host and device copies."""
+"""Buffers: shape queries (infallible), deletion, device-to-host and device copies.
+
+With the native extension the infallible queries are answered in C from the handle
+block (`CBuffer.new_handle`); the shims here serve the build without it."""
 from __future__ import annotations
 
 import ctypes
@@ -8,7 +11,7 @@ import numpy as np
 from ._errors import Code, PjrtError
 from ._handles import HANDLES
 from ._mem import get_ptr, read_array, set_array, set_ptr
-from ._objects import CBuffer, CDevice, CMemory
+from ._objects import CBuffer, CDevice, CMemory, mark_deleted
 from ._registry import entry
 from ._entries_core import new_event
 
@@ -17,7 +20,7 @@ def _buf(a) -> CBuffer:
     return HANDLES.get(get_ptr(a, "buffer"), CBuffer)
 
 
-@entry("PJRT_Buffer_Destroy")
+@entry("PJRT_Buffer_Destroy", never_fails=True)
 def buffer_destroy(a):
     b = HANDLES.free(get_ptr(a, "buffer"))
     if b is not None:
@@ -82,6 +85,7 @@ def buffer_memory(a):
 @entry("PJRT_Buffer_Delete")
 def buffer_delete(a):
     _buf(a).rt.delete()
+    mark_deleted(get_ptr(a, "buffer"))
 
 
 @entry("PJRT_Buffer_IsDeleted", never_fails=True)
@@ -96,8 +100,7 @@ def buffer_is_on_cpu(a):
 
 @entry("PJRT_Buffer_ReadyEvent")
 def buffer_ready_event(a):
-    _buf(a)
-    set_ptr(a, "event", new_event())
+    set_ptr(a, "event", new_event(_buf(a).rt.error))
 
 
 @entry("PJRT_Buffer_ToHostBuffer")
@@ -133,14 +136,14 @@ def _check_row_major(b: CBuffer, layout) -> None:
 def buffer_copy_to_device(a):
     b = _buf(a)
     device = HANDLES.get(get_ptr(a, "dst_device"), CDevice)
-    set_ptr(a, "dst_buffer", HANDLES.new(CBuffer(b.rt.copy_to(device.rt), b.client)))
+    set_ptr(a, "dst_buffer", CBuffer(b.rt.copy_to(device.rt), b.client).new_handle())
 
 
 @entry("PJRT_Buffer_CopyToMemory")
 def buffer_copy_to_memory(a):
     b = _buf(a)
     memory = HANDLES.get(get_ptr(a, "dst_memory"), CMemory)
-    set_ptr(a, "dst_buffer", HANDLES.new(CBuffer(b.rt.copy_to(memory.rt.device), b.client)))
+    set_ptr(a, "dst_buffer", CBuffer(b.rt.copy_to(memory.rt.device), b.client).new_handle())
 
 
 @entry("PJRT_Buffer_IncreaseExternalReferenceCount")

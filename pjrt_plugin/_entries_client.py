@@ -5,6 +5,8 @@ import ctypes
 
 import numpy as np
 
+from jax_trn.runtime.gc_pause import gc_paused
+
 from . import _dtypes
 from ._errors import Code, PjrtError
 from ._handles import HANDLES
@@ -26,7 +28,7 @@ def client_create(a):
     set_ptr(a, "client", CClient(create_client(options)).handle)
 
 
-@entry("PJRT_Client_Destroy")
+@entry("PJRT_Client_Destroy", never_fails=True)
 def client_destroy(a):
     HANDLES.free(get_ptr(a, "client"))
 
@@ -81,8 +83,14 @@ def client_compile(a):
     code = read_bytes(get_ptr(program, "code"), program.code_size)
     fmt = read_bytes(get_ptr(program, "format"), program.format_size).decode()
     options = read_bytes(get_ptr(a, "compile_options"), a.compile_options_size)
-    executable = c.rt.compile(code, fmt, options)
-    set_ptr(a, "executable", HANDLES.new(CLoadedExecutable(executable, c)))
+    with gc_paused():
+        executable = c.rt.compile(code, fmt, options)
+    try:
+        loaded = CLoadedExecutable(executable, c)
+    except BaseException:
+        executable.release()             # its constants' HBM
+        raise
+    set_ptr(a, "executable", HANDLES.new(loaded))
 
 
 @entry("PJRT_Client_DefaultDeviceAssignment")
@@ -123,7 +131,7 @@ def client_buffer_from_host_buffer(a):
     device = _target_device(c, a)
     array = _host_array(a, dtype, dims)
     buffer = c.rt.buffer_from_host(array, device.rt)
-    set_ptr(a, "buffer", HANDLES.new(CBuffer(buffer, c)))
+    set_ptr(a, "buffer", CBuffer(buffer, c).new_handle())
     set_ptr(a, "done_with_host_buffer", new_event())
 
 

@@ -1,38 +1,15 @@
-"""Errors, plugin attributes and events."""
+"""Plugin attributes and events (the PJRT_Error_* entry points are native: `_native`)."""
 from __future__ import annotations
 
 import ctypes
 
 from . import _errors
-from ._errors import Error
 from ._handles import HANDLES
 from ._mem import Keep, get_ptr, set_array, set_ptr
 from ._objects import CEvent, named_values
 from ._registry import entry
 
 _keep = Keep()
-
-
-@entry("PJRT_Error_Destroy", never_fails=True, void=True)
-def error_destroy(a):
-    HANDLES.free(get_ptr(a, "error"))
-
-
-@entry("PJRT_Error_Message", never_fails=True, void=True)
-def error_message(a):
-    e = HANDLES.get(get_ptr(a, "error"), Error)
-    set_ptr(a, "message", ctypes.addressof(e.buffer))
-    a.message_size = len(e.message)
-
-
-@entry("PJRT_Error_GetCode", never_fails=True)
-def error_get_code(a):
-    a.code = int(HANDLES.get(get_ptr(a, "error"), Error).code)
-
-
-@entry("PJRT_Error_ForEachPayload", never_fails=True)
-def error_for_each_payload(a):
-    return None      # our errors carry no payloads
 
 
 @entry("PJRT_Plugin_Initialize")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ctypes
 
+from . import _native
 from ._errors import Code, PjrtError
 from ._handles import HANDLES
 from ._mem import get_ptr, read_array, set_array, set_arrays, set_ptr
@@ -22,7 +23,7 @@ def _loaded(a) -> CLoadedExecutable:
     return HANDLES.get(get_ptr(a, "executable"), CLoadedExecutable)
 
 
-@entry("PJRT_Executable_Destroy")
+@entry("PJRT_Executable_Destroy", never_fails=True)
 def executable_destroy(a):
     HANDLES.free(get_ptr(a, "executable"))
 
@@ -175,16 +176,47 @@ def loaded_execute(a):
     device = None
     if get_ptr(a, "execute_device"):
         device = HANDLES.get(get_ptr(a, "execute_device"), CDevice).rt
-    results = le.rt.execute(args, device=device)
+    error = None
+    try:
+        results = le.rt.execute(args, device=device)
+    except Exception:
+        raise
+    except BaseException as exc:      # KeyboardInterrupt: see _interrupted
+        results, error = _interrupted(le, exc, device)
+    try:
+        _hand_over(a, le, results, n_dev, error)
+    except BaseException:
+        for outs in results:
+            for buf in outs:
+                buf.delete()
+        raise
+
+
+def _interrupted(le: CLoadedExecutable, exc: BaseException, device):
+    """An execution stopped by an interrupt (Ctrl-C) succeeds, with outputs that fail
+    with CANCELLED when read, and the interrupt is raised again as soon as control is
+    back in Python: at the call itself. Failing the call instead would surface as
+    JaxRuntimeError where JAX's C++ dispatch returns, before any Python code could
+    raise the interrupt."""
+    _native.defer(exc)
+    error = PjrtError(Code.CANCELLED, f"{le.rt.name} was interrupted ({type(exc).__name__})")
+    return le.rt.failed_outputs(error, device), error
+
+
+def _hand_over(a, le: CLoadedExecutable, results, n_dev: int, error) -> None:
+    """Writes the output handles (and completion events, failed with `error` if any)
+    into the caller's arrays. If this fails, the caller deletes the outputs."""
+    handles = [[CBuffer(buf, le.client) for buf in outs] for outs in results]
+    events = []
+    if get_ptr(a, "device_complete_events"):
+        events = [new_event(error) for _ in range(n_dev)]
     out_lists = read_array(get_ptr(a, "output_lists"), ctypes.c_void_p, n_dev)
-    for outs, address in zip(results, out_lists):
+    for outs, address in zip(handles, out_lists):
         slots = (ctypes.c_void_p * max(1, len(outs))).from_address(address)
         for j, buf in enumerate(outs):
-            slots[j] = HANDLES.new(CBuffer(buf, le.client))
-    if get_ptr(a, "device_complete_events"):
-        events = (ctypes.c_void_p * n_dev).from_address(get_ptr(a, "device_complete_events"))
-        for i in range(n_dev):
-            events[i] = new_event()
+            slots[j] = buf.new_handle()
+    if events:
+        (ctypes.c_void_p * n_dev).from_address(get_ptr(a, "device_complete_events"))[:] = events
 
 
 # --- Shardings extension ------------------------------------------------------------

@@ -1,17 +1,14 @@
-"""PJRT_Error objects: a Python exception turned into a C error with a code and message.
+"""Python exceptions turned into PJRT_Errors: the code and message for an exception.
 
-Error objects carry the PJRT_Error_FunctionTable vtable (C API 0.107), so callers may use
-either the vtable or the api table's PJRT_Error_* entry points on them.
+The error objects themselves are made by the native layer (`_native.new_error`).
 """
 from __future__ import annotations
 
-import ctypes
 import sys
 import traceback
 
 from . import _c_api as C
-from ._handles import HANDLES
-from ._native import native_address
+from . import _native
 
 
 # PJRT_Error_Code values (absl status codes).
@@ -24,13 +21,6 @@ class PjrtError(Exception):
     def __init__(self, code: Code, message: str):
         super().__init__(message)
         self.code = code
-
-
-class Error:
-    def __init__(self, code: Code, message: str):
-        self.code = code
-        self.message = message.encode("utf-8", "replace")
-        self.buffer = ctypes.create_string_buffer(self.message, len(self.message) + 1)
 
 
 def code_for(exc: BaseException) -> Code:
@@ -57,42 +47,8 @@ def message_for(exc: BaseException) -> str:
     return text
 
 
-# --- the vtable -------------------------------------------------------------------
-
-_VT_DESTROY = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-_VT_MESSAGE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
-_VT_GET_CODE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
-_VT_PAYLOAD = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
-
-
-def _vt_destroy(err, handles=HANDLES):
-    handles.free(err or 0)
-
-
-def _vt_message(err, out_msg, out_size, handles=HANDLES):
-    e = handles.get(err or 0, Error)
-    ctypes.c_void_p.from_address(out_msg).value = ctypes.addressof(e.buffer)
-    ctypes.c_size_t.from_address(out_size).value = len(e.message)
-
-
-def _vt_get_code(err, handles=HANDLES):
-    return int(handles.get(err or 0, Error).code)
-
-
-def _vt_payload(err, visitor, user_arg):
-    return None      # our errors carry no payloads
-
-
-_THUNKS = (_VT_DESTROY(_vt_destroy), _VT_MESSAGE(_vt_message), _VT_GET_CODE(_vt_get_code),
-           _VT_PAYLOAD(_vt_payload))
-# PJRT_Error_FunctionTable: struct_size, instance_size, extension_start, then the four
-# functions; struct_size = offset of the last field + 8 = 56; instance_size = 8.
-_VTABLE = (ctypes.c_void_p * 7)(56, 8, None, *(native_address(t) for t in _THUNKS))
-VTABLE_ADDRESS = ctypes.addressof(_VTABLE)
-
-
 def new_error(code: Code, message: str) -> int:
-    return HANDLES.new(Error(code, message), VTABLE_ADDRESS)
+    return _native.new_error(int(code), message)
 
 
 def from_exception(exc: BaseException) -> int:

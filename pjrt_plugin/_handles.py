@@ -2,7 +2,10 @@
 
 Each handle is the address of a small C block owned here; its first word is the
 object's vtable pointer where the C API defines one (PJRT_Error, PJRT_Memory) and
-NULL otherwise. The registry keeps the Python object alive until the handle is freed.
+NULL otherwise; the words after it hold what native code answers for the object without
+Python (a buffer's, `_objects.BUFFER_WORDS`). The registry keeps the Python object and
+its block alive until the handle is freed; the registry itself is never freed, since
+XLA may still use handles while the interpreter exits.
 """
 from __future__ import annotations
 
@@ -20,8 +23,8 @@ class Handles:
         self._by_id: dict[int, int] = {}
         self._lock = threading.Lock()
 
-    def new(self, obj, vtable: int = 0) -> int:
-        block = (ctypes.c_void_p * 2)(vtable or None, None)
+    def new(self, obj, vtable: int = 0, words: tuple[int, ...] = (0,)) -> int:
+        block = (ctypes.c_void_p * (1 + len(words)))(vtable or None, *(w or None for w in words))
         address = ctypes.addressof(block)
         with self._lock:
             self._objects[address] = (obj, block)
@@ -50,3 +53,4 @@ class Handles:
 
 
 HANDLES = Handles()
+ctypes.pythonapi.Py_IncRef(ctypes.py_object(HANDLES))    # see the module doc

@@ -40,6 +40,17 @@ def set_array(struct: ctypes.Structure, ptr_field: str, count_field: str,
     set_arrays(struct, (ptr_field,), count_field, pair)
 
 
+def clear_outputs(args_address: int) -> None:
+    """Zeroes everything after a *_Args header (struct_size, extension_start): the
+    answer of an infallible entry point that could not answer (NULL, 0, false)."""
+    size = ctypes.c_size_t.from_address(args_address).value
+    if size > _ARGS_HEADER:
+        ctypes.memset(args_address + _ARGS_HEADER, 0, size - _ARGS_HEADER)
+
+
+_ARGS_HEADER = 16
+
+
 def read_bytes(address: int, size: int) -> bytes:
     return ctypes.string_at(address, size) if size else b""
 

@@ -119,6 +119,11 @@ class CClient:
         return self.device_of[id(device)]
 
 
+# The words of a buffer's handle block (the C getters of pjrt_plugin/_native/_guard.c
+# read them: the same order as its B_* constants).
+BUFFER_WORDS = ("vtable", "type", "dims", "num_dims", "device", "memory", "deleted")
+
+
 class CBuffer:
     def __init__(self, buffer, client: CClient):
         self.rt = buffer
@@ -133,6 +138,19 @@ class CBuffer:
     @property
     def device(self) -> CDevice:
         return self.client.cdevice(self.rt.device)
+
+    def new_handle(self) -> int:
+        """A handle whose block holds this buffer's infallible answers (BUFFER_WORDS)."""
+        device = self.device
+        return HANDLES.new(self, 0, (self.element_type, *self.dims, device.handle,
+                                     device.memory.handle, int(self.rt.is_deleted)))
+
+
+def mark_deleted(buffer_handle: int) -> None:
+    """Sets the `deleted` word of a buffer's handle block."""
+    word = BUFFER_WORDS.index("deleted")
+    ctypes.c_void_p.from_address(buffer_handle + word * ctypes.sizeof(ctypes.c_void_p)
+                                 ).value = 1
 
 
 class CEvent:

@@ -1,4 +1,4 @@
-"""Device buffers: arrays held in a device's simulated HBM."""
+"""Device buffers: arrays held in a device's simulated HBM; the allocations of one execution."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,15 +13,23 @@ class Buffer:
 
     def __init__(self, device: Device, shape: tuple[int, ...], dtype: str,
                  data: np.ndarray | None = None):
+        self._describe(device, shape, dtype)
+        device.allocate(self.nbytes, f"a {dtype}{list(self.shape)} buffer")
+        try:
+            if data is None:
+                data = host_zeros(int(np.prod(self.shape, dtype=np.int64)), dtype)
+            self.data: np.ndarray | None = data.reshape(-1)
+        except BaseException:            # host MemoryError, Ctrl-C: charge nothing
+            device.free(self.nbytes)
+            raise
+
+    def _describe(self, device: Device, shape, dtype: str) -> None:
         self.device = device
         self.shape = tuple(int(d) for d in shape)
         self.dtype = dtype
         self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * _dt.itemsize(dtype)
-        device.allocate(self.nbytes, f"a {dtype}{list(self.shape)} buffer")
-        if data is None:
-            data = np.zeros(int(np.prod(self.shape, dtype=np.int64)), _dt.np_dtype(dtype))
-        self.data: np.ndarray | None = data.reshape(-1)
         self.external_refs = 0
+        self.error: BaseException | None = None
 
     @classmethod
     def from_host(cls, device: Device, array: np.ndarray) -> "Buffer":
@@ -29,16 +37,28 @@ class Buffer:
         _dt.np_dtype(dtype)     # rejects dtypes the hardware lacks
         return cls(device, array.shape, dtype, np.array(array, copy=True, order="C"))
 
+    @classmethod
+    def failed(cls, device: Device, shape, dtype: str, error: BaseException) -> "Buffer":
+        """A buffer that never got a value (its execution did not complete): it holds
+        and charges nothing, and reading it raises `error`."""
+        buf = cls.__new__(cls)
+        buf._describe(device, shape, dtype)
+        buf.data, buf.error = None, error
+        return buf
+
     @property
     def is_deleted(self) -> bool:
-        return self.data is None
+        return self.data is None and self.error is None
 
     def delete(self) -> None:
+        self.error = None
         if self.data is not None:
             self.data = None
             self.device.free(self.nbytes)
 
     def to_host(self) -> np.ndarray:
+        if self.error is not None:
+            raise self.error
         if self.data is None:
             raise RuntimeError(f"buffer on {self.device.to_string} was deleted")
         return self.data.reshape(self.shape)
@@ -48,3 +68,39 @@ class Buffer:
 
     def __repr__(self) -> str:
         return f"Buffer({self.dtype}{list(self.shape)} on {self.device.to_string})"
+
+
+class Allocations:
+    """The HBM one execution allocates: its outputs, kept if it succeeds, and its
+    temporaries, freed when it ends. If it fails in any way (an exception, a runaway
+    loop, KeyboardInterrupt) its outputs are deleted too: a failed call leaves nothing
+    charged on any device."""
+
+    def __init__(self):
+        self.outputs: list[Buffer] = []
+        self.reserved: list[tuple[Device, int]] = []
+
+    def output(self, device: Device, shape, dtype: str) -> Buffer:
+        buf = Buffer(device, shape, dtype)
+        self.outputs.append(buf)
+        return buf
+
+    def reserve(self, device: Device, nbytes: int, what: str) -> None:
+        device.allocate(nbytes, what)
+        self.reserved.append((device, nbytes))
+
+    def __enter__(self) -> "Allocations":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        for device, nbytes in self.reserved:
+            device.free(nbytes)
+        self.reserved = []
+        if exc_type is not None:
+            for buf in self.outputs:
+                buf.delete()
+
+
+def host_zeros(size: int, dtype: str) -> np.ndarray:
+    """The host memory behind a new buffer (may raise MemoryError)."""
+    return np.zeros(size, _dt.np_dtype(dtype))

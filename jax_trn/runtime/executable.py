@@ -34,7 +34,7 @@ from jax_trn.hw.program import (
 )
 
 from . import spmd
-from .buffer import Buffer
+from .buffer import Allocations, Buffer
 from .device import Device
 
 
@@ -139,6 +139,9 @@ class Executable:
 
     def execute(self, arg_lists: list[list[Buffer]], device: Device | None = None
                 ) -> list[list[Buffer]]:
+        """Runs the program once on `devices` (or `device` alone); returns each device's
+        output buffers. A call that fails in any way (an error, a runaway loop, Ctrl-C,
+        out of HBM or host memory on any device) leaves nothing allocated."""
         devices = [device] if device is not None else self.devices
         if len(arg_lists) != len(devices):
             raise ExecutionError(
@@ -151,43 +154,49 @@ class Executable:
         sharers = Counter(d.chip for d in devices)
         hbms = {c: Hbm(chip.hbm_bytes_per_ns, f"hbm.chip{c}", n if n > 1 else None)
                 for c, n in sharers.items()}
-        if self.collectives:
-            return self._execute_spmd(devices, arg_lists, hbms)
+        with Allocations() as alloc:
+            run = self._execute_spmd if self.collectives else self._execute_each
+            results, records, collectives = run(devices, arg_lists, hbms, alloc)
+            profiler.record(self._execution(records, devices, collectives))
+            return results
+
+    def failed_outputs(self, error: BaseException, device: Device | None = None
+                       ) -> list[list[Buffer]]:
+        """Stand-ins for the outputs of a call that did not complete (`Buffer.failed`:
+        they charge nothing and raise `error` when read), one list per device."""
+        devices = [device] if device is not None else self.devices
+        return [[Buffer.failed(d, t.shape, t.dtype, error) for t in self.program.outputs]
+                for d in devices]
+
+    def _execute_each(self, devices, arg_lists, hbms, alloc):
+        """One device after the other (a program without collectives)."""
         records, results = [], []
         for p, (dev, args) in enumerate(zip(devices, arg_lists)):
-            outs, kernels = self._run_on(dev, args, hbms[dev.chip], p)
+            outs, dram = self._prepare(dev, args, p, alloc)
+            with dev.execution_lock:
+                core = dev.core_model
+                core.begin(hbms[dev.chip])
+                records.extend(run_kernels(self.program, core, dram, dev.id, dev.chip))
             results.append(outs)
-            records.extend(kernels)
-        profiler.record(self._execution(records, devices))
-        return results
+        return results, records, ()
 
-    def _execute_spmd(self, devices, arg_lists, hbms) -> list[list[Buffer]]:
+    def _execute_spmd(self, devices, arg_lists, hbms, alloc):
         """All devices at once: each runs the steps on its core until a collective,
         which runs when all have reached it (`spmd.drive`)."""
-        prepared, runners = [], []
-        try:
-            for p, (dev, args) in enumerate(zip(devices, arg_lists)):
-                prepared.append(self._prepare(dev, args, p))
-            with contextlib.ExitStack() as locks:
-                for dev in sorted(set(devices), key=lambda d: d.id):
-                    locks.enter_context(dev.execution_lock)
-                for dev, (outs, dram, _) in zip(devices, prepared):
-                    core = dev.core_model
-                    core.begin(hbms[dev.chip])
-                    runners.append(_StepRunner(core, dram, dev.id, dev.chip, True,
-                                               self.program.steps))
-                collectives = spmd.drive(runners, devices, dev.system.interconnect())
-        except BaseException:
-            for outs, _, temp_bytes in prepared:
-                for b in outs:
-                    b.delete()
-            raise
-        finally:
-            for dev, (_, _, temp_bytes) in zip(devices, prepared):
-                dev.free(temp_bytes)
+        prepared = [self._prepare(dev, args, p, alloc)
+                    for p, (dev, args) in enumerate(zip(devices, arg_lists))]
+        runners = []
+        with contextlib.ExitStack() as locks:
+            for dev in sorted(set(devices), key=lambda d: d.id):
+                locks.enter_context(dev.execution_lock)
+            for dev, (_, dram) in zip(devices, prepared):
+                core = dev.core_model
+                core.begin(hbms[dev.chip])
+                runners.append(_StepRunner(core, dram, dev.id, dev.chip, True,
+                                           self.program.steps))
+            collectives = spmd.drive(runners, devices, devices[0].system.interconnect())
         records = [r for run in runners for r in run.records]
-        profiler.record(self._execution(records, devices, collectives))
-        return [outs for outs, _, _ in prepared]
+        return [outs for outs, _ in prepared], records, collectives
 
     def _execution(self, kernels, devices, collectives=()) -> profiler.Execution:
         return make_execution(self.name, self.program, devices[0].system,
@@ -198,6 +207,8 @@ class Executable:
             raise ExecutionError(f"{self.name} takes {len(self.program.params)} arguments, "
                                  f"got {len(args)}")
         for i, (p, b) in enumerate(zip(self.program.params, args)):
+            if b.error is not None:
+                raise b.error
             if b.is_deleted:
                 raise ExecutionError(f"argument {i} of {self.name} was deleted")
             if tuple(p.shape) != b.shape or p.dtype != b.dtype:
@@ -207,33 +218,17 @@ class Executable:
                 raise ExecutionError(f"argument {i} of {self.name} is on {b.device.to_string}, "
                                      f"the program runs on {device.to_string}")
 
-    def _prepare(self, device: Device, args: list[Buffer], partition: int):
-        """Output buffers, temporaries (charged to the device's HBM) and the DRAM
-        binding of one device's run."""
+    def _prepare(self, device: Device, args: list[Buffer], partition: int, alloc):
+        """Output buffers and temporaries of one device's run (charged to its HBM
+        through `alloc`) and the run's DRAM binding."""
         self._check_args(device, args)
         prog = self.program
-        outs = [Buffer(device, t.shape, t.dtype) for t in prog.outputs]
-        temp_bytes = sum(t.nbytes for t in prog.temps)
-        try:
-            device.allocate(temp_bytes, f"{len(prog.temps)} temporaries of {self.name}")
-        except MemoryError:
-            for b in outs:
-                b.delete()
-            raise
+        outs = [alloc.output(device, t.shape, t.dtype) for t in prog.outputs]
+        alloc.reserve(device, sum(t.nbytes for t in prog.temps),
+                      f"{len(prog.temps)} temporaries of {self.name}")
         dram = bind_dram(prog, [b.data for b in args], [b.data for b in outs],
                          partition=partition, replica=0)
-        return outs, dram, temp_bytes
-
-    def _run_on(self, device: Device, args: list[Buffer], hbm, partition: int = 0):
-        outs, dram, temp_bytes = self._prepare(device, args, partition)
-        try:
-            with device.execution_lock:
-                core = device.core_model
-                core.begin(hbm)
-                kernels = run_kernels(self.program, core, dram, device.id, device.chip)
-            return outs, kernels
-        finally:
-            device.free(temp_bytes)
+        return outs, dram
 
 
 # Per-device values a program reads from DRAM (`stablehlo.partition_id` / `replica_id`).
