@@ -150,7 +150,7 @@ def _device_ids(system, n: int, device_ids, label: str) -> list[int]:
 
 def _simulate(name: str, program, options, ids: list[int]):
     from jax_trn.runtime.executable import simulate
-    return simulate(name, program, options.system, ids)
+    return simulate(name, program, options, ids)
 
 
 def _row(system, ex, n: int) -> dict:

@@ -162,7 +162,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("strict_activation_ranges", _flag,
             "NaN for ScalarE function inputs outside their published ranges"),
     Setting("collective_algorithm", _algorithm,
-            "force a collective algorithm instead of the size rule"),
+            "force a collective algorithm instead of the size rule", compile_time=True),
     Setting("max_while_iterations", _integer(1),
             "trip count at which a while loop is stopped as a runaway", compile_time=True),
 )

@@ -5,7 +5,6 @@ import ctypes
 
 import numpy as np
 
-from jax_trn.runtime.gc_pause import gc_paused
 
 from . import _dtypes
 from ._errors import Code, PjrtError
@@ -83,8 +82,7 @@ def client_compile(a):
     code = read_bytes(get_ptr(program, "code"), program.code_size)
     fmt = read_bytes(get_ptr(program, "format"), program.format_size).decode()
     options = read_bytes(get_ptr(a, "compile_options"), a.compile_options_size)
-    with gc_paused():
-        executable = c.rt.compile(code, fmt, options)
+    executable = c.rt.compile(code, fmt, options)
     try:
         loaded = CLoadedExecutable(executable, c)
     except BaseException:

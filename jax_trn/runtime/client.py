@@ -14,7 +14,7 @@ from jax_trn import config
 from jax_trn.config import Options
 from . import compile_options, compiler
 from .buffer import Buffer
-from .device import Device, Memory, OutOfMemory, make_devices
+from .device import Device, Memory, OutOfMemory, core_numerics, make_devices
 from .executable import Executable
 
 PLATFORM_NAME = "trn"
@@ -29,7 +29,7 @@ class Client:
         from jax_trn import __version__
         self.options = options
         self.system = system = options.system
-        self.devices: list[Device] = make_devices(system)
+        self.devices: list[Device] = make_devices(system, core_numerics(options))
         self.memories: list[Memory] = [d.memory for d in self.devices]
         self.platform_version = (
             f"jax-trn {__version__}: simulated {system.name} ({system.num_chips} x "
@@ -69,7 +69,7 @@ class Client:
             code, settings, name=name, check=lambda n, m: _check_fits(n, m, devices))
         from .program_mlir import program_mlir
         return Executable(compiled.name, compiled.program, compiled.module, devices, opts,
-                          program_mlir(compiled.name, compiled.program))
+                          program_mlir(compiled.name, compiled.program), settings)
 
     def _assigned_devices(self, opts) -> list[Device]:
         """The devices of a program, replica-major (device r * partitions + p runs

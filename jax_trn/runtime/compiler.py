@@ -3,7 +3,7 @@
 One driver for everything that compiles: the PJRT client (`Client.compile`) and the
 tools that compile without going through the backend (`jax_trn.compare`). Each step
 takes what it needs from the `jax_trn.config.Options` it is given, never from the
-environment:
+environment. Both steps run with Python's garbage collector paused (`gc_pause`).
 
     hlo_passes.compile_to_ir(code, ...)      # Shardy, import, our passes (disabled
                                              # passes and IR dumps from the options)
@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 from jax_trn.config import Options
 
+from .gc_pause import gc_paused
+
 
 @dataclass(frozen=True)
 class Compiled:
@@ -29,16 +31,18 @@ class Compiled:
 def to_ir(code: bytes, options: Options, *, name: str | None = None, fuse: bool = True):
     """StableHLO bytes -> verified, optimized per-device IR (`hlo_passes.ir.Module`)."""
     import hlo_passes
-    return hlo_passes.compile_to_ir(code, name=name, fuse=fuse,
-                                    disabled_passes=options.disable_passes,
-                                    dump_dir=options.dump)
+    with gc_paused():
+        return hlo_passes.compile_to_ir(code, name=name, fuse=fuse,
+                                        disabled_passes=options.disable_passes,
+                                        dump_dir=options.dump)
 
 
 def lower(module, options: Options):
     """Per-device IR -> the ISA program for one NeuronCore of `options.system`."""
     from jax_trn.lower import lower_module
-    return lower_module(module, options.system.chip.core,
-                        matmul_precision=options.matmul_precision)
+    with gc_paused():
+        return lower_module(module, options.system.chip.core,
+                            matmul_precision=options.matmul_precision)
 
 
 def compile_program(code: bytes, options: Options, *, name: str | None = None,

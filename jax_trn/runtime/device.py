@@ -4,6 +4,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
+from jax_trn.hw.numerics import Numerics
 from jax_trn.systems import System
 
 
@@ -55,6 +56,7 @@ class Device:
     peak_bytes_in_use: int = 0
     num_allocs: int = 0
     largest_alloc_size: int = 0
+    numerics: Numerics = field(default_factory=Numerics)   # its core's rounding context
 
     def __post_init__(self):
         self.memory = Memory(self.id, self)
@@ -71,10 +73,9 @@ class Device:
         Trn2: 1152 private copies would not fit in a laptop's memory)."""
         if self._core is None:
             from jax_trn.hw.core import NeuronCore
-            from jax_trn.runtime.settings import core_numerics
             spec = self.system.chip.core
             self._core = NeuronCore(spec, core_id=self.core, memories=_scratch(spec),
-                                    numerics=core_numerics())
+                                    numerics=self.numerics)
         return self._core
 
     @property
@@ -133,8 +134,18 @@ class Device:
         }
 
 
-def make_devices(system: System) -> list[Device]:
+def make_devices(system: System, numerics: Numerics | None = None) -> list[Device]:
+    """The devices of `system`, their cores rounding as `numerics` says (default: the
+    hardware's round-to-nearest-even, strict activation ranges)."""
     cores = system.cores_per_chip
     share = system.chip.hbm_bytes // cores
-    return [Device(c * cores + k, c, k, system, share)
+    numerics = numerics or Numerics()
+    return [Device(c * cores + k, c, k, system, share, numerics=numerics)
             for c in range(system.num_chips) for k in range(cores)]
+
+
+def core_numerics(options) -> Numerics:
+    """The rounding context of every NeuronCore of a client with `options`
+    (`jax_trn.config.Options`: stochastic rounding, its seed, strict activation ranges)."""
+    return Numerics("stochastic" if options.stochastic_rounding else "rne",
+                    options.stochastic_rounding_seed, options.strict_activation_ranges)

@@ -8,14 +8,13 @@ behind `cost_analysis()` and `jax_trn.compare`.
 Control flow (`hw.program.While` / `Case` steps) runs on the core's control path between
 kernels: after the kernel that wrote the predicate / branch index completed, the
 sequencer reads it from HBM and branches (`control_ns`). A loop that runs more than
-`max_iterations()` trips ($JAX_TRN_MAX_WHILE_ITERATIONS, default 10000) stops the call
+`Options.max_while_iterations` trips (JAX_TRN_MAX_WHILE_ITERATIONS, default 10000) stops the call
 with an ExecutionError instead of hanging.
 """
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import threading
 from collections import Counter
 
@@ -35,6 +34,9 @@ from jax_trn.hw.program import (
 
 from . import spmd
 from .buffer import Allocations, Buffer
+from jax_trn.config import Options
+from jax_trn.systems import System
+
 from .device import Device
 
 
@@ -46,12 +48,15 @@ class Executable:
     """One compiled program, loaded for `devices` (one per replica × partition)."""
 
     def __init__(self, name: str, program, module, devices: list[Device], options,
-                 mlir_text: str = ""):
+                 mlir_text: str = "", settings: Options | None = None):
+        """`options`: JAX's compile options (replicas, partitions, device assignment);
+        `settings`: the jax-trn options the program was compiled and runs with."""
         self.name = name
         self.program = program
         self.optimized_mlir = mlir_text
         self.devices = devices
         self.options = options
+        self.settings = settings or Options(system=devices[0].system)
         fn = module.main
         self.output_types = list(fn.result_types)
         self.param_types = [a.type for a in fn.args]
@@ -133,7 +138,7 @@ class Executable:
         it is the time of a call with all-zero arguments (see `simulate`)."""
         with self._lock:
             if self._timing is None:
-                self._timing = simulate(self.name, self.program, self.devices[0].system,
+                self._timing = simulate(self.name, self.program, self.settings,
                                         [d.id for d in self.devices])
             return self._timing
 
@@ -176,7 +181,8 @@ class Executable:
             with dev.execution_lock:
                 core = dev.core_model
                 core.begin(hbms[dev.chip])
-                records.extend(run_kernels(self.program, core, dram, dev.id, dev.chip))
+                records.extend(run_kernels(self.program, core, dram, dev.id, dev.chip,
+                                           limit=self.settings.max_while_iterations))
             results.append(outs)
         return results, records, ()
 
@@ -193,8 +199,10 @@ class Executable:
                 core = dev.core_model
                 core.begin(hbms[dev.chip])
                 runners.append(_StepRunner(core, dram, dev.id, dev.chip, True,
-                                           self.program.steps))
-            collectives = spmd.drive(runners, devices, devices[0].system.interconnect())
+                                           self.program.steps,
+                                           self.settings.max_while_iterations))
+            collectives = spmd.drive(runners, devices, devices[0].system.interconnect(),
+                                     algorithm=self.settings.collective_algorithm)
         records = [r for run in runners for r in run.records]
         return [outs for outs, _ in prepared], records, collectives
 
@@ -257,11 +265,6 @@ def bind_dram(prog, params: list[np.ndarray], outs: list[np.ndarray], *, partiti
     return dram
 
 
-def max_iterations() -> int:
-    """The trip count at which a `while` is taken for a runaway loop."""
-    return int(os.environ.get("JAX_TRN_MAX_WHILE_ITERATIONS", "10000"))
-
-
 def control_ns(spec) -> float:
     """Simulated time of one control-path decision between kernels: the sequencer loads
     the predicate / branch index (4 bytes) from HBM into a register and branches
@@ -272,18 +275,19 @@ def control_ns(spec) -> float:
     return spec.dma_fixed_ns + spec.static_overhead / min(dict(spec.clock_ghz).values())
 
 
-def run_kernels(prog, core, dram, device_id: int, chip: int, *, execute: bool = True
-                ) -> list[profiler.KernelRecord]:
+def run_kernels(prog, core, dram, device_id: int, chip: int, *, execute: bool = True,
+                limit: int = Options.max_while_iterations) -> list[profiler.KernelRecord]:
     """Runs the program's steps on `core` from simulated time 0: kernels back to back,
     loops and conditionals on the control path (with `execute=False` only the kernels'
     timing, which needs a program without control flow). Control decisions delay the
     next kernel by `control_ns`; one after the last kernel (a final loop exit test) is
     in no record, so an execution's span ends with its last kernel. A program with
-    collectives runs through `spmd.drive` instead (all its devices at once)."""
+    collectives runs through `spmd.drive` instead (all its devices at once). A loop
+    running more than `limit` trips is stopped as a runaway."""
     if not execute and prog.control_flow:
         raise ExecutionError("a timing-only run cannot decide loops or branches: "
                              "run the program's numerics (see `simulate`)")
-    run = _StepRunner(core, dram, device_id, chip, execute, prog.steps)
+    run = _StepRunner(core, dram, device_id, chip, execute, prog.steps, limit)
     for arrival in run.run():
         raise ExecutionError(f"{arrival.step.name} is a collective: run the program on "
                              "all its devices (spmd.drive)")
@@ -297,11 +301,12 @@ class _StepRunner:
     device goes on with the following steps while the collective is in flight and waits
     for its end only at the first step that depends on it (see `spmd`, "Overlap")."""
 
-    def __init__(self, core, dram, device_id: int, chip: int, execute: bool, steps=()):
+    def __init__(self, core, dram, device_id: int, chip: int, execute: bool, steps=(),
+                 limit: int = Options.max_while_iterations):
         self.core, self.dram, self.execute = core, dram, execute
         self.device_id, self.chip = device_id, chip
         self.control_ns = control_ns(core.spec)
-        self.limit = max_iterations()
+        self.limit = limit             # trips at which a while loop is a runaway
         self.records: list[profiler.KernelRecord] = []
         self.program_steps = steps
         self.in_flight: list[tuple[frozenset, frozenset, float]] = []  # (results, operands, end)
@@ -408,7 +413,8 @@ class _StepRunner:
                 raise ExecutionError(
                     f"{step.name} ({'; '.join(step.ops)}) ran {self.limit} iterations "
                     f"without its predicate becoming false; raise "
-                    f"JAX_TRN_MAX_WHILE_ITERATIONS if the loop is meant to run longer")
+                    f"JAX_TRN_MAX_WHILE_ITERATIONS (or the compiler option "
+                    f"jax_trn_max_while_iterations) if the loop is meant to run longer")
             t = yield from self.steps(step.body, t, f"{context}{step.name}[{trip}]/")
             trip += 1
 
@@ -421,9 +427,10 @@ class _StepRunner:
                                       f"{context}{step.name}[{index}]/"))
 
 
-def simulate(name: str, prog, system, device_ids: list[int] | None = None
+def simulate(name: str, prog, options: Options | System, device_ids: list[int] | None = None
              ) -> profiler.Execution:
-    """The timing of one call of `prog` on fresh NeuronCores of `system` (core 0 of
+    """The timing of one call of `prog` on fresh NeuronCores of `options.system` (a
+    `System` stands for `Options(system=it)`: default numerics and choices) (core 0 of
     chip 0, or the devices `device_ids` for a program with collectives), as an
     Execution that `profile()` does not record. Needs no JAX backend.
 
@@ -435,7 +442,9 @@ def simulate(name: str, prog, system, device_ids: list[int] | None = None
     numerics too (on zeros), on every device of the program."""
     from jax_trn.hw.bandwidth import Hbm
     from jax_trn.hw.core import NeuronCore
-    from jax_trn.runtime.settings import core_numerics
+    from .device import core_numerics
+    options = options if isinstance(options, Options) else Options(system=options)
+    system, numerics = options.system, core_numerics(options)
     chip = system.chip
     collectives = has_collectives(prog.steps)
     ids = list(device_ids) if collectives and device_ids else [0]
@@ -449,18 +458,21 @@ def simulate(name: str, prog, system, device_ids: list[int] | None = None
         if c not in hbms:
             hbms[c] = Hbm(chip.hbm_bytes_per_ns, f"hbm.chip{c}",
                           sharers[c] if sharers[c] > 1 else None)
-        core = NeuronCore(chip.core, core_id=d % cores_per_chip, numerics=core_numerics())
+        core = NeuronCore(chip.core, core_id=d % cores_per_chip, numerics=numerics)
         core.begin(hbms[c])
         dram = {}
         if execute:
             zeros = [np.zeros(t.size, _dt.np_dtype(t.dtype)) for t in prog.params]
             outs = [np.zeros(t.size, _dt.np_dtype(t.dtype)) for t in prog.outputs]
             dram = bind_dram(prog, zeros, outs, partition=p)
-        runners.append(_StepRunner(core, dram, d, c, execute, prog.steps))
+        runners.append(_StepRunner(core, dram, d, c, execute, prog.steps,
+                                   options.max_while_iterations))
     if not collectives:
-        kernels = run_kernels(prog, runners[0].core, runners[0].dram, 0, 0, execute=execute)
+        kernels = run_kernels(prog, runners[0].core, runners[0].dram, 0, 0, execute=execute,
+                              limit=options.max_while_iterations)
         return make_execution(name, prog, system, [0], kernels)
-    done = spmd.drive(runners, [_SimDevice(d) for d in ids], system.interconnect())
+    done = spmd.drive(runners, [_SimDevice(d) for d in ids], system.interconnect(),
+                      algorithm=options.collective_algorithm)
     return make_execution(name, prog, system, ids, [r for run in runners for r in run.records],
                           done)
 

@@ -80,7 +80,8 @@ class Issued:
     dma_bytes_per_ns: float = 0.0
 
 
-def drive(runners, devices, topology) -> list[profiler.CollectiveRecord]:
+def drive(runners, devices, topology, *, algorithm: str | None = None
+          ) -> list[profiler.CollectiveRecord]:
     """Runs the runners' generators to completion, executing each collective when
     every device has reached it. Returns the collectives' records."""
     gens = [r.run() for r in runners]
@@ -102,7 +103,8 @@ def drive(runners, devices, topology) -> list[profiler.CollectiveRecord]:
         issued, record = execute(step, [r.dram for r in runners], devices,
                                  [p.t for p in pending], topology, pending[0].context,
                                  ready=[p.t if p.ready is None else p.ready for p in pending],
-                                 overlaps=any(p.overlaps for p in pending))
+                                 overlaps=any(p.overlaps for p in pending),
+                                 algorithm=algorithm)
         records.append(record)
         pending = [_advance(g, i) for g, i in zip(gens, issued)]
     return records
@@ -116,11 +118,12 @@ def _advance(gen, value) -> Arrival | None:
 
 
 def execute(step: Collective, drams: list[dict], devices, arrivals: list[float], topology,
-            context: str = "", *, ready: list[float] | None = None, overlaps: bool = False
-            ) -> tuple[list[Issued], profiler.CollectiveRecord]:
+            context: str = "", *, ready: list[float] | None = None, overlaps: bool = False,
+            algorithm: str | None = None) -> tuple[list[Issued], profiler.CollectiveRecord]:
     """Runs `step` for all devices (partition p = devices[p]); returns each device's
     span and DMA rate, and the record. `ready[p]`: when p's CC cores are free (default:
-    its arrival); `overlaps`: some device computes meanwhile (see module doc)."""
+    its arrival); `overlaps`: some device computes meanwhile (see module doc);
+    `algorithm`: the algorithm to force (JAX_TRN_COLLECTIVE_ALGORITHM), None to choose."""
     n = len(devices)
     gid = [d.id for d in devices]
     ready = list(arrivals) if ready is None else [max(a, r) for a, r in zip(arrivals, ready)]
@@ -130,11 +133,13 @@ def execute(step: Collective, drams: list[dict], devices, arrivals: list[float],
             raise CollectiveError(f"{step.name}: replica group {g} names partitions outside "
                                   f"0..{n - 1}")
     dma_available = COLLECTIVE_DMA_SHARE if overlaps else 1.0
-    total_ns, nbytes, algorithm, step_times = 0.0, 0, "", []
+    forced, algorithm = algorithm, ""
+    total_ns, nbytes, step_times = 0.0, 0, []
     sent: dict[str, float] = {}
     for src, dst in zip(step.operands, step.results):
         arrays = {gid[p]: _read(drams[p], src) for p in range(n)}
-        results, timing_i = _run(step, arrays, groups, gid, topology, dma_available)
+        results, timing_i = _run(step, arrays, groups, gid, topology, dma_available,
+                                 forced)
         for p in range(n):
             if gid[p] in results:
                 _write(drams[p], dst, results[gid[p]])
@@ -176,11 +181,10 @@ def execute(step: Collective, drams: list[dict], devices, arrivals: list[float],
     return issued, record
 
 
-def _run(step, arrays, groups, gid, topology, dma_available=1.0):
+def _run(step, arrays, groups, gid, topology, dma_available=1.0, algorithm=None):
     from jax_trn.collectives import run_collective
-    from jax_trn.runtime.settings import collective_algorithm
     groups_g = [[gid[p] for p in g] for g in groups]
-    kw = {"dma_available": dma_available, "algorithm": collective_algorithm()}
+    kw = {"dma_available": dma_available, "algorithm": algorithm}
     if step.kind in ("all_reduce", "reduce_scatter"):
         op = KIND_OPS.get(step.op)
         if op is None:

@@ -270,21 +270,25 @@ def test_a_buffer_whose_host_memory_fails_charges_nothing(monkeypatch):
 
 def test_compiling_runs_with_the_garbage_collector_paused(jax, trn, monkeypatch):
     """Full collections walked JAX's whole heap over and over during a compile (20-34%
-    of its time); the plugin pauses the collector while it compiles."""
+    of its time); the compile driver pauses the collector in both of its steps."""
     import gc
-    from jax_trn.runtime.client import Client
+
+    import hlo_passes
+    from jax_trn import lower
     states = []
-    compile_ = Client.compile
 
-    def recording(self, *args, **kwargs):
-        states.append(gc.isenabled())
-        return compile_(self, *args, **kwargs)
+    def recording(fn):
+        def call(*args, **kwargs):
+            states.append(gc.isenabled())
+            return fn(*args, **kwargs)
+        return call
 
-    monkeypatch.setattr(Client, "compile", recording)
+    monkeypatch.setattr(hlo_passes, "compile_to_ir", recording(hlo_passes.compile_to_ir))
+    monkeypatch.setattr(lower, "lower_module", recording(lower.lower_module))
     x = jax.device_put(np.ones((8, 8), np.float32), trn)
     assert gc.isenabled()
     jax.jit(lambda a: a * 5 - 1)(x).block_until_ready()
-    assert states == [False] and gc.isenabled()
+    assert states == [False, False] and gc.isenabled()
 
 
 def test_gc_pause_restores_the_collector_after_overlapping_bodies():

@@ -287,16 +287,16 @@ def test_control_flow_and_more_ops_on_sharded_arrays(jax, meshes, highest, name)
           atol=1e-5)
 
 
-def test_the_forced_collective_algorithm_comes_from_the_options(jax, meshes, highest,
-                                                                 monkeypatch):
-    """JAX_TRN_COLLECTIVE_ALGORITHM reaches the collectives as a parameter, from the
-    options (`jax_trn.collectives` reads no environment)."""
+def test_the_forced_collective_algorithm_comes_from_the_options(jax, meshes, highest):
+    """The forced algorithm (JAX_TRN_COLLECTIVE_ALGORITHM, or per program as a compiler
+    option) reaches the collectives as a parameter (`jax_trn.collectives` reads no
+    environment)."""
     import jax_trn
-    from jax_trn import config
-    monkeypatch.setattr(config, "_live", config.current().replace(collective_algorithm="ring"))
     mt, _ = meshes((4, 2), ("x", "y"))
-    f = jax.jit(lambda a, b: a @ b)
+    a, b = _put(jax, mt, A, ("x", "y")), _put(jax, mt, B, ("y", None))
+    f = jax.jit(lambda a, b: a @ b).lower(a, b).compile(
+        {"jax_trn_collective_algorithm": "ring"})
     with jax_trn.profile() as prof:
-        f(_put(jax, mt, A, ("x", "y")), _put(jax, mt, B, ("y", None))).block_until_ready()
+        f(a, b).block_until_ready()
     (c, *_) = prof.executions[-1].collectives
     assert c.algorithm == "all_reduce ring"

@@ -156,19 +156,17 @@ def test_runtime_cores_take_their_numerics_from_the_options(monkeypatch):
     """What the runtime does: each device's core gets the Numerics of the options
     (JAX_TRN_STOCHASTIC_ROUNDING=1, _SEED=5, JAX_TRN_STRICT_ACTIVATION_RANGES=0)."""
     from jax_trn import config, systems
-    from jax_trn.runtime.device import make_devices
-    from jax_trn.runtime.settings import core_numerics
+    from jax_trn.runtime.device import core_numerics, make_devices
     options = config.resolve(environ={"JAX_TRN_STOCHASTIC_ROUNDING": "1",
                                       "JAX_TRN_STOCHASTIC_ROUNDING_SEED": "5",
                                       "JAX_TRN_STRICT_ACTIVATION_RANGES": "0"})
     n = core_numerics(options)
     assert (n.rounding, n.seed, n.strict_ranges) == ("stochastic", 5, False)
     assert core_numerics(config.Options()).rounding == "rne"
-    monkeypatch.setattr(config, "_live", options)           # as if the backend started so
     x = np.full((1, 4096), 1 + 2 ** -9, np.float32)
     s, d = tile(x.shape), tile(x.shape, "bfloat16")
     outs = [run1(isa.TensorCopy(dst=d, src=s), {s: x},
-                 c=make_devices(systems.SYSTEMS["trn2.3xlarge"])[0].core_model)
+                 c=make_devices(systems.SYSTEMS["trn2.3xlarge"], n)[0].core_model)
             for _ in range(2)]
     np.testing.assert_array_equal(outs[0], outs[1])             # seeded: reproducible
     assert len(np.unique(outs[0])) == 2                          # really stochastic
