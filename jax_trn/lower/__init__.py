@@ -48,6 +48,7 @@ from . import gather as _gather  # noqa: F401,E402
 from . import scatter as _scatter  # noqa: F401,E402
 from . import conv as _conv  # noqa: F401,E402
 from . import window as _window  # noqa: F401,E402
+from . import selectscatter as _selectscatter  # noqa: F401,E402
 from . import sort as _sort  # noqa: F401,E402
 from . import topk as _topk  # noqa: F401,E402
 from . import control as _control  # noqa: F401,E402

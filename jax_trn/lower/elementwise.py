@@ -13,7 +13,7 @@ and broadcast inputs (fusion.py). `emit_loop` picks the tiling:
   partition, the TensorScalar operand.
 
 Per tile the inputs are DMAed into SBUF ring buffers, every step runs on its engine
-(tileops.py), and the outputs are DMAed back: each input is read once and only the
+(tileops/), and the outputs are DMAed back: each input is read once and only the
 region's outputs are written.
 """
 from __future__ import annotations

@@ -182,7 +182,7 @@ class _Reducer:
         if self.res is not None:
             dst = sub(self.res.next(), res.num_partitions, 1)
             step = Step("convert", (0,), self.out.dtype)
-            TILE_OPS["convert"](self.kb, dst, [Src.of(res)], step)
+            TILE_OPS["convert"].emit(self.kb, dst, [Src.of(res)], step)
             res = dst
         self.kb.dma(self.kb.ap(self.out, offset, pattern), res)
 

@@ -419,5 +419,3 @@ def _cumulative(ctx: LowerCtx, x: DramTensor, out: DramTensor, alu: str, dim: in
         return
     _scan(ctx, x, out, alu, dim, reverse)
 
-
-from . import selectscatter  # noqa: E402,F401  (registers select_and_scatter)

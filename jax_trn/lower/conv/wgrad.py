@@ -4,7 +4,7 @@ The weight gradient of a conv is itself a conv (JAX's transpose rule): the forwa
 input x with batch and feature swapped (batch = forward input channels b, feature =
 forward batch i) against the forward output gradient as the kernel (kernel window =
 the forward output's spatial extent, large; output spatial = the forward kernel, e.g.
-3x3). The tap loop of conv.py then runs thousands of taps, each a matmul over the
+3x3). The tap loop (kernel.py) then runs thousands of taps, each a matmul over the
 forward batch (a few partitions) into 9 output columns. Here the window is the
 contraction instead, 128 window positions per matmul, for each output position p:
 
@@ -41,12 +41,12 @@ from jax_trn.hw import dtypes as hw_dtypes
 from jax_trn.hw import isa
 from jax_trn.hw.program import DramTensor
 
-from .builder import KernelBuilder, sub
-from .conv import Conv, _compact
-from .layout import P, View, tiles
-from .matmul import MOVING_MAX
-from .registry import LowerCtx
-from .relayout import relayout
+from ..builder import KernelBuilder, sub
+from ..layout import P, View, tiles
+from ..matmul import MOVING_MAX
+from ..registry import LowerCtx
+from ..relayout import relayout
+from .geometry import Conv, compact
 
 SBUF_SHARE = 0.75           # of SBUF this kernel plans for
 MIN_WINDOW_RATIO = 16       # window positions per output position to take this path
@@ -238,7 +238,7 @@ class _Emitter:
             kb.emit(isa.TensorCopy, dst=sub(res, ot, n, at=j * per * nb), src=sub(bank, ot, n),
                     engine=kb.evac_engine())
         o, nbt = self.cv.o_features, self.cv.n_out
-        pattern = ((nbt, ot), *_compact(((o * nbt, len(self.offs)), (1, nb))))
+        pattern = ((nbt, ot), *compact(((o * nbt, len(self.offs)), (1, nb))))
         kb.dma(kb.ap(self.temp, o0 * nbt + b0, pattern), res)
         kb.release(res, *banks)
 
@@ -360,7 +360,7 @@ class _Emitter:
             src = self.kb.ap(im.t, off, ((im.col, rows * im.cols), (im.part, parts)))
             self.kb.emit(isa.DmaTranspose, dst=dst, src=src, dma_queue=next(self.queues))
             return
-        pattern = _compact(((im.row, rows), (im.col, im.cols)))
+        pattern = compact(((im.row, rows), (im.col, im.cols)))
         self.kb.dma(dst, self.kb.ap(im.t, off, ((im.part, parts), *pattern)))
 
 
