@@ -167,7 +167,15 @@ def _clamped_starts(ctx, shape, sizes, starts):
     return res, cols
 
 
-@register_lowering("dynamic_update_slice")
+def _updates_operand_in_place(op: ir.Op, arg: ir.Value) -> bool:
+    """The rule may write its result over operand 0 (a loop's carried buffer, a scan's
+    stacked outputs, control.py): each tile of rows is loaded, patched from the update
+    and stored back to the same rows, tiles disjoint. Not when `arg` is also the
+    update or a start index."""
+    return all(v is not arg for v in op.operands[1:])
+
+
+@register_lowering("dynamic_update_slice", in_place=_updates_operand_in_place)
 def _dynamic_update_slice_lower(ctx: LowerCtx, x: DramTensor, upd: DramTensor,
                                 *starts: DramTensor) -> None:
     """The operand passes through SBUF row by row (a row: the trailing block the update

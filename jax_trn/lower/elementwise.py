@@ -124,6 +124,13 @@ def _elementwise(kind: str, ctx: LowerCtx, *operands: DramTensor, **attrs) -> No
     ctx.kb.flops += emit_loop(ctx.kb, single_op_region(ctx, kind, operands, attrs))
 
 
+def _same_shapes(op, arg) -> bool:
+    """The generic rule may write its result over an operand it reads (`i = i + 1` in a
+    loop, control.py): each [128, F] tile of every operand is read before the same tile
+    of the result is written, tiles disjoint -- when no operand is broadcast."""
+    return all(v.shape == r.shape for v in op.operands for r in op.results)
+
+
 for _kind in TILE_OPS:
-    register_lowering(_kind)(partial(_elementwise, _kind))
+    register_lowering(_kind, in_place=_same_shapes)(partial(_elementwise, _kind))
 

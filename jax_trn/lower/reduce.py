@@ -44,8 +44,6 @@ from .tileops import TILE_OPS, Src, Step, engine_for, fill_scalar
 
 COMBINERS = {"add": "add", "maximum": "max", "minimum": "min", "multiply": "multiply"}
 BOOL_COMBINERS = {"and": "min", "or": "max", "maximum": "max", "minimum": "min"}
-# Rules for reduces of several operands at once, by operand count (argreduce.py: 2).
-VARIADIC: dict = {}
 
 
 def combiner(op, dtype: str) -> str:
@@ -276,9 +274,7 @@ def _fill_init(ctx: LowerCtx, init: DramTensor, out: DramTensor) -> None:
 
 @register_lowering("reduce")
 def _reduce_lower(ctx: LowerCtx, *operands: DramTensor, dimensions) -> None:
-    if len(operands) != 2:
-        if len(operands) // 2 in VARIADIC:
-            return VARIADIC[len(operands) // 2](ctx, *operands, dimensions=dimensions)
+    if len(operands) != 2:      # two reduced at once: argreduce.py's rule (4 operands)
         raise LoweringError(f"reduce of {len(operands) // 2} operands at once is not "
                             f"supported ({ctx.op.describe()})")
     x, init = operands

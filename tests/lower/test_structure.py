@@ -9,10 +9,10 @@ from collections import Counter
 import pytest
 
 from jax_trn.hw import isa
-from jax_trn.lower import LOWERINGS, LoweringError, lower_module, register_lowering
-from jax_trn.lower import builder, dot, layout, relayout, slicing
+from jax_trn.lower import LoweringError, RuleKind, StepCtx, lower_module, register_lowering
+from jax_trn.lower import argreduce, builder, dot, layout, registry, relayout, slicing
 from jax_trn.lower.builder import KernelBuilder, Limits
-from jax_trn.lower.registry import get_rule
+from jax_trn.lower.registry import lookup
 
 from .irbuild import FnBuilder, binary, unary
 from .runner import SPEC
@@ -154,9 +154,25 @@ def test_program_text_lists_kernels():
 
 def test_rules_table():
     for kind in ("add", "exponential", "compare", "select", "convert", "broadcast_in_dim",
-                 "reshape", "transpose", "dot_general", "reduce", "iota"):
-        assert kind in LOWERINGS
-    assert LOWERINGS["add"].func is LOWERINGS["multiply"].func    # one generic rule
+                 "reshape", "transpose", "dot_general", "reduce", "iota", "fusion"):
+        assert lookup(kind).kind is RuleKind.KERNEL
+    assert lookup("add").fn.func is lookup("multiply").fn.func    # one generic rule
+    for kind in ("while", "case", "func.call", "all_reduce", "all_gather", "reduce_scatter",
+                 "all_to_all", "collective_permute"):
+        assert lookup(kind).kind is RuleKind.STEP
+    assert lookup("constant") is None           # the driver's own (driver.py)
+
+
+def test_one_registry_for_variadic_reduce():
+    """argmax's two-operand reduce is a rule of the one table, chosen by operand count."""
+    assert lookup("reduce", operands=4).fn is argreduce.lower_argreduce
+    assert lookup("reduce", operands=2) is lookup("reduce")
+    assert lookup("reduce", operands=2).fn is not argreduce.lower_argreduce
+
+
+def test_a_kind_registered_twice_is_an_error():
+    with pytest.raises(ValueError, match="already registered"):
+        register_lowering("add")(lambda ctx, x, y: None)
 
 
 def test_target_specific_rule_wins():
@@ -167,13 +183,27 @@ def test_target_specific_rule_wins():
         calls.append(x.name)
 
     try:
-        assert get_rule("negate", "trn_test") is _negate_test
-        assert get_rule("negate") is LOWERINGS["negate"]
+        assert lookup("negate", 1, "trn_test").fn is _negate_test
+        assert lookup("negate", 1).fn is not _negate_test
         lower_module(unary("negate", (3,)), SPEC, target="trn_test")
         assert calls == ["arg0"]
     finally:
-        from jax_trn.lower import registry
-        registry._TARGET_LOWERINGS.pop("trn_test")
+        registry.unregister("negate", target="trn_test")
+
+
+def test_step_rules_use_only_the_public_step_context():
+    """control.py and collective.py reach the lowering only through StepCtx's public
+    methods (no private state of the driver, no attributes added to it)."""
+    import ast
+    import inspect
+
+    from jax_trn.lower import collective, control
+    public = {n for n in dir(StepCtx) if not n.startswith("_")}
+    for module in (control, collective):
+        tree = ast.parse(inspect.getsource(module))
+        used = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name) and node.value.id == "ctx"}
+        assert used and used <= public, (module.__name__, sorted(used - public))
 
 
 def test_limits_from_spec():
