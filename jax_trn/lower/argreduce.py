@@ -150,6 +150,6 @@ def lower_argreduce(ctx: LowerCtx, x: DramTensor, idx: DramTensor, xinit: DramTe
     steps += [Step("constant", (), idx.dtype, {"value": INDEX_MAX}),
               Step("select", (2 + len(steps), 2, 3 + len(steps)), idx.dtype)]
     region = Region(shape, inputs, steps, [])
-    chunk = min(FMAX, free_size(kb, region, 4 * FMAX * 128))
+    chunk = min(FMAX, free_size(kb, region, 4 * FMAX * ctx.target.partitions))
     source = RegionSource(kb, region, 2 + len(steps), chunk)
     emit_reduce(kb, source, shape, iout, "min", None, dims)

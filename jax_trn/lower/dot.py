@@ -29,8 +29,8 @@ from jax_trn.hw.program import DramTensor
 
 from .builder import KernelBuilder, sub
 from .elementwise import FMAX
-from .layout import (P, Axes, View, box_offset, box_pattern, line_tiles, merge_axes,
-                     row_major, tiles)
+from .layout import (Axes, View, box_offset, box_pattern, line_tiles, merge_axes, row_major,
+                     tiles)
 from .matmul import (MatmulEmitter, Operand, double_row, interleaved, make_plan,
                      with_dma_transpose)
 from .movement import fill
@@ -146,8 +146,7 @@ def lower_dot(ctx: LowerCtx, lhs: DramTensor, rhs: DramTensor, out: DramTensor,
         return fill(ctx.kb, out, 0)
     ldt, rdt, precision = matmul_types(lhs.dtype, rhs.dtype,
                                        attrs.get("precision_config", ()),
-                                       ctx.matmul_precision,
-                                       getattr(ctx.spec, "ocp_fp8", True))
+                                       ctx.matmul_precision, ctx.target.ocp_fp8)
     lb, rb = merge_axes(lb, rb) if lb else ((), ())
     lop = _canonical(ctx, lhs, lb, lf, lc, ldt, lhs=True)
     rop = _canonical(ctx, rhs, rb, rf, rc, rdt, lhs=False)
@@ -156,14 +155,15 @@ def lower_dot(ctx: LowerCtx, lhs: DramTensor, rhs: DramTensor, out: DramTensor,
     if lop.f[1] == rop.f[1] == 1 and lop.batch and precision == "native":
         _no_epilogue(epilogue, "batched inner products (M = N = 1)")
         return _inner_products(ctx.kb, lop, rop, out)
-    pairs = double_row(lop, rop, precision, ctx.spec)
-    lop, rop = with_dma_transpose(lop, ctx.spec, pairs), with_dma_transpose(rop, ctx.spec)
-    reserved = epilogue.sbuf_bytes() if epilogue is not None else 0
-    plan = make_plan(lop, rop, out.dtype, _free_sbuf(ctx.kb), reserved, ctx.spec)
-    if interleaved(lop, pairs) and plan.kb % (2 * P):
+    target = ctx.target
+    pairs = double_row(lop, rop, precision, target)
+    lop, rop = with_dma_transpose(lop, target, pairs), with_dma_transpose(rop, target)
+    reserved = epilogue.sbuf_bytes(target) if epilogue is not None else 0
+    plan = make_plan(lop, rop, out.dtype, _free_sbuf(ctx.kb), target, reserved)
+    if interleaved(lop, pairs) and plan.kb % (2 * target.partitions):
         # K blocks of an odd number of k-tiles cannot hold 16-bit pairs: TensorE transposes.
         lop = dataclasses.replace(lop, via_dma=False)
-        plan = make_plan(lop, rop, out.dtype, _free_sbuf(ctx.kb), reserved, ctx.spec)
+        plan = make_plan(lop, rop, out.dtype, _free_sbuf(ctx.kb), target, reserved)
     MatmulEmitter(ctx.kb, lop, rop, out, plan, precision, epilogue, pairs).run()
 
 
@@ -190,7 +190,7 @@ def _inner_products(kb: KernelBuilder, lhs: Operand, rhs: Operand, out: DramTens
     ins = (kb.ring(3, FMAX, lhs.dtype), kb.ring(3, FMAX, rhs.dtype))
     prods, accs = kb.ring(2, FMAX, "float32"), kb.ring(2, 1, "float32")
     res = kb.ring(2, 1, out.dtype)
-    for box in line_tiles([n for _, n in lb], P):
+    for box in line_tiles([n for _, n in lb], kb.target.partitions):
         parts = box_pattern(lb, box)[-1][1]
         acc = sub(accs.next(), parts, 1)
         for i, (k0, kc) in enumerate(tiles(k, FMAX)):

@@ -34,14 +34,16 @@ import numpy as np
 from hlo_passes import ir
 from jax_trn.hw import isa
 from jax_trn.hw.program import Collective, DramTensor, Program, Step, walk_kernels, walk_steps
+from jax_trn.hw.spec import ChipSpec, CoreSpec
 
 from . import movement
-from .builder import KernelBuilder, Limits
+from .builder import KernelBuilder
 from .errors import LoweringError
 from .fusion import fusion_notes
 from .listing import format_program
 from .registry import LowerCtx, Rule, RuleKind, rule_for
 from .registry import op_label as _label
+from .target import Target
 
 UNSUPPORTED_DTYPES = ("float64", "complex64", "complex128", "token")
 PRECISIONS = {"default": "default", "bfloat16": "default", "high": "high",
@@ -87,11 +89,10 @@ class StepCtx:
     walk: `position`, `lower_block`, `nested`, `hoist`, `is_hoisted`, `rule_for`,
     `function`; per-rule state: `state`."""
 
-    def __init__(self, fn: ir.Function, spec: Any, precision: str, target: str | None,
+    def __init__(self, fn: ir.Function, target: Target, precision: str,
                  module: ir.Module | None = None):
-        self._fn, self._spec, self._precision, self._target = fn, spec, precision, target
+        self._fn, self._target, self._precision = fn, target, precision
         self._module = module
-        self._limits = Limits.of(spec)
         self._where: dict[int, DramTensor] = {}
         self._pending: dict[int, ir.Op] = {}        # splat constants not yet written
         self._consts: dict[str, np.ndarray] = {}    # known values, by DRAM name
@@ -229,7 +230,7 @@ class StepCtx:
 
     def rule_for(self, op: ir.Op) -> Rule | None:
         """The registry's rule for `op` on this target."""
-        return rule_for(op, self._target)
+        return rule_for(op, self._target.generation)
 
     def function(self, name: str) -> ir.Function | None:
         """A function of the module by name (the callee of a call), if there is one."""
@@ -373,8 +374,8 @@ class StepCtx:
     def _run(self, op: ir.Op, name: str, emit, outs: list[DramTensor],
              ops: list[str] | None = None, notes: list[str] = ()) -> None:
         label = ops or [_label(op)]
-        ctx = LowerCtx(self._spec, self._limits, self._builder(name, notes), op, outs,
-                       self._consts, self._precision, self.temp, None)
+        ctx = LowerCtx(self._target, self._builder(name, notes), op, outs, self._consts,
+                       self._precision, self.temp, None)
         ctx.split = lambda suffix: self._split(ctx, name, suffix, label, notes)
         try:
             emit(ctx)
@@ -387,7 +388,7 @@ class StepCtx:
         self._steps.append(ctx.kb.finish(label))
 
     def _builder(self, name: str, notes) -> KernelBuilder:
-        kb = KernelBuilder(name, self._limits, self._spec)
+        kb = KernelBuilder(name, self._target)
         kb.notes.extend(notes)
         return kb
 
@@ -421,17 +422,17 @@ def _reason(e: Exception, op: ir.Op) -> str:
     return str(e).replace(f" ({op.describe()})", "")
 
 
-def lower_module(module: ir.Module, spec: Any, *, matmul_precision: str | None = None,
-                 target: str | None = None) -> Program:
+def lower_module(module: ir.Module, spec: CoreSpec | ChipSpec | Target, *,
+                 matmul_precision: str | None = None) -> Program:
     """Lowers the entry function of `module` to a Program for one NeuronCore of `spec`.
 
     Args:
       module: the per-device IR (after hlo_passes).
-      spec: the `hw.spec.CoreSpec` (or a chip spec with `.core`).
+      spec: the `Target` to compile for, or the `hw.spec.CoreSpec` (or `ChipSpec`) it
+        is derived from (`Target.of`); its generation selects per-generation rules.
       matmul_precision: what a dot_general at precision DEFAULT runs as: "default" (bf16
         operands), "high" (tf32) or "highest" (fp32); defaults to
         $JAX_TRN_MATMUL_PRECISION, else "default".
-      target: a generation name ("trn2") selecting target-specific rules, if any.
 
     Returns:
       The Program; non-splat constants are in `program.constants` (name -> array).
@@ -441,4 +442,4 @@ def lower_module(module: ir.Module, spec: Any, *, matmul_precision: str | None =
         does not fit the core; the message names the op and its source location.
     """
     precision = resolve_precision(matmul_precision)
-    return StepCtx(module.main, spec, precision, target, module).run()
+    return StepCtx(module.main, Target.of(spec), precision, module).run()

@@ -31,7 +31,7 @@ from jax_trn.hw import isa
 from jax_trn.hw.program import DramTensor
 
 from .builder import KernelBuilder, Ring, sub
-from .layout import P, Axes, row_major
+from .layout import Axes, row_major
 from .tileops import (NEEDS_FULL_TILES, NO_INSTRUCTION, TILE_OPS, Src, Step, expand,
                       fill_scalar, scratch, scratch_dtype)
 
@@ -149,7 +149,7 @@ class Evaluator:
 
     def _load_global(self, inp: Input) -> Src:
         tile = self.kb.tile(1, inp.dtype)
-        self.kb.dma(tile, self.kb.ap(inp.t, 0, ((0, P), (1, 1))))
+        self.kb.dma(tile, self.kb.ap(inp.t, 0, ((0, self.kb.target.partitions), (1, 1))))
         return Src.of(tile, scalar=True)
 
     # --- loads ---------------------------------------------------------------------------

@@ -26,14 +26,15 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
 from hlo_passes import ir
 from jax_trn.hw.program import DramTensor
 
-from .builder import KernelBuilder, Limits
+from .builder import KernelBuilder
+from .target import Target
 
 
 class RuleKind(enum.Enum):
@@ -117,8 +118,7 @@ def _key_text(key: Key) -> str:
 @dataclass(slots=True)
 class LowerCtx:
     """What a kernel rule sees while it lowers `op` into the kernel being built."""
-    spec: Any                       # the hw CoreSpec
-    limits: Limits                  # what codegen reads from the spec
+    target: Target                  # what codegen may assume about the core
     kb: KernelBuilder               # the kernel being built
     op: ir.Op                       # the op being lowered (for loc, regions, describe())
     outs: list[DramTensor]          # where its results go

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 from jax_trn.hw.program import DramTensor
 
-from ..layout import Axes, P, row_major, tiles
-from ..matmul import MOVING_MAX
+from ..layout import Axes, row_major, tiles
+from ..target import Target
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,19 @@ class Conv:
     n_out: int
     dims: tuple[Dim, ...]       # spatial dims, 2 or 3 (1-D gets a leading dummy)
     blocks: tuple[Block, ...]
+    target: Target              # the core it is lowered for
+
+    @property
+    def pmax(self) -> int:
+        """Channels per tile: the target's partitions (input channels are the matmul
+        contraction, output channels its stationary free size, §2.2)."""
+        return self.target.partitions
+
+    @property
+    def bank(self) -> int:
+        """FP32 elements per partition of one PSUM bank: the flat output positions one
+        matmul accumulates (§2.2, §3.2)."""
+        return self.target.psum_bank_fp32
 
     @property
     def o_features(self) -> int:
@@ -107,7 +120,8 @@ def _split(shape, batch: int, feature: int, spatial) -> tuple[int, int, Axes]:
     return axes[batch][0], axes[feature][0], tuple(axes[d] for d in spatial)
 
 
-def conv_of(x: DramTensor, w: DramTensor, out: DramTensor, attrs: dict) -> Conv:
+def conv_of(x: DramTensor, w: DramTensor, out: DramTensor, attrs: dict,
+            target: Target) -> Conv:
     dn = attrs["dimension_numbers"]
     xa = _split(x.shape, dn["input_batch_dimension"], dn["input_feature_dimension"],
                 dn["input_spatial_dimensions"])
@@ -125,21 +139,22 @@ def conv_of(x: DramTensor, w: DramTensor, out: DramTensor, attrs: dict) -> Conv:
     n_in, c = x.shape[dn["input_batch_dimension"]], x.shape[dn["input_feature_dimension"]]
     o = out.shape[dn["output_feature_dimension"]]
     blocks = _blocks(c, o, int(attrs.get("feature_group_count", 1)),
-                     int(attrs.get("batch_group_count", 1)), n_in)
+                     int(attrs.get("batch_group_count", 1)), n_in, target.partitions)
     n_out = out.shape[dn["output_batch_dimension"]]
-    return Conv(xa, wa, oa, n_in, c, n_out, dims, blocks)
+    return Conv(xa, wa, oa, n_in, c, n_out, dims, blocks, target)
 
 
-def _blocks(c: int, o: int, groups: int, batch_groups: int, n_in: int) -> tuple[Block, ...]:
-    """Feature groups packed into blocks of <= 128 input and output channels (one
-    block-diagonal matmul each) or, for big groups, one block per group; batch groups
-    one block each (then feature_group_count is 1, as XLA requires)."""
+def _blocks(c: int, o: int, groups: int, batch_groups: int, n_in: int, pmax: int
+            ) -> tuple[Block, ...]:
+    """Feature groups packed into blocks of <= pmax (128) input and output channels
+    (one block-diagonal matmul each) or, for big groups, one block per group; batch
+    groups one block each (then feature_group_count is 1, as XLA requires)."""
     if batch_groups > 1:
         ob = o // batch_groups
         return tuple(Block(0, c, b * ob, ob, 1, c, ob, b * (n_in // batch_groups))
                      for b in range(batch_groups))
     cg, og = c // groups, o // groups
-    per = max(1, min(P // cg, P // og)) if cg <= P and og <= P else 1
+    per = max(1, min(pmax // cg, pmax // og)) if cg <= pmax and og <= pmax else 1
     return tuple(Block(g * cg, gn * cg, g * og, gn * og, gn, cg, og, 0)
                  for g, gn in tiles(groups, per))
 
@@ -194,7 +209,7 @@ def is_unit(cv: Conv) -> bool:
 def is_phased(cv: Conv) -> bool:
     """2-D (or 1-D) with each input row's phase rows in one PSUM bank (§3.2)."""
     w = cv.dims[-1]
-    return len(cv.dims) == 2 and len(w.phases) * w.q <= MOVING_MAX
+    return len(cv.dims) == 2 and len(w.phases) * w.q <= cv.bank
 
 
 # --- tap packing ---------------------------------------------------------------------------
@@ -214,9 +229,9 @@ class Packing:
 
 def packing(cv: Conv) -> Packing:
     h, w = cv.dims[-2:]
-    ct = max(min(b.cn, P) for b in cv.blocks)
+    ct = max(min(b.cn, cv.pmax) for b in cv.blocks)
     single = len(h.phases) == len(w.phases) == 1
-    reps = min(P // ct, h.kernel * w.kernel) if single else 1
+    reps = min(cv.pmax // ct, h.kernel * w.kernel) if single else 1
     if reps <= 1:
         taps = tuple(((kh, kw),) for kh in range(h.kernel) for kw in range(w.kernel))
         return Packing(1, (0,), taps)
@@ -252,7 +267,8 @@ def weight_units(cv: Conv) -> list[list[Unit]]:
     out, at = [], 0
     for b in cv.blocks:
         units = []
-        for (ci0, ct), (co0, cot) in itertools.product(tiles(b.cn, P), tiles(b.on, P)):
+        for (ci0, ct), (co0, cot) in itertools.product(tiles(b.cn, cv.pmax),
+                                                       tiles(b.on, cv.pmax)):
             units.append(Unit(at, ci0, ct, co0, cot))
             at += ct * cv.taps * cot
         out.append(units)

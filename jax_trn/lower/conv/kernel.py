@@ -11,8 +11,7 @@ from jax_trn.hw import isa
 from jax_trn.hw.program import DramTensor
 
 from ..builder import KernelBuilder, sub
-from ..layout import P, tiles
-from ..matmul import MOVING_MAX
+from ..layout import tiles
 from .geometry import Block, Conv, Packing, Padded, Phased, Staged, Unit, compact
 from .plan import BAND_BUFS, OUT_BUFS, PSUM_ACCS, Plan, chunks, phase_count
 
@@ -32,11 +31,11 @@ class ConvEmitter:
         self.band_rows = plan.band + self.h.shift
         self.per_ko = phase_count(cv) * self.band_rows * self.w.q
         self.inner = [(kh, kw) for kh in range(self.h.kernel) for kw in range(self.w.kernel)]
-        self.queues = itertools.cycle(range(kb.limits.dma_queues))
+        self.queues = itertools.cycle(range(kb.target.dma_queues))
 
     def run(self) -> None:
         kb = self.kb
-        ncit = max(len(tiles(b.cn, P)) for b in self.cv.blocks)
+        ncit = max(len(tiles(b.cn, self.cv.pmax)) for b in self.cv.blocks)
         bands = kb.ring(BAND_BUFS * ncit, len(self.ko) * self.per_ko, self.ldt)
         self.stage = None
         if isinstance(self.x, Phased):
@@ -48,7 +47,7 @@ class ConvEmitter:
             if self.x.gaps(self.w) or self.x.row[-2] != self.w.size or (
                     self.x.transposed and self.w.q != self.w.size):
                 self.stage = kb.ring(2, self.band_rows * self.w.size, self.ldt)
-        accs = kb.ring(PSUM_ACCS, MOVING_MAX, "float32", mem="psum")
+        accs = kb.ring(PSUM_ACCS, self.cv.bank, "float32", mem="psum")
         obuf = kb.ring(OUT_BUFS, self.plan.band * self.w.out, self.out.dtype)
         for b, us in zip(self.cv.blocks, self.units):
             weights = [self._load_weights(b, u) for u in us]
@@ -78,7 +77,7 @@ class ConvEmitter:
     def _fetch_bands(self, bands, b: Block, n: int, od, r0: int, rn: int) -> list:
         """Per ci tile of block b: the band's DMAs issued (phased input) or what to load."""
         out = []
-        for ci0, ct in tiles(b.cn, P):
+        for ci0, ct in tiles(b.cn, self.cv.pmax):
             buf = bands.next()
             if isinstance(self.x, Phased):
                 out.append(self._fetch_phased(buf, b, ci0, ct, n, r0))
@@ -100,7 +99,7 @@ class ConvEmitter:
         kb, w = self.kb, self.w
         width = len(w.phases) * w.q
         self.sel_mats = []
-        for c0, cn in tiles(w.size, P):
+        for c0, cn in tiles(w.size, self.cv.pmax):
             idx = kb.tile(width, "int32", parts=cn)
             for bi, a in enumerate(w.phases):   # ld * (c0 + p) + lo - a - s * j
                 kb.emit(isa.Iota, dst=sub(idx, cn, w.q, at=bi * w.q), pattern=((-w.stride, w.q),),
@@ -111,12 +110,12 @@ class ConvEmitter:
             kb.release(idx)
             self.sel_mats.append((c0, cn, sel))
         # Rows of bands k + 1 and k + 2 are in flight (DMAed, not yet placed).
-        ncit = max(len(tiles(b.cn, P)) for b in self.cv.blocks)
+        ncit = max(len(tiles(b.cn, self.cv.pmax)) for b in self.cv.blocks)
         self.stage = kb.ring(BAND_BUFS * ncit, self.band_rows * self.h.stride * w.size,
                              self.ldt)
-        self.tps = kb.ring(2, MOVING_MAX, "float32", mem="psum")
-        self.sels = kb.ring(2, MOVING_MAX, "float32", mem="psum")
-        self.xts = kb.ring(3, MOVING_MAX, self.ldt)
+        self.tps = kb.ring(2, self.cv.bank, "float32", mem="psum")
+        self.sels = kb.ring(2, self.cv.bank, "float32", mem="psum")
+        self.xts = kb.ring(3, self.cv.bank, self.ldt)
         self.phased_bufs = (self.tps, self.sels, self.xts, *(m for *_, m in self.sel_mats))
 
     def _fetch_phased(self, buf: isa.Tile, b: Block, ci0: int, ct: int, n: int, r0: int):
@@ -146,7 +145,7 @@ class ConvEmitter:
         tile = sub(buf, ct, self.per_ko)
         kb.emit(isa.Memset, dst=tile, value=0, engine="gpsimd")
         width = len(w.phases) * q
-        group = max(1, min(MOVING_MAX // ct, MOVING_MAX // width))
+        group = max(1, min(self.cv.bank // ct, self.cv.bank // width))
         for g0 in range(0, len(hits), group):
             rows = hits[g0:g0 + group]
             sel = self.sels.next()
@@ -173,7 +172,7 @@ class ConvEmitter:
 
     def _compute(self, b: Block, weights, xs, accs, obuf, n: int, od, r0: int, rn: int
                  ) -> None:
-        cots = tiles(b.on, P)
+        cots = tiles(b.on, self.cv.pmax)
         for m, (co0, cot) in enumerate(cots):
             ws = weights[m::len(cots)]
             otile = sub(obuf.next(), cot, rn * self.w.out)

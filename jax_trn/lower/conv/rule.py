@@ -20,7 +20,7 @@ from .staging import (channel_major_input, channel_major_output, input_source, s
 @register_lowering("convolution")
 def _convolution_lower(ctx: LowerCtx, x: DramTensor, w: DramTensor, **attrs) -> None:
     out = ctx.outs[0]
-    cv = conv_of(x, w, out, attrs)
+    cv = conv_of(x, w, out, attrs, ctx.target)
     ctx.kb.flops += 2 * out.size * (w.size // max(1, cv.o_features))
     if out.size == 0:
         return
@@ -37,7 +37,7 @@ def _convolution_lower(ctx: LowerCtx, x: DramTensor, w: DramTensor, **attrs) -> 
     x, cv = channel_major_input(ctx, x, cv, ldt)
     staged = input_source(ctx, x, cv, ldt)
     pk = packing(cv)
-    plan = make_plan(cv, units, staged, pk, ldt, rdt, out.dtype, ctx.limits.sbuf_bytes,
+    plan = make_plan(cv, units, staged, pk, ldt, rdt, out.dtype, ctx.target.sbuf_bytes,
                      ctx.op.describe())
     wsrc = weight_source(ctx, w, cv, rdt)
     wt = stage_weights(ctx, w, cv, units, rdt) if wsrc == "staged" else w

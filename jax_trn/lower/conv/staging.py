@@ -32,7 +32,7 @@ def _transposable(ctx: LowerCtx, x: DramTensor, cv: Conv, dtype: str) -> bool:
     """Channel-minor input rows (NHWC) that dma_transpose (v3+, bit-exact, no cast,
     §3.4) can load as [channels, pixels] for the in-place paths."""
     _ns, cs, sp = cv.x
-    return (getattr(ctx.spec, "dma_transpose", False) and x.dtype == dtype
+    return (ctx.target.dma_transpose and x.dtype == dtype
             and hw_dtypes.itemsize(dtype) in (2, 4) and cs == 1
             and sp[-2][0] == sp[-1][0] * sp[-1][1] and (is_unit(cv) or is_phased(cv)))
 
@@ -103,7 +103,7 @@ def weight_source(ctx: LowerCtx, w: DramTensor, cv: Conv, dtype: str) -> str:
         return "staged"
     if cv.w[0] == 1:
         return "direct"
-    if (getattr(ctx.spec, "dma_transpose", False) and w.dtype == dtype
+    if (ctx.target.dma_transpose and w.dtype == dtype
             and hw_dtypes.itemsize(dtype) in (2, 4)):
         return "transpose"
     return "staged"
