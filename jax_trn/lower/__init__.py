@@ -1,6 +1,6 @@
 """Code generation: our IR -> ISA kernels for one NeuronCore.
 
-    lower_module(module, spec, *, matmul_precision=None) -> hw.Program
+    lower_module(module, target, *, matmul_precision="default") -> hw.Program
     LoweringError                     # compile-time: op kind, types, source location
     register_lowering, register_step  # the registry: op kind -> kernel rule / step rule
     LowerCtx, StepCtx                 # what a kernel rule / a step rule sees

@@ -11,8 +11,8 @@ The loop nest itself is in `matmul.py`.
 Precision (decided): float32 operands at DEFAULT run as bf16 (DMA casts through FP32,
 RNE) with FP32 accumulation; HIGH as TF32 (FP32 tiles, `NcMatmul(precision="tf32")`:
 rounded to TF32 in the array, at the BF16 rate); HIGHEST as FP32 at the FP32 rate.
-What DEFAULT means is set by `lower_module(matmul_precision=)` or
-$JAX_TRN_MATMUL_PRECISION. bf16/fp16/fp8 run
+What DEFAULT means is set by `lower_module(matmul_precision=)` (the options pass
+$JAX_TRN_MATMUL_PRECISION, jax_trn/config.py). bf16/fp16/fp8 run
 natively; mixed types are cast to the wider one. Integer dots compute in FP32, exact
 while every partial sum stays below 2**24 (the Neuron compiler converts integer matmuls
 to FP32, §4).

@@ -25,7 +25,6 @@ to the current one; `StepCtx.nested()` switches to a fresh one).
 from __future__ import annotations
 
 import itertools
-import os
 from contextlib import contextmanager
 from typing import Any, Callable
 
@@ -46,19 +45,8 @@ from .registry import op_label as _label
 from .target import Target
 
 UNSUPPORTED_DTYPES = ("float64", "complex64", "complex128", "token")
-PRECISIONS = {"default": "default", "bfloat16": "default", "high": "high",
-              "tensorfloat32": "high", "highest": "highest", "float32": "highest"}
+PRECISIONS = ("default", "high", "highest")      # what DEFAULT may mean (dot.py)
 RETURNS = ("return", "func.return")
-
-
-def resolve_precision(matmul_precision: str | None) -> str:
-    """What precision DEFAULT means: the argument, else $JAX_TRN_MATMUL_PRECISION."""
-    name = matmul_precision or os.environ.get("JAX_TRN_MATMUL_PRECISION") or "default"
-    try:
-        return PRECISIONS[name.lower()]
-    except KeyError:
-        raise LoweringError(f"unknown matmul precision {name!r}; expected one of "
-                            f"{sorted(PRECISIONS)}") from None
 
 
 def check_dtypes(op: ir.Op) -> None:
@@ -423,7 +411,7 @@ def _reason(e: Exception, op: ir.Op) -> str:
 
 
 def lower_module(module: ir.Module, spec: CoreSpec | ChipSpec | Target, *,
-                 matmul_precision: str | None = None) -> Program:
+                 matmul_precision: str = "default") -> Program:
     """Lowers the entry function of `module` to a Program for one NeuronCore of `spec`.
 
     Args:
@@ -431,15 +419,18 @@ def lower_module(module: ir.Module, spec: CoreSpec | ChipSpec | Target, *,
       spec: the `Target` to compile for, or the `hw.spec.CoreSpec` (or `ChipSpec`) it
         is derived from (`Target.of`); its generation selects per-generation rules.
       matmul_precision: what a dot_general at precision DEFAULT runs as: "default" (bf16
-        operands), "high" (tf32) or "highest" (fp32); defaults to
-        $JAX_TRN_MATMUL_PRECISION, else "default".
+        operands), "high" (tf32) or "highest" (fp32). The canonical names only: the
+        caller maps the user's spellings (the options, $JAX_TRN_MATMUL_PRECISION).
 
     Returns:
       The Program; non-splat constants are in `program.constants` (name -> array).
 
     Raises:
       LoweringError: an op without a rule, a dtype the hardware lacks, or a kernel that
-        does not fit the core; the message names the op and its source location.
+        does not fit the core; the message names the op and its source location. Also an
+        unknown `matmul_precision`.
     """
-    precision = resolve_precision(matmul_precision)
-    return StepCtx(module.main, Target.of(spec), precision, module).run()
+    if matmul_precision not in PRECISIONS:
+        raise LoweringError(f"unknown matmul precision {matmul_precision!r}; expected one "
+                            f"of {', '.join(PRECISIONS)}")
+    return StepCtx(module.main, Target.of(spec), matmul_precision, module).run()

@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 
 from hlo_passes import ir
+from jax_trn.hw import isa
 from jax_trn.hw.numerics import round_tf32
 
 from .irbuild import FnBuilder
 from .runner import SPEC, run
-from jax_trn.lower import lower_module
+from jax_trn.lower import LoweringError, lower_module
 
 BF16 = ml_dtypes.bfloat16
 
@@ -96,12 +97,28 @@ def test_dot_f32_highest_is_fp32(config, how):
     np.testing.assert_allclose(out, dot_ref(x, y), rtol=1e-5, atol=1e-5)
 
 
-def test_dot_f32_high_is_tf32(monkeypatch):
-    monkeypatch.setenv("JAX_TRN_MATMUL_PRECISION", "high")
+def test_dot_f32_high_is_tf32():
     x, y = rand((130, 200), "float32", 7), rand((200, 70), "float32", 8)
-    out = run(dot_module((130, 200), (200, 70)), x, y).outputs[0]
+    out = run(dot_module((130, 200), (200, 70)), x, y, matmul_precision="high").outputs[0]
     np.testing.assert_allclose(out, dot_ref(round_tf32(x), round_tf32(y)), rtol=1e-5,
                                atol=1e-4)
+
+
+def test_lowering_reads_no_environment(monkeypatch):
+    """What DEFAULT means is an argument of lower_module; $JAX_TRN_MATMUL_PRECISION is
+    the options module's to read (lower_module used to read it)."""
+    monkeypatch.setenv("JAX_TRN_MATMUL_PRECISION", "highest")
+    program = lower_module(dot_module((130, 200), (200, 70)), SPEC)
+    operands = {i.moving.dtype for k in program.kernels for i in k.instructions
+                if isinstance(i, isa.NcMatmul)}
+    assert operands == {"bfloat16"}
+
+
+@pytest.mark.parametrize("spelling", ["float32", "tensorfloat32", "bfloat16", "HIGH"])
+def test_lower_module_takes_canonical_precisions_only(spelling):
+    """The user's spellings are mapped by the caller (jax_trn.config's options)."""
+    with pytest.raises(LoweringError, match="unknown matmul precision"):
+        lower_module(dot_module((8, 8), (8, 8)), SPEC, matmul_precision=spelling)
 
 
 def test_dot_bf16_result_rounds_once():
