@@ -275,7 +275,8 @@ class MatmulEmitter:
         self.m, self.k, self.n = lhs.f[1], lhs.k[1], rhs.f[1]
         target = kb.target
         self.kt, self.mt = target.partitions, target.stationary_max   # k-tile, row tile
-        self.cols = target.psum_bank_fp32       # moving columns per matmul: one bank
+        self.bank = target.psum_bank_fp32       # FP32 columns of one PSUM bank (§3.2)
+        self.cols = _moving_cols(target, plan.group, epilogue is None)   # per matmul
         # Loads and stores on separate DMA queues (FIFO each, §3.4): a prefetch never
         # waits behind the store of a tile still being computed.
         nq = target.dma_queues
@@ -295,9 +296,10 @@ class MatmulEmitter:
         self.slices = kb.ring(2, nk * plan.group, rhs.dtype)
         self.obuf = kb.ring(2, plan.group, out.dtype) if epilogue is None else None
         tbanks = TRANSPOSE_BANKS if self.stage else 0
-        bank = target.psum_bank_fp32
-        self.tps = kb.ring(tbanks, bank, "float32", mem="psum") if tbanks else None
-        self.acc = kb.ring(target.psum_banks - tbanks, bank, "float32", mem="psum")
+        self.tps = kb.ring(tbanks, self.bank, "float32", mem="psum") if tbanks else None
+        per_acc = -(-self.cols // self.bank)            # banks one accumulator spans
+        self.acc = kb.ring((target.psum_banks - tbanks) // per_acc, self.cols, "float32",
+                           mem="psum")
         if epilogue is not None:
             epilogue.start(kb, plan.group)
 
@@ -429,6 +431,10 @@ class MatmulEmitter:
     def _drain(self, accs, base: int, m0: int, mt: int, g0: int, gn: int) -> None:
         """PSUM -> SBUF in the result dtype, then one DMA of the [mt, gn] block (or the
         fused epilogue's version of it, epilogue.py)."""
+        # One bank per evacuation copy, the engines alternating (a wider accumulator is
+        # evacuated in bank-wide pieces, as the epilogue's steps expect them).
+        accs = [(c0 + b0, bn, sub(acc, mt, bn, at=b0)) for c0, ct, acc in accs
+                for b0, bn in tiles(ct, self.bank)]
         if self.epilogue is not None:
             return self.epilogue.drain(accs, base, m0, mt, g0, gn)
         otile = sub(self.obuf.next(), mt, gn)
@@ -496,7 +502,7 @@ class MatmulEmitter:
 
     def _transpose_staged(self, staged: tuple[isa.Tile, int, int], dst: KMajor) -> None:
         rows, c0, fc = staged
-        for group in _runs(tiles(rows.free_size, self.kt), self.cols // fc):
+        for group in _runs(tiles(rows.free_size, self.kt), self.bank // fc):
             self._transpose(rows, group, fc, c0, dst)
 
     def _transpose(self, rows: isa.Tile, group, fc: int, c0: int, dst: KMajor) -> None:
@@ -514,6 +520,22 @@ class MatmulEmitter:
         for g, (j, _) in enumerate(group):
             self.kb.emit(isa.TensorCopy, dst=dst.tile(j, kt, fc, at=c0),
                          src=sub(bank, kt, fc, at=g * fc), engine=self.kb.evac_engine())
+
+
+def _moving_cols(target: Target, group: int, plain: bool) -> int:
+    """Columns of one matmul: one PSUM bank of FP32 (§2.2: the moving-free maximum on
+    v2/v3); on NeuronCore-v4, whose matmul may write several banks, the whole column
+    group up to the moving-free maximum (4096 FP32, §2.2) -- for a plain matmul.
+
+    Measured on trn3 (benchmarks/matmul_roofline.py, compiler.py): the same simulated
+    time (TensorE does the same MultiplyMoving work; LoadStationary hides behind it
+    either way) with half the matmul instructions (4096^3 bf16: 10112 -> 6016
+    instructions, lowering + simulation ~35% faster). With a fused epilogue the
+    bank-wide epilogue steps then wait for the whole group's matmul (transformer block:
+    +1 us), so epilogue matmuls stay one bank wide."""
+    if target.matmul_spans_banks and plain:
+        return max(target.psum_bank_fp32, min(target.moving_max, group))
+    return target.psum_bank_fp32
 
 
 def _runs(ktiles: list[tuple[int, int]], size: int) -> list[list]:

@@ -121,6 +121,28 @@ def test_lower_module_takes_canonical_precisions_only(spelling):
         lower_module(dot_module((8, 8), (8, 8)), SPEC, matmul_precision=spelling)
 
 
+@pytest.mark.parametrize("gen,widest", [("trn1", 512), ("trn2", 512), ("trn3", 1024)])
+@pytest.mark.parametrize("dtype,ls,rs,lc,rc", [
+    ("bfloat16", (300, 256), (256, 1100), (1,), (0,)),
+    ("float32", (130, 200), (1100, 200), (1,), (1,)),   # rhs transposed on TensorE (trn1)
+    ("float8_e5m2", (130, 512), (512, 900), (1,), (0,)),   # double_row on trn2 / trn3
+])
+def test_matmul_moving_size_per_generation(gen, widest, dtype, ls, rs, lc, rc):
+    """One PSUM bank of columns per matmul on v2/v3 (moving free <= 512, §2.2); on
+    NeuronCore-v4 a matmul writes a whole column group across banks (moving free up to
+    4096). The results do not depend on it."""
+    from jax_trn.hw.spec import CHIPS
+    spec = CHIPS[gen].core
+    x, y = rand(ls, dtype, 21), rand(rs, dtype, 22)
+    res = run(dot_module(ls, rs, lc=lc, rc=rc, dtype=dtype, out_dtype="float32"), x, y,
+              spec=spec, matmul_precision="highest")
+    n = {i.n for k in res.program.kernels for i in k.instructions
+         if isinstance(i, isa.NcMatmul)}
+    assert max(n) == min(widest, rs[1 - rc[0]])
+    want = dot_ref(x.astype(np.float32), y.astype(np.float32), lc=lc, rc=rc)
+    np.testing.assert_allclose(res.outputs[0], want, rtol=2e-2, atol=2e-2 * np.sqrt(ls[1]))
+
+
 def test_dot_bf16_result_rounds_once():
     x, y = rand((130, 200), "bfloat16", 9), rand((200, 70), "bfloat16", 10)
     out = run(dot_module((130, 200), (200, 70), dtype="bfloat16"), x, y).outputs[0]
