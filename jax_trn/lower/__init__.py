@@ -14,6 +14,7 @@ collectives become steps between kernels (`hw.program.While` / `Case` / `Collect
 
 Modules, in dependency order:
   errors      LoweringError
+  target      Target: what codegen may assume about one core (from hw.spec's CoreSpec)
   layout      tiling arithmetic (`tiles`, `flat_tiles`, `box_tiles`) and DRAM views
   builder     KernelBuilder: SBUF/PSUM allocation, rings, DMA queues, semaphores
   registry    the rules table (kernel rules, step rules), LowerCtx
@@ -23,6 +24,7 @@ Modules, in dependency order:
   movement    DRAM copies (reshape), splat constants, iota
   relayout    transpose, broadcast_in_dim (SBUF expand, TensorE transpose, DMA)
   slicing     slice, concatenate, pad
+  matmul_plan a matmul's operands and plan (SBUF fit, DMA cost, dma_transpose, double_row)
   matmul      the TensorE loop nest;  dot: dot_general (precision, canonical form)
   conv/       convolution: geometry, plan, staging, kernel (tap loop), wgrad, rule
   reduce      reduce with add / max / min (and / or on bool), from a tensor or a region

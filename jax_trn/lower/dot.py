@@ -31,8 +31,8 @@ from .builder import KernelBuilder, sub
 from .elementwise import FMAX
 from .layout import (Axes, View, box_offset, box_pattern, line_tiles, merge_axes, row_major,
                      tiles)
-from .matmul import (MatmulEmitter, Operand, double_row, interleaved, make_plan,
-                     with_dma_transpose)
+from .matmul import MatmulEmitter
+from .matmul_plan import Operand, double_row, interleaved, make_plan, with_dma_transpose
 from .movement import fill
 from .relayout import relayout
 from .registry import LowerCtx, register_lowering

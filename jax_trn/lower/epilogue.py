@@ -33,13 +33,13 @@ from jax_trn.hw import isa
 
 from .builder import KernelBuilder, sub
 from .layout import merge_axes, row_major
-from .matmul import GROUP_COLS
+from .matmul_plan import GROUP_COLS
 from .regions import IN_DEPTH, STEP_DEPTH, Evaluator, assign_slots
 from .target import Target
 from .tileops import ACTIVATION, Src
 from .translate import FusionPlan, Unsupported
 
-GROUP_MAX = max(GROUP_COLS)       # the widest matmul column group (matmul.py)
+GROUP_MAX = max(GROUP_COLS)       # the widest matmul column group (matmul_plan.py)
 PSUM_SAFE = frozenset({"add", "subtract", "multiply", "divide", "maximum", "minimum",
                        "compare", "convert", "negate", "abs", "activation",
                        "tensor_scalar", *ACTIVATION})

@@ -73,14 +73,6 @@ class Target:
         a matmul that stays in one bank (§2.2, §3.2)."""
         return self.psum_bank_bytes // FP32_BYTES
 
-    @property
-    def moving_fp32(self) -> int:
-        """The widest FP32 matmul output one instruction may write: the moving-free
-        maximum, and one PSUM bank unless a matmul may span banks (§2.2)."""
-        if self.matmul_spans_banks:
-            return self.moving_max
-        return min(self.moving_max, self.psum_bank_fp32)
-
 
 @functools.lru_cache(maxsize=None)
 def _target_of(core: CoreSpec) -> Target:
