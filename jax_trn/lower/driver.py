@@ -72,7 +72,7 @@ class StepCtx:
     Step rules use only the public methods below. Buffers: `operand` (where a value
     lives, written first if it is a pending splat constant), `result` (the buffer a
     result is computed into), `bind`, `location`, `temp`; kinds of buffers:
-    `is_param`, `is_constant_data`, `is_temp`, `temp_names`, `constant`,
+    `is_param`, `is_constant_data`, `temp_names`, `constant`,
     `is_pending`; steps: `append`, `name`, `copy`, `fill_into`, `write_pending`; the
     walk: `position`, `lower_block`, `nested`, `hoist`, `is_hoisted`, `rule_for`,
     `function`; per-rule state: `state`."""
@@ -136,9 +136,6 @@ class StepCtx:
     def is_constant_data(self, t: DramTensor) -> bool:
         """A non-splat constant: initial data the runtime loads, never written."""
         return t.name in self._constants
-
-    def is_temp(self, t: DramTensor) -> bool:
-        return t.name in {u.name for u in self._temps}
 
     def temp_names(self) -> set[str]:
         """The names of the HBM temporaries made so far."""
