@@ -32,8 +32,8 @@ from jax_trn.hw.program import DramTensor
 from .elementwise import free_size
 from .errors import LoweringError
 from .layout import row_major
-from .reduce import VARIADIC, RegionSource, TensorSource, _fill_init, emit_reduce, identity
-from .registry import LowerCtx
+from .reduce import RegionSource, TensorSource, _fill_init, emit_reduce, identity
+from .registry import LowerCtx, register_lowering
 from .regions import FMAX, Input, Region
 from .tileops import Step
 
@@ -111,6 +111,7 @@ def _constant(ctx: LowerCtx, t: DramTensor, what: str):
     return np.asarray(value).reshape(-1)[0]
 
 
+@register_lowering("reduce", operands=4)
 def lower_argreduce(ctx: LowerCtx, x: DramTensor, idx: DramTensor, xinit: DramTensor,
                     iinit: DramTensor, *, dimensions) -> None:
     found = match(ctx.op)
@@ -149,9 +150,6 @@ def lower_argreduce(ctx: LowerCtx, x: DramTensor, idx: DramTensor, xinit: DramTe
     steps += [Step("constant", (), idx.dtype, {"value": INDEX_MAX}),
               Step("select", (2 + len(steps), 2, 3 + len(steps)), idx.dtype)]
     region = Region(shape, inputs, steps, [])
-    chunk = min(FMAX, free_size(kb, region, 4 * FMAX * 128))
+    chunk = min(FMAX, free_size(kb, region, 4 * FMAX * ctx.target.partitions))
     source = RegionSource(kb, region, 2 + len(steps), chunk)
     emit_reduce(kb, source, shape, iout, "min", None, dims)
-
-
-VARIADIC[2] = lower_argreduce

@@ -44,13 +44,13 @@ import numpy as np
 from jax_trn.hw import isa
 from jax_trn.hw.program import DramTensor
 
-from .builder import sub
-from .layout import P, tiles
+from .builder import Ring, sub
+from .layout import tiles
 from .registry import LowerCtx
 from .translate import Unsupported
 
-CHUNK = 1024            # keys per softmax chunk: two PSUM banks of FP32 (§3.2)
-MOVING_MAX = 512        # keys per score matmul: one PSUM bank (§2.2)
+CHUNK_BANKS = 2         # keys per softmax chunk: two PSUM banks of FP32 (§3.2); one
+                        # score matmul per bank (512 keys, §2.2)
 NEG = -3.0e38           # additive bias of a masked score
 BIAS_CACHE = 16         # distinct partially-masked blocks kept as bias tiles
 
@@ -73,11 +73,12 @@ def _mask(ctx: LowerCtx, t: DramTensor) -> tuple[DramTensor, np.ndarray]:
 
 def _check(ctx: LowerCtx, q: DramTensor, k: DramTensor, v: DramTensor) -> None:
     d, dv = q.shape[-1], v.shape[-1]
+    pmax, bank = ctx.target.partitions, ctx.target.psum_bank_fp32
     if not (q.dtype == k.dtype == v.dtype and q.dtype in ("bfloat16", "float16")):
         raise Unsupported(f"attention on {q.dtype}/{k.dtype}/{v.dtype} (16-bit only)")
-    if d > P or dv > MOVING_MAX:
-        raise Unsupported(f"attention head dims D={d}, Dv={dv} (<= {P}, <= {MOVING_MAX})")
-    if not getattr(ctx.spec, "dma_transpose", False):
+    if d > pmax or dv > bank:
+        raise Unsupported(f"attention head dims D={d}, Dv={dv} (<= {pmax}, <= {bank})")
+    if not ctx.target.dma_transpose:
         raise Unsupported("attention needs dma_transpose (NC-v3+, §3.4)")
 
 
@@ -90,15 +91,19 @@ class _Flash:
         self.sk, self.dv = v.shape[-2:]
         self.batch = math.prod(q.shape[:-2])
         self.pdtype = self._p_dtype()
-        kb, nkt = self.kb, -(-self.sk // P)
+        target = ctx.target
+        self.pmax, self.bank = target.partitions, target.psum_bank_fp32
+        self.chunk = CHUNK_BANKS * self.bank
+        kb, nkt = self.kb, -(-self.sk // self.pmax)
         self.kT = kb.ring(2, self.sk, q.dtype)
         self.vb = kb.ring(2, nkt * self.dv, v.dtype)
-        self.qT = kb.ring(3, P, q.dtype)
-        self.s = kb.ring(2, CHUNK, "float32", mem="psum")
-        self.p = kb.ring(3, CHUNK, self.pdtype)
-        self.t = kb.ring(3 if 2 * self.dv * 4 <= 2048 else 2, MOVING_MAX, "float32", mem="psum")
-        self.pt = kb.ring(6, MOVING_MAX, self.pdtype)
-        self.o = _ring_in_bank(kb, 2, self.dv) if 2 * self.dv * 4 <= 2048 else \
+        self.qT = kb.ring(3, self.pmax, q.dtype)
+        self.s = kb.ring(2, self.chunk, "float32", mem="psum")
+        self.p = kb.ring(3, self.chunk, self.pdtype)
+        two_in_bank = 2 * self.dv * 4 <= target.psum_bank_bytes     # two FP32 rows of Dv
+        self.t = kb.ring(3 if two_in_bank else 2, self.bank, "float32", mem="psum")
+        self.pt = kb.ring(6, self.bank, self.pdtype)
+        self.o = _ring_in_bank(kb, 2, self.dv) if two_in_bank else \
             kb.ring(2, self.dv, "float32", mem="psum")
         self.osb = kb.ring(2, self.dv, "float32")
         self.res = kb.ring(2, self.dv, out.dtype)
@@ -106,7 +111,7 @@ class _Flash:
         self.biases: dict[bytes, isa.Tile] = {}
         self.ident: isa.Tile | None = None
         self.copy_engines = itertools.cycle(("vector", "scalar"))
-        self.queues = itertools.cycle(range(kb.limits.dma_queues))
+        self.queues = itertools.cycle(range(target.dma_queues))
         kb.flops += 2 * self.batch * self.sq * self.sk * (self.d + self.dv)
 
     def _p_dtype(self) -> str:
@@ -136,10 +141,10 @@ class _Flash:
 
     def _jobs(self, b: int) -> list[dict]:
         """One job per (q-tile, key chunk): the chunk's 128-key blocks and flags."""
-        jobs = []
-        for q0, qt in tiles(self.sq, P):
+        jobs, per_chunk = [], self.chunk // self.pmax
+        for q0, qt in tiles(self.sq, self.pmax):
             blocks = self._live_blocks(q0, qt)
-            chunks = [blocks[i:i + CHUNK // P] for i in range(0, len(blocks), CHUNK // P)]
+            chunks = [blocks[i:i + per_chunk] for i in range(0, len(blocks), per_chunk)]
             state = {"q0": q0, "qt": qt}
             for ci, chunk in enumerate(chunks):
                 jobs.append({"b": b, "tile": state, "blocks": chunk, "first": ci == 0,
@@ -150,7 +155,7 @@ class _Flash:
         """(k0, kb, "full" | "partial") for the key blocks from the first to the last
         with an unmasked entry in rows [q0, q0 + qt)."""
         blocks = []
-        for k0, kbn in tiles(self.sk, P):
+        for k0, kbn in tiles(self.sk, self.pmax):
             if self.mask is None:
                 blocks.append((k0, kbn, "full"))
                 continue
@@ -171,10 +176,10 @@ class _Flash:
     def _load_kv(self, b: int) -> tuple[isa.Tile, isa.Tile]:
         kT, vb = self.kT.next(), self.vb.next()
         base_k, base_v = b * self.sk * self.d, b * self.sk * self.dv
-        for r0, rn in tiles(self.sk, MOVING_MAX):
+        for r0, rn in tiles(self.sk, self.bank):
             src = self.kb.ap(self.k, base_k + r0 * self.d, ((self.d, rn), (1, self.d)))
             self._dma(sub(kT, self.d, rn, at=r0), src, isa.DmaTranspose)
-        for j, (r0, rn) in enumerate(tiles(self.sk, P)):
+        for j, (r0, rn) in enumerate(tiles(self.sk, self.pmax)):
             src = self.kb.ap(self.v, base_v + r0 * self.dv, ((self.dv, rn), (1, self.dv)))
             self._dma(sub(vb, rn, self.dv, at=j * self.dv), src)
         return kT, vb
@@ -209,10 +214,10 @@ class _Flash:
     def _identity(self) -> isa.Tile:
         """I [128, 128] in the matmul dtype, built once on GpSimd (affine_select p == f)."""
         if self.ident is None:
-            self.ident = self.kb.tile(P, self.q.dtype)
+            self.ident = self.kb.tile(self.pmax, self.q.dtype)
             self.kb.emit(isa.Memset, dst=self.ident, value=1.0, engine="gpsimd")
             self.kb.emit(isa.AffineSelect, dst=self.ident, on_true_tile=self.ident,
-                         on_false_value=0.0, pattern=((-1, P),), channel_multiplier=1,
+                         on_false_value=0.0, pattern=((-1, self.pmax),), channel_multiplier=1,
                          cmp_op="is_equal")
         return self.ident
 
@@ -227,7 +232,7 @@ class _Flash:
         k0 = job["blocks"][0][0]
         width = sum(n for _, n, _ in job["blocks"])
         s = sub(self.s.next(), qt, width)
-        for c0, cn in tiles(width, MOVING_MAX):
+        for c0, cn in tiles(width, self.bank):
             kb.emit(isa.NcMatmul, dst=sub(s, qt, cn, at=c0), stationary=tile["qT"],
                     moving=sub(kT, self.d, cn, at=k0 + c0))
         for bk0, bkn, state in job["blocks"]:
@@ -276,7 +281,7 @@ class _Flash:
         qt, p, blocks = tile["qt"], job["p"], job["blocks"]
         k0 = blocks[0][0]
         pts = []
-        per_bank = MOVING_MAX // qt
+        per_bank = self.bank // qt
         for group in [blocks[i:i + per_bank] for i in range(0, len(blocks), per_bank)]:
             bank = self.t.next()
             for g, (bk0, bkn, _) in enumerate(group):
@@ -303,7 +308,7 @@ class _Flash:
         o = sub(self.o.next(), qt, self.dv)
         for i, (pt, bk0, bkn) in enumerate(pts):
             kb.emit(isa.NcMatmul, dst=o, stationary=pt,
-                    moving=sub(vb, bkn, self.dv, at=(bk0 // P) * self.dv),
+                    moving=sub(vb, bkn, self.dv, at=(bk0 // self.pmax) * self.dv),
                     accumulate=i > 0)
         acc = o
         if not job["first"]:
@@ -321,9 +326,8 @@ class _Flash:
             self._dma(kb.ap(self.out, base, ((self.dv, qt), (1, self.dv))), res)
 
 
-def _ring_in_bank(kb, depth: int, free: int):
+def _ring_in_bank(kb, depth: int, free: int) -> Ring:
     """`depth` FP32 [P, free] PSUM accumulators sharing one 2 KiB bank (§3.2: a matmul
     must not cross a bank, several may share one)."""
-    from .builder import Ring
     bank = kb.tile(depth * free, "float32", mem="psum")
-    return Ring([sub(bank, P, free, at=i * free) for i in range(depth)])
+    return Ring([sub(bank, kb.target.partitions, free, at=i * free) for i in range(depth)])

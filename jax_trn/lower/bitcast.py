@@ -26,7 +26,7 @@ def _bitcast_convert_lower(ctx: LowerCtx, x: DramTensor) -> None:
         raise LoweringError(f"bitcast_convert between {x.dtype}{list(x.shape)} and "
                             f"{out.dtype}{list(out.shape)} changes the byte count")
     kb = ctx.kb
-    for b in flat_tiles(wide.size, FMAX // ratio):
+    for b in flat_tiles(wide.size, FMAX // ratio, kb.target.partitions):
         tile = kb.tile(b.free * (ratio if x is narrow else 1), x.dtype)
         kb.dma(sub(tile, b.parts, tile.free[0]), _ap(kb, x, b, ratio if x is narrow else 1))
         seen = tile.with_(free=(b.free * (ratio if out is narrow else 1),), dtype=out.dtype)

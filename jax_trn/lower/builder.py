@@ -8,52 +8,20 @@ buffer is a write-after-read hazard the sync pass orders with semaphores.
 """
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import re
-from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Iterable
 
 from jax_trn.hw import dtypes as hw_dtypes
 from jax_trn.hw import isa
 from jax_trn.hw.program import DramTensor, Kernel
+from jax_trn.hw.sync import insert_semaphores
 
 from .errors import LoweringError
-from .layout import P, Axes
+from .layout import Axes
+from .target import Target
 
-PSUM_BANK_BYTES = 2048      # one accumulation group: 512 FP32 per partition (§3.2)
-PSUM_BANKS = 8
-SBUF_ALIGN = 64
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What the code generator needs to know about a NeuronCore (from `hw.spec`)."""
-    sbuf_bytes: int = 192 * 1024          # usable SBUF bytes per partition
-    psum_bytes: int = PSUM_BANKS * PSUM_BANK_BYTES
-    dma_queues: int = 16
-
-    @classmethod
-    def of(cls, spec: Any) -> "Limits":
-        """Reads a `CoreSpec` (or a chip spec with `.core`); missing fields keep defaults."""
-        spec = getattr(spec, "core", spec)
-        return cls(sbuf_bytes=_first(spec, _SBUF_FIELDS, cls.sbuf_bytes),
-                   psum_bytes=_first(spec, _PSUM_FIELDS, cls.psum_bytes),
-                   dma_queues=_first(spec, _QUEUE_FIELDS, cls.dma_queues))
-
-
-_SBUF_FIELDS = ("sbuf_usable_bytes_per_partition", "sbuf_bytes_per_partition",
-                "sbuf_partition_bytes")
-_PSUM_FIELDS = ("psum_bytes_per_partition", "psum_partition_bytes")
-_QUEUE_FIELDS = ("dma_queues", "dma_queues_per_core", "num_dma_queues")
-
-
-def _first(obj: Any, names: tuple[str, ...], default: int) -> int:
-    for n in names:
-        v = getattr(obj, n, None)
-        if isinstance(v, int) and v > 0:
-            return v
-    return default
+SBUF_ALIGN = 64     # a compiler choice: SBUF allocations start on 64-byte boundaries
 
 
 class Allocator:
@@ -113,23 +81,25 @@ def opcode(cls: type) -> str:
 class KernelBuilder:
     """Builds one `Kernel`: allocation, instructions in program order, DMA queues."""
 
-    def __init__(self, name: str, limits: Limits = Limits(), spec: Any = None):
-        self.name, self.limits = name, limits
-        self.spec = getattr(spec, "core", spec)  # the CoreSpec, if the caller has one
+    def __init__(self, name: str, target: Target):
+        self.name, self.target = name, target
         self.instrs: list[isa.Instr] = []
         self.flops = 0                          # useful FLOPs of the source ops
         self.notes: list[str] = []              # compiler notes for the Kernel
         self.dram: dict[str, DramTensor] = {}
-        self.sbuf = Allocator("sbuf", limits.sbuf_bytes, SBUF_ALIGN)
-        self.psum = Allocator("psum", limits.psum_bytes, PSUM_BANK_BYTES)
-        self._queues = itertools.cycle(range(limits.dma_queues))
+        self.sbuf = Allocator("sbuf", target.sbuf_bytes, SBUF_ALIGN)
+        # PSUM is allocated in whole banks: one accumulation group each (§3.2).
+        self.psum = Allocator("psum", target.psum_bytes, target.psum_bank_bytes)
+        self._queues = itertools.cycle(range(target.dma_queues))
         self._evac = itertools.cycle(("vector", "scalar"))
 
     # --- memory ---------------------------------------------------------------
 
     def tile(self, free: int | tuple[int, ...], dtype: str, mem: str = "sbuf",
-             parts: int = P) -> isa.Tile:
+             parts: int | None = None) -> isa.Tile:
+        """A [parts, free] tile (all partitions by default) in SBUF or PSUM."""
         free = (free,) if isinstance(free, int) else tuple(free)
+        parts = self.target.partitions if parts is None else parts
         t = isa.Tile(mem, 0, parts, 0, free, dtype)
         offset = self._alloc(mem).alloc(t.bytes_per_partition, self.name)
         return t.with_(offset=offset)
@@ -163,21 +133,20 @@ class KernelBuilder:
 
     def dma(self, dst: isa.Operand, src: isa.Operand) -> isa.Instr:
         """A DmaCopy on the next DMA queue (round-robin)."""
-        return self.emit(isa.DmaCopy, dst=dst, src=src, dma_queue=next(self._queues))
+        return self.emit(isa.DmaCopy, dst=dst, src=src, dma_queue=self.next_queue())
+
+    def next_queue(self) -> int:
+        """The next DMA queue of the round-robin (for DMA instructions other than
+        DmaCopy: gathers, transposes)."""
+        return next(self._queues)
 
     def evac_engine(self) -> str:
         """Alternates PSUM evacuation copies between VectorE and ScalarE."""
         return next(self._evac)
 
     def finish(self, ops: Iterable[str] = ()) -> Kernel:
-        return Kernel(name=self.name, instructions=_sync(self.instrs), dram=dict(self.dram),
-                      sbuf_bytes=self.sbuf.peak, psum_bytes=self.psum.peak,
-                      ops=list(ops), flops=self.flops, notes=list(self.notes))
-
-
-def _sync(instrs: list[isa.Instr]) -> list[isa.Instr]:
-    """Sets semaphore waits with the hardware's sync pass (identity until it exists)."""
-    if importlib.util.find_spec("jax_trn.hw.sync") is None:
-        return list(instrs)
-    from jax_trn.hw.sync import insert_semaphores
-    return list(insert_semaphores(instrs))
+        """The Kernel, its semaphore waits set by the hardware's sync pass."""
+        return Kernel(name=self.name, instructions=list(insert_semaphores(self.instrs)),
+                      dram=dict(self.dram), sbuf_bytes=self.sbuf.peak,
+                      psum_bytes=self.psum.peak, ops=list(ops), flops=self.flops,
+                      notes=list(self.notes))

@@ -13,13 +13,13 @@ from __future__ import annotations
 from hlo_passes import ir
 from jax_trn.hw.program import Collective, DramTensor
 
-from . import control
+from .driver import StepCtx
 from .errors import LoweringError
+from .registry import register_step
 from .registry import op_label as _label
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute")
 COMBINERS = ("add", "maximum", "minimum")
-
 
 
 def _groups(op: ir.Op) -> tuple[tuple[int, ...], ...]:
@@ -38,11 +38,13 @@ def _combiner(op: ir.Op) -> str:
     return inner[0].kind
 
 
-def lower_collective(lw, op: ir.Op, claims: dict[int, DramTensor]) -> None:
-    ins = [lw.operand(v) for v in op.operands]
-    outs = [lw.result(r, claims) for r in op.results]
+@register_step(*KINDS)
+def lower_collective(ctx: StepCtx, op: ir.Op, claims: dict[int, DramTensor]) -> None:
+    """A `Collective` step (not a kernel): the runtime runs it across the devices."""
+    ins = [ctx.operand(v) for v in op.operands]
+    outs = [ctx.result(r, claims) for r in op.results]
     a = op.attrs
-    step = Collective(lw.name(op.kind), op.kind, ins, outs, _groups(op), ops=[_label(op)])
+    step = Collective(ctx.name(op.kind), op.kind, ins, outs, _groups(op), ops=[_label(op)])
     if op.kind in ("all_reduce", "reduce_scatter"):
         step.op = _combiner(op)
     if op.kind == "all_gather":
@@ -56,8 +58,4 @@ def lower_collective(lw, op: ir.Op, claims: dict[int, DramTensor]) -> None:
     for t in (*ins, *outs):
         if t.dtype not in ir.DTYPES or t.dtype == "token":
             raise LoweringError(f"{t.dtype} in a collective ({op.describe()})")
-    lw.kernels.append(step)
-
-
-for _kind in KINDS:
-    control.STRUCTURED[_kind] = lower_collective
+    ctx.append(step)

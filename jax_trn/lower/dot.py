@@ -11,8 +11,8 @@ The loop nest itself is in `matmul.py`.
 Precision (decided): float32 operands at DEFAULT run as bf16 (DMA casts through FP32,
 RNE) with FP32 accumulation; HIGH as TF32 (FP32 tiles, `NcMatmul(precision="tf32")`:
 rounded to TF32 in the array, at the BF16 rate); HIGHEST as FP32 at the FP32 rate.
-What DEFAULT means is set by `lower_module(matmul_precision=)` or
-$JAX_TRN_MATMUL_PRECISION. bf16/fp16/fp8 run
+What DEFAULT means is set by `lower_module(matmul_precision=)` (the options pass
+$JAX_TRN_MATMUL_PRECISION, jax_trn/config.py). bf16/fp16/fp8 run
 natively; mixed types are cast to the wider one. Integer dots compute in FP32, exact
 while every partial sum stays below 2**24 (the Neuron compiler converts integer matmuls
 to FP32, §4).
@@ -29,10 +29,10 @@ from jax_trn.hw.program import DramTensor
 
 from .builder import KernelBuilder, sub
 from .elementwise import FMAX
-from .layout import (P, Axes, View, box_offset, box_pattern, line_tiles, merge_axes,
-                     row_major, tiles)
-from .matmul import (MatmulEmitter, Operand, double_row, interleaved, make_plan,
-                     with_dma_transpose)
+from .layout import (Axes, View, box_offset, box_pattern, line_tiles, merge_axes, row_major,
+                     tiles)
+from .matmul import MatmulEmitter
+from .matmul_plan import Operand, double_row, interleaved, make_plan, with_dma_transpose
 from .movement import fill
 from .relayout import relayout
 from .registry import LowerCtx, register_lowering
@@ -146,8 +146,7 @@ def lower_dot(ctx: LowerCtx, lhs: DramTensor, rhs: DramTensor, out: DramTensor,
         return fill(ctx.kb, out, 0)
     ldt, rdt, precision = matmul_types(lhs.dtype, rhs.dtype,
                                        attrs.get("precision_config", ()),
-                                       ctx.matmul_precision,
-                                       getattr(ctx.spec, "ocp_fp8", True))
+                                       ctx.matmul_precision, ctx.target.ocp_fp8)
     lb, rb = merge_axes(lb, rb) if lb else ((), ())
     lop = _canonical(ctx, lhs, lb, lf, lc, ldt, lhs=True)
     rop = _canonical(ctx, rhs, rb, rf, rc, rdt, lhs=False)
@@ -156,14 +155,15 @@ def lower_dot(ctx: LowerCtx, lhs: DramTensor, rhs: DramTensor, out: DramTensor,
     if lop.f[1] == rop.f[1] == 1 and lop.batch and precision == "native":
         _no_epilogue(epilogue, "batched inner products (M = N = 1)")
         return _inner_products(ctx.kb, lop, rop, out)
-    pairs = double_row(lop, rop, precision, ctx.spec)
-    lop, rop = with_dma_transpose(lop, ctx.spec, pairs), with_dma_transpose(rop, ctx.spec)
-    reserved = epilogue.sbuf_bytes() if epilogue is not None else 0
-    plan = make_plan(lop, rop, out.dtype, _free_sbuf(ctx.kb), reserved, ctx.spec)
-    if interleaved(lop, pairs) and plan.kb % (2 * P):
+    target = ctx.target
+    pairs = double_row(lop, rop, precision, target)
+    lop, rop = with_dma_transpose(lop, target, pairs), with_dma_transpose(rop, target)
+    reserved = epilogue.sbuf_bytes(target) if epilogue is not None else 0
+    plan = make_plan(lop, rop, out.dtype, _free_sbuf(ctx.kb), target, reserved)
+    if interleaved(lop, pairs) and plan.kb % (2 * target.partitions):
         # K blocks of an odd number of k-tiles cannot hold 16-bit pairs: TensorE transposes.
         lop = dataclasses.replace(lop, via_dma=False)
-        plan = make_plan(lop, rop, out.dtype, _free_sbuf(ctx.kb), reserved, ctx.spec)
+        plan = make_plan(lop, rop, out.dtype, _free_sbuf(ctx.kb), target, reserved)
     MatmulEmitter(ctx.kb, lop, rop, out, plan, precision, epilogue, pairs).run()
 
 
@@ -190,7 +190,7 @@ def _inner_products(kb: KernelBuilder, lhs: Operand, rhs: Operand, out: DramTens
     ins = (kb.ring(3, FMAX, lhs.dtype), kb.ring(3, FMAX, rhs.dtype))
     prods, accs = kb.ring(2, FMAX, "float32"), kb.ring(2, 1, "float32")
     res = kb.ring(2, 1, out.dtype)
-    for box in line_tiles([n for _, n in lb], P):
+    for box in line_tiles([n for _, n in lb], kb.target.partitions):
         parts = box_pattern(lb, box)[-1][1]
         acc = sub(accs.next(), parts, 1)
         for i, (k0, kc) in enumerate(tiles(k, FMAX)):

@@ -34,7 +34,7 @@ from jax_trn.hw import isa
 from jax_trn.hw.program import DramTensor
 
 from .builder import sub
-from .layout import P, row_major
+from .layout import row_major, tiles
 from .movement import copy
 from .registry import LowerCtx, register_lowering
 
@@ -126,8 +126,7 @@ def _dynamic_slice_lower(ctx: LowerCtx, x: DramTensor, *starts: DramTensor,
     data_ring = kb.ring(2, n * c, out.dtype)
     for off, pos in _unrolled(loop):
         row0 = sum(i * rs for i, rs in zip(pos, rstride[:nl]))
-        p_chunks = [(0, 1)] if pdim is None else \
-            [(p0, min(P, pdim[1] - p0)) for p0 in range(0, pdim[1], P)]
+        p_chunks = [(0, 1)] if pdim is None else tiles(pdim[1], kb.target.partitions)
         for p0, pp in p_chunks:
             pst = 0 if pdim is None else pdim[0]
             idx = sub(idx_ring.next(), pp, n)
@@ -137,7 +136,7 @@ def _dynamic_slice_lower(ctx: LowerCtx, x: DramTensor, *starts: DramTensor,
                     operand0=sub(base, pp, 1), engine="gpsimd")
             dst = sub(data_ring.next(), pp, n * c)
             kb.emit(isa.DmaGather, dst=dst, src=table, indices=idx,
-                    dma_queue=next(kb._queues))
+                    dma_queue=kb.next_queue())
             prs = rstride[nl] if pdim is not None else n
             r = row0 + p0 * prs
             kb.dma(kb.ap(out, r * c, ((prs * c, pp), (1, n * c))), dst)
@@ -158,8 +157,9 @@ def _clamped_starts(ctx, shape, sizes, starts):
             v = 0 if shape[j] == sizes[j] else int(np.asarray(known).reshape(-1)[0])
             res.append(("const", min(max(v, 0), shape[j] - sizes[j])))
             continue
-        raw, col = kb.tile(1, s.dtype), sub(cols, P, 1, at=j)
-        kb.dma(raw, kb.ap(s, 0, ((0, P), (1, 1))))
+        pmax = kb.target.partitions
+        raw, col = kb.tile(1, s.dtype), sub(cols, pmax, 1, at=j)
+        kb.dma(raw, kb.ap(s, 0, ((0, pmax), (1, 1))))
         kb.emit(isa.TensorScalar, dst=col, data=raw, op0="max", operand0=0, op1="min",
                 operand1=shape[j] - sizes[j], engine="gpsimd")
         kb.release(raw)
@@ -167,7 +167,15 @@ def _clamped_starts(ctx, shape, sizes, starts):
     return res, cols
 
 
-@register_lowering("dynamic_update_slice")
+def _updates_operand_in_place(op: ir.Op, arg: ir.Value) -> bool:
+    """The rule may write its result over operand 0 (a loop's carried buffer, a scan's
+    stacked outputs, control.py): each tile of rows is loaded, patched from the update
+    and stored back to the same rows, tiles disjoint. Not when `arg` is also the
+    update or a start index."""
+    return all(v is not arg for v in op.operands[1:])
+
+
+@register_lowering("dynamic_update_slice", in_place=_updates_operand_in_place)
 def _dynamic_update_slice_lower(ctx: LowerCtx, x: DramTensor, upd: DramTensor,
                                 *starts: DramTensor) -> None:
     """The operand passes through SBUF row by row (a row: the trailing block the update
@@ -202,8 +210,7 @@ def _dynamic_update_slice_lower(ctx: LowerCtx, x: DramTensor, upd: DramTensor,
     t, t2, m, u = (kb.tile(n, "int32") for _ in range(4))
     data_ring = kb.ring(2, n * c, out.dtype)
     for off, pos in _unrolled(loop):
-        for p0, pp in ([(0, 1)] if pdim is None else
-                       [(p0, min(P, pdim[1] - p0)) for p0 in range(0, pdim[1], P)]):
+        for p0, pp in ([(0, 1)] if pdim is None else tiles(pdim[1], kb.target.partitions)):
             tt, tt2, mm, uu = (sub(a, pp, n) for a in (t, t2, m, u))
             first_m = True
             for i, (_, ext, win, (kind, cv), us) in enumerate(dims):
@@ -245,6 +252,6 @@ def _dynamic_update_slice_lower(ctx: LowerCtx, x: DramTensor, upd: DramTensor,
             dst = sub(data_ring.next(), pp, n * c)
             kb.dma(dst, kb.ap(x, row0 * c, o_ap))
             kb.emit(isa.DmaGather, dst=dst, src=table, indices=uu, oob_mode="skip",
-                    dma_queue=next(kb._queues))
+                    dma_queue=kb.next_queue())
             kb.dma(kb.ap(out, row0 * c, o_ap), dst)
     kb.release(t, t2, m, u, data_ring, cols)

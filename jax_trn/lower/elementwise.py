@@ -4,16 +4,16 @@ A single elementwise op is a region of one step; a loop fusion hands over many s
 and broadcast inputs (fusion.py). `emit_loop` picks the tiling:
 
 - flat: when every view (the index space and each input's axes) merges into a single
-  axis (contiguous tensors and scalars), the flat index space is cut into [128, F]
+  axis (contiguous tensors and scalars), the flat index space is cut into [P, F]
   blocks plus an [r, 1] tail (`layout.flat_tiles`): the longest DMA runs;
 - rows: otherwise (a row or column broadcast), the trailing merged axes go on the free
-  side (at most F elements, `box_tiles`) and the leading ones on partitions, 128 at a
-  time (`line_tiles`). A broadcast row then is a stride-0 partition pattern (one DMA
+  side (at most F elements, `box_tiles`) and the leading ones on partitions, P at a
+  time (`line_tiles`; P: the target's partitions). A broadcast row then is a stride-0 partition pattern (one DMA
   reading the same row into every partition), a broadcast column one value per
   partition, the TensorScalar operand.
 
 Per tile the inputs are DMAed into SBUF ring buffers, every step runs on its engine
-(tileops.py), and the outputs are DMAed back: each input is read once and only the
+(tileops/), and the outputs are DMAed back: each input is read once and only the
 region's outputs are written.
 """
 from __future__ import annotations
@@ -23,8 +23,8 @@ from functools import partial
 from jax_trn.hw.program import DramTensor
 
 from .builder import KernelBuilder
-from .layout import (P, box_offset, box_pattern, box_size, box_tiles, flat_tiles,
-                     line_tiles, merge_axes, row_major)
+from .layout import (box_offset, box_pattern, box_size, box_tiles, flat_tiles, line_tiles,
+                     merge_axes, row_major)
 from .regions import FMAX, Evaluator, Input, Region, _itemsize
 from .spread import spreader
 from .registry import LowerCtx, register_lowering
@@ -43,7 +43,7 @@ def emit_loop(kb: KernelBuilder, region: Region) -> int:
     if n == 0:
         return 0
     merged = merge_axes(*region.views())
-    free = free_size(kb, region, n // P)
+    free = free_size(kb, region, n // kb.target.partitions)
     ev = Evaluator(kb, region, free)
     spread = spreader(kb)
     if len(merged[0]) <= 1:
@@ -55,10 +55,10 @@ def emit_loop(kb: KernelBuilder, region: Region) -> int:
 
 
 def free_size(kb: KernelBuilder, region: Region, cols: int) -> int:
-    """F of the [128, F] tiles: what fits half of SBUF, at least 4 tiles when large,
+    """F of the [P, F] tiles: what fits half of SBUF, at least 4 tiles when large,
     and at most FMAX elements or TILE_BYTES per partition of the widest input."""
     ins, steps = region.bytes_per_element()
-    fit = max(1, (kb.limits.sbuf_bytes // 2) // max(1, ins + steps))
+    fit = max(1, (kb.target.sbuf_bytes // 2) // max(1, ins + steps))
     widest = max([_itemsize(i.dtype) for i in region.inputs if i.t is not None] + [1])
     cap = max(FMAX, TILE_BYTES // widest)
     return max(1, min(cap, fit, max(MIN_FREE, -(-cols // 4))))
@@ -74,7 +74,7 @@ def _compute(ev: Evaluator, loaded, parts: int, free: int, spread):
 
 def _flat(ev: Evaluator, merged, n: int, free: int, spread=None) -> None:
     axis = [m[0] if m else (1, 1) for m in merged]
-    for t in flat_tiles(n, free):
+    for t in flat_tiles(n, free, ev.kb.target.partitions):
         boxes = [(t.offset * s, ((t.pstride * s, t.parts), (s, t.free))) for s, _ in axis]
         vals = _compute(ev, ev.load(boxes[1:]), t.parts, t.free, spread)
         ev.store(vals, boxes[0], t.free)
@@ -83,7 +83,7 @@ def _flat(ev: Evaluator, merged, n: int, free: int, spread=None) -> None:
 def _rows(ev: Evaluator, merged, free: int, spread=None) -> None:
     nfree = _free_axes([n for _, n in merged[0]], free)
     lead, trail = [m[:-nfree] for m in merged], [m[-nfree:] for m in merged]
-    for rbox in line_tiles([n for _, n in lead[0]], P):
+    for rbox in line_tiles([n for _, n in lead[0]], ev.kb.target.partitions):
         for fbox in box_tiles([n for _, n in trail[0]], free):
             boxes = [(box_offset(l, rbox) + box_offset(t, fbox),
                       box_pattern(l, rbox)[-1:] + box_pattern(t, fbox))
@@ -124,6 +124,13 @@ def _elementwise(kind: str, ctx: LowerCtx, *operands: DramTensor, **attrs) -> No
     ctx.kb.flops += emit_loop(ctx.kb, single_op_region(ctx, kind, operands, attrs))
 
 
+def _same_shapes(op, arg) -> bool:
+    """The generic rule may write its result over an operand it reads (`i = i + 1` in a
+    loop, control.py): each [P, F] tile of every operand is read before the same tile
+    of the result is written, tiles disjoint -- when no operand is broadcast."""
+    return all(v.shape == r.shape for v in op.operands for r in op.results)
+
+
 for _kind in TILE_OPS:
-    register_lowering(_kind)(partial(_elementwise, _kind))
+    register_lowering(_kind, in_place=_same_shapes)(partial(_elementwise, _kind))
 

@@ -33,11 +33,13 @@ from jax_trn.hw import isa
 
 from .builder import KernelBuilder, sub
 from .layout import merge_axes, row_major
+from .matmul_plan import GROUP_COLS
 from .regions import IN_DEPTH, STEP_DEPTH, Evaluator, assign_slots
+from .target import Target
 from .tileops import ACTIVATION, Src
 from .translate import FusionPlan, Unsupported
 
-GROUP_MAX, CHUNK = 1024, 512      # matmul column group / PSUM bank width (matmul.py)
+GROUP_MAX = max(GROUP_COLS)       # the widest matmul column group (matmul_plan.py)
 PSUM_SAFE = frozenset({"add", "subtract", "multiply", "divide", "maximum", "minimum",
                        "compare", "convert", "negate", "abs", "activation",
                        "tensor_scalar", *ACTIVATION})
@@ -83,23 +85,24 @@ class Epilogue:
         return (f"epilogue: {len([s for s in self.region.steps if s.kind != 'constant'])} "
                 f"ops per output tile, dot value {how} {first.kind}")
 
-    def sbuf_bytes(self) -> int:
-        """Per-partition SBUF the epilogue needs (for the matmul plan's budget)."""
-        r = self.region
+    def sbuf_bytes(self, target: Target) -> int:
+        """Per-partition SBUF the epilogue needs (for the matmul plan's budget); its
+        steps work on chunks of one PSUM bank of columns (the matmul's accumulators)."""
+        r, chunk = self.region, target.psum_bank_fp32
         ins = sum(IN_DEPTH * GROUP_MAX * _size(i.dtype) for i in r.inputs if i.t is not None)
         slots = len(set(assign_slots(r).values()))
         outs = sum(2 * GROUP_MAX * _size(o.dtype) for _, o in r.outputs)
-        return ins + slots * STEP_DEPTH * CHUNK * r.max_itemsize() + outs + \
-            2 * CHUNK * _size(self.dot_dtype)
+        return ins + slots * STEP_DEPTH * chunk * r.max_itemsize() + outs + \
+            2 * chunk * _size(self.dot_dtype)
 
     # --- per kernel -----------------------------------------------------------------------
 
     def start(self, kb: KernelBuilder, group: int) -> None:
-        self.kb = kb
-        self.ev = Evaluator(kb, self.region, group, min(CHUNK, group))
+        self.kb, chunk = kb, kb.target.psum_bank_fp32
+        self.ev = Evaluator(kb, self.region, group, min(chunk, group))
         self.outs = [(vid, out, kb.ring(2, group, out.dtype)) for vid, out in
                      self.region.outputs]
-        self.evac = None if self.direct else kb.ring(2, CHUNK, self.dot_dtype)
+        self.evac = None if self.direct else kb.ring(2, chunk, self.dot_dtype)
 
     def close(self) -> None:
         self.ev.close()

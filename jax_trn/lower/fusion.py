@@ -61,7 +61,7 @@ def _reduction(ctx: LowerCtx, plan: FusionPlan) -> None:
     if region.size == 0 or out.size == 0:
         raise Unsupported("an empty reduction")
     init = None if is_identity(_value(root.init), root.alu, dtype) else root.init
-    chunk = min(FMAX, free_size(ctx.kb, region, 4 * FMAX * 128))
+    chunk = min(FMAX, free_size(ctx.kb, region, 4 * FMAX * ctx.target.partitions))
     source = RegionSource(ctx.kb, region, root.vid, chunk)
     emit_reduce(ctx.kb, source, region.shape, out, root.alu, init, root.dimensions)
 

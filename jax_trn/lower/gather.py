@@ -45,7 +45,7 @@ def _gather_lower(ctx: LowerCtx, x: DramTensor, indices: DramTensor, *,
     for ch in work:
         idx = rows(ch)
         dst = sub(ring.next(), ch.pp, ch.n * plan.c)
-        kb.emit(isa.DmaGather, dst=dst, src=table, indices=idx, dma_queue=next(kb._queues))
+        kb.emit(isa.DmaGather, dst=dst, src=table, indices=idx, dma_queue=kb.next_queue())
         kb.dma(data_ap(kb, out, plan, ch), dst)
     rows.close()
     kb.release(ring)

@@ -34,7 +34,7 @@ from jax_trn.hw.program import DramTensor
 
 from .builder import sub
 from .errors import LoweringError
-from .layout import P, row_major
+from .layout import row_major
 from .registry import LowerCtx
 
 GATHER_BYTES = 16 * 1024     # SBUF bytes per partition of one data tile
@@ -187,7 +187,7 @@ def chunks(ctx: LowerCtx, plan: Plan, serial: bool = False) -> list[Chunk]:
     q = plan.pos[-1] if plan.pos else Dim(1, 0, 0, 0)
     per_pos = math.prod(d.count for d in inner) * plan.c
     m_max = 1 if serial or inner else max(1, min(MAX_PER_PARTITION, plan.cap // per_pos))
-    segs = list(_segments(q.count, m_max, 1 if serial else P))
+    segs = list(_segments(q.count, m_max, 1 if serial else ctx.target.partitions))
     n = len(_combos(plan.pos[:-1])) * len(_combos(outer)) * len(segs)
     if n > MAX_CHUNKS:
         raise LoweringError(f"{ctx.op.describe()}: {n} tiles (> {MAX_CHUNKS}) for "

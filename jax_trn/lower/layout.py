@@ -15,7 +15,6 @@ from typing import Sequence
 
 from jax_trn.hw.program import DramTensor
 
-P = 128                                  # partitions (§3.3 pmax)
 Axes = tuple[tuple[int, int], ...]       # (stride, num), outermost first
 Box = tuple[tuple[int, ...], tuple[int, ...]]   # (starts, counts) per axis
 
@@ -44,21 +43,21 @@ class FlatTile:
         return ((self.pstride, self.parts), (1, self.free))
 
 
-def flat_tiles(n: int, fmax: int) -> list[FlatTile]:
-    """Covers n contiguous elements with [128, F<=fmax] blocks of the [128, n//128]
-    view, then one [n % 128, 1] tail.
+def flat_tiles(n: int, fmax: int, pmax: int) -> list[FlatTile]:
+    """Covers n contiguous elements with [pmax, F<=fmax] blocks of the [pmax, n//pmax]
+    view, then one [n % pmax, 1] tail (pmax: the target's partitions).
 
-    >>> [(t.offset, t.parts, t.pstride, t.free) for t in flat_tiles(390, 2)]
+    >>> [(t.offset, t.parts, t.pstride, t.free) for t in flat_tiles(390, 2, 128)]
     [(0, 128, 3, 2), (2, 128, 3, 1), (384, 6, 1, 1)]
-    >>> [(t.offset, t.parts, t.free) for t in flat_tiles(1, 2048)]
+    >>> [(t.offset, t.parts, t.free) for t in flat_tiles(1, 2048, 128)]
     [(0, 1, 1)]
-    >>> flat_tiles(0, 2048)
+    >>> flat_tiles(0, 2048, 128)
     []
     """
-    cols = n // P
-    out = [FlatTile(f0, P, cols, f) for f0, f in tiles(cols, fmax)]
-    if n % P:
-        out.append(FlatTile(P * cols, n % P, 1, 1))
+    cols = n // pmax
+    out = [FlatTile(f0, pmax, cols, f) for f0, f in tiles(cols, fmax)]
+    if n % pmax:
+        out.append(FlatTile(pmax * cols, n % pmax, 1, 1))
     return out
 
 

@@ -1,8 +1,8 @@
 """The TensorE loop nest of one canonical matmul: per batch, out[M, N] = lhs[M, K] @ rhs[K, N].
 
 TensorE computes dst[M, N] (+)= stationary[K, M].T @ moving[K, N] with K on partitions
-(§2.2): lhs tiles are stationary (M <= 128 per tile), rhs tiles moving (N <= 512, one
-PSUM bank of FP32). An operand whose K axis is the contiguous one (lhs [M, K]
+(§2.2): lhs tiles are stationary (M <= 128 per tile: `Target.stationary_max`), rhs
+tiles moving (N <= 512, one PSUM bank of FP32: `Target.psum_bank_fp32`). An operand whose K axis is the contiguous one (lhs [M, K]
 row-major, rhs [N, K]) must be transposed. Reading it K-major by a plain DMA would move
 2-4 byte runs, far below DMA efficiency (§3.4: ~0.2% at 2 bytes in our model), so:
 
@@ -34,8 +34,8 @@ first column group computes its first few row tiles together, k outer, so each r
 k-tile feeds several matmuls as it arrives. A K-major lhs ([K, M], M contiguous) loads
 the whole block per k-tile (rows of mb elements rather than 128).
 
-The plan (block rows, column group) is the one that fits SBUF with the least DMA cost
-(bytes over descriptor efficiency, §3.4). FP8 x FP8 on v3+ runs `double_row` (§2.2):
+The plan (block rows, column group; matmul_plan.py) is the one that fits SBUF with the
+least DMA cost (bytes over descriptor efficiency, §3.4). FP8 x FP8 on v3+ runs `double_row` (§2.2):
 each matmul contracts 256 rows of K at the BF16 cycle count, both operands [P, 2, F].
 dma_transpose is 2/4-byte only (§3.4), so a row-major FP8 lhs is transposed as 16-bit
 pairs of K: partition p of a 256-row block then holds rows 2p and 2p + 1, interleaved
@@ -50,157 +50,22 @@ When K is too deep for a strip to fit (`Plan.kb < K`), K is cut in blocks and ev
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from dataclasses import dataclass, field
 from typing import Callable
 
-from jax_trn.hw import dtypes as hw_dtypes
 from jax_trn.hw import isa
 from jax_trn.hw.program import DramTensor
 
 from .builder import KernelBuilder, sub
-from .errors import LoweringError
-from .layout import P, Axes, tiles
+from .layout import tiles
+from .matmul_plan import LOOKAHEAD, Operand, Plan, interleaved
+from .target import Target
 
-MOVING_MAX = 512            # moving free size: one PSUM bank of FP32 (§2.2)
-GROUP_COLS = (1024, 512)    # N columns accumulated together, widest first: 1024 bf16
-                            # columns load 2 KiB per partition per DMA (§3.4: the
-                            # recommended minimum; 512 columns run at ~42% efficiency)
-PSUM_BANKS = 8              # accumulation groups in flight ...
-TRANSPOSE_BANKS = 3         # ... minus these when an operand is transposed on TensorE
+TRANSPOSE_BANKS = 3         # PSUM banks (of the target's 8) for TensorE transposes when
+                            # an operand is transposed there; the rest accumulate
 STORE_QUEUE_SHARE = 4       # 1/4 of the DMA queues carry result stores
 BUNCH = 2                   # row tiles of the first column group computed together
-LOOKAHEAD = 1               # strips whose loads are in flight ahead of their use
-SBUF_SHARE = 0.95           # of the kernel's free SBUF a matmul may plan for: the
-                            # rest is slack for the allocator's alignment
-
-
-@dataclass(frozen=True)
-class Operand:
-    """One matmul operand in DRAM: batch axes, then K and its free axis F (M or N)."""
-    t: DramTensor
-    batch: Axes
-    k: tuple[int, int]          # (stride, K)
-    f: tuple[int, int]          # (stride, F)
-    dtype: str                  # SBUF dtype of its tiles (the DMA casts to it)
-    transposed: bool            # K is its contiguous axis: it must be transposed
-    via_dma: bool = False       # ... by dma_transpose (else on TensorE)
-
-    @property
-    def pe_transposed(self) -> bool:
-        """Loaded as [F, K] rows and transposed on TensorE."""
-        return self.transposed and not self.via_dma
-
-    def batch_offset(self, index: tuple[int, ...]) -> int:
-        return sum(s * i for (s, _), i in zip(self.batch, index))
-
-
-# --- planning ----------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Plan:
-    mb: int                     # M rows whose stationary strips stay resident
-    kb: int                     # K rows per block (all of K unless it is too deep)
-    group: int                  # N columns accumulated together
-
-
-def _plan_bytes(lhs: Operand, rhs: Operand, out_dtype: str, plan: Plan, k: int) -> int:
-    nk = -(-plan.kb // P)
-    li, ri = hw_dtypes.itemsize(lhs.dtype), hw_dtypes.itemsize(rhs.dtype)
-    strips = -(-plan.mb // P) if plan.kb == k else 2
-    total = strips * nk * P * li + 2 * nk * plan.group * ri
-    total += 2 * plan.group * hw_dtypes.itemsize(out_dtype)
-    total += sum((LOOKAHEAD + 1) * plan.kb * hw_dtypes.itemsize(op.dtype)
-                 for op in (lhs, rhs) if op.pe_transposed)
-    return total
-
-
-def _candidates(m: int, k: int, n: int):
-    """Plans from best to worst: all of K with as many resident rows as possible, for
-    each column group from the widest (longer DMA rows, §3.4) down; then K blocks of
-    decreasing depth with the narrowest group."""
-    for group in dict.fromkeys(min(n, g) for g in GROUP_COLS):
-        mb = m
-        while True:
-            yield Plan(mb, k, group)
-            if mb <= P:
-                break
-            mb = max(P, -(-mb // 2 // P) * P)
-    kb, group = k, min(n, GROUP_COLS[-1])
-    while kb > P:
-        kb = max(P, (kb // 2) // P * P)
-        yield Plan(P, kb, group)
-
-
-def with_dma_transpose(op: Operand, spec, pairs: bool = False) -> Operand:
-    """`op`, transposed by dma_transpose if the core has it (v3+) and the load needs no
-    cast: the transpose is bit-exact on 2- and 4-byte types only (§3.4). An FP8 lhs of
-    a double_row matmul (`pairs`) goes as 16-bit pairs of K (`pair_transposable`);
-    other FP8 operands stay on TensorE (through SBUF -- rows DMA-cast to 16 bits,
-    SBUF->SBUF dma_transpose at 50% of the DMA rate, cast back -- the first column
-    group became DMA-bound: 1037 vs 969 us at 4096^3 fp8 on trn2)."""
-    size = hw_dtypes.itemsize(op.dtype)
-    ok = (op.transposed and getattr(spec, "dma_transpose", False)
-          and op.t.dtype == op.dtype and (size in (2, 4) or pairs and pair_transposable(op)))
-    return dataclasses.replace(op, via_dma=True) if ok else op
-
-
-def pair_transposable(op: Operand) -> bool:
-    """A row-major 1-byte operand viewed as 16-bit words (NKI `view(dtype)`, §6.1):
-    whole 256-row blocks of a contiguous K, and every offset a whole word."""
-    return (hw_dtypes.itemsize(op.dtype) == 1 and op.k[0] == 1 and op.k[1] % (2 * P) == 0
-            and op.f[0] % 2 == 0 and all(st % 2 == 0 for st, _ in op.batch))
-
-
-def interleaved(lhs: Operand, pairs: bool) -> bool:
-    """double_row with the lhs transposed as 16-bit pairs (see the module docstring)."""
-    return pairs and lhs.via_dma and hw_dtypes.itemsize(lhs.dtype) == 1
-
-
-def double_row(lhs: Operand, rhs: Operand, precision: str, spec) -> bool:
-    """FP8 x FP8 in double_row mode (v3+, §2.2): K = 256 per matmul at the BF16 cycle
-    count, each operand a [P, 2, F] view of two k-tiles (`KMajor.pair`)."""
-    return (getattr(spec, "fp8_double_row", 1) > 1 and precision == "native"
-            and all(op.dtype.startswith("float8") for op in (lhs, rhs)))
-
-
-def _dma_cost(lhs: Operand, rhs: Operand, out_dtype: str, plan: Plan, spec) -> float:
-    """Bytes the plan moves over their DMA efficiency (§3.4: per-descriptor size; 90%
-    for dma_transpose): what the plan choice minimises among those that fit."""
-    m, k, n = lhs.f[1], lhs.k[1], rhs.f[1]
-    eff = spec.dma_efficiency
-
-    def load(op: Operand, width: int) -> float:
-        if op.via_dma:
-            return 0.9
-        if op.pe_transposed:
-            return eff(plan.kb * hw_dtypes.itemsize(op.dtype))
-        return eff(width * hw_dtypes.itemsize(op.t.dtype))
-    reloads = -(-m // plan.mb) if plan.kb == k else -(-m // P)
-    cost = m * k * hw_dtypes.itemsize(lhs.t.dtype) / load(lhs, min(m, P))
-    cost *= 1 if plan.kb == k else -(-n // plan.group)
-    cost += reloads * k * n * hw_dtypes.itemsize(rhs.t.dtype) / load(rhs, plan.group)
-    return cost + m * n * hw_dtypes.itemsize(out_dtype) / eff(
-        plan.group * hw_dtypes.itemsize(out_dtype))
-
-
-def make_plan(lhs: Operand, rhs: Operand, out_dtype: str, sbuf_bytes: int,
-              reserved: int = 0, spec=None) -> Plan:
-    """The plan that fits the SBUF share of a matmul kernel (of `sbuf_bytes` free per
-    partition, after `reserved` bytes per partition: a fused epilogue's buffers) with
-    the least DMA cost on `spec` (the first that fits without a spec); K blocks only
-    when all of K fits nowhere."""
-    budget = int(sbuf_bytes * SBUF_SHARE) - reserved
-    k = lhs.k[1]
-    fits = [p for p in _candidates(lhs.f[1], k, rhs.f[1])
-            if _plan_bytes(lhs, rhs, out_dtype, p, k) <= budget]
-    whole = [p for p in fits if p.kb == k]
-    if whole and spec is not None:
-        return min(whole, key=lambda p: _dma_cost(lhs, rhs, out_dtype, p, spec))
-    if fits:
-        return fits[0]
-    raise LoweringError("dot_general tiles do not fit in SBUF")
 
 
 # --- loads ---------------------------------------------------------------------------------
@@ -218,7 +83,8 @@ class KMajor:
         """k-tiles j and j + 1 (columns [at, at + free)) as one [P, 2, free] double_row
         operand (§2.2): contiguous in a stationary strip (stride == free), else through
         an access pattern stepping `stride` between the two (§3.1)."""
-        view = sub(self.base, P, self.stride + free, at=j * self.stride + at)
+        view = sub(self.base, self.base.num_partitions, self.stride + free,
+                   at=j * self.stride + at)
         if self.stride == free:
             return view.with_(free=(2, free))
         return view.with_(free=(2, free), strides=(self.stride, 1))
@@ -244,7 +110,7 @@ class WordPairs(KMajor):
 
     def _bytes(self, j: int, free: int) -> isa.Tile:
         assert self.stride == free, "k-tiles are not adjacent"
-        return sub(self.base, P, 2 * free, at=j * self.stride)
+        return sub(self.base, self.base.num_partitions, 2 * free, at=j * self.stride)
 
 
 @dataclass
@@ -268,27 +134,33 @@ class MatmulEmitter:
         self.interleaved = interleaved(lhs, double_row)
         self.first_block = True
         self.m, self.k, self.n = lhs.f[1], lhs.k[1], rhs.f[1]
+        target = kb.target
+        self.kt, self.mt = target.partitions, target.stationary_max   # k-tile, row tile
+        self.bank = target.psum_bank_fp32       # FP32 columns of one PSUM bank (§3.2)
+        self.cols = _moving_cols(target, plan.group, epilogue is None)   # per matmul
         # Loads and stores on separate DMA queues (FIFO each, §3.4): a prefetch never
         # waits behind the store of a tile still being computed.
-        nq = kb.limits.dma_queues
+        nq = target.dma_queues
         split = max(1, nq - max(1, nq // STORE_QUEUE_SHARE))
         self.load_q = itertools.cycle(range(split))
         self.store_q = itertools.cycle(range(split, nq) if split < nq else range(nq))
         self.precision = precision
-        nk = -(-plan.kb // P)
+        nk = -(-plan.kb // self.kt)
         deep = plan.kb < self.k
         self.stage = {id(op): kb.ring(LOOKAHEAD + 1, plan.kb, op.dtype) for op in (lhs, rhs)
                       if op.pe_transposed}
         # A K-major lhs ([K, M], M contiguous) loads a whole block per k-tile: DMA rows
         # of mb elements instead of 128 (§3.4: 256 B runs reach ~10% of the DMA rate).
-        self.wide = not (deep or lhs.transposed or double_row) and plan.mb > P
+        self.wide = not (deep or lhs.transposed or double_row) and plan.mb > self.mt
         self.strips = kb.ring(1, nk * plan.mb, lhs.dtype) if self.wide else \
-            kb.ring(2 if deep else -(-plan.mb // P), nk * P, lhs.dtype)
+            kb.ring(2 if deep else -(-plan.mb // self.mt), nk * self.mt, lhs.dtype)
         self.slices = kb.ring(2, nk * plan.group, rhs.dtype)
         self.obuf = kb.ring(2, plan.group, out.dtype) if epilogue is None else None
         tbanks = TRANSPOSE_BANKS if self.stage else 0
-        self.tps = kb.ring(tbanks, MOVING_MAX, "float32", mem="psum") if tbanks else None
-        self.acc = kb.ring(PSUM_BANKS - tbanks, MOVING_MAX, "float32", mem="psum")
+        self.tps = kb.ring(tbanks, self.bank, "float32", mem="psum") if tbanks else None
+        per_acc = -(-self.cols // self.bank)            # banks one accumulator spans
+        self.acc = kb.ring((target.psum_banks - tbanks) // per_acc, self.cols, "float32",
+                           mem="psum")
         if epilogue is not None:
             epilogue.start(kb, plan.group)
 
@@ -307,7 +179,7 @@ class MatmulEmitter:
             self.epilogue.close()
 
     def _mblock(self, index, base: int, mb0: int, mbn: int) -> None:
-        mtiles = [(mb0 + m0, mt) for m0, mt in tiles(mbn, P)]
+        mtiles = [(mb0 + m0, mt) for m0, mt in tiles(mbn, self.mt)]
         whole = (0, self.k)
         if self.wide:
             return self._wide_mblock(index, base, mb0, mbn, mtiles)
@@ -342,7 +214,7 @@ class MatmulEmitter:
         """Row tiles the kernel's first column group computes together, k-steps outer:
         each rhs k-tile then feeds that many matmuls as it arrives (the first group's
         rhs is the only load nothing hides). One set of PSUM banks stays free."""
-        per = -(-min(self.n, self.plan.group) // MOVING_MAX)
+        per = -(-min(self.n, self.plan.group) // self.cols)
         return max(1, min(len(mtiles), BUNCH, len(self.acc.tiles) // per - 1))
 
     def _bunched(self, strips, r: KMajor, mtiles, base: int, g0: int, gn: int) -> None:
@@ -357,7 +229,7 @@ class MatmulEmitter:
     def _wide_mblock(self, index, base: int, mb0: int, mbn: int, mtiles) -> None:
         """The block's lhs [K, mbn] in one DMA per k-tile; strip i is a view into it."""
         block = self._fetch(self.lhs, index, (0, self.k), mb0, mbn, self.strips).dst
-        strips = [KMajor(sub(block.base, P, 1, at=m0 - mb0), mbn) for m0, _ in mtiles]
+        strips = [KMajor(sub(block.base, self.kt, 1, at=m0 - mb0), mbn) for m0, _ in mtiles]
         for g0, gn in tiles(self.n, self.plan.group):
             r = self._finish(self._fetch(self.rhs, index, (0, self.k), g0, gn, self.slices))
             for i, (m0, mt) in enumerate(mtiles):
@@ -367,7 +239,7 @@ class MatmulEmitter:
 
     def _deep(self, index, base: int) -> None:
         """K in blocks: both operands reloaded per (row tile, column group, K block)."""
-        for m0, mt in tiles(self.m, P):
+        for m0, mt in tiles(self.m, self.mt):
             for g0, gn in tiles(self.n, self.plan.group):
                 accs = self._accs(mt, gn)
                 for bi, kblock in enumerate(tiles(self.k, self.plan.kb)):
@@ -379,7 +251,7 @@ class MatmulEmitter:
     # --- compute ---------------------------------------------------------------------------
 
     def _accs(self, mt: int, gn: int) -> list[tuple[int, int, isa.Tile]]:
-        return [(c0, ct, sub(self.acc.next(), mt, ct)) for c0, ct in tiles(gn, MOVING_MAX)]
+        return [(c0, ct, sub(self.acc.next(), mt, ct)) for c0, ct in tiles(gn, self.cols)]
 
     def _matmuls(self, accs, s: KMajor, r: KMajor, depth: int, mt: int, first: bool,
                  midway: tuple[Callable, bool] | None) -> None:
@@ -408,11 +280,11 @@ class MatmulEmitter:
     def _ksteps(self, depth: int) -> list[tuple[int, int, bool]]:
         """(first k-tile, its depth, double_row) per matmul along K: full k-tiles in
         pairs in double_row mode (K = 256 per matmul, §2.2), else one k-tile each."""
-        ktiles = tiles(depth, P)
+        ktiles = tiles(depth, self.kt)
         steps, j = [], 0
         while j < len(ktiles):
             paired = (self.double_row and j + 1 < len(ktiles)
-                      and ktiles[j][1] == ktiles[j + 1][1] == P)
+                      and ktiles[j][1] == ktiles[j + 1][1] == self.kt)
             steps.append((j, ktiles[j][1], paired))
             j += 2 if paired else 1
         return steps
@@ -420,6 +292,10 @@ class MatmulEmitter:
     def _drain(self, accs, base: int, m0: int, mt: int, g0: int, gn: int) -> None:
         """PSUM -> SBUF in the result dtype, then one DMA of the [mt, gn] block (or the
         fused epilogue's version of it, epilogue.py)."""
+        # One bank per evacuation copy, the engines alternating (a wider accumulator is
+        # evacuated in bank-wide pieces, as the epilogue's steps expect them).
+        accs = [(c0 + b0, bn, sub(acc, mt, bn, at=b0)) for c0, ct, acc in accs
+                for b0, bn in tiles(ct, self.bank)]
         if self.epilogue is not None:
             return self.epilogue.drain(accs, base, m0, mt, g0, gn)
         otile = sub(self.obuf.next(), mt, gn)
@@ -436,10 +312,11 @@ class MatmulEmitter:
         words = self.interleaved and op is self.lhs
         load = _Load((WordPairs if words else KMajor)(ring.next(), fsize))
         base = op.batch_offset(index) + kblock[0] * op.k[0] + f0 * op.f[0]
+        pmax = self.kt
         if words:
             # One 16-bit dma_transpose per 256-row block: [fsize, 128 words] -> [128, fsize].
-            for q, k0 in enumerate(range(0, kblock[1], 2 * P)):
-                src = self.kb.ap(op.t, (base + k0) // 2, ((op.f[0] // 2, fsize), (1, P)),
+            for q, k0 in enumerate(range(0, kblock[1], 2 * pmax)):
+                src = self.kb.ap(op.t, (base + k0) // 2, ((op.f[0] // 2, fsize), (1, pmax)),
                                  view="uint16")
                 self.kb.emit(isa.DmaTranspose, dst=load.dst.words(2 * q, fsize), src=src,
                              dma_queue=next(self.load_q))
@@ -447,20 +324,20 @@ class MatmulEmitter:
         if self.interleaved and op is self.rhs:
             # Rows (2p, 2p + 1) of each 256-row block on partition p, as the stationary
             # holds them; each row's `fsize` columns one DMA run, as plain k-tiles.
-            for q, k0 in enumerate(range(0, kblock[1], 2 * P)):
+            for q, k0 in enumerate(range(0, kblock[1], 2 * pmax)):
                 src = self.kb.ap(op.t, base + k0 * op.k[0],
-                                 ((2 * op.k[0], P), (op.k[0], 2), (op.f[0], fsize)))
-                self._dma(sub(load.dst.base, P, (2, fsize), at=2 * q * fsize), src)
+                                 ((2 * op.k[0], pmax), (op.k[0], 2), (op.f[0], fsize)))
+                self._dma(sub(load.dst.base, pmax, (2, fsize), at=2 * q * fsize), src)
             return load
         if op.via_dma:
-            for j, (k0, kt) in enumerate(tiles(kblock[1], P)):
+            for j, (k0, kt) in enumerate(tiles(kblock[1], pmax)):
                 src = self.kb.ap(op.t, base + k0 * op.k[0], ((op.f[0], fsize), (op.k[0], kt)))
                 self.kb.emit(isa.DmaTranspose, dst=load.dst.tile(j, kt, fsize), src=src,
                              dma_queue=next(self.load_q))
             return load
         if op.transposed:
             stage = self.stage[id(op)]
-            for c0, fc in tiles(fsize, P):
+            for c0, fc in tiles(fsize, pmax):
                 if len(load.staged) == len(stage.tiles):
                     # The ring wraps onto a chunk not transposed yet: transpose it first.
                     self._transpose_staged(load.staged.pop(0), load.dst)
@@ -469,7 +346,7 @@ class MatmulEmitter:
                 self._dma(rows, self.kb.ap(op.t, base + c0 * op.f[0], src))
                 load.staged.append((rows, c0, fc))
             return load
-        for j, (k0, kt) in enumerate(tiles(kblock[1], P)):
+        for j, (k0, kt) in enumerate(tiles(kblock[1], pmax)):
             src = self.kb.ap(op.t, base + k0 * op.k[0], ((op.k[0], kt), (op.f[0], fsize)))
             self._dma(load.dst.tile(j, kt, fsize), src)
         return load
@@ -486,7 +363,7 @@ class MatmulEmitter:
 
     def _transpose_staged(self, staged: tuple[isa.Tile, int, int], dst: KMajor) -> None:
         rows, c0, fc = staged
-        for group in _runs(tiles(rows.free_size, P), MOVING_MAX // fc):
+        for group in _runs(tiles(rows.free_size, self.kt), self.bank // fc):
             self._transpose(rows, group, fc, c0, dst)
 
     def _transpose(self, rows: isa.Tile, group, fc: int, c0: int, dst: KMajor) -> None:
@@ -504,6 +381,22 @@ class MatmulEmitter:
         for g, (j, _) in enumerate(group):
             self.kb.emit(isa.TensorCopy, dst=dst.tile(j, kt, fc, at=c0),
                          src=sub(bank, kt, fc, at=g * fc), engine=self.kb.evac_engine())
+
+
+def _moving_cols(target: Target, group: int, plain: bool) -> int:
+    """Columns of one matmul: one PSUM bank of FP32 (§2.2: the moving-free maximum on
+    v2/v3); on NeuronCore-v4, whose matmul may write several banks, the whole column
+    group up to the moving-free maximum (4096 FP32, §2.2) -- for a plain matmul.
+
+    Measured on trn3 (benchmarks/matmul_roofline.py, compiler.py): the same simulated
+    time (TensorE does the same MultiplyMoving work; LoadStationary hides behind it
+    either way) with half the matmul instructions (4096^3 bf16: 10112 -> 6016
+    instructions, lowering + simulation ~35% faster). With a fused epilogue the
+    bank-wide epilogue steps then wait for the whole group's matmul (transformer block:
+    +1 us), so epilogue matmuls stay one bank wide."""
+    if target.matmul_spans_banks and plain:
+        return max(target.psum_bank_fp32, min(target.moving_max, group))
+    return target.psum_bank_fp32
 
 
 def _runs(ktiles: list[tuple[int, int]], size: int) -> list[list]:

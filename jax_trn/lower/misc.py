@@ -51,7 +51,7 @@ from jax_trn.hw.program import DramTensor
 
 from .builder import KernelBuilder, sub
 from .errors import LoweringError
-from .layout import FlatTile, P, flat_tiles, tiles
+from .layout import FlatTile, flat_tiles, tiles
 from .registry import LowerCtx, register_lowering
 
 __all__ = ["philox_kernel", "three_fry_kernel"]
@@ -125,7 +125,7 @@ def philox_kernel(kb: KernelBuilder, state: DramTensor, new_state: DramTensor,
     per = 2 if ir.np_dtype(bits.dtype).itemsize == 8 else 4     # elements per counter
     st, words = _load_state(kb, state)
     keys = _round_keys(kb, words)
-    blocks = flat_tiles(bits.size // per, RNG_FREE)
+    blocks = flat_tiles(bits.size // per, RNG_FREE, kb.target.partitions)
     if bits.size % per:                                    # the last, partial counter
         blocks.append(FlatTile(bits.size // per, 1, 1, 1))
     if blocks:
@@ -153,7 +153,7 @@ def _load_state(kb: KernelBuilder, state: DramTensor) -> tuple[isa.Tile, isa.Til
     """The u64[2] state in every partition (a stride-0 partition pattern), and the same
     bytes as [P, 4] uint32 words (key low, key high, counter low, counter high)."""
     st = kb.tile(2, "uint64")
-    kb.dma(st, kb.ap(state, 0, ((0, P), (1, 2))))
+    kb.dma(st, kb.ap(state, 0, ((0, kb.target.partitions), (1, 2))))
     return st, st.with_(dtype="uint32", free=(4,))
 
 
@@ -332,59 +332,60 @@ def three_fry_layout(shape: tuple[int, ...], wide: bool) -> tuple[int, list[_Row
     return a * h * b, full + [_Rows(a, 1, b, h * b, d * b, (h - 1) * b, (d - 1) * b, 1)]
 
 
-def _by_rows(r: _Rows) -> Iterator[_Block]:
+def _by_rows(r: _Rows, pmax: int) -> Iterator[_Block]:
     """Partitions over rows: runs of whole rows each (rows of <= THREE_FRY_FREE
     counters), else one row's columns in chunks."""
     for g in range(r.G):
         c, o = r.c + g * r.cg, r.o + g * r.og
         if r.B <= THREE_FRY_FREE:
-            for t in flat_tiles(r.T, THREE_FRY_FREE // r.B):
+            for t in flat_tiles(r.T, THREE_FRY_FREE // r.B, pmax):
                 yield _Block(c + t.offset * r.B, o + 2 * t.offset * r.B, t.parts,
                              t.pstride * r.B, 2 * t.pstride * r.B, t.free, r.B)
         else:
-            for t0, tp in tiles(r.T, P):
+            for t0, tp in tiles(r.T, pmax):
                 for b0, bc in tiles(r.B, THREE_FRY_FREE):
                     yield _Block(c + t0 * r.B + b0, o + 2 * t0 * r.B + b0, tp, r.B,
                                  2 * r.B, 1, bc)
 
 
-def _by_groups(r: _Rows) -> Iterator[_Block]:
+def _by_groups(r: _Rows, pmax: int) -> Iterator[_Block]:
     """Partitions over groups, each a run of rows or of one row's columns."""
     chunks = ([(t0, tq, 0, r.B) for t0, tq in tiles(r.T, THREE_FRY_FREE // r.B)]
               if r.B <= THREE_FRY_FREE else
               [(t, 1, b0, bc) for t in range(r.T) for b0, bc in tiles(r.B, THREE_FRY_FREE)])
-    for g0, gp in tiles(r.G, P):
+    for g0, gp in tiles(r.G, pmax):
         for t0, tq, b0, bc in chunks:
             yield _Block(r.c + g0 * r.cg + t0 * r.B + b0,
                          r.o + g0 * r.og + 2 * t0 * r.B + b0, gp, r.cg, r.og, tq, bc)
 
 
-def _by_cols(r: _Rows) -> Iterator[_Block]:
+def _by_cols(r: _Rows, pmax: int) -> Iterator[_Block]:
     """Partitions over the columns of one row."""
     for g in range(r.G):
         for t in range(r.T):
             c, o = r.c + g * r.cg + t * r.B, r.o + g * r.og + 2 * t * r.B
-            for f in flat_tiles(r.B, THREE_FRY_FREE):
+            for f in flat_tiles(r.B, THREE_FRY_FREE, pmax):
                 yield _Block(c + f.offset, o + f.offset, f.parts, f.pstride, f.pstride, 1,
                              f.free)
 
 
-def three_fry_blocks(r: _Rows) -> list[_Block]:
-    """The cheapest of the tilings by rows, groups and columns: each tile costs
-    THREE_FRY_TILE_COST plus its elements per partition (a candidate is dropped as
-    soon as it costs more than the best so far).
+def three_fry_blocks(r: _Rows, pmax: int) -> list[_Block]:
+    """The cheapest of the tilings by rows, groups and columns over `pmax` partitions:
+    each tile costs THREE_FRY_TILE_COST plus its elements per partition (a candidate is
+    dropped as soon as it costs more than the best so far).
 
-    >>> [(b.parts, b.rows, b.cols) for b in three_fry_blocks(_Rows(1, 512, 1024, 0, 0))]
+    >>> [(b.parts, b.rows, b.cols) for b in three_fry_blocks(_Rows(1, 512, 1024, 0, 0), 128)]
     [(128, 2, 1024), (128, 2, 1024)]
-    >>> [(b.parts, b.rows, b.cols) for b in three_fry_blocks(_Rows(1, 512, 4096, 0, 0))][:2]
+    >>> [(b.parts, b.rows, b.cols)
+    ...  for b in three_fry_blocks(_Rows(1, 512, 4096, 0, 0), 128)][:2]
     [(128, 1, 2048), (128, 1, 2048)]
-    >>> [(b.parts, b.rows, b.cols) for b in three_fry_blocks(_Rows(1, 1, 65536, 0, 0))][:1]
+    >>> [(b.parts, b.rows, b.cols) for b in three_fry_blocks(_Rows(1, 1, 65536, 0, 0), 128)][:1]
     [(128, 1, 512)]
     """
     best, best_cost = [], math.inf
     for tiling in (_by_rows, _by_groups, _by_cols):
         blocks, cost = [], 0
-        for b in tiling(r):
+        for b in tiling(r, pmax):
             cost += THREE_FRY_TILE_COST + b.rows * b.cols
             if cost >= best_cost:
                 break
@@ -401,7 +402,7 @@ def three_fry_kernel(kb: KernelBuilder, state: DramTensor, new_state: DramTensor
     counters, parts = three_fry_layout(tuple(bits.shape), wide)
     st, words = _load_state(kb, state)
     keys = _three_fry_keys(kb, words)
-    work = [(r, b) for r in parts for b in three_fry_blocks(r)]
+    work = [(r, b) for r in parts for b in three_fry_blocks(r, kb.target.partitions)]
     if work:
         free = max(b.rows * b.cols for _, b in work)
         scratch = [kb.tile(free, "uint32") for _ in range(4)]

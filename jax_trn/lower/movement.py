@@ -16,12 +16,11 @@ from jax_trn.hw.program import DramTensor
 
 from .builder import KernelBuilder, sub
 from .elementwise import FMAX, _engine
-from .layout import (P, Axes, View, box_offset, box_pattern, box_tiles, flat_tiles,
-                     merge_axes, tiles)
+from .layout import Axes, View, box_offset, box_pattern, box_tiles, flat_tiles, merge_axes, tiles
 from .registry import LowerCtx, register_lowering
+from .target import Target
 
-CHUNK_BYTES = 512 * 1024
-IOTA_START = 150          # GpSimd start-up cycles of an iota (§6.3), for choosing a plan
+CHUNK_BYTES = 512 * 1024    # a compiler choice: bytes per DRAM->DRAM DMA
 
 
 def dram_copy(kb: KernelBuilder, dst: View, src: View) -> None:
@@ -60,7 +59,7 @@ def _sharding_constraint_lower(ctx: LowerCtx, x: DramTensor, **_sharding) -> Non
 
 def fill(kb: KernelBuilder, out: DramTensor, value) -> None:
     """Writes `value` everywhere in `out`: one Memset tile, DMAed out once per block."""
-    blocks = flat_tiles(out.size, FMAX)
+    blocks = flat_tiles(out.size, FMAX, kb.target.partitions)
     if not blocks:
         return
     tile = kb.tile(max(b.free for b in blocks), out.dtype)
@@ -86,30 +85,35 @@ class IotaTile:
     out_pattern: Axes
 
 
-def _iota_flat_rows(a_n: int, b_n: int) -> list[IotaTile]:
-    """Iota along the last axis, each row tiled as [128, F] blocks of its range."""
+def _iota_flat_rows(a_n: int, b_n: int, pmax: int) -> list[IotaTile]:
+    """Iota along the last axis, each row tiled as [pmax, F] blocks of its range."""
     return [IotaTile(t.parts, t.free, 1, t.offset, t.pstride, a * b_n + t.offset, t.pattern)
-            for a in range(a_n) for t in flat_tiles(b_n, FMAX)]
+            for a in range(a_n) for t in flat_tiles(b_n, FMAX, pmax)]
 
 
-def _iota_rows(a_n: int, b_n: int) -> list[IotaTile]:
+def _iota_rows(a_n: int, b_n: int, pmax: int) -> list[IotaTile]:
     """Iota along the last axis with rows on partitions: every row is 0, 1, 2, ..."""
     return [IotaTile(pa, fb, 1, b0, 0, a0 * b_n + b0, ((b_n, pa), (1, fb)))
-            for a0, pa in tiles(a_n, P) for b0, fb in tiles(b_n, FMAX)]
+            for a0, pa in tiles(a_n, pmax) for b0, fb in tiles(b_n, FMAX)]
 
 
-def _iota_planes(a_n: int, b_n: int, c_n: int) -> list[IotaTile]:
+def _iota_planes(a_n: int, b_n: int, c_n: int, pmax: int) -> list[IotaTile]:
     """Iota along a middle axis: its index on partitions, the trailing axes on F."""
     return [IotaTile(pb, fc, 0, b0, 1, (a * b_n + b0) * c_n + c0, ((c_n, pb), (1, fc)))
-            for a in range(a_n) for b0, pb in tiles(b_n, P) for c0, fc in tiles(c_n, FMAX)]
+            for a in range(a_n) for b0, pb in tiles(b_n, pmax)
+            for c0, fc in tiles(c_n, FMAX)]
 
 
-def iota_plan(shape: tuple[int, ...], dim: int) -> list[IotaTile]:
+def iota_plan(shape: tuple[int, ...], dim: int, target: Target) -> list[IotaTile]:
+    """The tiles of an iota along `dim`: the cheaper of rows and flat blocks by GpSimd
+    cycles, an instruction costing its start-up plus its elements (§6.3)."""
     a_n, b_n, c_n = math.prod(shape[:dim]), shape[dim], math.prod(shape[dim + 1:])
+    pmax = target.partitions
     if c_n > 1:
-        return _iota_planes(a_n, b_n, c_n)
-    plans = [_iota_rows(a_n, b_n), _iota_flat_rows(a_n, b_n)]
-    return min(plans, key=lambda plan: sum(IOTA_START + t.free for t in plan))
+        return _iota_planes(a_n, b_n, c_n, pmax)
+    plans = [_iota_rows(a_n, b_n, pmax), _iota_flat_rows(a_n, b_n, pmax)]
+    start = target.core.gpsimd_startup
+    return min(plans, key=lambda plan: sum(start + t.free for t in plan))
 
 
 @register_lowering("iota")
@@ -119,7 +123,7 @@ def _iota_lower(ctx: LowerCtx, *, iota_dimension) -> None:
     kb, out = ctx.kb, ctx.outs[0]
     if out.size == 0:
         return
-    plan = iota_plan(tuple(out.shape), iota_dimension)
+    plan = iota_plan(tuple(out.shape), iota_dimension, ctx.target)
     ring = kb.ring(2, max(t.free for t in plan), out.dtype)
     for t in plan:
         dst = sub(ring.next(), t.parts, t.free)

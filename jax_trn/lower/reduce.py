@@ -9,10 +9,10 @@ tilings, by where the contiguous axis of the input is:
   axes on the free axis (the DMA access pattern moves them innermost); TensorReduce
   along F per chunk, chunks combined with TensorTensor.
 - columns: the innermost axis is kept. Reduced positions go on partitions, kept on F;
-  tiles are combined elementwise into a [128, F] accumulator, whose partitions are then
+  tiles are combined elementwise into a [P, F] accumulator, whose partitions are then
   reduced by a TensorE transpose (bit-exact for FP32) and a TensorReduce along F.
 - all: every axis is reduced. The flat input is tiled like an elementwise op, each tile
-  reduced along F into a [128, 1] accumulator, which the transpose step finishes.
+  reduced along F into a [P, 1] accumulator, which the transpose step finishes.
 
 What is reduced comes from a source, one box at a time: the input tensor (a DMA per
 box), or a fused region evaluated on the box (regions.py): its inputs are views of the
@@ -33,7 +33,7 @@ from jax_trn.hw.program import DramTensor
 
 from .builder import KernelBuilder, sub
 from .errors import LoweringError
-from .layout import (P, View, box_offset, box_pattern, box_tiles, flat_tiles, line_tiles,
+from .layout import (View, box_offset, box_pattern, box_tiles, flat_tiles, line_tiles,
                      merge_axes, row_major)
 from .movement import fill
 from .regions import FMAX, Evaluator, Region
@@ -44,8 +44,6 @@ from .tileops import TILE_OPS, Src, Step, engine_for, fill_scalar
 
 COMBINERS = {"add": "add", "maximum": "max", "minimum": "min", "multiply": "multiply"}
 BOOL_COMBINERS = {"and": "min", "or": "max", "maximum": "max", "minimum": "min"}
-# Rules for reduces of several operands at once, by operand count (argreduce.py: 2).
-VARIADIC: dict = {}
 
 
 def combiner(op, dtype: str) -> str:
@@ -136,6 +134,7 @@ class _Reducer:
 
     def __init__(self, kb: KernelBuilder, source, out: DramTensor, alu: str, init):
         self.kb, self.source, self.out, self.alu = kb, source, out, alu
+        self.pmax = kb.target.partitions
         self.acc_dtype = acc = "float32" if ir.is_float(source.dtype) else \
             source.dtype if source.dtype in ("uint32", "int64", "uint64") else "int32"
         # uint32: min/max above 2**31; 64-bit integers: sums past the int32 range
@@ -147,14 +146,14 @@ class _Reducer:
         self.init = self._load_init(init, out.dtype) if init is not None else None
         self.parts = kb.ring(2, 1, acc)
         self.accs = kb.ring(2, 1, acc)
-        self.psum = kb.ring(2, P, acc, mem="psum")
+        self.psum = kb.ring(2, self.pmax, acc, mem="psum")
         self.res = kb.ring(2, 1, out.dtype) if out.dtype != acc else None
 
     def _load_init(self, init, dtype: str) -> isa.Tile:
-        """A [128, 1] tile of the init value: from DRAM, or an immediate."""
+        """A [P, 1] tile of the init value: from DRAM, or an immediate."""
         if isinstance(init, DramTensor):
             tile = self.kb.tile(1, init.dtype)
-            self.kb.dma(tile, self.kb.ap(init, 0, ((0, P), (1, 1))))
+            self.kb.dma(tile, self.kb.ap(init, 0, ((0, self.pmax), (1, 1))))
             return tile
         return fill_scalar(self.kb, self.kb.tile(1, dtype), init)
 
@@ -182,14 +181,14 @@ class _Reducer:
         if self.res is not None:
             dst = sub(self.res.next(), res.num_partitions, 1)
             step = Step("convert", (0,), self.out.dtype)
-            TILE_OPS["convert"](self.kb, dst, [Src.of(res)], step)
+            TILE_OPS["convert"].emit(self.kb, dst, [Src.of(res)], step)
             res = dst
         self.kb.dma(self.kb.ap(self.out, offset, pattern), res)
 
     def across_partitions(self, acc: isa.Tile, fc: int) -> isa.Tile:
-        """[128, fc] -> [fc, 1]: TensorE transpose into PSUM, then reduce along F."""
-        tp = sub(self.psum.next(), fc, P)
-        self.kb.emit(isa.NcTranspose, dst=tp, data=sub(acc, P, fc))
+        """[P, fc] -> [fc, 1]: TensorE transpose into PSUM, then reduce along F."""
+        tp = sub(self.psum.next(), fc, self.pmax)
+        self.kb.emit(isa.NcTranspose, dst=tp, data=sub(acc, self.pmax, fc))
         return self.reduce_free(tp, sub(self.accs.next(), fc, 1))
 
     def close(self) -> None:
@@ -211,7 +210,7 @@ def _boxes(kept, red, kbox, rbox, kept_on_partitions: bool):
 
 
 def _rows(r: _Reducer, kept, outs, red) -> None:
-    for kbox in line_tiles([n for _, n in kept[0]], P):
+    for kbox in line_tiles([n for _, n in kept[0]], r.pmax):
         parts = box_pattern(kept[0], kbox)[-1][1]
         acc = sub(r.accs.next(), parts, 1)
         for i, rbox in enumerate(box_tiles([n for _, n in red[0]], r.source.chunk)):
@@ -224,10 +223,10 @@ def _rows(r: _Reducer, kept, outs, red) -> None:
 
 
 def _columns(r: _Reducer, kept, outs, red) -> None:
-    for kbox in line_tiles([n for _, n in kept[0]], P):
+    for kbox in line_tiles([n for _, n in kept[0]], r.pmax):
         fc = box_pattern(kept[0], kbox)[-1][1]
         acc = r.accumulator(fc)
-        for rbox in line_tiles([n for _, n in red[0]], P):
+        for rbox in line_tiles([n for _, n in red[0]], r.pmax):
             tile = r.load(_boxes(kept, red, kbox, rbox, False))
             r.combine(sub(acc, tile.num_partitions), tile)
         res = r.across_partitions(acc, fc)
@@ -237,7 +236,7 @@ def _columns(r: _Reducer, kept, outs, red) -> None:
 
 def _all(r: _Reducer, axes, n: int) -> None:
     acc = r.accumulator(1)
-    for t in flat_tiles(n, r.source.chunk):
+    for t in flat_tiles(n, r.source.chunk, r.pmax):
         boxes = [(t.offset * s, ((t.pstride * s, t.parts), (s, t.free))) for s, _ in axes]
         part = r.reduce_free(r.load(boxes))
         r.combine(sub(acc, t.parts), part)
@@ -276,9 +275,7 @@ def _fill_init(ctx: LowerCtx, init: DramTensor, out: DramTensor) -> None:
 
 @register_lowering("reduce")
 def _reduce_lower(ctx: LowerCtx, *operands: DramTensor, dimensions) -> None:
-    if len(operands) != 2:
-        if len(operands) // 2 in VARIADIC:
-            return VARIADIC[len(operands) // 2](ctx, *operands, dimensions=dimensions)
+    if len(operands) != 2:      # two reduced at once: argreduce.py's rule (4 operands)
         raise LoweringError(f"reduce of {len(operands) // 2} operands at once is not "
                             f"supported ({ctx.op.describe()})")
     x, init = operands

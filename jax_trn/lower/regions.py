@@ -31,10 +31,9 @@ from jax_trn.hw import isa
 from jax_trn.hw.program import DramTensor
 
 from .builder import KernelBuilder, Ring, sub
-from .layout import P, Axes, row_major
-from .mathops import SCRATCH, scratch_dtype
+from .layout import Axes, row_major
 from .tileops import (NEEDS_FULL_TILES, NO_INSTRUCTION, TILE_OPS, Src, Step, expand,
-                      fill_scalar)
+                      fill_scalar, scratch, scratch_dtype)
 
 FMAX = 2048          # elements per partition of one elementwise tile
 IN_DEPTH, STEP_DEPTH = 3, 2
@@ -79,8 +78,8 @@ class Region:
         return ins, STEP_DEPTH * (nslots * self.max_itemsize() + self.scratch_bytes())
 
     def scratch_bytes(self) -> int:
-        """Per element: the scratch tiles of the step that needs the most (mathops.py)."""
-        return SCRATCH_BYTES * max([SCRATCH.get(s.kind, 0) for s in self.steps] + [0])
+        """Per element: the scratch tiles of the step that needs the most (tileops)."""
+        return SCRATCH_BYTES * max([scratch(s.kind) for s in self.steps] + [0])
 
     def max_itemsize(self) -> int:
         return max([_itemsize(s.dtype) for s in self.steps] +
@@ -150,7 +149,7 @@ class Evaluator:
 
     def _load_global(self, inp: Input) -> Src:
         tile = self.kb.tile(1, inp.dtype)
-        self.kb.dma(tile, self.kb.ap(inp.t, 0, ((0, P), (1, 1))))
+        self.kb.dma(tile, self.kb.ap(inp.t, 0, ((0, self.kb.target.partitions), (1, 1))))
         return Src.of(tile, scalar=True)
 
     # --- loads ---------------------------------------------------------------------------
@@ -237,7 +236,7 @@ class Evaluator:
         args = args + self._scratch(step, args, parts, free, "slot")
         dst = pinned if pinned is not None else \
             self._buffer(("slot", self.slot_of[j]), free, step.dtype, parts)
-        TILE_OPS[step.kind](self.kb, dst, args, step)
+        TILE_OPS[step.kind].emit(self.kb, dst, args, step)
         return Src.of(dst)
 
     def _scalar_step(self, j, step, args, parts, free, pinned) -> Src:
@@ -245,7 +244,7 @@ class Evaluator:
         args = [self._materialize(a, parts, (j, k)) for k, a in enumerate(args)]
         args = args + self._scratch(step, args, parts, 1, "sslot")
         dst = self._buffer(("sslot", j), 1, step.dtype, parts)
-        TILE_OPS[step.kind](self.kb, dst, args, step)
+        TILE_OPS[step.kind].emit(self.kb, dst, args, step)
         if pinned is None:
             return Src.of(dst, scalar=True)
         return Src.of(expand(self.kb, Src.of(dst, scalar=True), pinned))
@@ -255,7 +254,7 @@ class Evaluator:
         """The scratch tiles a multi-instruction op takes after its operands."""
         dtype = scratch_dtype(args[0].dtype)
         return [Src.of(self._buffer((slot, "scratch", k), free, dtype, parts, SCRATCH_BYTES))
-                for k in range(SCRATCH.get(step.kind, 0))]
+                for k in range(scratch(step.kind))]
 
     def _const(self, value: float, parts: int) -> Src:
         """A [P, 1] FP32 tile of `value`, written once per kernel (an Activation bias

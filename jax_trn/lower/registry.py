@@ -1,38 +1,124 @@
-"""The table of lowering rules and the context a rule runs in.
+"""The lowering registry: one table of rules by op kind, each of an explicit kind.
 
-A rule lowers one op kind: `rule(ctx, *operands, **attrs)`, where `operands` are the
-DRAM tensors of the op's operands and `attrs` the op's attributes; it emits instructions
-through `ctx.kb` that write the op's results into `ctx.outs`. Rules are registered by op
-kind (the stablehlo name without the dialect), optionally for one target generation:
+- **kernel rules** emit ISA into the kernel being built. `rule(ctx, *operands, **attrs)`
+  gets a `LowerCtx`, the DRAM tensors of the op's operands and the op's attributes, and
+  writes the op's results into `ctx.outs` through `ctx.kb`:
 
-    @register_lowering("transpose")
-    def _transpose_lower(ctx, x, *, permutation): ...
+      @register_lowering("transpose")
+      def _transpose_lower(ctx: LowerCtx, x, *, permutation): ...
 
-    register_lowering("add")(partial(_elementwise, "add"))
+      register_lowering("add")(partial(_elementwise, "add"))
+
+- **step rules** emit steps of the program between kernels: control flow (`while`,
+  `case`, calls; control.py) and collectives (collective.py). `rule(ctx, op, claims)`
+  gets the `StepCtx` of the function being lowered (driver.py), the op, and `claims`
+  (value id -> the buffer a result must be computed into: a function output):
+
+      @register_step("while")
+      def lower_while(ctx: StepCtx, op, claims): ...
+
+A rule may be registered for one generation only (`target="trn3"`, like JAX's
+`platform=`) or for ops with a given operand count (`operands=4`: the two-operand
+`reduce` of argmax is another rule than the one-operand reduce); lookup prefers the
+most specific. Constants and fusion ops are the driver's own (driver.py says why).
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
 from hlo_passes import ir
 from jax_trn.hw.program import DramTensor
 
-from .builder import KernelBuilder, Limits
+from .builder import KernelBuilder
+from .target import Target
 
-Rule = Callable[..., None]
 
-LOWERINGS: dict[str, Rule] = {}
-_TARGET_LOWERINGS: dict[str, dict[str, Rule]] = {}
+class RuleKind(enum.Enum):
+    KERNEL = "kernel"       # emits instructions into a kernel: rule(LowerCtx, *ins, **attrs)
+    STEP = "step"           # emits program steps: rule(StepCtx, op, claims)
+
+
+InPlace = Callable[[ir.Op, ir.Value], bool]
+
+
+@dataclass(frozen=True)
+class Rule:
+    kind: RuleKind
+    fn: Callable[..., None]
+    # Kernel rules only: whether the op may write its result over operand `arg` it reads
+    # (each tile of the operand is read before the same tile of the result is written,
+    # tiles disjoint), so a loop body can update a carried buffer in place (control.py).
+    in_place: InPlace | None = None
+
+    def writes_in_place(self, op: ir.Op, arg: ir.Value) -> bool:
+        return self.in_place is not None and self.in_place(op, arg)
+
+
+Key = tuple[str, str | None, int | None]        # (op kind, generation, operand count)
+LOWERINGS: dict[Key, Rule] = {}
+
+
+def _register(kinds, rule: Rule, target: str | None, operands: int | None):
+    for kind in kinds:
+        key = (kind, target, operands)
+        if key in LOWERINGS:
+            raise ValueError(f"a lowering rule for {_key_text(key)} is already registered")
+        LOWERINGS[key] = rule
+
+
+def register_lowering(*kinds: str, target: str | None = None, operands: int | None = None,
+                      in_place: InPlace | None = None) -> Callable:
+    """Registers a kernel rule for op `kinds` (optionally only for generation `target`,
+    or only for ops with `operands` operands)."""
+    def register(fn):
+        _register(kinds, Rule(RuleKind.KERNEL, fn, in_place), target, operands)
+        return fn
+    return register
+
+
+def register_step(*kinds: str, target: str | None = None) -> Callable:
+    """Registers a step rule (control flow, collectives) for op `kinds`."""
+    def register(fn):
+        _register(kinds, Rule(RuleKind.STEP, fn), target, None)
+        return fn
+    return register
+
+
+def unregister(kind: str, target: str | None = None, operands: int | None = None) -> None:
+    """Removes a rule (tests that register their own)."""
+    del LOWERINGS[(kind, target, operands)]
+
+
+def lookup(kind: str, operands: int | None = None, target: str | None = None
+           ) -> Rule | None:
+    """The rule for an op of `kind` with `operands` operands on generation `target`:
+    the generation's own rule before the default, a rule for that operand count
+    before the general one."""
+    for key in ((kind, target, operands), (kind, target, None),
+                (kind, None, operands), (kind, None, None)):
+        if key in LOWERINGS:
+            return LOWERINGS[key]
+    return None
+
+
+def rule_for(op: ir.Op, target: str | None = None) -> Rule | None:
+    return lookup(op.kind, len(op.operands), target)
+
+
+def _key_text(key: Key) -> str:
+    kind, target, operands = key
+    return kind + (f" on {target}" if target else "") + (
+        f" with {operands} operands" if operands is not None else "")
 
 
 @dataclass(slots=True)
 class LowerCtx:
-    """What a rule sees while it lowers `op` into the kernel being built."""
-    spec: Any                       # the hw CoreSpec
-    limits: Limits                  # what codegen reads from the spec
+    """What a kernel rule sees while it lowers `op` into the kernel being built."""
+    target: Target                  # what codegen may assume about the core
     kb: KernelBuilder               # the kernel being built
     op: ir.Op                       # the op being lowered (for loc, regions, describe())
     outs: list[DramTensor]          # where its results go
@@ -49,22 +135,6 @@ class LowerCtx:
         """Ends the current kernel (a DRAM barrier) and continues in a new one."""
         self.kb = self.split(suffix)
         return self.kb
-
-
-def register_lowering(*kinds: str, target: str | None = None) -> Callable[[Rule], Rule]:
-    """Registers a rule for op `kinds`, for every target or only for `target` ("trn2")."""
-    def register(rule: Rule) -> Rule:
-        table = LOWERINGS if target is None else _TARGET_LOWERINGS.setdefault(target, {})
-        for kind in kinds:
-            table[kind] = rule
-        return rule
-    return register
-
-
-def get_rule(kind: str, target: str | None = None) -> Rule | None:
-    """The target's own rule for `kind` if it has one, else the default."""
-    rule = _TARGET_LOWERINGS.get(target or "", {}).get(kind)
-    return rule if rule is not None else LOWERINGS.get(kind)
 
 
 def op_label(op: ir.Op) -> str:

@@ -8,8 +8,9 @@ runs) is ~500x slower than a contiguous one. `relayout` picks, after merging axe
   along the row: load one value per partition, `TensorScalar(bypass)` it across F,
   and DMA out whole rows;
 - the last two axes swapped (a matrix transpose, possibly batched) for 2- and 4-byte
-  types: load [128, 512] tiles naturally, transpose 128x128 blocks on TensorE (the v3
-  `is_transpose` mode is bit-exact, §2.2) into a PSUM bank, copy to SBUF, DMA out rows;
+  types: load [P, B] tiles naturally (B: one PSUM bank of 4-byte elements, 512),
+  transpose P x P blocks on TensorE (the v3 `is_transpose` mode is bit-exact, §2.2)
+  into a PSUM bank, copy to SBUF, DMA out rows;
 - anything else: a DRAM->DRAM DMA through the permuted / stride-0 pattern.
 """
 from __future__ import annotations
@@ -22,12 +23,10 @@ from jax_trn.hw.program import DramTensor
 
 from .builder import KernelBuilder, sub
 from .elementwise import FMAX, _engine
-from .layout import (P, Axes, View, box_offset, box_pattern, flat_tiles, line_tiles,
-                     merge_axes, row_major, tiles)
+from .layout import (Axes, View, box_offset, box_pattern, flat_tiles, line_tiles, merge_axes,
+                     row_major, tiles)
 from .movement import dram_copy
 from .registry import LowerCtx, register_lowering
-
-BLOCK = 512               # rows/columns of one TensorE transpose block (one PSUM bank)
 
 
 def relayout(kb: KernelBuilder, dst: View, src: View) -> None:
@@ -77,7 +76,7 @@ def _expand(kb: KernelBuilder, dst: View, src: View) -> None:
     if not rows_d and inner[0] == 1:
         return _expand_scalar(kb, dst, src, inner[1], width)
     cols, wide = kb.ring(3, 1, src.t.dtype), kb.ring(2, width, dst.t.dtype)
-    for box in line_tiles([n for _, n in rows_d], P):
+    for box in line_tiles([n for _, n in rows_d], kb.target.partitions):
         prow_s, prow_d = box_pattern(rows_s, box)[-1:], box_pattern(rows_d, box)[-1:]
         col = sub(cols.next(), prow_d[0][1], 1)
         kb.dma(col, kb.ap(src.t, src.offset + box_offset(rows_s, box), prow_s + ((1, 1),)))
@@ -89,11 +88,12 @@ def _expand(kb: KernelBuilder, dst: View, src: View) -> None:
 
 
 def _expand_scalar(kb: KernelBuilder, dst: View, src: View, n: int, width: int) -> None:
-    """One value to n contiguous elements: [128, F] blocks of one broadcast tile."""
-    blocks = flat_tiles(n, width)
+    """One value to n contiguous elements: [P, F] blocks of one broadcast tile."""
+    pmax = kb.target.partitions
+    blocks = flat_tiles(n, width, pmax)
     col = kb.tile(1, src.t.dtype)
     tile = kb.tile(max(b.free for b in blocks), dst.t.dtype)
-    kb.dma(col, kb.ap(src.t, src.offset, ((0, P), (1, 1))))
+    kb.dma(col, kb.ap(src.t, src.offset, ((0, pmax), (1, 1))))
     _broadcast_column(kb, col, tile)
     for b in blocks:
         kb.dma(kb.ap(dst.t, dst.offset + b.offset, b.pattern), sub(tile, b.parts, b.free))
@@ -117,14 +117,16 @@ def _is_swap(s: Axes, dtype: str) -> bool:
 
 
 def _swap(kb: KernelBuilder, dst: View, src: View) -> None:
+    """Blocks of B x B elements, B = one PSUM bank of 4-byte elements (§3.2)."""
     d, s, dtype = dst.axes, src.axes, dst.t.dtype
-    rings = (kb.ring(8, BLOCK, dtype), kb.ring(4, BLOCK, dtype, mem="psum"),
-             kb.ring(3, BLOCK, dtype))
+    block = kb.target.psum_bank_fp32
+    rings = (kb.ring(8, block, dtype), kb.ring(4, block, dtype, mem="psum"),
+             kb.ring(3, block, dtype))
     for index in itertools.product(*(range(n) for _, n in d[:-2])):
         d0 = dst.offset + sum(i * st for i, (st, _) in zip(index, d))
         s0 = src.offset + sum(i * st for i, (st, _) in zip(index, s))
-        for b0, bn in tiles(d[-1][1], BLOCK):
-            for a0, an in tiles(d[-2][1], BLOCK):
+        for b0, bn in tiles(d[-1][1], block):
+            for a0, an in tiles(d[-2][1], block):
                 _swap_block(kb, View(dst.t, d[-2:], d0 + a0 * d[-2][0] + b0 * d[-1][0]),
                             View(src.t, s[-2:], s0 + b0 * s[-1][0] + a0 * s[-2][0]),
                             an, bn, rings)
@@ -132,16 +134,17 @@ def _swap(kb: KernelBuilder, dst: View, src: View) -> None:
 
 
 def _swap_block(kb: KernelBuilder, dst: View, src: View, an: int, bn: int, rings) -> None:
-    """dst[a, b] = src[b, a] for an x bn (<= 512 x 512) elements: (a, b) strides are
+    """dst[a, b] = src[b, a] for an x bn (<= B x B) elements: (a, b) strides are
     `dst.axes`, (a, b) strides in the source `src.axes` (a's is 1)."""
     ins, banks, outs = rings
     (da, db), (sa, sb) = ((st for st, _ in dst.axes)), ((st for st, _ in src.axes))
+    pmax = kb.target.partitions
     rows = []
-    for b0, bt in tiles(bn, P):
+    for b0, bt in tiles(bn, pmax):
         t = sub(ins.next(), bt, an)
         kb.dma(t, kb.ap(src.t, src.offset + b0 * sb, ((sb, bt), (sa, an))))
         rows.append((b0, t))
-    for a0, at in tiles(an, P):
+    for a0, at in tiles(an, pmax):
         bank = banks.next()
         for b0, t in rows:
             kb.emit(isa.NcTranspose, dst=sub(bank, at, t.num_partitions, at=b0),

@@ -134,10 +134,10 @@ def _scatter_lower(ctx: LowerCtx, x: DramTensor, indices: DramTensor, *rest: Dra
         if cur is not None:
             old = sub(cur.next(), ch.pp, ch.n * plan.c)
             kb.emit(isa.DmaGather, dst=old, src=table, indices=idx, oob_mode="skip",
-                    dma_queue=next(kb._queues))
+                    dma_queue=kb.next_queue())
             kb.emit(isa.TensorTensor, dst=old, data1=old, data2=src, op=kind, engine=engine)
             src = old
         kb.emit(isa.DmaScatter, dst=table, src=src, indices=idx, oob_mode="skip",
-                rmw_op="add" if kind == "add" else None, dma_queue=next(kb._queues))
+                rmw_op="add" if kind == "add" else None, dma_queue=kb.next_queue())
     rows.close()
     kb.release(data, *([cur] if cur is not None else []))

@@ -111,8 +111,9 @@ def _select_and_scatter_lower(ctx: LowerCtx, x: DramTensor, s: DramTensor, init:
     boxes = None
     if not w.overlapping() and float(value) == 0.0:
         k_n = math.prod(w.dims)
-        fmax = max(1, min(OFFSETS_FREE, (ctx.kb.limits.sbuf_bytes // 2) // (8 * (k_n + 8))))
-        boxes = offset_boxes(shape, offset_view(xp, w, shape, w.offsets()[0]).axes, fmax)
+        fmax = max(1, min(OFFSETS_FREE, (ctx.target.sbuf_bytes // 2) // (8 * (k_n + 8))))
+        boxes = offset_boxes(shape, offset_view(xp, w, shape, w.offsets()[0]).axes, fmax,
+                             ctx.target.partitions)
     if boxes is not None:
         fill(ctx.kb, o, value)
         _scatter_direct(ctx.next_kernel("scatter"), xp, s, o, w, extreme, last_wins, boxes)

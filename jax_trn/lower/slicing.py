@@ -27,7 +27,7 @@ from jax_trn.hw.program import DramTensor
 
 from .builder import KernelBuilder, sub
 from .errors import LoweringError
-from .layout import (P, Axes, View, box_offset, box_pattern, line_tiles, merge_axes,
+from .layout import (Axes, View, box_offset, box_pattern, line_tiles, merge_axes,
                      row_major, tiles)
 from .movement import copy, fill
 from .registry import LowerCtx, register_lowering
@@ -106,20 +106,20 @@ def _reverse_lower(ctx: LowerCtx, x: DramTensor, *, dimensions) -> None:
         return copy(ctx.kb, out, x)
     if s[-1][0] > 0:            # rows stay contiguous: the DMA pattern reverses them
         return relayout(ctx.kb, View(out, d), View(x, s, offset))
-    for dst, src_view in _spread(View(out, d), View(x, s, offset)):
+    for dst, src_view in _spread(View(out, d), View(x, s, offset), ctx.target.partitions):
         _reverse_columns(ctx.kb, dst, src_view)
 
 
-def _spread(dst: View, src: View) -> list[tuple[View, View]]:
+def _spread(dst: View, src: View, pmax: int) -> list[tuple[View, View]]:
     """Splits a reversed innermost axis of m into (m // b, b) blocks (plus a tail of
-    m % b columns) so that fewer than 128 rows still fill the partitions.
+    m % b columns) so that fewer than `pmax` rows still fill the partitions.
 
-    >>> [(d.axes, s.axes, s.offset) for d, s in _spread(*_views(((1, 301),), 300))]
+    >>> [(d.axes, s.axes, s.offset) for d, s in _spread(*_views(((1, 301),), 300), 128)]
     [(((2, 150), (1, 2)), ((-2, 150), (-1, 2)), 300), (((1, 1),), ((-1, 1),), 0)]
     """
     lead_d, lead_s = dst.axes[:-1], src.axes[:-1]
     m, rows = dst.axes[-1][1], max(1, _prod(lead_d))
-    b = max(1, m // -(-P // rows)) if rows < P else m
+    b = max(1, m // -(-pmax // rows)) if rows < pmax else m
     if b == m:
         return [(dst, src)]
     m0 = m // b * b
@@ -151,7 +151,7 @@ def _reverse_columns(kb: KernelBuilder, dst: View, src: View) -> None:
     dtype, width = dst.t.dtype, min(m, REVERSE_COLS)
     engines = _copy_engines(dtype)
     ins, outs = kb.ring(2, width, dtype), kb.ring(2, width, dtype)
-    for box in line_tiles([n for _, n in lead_d], P):
+    for box in line_tiles([n for _, n in lead_d], kb.target.partitions):
         prow_d, prow_s = box_pattern(lead_d, box)[-1:], box_pattern(lead_s, box)[-1:]
         for c0, c in tiles(m, width):
             first = src.offset + box_offset(lead_s, box) - (c0 + c - 1)

@@ -48,7 +48,7 @@ from jax_trn.hw.program import DramTensor
 
 from .builder import KernelBuilder, sub
 from .errors import LoweringError
-from .layout import P, View, row_major, tiles
+from .layout import View, row_major, tiles
 from .movement import copy
 from .relayout import relayout
 from .registry import LowerCtx, register_lowering
@@ -64,6 +64,7 @@ MAX_LEN = 16384                  # padded line length the words kernel handles a
 TRANSPOSE_MIN = 16               # strided sort axes at least this long (and wide) are
 #                                  transposed to contiguous lines first
 HYBRID_FOLD_BYTES = 48 * 1024     # on-chip words of the fold + HBM path, per partition
+SBUF_SLACK = 16 * 1024           # of the kernel's SBUF kept free when sorting on chip
 FOLD_MIN = 64                    # elements per partition below which lines are not folded
 FLOATS = ("float32", "bfloat16", "float16")
 
@@ -109,13 +110,14 @@ class _Plan:
 
     def __init__(self, ctx: LowerCtx, xs, ks: list[Key], dim: int):
         self.xs, self.keys, self.dim = xs, ks, dim
+        self.pmax = ctx.target.partitions
         self.shape = tuple(xs[0].shape)
         self.n = self.shape[dim]
         self.c = math.prod(self.shape[dim + 1:])
         self.big_n = 1 << max(1, (self.n - 1).bit_length())
         self.groups = []            # (line offset, (pstride, parts), first row)
         r = 0
-        for offset, (pstride, parts) in lines(self.shape, dim):
+        for offset, (pstride, parts) in lines(self.shape, dim, self.pmax):
             self.groups.append((offset, (pstride, parts), r))
             r += parts
         self.rows = r
@@ -325,7 +327,7 @@ def _gather_group(kb: KernelBuilder, plan: _Plan, group, idx: isa.Tile, flat: is
     kb.emit(isa.Iota, dst=b, pattern=((0, 1),), offset=offset, channel_multiplier=pstride)
     kb.emit(isa.TensorScalar, dst=f, data=idx, op0="multiply", operand0=plan.c,
             op1="add", operand1=b, engine="gpsimd")
-    spans = tiles(n, -(-n // kb.limits.dma_queues))
+    spans = tiles(n, -(-n // kb.target.dma_queues))
     for i, (x, out) in enumerate(zip(plan.xs, outs)):
         if i in skip:
             continue
@@ -333,7 +335,7 @@ def _gather_group(kb: KernelBuilder, plan: _Plan, group, idx: isa.Tile, flat: is
         table = kb.ap(x, 0, ((1, x.size), (1, 1)))
         for c0, cn in spans:        # column slices on separate queues (§3.4)
             kb.emit(isa.DmaGather, dst=sub(dst, parts, cn, at=c0), src=table,
-                    indices=sub(f, parts, cn, at=c0), dma_queue=next(kb._queues))
+                    indices=sub(f, parts, cn, at=c0), dma_queue=kb.next_queue())
         kb.dma(plan.line_ap(kb, out, offset, pstride, parts), dst)
 
 
@@ -440,7 +442,7 @@ def _network(kb: KernelBuilder, line: _Layout, fold: _Layout | None, parts: int,
 def _fold(plan: _Plan, parts: int) -> int:
     """How many segments each line is cut into on chip (1: no folding)."""
     g = 1
-    while parts * g * 2 <= P and plan.big_n // (g * 2) >= FOLD_MIN:
+    while parts * g * 2 <= plan.pmax and plan.big_n // (g * 2) >= FOLD_MIN:
         g *= 2
     return g
 
@@ -480,13 +482,13 @@ def _rebuild(kb: KernelBuilder, plan: _Plan, group, word: isa.Tile, key: Key,
 def _emit_sbuf(kb: KernelBuilder, plan: _Plan, outs, g: int) -> None:
     big, n = plan.big_n, plan.n
     words = plan.nwords + len(plan.passive)
-    line = _Layout(kb, words, big, P, plan.nwords)
-    fold = _Layout(kb, words, big // g, P, plan.nwords) if g > 1 else None
+    line = _Layout(kb, words, big, plan.pmax, plan.nwords)
+    fold = _Layout(kb, words, big // g, plan.pmax, plan.nwords) if g > 1 else None
     base = kb.tile(1, "int32")
     ws = _WordsScratch(kb, plan, line.masks)
     for group in plan.groups:
         parts = group[1][1]
-        gg = g if parts * g <= P else 1
+        gg = g if parts * g <= plan.pmax else 1
         _group_words(kb, plan, group, line.xs, ws, plan.passive)
         _network(kb, line, fold if gg > 1 else None, parts, gg, big)
         rebuilt = invertible(plan)
@@ -556,7 +558,7 @@ def _sort(ctx: LowerCtx, xs, outs, ks: list[Key], dimension: int) -> None:
     plan = _Plan(ctx, xs, ks, dimension)
     steps = plan.big_n.bit_length() - 1
     ctx.kb.flops += plan.rows * plan.big_n // 2 * steps * (steps + 1) // 2
-    budget = ctx.kb.limits.sbuf_bytes - 16 * 1024
+    budget = ctx.target.sbuf_bytes - SBUF_SLACK
     g = _fold(plan, max(p for _, (_, p), _ in plan.groups))
     rebuilt = invertible(plan)
     carry = [i for i, x in enumerate(xs) if i not in rebuilt and word_count(x.dtype) == 1]
@@ -585,7 +587,7 @@ def _emit_hybrid(kb: KernelBuilder, plan: _Plan, g: int) -> None:
     the others through HBM (`_exchange`: pairs of runs of >= N / g elements, long DMA
     descriptors), the words written back before and reloaded after them."""
     big, seg = plan.big_n, plan.big_n // g
-    fold = _Layout(kb, plan.nwords, seg, P, plan.nwords)
+    fold = _Layout(kb, plan.nwords, seg, plan.pmax, plan.nwords)
     ch = _pair_chunk(plan, SBUF_BUDGET - _fold_bytes(plan, g))
     lo_r = [kb.ring(2, ch, "int32") for _ in range(plan.nwords)]
     hi_r = [kb.ring(2, ch, "int32") for _ in range(plan.nwords)]

@@ -23,6 +23,7 @@ import dataclasses
 
 from jax_trn.hw import isa
 from jax_trn.hw.costs import shares_gpsimd_port
+from jax_trn.hw.spec import CoreSpec
 
 __all__ = ["Spreader", "spreader"]
 
@@ -40,16 +41,15 @@ def _movable(ins: isa.Instr) -> bool:
             and any(t.dtype in _FLOATS for t in _tiles(ins)))
 
 
-def spreader(kb) -> "Spreader | None":
-    """A Spreader for `kb`'s kernel, or None when the builder has no CoreSpec to price
-    instructions with (unit tests that build kernels by hand)."""
-    return Spreader(kb, kb.spec) if hasattr(kb.spec, "clock_ghz") else None
+def spreader(kb) -> "Spreader":
+    """A Spreader for `kb`'s kernel, pricing instructions with its target's cost model."""
+    return Spreader(kb, kb.target.core)
 
 
 class Spreader:
     """Per-kernel state: the running VectorE and GpSimd loads (ns) of spread tiles."""
 
-    def __init__(self, kb, spec):
+    def __init__(self, kb, spec: CoreSpec):
         self.kb, self.spec = kb, spec
         self.load = {"vector": 0.0, "gpsimd": 0.0}
         self.port = 0.0         # time the two engines' shared SBUF port is held

@@ -56,14 +56,12 @@ from jax_trn.hw.program import DramTensor
 
 from .builder import KernelBuilder, sub
 from .errors import LoweringError
-from .layout import P
 from .registry import LowerCtx, register_lowering
 
 NEG_INF = float("-inf")
 ONE_KEY = ("bfloat16", "float16", "int8", "int16", "uint8", "uint16")
 TWO_KEYS = ("float32", "int32", "uint32")
 XIN_BYTES = 32 * 1024            # input lines per partition loaded at once
-MOVING_MAX = 512                 # moving free size of one matmul (§2.2, v2/v3)
 PE_MIN = 128                     # shorter lines: the VectorE rank (2N <= MIN_II-bound
 #                                  mask + the cross-engine wait, §2.6)
 
@@ -83,16 +81,17 @@ class _Tiles:
         self.idx = kb.tile(g * k + spare, "uint32")
         self.ints = [kb.tile(g * k, "int32") for _ in range(2)]
         self.pe = (x.dtype in TWO_KEYS and PE_MIN <= self.w
-                   and self.w * 4 <= kb.limits.psum_bytes)
+                   and self.w * 4 <= kb.target.psum_bytes)
         self.pe_tiles = []
         if self.pe:
             self.count = kb.tile(self.w, "float32", mem="psum")
             self.masks = [kb.tile(self.w, "bfloat16") for _ in range(2)]
-            self.ident = kb.tile(P, "bfloat16")
+            pmax = kb.target.partitions
+            self.ident = kb.tile(pmax, "bfloat16")
             self.pe_tiles = [self.count, *self.masks, self.ident]
             kb.emit(isa.Memset, dst=self.ident, value=1.0, engine="gpsimd")
             kb.emit(isa.AffineSelect, dst=self.ident, on_true_tile=self.ident,
-                    on_false_value=0.0, pattern=((-1, P),), channel_multiplier=1,
+                    on_false_value=0.0, pattern=((-1, pmax),), channel_multiplier=1,
                     cmp_op="is_equal")
 
     def all(self) -> list[isa.Tile]:
@@ -172,14 +171,15 @@ def _rank_vector(kb: KernelBuilder, a: isa.Tile, tops: isa.Tile, work: isa.Tile,
 
 
 def _rank_pe(kb: KernelBuilder, t: _Tiles, a: isa.Tile, tops: isa.Tile) -> isa.Tile:
-    """#{j : a_j <= A} in PSUM: BF16 indicator tiles (VectorE) summed by TensorE."""
-    p, w = a.num_partitions, a.free_size
+    """#{j : a_j <= A} in PSUM: BF16 indicator tiles (VectorE) summed by TensorE, one
+    matmul per PSUM bank of columns (§2.2)."""
+    p, w, bank = a.num_partitions, a.free_size, kb.target.psum_bank_fp32
     count, ident = sub(t.count, p, w), sub(t.ident, p, p)
     for j in range(t.k):
         mask = sub(t.masks[j % 2], p, w)
         kb.emit(isa.TensorScalar, dst=mask, data=a, op0="is_ge", operand0=sub(tops, p, 1, at=j))
-        for c0 in range(0, w, MOVING_MAX):
-            cn = min(MOVING_MAX, w - c0)
+        for c0 in range(0, w, bank):
+            cn = min(bank, w - c0)
             kb.emit(isa.NcMatmul, dst=sub(count, p, cn, at=c0), stationary=ident,
                     moving=sub(mask, p, cn, at=c0), accumulate=j > 0)
     return count
@@ -234,13 +234,13 @@ def _values_from_two_keys(kb: KernelBuilder, t: _Tiles, x: DramTensor, out: isa.
     kb.dma(out, b.with_(dtype=x.dtype))
 
 
-def _blocks(rows: int, gmax: int) -> list[tuple[int, int, int]]:
+def _blocks(rows: int, gmax: int, pmax: int) -> list[tuple[int, int, int]]:
     """(first line, partitions, lines per partition) covering `rows` lines."""
     out, r = [], 0
     while r < rows:
         rem = rows - r
-        g = max(1, min(rem // P, gmax))
-        p = min(P, rem) if g == 1 else P
+        g = max(1, min(rem // pmax, gmax))
+        p = min(pmax, rem) if g == 1 else pmax
         out.append((r, p, g))
         r += p * g
     return out
@@ -281,7 +281,8 @@ def _top_k_lower(ctx: LowerCtx, x: DramTensor, *, k: int) -> None:
         raise LoweringError(f"top_k with k={k} of a line of {n} ({ctx.op.describe()})")
     kb = ctx.kb
     kb.flops += rows * n * math.ceil(k / 8) * 3
-    blocks = _blocks(rows, max(1, XIN_BYTES // (n * hw_dtypes.itemsize(x.dtype))))
+    blocks = _blocks(rows, max(1, XIN_BYTES // (n * hw_dtypes.itemsize(x.dtype))),
+                     ctx.target.partitions)
     t = _Tiles(kb, x, n, k, max(g for _, _, g in blocks))
     for r0, p, g in blocks:
         _block(kb, t, x, ctx.outs, r0, p, g)

@@ -45,7 +45,7 @@ from jax_trn.hw.program import DramTensor
 from .builder import sub
 from .elementwise import _free_axes
 from .errors import LoweringError
-from .layout import (P, Axes, View, box_offset, box_pattern, box_tiles, flat_tiles, line_tiles,
+from .layout import (Axes, View, box_offset, box_pattern, box_tiles, flat_tiles, line_tiles,
                      merge_axes, row_major, tiles)
 from .movement import dram_copy, fill
 from .reduce import TensorSource, _fill_init, body_alu, emit_reduce
@@ -143,15 +143,16 @@ def padded_copy(ctx: LowerCtx, x: DramTensor, w: Window, value) -> DramTensor:
     return xp
 
 
-def lines(shape: tuple[int, ...], dim: int) -> list[tuple[int, tuple[int, int]]]:
-    """The lines along `dim`, up to 128 at a time: (element offset of the first line's
-    first element, (stride, count) of the lines, the partition pattern of a DMA)."""
+def lines(shape: tuple[int, ...], dim: int, pmax: int) -> list[tuple[int, tuple[int, int]]]:
+    """The lines along `dim`, up to `pmax` (partitions) at a time: (element offset of the
+    first line's first element, (stride, count) of the lines, the partition pattern of a
+    DMA)."""
     n, c, a = shape[dim], math.prod(shape[dim + 1:]), math.prod(shape[:dim])
     kept = merge_axes(((n * c, a), (1, c)))[0]
     if not kept:
         return [(0, (1, 1))]
     return [(box_offset(kept, box), box_pattern(kept, box)[-1])
-            for box in line_tiles([k for _, k in kept], P)]
+            for box in line_tiles([k for _, k in kept], pmax)]
 
 
 # --- reduce_window -------------------------------------------------------------------------
@@ -184,7 +185,7 @@ def _scan(ctx: LowerCtx, x: DramTensor, out: DramTensor, alu: str, dim: int,
     ident = kb.tile(chunk, acc)
     kb.emit(isa.Memset, dst=ident, value=identity(alu, x.dtype), engine=engine_for(acc))
     xs, res = kb.ring(3, chunk, x.dtype), kb.ring(3, chunk, acc)
-    for offset, (pstride, parts) in lines(shape, dim):
+    for offset, (pstride, parts) in lines(shape, dim, kb.target.partitions):
         prev = identity(alu, x.dtype)
         spans = tiles(n, chunk)
         for c0, cn in (reversed(spans) if reverse else spans):
@@ -201,15 +202,15 @@ def _scan(ctx: LowerCtx, x: DramTensor, out: DramTensor, alu: str, dim: int,
 
 def _split_line(kb, x: DramTensor, out: DramTensor, offset: int, n: int, alu: str,
                 acc: str, bufs) -> None:
-    """One long contiguous line scanned on all 128 lanes: the line is cut into segments
-    of m = ceil(n / 128) elements, one per partition (the tail padded with the identity),
+    """One long contiguous line scanned on all P lanes: the line is cut into segments
+    of m = ceil(n / P) elements, one per partition (the tail padded with the identity),
     each segment scanned along F; the segment totals are transposed onto one partition
     (TensorE, bit-exact), scanned into exclusive carries, transposed back and combined
     into every segment (TensorScalar). Rounding: within a segment sequentially, then
     carry + segment prefix (a two-level sum, closer to the exact sum than one long
     sequential chain)."""
     ident, data, res, row, tp, col = bufs
-    m = -(-n // P)
+    m = -(-n // kb.target.partitions)
     full, rem = divmod(n, m)
     parts = full + (rem > 0)
     xt, rt = sub(data, parts, m), sub(res, parts, m)
@@ -232,7 +233,8 @@ def _split_line(kb, x: DramTensor, out: DramTensor, offset: int, n: int, alu: st
     kb.emit(isa.Memset, dst=sub(carry, 1, 1), value=value, engine=engine_for(acc))
     kb.emit(TensorTensorScan, dst=sub(carry, 1, parts, at=1), data0=sub(ident, 1, parts),
             data1=totals, initial=value, op0=alu, op1=alu)
-    back = tp.with_(num_partitions=parts, free=(1,), offset=tp.offset + 512 * 4)
+    back = tp.with_(num_partitions=parts, free=(1,),
+                    offset=tp.offset + kb.target.psum_bank_bytes)      # the second bank
     kb.emit(isa.NcTranspose, dst=back, data=sub(carry, 1, parts))
     kb.emit(isa.TensorCopy, dst=sub(col, parts, 1), src=back)
     kb.emit(isa.TensorScalar, dst=rt, data=rt, op0=alu, operand0=sub(col, parts, 1),
@@ -243,15 +245,18 @@ def _split_line(kb, x: DramTensor, out: DramTensor, offset: int, n: int, alu: st
 
 def _scan_split(ctx: LowerCtx, x: DramTensor, out: DramTensor, alu: str, dim: int) -> bool:
     """Few long contiguous lines: each on all partitions (`_split_line`)."""
-    shape, kb = tuple(x.shape), ctx.kb
+    shape, kb, pmax = tuple(x.shape), ctx.kb, ctx.target.partitions
     n, c, a = shape[dim], math.prod(shape[dim + 1:]), math.prod(shape[:dim])
     acc = _acc_dtype(x.dtype)
     if c != 1 or n < SPLIT_MIN or a > SPLIT_MAX_LINES or x.dtype == "bool" \
-            or ir.np_dtype(acc).itemsize != 4 or n > P * SCAN_CHUNK:
+            or ir.np_dtype(acc).itemsize != 4 or n > pmax * SCAN_CHUNK:
         return False
-    m = -(-n // P)
-    bufs = (kb.tile(max(m, P), acc), kb.tile(m, x.dtype), kb.tile(m, acc),
-            kb.tile(P + 1, acc), kb.tile(1024, acc, mem="psum"), kb.tile(1, acc))
+    m = -(-n // pmax)
+    # PSUM: two banks of 4-byte values, the totals transposed into the first and the
+    # carries back into the second (`_split_line`).
+    bufs = (kb.tile(max(m, pmax), acc), kb.tile(m, x.dtype), kb.tile(m, acc),
+            kb.tile(pmax + 1, acc), kb.tile(2 * ctx.target.psum_bank_fp32, acc, mem="psum"),
+            kb.tile(1, acc))
     kb.emit(isa.Memset, dst=bufs[0], value=identity(alu, x.dtype), engine=engine_for(acc))
     for line in range(a):
         _split_line(kb, x, out, line * n, n, alu, acc, bufs)
@@ -286,18 +291,18 @@ class OffsetBox:
     view_pattern: Axes
 
 
-def offset_boxes(shape, view_axes: Axes, fmax: int) -> list[OffsetBox]:
+def offset_boxes(shape, view_axes: Axes, fmax: int, pmax: int) -> list[OffsetBox]:
     """Tiles of the window grid `shape` read through the strided views of the window
     offsets (all alike but for their offset): the trailing merged axes on the free side
     (at most `fmax` elements), the longest other axis on partitions, the rest one index
     at a time; a grid that merges into one run is cut like a flat elementwise op."""
     out_ax, in_ax = merge_axes(row_major(shape), view_axes)
-    if len(out_ax) < 2:         # one run of the grid: [128, F] blocks and a tail
+    if len(out_ax) < 2:         # one run of the grid: [pmax, F] blocks and a tail
         (so, n), (si, _) = (out_ax[0], in_ax[0]) if out_ax else ((1, 1), (1, 1))
         return [OffsetBox(t.parts, t.free, t.offset * so, ((t.pstride * so, t.parts),
                                                            (so, t.free)),
                           t.offset * si, ((t.pstride * si, t.parts), (si, t.free)))
-                for t in flat_tiles(n, fmax)]
+                for t in flat_tiles(n, fmax, pmax)]
     nfree = _free_axes([n for _, n in out_ax], fmax)
     lead = list(zip(out_ax[:-nfree], in_ax[:-nfree]))
     trail_o, trail_i = out_ax[-nfree:], in_ax[-nfree:]
@@ -308,7 +313,7 @@ def offset_boxes(shape, view_axes: Axes, fmax: int) -> list[OffsetBox]:
     for idx in itertools.product(*(range(o[1]) for o, _ in others)):
         o_base = sum(i * o[0] for i, (o, _) in zip(idx, others))
         i_base = sum(i * ii[0] for i, (_, ii) in zip(idx, others))
-        for p0, pn in tiles(pn_all, P):
+        for p0, pn in tiles(pn_all, pmax):
             for fbox in box_tiles([n for _, n in trail_o], fmax):
                 boxes.append(OffsetBox(
                     pn, math.prod(fbox[1]),
@@ -332,7 +337,8 @@ def _by_offsets(ctx: LowerCtx, src: DramTensor, alu: str, w: Window, init) -> No
     kw = w.dims[-1]
     inner = kw if kw > 1 and w.strides[-1] == kw and w.dilations[-1] == 1 else 1
     views = [offset_view(src, w, shape, k) for k in w.offsets() if inner == 1 or k[-1] == 0]
-    boxes = offset_boxes(shape, views[0].axes, max(1, OFFSETS_FREE // inner))
+    boxes = offset_boxes(shape, views[0].axes, max(1, OFFSETS_FREE // inner),
+                         kb.target.partitions)
     acc_dt = _acc_dtype(src.dtype)
     engine = engine_for(acc_dt)
     fmax = max(b.free for b in boxes)
@@ -419,5 +425,3 @@ def _cumulative(ctx: LowerCtx, x: DramTensor, out: DramTensor, alu: str, dim: in
         return
     _scan(ctx, x, out, alu, dim, reverse)
 
-
-from . import selectscatter  # noqa: E402,F401  (registers select_and_scatter)

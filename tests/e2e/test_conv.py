@@ -215,7 +215,7 @@ def test_four_spatial_dims_is_a_lowering_error(jax, trn):
     ("NCHW", 2, 3, "SAME", 2), ("NHWC", 2, 3, ((1, 2), (0, 1)), 2)], ids=str)
 def test_weight_grad_contracts_over_the_window(jax, trn, cpu, layout, n, c, padding, stride):
     """d/dw of a conv (a window of 12x12 positions for a 3x3 output, or 64 for 3 in
-    1-D): the window is the contraction (conv_wgrad.py); 130 input channels tile the
+    1-D): the window is the contraction (conv/wgrad.py); 130 input channels tile the
     output; a forward stride is the rhs dilation: the input is split into phases."""
     import jax.numpy as jnp
     dn = {"NCHW": NCHW, "NHWC": NHWC, "NCH": ("NCH", "OIH", "NCH")}[layout]
@@ -237,7 +237,7 @@ def test_weight_grad_window_in_row_blocks(jax, trn, cpu, monkeypatch, layout, st
     blocks of window rows, each with its own input rows (here blocks of 5 of 12)."""
     import jax.numpy as jnp
 
-    from jax_trn.lower import conv_wgrad
+    from jax_trn.lower.conv import wgrad as conv_wgrad
     monkeypatch.setattr(conv_wgrad, "_window_rows", lambda cv, dtype, budget: 5)
     dn = NCHW if layout == "NCHW" else NHWC
     x, w = _data(*_shapes(layout, 2, 3, (12 * stride, 12 * stride), 4, (3, 3)), seed=18)

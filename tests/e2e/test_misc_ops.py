@@ -176,7 +176,7 @@ def test_three_fry_tiles_write_each_word_once(shape):
         want = _three_fry_words(shape, wide)
         got = {}
         for r in parts:
-            for b in misc.three_fry_blocks(r):
+            for b in misc.three_fry_blocks(r, 128):
                 assert 1 <= b.parts <= 128 and b.rows * b.cols <= misc.THREE_FRY_FREE
                 for p, q, f, j in itertools.product(range(b.parts), range(b.rows),
                                                     range(b.cols), range(r.nj)):

@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 
 from hlo_passes import ir
+from jax_trn.hw import isa
 from jax_trn.hw.numerics import round_tf32
 
 from .irbuild import FnBuilder
 from .runner import SPEC, run
-from jax_trn.lower import lower_module
+from jax_trn.lower import LoweringError, lower_module
 
 BF16 = ml_dtypes.bfloat16
 
@@ -96,12 +97,50 @@ def test_dot_f32_highest_is_fp32(config, how):
     np.testing.assert_allclose(out, dot_ref(x, y), rtol=1e-5, atol=1e-5)
 
 
-def test_dot_f32_high_is_tf32(monkeypatch):
-    monkeypatch.setenv("JAX_TRN_MATMUL_PRECISION", "high")
+def test_dot_f32_high_is_tf32():
     x, y = rand((130, 200), "float32", 7), rand((200, 70), "float32", 8)
-    out = run(dot_module((130, 200), (200, 70)), x, y).outputs[0]
+    out = run(dot_module((130, 200), (200, 70)), x, y, matmul_precision="high").outputs[0]
     np.testing.assert_allclose(out, dot_ref(round_tf32(x), round_tf32(y)), rtol=1e-5,
                                atol=1e-4)
+
+
+def test_lowering_reads_no_environment(monkeypatch):
+    """What DEFAULT means is an argument of lower_module; $JAX_TRN_MATMUL_PRECISION is
+    the options module's to read (lower_module used to read it)."""
+    monkeypatch.setenv("JAX_TRN_MATMUL_PRECISION", "highest")
+    program = lower_module(dot_module((130, 200), (200, 70)), SPEC)
+    operands = {i.moving.dtype for k in program.kernels for i in k.instructions
+                if isinstance(i, isa.NcMatmul)}
+    assert operands == {"bfloat16"}
+
+
+@pytest.mark.parametrize("spelling", ["float32", "tensorfloat32", "bfloat16", "HIGH"])
+def test_lower_module_takes_canonical_precisions_only(spelling):
+    """The user's spellings are mapped by the caller (jax_trn.config's options)."""
+    with pytest.raises(LoweringError, match="unknown matmul precision"):
+        lower_module(dot_module((8, 8), (8, 8)), SPEC, matmul_precision=spelling)
+
+
+@pytest.mark.parametrize("gen,widest", [("trn1", 512), ("trn2", 512), ("trn3", 1024)])
+@pytest.mark.parametrize("dtype,ls,rs,lc,rc", [
+    ("bfloat16", (300, 256), (256, 1100), (1,), (0,)),
+    ("float32", (130, 200), (1100, 200), (1,), (1,)),   # rhs transposed on TensorE (trn1)
+    ("float8_e5m2", (130, 512), (512, 900), (1,), (0,)),   # double_row on trn2 / trn3
+])
+def test_matmul_moving_size_per_generation(gen, widest, dtype, ls, rs, lc, rc):
+    """One PSUM bank of columns per matmul on v2/v3 (moving free <= 512, §2.2); on
+    NeuronCore-v4 a matmul writes a whole column group across banks (moving free up to
+    4096). The results do not depend on it."""
+    from jax_trn.hw.spec import CHIPS
+    spec = CHIPS[gen].core
+    x, y = rand(ls, dtype, 21), rand(rs, dtype, 22)
+    res = run(dot_module(ls, rs, lc=lc, rc=rc, dtype=dtype, out_dtype="float32"), x, y,
+              spec=spec, matmul_precision="highest")
+    n = {i.n for k in res.program.kernels for i in k.instructions
+         if isinstance(i, isa.NcMatmul)}
+    assert max(n) == min(widest, rs[1 - rc[0]])
+    want = dot_ref(x.astype(np.float32), y.astype(np.float32), lc=lc, rc=rc)
+    np.testing.assert_allclose(res.outputs[0], want, rtol=2e-2, atol=2e-2 * np.sqrt(ls[1]))
 
 
 def test_dot_bf16_result_rounds_once():

@@ -1,4 +1,4 @@
-"""Multi-instruction math (jax_trn/lower/mathops.py): engines, instruction counts and
+"""Multi-instruction math (jax_trn/lower/tileops/mathops.py): engines, instruction counts and
 results on the simulated core against numpy (the e2e tests compare with JAX's CPU)."""
 from __future__ import annotations
 

@@ -9,10 +9,12 @@ from collections import Counter
 import pytest
 
 from jax_trn.hw import isa
-from jax_trn.lower import LOWERINGS, LoweringError, lower_module, register_lowering
-from jax_trn.lower import builder, dot, layout, relayout, slicing
-from jax_trn.lower.builder import KernelBuilder, Limits
-from jax_trn.lower.registry import get_rule
+from jax_trn.hw.spec import CHIPS
+from jax_trn.lower import LoweringError, RuleKind, StepCtx, lower_module, register_lowering
+from jax_trn.lower import argreduce, dot, layout, registry, relayout, slicing
+from jax_trn.lower.builder import KernelBuilder
+from jax_trn.lower.registry import lookup
+from jax_trn.lower.target import Target
 
 from .irbuild import FnBuilder, binary, unary
 from .runner import SPEC
@@ -33,7 +35,7 @@ def test_tiles_cover_the_range(n, size):
 @pytest.mark.parametrize("n", [0, 1, 7, 127, 128, 129, 390, 128 * 4096 + 5])
 def test_flat_tiles_cover_each_element_once(n):
     seen = Counter()
-    for t in layout.flat_tiles(n, 2048):
+    for t in layout.flat_tiles(n, 2048, 128):
         assert 1 <= t.parts <= 128 and 1 <= t.free <= 2048
         seen.update(t.offset + p * t.pstride + f for p in range(t.parts) for f in range(t.free))
     assert seen == Counter(range(n))
@@ -83,7 +85,7 @@ def test_kernel_too_big_for_sbuf():
 
 
 def test_psum_allocator_counts_banks():
-    kb = KernelBuilder("k", Limits())
+    kb = KernelBuilder("k", Target.of(SPEC))
     for _ in range(8):
         kb.tile(1, "float32", mem="psum")
     with pytest.raises(LoweringError, match="PSUM"):
@@ -91,7 +93,7 @@ def test_psum_allocator_counts_banks():
 
 
 def test_allocator_reuses_freed_space():
-    kb = KernelBuilder("k", Limits())
+    kb = KernelBuilder("k", Target.of(SPEC))
     a, b = kb.tile(100, "float32"), kb.tile(100, "float32")
     kb.release(a)
     c = kb.tile(50, "float32")
@@ -154,9 +156,25 @@ def test_program_text_lists_kernels():
 
 def test_rules_table():
     for kind in ("add", "exponential", "compare", "select", "convert", "broadcast_in_dim",
-                 "reshape", "transpose", "dot_general", "reduce", "iota"):
-        assert kind in LOWERINGS
-    assert LOWERINGS["add"].func is LOWERINGS["multiply"].func    # one generic rule
+                 "reshape", "transpose", "dot_general", "reduce", "iota", "fusion"):
+        assert lookup(kind).kind is RuleKind.KERNEL
+    assert lookup("add").fn.func is lookup("multiply").fn.func    # one generic rule
+    for kind in ("while", "case", "func.call", "all_reduce", "all_gather", "reduce_scatter",
+                 "all_to_all", "collective_permute"):
+        assert lookup(kind).kind is RuleKind.STEP
+    assert lookup("constant") is None           # the driver's own (driver.py)
+
+
+def test_one_registry_for_variadic_reduce():
+    """argmax's two-operand reduce is a rule of the one table, chosen by operand count."""
+    assert lookup("reduce", operands=4).fn is argreduce.lower_argreduce
+    assert lookup("reduce", operands=2) is lookup("reduce")
+    assert lookup("reduce", operands=2).fn is not argreduce.lower_argreduce
+
+
+def test_a_kind_registered_twice_is_an_error():
+    with pytest.raises(ValueError, match="already registered"):
+        register_lowering("add")(lambda ctx, x, y: None)
 
 
 def test_target_specific_rule_wins():
@@ -167,17 +185,89 @@ def test_target_specific_rule_wins():
         calls.append(x.name)
 
     try:
-        assert get_rule("negate", "trn_test") is _negate_test
-        assert get_rule("negate") is LOWERINGS["negate"]
-        lower_module(unary("negate", (3,)), SPEC, target="trn_test")
+        assert lookup("negate", 1, "trn_test").fn is _negate_test
+        assert lookup("negate", 1).fn is not _negate_test
+        target = dataclasses.replace(Target.of(SPEC), generation="trn_test")
+        lower_module(unary("negate", (3,)), target)
+        assert calls == ["arg0"]
+        lower_module(unary("negate", (3,)), SPEC)       # trn2: the default rule
         assert calls == ["arg0"]
     finally:
-        from jax_trn.lower import registry
-        registry._TARGET_LOWERINGS.pop("trn_test")
+        registry.unregister("negate", target="trn_test")
 
 
-def test_limits_from_spec():
-    limits = Limits.of(SPEC)
-    assert limits.sbuf_bytes == SPEC.sbuf_usable_bytes
-    assert limits.psum_bytes == 16 * 1024 and limits.dma_queues == 16
-    assert builder.Limits.of(object()) == Limits()
+def test_step_rules_use_only_the_public_step_context():
+    """control.py and collective.py reach the lowering only through StepCtx's public
+    methods (no private state of the driver, no attributes added to it)."""
+    import ast
+    import inspect
+
+    from jax_trn.lower import collective, control
+    public = {n for n in dir(StepCtx) if not n.startswith("_")}
+    for module in (control, collective):
+        tree = ast.parse(inspect.getsource(module))
+        used = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name) and node.value.id == "ctx"}
+        assert used and used <= public, (module.__name__, sorted(used - public))
+
+
+# --- the Target ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("gen", ["trn1", "trn2", "trn3"])
+def test_target_from_the_core_spec(gen):
+    """Every field the compiler reads comes from the CoreSpec (§1-§3), none is guessed."""
+    core = CHIPS[gen].core
+    t = Target.of(core)
+    assert (t.partitions, t.stationary_max) == (core.pmax, core.pe_cols) == (128, 128)
+    assert (t.psum_banks, t.psum_bank_bytes, t.psum_bytes) == (8, 2048, 16 * 1024)
+    assert t.psum_bank_fp32 == 512
+    assert t.sbuf_bytes == core.sbuf_usable_bytes
+    assert (t.dma_queues, t.dma_engines) == (core.dma_queues, core.dma_engines)
+    assert t.moving_max == core.max_moving_free == (4096 if gen == "trn3" else 512)
+    assert t.matmul_spans_banks == (gen == "trn3") == t.psum_bf16 == t.ocp_fp8
+    assert t.dma_transpose == t.transpose_mode == t.fp8_double_row == (gen != "trn1")
+    assert t.generation == gen and t.core is core
+
+
+def test_target_is_cached_and_frozen():
+    core = CHIPS["trn2"].core
+    assert Target.of(core) is Target.of(core) is Target.of(CHIPS["trn2"])
+    assert Target.of(Target.of(core)) is Target.of(core)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Target.of(core).partitions = 64
+
+
+def test_target_of_anything_else_is_an_error():
+    """Limits.of used to fall back to a silent 192 KiB of SBUF for an unknown object."""
+    with pytest.raises(TypeError, match="CoreSpec"):
+        Target.of(object())
+
+
+def test_target_says_what_lowering_cannot_serve():
+    """Lowering assumes a square PE array and matmuls that fill a PSUM bank: a core
+    without them is refused by name instead of miscompiled."""
+    with pytest.raises(ValueError, match="square PE array"):
+        Target.of(dataclasses.replace(SPEC, pe_cols=64))
+    with pytest.raises(ValueError, match="PSUM bank"):
+        Target.of(dataclasses.replace(SPEC, max_moving_free=256))
+
+
+def test_sbuf_comes_from_the_spec():
+    """A core with less SBUF gets kernels planned for less SBUF (the builder's
+    allocator capacity is the Target's, not a default)."""
+    small = dataclasses.replace(SPEC, sbuf_partition_bytes=SPEC.sbuf_reserved_bytes + 4096)
+    assert KernelBuilder("k", Target.of(small)).sbuf.capacity == 4096
+
+
+def test_no_hardware_constants_in_lower():
+    """No rule module keeps its own copy of a hardware limit: the partition count,
+    PSUM banks and bank size, the moving-free maximum come from the Target."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(layout.__file__).parent
+    pattern = re.compile(r"^(P|PSUM_BANKS?|PSUM_BANK_BYTES|MOVING_MAX)\s*=\s*\d|"
+                         r"getattr\((ctx\.)?spec|\.limits\b", re.M)
+    found = {str(p.relative_to(root)): pattern.findall(p.read_text())
+             for p in root.rglob("*.py")}
+    assert not {k: v for k, v in found.items() if v}

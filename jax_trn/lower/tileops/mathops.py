@@ -1,9 +1,9 @@
 """Elementwise math with no single instruction: short instruction sequences on tiles.
 
-Each rule here is a `TILE_OPS` entry (tileops.py) that takes `SCRATCH[kind]` extra
-[parts, free] scratch tiles after its operands (the Evaluator appends them, regions.py):
-FP32 for float ops, so a bf16 op rounds once on its last instruction, the operand's
-type for integer ops. Everything runs on the engines; nothing is precomputed on the
+Each rule here is a `TILE_OPS` entry (tileops/__init__.py) whose `scratch` extra
+[parts, free] scratch tiles come after its operands (the Evaluator appends them,
+regions.py): FP32 for float ops, so a bf16 op rounds once on its last instruction, the
+operand's type for integer ops. Everything runs on the engines; nothing is precomputed on the
 host. Costs are per element tile (V = VectorE, S = ScalarE, G = GpSimd instructions).
 
 Rounding (floor, ceil, round_nearest_even, round_nearest_afz): the ALU has no round
@@ -70,8 +70,8 @@ import numpy as np
 from hlo_passes import ir
 from jax_trn.hw import isa
 
-from .errors import LoweringError
-from .tileops import ACTIVATION, TILE_OPS, engine_for
+from ..errors import LoweringError
+from .core import ACTIVATION, TileRule, engine_for
 
 _F32 = np.float32
 TWO23 = 8388608.0
@@ -404,25 +404,14 @@ def _reduce_precision(kb, dst, srcs, step):
                    engine=g)
 
 
-RULES = {
-    "round_nearest_even": _round_even, "round_nearest_afz": _round_afz,
-    "floor": _floor_ceil, "ceil": _floor_ceil,
-    "sine": _sine, "cosine": _cosine, "tan": _tan,
-    "log_plus_one": _log_plus_one, "exponential_minus_one": _exponential_minus_one,
-    "cbrt": _cbrt, "atan2": _atan2, "is_finite": _is_finite,
-    "popcnt": _popcnt, "count_leading_zeros": _clz, "sign": _sign,
-    "reduce_precision": _reduce_precision,
+# Per op: its emitter and the scratch tiles it takes after its operands.
+RULES: dict[str, TileRule] = {
+    "round_nearest_even": TileRule(_round_even, 2), "round_nearest_afz": TileRule(_round_afz, 2),
+    "floor": TileRule(_floor_ceil, 2), "ceil": TileRule(_floor_ceil, 2),
+    "sine": TileRule(_sine, 3), "cosine": TileRule(_cosine, 2), "tan": TileRule(_tan, 3),
+    "log_plus_one": TileRule(_log_plus_one, 3),
+    "exponential_minus_one": TileRule(_exponential_minus_one, 3),
+    "cbrt": TileRule(_cbrt, 2), "atan2": TileRule(_atan2, 4), "is_finite": TileRule(_is_finite),
+    "popcnt": TileRule(_popcnt, 4), "count_leading_zeros": TileRule(_clz, 4),
+    "sign": TileRule(_sign, 1), "reduce_precision": TileRule(_reduce_precision, 3),
 }
-# Scratch tiles per op (the Evaluator provides them after the operands).
-SCRATCH = {
-    "round_nearest_even": 2, "round_nearest_afz": 2, "floor": 2, "ceil": 2,
-    "sine": 3, "cosine": 2, "tan": 3, "log_plus_one": 3, "exponential_minus_one": 3,
-    "cbrt": 2, "atan2": 4, "popcnt": 4, "count_leading_zeros": 4, "reduce_precision": 3,
-    "sign": 1,
-}
-TILE_OPS.update(RULES)
-
-
-def scratch_dtype(arg_dtype: str) -> str:
-    """FP32 for float work, the operand's own type for integer bit tricks."""
-    return arg_dtype if ir.is_int(arg_dtype) else "float32"

@@ -4,7 +4,7 @@ The weight gradient of a conv is itself a conv (JAX's transpose rule): the forwa
 input x with batch and feature swapped (batch = forward input channels b, feature =
 forward batch i) against the forward output gradient as the kernel (kernel window =
 the forward output's spatial extent, large; output spatial = the forward kernel, e.g.
-3x3). The tap loop of conv.py then runs thousands of taps, each a matmul over the
+3x3). The tap loop (kernel.py) then runs thousands of taps, each a matmul over the
 forward batch (a few partitions) into 9 output columns. Here the window is the
 contraction instead, 128 window positions per matmul, for each output position p:
 
@@ -41,17 +41,15 @@ from jax_trn.hw import dtypes as hw_dtypes
 from jax_trn.hw import isa
 from jax_trn.hw.program import DramTensor
 
-from .builder import KernelBuilder, sub
-from .conv import Conv, _compact
-from .layout import P, View, tiles
-from .matmul import MOVING_MAX
-from .registry import LowerCtx
-from .relayout import relayout
+from ..builder import KernelBuilder, sub
+from ..layout import View, tiles
+from ..registry import LowerCtx
+from ..relayout import relayout
+from .geometry import Conv, compact
 
 SBUF_SHARE = 0.75           # of SBUF this kernel plans for
 MIN_WINDOW_RATIO = 16       # window positions per output position to take this path
-PSUM_BANKS = 8              # §3.2
-TRANSPOSE_BANKS = 4         # PSUM banks for the TensorE transposes in flight
+TRANSPOSE_BANKS = 4         # PSUM banks (of the target's 8) for TensorE transposes in flight
 BUFS = 2                    # operand bands in flight
 STAGES = 4                  # transposed tiles in flight (SBUF)
 
@@ -77,7 +75,7 @@ def _image(ctx: LowerCtx, t: DramTensor, part: int, feat: int, sp, dtype: str
     if cs == 1:
         return Image(t, part, feat, rs, cs, rows, cols, False)
     if (part == 1 and rs == cs * cols and t.dtype == dtype
-            and getattr(ctx.spec, "dma_transpose", False)
+            and ctx.target.dma_transpose
             and hw_dtypes.itemsize(dtype) in (2, 4)):
         return Image(t, part, feat, rs, cs, rows, cols, True)
     return None
@@ -91,14 +89,14 @@ def plan(ctx: LowerCtx, cv: Conv, x: DramTensor, w: DramTensor, ldt: str, rdt: s
     h, wd = cv.dims
     if not all(d.stride == 1 and d.ld == 1 for d in cv.dims):
         return None
-    if wd.rd > 1 and len(_phases(wd)) * _q(wd) > MOVING_MAX:
+    if wd.rd > 1 and len(_phases(wd)) * _q(wd) > cv.bank:
         return None
     positions, window = h.out * wd.out, h.kernel * wd.kernel
-    nb = min(cv.n_out, P)
+    nb = min(cv.n_out, cv.pmax)
     if window < MIN_WINDOW_RATIO * positions or \
-            -(-positions // (MOVING_MAX // nb)) > PSUM_BANKS - TRANSPOSE_BANKS:
+            -(-positions // (cv.bank // nb)) > cv.target.psum_banks - TRANSPOSE_BANKS:
         return None
-    if _window_rows(cv, ldt, ctx.limits.sbuf_bytes * SBUF_SHARE) == 0:
+    if _window_rows(cv, ldt, ctx.target.sbuf_bytes * SBUF_SHARE) == 0:
         return None
     xi = _image(ctx, x, cv.x[0], cv.x[1], cv.x[2], ldt)
     wi = _image(ctx, w, cv.w[0], cv.w[1], cv.w[2], rdt)
@@ -125,9 +123,9 @@ def _sbuf_bytes(cv: Conv, dtype: str, tb: int) -> int:
     q, xr = _q(w), _in_rows(h, tb)
     bands = len(_phases(h)) * len(_phases(w)) * xr * q + tb * q
     rows = min(h.size, h.rd * xr + 1) * w.size + tb * w.kernel
-    other = (STAGES + 2) * (MOVING_MAX + P) + len(_phases(w)) * q * -(-w.size // P)
+    other = (STAGES + 2) * (cv.bank + cv.pmax) + len(_phases(w)) * q * -(-w.size // cv.pmax)
     return (BUFS * (bands + rows) + other) * hw_dtypes.itemsize(dtype) + \
-        h.out * w.out * P * 4
+        h.out * w.out * cv.pmax * 4
 
 
 def _phases(d) -> tuple[int, ...]:
@@ -146,7 +144,7 @@ def lower(ctx: LowerCtx, cv: Conv, xi: Image, wi: Image, out: DramTensor, precis
     h, w = cv.dims
     positions, o = h.out * w.out, cv.o_features
     temp = ctx.temp((positions, o, cv.n_out), out.dtype)
-    tb = _window_rows(cv, dtype, ctx.limits.sbuf_bytes * SBUF_SHARE)
+    tb = _window_rows(cv, dtype, ctx.target.sbuf_bytes * SBUF_SHARE)
     _Emitter(ctx.kb, cv, xi, wi, temp, precision, dtype, tb).run()
     ctx.next_kernel("relayout")
     # Logical axes (b, o, ph, pw) in the output's own order: its innermost is then the
@@ -172,7 +170,7 @@ class _Emitter:
         self.offs = [((self.phh.index(ph % h.rd) * len(self.phw) + self.phw.index(pw % w.rd))
                       * self.xr + ph // h.rd) * self.q + pw // w.rd
                      for ph in range(h.out) for pw in range(w.out)]
-        self.queues = itertools.cycle(range(kb.limits.dma_queues))
+        self.queues = itertools.cycle(range(kb.target.dma_queues))
 
     def run(self) -> None:
         kb, h, w = self.kb, self.h, self.w
@@ -180,16 +178,16 @@ class _Emitter:
         wsize = self.tb * self.q
         self.blocks = tiles(h.kernel, self.tb)
         self.sel_mats = self._selections() if w.rd > 1 else []
-        self.xsel = kb.ring(2, P, self.dtype)
+        self.xsel = kb.ring(2, self.cv.pmax, self.dtype)
         self.xbands = self._bands(xsize)
         self.wbands = self._bands(wsize)
         self.xstage = kb.ring(BUFS, min(h.size, h.rd * self.xr + 1) * w.size, self.dtype)
         self.wstage = kb.ring(BUFS, self.tb * self.wi.cols, self.dtype)
-        self.tps = kb.ring(TRANSPOSE_BANKS, MOVING_MAX, "float32", mem="psum")
-        self.xts = kb.ring(STAGES, MOVING_MAX, self.dtype)
-        self.wts = kb.ring(STAGES, P, self.dtype)
-        for (b0, nb), (o0, ot) in itertools.product(tiles(self.cv.n_out, P),
-                                                    tiles(self.cv.o_features, P)):
+        self.tps = kb.ring(TRANSPOSE_BANKS, self.cv.bank, "float32", mem="psum")
+        self.xts = kb.ring(STAGES, self.cv.bank, self.dtype)
+        self.wts = kb.ring(STAGES, self.cv.pmax, self.dtype)
+        for (b0, nb), (o0, ot) in itertools.product(tiles(self.cv.n_out, self.cv.pmax),
+                                                    tiles(self.cv.o_features, self.cv.pmax)):
             self._tile(b0, nb, o0, ot)
         kb.release(self.xbands, self.wbands, self.xstage, self.wstage, self.tps, self.xts,
                    self.wts, self.xsel, *(m for *_, m in self.sel_mats))
@@ -208,8 +206,8 @@ class _Emitter:
         return t
 
     def _tile(self, b0: int, nb: int, o0: int, ot: int) -> None:
-        kb, per = self.kb, MOVING_MAX // nb
-        banks = [kb.tile(MOVING_MAX, "float32", mem="psum")
+        kb, per = self.kb, self.cv.bank // nb
+        banks = [kb.tile(self.cv.bank, "float32", mem="psum")
                  for _ in range(-(-len(self.offs) // per))]
         accs = [sub(banks[p // per], ot, nb, at=(p % per) * nb) for p in range(len(self.offs))]
         pending = None
@@ -224,7 +222,7 @@ class _Emitter:
             wb = self._load(self.wi, self._fresh(self.wbands), self.wstage, o0, ot, i,
                             _Span(self.h.kernel), _Span(self.w.kernel), t0, tn)
             window = (tn - 1) * self.q + self.w.kernel
-            for k, (k0, kt) in enumerate(tiles(window, P)):
+            for k, (k0, kt) in enumerate(tiles(window, self.cv.pmax)):
                 # Step k's transposes are emitted before step k - 1's matmuls, so
                 # TensorE transposes while VectorE/ScalarE evacuate the previous ones.
                 ready = self._transposes(xb, wb, k0, kt, nb, ot)
@@ -238,7 +236,7 @@ class _Emitter:
             kb.emit(isa.TensorCopy, dst=sub(res, ot, n, at=j * per * nb), src=sub(bank, ot, n),
                     engine=kb.evac_engine())
         o, nbt = self.cv.o_features, self.cv.n_out
-        pattern = ((nbt, ot), *_compact(((o * nbt, len(self.offs)), (1, nb))))
+        pattern = ((nbt, ot), *compact(((o * nbt, len(self.offs)), (1, nb))))
         kb.dma(kb.ap(self.temp, o0 * nbt + b0, pattern), res)
         kb.release(res, *banks)
 
@@ -251,7 +249,7 @@ class _Emitter:
         wt = sub(self.wts.next(), kt, ot)
         kb.emit(isa.TensorCopy, dst=wt, src=sub(bank, kt, ot), engine=kb.evac_engine())
         xts = []
-        for g0, gn in tiles(len(self.offs), MOVING_MAX // nb):
+        for g0, gn in tiles(len(self.offs), self.cv.bank // nb):
             bank = self.tps.next()
             for j in range(gn):
                 kb.emit(isa.NcTranspose, dst=sub(bank, kt, nb, at=j * nb),
@@ -264,7 +262,7 @@ class _Emitter:
     def _matmuls(self, accs, ready, nb: int, first: bool) -> None:
         """One matmul per output position: accs[p] (+)= wt.T @ xt[p]."""
         wt, xts = ready
-        kt, per = wt.num_partitions, MOVING_MAX // nb
+        kt, per = wt.num_partitions, self.cv.bank // nb
         for p, acc in enumerate(accs):
             moving = sub(xts[p // per], kt, nb, at=(p % per) * nb)
             self.kb.emit(isa.NcMatmul, dst=acc, stationary=wt, moving=moving,
@@ -302,7 +300,7 @@ class _Emitter:
         128 input columns (TensorE scatters a transposed row into its phase rows)."""
         kb, w, out = self.kb, self.w, []
         width = len(self.phw) * self.q
-        for c0, cn in tiles(w.size, P):
+        for c0, cn in tiles(w.size, self.cv.pmax):
             idx = kb.tile(width, "int32", parts=cn)
             for bi, a in enumerate(self.phw):
                 kb.emit(isa.Iota, dst=sub(idx, cn, self.q, at=bi * self.q),
@@ -360,7 +358,7 @@ class _Emitter:
             src = self.kb.ap(im.t, off, ((im.col, rows * im.cols), (im.part, parts)))
             self.kb.emit(isa.DmaTranspose, dst=dst, src=src, dma_queue=next(self.queues))
             return
-        pattern = _compact(((im.row, rows), (im.col, im.cols)))
+        pattern = compact(((im.row, rows), (im.col, im.cols)))
         self.kb.dma(dst, self.kb.ap(im.t, off, ((im.part, parts), *pattern)))
 
 

@@ -1,4 +1,4 @@
-"""The conv kernel of conv.py: per group block, resident weights; per output band, the
+"""The conv kernel (the tap loop, see conv/__init__.py): per group block, resident weights; per output band, the
 input band (padded in SBUF or read from the staged layout, replicated for tap
 packing), then for each output-channel tile and PSUM chunk the (ci tile, tap group)
 matmuls, the evacuation of valid columns and one store per band."""
@@ -10,29 +10,14 @@ from jax_trn.hw import dtypes as hw_dtypes
 from jax_trn.hw import isa
 from jax_trn.hw.program import DramTensor
 
-from .builder import KernelBuilder, sub
-from .conv import (
-    BAND_BUFS,
-    OUT_BUFS,
-    PSUM_ACCS,
-    Block,
-    Conv,
-    Packing,
-    Padded,
-    Phased,
-    Plan,
-    Staged,
-    Unit,
-    _chunks,
-    _compact,
-    _phases,
-)
-from .layout import P, tiles
-from .matmul import MOVING_MAX
+from ..builder import KernelBuilder, sub
+from ..layout import tiles
+from .geometry import Block, Conv, Packing, Padded, Phased, Staged, Unit, compact
+from .plan import BAND_BUFS, OUT_BUFS, PSUM_ACCS, Plan, chunks, phase_count
 
 
 class ConvEmitter:
-    """Emits the conv kernel (see conv.py's docstring)."""
+    """Emits the conv kernel (see conv/__init__.py)."""
 
     def __init__(self, kb: KernelBuilder, cv: Conv, plan: Plan, pk: Packing,
                  staged: Staged | Padded, wts: tuple[str, DramTensor], units,
@@ -44,13 +29,13 @@ class ConvEmitter:
         self.outer = cv.dims[:-2]
         self.ko = list(itertools.product(*(range(d.kernel) for d in self.outer)))
         self.band_rows = plan.band + self.h.shift
-        self.per_ko = _phases(cv) * self.band_rows * self.w.q
+        self.per_ko = phase_count(cv) * self.band_rows * self.w.q
         self.inner = [(kh, kw) for kh in range(self.h.kernel) for kw in range(self.w.kernel)]
-        self.queues = itertools.cycle(range(kb.limits.dma_queues))
+        self.queues = itertools.cycle(range(kb.target.dma_queues))
 
     def run(self) -> None:
         kb = self.kb
-        ncit = max(len(tiles(b.cn, P)) for b in self.cv.blocks)
+        ncit = max(len(tiles(b.cn, self.cv.pmax)) for b in self.cv.blocks)
         bands = kb.ring(BAND_BUFS * ncit, len(self.ko) * self.per_ko, self.ldt)
         self.stage = None
         if isinstance(self.x, Phased):
@@ -62,7 +47,7 @@ class ConvEmitter:
             if self.x.gaps(self.w) or self.x.row[-2] != self.w.size or (
                     self.x.transposed and self.w.q != self.w.size):
                 self.stage = kb.ring(2, self.band_rows * self.w.size, self.ldt)
-        accs = kb.ring(PSUM_ACCS, MOVING_MAX, "float32", mem="psum")
+        accs = kb.ring(PSUM_ACCS, self.cv.bank, "float32", mem="psum")
         obuf = kb.ring(OUT_BUFS, self.plan.band * self.w.out, self.out.dtype)
         for b, us in zip(self.cv.blocks, self.units):
             weights = [self._load_weights(b, u) for u in us]
@@ -92,7 +77,7 @@ class ConvEmitter:
     def _fetch_bands(self, bands, b: Block, n: int, od, r0: int, rn: int) -> list:
         """Per ci tile of block b: the band's DMAs issued (phased input) or what to load."""
         out = []
-        for ci0, ct in tiles(b.cn, P):
+        for ci0, ct in tiles(b.cn, self.cv.pmax):
             buf = bands.next()
             if isinstance(self.x, Phased):
                 out.append(self._fetch_phased(buf, b, ci0, ct, n, r0))
@@ -114,7 +99,7 @@ class ConvEmitter:
         kb, w = self.kb, self.w
         width = len(w.phases) * w.q
         self.sel_mats = []
-        for c0, cn in tiles(w.size, P):
+        for c0, cn in tiles(w.size, self.cv.pmax):
             idx = kb.tile(width, "int32", parts=cn)
             for bi, a in enumerate(w.phases):   # ld * (c0 + p) + lo - a - s * j
                 kb.emit(isa.Iota, dst=sub(idx, cn, w.q, at=bi * w.q), pattern=((-w.stride, w.q),),
@@ -125,12 +110,12 @@ class ConvEmitter:
             kb.release(idx)
             self.sel_mats.append((c0, cn, sel))
         # Rows of bands k + 1 and k + 2 are in flight (DMAed, not yet placed).
-        ncit = max(len(tiles(b.cn, P)) for b in self.cv.blocks)
+        ncit = max(len(tiles(b.cn, self.cv.pmax)) for b in self.cv.blocks)
         self.stage = kb.ring(BAND_BUFS * ncit, self.band_rows * self.h.stride * w.size,
                              self.ldt)
-        self.tps = kb.ring(2, MOVING_MAX, "float32", mem="psum")
-        self.sels = kb.ring(2, MOVING_MAX, "float32", mem="psum")
-        self.xts = kb.ring(3, MOVING_MAX, self.ldt)
+        self.tps = kb.ring(2, self.cv.bank, "float32", mem="psum")
+        self.sels = kb.ring(2, self.cv.bank, "float32", mem="psum")
+        self.xts = kb.ring(3, self.cv.bank, self.ldt)
         self.phased_bufs = (self.tps, self.sels, self.xts, *(m for *_, m in self.sel_mats))
 
     def _fetch_phased(self, buf: isa.Tile, b: Block, ci0: int, ct: int, n: int, r0: int):
@@ -160,7 +145,7 @@ class ConvEmitter:
         tile = sub(buf, ct, self.per_ko)
         kb.emit(isa.Memset, dst=tile, value=0, engine="gpsimd")
         width = len(w.phases) * q
-        group = max(1, min(MOVING_MAX // ct, MOVING_MAX // width))
+        group = max(1, min(self.cv.bank // ct, self.cv.bank // width))
         for g0 in range(0, len(hits), group):
             rows = hits[g0:g0 + group]
             sel = self.sels.next()
@@ -187,11 +172,11 @@ class ConvEmitter:
 
     def _compute(self, b: Block, weights, xs, accs, obuf, n: int, od, r0: int, rn: int
                  ) -> None:
-        cots = tiles(b.on, P)
+        cots = tiles(b.on, self.cv.pmax)
         for m, (co0, cot) in enumerate(cots):
             ws = weights[m::len(cots)]
             otile = sub(obuf.next(), cot, rn * self.w.out)
-            for chunk in _chunks(self.cv, self.plan.rows, r0, rn):
+            for chunk in chunks(self.cv, self.plan.rows, r0, rn):
                 acc = accs.next()
                 self._matmuls(acc, xs, ws, cot, r0, chunk)
                 self._evacuate(acc, otile, r0, chunk)
@@ -226,7 +211,7 @@ class ConvEmitter:
                 continue
             for g0, at0, step, cnt in _runs(slots):
                 dst = part.with_(free=(cnt * u.cot,), offset=t.offset + g0 * u.cot * isz)
-                src = ((cs, u.ct), *_compact(((step, cnt), (os_, u.cot))))
+                src = ((cs, u.ct), *compact(((step, cnt), (os_, u.cot))))
                 self.kb.dma(dst, self.kb.ap(self.wt, base + at0, src))
         return t
 
@@ -258,7 +243,7 @@ class ConvEmitter:
             pattern = ((x.phase[-2], len(h.phases)), (x.phase[-1], len(w.phases)),
                        (x.row[-2], rows), (x.row[-1], w.q))
             if rows < self.band_rows:       # the last band: its phase blocks stay apart
-                for ph in range(_phases(self.cv)):
+                for ph in range(phase_count(self.cv)):
                     ih, iw = divmod(ph, len(w.phases))
                     at = i * self.per_ko + ph * self.band_rows * w.q
                     src = off + ih * x.phase[-2] + iw * x.phase[-1]
@@ -266,7 +251,7 @@ class ConvEmitter:
                                 self.kb.ap(x.t, src, ((x.c, ct), *pattern[2:])))
                 continue
             self.kb.dma(sub(tile, ct, self.per_ko, at=i * self.per_ko),
-                        self.kb.ap(x.t, off, ((x.c, ct), *_compact(pattern))))
+                        self.kb.ap(x.t, off, ((x.c, ct), *compact(pattern))))
         return tile
 
     def _load_padded(self, buf: isa.Tile, b: Block, ci0: int, ct: int, n: int, od, r0: int
@@ -309,7 +294,7 @@ class ConvEmitter:
             src = self.kb.ap(x.t, off, ((x.row[-1], rows * width), (x.c, ct)))
             self.kb.emit(isa.DmaTranspose, dst=dst, src=src, dma_queue=next(self.queues))
             return
-        pattern = _compact(((x.row[-2], rows), (x.row[-1], width)))
+        pattern = compact(((x.row[-2], rows), (x.row[-1], width)))
         self.kb.dma(dst, self.kb.ap(x.t, off, ((x.c, ct), *pattern)))
 
     def _zero(self, tile: isa.Tile, ct: int, at: int, size: int) -> None:
@@ -356,7 +341,7 @@ class ConvEmitter:
         off = n * ns + (b.o0 + co0) * os_ + r0 * sp[-2][0]
         off += sum(o * st for o, (st, _) in zip(od, sp[:-2]))
         pattern = ((os_, otile.num_partitions),
-                   *_compact(((sp[-2][0], rn), (sp[-1][0], self.w.out))))
+                   *compact(((sp[-2][0], rn), (sp[-1][0], self.w.out))))
         self.kb.dma(self.kb.ap(self.out, off, pattern), otile)
 
 

@@ -1,0 +1,41 @@
+"""Tile-level elementwise ops: one IR elementwise op on SBUF/PSUM tiles, as instructions.
+
+    TILE_OPS[kind].emit(kb, dst, srcs, step)    # the instruction(s) computing `step`
+    TILE_OPS[kind].scratch                      # scratch tiles it takes after `srcs`
+
+Modules: core (Step, Src, TileRule, instruction helpers), simple (one-instruction ops),
+mathops (short instruction sequences: rounding, trig, log1p, bit counts, ...). The
+table is the union of their `RULES`, built here once; no module adds to another's.
+"""
+from __future__ import annotations
+
+from . import mathops, simple
+from .core import ACTIVATION as ACTIVATION
+from .core import ALU as ALU
+from .core import NEEDS_FULL_TILES as NEEDS_FULL_TILES
+from .core import NO_INSTRUCTION as NO_INSTRUCTION
+from .core import Src as Src
+from .core import Step as Step
+from .core import TileRule as TileRule
+from .core import engine_for as engine_for
+from .core import expand as expand
+from .core import fill_scalar as fill_scalar
+from .core import scratch_dtype as scratch_dtype
+
+
+def _union(*tables: dict[str, TileRule]) -> dict[str, TileRule]:
+    out: dict[str, TileRule] = {}
+    for table in tables:
+        twice = out.keys() & table.keys()
+        assert not twice, f"tile ops defined twice: {sorted(twice)}"
+        out.update(table)
+    return out
+
+
+TILE_OPS: dict[str, TileRule] = _union(simple.RULES, mathops.RULES)
+
+
+def scratch(kind: str) -> int:
+    """Scratch tiles a step of `kind` takes (0 for steps with no tile op)."""
+    rule = TILE_OPS.get(kind)
+    return rule.scratch if rule is not None else 0

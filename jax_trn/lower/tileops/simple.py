@@ -1,0 +1,124 @@
+"""Elementwise ops that are one instruction on tiles (two for a clamp of tiles).
+
+Arithmetic and comparisons on VectorE (GpSimd for integers, `power` always), the
+transcendental functions on ScalarE (`Activation`), and the two folded forms folding.py
+makes (`activation`: func(x * scale + bias); `tensor_scalar`: two ops with
+immediates). See core.py for engines and numerics.
+"""
+from __future__ import annotations
+
+from hlo_passes import ir
+from jax_trn.hw import isa
+
+from .core import (ACTIVATION, ALU, BOOL_ALU, COMPARE, Src, TileRule, binary, engine_for,
+                   rules)
+
+
+def _alu(kb, dst, srcs, step):
+    dtype = srcs[0].dtype
+    if dtype == "bool" and step.kind in BOOL_ALU:
+        return binary(kb, dst, *srcs, BOOL_ALU[step.kind], "vector")
+    if step.kind == "shift_right_arithmetic" and dtype.startswith("uint"):
+        return _shift_unsigned_arithmetic(kb, dst, *srcs)
+    engine = "gpsimd" if step.kind == "power" else engine_for(dtype)
+    return binary(kb, dst, *srcs, ALU[step.kind], engine)
+
+
+def _shift_unsigned_arithmetic(kb, dst, x: Src, amount: Src):
+    """XLA shifts the bits arithmetically whatever the type: the value and result are
+    read as the signed type of the same width (SBUF is untyped, §3.1); the amount
+    stays unsigned."""
+    signed = dst.dtype[1:]
+    return binary(kb, dst.with_(dtype=signed), _as_signed(x, signed), amount,
+                  "shift_right_arithmetic", "gpsimd")
+
+
+def _as_signed(src: Src, signed: str) -> Src:
+    """The same bits as the signed type `signed`."""
+    if src.imm is None:
+        return Src(src.tile.with_(dtype=signed), src.scalar, None, signed)
+    half = 1 << (8 * ir.np_dtype(signed).itemsize - 1)
+    v = int(src.imm)
+    return Src.immediate(v - 2 * half if v >= half else v, signed)
+
+
+def _compare(kb, dst, srcs, step):
+    op = COMPARE[step.attrs["comparison_direction"]]
+    return binary(kb, dst, *srcs, op, engine_for(srcs[0].dtype))
+
+
+def _activation(kb, dst, srcs, step):
+    return kb.emit(isa.Activation, dst=dst, data=srcs[0].tile, func=ACTIVATION[step.kind])
+
+
+def _negate(kb, dst, srcs, step):
+    x = srcs[0].tile
+    if ir.is_int(x.dtype):      # 0 - x, wrapping like XLA
+        return kb.emit(isa.TensorScalar, dst=dst, data=x, op0="subtract", operand0=0,
+                       reverse0=True, engine="gpsimd")
+    return kb.emit(isa.TensorScalar, dst=dst, data=x, op0="multiply", operand0=-1.0)
+
+
+def _abs(kb, dst, srcs, step):
+    x = srcs[0].tile
+    if ir.is_int(x.dtype):      # abs_max(x, 0) = |x|
+        return kb.emit(isa.TensorScalar, dst=dst, data=x, op0="abs_max", operand0=0,
+                       engine="gpsimd")
+    return kb.emit(isa.Activation, dst=dst, data=x, func="abs")
+
+
+def _not(kb, dst, srcs, step):
+    x = srcs[0].tile
+    if x.dtype == "bool":
+        return kb.emit(isa.TensorScalar, dst=dst, data=x, op0="is_equal", operand0=0)
+    return kb.emit(isa.TensorScalar, dst=dst, data=x, op0="bitwise_xor", operand0=-1,
+                   engine="gpsimd")
+
+
+def _convert(kb, dst, srcs, step):
+    x = srcs[0].tile
+    if dst.dtype == "bool" and x.dtype != "bool":   # x != 0
+        return kb.emit(isa.TensorScalar, dst=dst, data=x, op0="not_equal", operand0=0,
+                       engine=engine_for(x.dtype))
+    both_int = not ir.is_float(x.dtype) and not ir.is_float(dst.dtype)
+    return kb.emit(isa.TensorCopy, dst=dst, src=x, engine="gpsimd" if both_int else "vector")
+
+
+def _select(kb, dst, srcs, step):
+    pred, on_true, on_false = (s.tile for s in srcs)
+    return kb.emit(isa.Select, dst=dst, pred=pred, on_true=on_true, on_false=on_false,
+                   engine=engine_for(dst.dtype))
+
+
+def _clamp(kb, dst, srcs, step):
+    lo, x, hi = srcs
+    engine = engine_for(x.dtype)
+    if lo.scalar and hi.scalar and not x.scalar:
+        return kb.emit(isa.TensorScalar, dst=dst, data=x.tile, op0="max", operand0=lo.operand,
+                       op1="min", operand1=hi.operand, engine=engine)
+    binary(kb, dst, x, lo, "max", engine)
+    return binary(kb, dst, Src.of(dst), hi, "min", engine)
+
+
+def _folded_activation(kb, dst, srcs, step):
+    """func(x * scale + bias): folding.py; the bias is a [P, 1] tile (srcs[1])."""
+    bias = srcs[1].operand if len(srcs) > 1 else None
+    return kb.emit(isa.Activation, dst=dst, data=srcs[0].tile,
+                   func=ACTIVATION[step.attrs["func"]], scale=step.attrs["scale"], bias=bias)
+
+
+def _folded_tensor_scalar(kb, dst, srcs, step):
+    """(x <op0> a) <op1> b: folding.py."""
+    (op0, a, r0), (op1, b, r1) = step.attrs["ops"]
+    return kb.emit(isa.TensorScalar, dst=dst, data=srcs[0].tile, op0=op0, operand0=a,
+                   reverse0=r0, op1=op1, operand1=b, reverse1=r1)
+
+
+# `sign` is not here: a float sign needs a fix-up for -0 (mathops.py).
+RULES: dict[str, TileRule] = {
+    **rules(_alu, ALU), **rules(_activation, [k for k in ACTIVATION if k != "sign"]),
+    **rules(_compare, ["compare"]), **rules(_negate, ["negate"]), **rules(_abs, ["abs"]),
+    **rules(_not, ["not"]), **rules(_convert, ["convert"]), **rules(_select, ["select"]),
+    **rules(_clamp, ["clamp"]), **rules(_folded_activation, ["activation"]),
+    **rules(_folded_tensor_scalar, ["tensor_scalar"]),
+}
