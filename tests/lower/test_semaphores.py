@@ -151,7 +151,8 @@ def test_kernels_of_real_programs_get_the_defined_waits(name, monkeypatch):
         assert [i.waits for i in out] == reference_waits(instrs)
         return out
 
-    monkeypatch.setattr(sync, "insert_semaphores", checked)
+    from jax_trn.lower import builder
+    monkeypatch.setattr(builder, "insert_semaphores", checked)   # the name kernels call
     lower_module(hlo_passes.compile_to_ir(artifact_of(f, *args)), SPEC)
     assert sum(seen) > 50
 
