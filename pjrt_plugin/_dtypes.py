@@ -1,6 +1,8 @@
 """PJRT_Buffer_Type <-> element type names (numpy / ml_dtypes spelling)."""
 from __future__ import annotations
 
+from jax_trn.hw.dtypes import DEVICE_TYPES
+
 # PJRT_Buffer_Type enum values (C API 0.112).
 _TO_NAME = {
     1: "bool", 2: "int8", 3: "int16", 4: "int32", 5: "int64",
@@ -14,12 +16,8 @@ _TO_NAME = {
 }
 _TO_PJRT = {v: k for k, v in _TO_NAME.items()}
 
-# What the Trainium hardware can hold (trainium-hardware.md §4; FP8: legacy e4m3 and e5m2
-# on every generation, OCP e4m3fn computed natively from v4, §2.2): transfers of these work.
-SUPPORTED = frozenset({
-    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-    "float16", "bfloat16", "float32", "float8_e4m3fn", "float8_e5m2", "float8_e4m3",
-})
+# What a trn device holds (defined once, with the compiler's check: jax_trn.hw.dtypes).
+SUPPORTED = DEVICE_TYPES
 
 
 class UnsupportedDtype(TypeError):

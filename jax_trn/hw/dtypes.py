@@ -38,6 +38,16 @@ PACKED = {
 }
 MX_SCALE_TYPES = ("uint8", "float8_e8m0fnu")
 
+# The one definition of what a trn device holds: the element types of its buffers, of a
+# program's arguments and results and of every value inside a program (§4: the
+# hardware's integer and float types JAX can name; FP8: legacy e4m3 and e5m2 on every
+# generation, OCP e4m3fn natively from v4, §2.2). The plugin refuses transfers of any
+# other type and the compiler refuses programs using one, naming it.
+DEVICE_TYPES = frozenset({
+    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "float16", "bfloat16", "float32", "float8_e4m3fn", "float8_e5m2", "float8_e4m3",
+})
+
 
 def np_dtype(name: str) -> np.dtype:
     try:

@@ -11,6 +11,7 @@ or minimum (what the collective engine computes, §5); anything else is a compil
 from __future__ import annotations
 
 from hlo_passes import ir
+from jax_trn.hw.dtypes import DEVICE_TYPES
 from jax_trn.hw.program import Collective, DramTensor
 
 from .driver import StepCtx
@@ -56,6 +57,6 @@ def lower_collective(ctx: StepCtx, op: ir.Op, claims: dict[int, DramTensor]) -> 
     elif op.kind == "collective_permute":
         step.pairs = tuple((int(s), int(t)) for s, t in a["source_target_pairs"])
     for t in (*ins, *outs):
-        if t.dtype not in ir.DTYPES or t.dtype == "token":
+        if t.dtype not in DEVICE_TYPES:
             raise LoweringError(f"{t.dtype} in a collective ({op.describe()})")
     ctx.append(step)

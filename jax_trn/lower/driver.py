@@ -32,6 +32,7 @@ import numpy as np
 
 from hlo_passes import ir
 from jax_trn.hw import isa
+from jax_trn.hw.dtypes import DEVICE_TYPES
 from jax_trn.hw.program import Collective, DramTensor, Program, Step, walk_kernels, walk_steps
 from jax_trn.hw.spec import ChipSpec, CoreSpec
 
@@ -44,14 +45,13 @@ from .registry import LowerCtx, Rule, RuleKind, rule_for
 from .registry import op_label as _label
 from .target import Target
 
-UNSUPPORTED_DTYPES = ("float64", "complex64", "complex128", "token")
 PRECISIONS = ("default", "high", "highest")      # what DEFAULT may mean (dot.py)
 RETURNS = ("return", "func.return")
 
 
 def check_dtypes(op: ir.Op) -> None:
     for v in (*op.operands, *op.results):
-        if v.dtype in UNSUPPORTED_DTYPES or v.dtype not in ir.DTYPES:
+        if v.dtype not in DEVICE_TYPES:
             raise LoweringError(f"{v.dtype} is not supported by the Trainium hardware "
                                 f"({op.describe()})")
 
@@ -246,7 +246,7 @@ class StepCtx:
             if op.kind not in RETURNS:
                 check_dtypes(op)
         for i, arg in enumerate(self._fn.args):
-            if arg.dtype in UNSUPPORTED_DTYPES or arg.dtype not in ir.DTYPES:
+            if arg.dtype not in DEVICE_TYPES:
                 raise LoweringError(f"{arg.dtype} is not supported by the Trainium hardware "
                                     f"(argument {i} of {self._fn.name}: {arg.type})")
 
