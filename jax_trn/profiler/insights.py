@@ -120,7 +120,7 @@ def _latency(stats: list[KernelStats], spec) -> list[Insight]:
     if not total or ns / total < LATENCY_SHARE:
         return []
     names = ", ".join(s.name for s in slow[:3]) + (", ..." if len(slow) > 3 else "")
-    fixed = getattr(spec.core, "dma_fixed_ns", None) if spec is not None else None
+    fixed = spec.core.dma_fixed_ns if spec is not None else None
     why = (f"each DMA pays ~{fixed / 1e3:.1f} us fixed cost" if fixed
            else "fixed costs dominate")
     return [Insight("latency", slow[0].name if len(slow) == 1 else "", ns, (
