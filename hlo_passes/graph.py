@@ -2,6 +2,7 @@
 producers and users of a block's values, and cloning ops into a new region.
 
     control_blocks(body)        # body, then the blocks of its while / case ops
+    rewrite_blocks(module, f)   # f(block) on each of them: a block-local pass's run()
     BlockGraph(block)           # .producer[v], .users[v], .index[op]
     used_values(op)             # operands of op and of everything nested in it
     free_values(op, inside)     # what op uses that `inside` does not define
@@ -12,7 +13,7 @@ Used by degenerate-reduce, transposed-dot, attention-fusion and fusion.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Iterator
+from typing import Callable, Iterator
 
 from hlo_passes import ir
 
@@ -30,6 +31,16 @@ def control_blocks(block: ir.Block) -> Iterator[ir.Block]:
             for region in op.regions:
                 for inner in region.blocks:
                     yield from control_blocks(inner)
+
+
+def rewrite_blocks(module: ir.Module, rewrite: Callable[[ir.Block], bool]) -> bool:
+    """Runs `rewrite` on every control block of every function (`control_blocks`);
+    True if any call changed its block: the `run` of a block-local pass."""
+    changed = False
+    for fn in module.functions.values():
+        for block in control_blocks(fn.body):
+            changed |= rewrite(block)
+    return changed
 
 
 class BlockGraph:

@@ -11,17 +11,13 @@ constant left without users stays for the `dce` pass that ends the pipeline.
 from __future__ import annotations
 
 from hlo_passes import ir
-from hlo_passes.graph import control_blocks
+from hlo_passes.graph import rewrite_blocks
 
 name = "degenerate-reduce"
 
 
 def run(module: ir.Module) -> bool:
-    changed = False
-    for fn in module.functions.values():
-        for block in control_blocks(fn.body):
-            changed |= _rewrite_block(block)
-    return changed
+    return rewrite_blocks(module, _rewrite_block)
 
 
 def _rewrite_block(block: ir.Block) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from hlo_passes import ir
-from hlo_passes.graph import control_blocks, used_values
+from hlo_passes.graph import rewrite_blocks, used_values
 
 name = "transposed-dot"
 
@@ -21,11 +21,7 @@ _SWAP = (("lhs_batching_dimensions", "rhs_batching_dimensions"),
 
 
 def run(module: ir.Module) -> bool:
-    changed = False
-    for fn in module.functions.values():
-        for block in control_blocks(fn.body):
-            changed |= _rewrite_block(block)
-    return changed
+    return rewrite_blocks(module, _rewrite_block)
 
 
 def _rewrite_block(block: ir.Block) -> bool:
