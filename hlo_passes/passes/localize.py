@@ -52,6 +52,8 @@ name = "localize"
 
 # Reducer body op kinds -> the all_reduce combiner.
 COMBINERS = ("add", "maximum", "minimum", "multiply", "and", "or")
+# On bool, or / and are maximum / minimum (StableHLO orders false < true).
+BOOL_COMBINERS = {"or": "maximum", "and": "minimum"}
 # Ops that make partial sums along a sharded contracting dimension.
 SUMMING = ("dot_general", "convolution")
 # Ops computed per device as they are on local shapes: elementwise maps, layout ops
@@ -369,6 +371,9 @@ class _Localizer:
         return self._new("constant", [], [t], {"value": value}, like=like).result
 
     def _reducer(self, kind: str, dtype: str) -> ir.Region:
+        """The one-op combiner body; on bool, or/and are written maximum/minimum
+        (false < true), the combiners collectives compute."""
+        kind = BOOL_COMBINERS.get(kind, kind) if dtype == "bool" else kind
         a, b = ir.Value(ir.TensorType((), dtype)), ir.Value(ir.TensorType((), dtype))
         r = ir.Value(ir.TensorType((), dtype))
         body = ir.Block([a, b], [ir.Op(kind, [a, b], [r]), ir.Op("return", [r], [])])
@@ -399,10 +404,22 @@ class _Localizer:
         return self._parse(op.attrs.get("out_sharding"))
 
     def _sdy_constant(self, op: ir.Op) -> None:
-        op.kind = "constant"
+        """A constant with a sharding of its own (Shardy gives constants the sharding
+        of their users, e.g. chlo.erf_inv's coefficient tensors next to an
+        Explicit-axis operand): a splat becomes the local constant, any other value
+        the global constant sliced per device."""
+        shardings = parse_per_value(op.attrs.get("sdy.sharding")) or [None]
+        s = self._ours(shardings[0])
         value = np.asarray(op.attrs["value"]).astype(ir.np_dtype(op.result.dtype))
-        op.attrs = {"value": np.broadcast_to(value, op.result.shape).copy()}
-        self._op(op)
+        value = np.broadcast_to(value, op.result.shape)
+        op.kind, op.attrs = "constant", {"value": value.copy()}
+        if s is not None and not s.is_replicated and _splat(value):
+            op.attrs["value"] = np.full(self._local_type(op.result.type, s).shape,
+                                        value.reshape(-1)[0], value.dtype)
+        elif s is not None and not s.is_replicated:
+            return self._replicated(op, [s])
+        self._localize_value(op.result, s)
+        self._emit(op)
 
     def _sdy_sharding_constraint(self, op: ir.Op) -> None:
         x = op.operands[0]
@@ -560,6 +577,12 @@ class _Localizer:
 
 def _attrs(attrs: list[dict], values) -> list[dict]:
     return attrs if attrs else [{} for _ in values]
+
+
+def _splat(value: np.ndarray) -> bool:
+    """Every element the same (and at least one)."""
+    flat = value.reshape(-1)
+    return flat.size > 0 and bool((flat == flat[0]).all() or np.isnan(flat).all())
 
 
 def _replicated_like(v: ir.Value) -> TensorSharding:
