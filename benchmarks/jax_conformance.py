@@ -18,9 +18,10 @@ more than 50 cases; all others run whole), a deterministic subset, e.g. `--sampl
 for lax_control_flow_test.py as in issue 13. `--jobs N` runs N pytest processes at a
 time (files x platforms).
 
-Printed: per file, the CPU-passing tests that ran on trn, how many passed, the rate;
-the trn failures among them grouped by the first line of their error (count and a few
-test ids); the slowest tests on trn beside their CPU time.
+Printed: per file, the CPU-passing tests that ran on trn (tests JAX skips on trn, e.g.
+`jtu.run_on_devices("cpu")`, are listed apart and not counted), how many passed, the
+rate; the trn failures among them grouped by the first line of their error (count and
+a few test ids); the slowest tests on trn beside their CPU time.
 
 Needs the `[test]` extra plus absl-py and pytest-timeout (JAX's tests import absl):
 `pip install -e '.[conformance]'`. JAX's tests are not part of this project; get them
@@ -174,35 +175,38 @@ def first_line(text: str) -> str:
 # --- reporting -----------------------------------------------------------------------
 
 def report(opts) -> None:
-    rows, causes, slow = [], defaultdict(list), []
+    rows, causes, skips, slow = [], defaultdict(list), defaultdict(list), []
     for name in opts.files:
         cpu = read_junit(os.path.join(opts.out, f"{name}.cpu.xml"))
         trn = read_junit(os.path.join(opts.out, f"{name}.trn.xml"))
         passing = [t for t, o in cpu.items() if o.status == "passed"]
-        ran = [t for t in passing if t in trn]
+        reached = [t for t in passing if t in trn]
+        ran = [t for t in reached if trn[t].status != "skipped"]
         ok = [t for t in ran if trn[t].status == "passed"]
-        rows.append((name, len(passing), len(ran), len(ok)))
-        for t in ran:
+        rows.append((name, len(passing), len(reached) - len(ran), len(ran), len(ok)))
+        for t in reached:
             if trn[t].status != "passed":
-                causes[f"{trn[t].status}: {trn[t].message}"].append(f"{name}::{t}")
-            slow.append((trn[t].seconds, cpu[t].seconds, f"{name}::{t}"))
+                group = skips if trn[t].status == "skipped" else causes
+                group[trn[t].message].append(f"{name}::{t}")
+        slow += [(trn[t].seconds, cpu[t].seconds, f"{name}::{t}") for t in ran]
     print_table(rows)
-    print_causes(causes)
+    print_causes("Failures on trn of CPU-passing tests", causes)
+    print_causes("Skipped on trn, passing on CPU (not counted)", skips)
     print_slowest(slow)
 
 
 def print_table(rows) -> None:
-    print("| file | CPU-passing | run on trn | trn passes | rate |")
-    print("|---|---|---|---|---|")
-    for name, passing, ran, ok in rows:
+    print("| file | CPU-passing | skipped on trn | run on trn | trn passes | rate |")
+    print("|---|---|---|---|---|---|")
+    for name, passing, skipped, ran, ok in rows:
         rate = f"{100 * ok / ran:.1f}%" if ran else "-"
-        missing = f" ({passing - ran} not reached)" if passing > ran else ""
-        print(f"| {name} | {passing} | {ran}{missing} | {ok} | {rate} |")
+        lost = passing - skipped - ran
+        missing = f" ({lost} not reached)" if lost else ""
+        print(f"| {name} | {passing} | {skipped} | {ran}{missing} | {ok} | {rate} |")
 
 
-def print_causes(causes, examples: int = 3) -> None:
-    total = sum(len(v) for v in causes.values())
-    print(f"\nFailures on trn of CPU-passing tests: {total}, by first error line")
+def print_causes(title: str, causes, examples: int = 3) -> None:
+    print(f"\n{title}: {sum(len(v) for v in causes.values())}, by first line")
     for cause, tests in sorted(causes.items(), key=lambda kv: -len(kv[1])):
         print(f"\n{len(tests):4d}  {cause}")
         for t in tests[:examples]:
@@ -210,7 +214,7 @@ def print_causes(causes, examples: int = 3) -> None:
 
 
 def print_slowest(slow, n: int = 10) -> None:
-    print(f"\nSlowest on trn (seconds, trn vs CPU):")
+    print("\nSlowest on trn (seconds, trn vs CPU):")
     for trn_s, cpu_s, test in sorted(slow, reverse=True)[:n]:
         print(f"  {trn_s:8.1f}  {cpu_s:7.2f}  {test}")
     trn_total, cpu_total = sum(s[0] for s in slow), sum(s[1] for s in slow)
