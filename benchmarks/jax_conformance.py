@@ -165,9 +165,11 @@ def _outcome(case: ET.Element) -> Outcome:
 
 
 def first_line(text: str) -> str:
-    """The first non-empty line, with value numbers and user paths made generic."""
+    """The first non-empty line, with value numbers, shapes and user paths made
+    generic (so one cause is one group, whatever the test's shapes)."""
     line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
     line = re.sub(r"%v\d+", "%vN", line)
+    line = re.sub(r"\b(\w+)\[[\d,]*\]", r"\1[..]", line)
     line = re.sub(r" at [^ )]+\.py:\d+", "", line)
     return line[:200]
 

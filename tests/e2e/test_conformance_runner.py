@@ -14,7 +14,7 @@ import jax_conformance as jc  # noqa: E402
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
 <testcase classname="nn_test.NNFunctionsTest" name="testGelu0" time="1.5"/>
 <testcase classname="nn_test.NNFunctionsTest" name="testGelu1" time="2.0">
-  <failure message="jax.errors.JaxRuntimeError: INVALID_ARGUMENT: after pass localize: operand %v12 at /u/x.py:3 is bad&#10;more">trace</failure>
+  <failure message="jax.errors.JaxRuntimeError: INVALID_ARGUMENT: after pass localize: operand %v12 at /u/x.py:3 of float32[4,1] -&gt; bool[] is bad&#10;more">trace</failure>
 </testcase>
 <testcase classname="nn_test.NNFunctionsTest" name="testGelu2" time="0.1">
   <skipped message="needs 2 devices"/>
@@ -36,7 +36,7 @@ def test_junit_outcomes_and_first_lines(out):
     assert [o.status for o in got.values()] == ["passed", "failed", "skipped"]
     assert got["NNFunctionsTest::testGelu1"].message == (
         "jax.errors.JaxRuntimeError: INVALID_ARGUMENT: after pass localize: "
-        "operand %vN is bad")
+        "operand %vN of float32[..] -> bool[..] is bad")
 
 
 def test_missing_xml_is_no_outcomes(tmp_path):
