@@ -44,6 +44,57 @@ def test_nanmax_with_where_of_an_empty_axis(jax, trn, cpu):
     np.testing.assert_array_equal(np.asarray(outs[0]), np.asarray(outs[1]))
 
 
+# --- rank0-windows: windows over no dimension ----------------------------------------
+
+@pytest.mark.parametrize("batch_groups,feature_groups,spec", [
+    (1, 1, ("NC", "OI", "NC")), (2, 1, ("NC", "OI", "NC")), (1, 2, ("NC", "OI", "NC")),
+    (1, 1, ("NC", "IO", "NC"))])
+def test_conv_without_spatial_dims(jax, trn, cpu, batch_groups, feature_groups, spec):
+    rng = np.random.default_rng(3)
+    lhs = rng.normal(size=(2 * batch_groups, 3 * feature_groups)).astype(np.float32)
+    o, i = 2 * feature_groups * batch_groups, 3
+    rhs = rng.normal(size=(o, i) if spec[1] == "OI" else (i, o)).astype(np.float32)
+    f = lambda a, b: jax.lax.conv_general_dilated(  # noqa: E731
+        a, b, (), (), dimension_numbers=spec, feature_group_count=feature_groups,
+        batch_group_count=batch_groups, precision="highest")
+    check(jax, trn, cpu, f, lhs, rhs)
+
+
+@pytest.mark.parametrize("op,init", [("add", 0.0), ("max", -np.inf), ("mul", 1.0)])
+def test_reduce_window_of_rank_0(jax, trn, cpu, op, init):
+    f = lambda x: jax.lax.reduce_window(x, init, getattr(jax.lax, op), (), (), [])  # noqa: E731
+    check(jax, trn, cpu, f, np.float32(2.5))
+
+
+# --- split-reductions: variadic reductions with a separable body ---------------------
+
+def _sum_and_product(x, y):
+    return x[0] + y[0], x[1] * y[1]
+
+
+@pytest.mark.parametrize("shape,dims", [((3, 4, 5), (0,)), ((3, 4, 5), (1, 2)),
+                                        ((3, 4, 5), ()), ((3, 0, 5), (1,))])
+def test_reduce_pair_and_its_grad(jax, trn, cpu, shape, dims):
+    """lax_autodiff_test.testReducePairGrad's reduction and its gradient."""
+    rng = np.random.default_rng(4)
+    x, y = (rng.normal(size=shape).astype(np.float32) for _ in range(2))
+    inits = (np.float32(0), np.float32(1))
+
+    def reduce(a, b):
+        return jax.lax.reduce((a, b), inits, _sum_and_product, dims)
+    grad = jax.grad(lambda a, b: sum(r.sum() for r in reduce(a, b)), (0, 1))
+    check(jax, trn, cpu, lambda a, b: (reduce(a, b), grad(a, b)), x, y, rtol=1e-5)
+
+
+def test_variadic_reduce_window(jax, trn, cpu):
+    rng = np.random.default_rng(5)
+    x, y = (rng.normal(size=(6, 5)).astype(np.float32) for _ in range(2))
+    f = lambda a, b: jax.lax.reduce_window(  # noqa: E731
+        (a, b), (np.float32(0), np.float32(-np.inf)),
+        lambda p, q: (p[0] + q[0], jax.lax.max(p[1], q[1])), (2, 2), (1, 1), "VALID")
+    check(jax, trn, cpu, f, x, y)
+
+
 # --- localization of Explicit-axis programs ------------------------------------------
 
 @pytest.fixture(scope="module")
