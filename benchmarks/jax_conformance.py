@@ -186,6 +186,9 @@ def report(opts) -> None:
         ran = [t for t in reached if trn[t].status != "skipped"]
         ok = [t for t in ran if trn[t].status == "passed"]
         rows.append((name, len(passing), len(reached) - len(ran), len(ran), len(ok)))
+        if passing and not trn:
+            print(f"{name}: no trn results (the run died?): see "
+                  f"{os.path.join(opts.out, name)}.trn.log")
         for t in reached:
             if trn[t].status != "passed":
                 group = skips if trn[t].status == "skipped" else causes
