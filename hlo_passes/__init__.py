@@ -15,6 +15,8 @@ dumps and `disabled` use):
 
     inline-calls         func.call / composite ops inlined
     localize             SPMD programs to per-device shapes and collectives
+    rank0-windows        convolution / reduce_window over no dims: one unit dim added
+    split-reductions     variadic reduce / reduce_window with a separable body -> one each
     fix(simplify, cse, dce)   cleanup, repeated until nothing changes
     degenerate-reduce    reduce over extent-1 dims -> reshape          } fuse=True
     transposed-dot       transpose(dot(a, b)) -> dot(b, a)              } only
@@ -41,7 +43,9 @@ from hlo_passes.passes import (
     degenerate_reduce,
     inline_calls,
     localize,
+    rank0_windows,
     simplify,
+    split_reductions,
     transposed_dot,
 )
 from hlo_passes.passes.attention_fusion import AttentionFusion
@@ -57,7 +61,8 @@ __all__ = [
 
 
 def _cleanup() -> list:
-    return [inline_calls, localize, Fix([simplify, cse, dce])]
+    return [inline_calls, localize, rank0_windows, split_reductions,
+            Fix([simplify, cse, dce])]
 
 
 def _fusion(policy: FusionPolicy) -> list:

@@ -28,8 +28,11 @@ sees real `sdy` ops:
    becomes the same exact top_k: a valid result for any recall target; among equal
    values, NaN and -0 it follows lax.top_k's order (approx_max_k promises none).
 4. `chlo-legalize-to-stablehlo` for programs given as text with chlo ops.
-5. Shardy, for programs over a mesh of more than one device (`run_shardy`):
-   `sdy-propagation-pipeline`, then per function
+5. Shardy, for programs over a mesh of more than one device (`_partitioned`):
+   composites become calls of their decomposition first
+   (`stablehlo-legalize-composite-to-call`: Shardy would shard a composite's results
+   without looking into its body, which inline-calls later puts in place with no
+   shardings), then `sdy-propagation-pipeline`, then per function
    `sdy-insert-explicit-reshards{enable-full-version=true}` and
    `sdy-reshard-to-collectives`. Afterwards every value's sharding is explicit and
    every reshard is an `sdy.*` collective; `passes/localize.py` turns that into the
@@ -55,6 +58,9 @@ from hlo_passes.errors import HloImportError
 
 SDY_IMPORT = "builtin.module(xla-sdy-round-trip-import-shardy-attrs)"
 CHLO_LEGALIZE = "builtin.module(func.func(chlo-legalize-to-stablehlo))"
+# Shardy gives a composite op shardings of its own but never looks into its
+# decomposition; as calls, they are partitioned like the rest of the program.
+COMPOSITES_TO_CALLS = "builtin.module(func.func(stablehlo-legalize-composite-to-call))"
 SHARDY = ("builtin.module(sdy-propagation-pipeline,"
           "func.func(sdy-insert-explicit-reshards{enable-full-version=true}),"
           "func.func(sdy-reshard-to-collectives))")
@@ -82,6 +88,7 @@ def run_mlir_passes(module: mlir_ir.Module) -> None:
         if _has_dialect(module, "chlo."):
             _run(module, CHLO_LEGALIZE)
         if _partitioned(module):
+            _run(module, COMPOSITES_TO_CALLS)
             _run(module, SHARDY)
 
 

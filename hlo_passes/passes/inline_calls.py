@@ -64,7 +64,10 @@ def _inline_block(block: ir.Block, module: ir.Module, keep: frozenset[str]) -> b
             continue
         body, results = _clone_body(callee, op)
         ops.extend(body)
-        mapping.update(zip(op.results, results))
+        # A callee that returns its argument maps the call's result to an operand,
+        # which may itself be the result of an earlier inlined call: resolve it now,
+        # so one `replace_all_uses` leaves no use of a removed value.
+        mapping.update(zip(op.results, (mapping.get(r, r) for r in results)))
         changed = True
     block.ops = ops
     block.replace_all_uses(mapping)

@@ -12,19 +12,23 @@ collectives as the ops shard_map bodies use (`all_reduce`, `all_gather`,
 position. `module.attrs["trn.spmd"]` (an `Spmd`) records the mesh and the global types
 and shardings of the parameters and results for the runtime.
 
+The sdy ops (hlo_passes/localize_sdy.py, one handler each):
+
     sdy op              becomes
     ------------------  -----------------------------------------------------------------
     all_gather          one all_gather per gathered dimension (groups over its axes)
     all_slice           dynamic_slice at this partition's offset (a constant table
                         indexed by partition_id)
     all_reduce          all_reduce; its combiner is the producer's: a reduce's body op
-                        (add/max/min/mul/and/or), + after dot_general / convolution
+                        (add/max/min/mul/and/or; on bool, or/and are max/min), + after
+                        dot_general / convolution
     reduce_scatter      one reduce_scatter (+) per scattered dimension
     all_to_all          one all_to_all per parameter (split = target dim, concat = source)
     collective_permute  collective_permute(s) moving each block to where it belongs
     sharding_constraint the operand (the reshards are already explicit)
     manual_computation  its body, inlined (shard_map: already per-device code)
-    constant            constant
+    constant            constant: the local block of a sharded splat, a sharded
+                        non-splat value sliced per device
 
 Ops whose result depends on the global position of a sharded dimension (iota, slice,
 pad, reverse, concatenate, dynamic_slice, sort, reduce_window, gather, scatter, a
@@ -43,15 +47,16 @@ import numpy as np
 
 from hlo_passes import ir
 from hlo_passes.errors import VerifyError
+from hlo_passes.localize_sdy import SdyOps
 from hlo_passes.sharding import (Mesh, ShardingError, TensorSharding, block_offsets,
-                                 local_shape, parse_all_to_all_params, parse_axes,
-                                 parse_axis_list, parse_axis_lists, parse_per_value,
-                                 parse_sharding)
+                                 local_shape, parse_per_value, parse_sharding)
 
 name = "localize"
 
 # Reducer body op kinds -> the all_reduce combiner.
 COMBINERS = ("add", "maximum", "minimum", "multiply", "and", "or")
+# On bool, or / and are maximum / minimum (StableHLO orders false < true).
+BOOL_COMBINERS = {"or": "maximum", "and": "minimum"}
 # Ops that make partial sums along a sharded contracting dimension.
 SUMMING = ("dot_general", "convolution")
 # Ops computed per device as they are on local shapes: elementwise maps, layout ops
@@ -134,7 +139,10 @@ def _mesh(meshes: dict, device_ids: dict, n: int) -> Mesh | None:
     return mesh
 
 
-class _Localizer:
+class _Localizer(SdyOps):
+    """Walks the entry function once, rewriting each op to per-device types; the sdy
+    ops are handled by `SdyOps` (hlo_passes/localize_sdy.py)."""
+
     def __init__(self, mesh: Mesh | None, module: ir.Module, n: int):
         self.mesh, self.module, self.n = mesh, module, n
         self.shardings: dict[int, TensorSharding | None] = {}
@@ -369,6 +377,9 @@ class _Localizer:
         return self._new("constant", [], [t], {"value": value}, like=like).result
 
     def _reducer(self, kind: str, dtype: str) -> ir.Region:
+        """The one-op combiner body; on bool, or/and are written maximum/minimum
+        (false < true), the combiners collectives compute."""
+        kind = BOOL_COMBINERS.get(kind, kind) if dtype == "bool" else kind
         a, b = ir.Value(ir.TensorType((), dtype)), ir.Value(ir.TensorType((), dtype))
         r = ir.Value(ir.TensorType((), dtype))
         body = ir.Block([a, b], [ir.Op(kind, [a, b], [r]), ir.Op("return", [r], [])])
@@ -390,161 +401,6 @@ class _Localizer:
                           f"{prod.describe() if prod else 'an argument'} for "
                           f"{op.describe()}")
 
-    # --- sdy ops ----------------------------------------------------------------------
-
-    def _replace(self, op: ir.Op, new: ir.Value) -> None:
-        self.mapping[op.result] = new
-
-    def _out(self, op: ir.Op) -> TensorSharding | None:
-        return self._parse(op.attrs.get("out_sharding"))
-
-    def _sdy_constant(self, op: ir.Op) -> None:
-        op.kind = "constant"
-        value = np.asarray(op.attrs["value"]).astype(ir.np_dtype(op.result.dtype))
-        op.attrs = {"value": np.broadcast_to(value, op.result.shape).copy()}
-        self._op(op)
-
-    def _sdy_sharding_constraint(self, op: ir.Op) -> None:
-        x = op.operands[0]
-        want = self._parse(op.attrs.get("sharding"))
-        if self._local_type(ir.TensorType(op.result.shape, x.dtype), want) != x.type:
-            raise VerifyError(f"sharding constraint {want} left without its reshard "
-                              f"({op.describe()})")
-        self._replace(op, x)
-
-    def _sdy_all_gather(self, op: ir.Op) -> None:
-        v = op.operands[0]
-        lists = parse_axis_lists(op.attrs["gathering_axes"])
-        for d, axes in enumerate(lists):
-            if axes:
-                v = self._all_gather(v, d, axes, op)
-        self._settle(op, v)
-
-    def _sdy_all_slice(self, op: ir.Op) -> None:
-        self._settle(op, self._slice_to(op.operands[0], self._out(op)
-                                        or _replicated_like(op.result), op))
-
-    def _sdy_all_reduce(self, op: ir.Op) -> None:
-        v = op.operands[0]
-        kind = self._combiner(v, op)
-        if kind is not None:
-            axes = parse_axis_list(op.attrs["reduction_axes"])
-            r = self._new("all_reduce", [v], [v.type],
-                          {"replica_groups": self._groups(axes),
-                           "use_global_device_ids": True},
-                          [self._reducer(kind, v.dtype)], like=op).result
-            self.shardings[id(r)] = self.shardings.get(id(v))
-            v = r
-        self._settle(op, v)
-
-    def _sdy_reduce_scatter(self, op: ir.Op) -> None:
-        v = op.operands[0]
-        kind = self._combiner(v, op) or "add"
-        for d, axes in enumerate(parse_axis_lists(op.attrs["reduce_scatter_axes"])):
-            if not axes:
-                continue
-            n = math.prod(self.mesh.axis_size(a) for a in axes)
-            shape = list(v.shape)
-            shape[d] //= n
-            if id(v) in self.complete:
-                s = self.shardings.get(id(v))
-                dims = list(s.dims if s else ((),) * len(shape))
-                dims[d] = dims[d] + tuple(axes)
-                v = self._slice_to(v, TensorSharding(self.mesh.name, tuple(dims)), op)
-                continue
-            r = self._new("reduce_scatter", [v], [ir.TensorType(tuple(shape), v.dtype)],
-                          {"scatter_dimension": d, "replica_groups": self._groups(axes),
-                           "use_global_device_ids": True},
-                          [self._reducer(kind, v.dtype)], like=op).result
-            v = r
-        self._settle(op, v)
-
-    def _sdy_all_to_all(self, op: ir.Op) -> None:
-        v = op.operands[0]
-        for p in parse_all_to_all_params(op.attrs["params"]):
-            n = math.prod(self.mesh.axis_size(a) for a in p.axes)
-            shape = list(v.shape)
-            shape[p.src_dim] *= n
-            shape[p.tgt_dim] //= n
-            v = self._new("all_to_all", [v], [ir.TensorType(tuple(shape), v.dtype)],
-                          {"split_dimension": p.tgt_dim, "concat_dimension": p.src_dim,
-                           "split_count": n, "replica_groups": self._groups(p.axes)},
-                          like=op).result
-        self._settle(op, v)
-
-    def _sdy_collective_permute(self, op: ir.Op) -> None:
-        v = op.operands[0]
-        src = self.shardings.get(id(v)) or _replicated_like(v)
-        dst = self._out(op)
-        parts = self.mesh.partitions()
-        pairs = []
-        for t in range(self.mesh.size):
-            want = tuple(self.mesh.block_index(t, axes) for axes in dst.dims)
-            cands = [s for s in range(self.mesh.size)
-                     if tuple(self.mesh.block_index(s, axes) for axes in src.dims) == want]
-            if not cands:
-                raise VerifyError(f"no device holds the block device {parts[t]} needs "
-                                  f"({op.describe()})")
-            s = t if t in cands else cands[0]
-            pairs.append((parts[s], parts[t]))
-        rounds: list[list[tuple[int, int]]] = []
-        for p in pairs:
-            for r in rounds:
-                if all(q[0] != p[0] for q in r):
-                    r.append(p)
-                    break
-            else:
-                rounds.append([p])
-        out = None
-        for r in rounds:
-            moved = self._new("collective_permute", [v], [v.type],
-                              {"source_target_pairs": tuple(r)}, like=op).result
-            out = moved if out is None else self._new(
-                    "add" if v.dtype != "bool" else "or", [out, moved], [v.type],
-                    like=op).result
-        self._settle(op, out)
-
-    def _sdy_manual_computation(self, op: ir.Op) -> None:
-        """A shard_map body, inlined. Inside it values are per-device along the manual
-        axes: an operand the body reads is seen with its sharding over the free axes
-        only (none when every axis is manual), and its outer sharding is restored after
-        the body; the results take the op's out_shardings."""
-        body = op.regions[0].block
-        ins = parse_per_value(op.attrs.get("in_shardings")) or []
-        outs = parse_per_value(op.attrs.get("out_shardings")) or []
-        manual = {a.name for a in parse_axes(op.attrs.get("manual_axes", ""))}
-        outer: dict[int, TensorSharding | None] = {}
-        for arg, operand, s in zip(body.args, op.operands, ins + [None] * len(body.args)):
-            free = _restrict(s, manual) if s and self.mesh else None
-            self._localize_value(arg, free)
-            if arg.type != operand.type:
-                raise VerifyError(f"shard_map argument of per-device type {arg.type} "
-                                  f"receives {operand.type} ({op.describe()})")
-            outer.setdefault(id(operand), self.shardings.get(id(operand)))
-            self.shardings[id(operand)] = free
-            self.mapping[arg] = operand
-        for inner in body.ops[:-1]:
-            inner.operands = [self.mapping.get(v, v) for v in inner.operands]
-            self._op(inner)
-        self.shardings.update(outer)
-        ret = body.terminator
-        for i, (r, v) in enumerate(zip(op.results, ret.operands)):
-            v = self.mapping.get(v, v)
-            if id(v) not in outer:
-                self.shardings[id(v)] = self._ours(outs[i] if i < len(outs) else None)
-            self.mapping[r] = v
-
-    def _settle(self, op: ir.Op, v: ir.Value) -> None:
-        """`v` replaces the sdy op's result; checks it has the expected local type."""
-        want = self._out(op)
-        t = self._local_type(ir.TensorType(op.result.shape, op.result.dtype), want)
-        if v.type != t:
-            raise VerifyError(f"localized {op.kind} gives {v.type}, expected {t}")
-        self.shardings[id(v)] = want
-        if id(op.operands[0]) in self.complete:
-            self.complete.add(id(v))
-        self.mapping[op.result] = v
-
     # --- control flow -------------------------------------------------------------------
 
     def _control(self, op: ir.Op, shardings) -> None:
@@ -560,16 +416,6 @@ class _Localizer:
 
 def _attrs(attrs: list[dict], values) -> list[dict]:
     return attrs if attrs else [{} for _ in values]
-
-
-def _replicated_like(v: ir.Value) -> TensorSharding:
-    return TensorSharding("", ((),) * len(v.shape))
-
-
-def _restrict(s: TensorSharding, manual: set[str]) -> TensorSharding:
-    """The part of `s` over the free (non-manual) axes."""
-    return TensorSharding(s.mesh, tuple(tuple(a for a in d if a.name not in manual)
-                                        for d in s.dims))
 
 
 def _remap_nested(op: ir.Op, mapping: dict) -> None:

@@ -229,6 +229,6 @@ def test_unsupported_body_is_a_compile_error(jax, trn):
     with pytest.raises(Exception, match=r"reduce_window.*float32\[4,8\]"):
         f(x)
     g = jax.jit(lambda x: jax.lax.reduce_window(
-        (x, x), (0.0, 0.0), lambda a, b: (a[0] + b[0], a[1] + b[1]), (1, 2), (1, 1), "VALID"))
+        (x, x), (0.0, 0.0), lambda a, b: (a[0] + b[0], a[1] + b[0]), (1, 2), (1, 1), "VALID"))
     with pytest.raises(Exception, match=r"reduce_window of 2 operands.*float32\[4,8\]"):
         g(x)

@@ -85,3 +85,66 @@ def test_regions_in_callee_are_cloned():
     reduces = [op for op in module.main.body.ops if op.kind == "reduce"]
     assert len(reduces) == 2
     assert reduces[0].regions[0].block is not reduces[1].regions[0].block
+
+
+# jnp.nanmax(x, where=...) of a (3, 0) array: @_where_0 returns its argument, which is
+# the result of the call just inlined before it (issue 13).
+IDENTITY_AFTER_CALL = """
+  func.func @main(%x: tensor<f16>) -> tensor<3x0xf16> {
+    %0 = func.call @fill(%x) : (tensor<f16>) -> tensor<3x0xf16>
+    %1 = func.call @same(%0) : (tensor<3x0xf16>) -> tensor<3x0xf16>
+    %2 = func.call @same(%1) : (tensor<3x0xf16>) -> tensor<3x0xf16>
+    return %2 : tensor<3x0xf16>
+  }
+  func.func private @fill(%a: tensor<f16>) -> tensor<3x0xf16> {
+    %0 = stablehlo.broadcast_in_dim %a, dims = [] : (tensor<f16>) -> tensor<3x0xf16>
+    return %0 : tensor<3x0xf16>
+  }
+  func.func private @same(%a: tensor<3x0xf16>) -> tensor<3x0xf16> {
+    return %a : tensor<3x0xf16>
+  }"""
+
+
+def test_call_returning_its_argument_after_an_inlined_call():
+    module = from_text(IDENTITY_AFTER_CALL)
+    assert inline_calls.run(module)
+    verify(module)
+    bcast, ret = module.main.body.ops
+    assert bcast.kind == "broadcast_in_dim" and ret.operands == [bcast.result]
+
+
+# grad of a checkpointed scan body with unroll=2: two calls in a while body, the second
+# fed by the first's forwarded argument (issue 13).
+FORWARDED_IN_WHILE = """
+  func.func @main(%x: tensor<3xf32>) -> tensor<3xf32> {
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %0:2 = stablehlo.while(%i = %c, %v = %x) : tensor<i32>, tensor<3xf32>
+    cond {
+      %n = stablehlo.constant dense<2> : tensor<i32>
+      %p = stablehlo.compare LT, %i, %n, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %p : tensor<i1>
+    } do {
+      %1:2 = func.call @step(%v) : (tensor<3xf32>) -> (tensor<3xf32>, tensor<3xf32>)
+      %2:2 = func.call @step(%1#1) : (tensor<3xf32>) -> (tensor<3xf32>, tensor<3xf32>)
+      %3 = stablehlo.broadcast_in_dim %2#1, dims = [1] : (tensor<3xf32>) -> tensor<1x3xf32>
+      %4 = stablehlo.reshape %3 : (tensor<1x3xf32>) -> tensor<3xf32>
+      %one = stablehlo.constant dense<1> : tensor<i32>
+      %j = stablehlo.add %i, %one : tensor<i32>
+      stablehlo.return %j, %4 : tensor<i32>, tensor<3xf32>
+    }
+    return %0#1 : tensor<3xf32>
+  }
+  func.func private @step(%a: tensor<3xf32>) -> (tensor<3xf32>, tensor<3xf32>) {
+    %0 = stablehlo.sine %a : tensor<3xf32>
+    return %0, %a : tensor<3xf32>, tensor<3xf32>
+  }"""
+
+
+def test_forwarded_argument_chain_inside_a_while_body():
+    module = from_text(FORWARDED_IN_WHILE)
+    assert inline_calls.run(module)
+    verify(module)
+    body = module.main.body.ops[1].regions[1].block
+    sines = [op for op in body.ops if op.kind == "sine"]
+    bcast = next(op for op in body.ops if op.kind == "broadcast_in_dim")
+    assert len(sines) == 2 and bcast.operands[0] is body.args[1]

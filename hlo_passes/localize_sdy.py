@@ -1,0 +1,203 @@
+"""The `sdy` ops of a Shardy-partitioned program, localized (passes/localize.py).
+
+`SdyOps` is a mixin of the localizer (`passes.localize._Localizer`): one `_sdy_<op>`
+method per `sdy` op, each replacing the op's result (through `self.mapping`) by
+per-device code built with the localizer's collective helpers (`_all_gather`,
+`_slice_to`, `_new`, `_combiner`, ...) and keeping its value tables (`shardings`,
+`complete`) up to date. What each op becomes is tabled in localize.py's docstring.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from hlo_passes import ir
+from hlo_passes.errors import VerifyError
+from hlo_passes.sharding import (TensorSharding, parse_all_to_all_params, parse_axes,
+                                 parse_axis_list, parse_axis_lists, parse_per_value)
+
+
+class SdyOps:
+    """`_sdy_<op>(op)` handlers; `_Localizer._op` dispatches `sdy.<op>` to them."""
+
+    def _replace(self, op: ir.Op, new: ir.Value) -> None:
+        self.mapping[op.result] = new
+
+    def _out(self, op: ir.Op) -> TensorSharding | None:
+        return self._parse(op.attrs.get("out_sharding"))
+
+    def _sdy_constant(self, op: ir.Op) -> None:
+        """A constant with a sharding of its own (Shardy gives constants the sharding
+        of their users, e.g. chlo.erf_inv's coefficient tensors next to an
+        Explicit-axis operand): a splat becomes the local constant, any other value
+        the global constant sliced per device."""
+        shardings = parse_per_value(op.attrs.get("sdy.sharding")) or [None]
+        s = self._ours(shardings[0])
+        value = np.asarray(op.attrs["value"]).astype(ir.np_dtype(op.result.dtype))
+        value = np.broadcast_to(value, op.result.shape)
+        op.kind, op.attrs = "constant", {"value": value.copy()}
+        if s is not None and not s.is_replicated and _splat(value):
+            op.attrs["value"] = np.full(self._local_type(op.result.type, s).shape,
+                                        value.reshape(-1)[0], value.dtype)
+        elif s is not None and not s.is_replicated:
+            return self._replicated(op, [s])
+        self._localize_value(op.result, s)
+        self._emit(op)
+
+    def _sdy_sharding_constraint(self, op: ir.Op) -> None:
+        x = op.operands[0]
+        want = self._parse(op.attrs.get("sharding"))
+        if self._local_type(ir.TensorType(op.result.shape, x.dtype), want) != x.type:
+            raise VerifyError(f"sharding constraint {want} left without its reshard "
+                              f"({op.describe()})")
+        self._replace(op, x)
+
+    def _sdy_all_gather(self, op: ir.Op) -> None:
+        v = op.operands[0]
+        lists = parse_axis_lists(op.attrs["gathering_axes"])
+        for d, axes in enumerate(lists):
+            if axes:
+                v = self._all_gather(v, d, axes, op)
+        self._settle(op, v)
+
+    def _sdy_all_slice(self, op: ir.Op) -> None:
+        self._settle(op, self._slice_to(op.operands[0], self._out(op)
+                                        or _replicated_like(op.result), op))
+
+    def _sdy_all_reduce(self, op: ir.Op) -> None:
+        v = op.operands[0]
+        kind = self._combiner(v, op)
+        if kind is not None:
+            axes = parse_axis_list(op.attrs["reduction_axes"])
+            r = self._new("all_reduce", [v], [v.type],
+                          {"replica_groups": self._groups(axes),
+                           "use_global_device_ids": True},
+                          [self._reducer(kind, v.dtype)], like=op).result
+            self.shardings[id(r)] = self.shardings.get(id(v))
+            v = r
+        self._settle(op, v)
+
+    def _sdy_reduce_scatter(self, op: ir.Op) -> None:
+        v = op.operands[0]
+        kind = self._combiner(v, op) or "add"
+        for d, axes in enumerate(parse_axis_lists(op.attrs["reduce_scatter_axes"])):
+            if not axes:
+                continue
+            n = math.prod(self.mesh.axis_size(a) for a in axes)
+            shape = list(v.shape)
+            shape[d] //= n
+            if id(v) in self.complete:
+                s = self.shardings.get(id(v))
+                dims = list(s.dims if s else ((),) * len(shape))
+                dims[d] = dims[d] + tuple(axes)
+                v = self._slice_to(v, TensorSharding(self.mesh.name, tuple(dims)), op)
+                continue
+            r = self._new("reduce_scatter", [v], [ir.TensorType(tuple(shape), v.dtype)],
+                          {"scatter_dimension": d, "replica_groups": self._groups(axes),
+                           "use_global_device_ids": True},
+                          [self._reducer(kind, v.dtype)], like=op).result
+            v = r
+        self._settle(op, v)
+
+    def _sdy_all_to_all(self, op: ir.Op) -> None:
+        v = op.operands[0]
+        for p in parse_all_to_all_params(op.attrs["params"]):
+            n = math.prod(self.mesh.axis_size(a) for a in p.axes)
+            shape = list(v.shape)
+            shape[p.src_dim] *= n
+            shape[p.tgt_dim] //= n
+            v = self._new("all_to_all", [v], [ir.TensorType(tuple(shape), v.dtype)],
+                          {"split_dimension": p.tgt_dim, "concat_dimension": p.src_dim,
+                           "split_count": n, "replica_groups": self._groups(p.axes)},
+                          like=op).result
+        self._settle(op, v)
+
+    def _sdy_collective_permute(self, op: ir.Op) -> None:
+        v = op.operands[0]
+        src = self.shardings.get(id(v)) or _replicated_like(v)
+        dst = self._out(op)
+        parts = self.mesh.partitions()
+        pairs = []
+        for t in range(self.mesh.size):
+            want = tuple(self.mesh.block_index(t, axes) for axes in dst.dims)
+            cands = [s for s in range(self.mesh.size)
+                     if tuple(self.mesh.block_index(s, axes) for axes in src.dims) == want]
+            if not cands:
+                raise VerifyError(f"no device holds the block device {parts[t]} needs "
+                                  f"({op.describe()})")
+            s = t if t in cands else cands[0]
+            pairs.append((parts[s], parts[t]))
+        rounds: list[list[tuple[int, int]]] = []
+        for p in pairs:
+            for r in rounds:
+                if all(q[0] != p[0] for q in r):
+                    r.append(p)
+                    break
+            else:
+                rounds.append([p])
+        out = None
+        for r in rounds:
+            moved = self._new("collective_permute", [v], [v.type],
+                              {"source_target_pairs": tuple(r)}, like=op).result
+            out = moved if out is None else self._new(
+                    "add" if v.dtype != "bool" else "or", [out, moved], [v.type],
+                    like=op).result
+        self._settle(op, out)
+
+    def _sdy_manual_computation(self, op: ir.Op) -> None:
+        """A shard_map body, inlined. Inside it values are per-device along the manual
+        axes: an operand the body reads is seen with its sharding over the free axes
+        only (none when every axis is manual), and its outer sharding is restored after
+        the body; the results take the op's out_shardings."""
+        body = op.regions[0].block
+        ins = parse_per_value(op.attrs.get("in_shardings")) or []
+        outs = parse_per_value(op.attrs.get("out_shardings")) or []
+        manual = {a.name for a in parse_axes(op.attrs.get("manual_axes", ""))}
+        outer: dict[int, TensorSharding | None] = {}
+        for arg, operand, s in zip(body.args, op.operands, ins + [None] * len(body.args)):
+            free = _restrict(s, manual) if s and self.mesh else None
+            self._localize_value(arg, free)
+            if arg.type != operand.type:
+                raise VerifyError(f"shard_map argument of per-device type {arg.type} "
+                                  f"receives {operand.type} ({op.describe()})")
+            outer.setdefault(id(operand), self.shardings.get(id(operand)))
+            self.shardings[id(operand)] = free
+            self.mapping[arg] = operand
+        for inner in body.ops[:-1]:
+            inner.operands = [self.mapping.get(v, v) for v in inner.operands]
+            self._op(inner)
+        self.shardings.update(outer)
+        ret = body.terminator
+        for i, (r, v) in enumerate(zip(op.results, ret.operands)):
+            v = self.mapping.get(v, v)
+            if id(v) not in outer:
+                self.shardings[id(v)] = self._ours(outs[i] if i < len(outs) else None)
+            self.mapping[r] = v
+
+    def _settle(self, op: ir.Op, v: ir.Value) -> None:
+        """`v` replaces the sdy op's result; checks it has the expected local type."""
+        want = self._out(op)
+        t = self._local_type(ir.TensorType(op.result.shape, op.result.dtype), want)
+        if v.type != t:
+            raise VerifyError(f"localized {op.kind} gives {v.type}, expected {t}")
+        self.shardings[id(v)] = want
+        if id(op.operands[0]) in self.complete:
+            self.complete.add(id(v))
+        self.mapping[op.result] = v
+
+
+def _splat(value: np.ndarray) -> bool:
+    """Every element the same (and at least one)."""
+    flat = value.reshape(-1)
+    return flat.size > 0 and bool((flat == flat[0]).all() or np.isnan(flat).all())
+
+
+def _replicated_like(v: ir.Value) -> TensorSharding:
+    return TensorSharding("", ((),) * len(v.shape))
+
+
+def _restrict(s: TensorSharding, manual: set[str]) -> TensorSharding:
+    """The part of `s` over the free (non-manual) axes."""
+    return TensorSharding(s.mesh, tuple(tuple(a for a in d if a.name not in manual)
+                                        for d in s.dims))
