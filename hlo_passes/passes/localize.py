@@ -85,7 +85,7 @@ IDENTITY = {"add": lambda dt: 0, "or": lambda dt: False, "and": lambda dt: True,
 # Ops whose every sharded dimension is positional (no per-dimension rule yet).
 WHOLE = frozenset({"gather", "scatter", "convolution", "select_and_scatter", "fft",
                    "rng_bit_generator", "custom_call", "cholesky", "triangular_solve",
-                   "rng", "reduce_precision_window"})
+                   "rng", "reduce_precision_window", "host_callback"})
 
 
 @dataclass

@@ -26,13 +26,15 @@ from jax_trn.hw.isa import DramAP
 from jax_trn.hw.program import (
     Case,
     Collective,
+    HostCallback,
     Kernel,
     While,
     has_collectives,
+    host_callbacks,
     walk_steps,
 )
 
-from . import spmd
+from . import callbacks, spmd
 from .buffer import Allocations, Buffer
 from jax_trn.config import Options
 from jax_trn.systems import System
@@ -61,7 +63,12 @@ class Executable:
         self.output_types = list(fn.result_types)
         self.param_types = [a.type for a in fn.args]
         self.spmd = module.attrs.get("trn.spmd")      # hlo_passes.passes.localize.Spmd
-        self.collectives = has_collectives(program.steps)
+        # The host functions the program calls, kept alive while it is loaded.
+        self.host_functions = [callbacks.lookup(s.key) for s in host_callbacks(program.steps)]
+        # All devices at once (spmd.drive): collectives, and callbacks one device makes
+        # for all of them (the others wait for its results).
+        self.collectives = has_collectives(program.steps) or (len(devices) > 1 and any(
+            s.device is not None for s in host_callbacks(program.steps)))
         self.fingerprint = hashlib.sha256(program.text.encode() + name.encode()).hexdigest()[:32]
         self.deleted = False
         self._lock = threading.Lock()
@@ -182,7 +189,8 @@ class Executable:
                 core = dev.core_model
                 core.begin(hbms[dev.chip])
                 records.extend(run_kernels(self.program, core, dram, dev.id, dev.chip,
-                                           limit=self.settings.max_while_iterations))
+                                           limit=self.settings.max_while_iterations,
+                                           chip_spec=dev.system.chip))
             results.append(outs)
         return results, records, ()
 
@@ -200,7 +208,9 @@ class Executable:
                 core.begin(hbms[dev.chip])
                 runners.append(_StepRunner(core, dram, dev.id, dev.chip, True,
                                            self.program.steps,
-                                           self.settings.max_while_iterations))
+                                           self.settings.max_while_iterations,
+                                           chip_spec=dev.system.chip))
+                runners[-1].shared = len(devices) > 1
             collectives = spmd.drive(runners, devices, devices[0].system.interconnect(),
                                      algorithm=self.settings.collective_algorithm)
         records = [r for run in runners for r in run.records]
@@ -276,18 +286,21 @@ def control_ns(spec) -> float:
 
 
 def run_kernels(prog, core, dram, device_id: int, chip: int, *, execute: bool = True,
-                limit: int = Options.max_while_iterations) -> list[profiler.KernelRecord]:
+                limit: int = Options.max_while_iterations, chip_spec=None,
+                call_host: bool = True) -> list[profiler.KernelRecord]:
     """Runs the program's steps on `core` from simulated time 0: kernels back to back,
     loops and conditionals on the control path (with `execute=False` only the kernels'
-    timing, which needs a program without control flow). Control decisions delay the
-    next kernel by `control_ns`; one after the last kernel (a final loop exit test) is
-    in no record, so an execution's span ends with its last kernel. A program with
-    collectives runs through `spmd.drive` instead (all its devices at once). A loop
-    running more than `limit` trips is stopped as a runaway."""
+    timing, which needs a program without control flow), host callbacks (`chip_spec`
+    prices their copies; `call_host=False`: timed, but no Python function is called).
+    Control decisions delay the next kernel by `control_ns`; one after the last kernel
+    (a final loop exit test) is in no record, so an execution's span ends with its last
+    kernel. A program with collectives runs through `spmd.drive` instead (all its
+    devices at once). A loop running more than `limit` trips is stopped as a runaway."""
     if not execute and prog.control_flow:
         raise ExecutionError("a timing-only run cannot decide loops or branches: "
                              "run the program's numerics (see `simulate`)")
-    run = _StepRunner(core, dram, device_id, chip, execute, prog.steps, limit)
+    run = _StepRunner(core, dram, device_id, chip, execute, prog.steps, limit,
+                      chip_spec=chip_spec, call_host=call_host)
     for arrival in run.run():
         raise ExecutionError(f"{arrival.step.name} is a collective: run the program on "
                              "all its devices (spmd.drive)")
@@ -299,12 +312,19 @@ class _StepRunner:
     a generator that yields an `spmd.Arrival` at each collective and resumes with the
     collective's span on this device (an `spmd.Issued`, sent by `spmd.drive`). The
     device goes on with the following steps while the collective is in flight and waits
-    for its end only at the first step that depends on it (see `spmd`, "Overlap")."""
+    for its end only at the first step that depends on it (see `spmd`, "Overlap").
+    A host callback the device makes for itself runs here (`callbacks.local_span`); one
+    that another device makes for all is an arrival too, resumed with this device's
+    `callbacks.Span`. `call_host=False` (timing runs) calls no Python function: the
+    results are zeros."""
 
     def __init__(self, core, dram, device_id: int, chip: int, execute: bool, steps=(),
-                 limit: int = Options.max_while_iterations):
+                 limit: int = Options.max_while_iterations, *, chip_spec=None,
+                 call_host: bool = True):
         self.core, self.dram, self.execute = core, dram, execute
         self.device_id, self.chip = device_id, chip
+        self.chip_spec, self.call_host = chip_spec, call_host
+        self.shared = False            # run by spmd.drive with the program's other devices
         self.control_ns = control_ns(core.spec)
         self.limit = limit             # trips at which a while loop is a runaway
         self.records: list[profiler.KernelRecord] = []
@@ -333,7 +353,26 @@ class _StepRunner:
                 overlaps = isinstance(nxt, Kernel) and not self._depends(nxt, *_names(step))
                 issued = yield spmd.Arrival(step, t, context, max(t, self.cc_free), overlaps)
                 self.issue(step, issued)
+            elif isinstance(step, HostCallback):
+                t = yield from self.host_callback(step, t, context)
         return t
+
+    # --- host callbacks -------------------------------------------------------------
+
+    def host_callback(self, step: HostCallback, t: float, context: str):
+        """Calls the host (see `callbacks`): for this device alone, or through
+        `spmd.drive` when another device calls for all (`step.device`)."""
+        if self.chip_spec is None:
+            raise ExecutionError(f"{step.name}: a host callback needs the chip's spec")
+        if step.device is not None and self.shared:
+            span = yield spmd.Arrival(step, t, context)
+        else:
+            span = callbacks.local_span(step, self.chip_spec, t)
+            if self.execute:
+                callbacks.run(step, self.dram, self.dram, self.call_host)
+        self.records.append(callbacks.record(step, span, self.device_id, self.chip,
+                                             self.core.core_id, context))
+        return span.end_ns
 
     # --- collectives in flight ------------------------------------------------------
 
@@ -374,7 +413,7 @@ class _StepRunner:
             written = frozenset(o.tensor for ins in step.instructions for o in ins.outputs()
                                 if isinstance(o, DramAP))
             got = (frozenset(step.dram) | written, written)
-        elif isinstance(step, Collective):
+        elif isinstance(step, (Collective, HostCallback)):
             res, ops = _names(step)
             got = (res | ops, res)
         else:                                  # loops and conditionals: everything inside
@@ -386,7 +425,7 @@ class _StepRunner:
                 names |= {step.index.name} | {r.name for r in step.results}
                 inner = [s for b in step.branches for s in b]
             for s in walk_steps(inner):
-                if isinstance(s, (Kernel, Collective)):
+                if isinstance(s, (Kernel, Collective, HostCallback)):
                     names |= self._touches(s)[0]
             got = (frozenset(names), frozenset(names))
         self._touch[id(step)] = got
@@ -439,7 +478,8 @@ def simulate(name: str, prog, options: Options | System, device_ids: list[int] |
     are data: the run executes the numerics too, on all-zero arguments, so it times
     the path an all-zero call takes (exact for loops whose trip count does not depend
     on the arguments, e.g. fori_loop and scan with static bounds). Collectives run their
-    numerics too (on zeros), on every device of the program."""
+    numerics too (on zeros), on every device of the program. Host callbacks are timed
+    but call nothing (their results are zeros)."""
     from jax_trn.hw.bandwidth import Hbm
     from jax_trn.hw.core import NeuronCore
     from .device import core_numerics
@@ -466,10 +506,13 @@ def simulate(name: str, prog, options: Options | System, device_ids: list[int] |
             outs = [np.zeros(t.size, _dt.np_dtype(t.dtype)) for t in prog.outputs]
             dram = bind_dram(prog, zeros, outs, partition=p)
         runners.append(_StepRunner(core, dram, d, c, execute, prog.steps,
-                                   options.max_while_iterations))
+                                   options.max_while_iterations, chip_spec=chip,
+                                   call_host=False))
+        runners[-1].shared = len(ids) > 1
     if not collectives:
         kernels = run_kernels(prog, runners[0].core, runners[0].dram, 0, 0, execute=execute,
-                              limit=options.max_while_iterations)
+                              limit=options.max_while_iterations, chip_spec=chip,
+                              call_host=False)
         return make_execution(name, prog, system, [0], kernels)
     done = spmd.drive(runners, [_SimDevice(d) for d in ids], system.interconnect(),
                       algorithm=options.collective_algorithm)
