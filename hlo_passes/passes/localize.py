@@ -85,7 +85,7 @@ IDENTITY = {"add": lambda dt: 0, "or": lambda dt: False, "and": lambda dt: True,
 # Ops whose every sharded dimension is positional (no per-dimension rule yet).
 WHOLE = frozenset({"gather", "scatter", "convolution", "select_and_scatter", "fft",
                    "rng_bit_generator", "custom_call", "cholesky", "triangular_solve",
-                   "rng", "reduce_precision_window", "host_callback"})
+                   "rng", "reduce_precision_window"})
 
 
 @dataclass
@@ -230,6 +230,8 @@ class _Localizer:
             return False
         if op.kind in WHOLE:
             return True
+        if op.kind == "host_callback":     # one device calling for all sees whole arrays
+            return op.attrs.get("device") is not None
         if op.kind == "reduce":
             s = self.shardings.get(id(op.operands[0]))
             if s is None or not any(s.dims[d] for d in op.attrs["dimensions"]):

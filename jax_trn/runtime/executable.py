@@ -34,7 +34,7 @@ from jax_trn.hw.program import (
     walk_steps,
 )
 
-from . import callbacks, spmd
+from . import callbacks, donation, spmd
 from .buffer import Allocations, Buffer
 from jax_trn.config import Options
 from jax_trn.systems import System
@@ -62,6 +62,8 @@ class Executable:
         fn = module.main
         self.output_types = list(fn.result_types)
         self.param_types = [a.type for a in fn.args]
+        # {parameter: output} a call donates unless told not to (`donation`).
+        self.aliases = donation.aliases(fn.arg_attrs, program.params, program.outputs)
         self.spmd = module.attrs.get("trn.spmd")      # hlo_passes.passes.localize.Spmd
         # The host functions the program calls, kept alive while it is loaded.
         self.host_functions = [callbacks.lookup(s.key) for s in host_callbacks(program.steps)]
@@ -149,11 +151,13 @@ class Executable:
                                         [d.id for d in self.devices])
             return self._timing
 
-    def execute(self, arg_lists: list[list[Buffer]], device: Device | None = None
-                ) -> list[list[Buffer]]:
+    def execute(self, arg_lists: list[list[Buffer]], device: Device | None = None,
+                keep: frozenset[int] = frozenset()) -> list[list[Buffer]]:
         """Runs the program once on `devices` (or `device` alone); returns each device's
-        output buffers. A call that fails in any way (an error, a runaway loop, Ctrl-C,
-        out of HBM or host memory on any device) leaves nothing allocated."""
+        output buffers. Aliased arguments not in `keep` (the caller's non-donatable
+        parameter indices) are donated: deleted, their HBM reused by the outputs. A
+        call that fails in any way (an error, a runaway loop, Ctrl-C, out of HBM or host
+        memory on any device) leaves nothing allocated and donates nothing."""
         devices = [device] if device is not None else self.devices
         if len(arg_lists) != len(devices):
             raise ExecutionError(
@@ -166,7 +170,7 @@ class Executable:
         sharers = Counter(d.chip for d in devices)
         hbms = {c: Hbm(chip.hbm_bytes_per_ns, f"hbm.chip{c}", n if n > 1 else None)
                 for c, n in sharers.items()}
-        with Allocations() as alloc:
+        with Allocations(donation.donated(self.aliases, keep)) as alloc:
             run = self._execute_spmd if self.collectives else self._execute_each
             results, records, collectives = run(devices, arg_lists, hbms, alloc)
             profiler.record(self._execution(records, devices, collectives))
@@ -238,10 +242,14 @@ class Executable:
 
     def _prepare(self, device: Device, args: list[Buffer], partition: int, alloc):
         """Output buffers and temporaries of one device's run (charged to its HBM
-        through `alloc`) and the run's DRAM binding."""
+        through `alloc`, an output aliasing a donated argument in that argument's HBM)
+        and the run's DRAM binding."""
         self._check_args(device, args)
+        donation.check_clashes(args, alloc.donate, partition)
         prog = self.program
-        outs = [alloc.output(device, t.shape, t.dtype) for t in prog.outputs]
+        donor = {j: args[i] for i, j in alloc.donate.items()}
+        outs = [alloc.reuse(donor[j], t.shape, t.dtype) if j in donor
+                else alloc.output(device, t.shape, t.dtype) for j, t in enumerate(prog.outputs)]
         alloc.reserve(device, sum(t.nbytes for t in prog.temps),
                       f"{len(prog.temps)} temporaries of {self.name}")
         dram = bind_dram(prog, [b.data for b in args], [b.data for b in outs],
