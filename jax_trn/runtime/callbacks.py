@@ -29,13 +29,14 @@ import threading
 import traceback
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from jax_trn import profiler
 from jax_trn.hw import dtypes as _dt
 from jax_trn.hw.trace import TraceEvent
+
 
 class CallbackError(RuntimeError):
     """A host callback raised (or returned the wrong values): reaches JAX as INTERNAL
@@ -51,7 +52,6 @@ class HostFunction:
     key: int
     fn: Callable[..., Sequence]
     kind: str                                  # "pure_callback", "debug_callback", ...
-    calls: int = field(default=0, compare=False)
 
     def __call__(self, *args):                 # what add_host_callback keeps alive
         return self.fn(*args)
@@ -112,7 +112,6 @@ def call(step, args: list[np.ndarray]) -> list[np.ndarray]:
     """Runs `step`'s function on `args`; its results, checked against `step.results`.
     An exception in the function becomes a CallbackError carrying its traceback."""
     entry = lookup(step.key)
-    entry.calls += 1
     try:
         out = list(entry.fn(*args))
     except Exception as e:

@@ -25,6 +25,11 @@ class DonationError(ValueError):
     """A donated buffer also used by the same call (INVALID_ARGUMENT, as in XLA)."""
 
 
+class DeletedArgument(ValueError):
+    """A call given a deleted (e.g. donated) buffer: INVALID_ARGUMENT with XLA's
+    message (JAX's dispatch passes it on without looking; reading it raises there)."""
+
+
 def aliases(arg_attrs: list[dict], params, outputs) -> dict[int, int]:
     """{parameter index: output index} from the entry function's argument attributes
     (`tf.aliasing_output` first, then each `jax.buffer_donor` to the first free output

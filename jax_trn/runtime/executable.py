@@ -232,7 +232,9 @@ class Executable:
             if b.error is not None:
                 raise b.error
             if b.is_deleted:
-                raise ExecutionError(f"argument {i} of {self.name} was deleted")
+                raise donation.DeletedArgument(
+                    f"Invalid buffer passed to Execute() as argument {i} to replica 0: "
+                    "INVALID_ARGUMENT: Buffer has been deleted or donated.")
             if tuple(p.shape) != b.shape or p.dtype != b.dtype:
                 raise ExecutionError(f"argument {i} of {self.name}: expected {p.dtype}"
                                      f"{list(p.shape)}, got {b.dtype}{list(b.shape)}")
