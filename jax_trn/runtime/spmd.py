@@ -1,6 +1,6 @@
 """Running one program on many devices: SPMD with collectives between kernels.
 
-Every device of an execution interprets the same step list (`executable._StepRunner`)
+Every device of an execution interprets the same step list (`steps.StepRunner`)
 on its own NeuronCore, from simulated time 0. A `Collective` step is a rendezvous: each
 device's runner is a generator that stops there and hands over its arrival time; once
 every device has arrived, the collective runs once for all of them on the system's

@@ -177,6 +177,15 @@ def test_donating_a_buffer_passed_twice_fails_as_on_cpu(jax, trn, cpu, args, mes
         assert not x.is_deleted()
 
 
+def test_memory_analysis_reports_the_aliased_bytes(jax, trn, cpu):
+    f = jax.jit(lambda a, b: (a * 2, b + 1), donate_argnums=0)
+    for device in (trn, cpu):
+        x = jax.device_put(np.ones((64, 32), np.float32), device)
+        mem = f.lower(x, x).compile().memory_analysis()
+        assert mem.alias_size_in_bytes == 64 * 32 * 4
+        assert mem.argument_size_in_bytes == 2 * 64 * 32 * 4
+
+
 def test_an_unusable_donation_warns_as_on_cpu(jax, trn, cpu):
     f = jax.jit(lambda a: a.sum(), donate_argnums=0)
     for device in (trn, cpu):
@@ -218,3 +227,17 @@ def test_donation_in_sharded_programs(jax, trn_devices, kind):
                 y = f(y)
         results.append(np.asarray(y))
     np.testing.assert_array_equal(results[0], results[1])
+
+
+def test_aliases_read_aliasing_outputs_then_buffer_donors():
+    from jax_trn.hw.program import DramTensor
+    from jax_trn.runtime.donation import aliases
+    t = lambda shape, dtype="float32": DramTensor("t", shape, dtype)
+    params = [t((4, 4)), t((16,)), t((8,)), t((4, 4), "int32")]
+    outputs = [t((4, 4)), t((2, 8)), t((3,))]
+    attrs = [{"tf.aliasing_output": 0}, {"jax.buffer_donor": True},
+             {"jax.buffer_donor": True}, {"jax.buffer_donor": True}]
+    # param 1 (64 bytes) takes output 1 (same size, another shape); param 2 (32 bytes)
+    # finds no output of its size; param 3 would fit output 0, which param 0 has
+    assert aliases(attrs, params, outputs) == {0: 0, 1: 1}
+    assert aliases([{"tf.aliasing_output": 2}, {}, {}, {}], params, outputs) == {}
