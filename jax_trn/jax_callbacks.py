@@ -28,6 +28,10 @@ from __future__ import annotations
 from functools import partial
 
 import numpy as np
+from jax._src import callback as cb
+from jax._src import checkify, config, debugging, dtypes, effects, sharding_impls
+from jax._src.interpreters import mlir
+from jax._src.lib.mlir.dialects import hlo
 
 from hlo_passes.importer import CALLBACK_TARGET
 from jax_trn.runtime import callbacks
@@ -40,9 +44,6 @@ def register() -> None:
     global _done
     if _done:
         return
-    from jax._src import callback as cb
-    from jax._src import checkify, debugging
-    from jax._src.interpreters import mlir
     mlir.register_lowering(cb.pure_callback_p, _pure_callback, platform="trn",
                            cacheable=False)
     mlir.register_lowering(cb.io_callback_p, _io_callback, platform="trn", cacheable=False)
@@ -61,8 +62,6 @@ def emit(ctx, fn, token, operands, result_avals, *, has_side_effect: bool, kind:
     """`custom_call @trn.python_callback` calling `fn(*numpy operands)` on the host;
     returns (results, token out). `token` (an ordered effect's) goes in first and comes
     out first; `caller`: the partition that calls for all devices (None: each its own)."""
-    from jax._src.interpreters import mlir
-    from jax._src.lib.mlir.dialects import hlo
     host_fn = _checked(fn, result_avals)
     types = [mlir.aval_to_ir_type(ctx.module_context, a) for a in result_avals]
     if token is not None:
@@ -70,9 +69,9 @@ def emit(ctx, fn, token, operands, result_avals, *, has_side_effect: bool, kind:
         operands, types = [token, *operands], [hlo.TokenType.get(), *types]
     entry = callbacks.register(host_fn, kind)
     ctx.module_context.add_host_callback(entry)
-    config = f"callback={entry.key}" + ("" if caller is None else f" device={caller}")
+    where = f"callback={entry.key}" + ("" if caller is None else f" device={caller}")
     op = mlir.custom_call(CALLBACK_TARGET, result_types=types, operands=list(operands),
-                          backend_config=config, has_side_effect=has_side_effect,
+                          backend_config=where, has_side_effect=has_side_effect,
                           api_version=1)
     results = list(op.results)
     if token is not None:
@@ -87,7 +86,6 @@ def _with_token(fn, token, *args):
 def _checked(fn, result_avals):
     """`fn` with its results checked and canonicalized as JAX's CPU wrapper does
     (`callback.emit_python_callback`), with the same messages."""
-    from jax._src import dtypes
 
     def checked(*args):
         out = fn(*args)
@@ -111,8 +109,6 @@ def caller(ctx, sharding) -> int | None:
     (`callback._callback_op_sharding`, whose checks raise as there): under automatic
     sharding over several devices the one `sharding` names, else partition 0; None
     when each device calls for itself (one device, shard_map, pmap)."""
-    from jax._src import callback as cb
-    from jax._src import sharding_impls
     axis_context = ctx.module_context.axis_context
     cb._callback_op_sharding(axis_context, sharding, ctx.avals_out)
     if not isinstance(axis_context, sharding_impls.ShardingContext):
@@ -127,8 +123,6 @@ def caller(ctx, sharding) -> int | None:
 # --- the rules ----------------------------------------------------------------------------
 
 def _pure_callback(ctx, *args, callback, sharding, **params):
-    from jax._src import callback as cb
-
     def host(*flat_args):
         return tuple(cb.pure_callback_impl(*flat_args, callback=callback, sharding=None,
                                            **params))
@@ -138,9 +132,6 @@ def _pure_callback(ctx, *args, callback, sharding, **params):
 
 
 def _io_callback(ctx, *args, callback, sharding, ordered, **params):
-    from jax._src import callback as cb
-    from jax._src.interpreters import mlir
-
     def host(*flat_args):
         return tuple(cb.io_callback_impl(*flat_args, callback=callback, sharding=None,
                                          ordered=ordered, **params))
@@ -155,8 +146,6 @@ def _io_callback(ctx, *args, callback, sharding, ordered, **params):
 
 
 def _debug_callback(ctx, *args, effect, partitioned, callback, **params):
-    from jax._src import debugging, effects, sharding_impls
-    from jax._src.interpreters import mlir
     axis_context = ctx.module_context.axis_context
     if (isinstance(axis_context, sharding_impls.SPMDAxisContext)
             and set(axis_context.mesh.axis_names) != set(axis_context.manual_axes)):
@@ -183,7 +172,6 @@ def _debug_print(ctx, *dyn_args, fmt, ordered, partitioned, in_tree, static_args
                  np_printoptions, has_placeholders, logging_record):
     """jax.debug.print: JAX's print callback (`debugging.debug_print_lowering_rule`)
     through the debug_callback rule above."""
-    from jax._src import debugging
     callback = partial(debugging._format_print_callback, fmt, dict(np_printoptions),
                        has_placeholders, logging_record)
     callback = debugging._make_flat_callback(in_tree, callback, static_args)
@@ -194,7 +182,6 @@ def _debug_print(ctx, *dyn_args, fmt, ordered, partitioned, in_tree, static_args
 
 def _check(ctx, *args, err_tree, debug):
     """checkify.check staged out under `jax_xla_runtime_errors` (as on CPU)."""
-    from jax._src import checkify, config
     if debug:
         return []
     if not config.xla_runtime_errors.value:

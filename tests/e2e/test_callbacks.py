@@ -301,6 +301,26 @@ def test_callbacks_of_a_sharded_jit_see_whole_arrays_once(jax, trn_devices):
     assert len(tlog) == len(clog) == 3 and tlog[2][1] == pytest.approx(clog[2][1])
 
 
+def test_a_sharded_loop_with_collectives_calls_back_once_per_trip(jax, trn_devices):
+    """The callback is a rendezvous of the SPMD program (its operand a reduction over
+    the shards, the loop body a reshard): every device waits for partition 0's call."""
+    from jax.experimental import io_callback
+
+    def f(log, mesh):
+        def g(x):
+            def body(i, c):
+                io_callback(lambda i, s: log.append((int(i), float(s))), None, i, c.sum(),
+                            ordered=True)
+                return c * 2 + c[::-1]
+            return jax.lax.fori_loop(0, 3, body, x)
+        return g
+
+    x = np.arange(16, dtype=np.float32).reshape(8, 2)
+    got, tlog, want, clog = _mesh_both(jax, trn_devices, f, x)
+    _close(got, want)
+    assert tlog == clog == [(0, 120.0), (1, 360.0), (2, 1080.0)]
+
+
 def test_callbacks_under_shard_map_run_on_every_device(jax, trn_devices):
     from jax.experimental import io_callback
     from jax.sharding import PartitionSpec as P
@@ -311,13 +331,36 @@ def test_callbacks_under_shard_map_run_on_every_device(jax, trn_devices):
             y = jax.pure_callback(lambda v: np.asarray(v) + 100,
                                   jax.ShapeDtypeStruct(x.shape, x.dtype), x)
             io_callback(lambda v: log.append(("io", float(v))), None, y.sum(), ordered=True)
-            return y
+            total = jax.lax.psum(y.sum(), "x")        # a collective between callbacks
+            jax.debug.callback(lambda v: log.append(("total", float(v))), total)
+            return y / total
         return jax.shard_map(g, mesh=mesh, in_specs=P("x"), out_specs=P("x"))
 
     x = np.arange(8, dtype=np.float32)
     got, tlog, want, clog = _mesh_both(jax, trn_devices, f, x)
     _close(got, want)
-    assert sorted(tlog) == sorted(clog) and len(tlog) == 8
+    assert sorted(tlog) == sorted(clog) and len(tlog) == 12
+
+
+def test_partly_manual_shard_map_calls_once_per_manual_shard(jax, trn_devices):
+    """JAX's own rewrite for partly manual meshes (a cond on the auto axes' index)."""
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    x0 = np.arange(16, dtype=np.float32).reshape(4, 4)
+    logs = []
+    for devices in (trn_devices, jax.devices("cpu")):
+        mesh = Mesh(np.array(devices[:4]).reshape(2, 2), ("x", "y"))
+        log: list = []
+
+        def g(a):
+            jax.debug.callback(lambda v: log.append(np.asarray(v).tolist()), a)
+            return a * 2
+        f = jax.jit(jax.shard_map(g, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
+                                  axis_names={"x"}))
+        out = jax.block_until_ready(f(jax.device_put(x0, NamedSharding(mesh, P("x", "y")))))
+        jax.effects_barrier()
+        np.testing.assert_array_equal(np.asarray(out), x0 * 2)
+        logs.append(sorted(log))
+    assert logs[0] == logs[1] == [x0[:2].tolist(), x0[2:].tolist()]
 
 
 def test_partitioned_debug_callback_sees_each_shard(jax, trn_devices):
