@@ -101,8 +101,10 @@ def format_program(params, outputs, temps, steps, constants: dict[str, np.ndarra
     loops = sum(isinstance(s, While) for s in walk_steps(steps))
     cases = sum(isinstance(s, Case) for s in walk_steps(steps))
     colls = sum(isinstance(s, Collective) for s in walk_steps(steps))
+    calls = sum(isinstance(s, HostCallback) for s in walk_steps(steps))
     control = ((f", {loops} loops" if loops else "") + (f", {cases} conditionals" if cases else "")
-               + (f", {colls} collectives" if colls else ""))
+               + (f", {colls} collectives" if colls else "")
+               + (f", {calls} host callbacks" if calls else ""))
     lines = [(f"trn program: {len(kernels)} kernels{control}, "
               f"{sum(len(k.instructions) for k in kernels)} instructions")]
     for label, ts in (("params", params), ("outputs", outputs), ("temps", temps)):
