@@ -159,6 +159,24 @@ def test_callbacks_inside_while_scan_and_cond(jax, trn, cpu):
     assert tlog == clog and [e[0] for e in tlog] == ["fori"] * 3 + ["while"] * 2 + ["scan"] * 3
 
 
+def test_a_callback_result_carried_through_scan_and_while(jax, trn, cpu):
+    def f(log, c0, xs):
+        def times(k):
+            return lambda c: jax.pure_callback(lambda u: np.asarray(u) * k,
+                                               jax.ShapeDtypeStruct(c.shape, c.dtype), c)
+
+        def step(c, x):
+            c = times(2)(c)
+            return c + x, c
+        carry, ys = jax.lax.scan(step, c0, xs)
+        w = jax.lax.while_loop(lambda c: c[0] < 100, times(3), c0)
+        return carry, ys, w
+
+    got, _, want, _ = _both(jax, trn, cpu, f, np.ones(3, np.float32),
+                            np.arange(12, dtype=np.float32).reshape(4, 3))
+    _close(got, want)
+
+
 @pytest.mark.parametrize("method", ["sequential", "sequential_unrolled", "expand_dims",
                                     "broadcast_all"])
 def test_pure_callback_vmap_method(jax, trn, cpu, method):
