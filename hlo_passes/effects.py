@@ -7,7 +7,7 @@ from hlo_passes.ir import Op, walk
 SIDE_EFFECT_KINDS = frozenset({
         "after_all", "all_gather", "all_reduce", "all_to_all", "collective_broadcast",
         "collective_permute", "infeed", "outfeed", "recv", "reduce_scatter", "send",
-        "rng", "optimization_barrier", "func.call",
+        "rng", "optimization_barrier", "func.call", "host_callback",
 })
 # Ops of other dialects that are known to be pure.
 PURE_FOREIGN_KINDS = frozenset({"sdy.sharding_constraint", "sdy.reshard"})

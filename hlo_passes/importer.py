@@ -5,8 +5,9 @@ mhlo and sdy dialects; `import_module(mlir_module)` walks it and builds `ir.Modu
 
 Op kinds: `stablehlo.X` -> "X"; other dialects keep their full name ("func.call",
 "sdy.sharding_constraint", "mhlo.topk"). Types: ranked static tensors -> `TensorType`
-with the dtype names of `ir.DTYPES` (i1 -> "bool"); `!stablehlo.token` -> `ir.TOKEN`;
-tuples, dynamic shapes and unknown element types raise `HloImportError`.
+with the dtype names of `ir.DTYPES` (i1 -> "bool"); `!stablehlo.token` -> `ir.TOKEN`
+(bool[0]: a token holds no data); tuples, dynamic shapes and unknown element types raise
+`HloImportError`.
 
 Attributes, by op (all other attributes: DenseI64ArrayAttr -> tuple, IntegerAttr -> int,
 FloatAttr -> float, BoolAttr/UnitAttr -> bool, StringAttr -> str, FlatSymbolRefAttr ->
@@ -55,6 +56,11 @@ elements -> nested tuples, dialect structs -> dict of fields, sdy -> text, else 
     composite          name, decomposition: str, composite_attributes: dict, version
     top_k              k: int (from `custom_call @trn.top_k`, which mlir_passes makes
                        of the `chlo.top_k` the trn rule takes)
+    host_callback      callback: int (the registry key), device: int | None (the
+                       partition that calls it for all, None: every device),
+                       has_side_effect: bool (from `custom_call @trn.python_callback`,
+                       backend_config "callback=<key>[ device=<partition>]", which
+                       jax_trn.jax_callbacks emits for JAX's callback primitives)
     func.call          callee: str
 
 Functions: `arg_attrs` / `result_attrs` keep every attribute by its MLIR name
@@ -83,6 +89,8 @@ from hlo_passes.attributes import (constant_value, dtype_name, fill_rank_default
 from hlo_passes.errors import HloImportError
 
 _BYTECODE_MAGIC = b"ML\xefR"
+CALLBACK_TARGET = "trn.python_callback"
+_CALLBACK_CONFIG = re.compile(r"callback=(\d+)(?: device=(\d+))?$")
 _PRODUCER = re.compile(rb"StableHLO_v(\d+\.\d+\.\d+)\x00")
 _NAME_LOC = re.compile(r'"((?:[^"\\]|\\.)*)"(?=[(),\]])')  # not followed by ":"
 _FILE_LOC = re.compile(r'"((?:[^"\\]|\\.)*)":(\d+):\d+')
@@ -207,8 +215,22 @@ def _import_op(op: mlir_ir.Operation, env: dict) -> ir.Op:
         attrs["value"] = _constant(op, results[0].type, where)
     if kind == "custom_call" and attrs.get("call_target_name") == "trn.top_k":
         kind, attrs = "top_k", {"k": int(attrs["backend_config"])}
+    if kind == "custom_call" and attrs.get("call_target_name") == CALLBACK_TARGET:
+        kind, attrs = "host_callback", _callback_attrs(attrs, where)
     regions = [_import_region(r, env, where) for r in op.regions]
     return ir.Op(kind, operands, results, attrs, regions, loc=loc, name=name)
+
+
+def _callback_attrs(attrs: dict, where: str) -> dict:
+    """The attributes of a `host_callback` op from its custom_call's."""
+    match = _CALLBACK_CONFIG.match(str(attrs.get("backend_config", "")).strip())
+    if match is None:
+        raise HloImportError(f"{where}: {CALLBACK_TARGET} with backend_config "
+                             f"{attrs.get('backend_config')!r}, expected "
+                             "'callback=<key>[ device=<partition>]'")
+    device = match.group(2)
+    return {"callback": int(match.group(1)), "device": None if device is None else int(device),
+            "has_side_effect": bool(attrs.get("has_side_effect", False))}
 
 
 def _import_region(region: mlir_ir.Region, env: dict, where: str) -> ir.Region:

@@ -86,8 +86,10 @@ class TensorType:
         return f"{self.dtype}[{','.join(map(str, self.shape))}]"
 
 
-# A token (stablehlo.token) is a TensorType with dtype "token" and shape ().
-TOKEN = TensorType((), "token")
+# A token (stablehlo.token) orders side effects and holds no data: it is an empty bool
+# tensor, the type of the runtime tokens JAX passes for it (`dispatch.RuntimeTokenSet`),
+# so the passes, the lowering and the runtime treat it like any other (empty) value.
+TOKEN = TensorType((0,), "bool")
 
 _ids = itertools.count()
 

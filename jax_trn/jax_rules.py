@@ -22,7 +22,9 @@ that reaches ours as is.
                         svd, in `jax_trn/linalg_jacobi.py`
 
 They are registered when the plugin initializes (`register()`), for platform "trn"
-only; everything they emit runs on the device like any other program.
+only; everything they emit runs on the device like any other program. `register()` also
+registers the host callback rules (`jax_trn.jax_callbacks`) and tells JAX that trn
+honours buffer donation (`_enable_donation`).
 """
 from __future__ import annotations
 
@@ -60,7 +62,24 @@ def register() -> None:
     mlir.register_lowering(loops.cumlogsumexp_p,
                            mlir.lower_fun(_cumlogsumexp, multiple_results=False),
                            platform="trn")
+    from jax_trn import jax_callbacks
+    jax_callbacks.register()
+    _enable_donation(mlir)
     _done = True
+
+
+def _enable_donation(mlir) -> None:
+    """Lists "trn" among the platforms JAX lowers donation for.
+
+    JAX decides in `mlir.lower_jaxpr_to_module` from the module-level list
+    `mlir._platforms_with_donation` (cpu, cuda, rocm, tpu, neuron): for the others it
+    drops every donation with "Donation is not implemented for ('trn',)". No plugin
+    hook or config option sets it, so we add our name to that list (a list JAX reads on
+    every lowering; nothing else of JAX is patched). JAX then marks donated arguments
+    `tf.aliasing_output` / `jax.buffer_donor`, and the runtime honours them
+    (`jax_trn.runtime.donation`)."""
+    if "trn" not in mlir._platforms_with_donation:
+        mlir._platforms_with_donation.append("trn")
 
 
 def _triangular_solve(a, b, *, left_side, lower, transpose_a, conjugate_a, unit_diagonal):

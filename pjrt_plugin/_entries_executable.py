@@ -7,7 +7,7 @@ from . import _native
 from ._errors import Code, PjrtError
 from ._handles import HANDLES
 from ._mem import get_ptr, read_array, set_array, set_arrays, set_ptr
-from ._objects import CBuffer, CDevice, CExecutable, CLoadedExecutable
+from ._objects import CBuffer, CDevice, CExecutable, CLoadedExecutable, mark_deleted
 from ._registry import entry
 from ._entries_core import new_event
 
@@ -171,18 +171,19 @@ def loaded_execute(a):
         raise PjrtError(Code.FAILED_PRECONDITION, f"executable {le.rt.name} was deleted")
     n_dev, n_args = a.num_devices, a.num_args
     lists = read_array(get_ptr(a, "argument_lists"), ctypes.c_void_p, n_dev)
-    args = [[HANDLES.get(p or 0, CBuffer).rt for p in read_array(lst, ctypes.c_void_p, n_args)]
-            for lst in lists]
+    handles = [read_array(lst, ctypes.c_void_p, n_args) for lst in lists]
+    args = [[HANDLES.get(p or 0, CBuffer).rt for p in row] for row in handles]
     device = None
     if get_ptr(a, "execute_device"):
         device = HANDLES.get(get_ptr(a, "execute_device"), CDevice).rt
     error = None
     try:
-        results = le.rt.execute(args, device=device)
+        results = le.rt.execute(args, device=device, keep=_non_donatable(a))
     except Exception:
         raise
     except BaseException as exc:      # KeyboardInterrupt: see _interrupted
         results, error = _interrupted(le, exc, device)
+    _mark_donated(handles)
     try:
         _hand_over(a, le, results, n_dev, error)
     except BaseException:
@@ -190,6 +191,29 @@ def loaded_execute(a):
             for buf in outs:
                 buf.delete()
         raise
+
+
+def _non_donatable(a) -> frozenset[int]:
+    """The parameters the caller forbids donating (PJRT_ExecuteOptions; every other
+    aliased parameter is donated, as PJRT specifies)."""
+    from . import _c_api as C
+    address = get_ptr(a, "options")
+    if not address:
+        return frozenset()
+    options = C.PJRT_ExecuteOptions.from_address(address)
+    if options.struct_size < C.PJRT_ExecuteOptions.num_non_donatable_input_indices.offset + 8:
+        return frozenset()
+    return frozenset(read_array(get_ptr(options, "non_donatable_input_indices"),
+                                ctypes.c_int64, options.num_non_donatable_input_indices))
+
+
+def _mark_donated(handles: list[list[int]]) -> None:
+    """Arguments the call donated (their runtime buffer is now deleted): their handles
+    answer PJRT_Buffer_IsDeleted with true (JAX then raises "Array has been deleted")."""
+    for row in handles:
+        for p in row:
+            if p and HANDLES.get(p, CBuffer).rt.is_deleted:
+                mark_deleted(p)
 
 
 def _interrupted(le: CLoadedExecutable, exc: BaseException, device):

@@ -27,6 +27,8 @@ def code_for(exc: BaseException) -> Code:
     code = getattr(exc, "code", None)
     if isinstance(code, Code):
         return code
+    if _user_code(exc) is not None:
+        return _user_code(exc)
     if isinstance(exc, MemoryError):
         return Code.RESOURCE_EXHAUSTED
     if isinstance(exc, NotImplementedError):
@@ -39,8 +41,17 @@ def code_for(exc: BaseException) -> Code:
     return Code.INTERNAL
 
 
+def _user_code(exc: BaseException) -> Code | None:
+    """The code a runtime error names for itself (`pjrt_code`, e.g. "INTERNAL" for a
+    host callback that raised: the user's error, not ours, told as it is)."""
+    name = getattr(type(exc), "pjrt_code", None)
+    return getattr(Code, name, None) if isinstance(name, str) else None
+
+
 def message_for(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
+    if _user_code(exc) is not None:
+        return text
     if code_for(exc) == Code.INTERNAL:
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-6:])
         text = f"internal error in jax-trn: {type(exc).__name__}: {text}\n{tb}"

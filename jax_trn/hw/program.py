@@ -16,6 +16,9 @@ data, loaded once per executable), and its `steps`, run in order. A step is
     Collective(kind, ...)          a collective across the program's devices (SPMD):
                                    every device waits for its group, the topology's
                                    algorithm moves and combines the data
+    HostCallback(key, ...)         the program stops, its operands are copied to the
+                                   host, a Python function runs there, its results
+                                   are copied back (jax.debug.print, pure_callback, ...)
 
 `cond`, `body` and each branch are step lists themselves, so loops and conditionals
 nest. Control flow runs on the core's control path between kernels: the predicate /
@@ -110,7 +113,24 @@ class Collective:
     ops: list[str] = field(default_factory=list)
 
 
-Step = Kernel | While | Case | Collective
+@dataclass
+class HostCallback:
+    """A call of a Python function in the user's process (jax.debug.print /
+    debug.callback, pure_callback, io_callback, checkify): the device stops, copies
+    `operands` to host memory over the host link, the host runs the function
+    registered under `key` (`jax_trn.runtime.callbacks`) and copies its results into
+    `results`. `device` is the partition that calls it on behalf of all (a callback on
+    whole arrays under automatic sharding: the other devices wait for its results),
+    or None: each device calls it with its own values (one device, shard_map)."""
+    name: str                                  # "host_callback.3"
+    key: int                                   # the callable's key in the registry
+    operands: list[DramTensor]
+    results: list[DramTensor]
+    device: int | None = None                  # partition id; None = every device
+    ops: list[str] = field(default_factory=list)
+
+
+Step = Kernel | While | Case | Collective | HostCallback
 
 
 def walk_steps(steps: list[Step]) -> Iterator[Step]:
@@ -136,6 +156,11 @@ def has_control_flow(steps: list[Step]) -> bool:
 
 def has_collectives(steps: list[Step]) -> bool:
     return any(isinstance(s, Collective) for s in walk_steps(steps))
+
+
+def host_callbacks(steps: list[Step]) -> list[HostCallback]:
+    """Every host callback step of `steps`, nested ones included."""
+    return [s for s in walk_steps(steps) if isinstance(s, HostCallback)]
 
 
 @dataclass

@@ -255,6 +255,11 @@ class LinkSpec:
     efa_hop_ns: float = 15000.0      # inter-node hop ~15 us, §5.3 [CC-INTER][CC-ABOUT]
     onchip_ns: float = 1300.0        # core-to-core on a chip: one DMA fixed cost, §3.4/§9
     dma_compute_sources: int = 16    # dma_compute sums <= 16 sources in FP32, §3.4 [NKI-ISA]
+    # The chip's link to the host CPU (host memory <-> HBM, §3.1), one direction: not
+    # published (§11). Assumed one PCIe x16 link per chip at its generation's rate:
+    # Gen4 on Trn1 (32 GB/s), Gen5 on Trn2 (64), Gen6 on Trn3 (128; §1.3 names PCIe
+    # Gen6 for Trn3's fabric). Host callbacks move their operands and results over it.
+    host_bytes_per_ns: float = 32.0
 
     def link_bytes_per_ns(self, chip_bytes_per_ns: float | None = None,
                           links: int | None = None) -> float:
@@ -274,13 +279,13 @@ _LINKS = {
     # one 200 Gbps EFA NIC per chip; DMA 3.5 TB/s per chip (§1.1).
     "trn2": LinkSpec(neuronlink_bytes_per_ns=1024.0, links_per_chip=4, z_bytes_per_ns=256.0,
                      efa_bytes_per_ns=200 / 8, chip_dma_bytes_per_ns=3500.0,
-                     cc_reduce_rate=0.5),
+                     cc_reduce_rate=0.5, host_bytes_per_ns=64.0),
     # §1.1: 2,560 GB/s NeuronLink-v4 per chip [TRN3-CHIP] (the chip page, like HBM above;
     # §10.6 lists the lower PCIe-link sum); EFA 200 Gbps per chip (derived, §1.3);
     # DMA 4.9 TB/s; NC-v4 accumulates at full DMA rate (§5.2 [NKI-ARCH3]).
     "trn3": LinkSpec(neuronlink_bytes_per_ns=2560.0, links_per_chip=4, z_bytes_per_ns=0.0,
                      efa_bytes_per_ns=200 / 8, chip_dma_bytes_per_ns=4900.0,
-                     cc_reduce_rate=1.0),
+                     cc_reduce_rate=1.0, host_bytes_per_ns=128.0),
 }
 
 

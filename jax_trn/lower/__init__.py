@@ -35,6 +35,7 @@ Modules, in dependency order:
   fusion      the "fusion" rule: loop / reduction / matmul_epilogue / attention kernels
   listing     Program.text;  driver: lower_module and StepCtx (the walk)
   control     step rules: while, case, call;  collective: the collectives
+  callback    step rules: host callbacks (jax.debug.print, pure_callback, ...), tokens
 """
 from .errors import LoweringError as LoweringError
 from .registry import LOWERINGS as LOWERINGS
@@ -65,3 +66,4 @@ from . import topk as _topk  # noqa: F401,E402
 from . import control as _control  # noqa: F401,E402
 from . import misc as _misc  # noqa: F401,E402
 from . import collective as _collective  # noqa: F401,E402
+from . import callback as _callback  # noqa: F401,E402

@@ -33,7 +33,8 @@ import numpy as np
 from hlo_passes import ir
 from jax_trn.hw import isa
 from jax_trn.hw.dtypes import DEVICE_TYPES
-from jax_trn.hw.program import Collective, DramTensor, Program, Step, walk_kernels, walk_steps
+from jax_trn.hw.program import (Collective, DramTensor, HostCallback, Program, Step, walk_kernels,
+                                walk_steps)
 from jax_trn.hw.spec import ChipSpec, CoreSpec
 
 from . import movement
@@ -385,7 +386,7 @@ class StepCtx:
     def _program(self) -> Program:
         steps = self._steps
         used = {name for k in walk_kernels(steps) for name in k.dram}
-        used |= {t.name for s in walk_steps(steps) if isinstance(s, Collective)
+        used |= {t.name for s in walk_steps(steps) if isinstance(s, (Collective, HostCallback))
                  for t in (*s.operands, *s.results)}
         temps = [t for t in self._temps if t.name in used]   # e.g. unwritten splats
         text = format_program(self._params, self._outputs, temps, steps, self._constants)

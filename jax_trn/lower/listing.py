@@ -17,8 +17,8 @@ from collections import Counter
 
 import numpy as np
 
-from jax_trn.hw.program import (Case, Collective, DramTensor, Kernel, While, walk_kernels,
-                                walk_steps)
+from jax_trn.hw.program import (Case, Collective, DramTensor, HostCallback, Kernel, While,
+                                walk_kernels, walk_steps)
 
 ENGINE_ORDER = ("dma", "tensor", "vector", "scalar", "gpsimd")
 
@@ -69,7 +69,18 @@ def format_steps(steps, indent: str = "") -> list[str]:
                 lines += format_steps(branch, indent + "    ")
         elif isinstance(step, Collective):
             lines.append(f"{indent}{format_collective(step)}")
+        elif isinstance(step, HostCallback):
+            lines.append(f"{indent}{format_host_callback(step)}")
     return lines
+
+
+def format_host_callback(step: HostCallback) -> str:
+    """One line: the registry key, who calls it, operands -> results."""
+    who = "every device" if step.device is None else f"partition {step.device} for all"
+    ins = ", ".join(t.name for t in step.operands)
+    outs = ", ".join(t.name for t in step.results)
+    return (f"host_callback {step.name} (callback {step.key}, {who}): {ins} -> {outs}"
+            f"  [{'; '.join(step.ops)}]")
 
 
 def format_collective(step: Collective) -> str:
@@ -90,8 +101,10 @@ def format_program(params, outputs, temps, steps, constants: dict[str, np.ndarra
     loops = sum(isinstance(s, While) for s in walk_steps(steps))
     cases = sum(isinstance(s, Case) for s in walk_steps(steps))
     colls = sum(isinstance(s, Collective) for s in walk_steps(steps))
+    calls = sum(isinstance(s, HostCallback) for s in walk_steps(steps))
     control = ((f", {loops} loops" if loops else "") + (f", {cases} conditionals" if cases else "")
-               + (f", {colls} collectives" if colls else ""))
+               + (f", {colls} collectives" if colls else "")
+               + (f", {calls} host callbacks" if calls else ""))
     lines = [(f"trn program: {len(kernels)} kernels{control}, "
               f"{sum(len(k.instructions) for k in kernels)} instructions")]
     for label, ts in (("params", params), ("outputs", outputs), ("temps", temps)):

@@ -30,6 +30,7 @@ class Buffer:
         self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * _dt.itemsize(dtype)
         self.external_refs = 0
         self.error: BaseException | None = None
+        self.charged = True              # its bytes count in the device's HBM
 
     @classmethod
     def from_host(cls, device: Device, array: np.ndarray) -> "Buffer":
@@ -43,8 +44,26 @@ class Buffer:
         and charges nothing, and reading it raises `error`."""
         buf = cls.__new__(cls)
         buf._describe(device, shape, dtype)
-        buf.data, buf.error = None, error
+        buf.data, buf.error, buf.charged = None, error, False
         return buf
+
+    @classmethod
+    def reusing(cls, donor: "Buffer", shape, dtype: str) -> "Buffer":
+        """An output that will take over `donor`'s HBM (same byte size): it charges
+        nothing until `donor.hand_over(it)`; until then deleting it frees nothing."""
+        buf = cls.__new__(cls)
+        buf._describe(donor.device, shape, dtype)
+        if buf.nbytes != donor.nbytes:
+            raise ValueError(f"{buf} cannot reuse the {donor.nbytes} bytes of {donor}")
+        buf.data = host_zeros(int(np.prod(buf.shape, dtype=np.int64)), dtype)
+        buf.charged = False
+        return buf
+
+    def hand_over(self, to: "Buffer") -> None:
+        """Donation: this buffer is deleted and its HBM becomes `to`'s (no free, no
+        allocation: the device's bytes in use stay the same)."""
+        to.charged, self.charged = self.charged, False
+        self.data, self.error = None, None
 
     @property
     def is_deleted(self) -> bool:
@@ -54,7 +73,9 @@ class Buffer:
         self.error = None
         if self.data is not None:
             self.data = None
-            self.device.free(self.nbytes)
+            if self.charged:
+                self.device.free(self.nbytes)
+            self.charged = False
 
     def to_host(self) -> np.ndarray:
         if self.error is not None:
@@ -74,15 +95,25 @@ class Allocations:
     """The HBM one execution allocates: its outputs, kept if it succeeds, and its
     temporaries, freed when it ends. If it fails in any way (an exception, a runaway
     loop, KeyboardInterrupt) its outputs are deleted too: a failed call leaves nothing
-    charged on any device."""
+    charged on any device. Outputs that reuse a donated argument (`reuse`) take its
+    HBM only when the call succeeds; a failed call donates nothing."""
 
-    def __init__(self):
+    def __init__(self, donate: dict[int, int] | None = None):
         self.outputs: list[Buffer] = []
         self.reserved: list[tuple[Device, int]] = []
+        self.donations: list[tuple[Buffer, Buffer]] = []
+        self.donate = donate or {}           # the call's donations {parameter: output}
 
     def output(self, device: Device, shape, dtype: str) -> Buffer:
         buf = Buffer(device, shape, dtype)
         self.outputs.append(buf)
+        return buf
+
+    def reuse(self, donor: Buffer, shape, dtype: str) -> Buffer:
+        """An output in `donor`'s HBM (see `Buffer.reusing`), donated on success."""
+        buf = Buffer.reusing(donor, shape, dtype)
+        self.outputs.append(buf)
+        self.donations.append((donor, buf))
         return buf
 
     def reserve(self, device: Device, nbytes: int, what: str) -> None:
@@ -99,6 +130,10 @@ class Allocations:
         if exc_type is not None:
             for buf in self.outputs:
                 buf.delete()
+        else:
+            for donor, buf in self.donations:
+                donor.hand_over(buf)
+        self.donations = []
 
 
 def host_zeros(size: int, dtype: str) -> np.ndarray:

@@ -5,11 +5,11 @@ kernel instance that ran (a loop body's kernels once per trip). `simulate` times
 program on a fresh NeuronCore of any system, outside any JAX backend: the timing run
 behind `cost_analysis()` and `jax_trn.compare`.
 
-Control flow (`hw.program.While` / `Case` steps) runs on the core's control path between
-kernels: after the kernel that wrote the predicate / branch index completed, the
-sequencer reads it from HBM and branches (`control_ns`). A loop that runs more than
+The steps of a program (kernels, control flow, collectives, host callbacks) run on each
+device's control path (`steps.StepRunner`). A loop that runs more than
 `Options.max_while_iterations` trips (JAX_TRN_MAX_WHILE_ITERATIONS, default 10000) stops the call
-with an ExecutionError instead of hanging.
+with an ExecutionError instead of hanging. Donated arguments (`donation`) give their HBM
+to the outputs that alias them.
 """
 from __future__ import annotations
 
@@ -22,26 +22,18 @@ import numpy as np
 
 from jax_trn import profiler
 from jax_trn.hw import dtypes as _dt
-from jax_trn.hw.isa import DramAP
-from jax_trn.hw.program import (
-    Case,
-    Collective,
-    Kernel,
-    While,
-    has_collectives,
-    walk_steps,
-)
+from jax_trn.hw.program import has_collectives, host_callbacks
 
-from . import spmd
-from .buffer import Allocations, Buffer
 from jax_trn.config import Options
 from jax_trn.systems import System
 
+from . import callbacks, donation, spmd
+from .buffer import Allocations, Buffer
 from .device import Device
+# The control path moved to steps.py; these names are still imported from here.
+from .steps import ExecutionError, StepRunner, control_ns, run_kernels  # noqa: F401
 
-
-class ExecutionError(RuntimeError):
-    pass
+_StepRunner = StepRunner
 
 
 class Executable:
@@ -60,8 +52,15 @@ class Executable:
         fn = module.main
         self.output_types = list(fn.result_types)
         self.param_types = [a.type for a in fn.args]
+        # {parameter: output} a call donates unless told not to (`donation`).
+        self.aliases = donation.aliases(fn.arg_attrs, program.params, program.outputs)
         self.spmd = module.attrs.get("trn.spmd")      # hlo_passes.passes.localize.Spmd
-        self.collectives = has_collectives(program.steps)
+        # The host functions the program calls, kept alive while it is loaded.
+        self.host_functions = [callbacks.lookup(s.key) for s in host_callbacks(program.steps)]
+        # All devices at once (spmd.drive): collectives, and callbacks one device makes
+        # for all of them (the others wait for its results).
+        self.collectives = has_collectives(program.steps) or (len(devices) > 1 and any(
+            s.device is not None for s in host_callbacks(program.steps)))
         self.fingerprint = hashlib.sha256(program.text.encode() + name.encode()).hexdigest()[:32]
         self.deleted = False
         self._lock = threading.Lock()
@@ -104,14 +103,18 @@ class Executable:
         return 64 * sum(len(k.instructions) for k in self.program.kernels)
 
     def memory_stats(self) -> dict[str, int]:
+        """Per device: argument, output and temporary bytes; `alias_size_in_bytes` the
+        outputs that reuse a donated argument's HBM (counted once in the peak)."""
         prog = self.program
         args = sum(t.nbytes for t in prog.params)
         outs = sum(t.nbytes for t in prog.outputs)
         temps = sum(t.nbytes for t in prog.temps)
+        alias = sum(prog.outputs[j].nbytes for j in self.aliases.values())
+        peak = args + outs + temps - alias
         return {"generated_code_size_in_bytes": self.code_size_bytes,
                 "argument_size_in_bytes": args, "output_size_in_bytes": outs,
-                "temp_size_in_bytes": temps, "peak_memory_in_bytes": args + outs + temps,
-                "total_size_in_bytes": args + outs + temps}
+                "alias_size_in_bytes": alias, "temp_size_in_bytes": temps,
+                "peak_memory_in_bytes": peak, "total_size_in_bytes": peak}
 
     def cost_analysis(self) -> dict[str, float]:
         """Figures of the compiled program (per device): FLOPs and argument + result
@@ -142,11 +145,13 @@ class Executable:
                                         [d.id for d in self.devices])
             return self._timing
 
-    def execute(self, arg_lists: list[list[Buffer]], device: Device | None = None
-                ) -> list[list[Buffer]]:
+    def execute(self, arg_lists: list[list[Buffer]], device: Device | None = None,
+                keep: frozenset[int] = frozenset()) -> list[list[Buffer]]:
         """Runs the program once on `devices` (or `device` alone); returns each device's
-        output buffers. A call that fails in any way (an error, a runaway loop, Ctrl-C,
-        out of HBM or host memory on any device) leaves nothing allocated."""
+        output buffers. Aliased arguments not in `keep` (the caller's non-donatable
+        parameter indices) are donated: deleted, their HBM reused by the outputs. A
+        call that fails in any way (an error, a runaway loop, Ctrl-C, out of HBM or host
+        memory on any device) leaves nothing allocated and donates nothing."""
         devices = [device] if device is not None else self.devices
         if len(arg_lists) != len(devices):
             raise ExecutionError(
@@ -159,7 +164,7 @@ class Executable:
         sharers = Counter(d.chip for d in devices)
         hbms = {c: Hbm(chip.hbm_bytes_per_ns, f"hbm.chip{c}", n if n > 1 else None)
                 for c, n in sharers.items()}
-        with Allocations() as alloc:
+        with Allocations(donation.donated(self.aliases, keep)) as alloc:
             run = self._execute_spmd if self.collectives else self._execute_each
             results, records, collectives = run(devices, arg_lists, hbms, alloc)
             profiler.record(self._execution(records, devices, collectives))
@@ -182,7 +187,8 @@ class Executable:
                 core = dev.core_model
                 core.begin(hbms[dev.chip])
                 records.extend(run_kernels(self.program, core, dram, dev.id, dev.chip,
-                                           limit=self.settings.max_while_iterations))
+                                           limit=self.settings.max_while_iterations,
+                                           chip_spec=dev.system.chip))
             results.append(outs)
         return results, records, ()
 
@@ -198,9 +204,11 @@ class Executable:
             for dev, (_, dram) in zip(devices, prepared):
                 core = dev.core_model
                 core.begin(hbms[dev.chip])
-                runners.append(_StepRunner(core, dram, dev.id, dev.chip, True,
+                runners.append(StepRunner(core, dram, dev.id, dev.chip, True,
                                            self.program.steps,
-                                           self.settings.max_while_iterations))
+                                           self.settings.max_while_iterations,
+                                           chip_spec=dev.system.chip))
+                runners[-1].shared = len(devices) > 1
             collectives = spmd.drive(runners, devices, devices[0].system.interconnect(),
                                      algorithm=self.settings.collective_algorithm)
         records = [r for run in runners for r in run.records]
@@ -218,7 +226,9 @@ class Executable:
             if b.error is not None:
                 raise b.error
             if b.is_deleted:
-                raise ExecutionError(f"argument {i} of {self.name} was deleted")
+                raise donation.DeletedArgument(
+                    f"Invalid buffer passed to Execute() as argument {i} to replica 0: "
+                    "INVALID_ARGUMENT: Buffer has been deleted or donated.")
             if tuple(p.shape) != b.shape or p.dtype != b.dtype:
                 raise ExecutionError(f"argument {i} of {self.name}: expected {p.dtype}"
                                      f"{list(p.shape)}, got {b.dtype}{list(b.shape)}")
@@ -228,10 +238,14 @@ class Executable:
 
     def _prepare(self, device: Device, args: list[Buffer], partition: int, alloc):
         """Output buffers and temporaries of one device's run (charged to its HBM
-        through `alloc`) and the run's DRAM binding."""
+        through `alloc`, an output aliasing a donated argument in that argument's HBM)
+        and the run's DRAM binding."""
         self._check_args(device, args)
+        donation.check_clashes(args, alloc.donate, partition)
         prog = self.program
-        outs = [alloc.output(device, t.shape, t.dtype) for t in prog.outputs]
+        donor = {j: args[i] for i, j in alloc.donate.items()}
+        outs = [alloc.reuse(donor[j], t.shape, t.dtype) if j in donor
+                else alloc.output(device, t.shape, t.dtype) for j, t in enumerate(prog.outputs)]
         alloc.reserve(device, sum(t.nbytes for t in prog.temps),
                       f"{len(prog.temps)} temporaries of {self.name}")
         dram = bind_dram(prog, [b.data for b in args], [b.data for b in outs],
@@ -265,168 +279,6 @@ def bind_dram(prog, params: list[np.ndarray], outs: list[np.ndarray], *, partiti
     return dram
 
 
-def control_ns(spec) -> float:
-    """Simulated time of one control-path decision between kernels: the sequencer loads
-    the predicate / branch index (4 bytes) from HBM into a register and branches
-    (control instructions run on the sequencer, trainium-hardware.md §2.1). The
-    reference gives no figure for either, so the load is priced as one DMA's fixed
-    cost (descriptor + semaphore-to-start, ~1.3 us, §2.6 [NKI-DMABW]) and the branch as
-    one static instruction overhead (~100 cycles, §2.6) at the slowest engine clock."""
-    return spec.dma_fixed_ns + spec.static_overhead / min(dict(spec.clock_ghz).values())
-
-
-def run_kernels(prog, core, dram, device_id: int, chip: int, *, execute: bool = True,
-                limit: int = Options.max_while_iterations) -> list[profiler.KernelRecord]:
-    """Runs the program's steps on `core` from simulated time 0: kernels back to back,
-    loops and conditionals on the control path (with `execute=False` only the kernels'
-    timing, which needs a program without control flow). Control decisions delay the
-    next kernel by `control_ns`; one after the last kernel (a final loop exit test) is
-    in no record, so an execution's span ends with its last kernel. A program with
-    collectives runs through `spmd.drive` instead (all its devices at once). A loop
-    running more than `limit` trips is stopped as a runaway."""
-    if not execute and prog.control_flow:
-        raise ExecutionError("a timing-only run cannot decide loops or branches: "
-                             "run the program's numerics (see `simulate`)")
-    run = _StepRunner(core, dram, device_id, chip, execute, prog.steps, limit)
-    for arrival in run.run():
-        raise ExecutionError(f"{arrival.step.name} is a collective: run the program on "
-                             "all its devices (spmd.drive)")
-    return run.records
-
-
-class _StepRunner:
-    """Interprets a step list on one core: the control path between kernels. `run()` is
-    a generator that yields an `spmd.Arrival` at each collective and resumes with the
-    collective's span on this device (an `spmd.Issued`, sent by `spmd.drive`). The
-    device goes on with the following steps while the collective is in flight and waits
-    for its end only at the first step that depends on it (see `spmd`, "Overlap")."""
-
-    def __init__(self, core, dram, device_id: int, chip: int, execute: bool, steps=(),
-                 limit: int = Options.max_while_iterations):
-        self.core, self.dram, self.execute = core, dram, execute
-        self.device_id, self.chip = device_id, chip
-        self.control_ns = control_ns(core.spec)
-        self.limit = limit             # trips at which a while loop is a runaway
-        self.records: list[profiler.KernelRecord] = []
-        self.program_steps = steps
-        self.in_flight: list[tuple[frozenset, frozenset, float]] = []  # (results, operands, end)
-        self.cc_free = 0.0             # when this device's CC cores finish its last collective
-        self.end_ns = 0.0              # the device's end: last step, collectives included
-        self._touch: dict[int, tuple[frozenset, frozenset]] = {}
-
-    def run(self):
-        t = yield from self.steps(self.program_steps, 0.0, "")
-        self.end_ns = max([t] + [end for _, _, end in self.in_flight])
-        self.in_flight = []
-
-    def steps(self, steps, t: float, context: str):
-        for i, step in enumerate(steps):
-            t = self.wait_for(step, t)
-            if isinstance(step, Kernel):
-                t = self.kernel(step, t, context)
-            elif isinstance(step, While):
-                t = yield from self.loop(step, t, context)
-            elif isinstance(step, Case):
-                t = yield from self.case(step, t, context)
-            elif isinstance(step, Collective):
-                nxt = steps[i + 1] if i + 1 < len(steps) else None
-                overlaps = isinstance(nxt, Kernel) and not self._depends(nxt, *_names(step))
-                issued = yield spmd.Arrival(step, t, context, max(t, self.cc_free), overlaps)
-                self.issue(step, issued)
-        return t
-
-    # --- collectives in flight ------------------------------------------------------
-
-    def issue(self, step: Collective, issued) -> None:
-        """Registers a collective in flight; its DMA traffic takes its rate from this
-        core's DMA bandwidth over its span (the kernels it overlaps get the rest)."""
-        if issued is None:                     # a driver that does not overlap
-            return
-        self.cc_free = issued.end_ns
-        self.in_flight.append((*_names(step), issued.end_ns))
-        if issued.dma_bytes_per_ns > 0 and issued.end_ns > issued.start_ns:
-            bw = self.core.dma_bw
-            # at most the collective's packet share: round-robin leaves compute the rest
-            rate = min(issued.dma_bytes_per_ns, bw.capacity * spmd.COLLECTIVE_DMA_SHARE)
-            bw.add(issued.start_ns, issued.end_ns, rate)
-
-    def wait_for(self, step, t: float) -> float:
-        """`t`, or the end of the in-flight collectives `step` depends on if later."""
-        if not self.in_flight:
-            return t
-        for results, operands, end in self.in_flight:
-            if end > t and self._depends(step, results, operands):
-                t = end
-        self.in_flight = [f for f in self.in_flight if f[2] > t]
-        return t
-
-    def _depends(self, step, results: frozenset, operands: frozenset) -> bool:
-        """Whether `step` reads or writes one of `results` or writes one of `operands`."""
-        touched, written = self._touches(step)
-        return bool(touched & results) or bool(written & operands)
-
-    def _touches(self, step) -> tuple[frozenset, frozenset]:
-        """(every DRAM tensor `step` names, those it may write), cached per step."""
-        got = self._touch.get(id(step))
-        if got is not None:
-            return got
-        if isinstance(step, Kernel):
-            written = frozenset(o.tensor for ins in step.instructions for o in ins.outputs()
-                                if isinstance(o, DramAP))
-            got = (frozenset(step.dram) | written, written)
-        elif isinstance(step, Collective):
-            res, ops = _names(step)
-            got = (res | ops, res)
-        else:                                  # loops and conditionals: everything inside
-            names = set()
-            if isinstance(step, While):
-                names |= {step.pred.name} | {c.name for c in step.carried}
-                inner = step.cond + step.body
-            else:
-                names |= {step.index.name} | {r.name for r in step.results}
-                inner = [s for b in step.branches for s in b]
-            for s in walk_steps(inner):
-                if isinstance(s, (Kernel, Collective)):
-                    names |= self._touches(s)[0]
-            got = (frozenset(names), frozenset(names))
-        self._touch[id(step)] = got
-        return got
-
-    def kernel(self, kernel, t: float, context: str) -> float:
-        run = self.core.run(kernel, self.dram, t, execute=self.execute)
-        self.records.append(_kernel_record(kernel, self.device_id, self.chip,
-                                           self.core.core_id, run, context))
-        return run.end_ns
-
-    def read(self, tensor) -> np.generic:
-        """The scalar `tensor` holds, as the control path reads it from HBM."""
-        return np.asarray(self.dram[tensor.name]).reshape(-1)[0]
-
-    def loop(self, step: While, t: float, context: str):
-        trip = 0
-        while True:
-            t = yield from self.steps(step.cond, t, f"{context}{step.name}[{trip}].cond/")
-            t += self.control_ns
-            if not bool(self.read(step.pred)):
-                return t
-            if trip >= self.limit:
-                raise ExecutionError(
-                    f"{step.name} ({'; '.join(step.ops)}) ran {self.limit} iterations "
-                    f"without its predicate becoming false; raise "
-                    f"JAX_TRN_MAX_WHILE_ITERATIONS (or the compiler option "
-                    f"jax_trn_max_while_iterations) if the loop is meant to run longer")
-            t = yield from self.steps(step.body, t, f"{context}{step.name}[{trip}]/")
-            trip += 1
-
-    def case(self, step: Case, t: float, context: str):
-        t += self.control_ns
-        index = int(self.read(step.index))
-        if not 0 <= index < len(step.branches):
-            index = len(step.branches) - 1        # stablehlo.case: the default branch
-        return (yield from self.steps(step.branches[index], t,
-                                      f"{context}{step.name}[{index}]/"))
-
-
 def simulate(name: str, prog, options: Options | System, device_ids: list[int] | None = None
              ) -> profiler.Execution:
     """The timing of one call of `prog` on fresh NeuronCores of `options.system` (a
@@ -439,7 +291,8 @@ def simulate(name: str, prog, options: Options | System, device_ids: list[int] |
     are data: the run executes the numerics too, on all-zero arguments, so it times
     the path an all-zero call takes (exact for loops whose trip count does not depend
     on the arguments, e.g. fori_loop and scan with static bounds). Collectives run their
-    numerics too (on zeros), on every device of the program."""
+    numerics too (on zeros), on every device of the program. Host callbacks are timed
+    but call nothing (their results are zeros)."""
     from jax_trn.hw.bandwidth import Hbm
     from jax_trn.hw.core import NeuronCore
     from .device import core_numerics
@@ -465,21 +318,19 @@ def simulate(name: str, prog, options: Options | System, device_ids: list[int] |
             zeros = [np.zeros(t.size, _dt.np_dtype(t.dtype)) for t in prog.params]
             outs = [np.zeros(t.size, _dt.np_dtype(t.dtype)) for t in prog.outputs]
             dram = bind_dram(prog, zeros, outs, partition=p)
-        runners.append(_StepRunner(core, dram, d, c, execute, prog.steps,
-                                   options.max_while_iterations))
+        runners.append(StepRunner(core, dram, d, c, execute, prog.steps,
+                                   options.max_while_iterations, chip_spec=chip,
+                                   call_host=False))
+        runners[-1].shared = len(ids) > 1
     if not collectives:
         kernels = run_kernels(prog, runners[0].core, runners[0].dram, 0, 0, execute=execute,
-                              limit=options.max_while_iterations)
+                              limit=options.max_while_iterations, chip_spec=chip,
+                              call_host=False)
         return make_execution(name, prog, system, [0], kernels)
     done = spmd.drive(runners, [_SimDevice(d) for d in ids], system.interconnect(),
                       algorithm=options.collective_algorithm)
     return make_execution(name, prog, system, ids, [r for run in runners for r in run.records],
                           done)
-
-
-def _names(step: Collective) -> tuple[frozenset, frozenset]:
-    """(result tensor names, operand tensor names) of a collective."""
-    return frozenset(t.name for t in step.results), frozenset(t.name for t in step.operands)
 
 
 class _SimDevice:
@@ -527,11 +378,3 @@ def _check_signature(name, program, param_types, output_types) -> None:
         raise ExecutionError(
             f"internal compiler error in {name}: the lowered program's signature "
             f"{lowered_params} -> {lowered} differs from the module's {params} -> {declared}")
-
-
-def _kernel_record(kernel, device_id: int, chip: int, core: int, run, context: str = ""
-                   ) -> profiler.KernelRecord:
-    return profiler.KernelRecord(kernel.name, device_id, run.start_ns, run.end_ns,
-                                 dict(run.busy_ns), int(kernel.flops or run.flops),
-                                 int(run.hbm_bytes), list(kernel.ops), run.events,
-                                 chip=chip, core=core, kernel=kernel, context=context)

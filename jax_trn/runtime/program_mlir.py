@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import Counter
 
 from jax_trn.hw.isa import DmaCopy, DramAP
-from jax_trn.hw.program import Case, Collective, Kernel, While
+from jax_trn.hw.program import Case, Collective, HostCallback, Kernel, While
 
 _MLIR_TYPES = {
     "float32": "f32", "bfloat16": "bf16", "float16": "f16", "float8_e4m3fn": "f8E4M3FN",
@@ -99,6 +99,29 @@ class _Emitter:
                 lines += self.case(step, env, indent)
             elif isinstance(step, Collective):
                 lines += self.collective(step, env, indent)
+            elif isinstance(step, HostCallback):
+                lines += self.host_callback(step, env, indent)
+        return lines
+
+    def host_callback(self, step: HostCallback, env, indent: str) -> list[str]:
+        """A host callback as `custom_call @trn.host_callback` (side effecting)."""
+        from jax_trn.lower.listing import format_host_callback
+        lines: list[str] = []
+        ins = [self.value(t, env, indent, lines) for t in step.operands]
+        outs = step.results
+        for t in outs:
+            self.tensors.setdefault(t.name, t)
+        result = self.fresh()
+        lhs = "" if not outs else (f"{result} = " if len(outs) == 1
+                                   else f"{result}:{len(outs)} = ")
+        config = format_host_callback(step).replace('"', "'")
+        in_types = ", ".join(tensor_type(t) for t in step.operands)
+        out_types = ", ".join(tensor_type(t) for t in outs)
+        lines.append(f'{indent}{lhs}stablehlo.custom_call @trn.host_callback({", ".join(ins)}) '
+                     f'{{backend_config = "{config}", has_side_effect = true}} : ({in_types}) '
+                     f'-> ({out_types}) loc("{step.name}")')
+        for i, t in enumerate(outs):
+            env[t.name] = result if len(outs) == 1 else f"{result}#{i}"
         return lines
 
     def collective(self, step: Collective, env, indent: str) -> list[str]:

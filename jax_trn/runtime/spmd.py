@@ -1,6 +1,6 @@
 """Running one program on many devices: SPMD with collectives between kernels.
 
-Every device of an execution interprets the same step list (`executable._StepRunner`)
+Every device of an execution interprets the same step list (`steps.StepRunner`)
 on its own NeuronCore, from simulated time 0. A `Collective` step is a rendezvous: each
 device's runner is a generator that stops there and hands over its arrival time; once
 every device has arrived, the collective runs once for all of them on the system's
@@ -35,6 +35,10 @@ tensors. DMA sharing, a deterministic model:
     participating cores) at their average rate over the collective's span: the runner
     reserves that rate on the core's DMA bandwidth timeline (`NeuronCore.dma_bw`), so the
     kernels it overlaps get what is left.
+Host callbacks (`hw.program.HostCallback`) that one device makes for all (a callback on
+whole arrays under automatic sharding, `step.device`) are rendezvous too: once every
+device has reached it, the caller's operands go to the host, the function runs once,
+and its results are copied into every device's HBM (`callbacks.shared_spans`).
 Device ids. Replica groups and permute pairs name partition ids (SPMD: one replica,
 `num_partitions` devices; `use_global_device_ids`); partition p runs on the
 executable's p-th device, whose global id places it on the topology.
@@ -47,7 +51,9 @@ import numpy as np
 
 from jax_trn import profiler
 from jax_trn.hw import dtypes as _dt
-from jax_trn.hw.program import Collective
+from jax_trn.hw.program import Collective, HostCallback
+
+from . import callbacks
 
 KIND_OPS = {"add": "sum", "maximum": "max", "minimum": "min"}
 
@@ -100,6 +106,10 @@ def drive(runners, devices, topology, *, algorithm: str | None = None
             raise CollectiveError(f"devices reached different collectives {names}: the "
                                   "devices took different paths through the program")
         step = pending[0].step
+        if isinstance(step, HostCallback):
+            spans = _host_callback(step, runners, [p.t for p in pending])
+            pending = [_advance(g, span) for g, span in zip(gens, spans)]
+            continue
         issued, record = execute(step, [r.dram for r in runners], devices,
                                  [p.t for p in pending], topology, pending[0].context,
                                  ready=[p.t if p.ready is None else p.ready for p in pending],
@@ -108,6 +118,19 @@ def drive(runners, devices, topology, *, algorithm: str | None = None
         records.append(record)
         pending = [_advance(g, i) for g, i in zip(gens, issued)]
     return records
+
+
+def _host_callback(step: HostCallback, runners, arrivals: list[float]) -> list:
+    """Runs a callback partition `step.device` makes for all: its operands, every
+    device's results; each device's `callbacks.Span`."""
+    k = step.device
+    if not 0 <= k < len(runners):
+        raise CollectiveError(f"{step.name} is called by partition {k}; the program runs "
+                              f"on {len(runners)} devices")
+    caller = runners[k]
+    if caller.execute:
+        callbacks.run(step, caller.dram, [r.dram for r in runners], caller.call_host)
+    return callbacks.shared_spans(step, caller.chip_spec, arrivals, k)
 
 
 def _advance(gen, value) -> Arrival | None:
