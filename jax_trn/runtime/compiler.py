@@ -3,7 +3,8 @@
 One driver for everything that compiles: the PJRT client (`Client.compile`) and the
 tools that compile without going through the backend (`jax_trn.compare`). Each step
 takes what it needs from the `jax_trn.config.Options` it is given, never from the
-environment. Both steps run with Python's garbage collector paused (`gc_pause`).
+environment. Both steps run with Python's garbage collector paused (`gc_pause`), and
+the interpreter's exit waits for a compile still running (`inflight`).
 
     hlo_passes.compile_to_ir(code, ...)      # Shardy, import, our passes (disabled
                                              # passes and IR dumps from the options)
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 from jax_trn.config import Options
 
+from . import inflight
 from .gc_pause import gc_paused
 
 
@@ -31,6 +33,7 @@ class Compiled:
 def to_ir(code: bytes, options: Options, *, name: str | None = None, fuse: bool = True):
     """StableHLO bytes -> verified, optimized per-device IR (`hlo_passes.ir.Module`)."""
     import hlo_passes
+    inflight.checkpoint()
     with gc_paused():
         return hlo_passes.compile_to_ir(code, name=name, fuse=fuse,
                                         disabled_passes=options.disable_passes,
@@ -40,6 +43,7 @@ def to_ir(code: bytes, options: Options, *, name: str | None = None, fuse: bool 
 def lower(module, options: Options):
     """Per-device IR -> the ISA program for one NeuronCore of `options.system`."""
     from jax_trn.lower import lower_module
+    inflight.checkpoint()
     with gc_paused():
         return lower_module(module, options.system.chip.core,
                             matmul_precision=options.matmul_precision)
@@ -49,9 +53,11 @@ def compile_program(code: bytes, options: Options, *, name: str | None = None,
                     fuse: bool = True, check: Callable[[str, object], None] | None = None
                     ) -> Compiled:
     """Both steps. `check(name, module)` runs between them (e.g. the client's test that
-    the arguments and results fit in a device's HBM, before lowering anything large)."""
-    module = to_ir(code, options, name=name, fuse=fuse)
-    name = str(module.attrs.get("sym_name", name) or name or "module")
-    if check is not None:
-        check(name, module)
-    return Compiled(name, module, lower(module, options))
+    the arguments and results fit in a device's HBM, before lowering anything large).
+    The interpreter's exit waits for it (`inflight`)."""
+    with inflight.tracked():
+        module = to_ir(code, options, name=name, fuse=fuse)
+        name = str(module.attrs.get("sym_name", name) or name or "module")
+        if check is not None:
+            check(name, module)
+        return Compiled(name, module, lower(module, options))

@@ -27,7 +27,7 @@ from jax_trn.hw.program import has_collectives, host_callbacks
 from jax_trn.config import Options
 from jax_trn.systems import System
 
-from . import callbacks, donation, spmd
+from . import callbacks, donation, interrupts, spmd
 from .buffer import Allocations, Buffer
 from .device import Device
 # The control path moved to steps.py; these names are still imported from here.
@@ -164,7 +164,7 @@ class Executable:
         sharers = Counter(d.chip for d in devices)
         hbms = {c: Hbm(chip.hbm_bytes_per_ns, f"hbm.chip{c}", n if n > 1 else None)
                 for c, n in sharers.items()}
-        with Allocations(donation.donated(self.aliases, keep)) as alloc:
+        with Allocations(donation.donated(self.aliases, keep)) as alloc, interrupts.watched():
             run = self._execute_spmd if self.collectives else self._execute_each
             results, records, collectives = run(devices, arg_lists, hbms, alloc)
             profiler.record(self._execution(records, devices, collectives))

@@ -17,7 +17,7 @@ from jax_trn.config import Options
 from jax_trn.hw.isa import DramAP
 from jax_trn.hw.program import Case, Collective, HostCallback, Kernel, While, walk_steps
 
-from . import callbacks, spmd
+from . import callbacks, interrupts, spmd
 
 
 class ExecutionError(RuntimeError):
@@ -90,6 +90,7 @@ class StepRunner:
 
     def steps(self, steps, t: float, context: str):
         for i, step in enumerate(steps):
+            interrupts.check()
             t = self.wait_for(step, t)
             if isinstance(step, Kernel):
                 t = self.kernel(step, t, context)

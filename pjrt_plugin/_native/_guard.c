@@ -56,6 +56,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* PJRT_Error_Code values (absl status codes), pjrt_c_api.h. */
 enum { CODE_CANCELLED = 1, CODE_RESOURCE_EXHAUSTED = 8, CODE_INTERNAL = 13,
@@ -316,8 +317,21 @@ static void *call_python(Slot *slot, void *args) {
     return result;
 }
 
+static void *guarded_call(Slot *slot, void *args);
+
+/* Threads inside a trampoline (waiting for the GIL or holding it): `exiting()` waits
+ * for them to leave before the interpreter finalizes (see 3 above). */
+static int active;
+
 static void *guarded(int index, void *args) {
-    Slot *slot = &slots[index];
+    void *result;
+    __atomic_add_fetch(&active, 1, __ATOMIC_SEQ_CST);
+    result = guarded_call(&slots[index], args);
+    __atomic_sub_fetch(&active, 1, __ATOMIC_SEQ_CST);
+    return result;
+}
+
+static void *guarded_call(Slot *slot, void *args) {
     PyGILState_STATE gil;
     PyObject *type, *value, *traceback;
     void *result;
@@ -422,9 +436,20 @@ static PyObject *defer(PyObject *self, PyObject *exc) {
     Py_RETURN_NONE;
 }
 
+/* Waits up to a minute (GIL released) for other threads to leave the trampolines: a
+ * compile still running on JAX's thread when the interpreter exits (after Ctrl-C) would
+ * otherwise take the GIL again after finalization began, CPython would end that thread
+ * in the middle of XLA's task, and the exit would hang joining XLA's thread pool. */
 static PyObject *exiting(PyObject *self, PyObject *unused) {
+    int waited;
     exit_thread = PyThread_get_thread_ident();
     exit_thread_known = 1;
+    for (waited = 0; waited < 60000 && __atomic_load_n(&active, __ATOMIC_SEQ_CST) > 0;
+         waited++) {
+        Py_BEGIN_ALLOW_THREADS
+        usleep(1000);
+        Py_END_ALLOW_THREADS
+    }
     Py_RETURN_NONE;
 }
 
@@ -441,7 +466,8 @@ static PyMethodDef methods[] = {
      "defer(exc): raises `exc` again once control is back in Python, after the entry "
      "point running now has returned (see \"Interrupts\" above)."},
     {"exiting", exiting, METH_NOARGS,
-     "Records the calling thread as the one finalizing the interpreter (an atexit handler)."},
+     "Records the calling thread as the one finalizing the interpreter and waits for "
+     "other threads to leave the entry points (an atexit handler)."},
     {NULL, NULL, 0, NULL},
 };
 

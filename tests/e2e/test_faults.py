@@ -49,24 +49,36 @@ READ_IN_DEL_AT_EXIT = """
     Holder()
 """
 
-# Freed later, while the modules are torn down (their globals cleared, the plugin's
-# before JAX's); the same read runs once first, so that nothing is imported at exit.
+# Freed later, while the modules are torn down. JAX's own modules may be cleared first
+# (`np` is None inside jax._src.array), so on every backend such a read may fail with an
+# AttributeError, which Python prints as "Exception ignored": it must never abort.
 READ_IN_DEL_AT_MODULE_TEARDOWN = READ_IN_DEL_AT_EXIT.replace(
     "            self.me = self          # a cycle: only the interpreter's final collection frees it\n",
     "").replace("    Holder()\n", "    holder = Holder()\n    float(np.asarray(holder.x).sum())\n")
 
 
-@pytest.mark.parametrize("script", [READ_IN_DEL_AT_EXIT, READ_IN_DEL_AT_MODULE_TEARDOWN],
-                         ids=["final_collection", "module_teardown"])
-def test_trn_array_read_in_a_del_at_interpreter_exit_works_every_time(script):
+def test_trn_array_read_in_a_del_at_interpreter_exit_works_every_time():
     """Was SIGABRT in 6 of 10 runs (XLA read an unset element type while Python was
     finalizing), or "Array has been deleted"; the CPU backend prints the sum."""
-    procs = [_start(script) for _ in range(10)]
+    procs = [_start(READ_IN_DEL_AT_EXIT) for _ in range(10)]
     results = [(p.returncode, out, err) for p in procs
                for out, err in [p.communicate(timeout=300)]]
     for returncode, out, err in results:
         assert returncode == 0, err[-2000:]
         assert out.strip() == "read at exit: 120.0", err[-2000:]
+
+
+def test_trn_array_read_at_module_teardown_never_aborts():
+    """The same read while modules are torn down: the sum, or the error JAX's cleared
+    modules give on the CPU backend too, printed by Python; never an abort."""
+    procs = [_start(READ_IN_DEL_AT_MODULE_TEARDOWN) for _ in range(10)]
+    results = [(p.returncode, out, err) for p in procs
+               for out, err in [p.communicate(timeout=300)]]
+    for returncode, out, err in results:
+        assert returncode == 0, err[-2000:]
+        assert out.strip() in ("read at exit: 120.0", ""), err[-2000:]
+        assert out.strip() or "Exception ignored in" in err, err[-2000:]
+        assert "Fatal" not in err and "INTERNAL" not in err, err[-2000:]
 
 
 WITHOUT_EXTENSION = """
@@ -147,7 +159,7 @@ INTERRUPT_COMPILE = """
 
     def slow(*args, **kwargs):             # a compile that takes a while, interrupted
         threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
-        time.sleep(60)
+        time.sleep(5)
         return compile_to_ir(*args, **kwargs)
 
     hlo_passes.compile_to_ir = slow
@@ -165,11 +177,61 @@ INTERRUPT_COMPILE = """
 
 
 def test_ctrl_c_during_compile_raises_keyboard_interrupt_and_the_process_goes_on():
-    """JAX compiles on a thread of its own and its wait is interruptible, so this one
-    worked before; pinned so that it stays so (the compile's thread finishes alone)."""
-    returncode, out, err = _run(INTERRUPT_COMPILE)
+    """JAX compiles on a thread of its own and its wait is interruptible, but the
+    process hung at exit while the interrupted compile still ran (XLA's pool joined a
+    thread CPython had ended): the exit now waits for it (`runtime.inflight`)."""
+    returncode, out, err = _run(INTERRUPT_COMPILE, timeout=120)
     assert returncode == 0, err[-3000:]
     assert out.splitlines() == ["KeyboardInterrupt", "then: 3.0"], err[-3000:]
+
+
+def test_a_ctrl_c_python_could_not_raise_is_raised_between_steps():
+    """A SIGINT whose KeyboardInterrupt lands in a __del__ (or JAX's gc callback) is
+    printed as ignored by Python; during an execution the next step raises it."""
+    import signal
+    import time
+
+    from jax_trn.runtime import interrupts
+
+    class Swallows:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.01)                   # the handler runs here, inside __del__
+
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts.watched():
+            Swallows()                         # freed at once: its interrupt is lost
+            interrupts.check()
+    interrupts.check()                         # nothing left over afterwards
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_the_exit_handler_waits_for_a_running_compile_and_stops_new_ones():
+    import threading
+    import time
+
+    from jax_trn.runtime import inflight
+
+    done = []
+
+    def compile_():
+        with inflight.tracked():
+            time.sleep(0.3)
+            done.append(1)
+            inflight.checkpoint()
+
+    worker = threading.Thread(target=compile_)
+    worker.start()
+    time.sleep(0.05)
+    try:
+        with pytest.raises(inflight.Cancelled):
+            inflight.drain()
+            with inflight.tracked():
+                pass
+        assert done == [1]
+    finally:
+        inflight._stopping = False
+        worker.join()
 
 
 # --- HBM left charged by failed executions --------------------------------------------------
