@@ -147,8 +147,7 @@ def lower_dot(ctx: LowerCtx, lhs: DramTensor, rhs: DramTensor, out: DramTensor,
         _no_epilogue(epilogue, "an empty dot_general")
         return fill(ctx.kb, out, 0)
     if is_int_dot(lhs.dtype, rhs.dtype, out.dtype):
-        _no_epilogue(epilogue, "an integer dot_general")
-        return _int_dot(ctx, lhs, rhs, out, (lb, lf, lc), (rb, rf, rc))
+        return _int_dot(ctx, lhs, rhs, out, (lb, lf, lc), (rb, rf, rc), epilogue)
     ldt, rdt, precision = matmul_types(lhs.dtype, rhs.dtype,
                                        attrs.get("precision_config", ()),
                                        ctx.matmul_precision, ctx.target.ocp_fp8)
@@ -172,8 +171,8 @@ def lower_dot(ctx: LowerCtx, lhs: DramTensor, rhs: DramTensor, out: DramTensor,
     MatmulEmitter(ctx.kb, lop, rop, out, plan, precision, epilogue, pairs).run()
 
 
-def _int_dot(ctx: LowerCtx, lhs: DramTensor, rhs: DramTensor, out: DramTensor, lg, rg
-             ) -> None:
+def _int_dot(ctx: LowerCtx, lhs: DramTensor, rhs: DramTensor, out: DramTensor, lg, rg,
+             epilogue=None) -> None:
     """An exact integer dot_general (intmatmul.py): M = N = 1 batched products on
     GpSimd, anything else as digit matmuls."""
     (lb, lf, lc), (rb, rf, rc) = lg, rg
@@ -183,10 +182,11 @@ def _int_dot(ctx: LowerCtx, lhs: DramTensor, rhs: DramTensor, out: DramTensor, l
     if lop.t is not lhs or rop.t is not rhs:
         ctx.next_kernel("dot")
     if lop.f[1] == rop.f[1] == 1 and lop.batch:
+        _no_epilogue(epilogue, "batched inner products (M = N = 1)")
         return inner_products(ctx.kb, lop, rop, out, FMAX)
     target = ctx.target
     IntMatmul(ctx.kb, with_dma_transpose(lop, target), with_dma_transpose(rop, target),
-              out).run()
+              out, epilogue).run()
 
 
 def _free_sbuf(kb: KernelBuilder) -> int:

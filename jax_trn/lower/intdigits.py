@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from jax_trn.hw import dtypes as hw_dtypes
 
 EXACT = 1 << 24         # FP32 holds every integer up to 2**24 in magnitude (§2.2: PSUM FP32)
@@ -127,3 +129,25 @@ def plan_groups(lhs: Digits, rhs: Digits, bits: int, ktiles) -> list[Group]:
                 load += rows * bound
         groups.append(Group(s, tuple(units)))
     return groups
+
+
+def fp32_exact(alu: str, dtype: str, count: int) -> bool:
+    """Whether an FP32 datapath (VectorE, §2.3) reduces `count` values of `dtype` with
+    `alu` to the exact integer result: every partial result within 2**24. Floats: yes
+    (FP32 is their arithmetic); a product of integers: never (it wraps).
+
+    >>> fp32_exact("add", "int8", 2048), fp32_exact("add", "int32", 2)
+    (True, False)
+    >>> fp32_exact("max", "uint16", 10 ** 9), fp32_exact("max", "int32", 1)
+    (True, False)
+    """
+    if hw_dtypes.is_float(dtype):
+        return True
+    if dtype == "bool":
+        bound = 1
+    else:
+        info = np.iinfo(hw_dtypes.np_dtype(dtype))
+        bound = max(-int(info.min), int(info.max))
+    if alu == "add":
+        return count * bound <= EXACT
+    return alu in ("max", "min") and bound <= EXACT

@@ -102,8 +102,10 @@ def _bytes_of(z: isa.Tile, n: int, count: int, cols: int) -> isa.Tile:
 class IntMatmul:
     """Emits one canonical integer matmul (see the module docstring)."""
 
-    def __init__(self, kb: KernelBuilder, lhs: Operand, rhs: Operand, out: DramTensor):
+    def __init__(self, kb: KernelBuilder, lhs: Operand, rhs: Operand, out: DramTensor,
+                 epilogue=None):
         self.kb, self.lhs, self.rhs, self.out = kb, lhs, rhs, out
+        self.epilogue = epilogue        # epilogue.py: drains the int accumulators
         self.bits = 8 * hw_dtypes.itemsize(out.dtype)
         self.acc_dtype = "int64" if self.bits == 64 else "int32"
         self.ld, self.rd = digits_of(lhs.t.dtype, self.bits), digits_of(rhs.t.dtype, self.bits)
@@ -145,7 +147,8 @@ class IntMatmul:
         K with as many row tiles as fit, for column tiles of one PSUM bank down to 128
         (a matmul's cost is linear in its columns above 64, §6.3, so narrower tiles cost
         TensorE nothing); else one row tile and the deepest K blocks that fit."""
-        budget = int(_free_sbuf(self.kb) * SBUF_SHARE) - self._fixed_bytes()
+        reserved = self.epilogue.sbuf_bytes(self.kb.target) if self.epilogue else 0
+        budget = int(_free_sbuf(self.kb) * SBUF_SHARE) - self._fixed_bytes() - reserved
         for ncols in dict.fromkeys(min(self.n, c) for c in (self.cols, self.cols // 2,
                                                              self.cols // 4)):
             mb = -(-self.m // self.mt) * self.mt
@@ -181,11 +184,15 @@ class IntMatmul:
         self.accs, self.totals, self.tmps = (kb.ring(2, self.cols, self.acc_dtype)
                                              for _ in range(3))
         self.obuf = kb.ring(2, self.cols, self.out.dtype)
+        if self.epilogue is not None:
+            self.epilogue.start(kb, self.ncols)
 
     def _release(self) -> None:
         rings = [self.strips, self.slices, self.raw, self.z, self.psum, self.accs,
                  self.totals, self.tmps, self.obuf, self.rows, self.rows_d, self.tps]
         self.kb.release(*(r for r in rings if r is not None))
+        if self.epilogue is not None:
+            self.epilogue.close()
 
     # --- the loop nest -------------------------------------------------------------------
 
@@ -279,7 +286,10 @@ class IntMatmul:
 
     def _store(self, acc: isa.Tile, base: int, m0: int, rn: int, n0: int, nn: int) -> None:
         """acc, wrapped to the result type (a GpSimd copy when narrower; a same-width
-        type is the same bits, the tile read as it), DMAed out."""
+        type is the same bits, the tile read as it), DMAed out; or drained through the
+        fused epilogue (which copies it out in the dot's type first, epilogue.py)."""
+        if self.epilogue is not None:
+            return self.epilogue.drain([(0, nn, acc)], base, m0, rn, n0, nn)
         src = acc.with_(dtype=self.out.dtype)
         if hw_dtypes.itemsize(self.out.dtype) != hw_dtypes.itemsize(self.acc_dtype):
             src = sub(self.obuf.next(), rn, nn)

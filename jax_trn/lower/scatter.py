@@ -15,10 +15,18 @@ arguments. Anything else is a LoweringError naming the op.
   and cast back to the result dtype, §3.4). Duplicate indices combine in update order
   (index-vector order, row-major over the update dims): a set keeps the last update,
   adds accumulate one after another, each sum rounded to the result dtype (bf16 sums
-  round at every step, as the CPU backend's bf16 combiner does). Integer adds are FP32
-  adds, as the Neuron compiler does for scatter-with-compute on integers (§4): exact
-  while every partial sum stays below 2^24 in magnitude and inside the dtype's range
-  (the cast back saturates where the CPU backend wraps).
+  round at every step, as the CPU backend's bf16 combiner does).
+- integer add: the DMA adds in FP32 (§3.4; the Neuron compiler converts integer
+  scatter-with-compute to FP32, §4), which rounds above 2^24 and saturates where XLA
+  wraps, so the updates go in as bytes (`_exact_add`): byte p of every update,
+  (u >> 8p) & 255 on GpSimd, is DMA-added into an int32 plane table P_p (zeroed
+  first), exact while an element takes at most 2^24 / 255 = 65793 updates -- the
+  positions go in batches of at most that many. Then per tile, the touched rows of x
+  and of every plane are gathered and GpSimd computes x + sum_p P_p << 8p (shifts on
+  VectorE, bitvec ops, §6.2), wrapping in the result type, and the rows are
+  scattered back: an element updated twice gets the same final value twice. Costs
+  per tile: n DMA-adds and n + 1 gathers for n = bytes of the type, 2n GpSimd and
+  VectorE ops, one scatter; plus the plane tables' fill (n x the table).
 - mul, max, min: no DMA compute for them, so a read-modify-write on the engines: a
   DmaGather of the current rows, TensorTensor (VectorE for floats, GpSimd natively for
   integers), a DmaScatter back. Two updates of the same row in one tile would read the
@@ -30,6 +38,8 @@ arguments. Anything else is a LoweringError naming the op.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from hlo_passes import ir
@@ -38,8 +48,9 @@ from jax_trn.hw.program import DramTensor
 
 from .builder import sub
 from .errors import LoweringError
-from .indexed import Plan, RowIndexer, check_index_dtype, chunks, data_ap, make_plan
-from .movement import copy
+from .indexed import (Chunk, Plan, RowIndexer, _segments, check_index_dtype, chunks, data_ap,
+                      make_plan)
+from .movement import copy, fill
 from .registry import LowerCtx, register_lowering
 
 _COMBINERS = {"add": "add", "multiply": "multiply", "maximum": "max", "minimum": "min",
@@ -121,6 +132,8 @@ def _scatter_lower(ctx: LowerCtx, x: DramTensor, indices: DramTensor, *rest: Dra
     serial = kind not in ("set", "add") and not _unique(
         ctx, plan, indices, window, dn["scatter_dims_to_operand_dims"], unique_indices)
     work = chunks(ctx, plan, serial=serial)
+    if kind == "add" and ir.is_int(out.dtype) and out.dtype != "bool":
+        return _exact_add(ctx, plan, x, upd, indices, work)
     rows = RowIndexer(ctx, plan, indices, drop_oob=True, work=work)
     table = plan.table(kb, out)
     n = max(ch.n for ch in work) * plan.c
@@ -141,3 +154,109 @@ def _scatter_lower(ctx: LowerCtx, x: DramTensor, indices: DramTensor, *rest: Dra
                 rmw_op="add" if kind == "add" else None, dma_queue=kb.next_queue())
     rows.close()
     kb.release(data, *([cur] if cur is not None else []))
+
+
+# --- exact integer add ----------------------------------------------------------------------
+
+PLANE_UPDATES = (1 << 24) // 255   # updates of one element whose byte sums stay exact
+
+
+def _exact_add(ctx: LowerCtx, plan: Plan, x: DramTensor, upd: DramTensor,
+               indices: DramTensor, work: list[Chunk]) -> None:
+    """out = x + the updates, exact and wrapping (see the module docstring): per batch
+    of positions, zeroed byte planes, the bytes DMA-added into them, then every touched
+    row recomputed from the batch's base (x, or a copy of out after earlier batches)."""
+    out, n = ctx.outs[0], ir.np_dtype(ctx.outs[0].dtype).itemsize
+    planes = [ctx.temp(tuple(out.shape), "int32") for _ in range(n)]
+    for b, batch in enumerate(_position_batches(work, PLANE_UPDATES)):
+        base = x
+        if b:
+            base = ctx.temp(tuple(out.shape), out.dtype)
+            copy(ctx.kb, base, out)
+        for t in planes:
+            fill(ctx.kb, t, 0)
+        ctx.next_kernel("bytes")
+        _add_bytes(ctx, plan, upd, indices, batch, planes)
+        ctx.next_kernel("combine")
+        _combine_rows(ctx, plan, base, indices, batch, planes)
+        ctx.next_kernel("scatter")
+
+
+def _add_bytes(ctx: LowerCtx, plan: Plan, upd: DramTensor, indices: DramTensor, work,
+               planes: list[DramTensor]) -> None:
+    """Byte p of every update DMA-added into plane p (FP32 adds of integers <= 2^24)."""
+    kb = ctx.kb
+    rows = RowIndexer(ctx, plan, indices, drop_oob=True, work=work)
+    n = max(ch.n for ch in work) * plan.c
+    data, digit = kb.ring(2, n, upd.dtype), kb.ring(len(planes) + 1, n, "int32")
+    for ch in work:
+        idx = rows(ch)
+        src = sub(data.next(), ch.pp, ch.n * plan.c)
+        kb.dma(src, data_ap(kb, upd, plan, ch))
+        for p, t in enumerate(planes):
+            d = sub(digit.next(), ch.pp, ch.n * plan.c)
+            kb.emit(isa.TensorScalar, dst=d, data=src, op0="shift_right_logical",
+                    operand0=8 * p, op1="bitwise_and", operand1=255, engine="gpsimd")
+            kb.emit(isa.DmaScatter, dst=plan.table(kb, t), src=d, indices=idx,
+                    oob_mode="skip", rmw_op="add", dma_queue=kb.next_queue())
+    rows.close()
+    kb.release(data, digit)
+
+
+def _combine_rows(ctx: LowerCtx, plan: Plan, base: DramTensor, indices: DramTensor, work,
+                  planes: list[DramTensor]) -> None:
+    """Every touched row: base + sum_p plane_p << 8p (Horner from the top byte), in the
+    accumulator type, wrapped to the result type and scattered over the row."""
+    kb, out = ctx.kb, ctx.outs[0]
+    acc_dt = "int64" if len(planes) == 8 else "int32"
+    rows = RowIndexer(ctx, plan, indices, drop_oob=True, work=work)
+    n = max(ch.n for ch in work) * plan.c
+    old, got = kb.ring(2, n, out.dtype), kb.ring(3, n, "int32")
+    accs, res = kb.ring(2, n, acc_dt), kb.ring(2, n, out.dtype)
+    for ch in work:
+        idx, size = rows(ch), ch.n * plan.c
+        acc = sub(accs.next(), ch.pp, size)
+        for p in reversed(range(len(planes))):
+            g = sub(got.next(), ch.pp, size)
+            kb.emit(isa.DmaGather, dst=g, src=plan.table(kb, planes[p]), indices=idx,
+                    oob_mode="skip", dma_queue=kb.next_queue())
+            if p == len(planes) - 1:
+                kb.emit(isa.TensorCopy, dst=acc, src=g, engine="gpsimd")
+                continue
+            kb.emit(isa.TensorScalar, dst=acc, data=acc, op0="shift_left", operand0=8,
+                    engine="vector")
+            kb.emit(isa.TensorTensor, dst=acc, data1=acc, data2=g, op="add", engine="gpsimd")
+        cur = sub(old.next(), ch.pp, size)
+        kb.emit(isa.DmaGather, dst=cur, src=plan.table(kb, base), indices=idx,
+                oob_mode="skip", dma_queue=kb.next_queue())
+        dst = acc if acc_dt == out.dtype else sub(res.next(), ch.pp, size)
+        kb.emit(isa.TensorTensor, dst=dst, data1=acc, data2=cur, op="add", engine="gpsimd")
+        kb.emit(isa.DmaScatter, dst=plan.table(kb, out), src=dst, indices=idx,
+                oob_mode="skip", dma_queue=kb.next_queue())
+    rows.close()
+    kb.release(old, got, accs, res)
+
+
+def _position_batches(work: list[Chunk], limit: int) -> list[list[Chunk]]:
+    """The chunks in batches of at most `limit` positions (index vectors), chunks cut
+    where one holds more: an element takes at most one update per position."""
+    batches: list[list[Chunk]] = [[]]
+    count = 0
+    for ch in work:
+        for piece in _pieces(ch, limit):
+            size = piece.pp * piece.m
+            if count + size > limit and batches[-1]:
+                batches.append([])
+                count = 0
+            batches[-1].append(piece)
+            count += size
+    return batches
+
+
+def _pieces(ch: Chunk, limit: int) -> list[Chunk]:
+    """`ch` cut into chunks of at most `limit` positions (consecutive positions, each
+    piece p-major on at most the same partitions, as `indexed._segments` cuts them)."""
+    if ch.pp * ch.m <= limit:
+        return [ch]
+    return [dataclasses.replace(ch, q0=ch.q0 + q0, pp=pp, m=m)
+            for q0, pp, m in _segments(ch.pp * ch.m, max(1, limit // ch.pp), ch.pp)]
