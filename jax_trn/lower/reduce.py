@@ -172,9 +172,10 @@ class _Reducer:
     def load(self, boxes) -> isa.Tile:
         return self.source.load(boxes)
 
-    def reduce_free(self, data: isa.Tile, dst: isa.Tile | None = None) -> isa.Tile:
+    def reduce_free(self, data: isa.Tile, dst: isa.Tile | None = None,
+                    engine: str | None = None) -> isa.Tile:
         dst = dst or sub(self.parts.next(), data.num_partitions, 1)
-        if self.free_engine == "vector":
+        if (engine or self.free_engine) == "vector":
             self.kb.emit(isa.TensorReduce, dst=dst, data=data, op=self.alu)
         else:
             self.kb.emit(isa.TensorReduce, dst=dst, data=data, op=self.alu, engine="gpsimd")
@@ -215,7 +216,7 @@ class _Reducer:
             return self._across_gpsimd(sub(acc, self.pmax, fc), fc)
         tp = sub(self.psum.next(), fc, self.pmax)
         self.kb.emit(isa.NcTranspose, dst=tp, data=sub(acc, self.pmax, fc))
-        return self.reduce_free(tp, sub(self.accs.next(), fc, 1))
+        return self.reduce_free(tp, sub(self.accs.next(), fc, 1), "vector")
 
     def _across_gpsimd(self, data: isa.Tile, fc: int) -> isa.Tile:
         """Exact integer [P, fc] -> [1, fc] by tensor_partition_reduce (add, max; min as
