@@ -6,28 +6,34 @@ kept an exact FP32 integer (intdigits.py has the arithmetic); this module emits 
 one canonical matmul out[M, N] = lhs[M, K] @ rhs[K, N] per batch index (dot.py):
 
     for each block of M rows:                  # lhs digit strips [K, digits, 128] resident
-        for each 512-column tile of N:         # rhs digit slice [K, digits, 512]: loaded,
-            for each 128-row tile of the block:    # split into digits, one tile ahead
+        for each column tile of N (<= 512):    # rhs digit slice [K, digits, cols]: loaded
+            for each 128-row tile of the block:    # and split one tile ahead
                 for each accumulation group (highest shift first):
-                    bf16 matmuls of its (pair, k-tile) units into one PSUM bank
+                    bf16 matmuls of its (k-tile, pair) units into one PSUM bank
                     PSUM -> SBUF as int32 (VectorE/ScalarE; exact, |v| <= 2**24)
-                    GpSimd: acc = (acc << 8 * (shift step)) + group   (Horner, wraps)
-                wrap acc to the result type on GpSimd if narrower; DMA it out
+                    acc = (acc << 8 * shift step) + group: the shift a VectorE bitvec
+                    op (§6.2), the add on GpSimd's integer ALU (§2.5), both wrapping
+                wrap acc to the result type (GpSimd copy) if narrower; DMA it out
 
 An operand is loaded K-major (K on partitions, §2.2): rows of K as they lie in DRAM
 when its free axis is the contiguous one; otherwise by dma_transpose of its 2- or
-4-byte integers (v3+, §3.4, bit-exact) or, failing that, as rows of its free axis whose
-digit planes are transposed on TensorE (bf16 digits: exact), then copied to SBUF. The
-digits themselves are computed per loaded tile (one GpSimd tensor_scalar, one copy of a
-byte view, one more GpSimd shift for the top digit of an operand narrower than the
-result). When K is too deep for the strips to fit, the rows go one 128-row tile at a
-time and K in blocks, each block's Horner sum added into the accumulator.
+4-byte integers (v3+, §3.4, bit-exact) or, failing that (int8, trn1), as rows of its
+free axis whose bf16 digit planes are transposed on TensorE (exact) and copied to
+SBUF. Digits are split per loaded tile: one GpSimd tensor_scalar (z = (x + B) ^ B),
+one VectorE/ScalarE copy of z's bytes read as int8, and for an operand narrower than
+the result a VectorE shift for its top digit; an 8-bit operand is DMA-cast to bf16.
+Column tiles narrow to 256 / 128 before K is blocked (TensorE cost is linear in the
+columns, §6.3); when K is still too deep the rows go one 128-row tile at a time and K
+in blocks, each block's Horner sum added into the accumulator.
 
-Why this way: the FP32 path it replaces costs 4x a BF16 matmul and is wrong above 2**24;
-digits cost 1x (int8), 4x (int16 -> int32) or 10x (int32) a BF16 matmul, plus GpSimd
-work per output tile that overlaps the next tile's matmuls. GpSimd alone (exact 32-bit
-MACs) would take M*N*K / 128 lanes cycles: ~874 us for 512^3 at 1.2 GHz. Figures:
-benchmarks/int_matmul.py. M = N = 1 batched products run on GpSimd (`inner_products`).
+Why this way: the FP32 path it replaces cost 4x a BF16 matmul and was wrong above
+2**24; digits cost 1x (int8), 4x (int16 -> int32) or 10x (int32) a BF16 matmul on
+TensorE, plus per output tile a few GpSimd passes that overlap the next tile's
+matmuls. GpSimd alone (exact 32-bit MACs on 128 lanes) would take M*N*K / 128 cycles:
+~874 us for 512^3 at 1.2 GHz. Simulated, 512^3 on trn2 (benchmarks/int_matmul.py):
+int8 17.2 us, int16 -> int32 25.5 us, int32 45.6 us (bf16: 11.9 us); at 2048^3 int32
+is 12x bf16 with TensorE 81% busy. M = N = 1 batched products run on GpSimd
+(`inner_products`).
 """
 from __future__ import annotations
 

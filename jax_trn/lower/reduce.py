@@ -1,9 +1,10 @@
 """reduce with add / max / min / multiply (and `and` / `or` on bool) over any axes,
 alone or fused with the elementwise ops that produce its input (input fusion).
 
-Partial results accumulate in FP32 for floats and natively in int32 for integers and
-bool (uint32 / int64 / uint64 in their own type; exact, wrapping like XLA), and are cast to the result type at the end. Three
-tilings, by where the contiguous axis of the input is:
+Partial results accumulate in FP32 for floats and in int32 for integers and bool
+(uint32 / int64 / uint64 in their own type; exact, wrapping like XLA: integer work that
+FP32 could round runs on GpSimd, see `_Reducer`), and are cast to the result type at the
+end. Three tilings, by where the contiguous axis of the input is:
 
 - rows: the innermost axis is reduced. Kept positions go on partitions, the reduced
   axes on the free axis (the DMA access pattern moves them innermost); TensorReduce

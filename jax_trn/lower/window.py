@@ -14,8 +14,10 @@ reduce_window:
   FP32, sequential left to right within a line or segment (XLA's CPU backend sums each
   window left to right; for long windows it uses a tree, so long FP32 sums agree within
   tolerance, not bit for bit), carry + segment prefix in the split form, right to left
-  for reverse; integers accumulate exactly (and wrap) natively. The init must be a
-  constant identity of the combiner.
+  for reverse; integers exactly, wrapping: a scan whose running value FP32 could round
+  runs on GpSimd's integer ALU (`scan_engine`, §2.5; the split form then only on v3+,
+  whose TensorE transposes move integers bit-exactly). The init must be a constant
+  identity of the combiner.
 - small windows (<= 64 offsets: pooling): the operand is first copied into an HBM
   temporary of the padded, base-dilated shape, pre-filled with the combiner's identity
   (XLA's CPU backend skips padding: a non-identity init counts once, not per padded
