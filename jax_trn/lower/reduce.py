@@ -223,13 +223,14 @@ class _Reducer:
         """Exact integer [P, fc] -> [1, fc] by tensor_partition_reduce (add, max; min as
         ~max(~x), `~` reversing the order); a product -> [fc, 1] by a TensorE transpose
         (moves bits), a copy out of PSUM and a GpSimd reduce along F."""
-        kb, dst = self.kb, sub(self.accs.next(), 1, fc)
+        kb = self.kb
         if self.alu == "multiply":
             tp = sub(self.psum.next(), fc, self.pmax)
             kb.emit(isa.NcTranspose, dst=tp, data=data)
             rows = sub(self.accs.next(), fc, self.pmax)
             kb.emit(isa.TensorCopy, dst=rows, src=tp, engine="scalar")
             return self.reduce_free(rows, sub(self.parts.next(), fc, 1))
+        dst = sub(self.accs.next(), 1, fc)
         if self.alu == "min":
             kb.emit(isa.TensorScalar, dst=data, data=data, op0="bitwise_xor", operand0=-1,
                     engine="gpsimd")

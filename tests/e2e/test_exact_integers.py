@@ -119,8 +119,10 @@ def test_reductions_full_range(jax, trn, cpu, dtype):
     x = full_range((200, 300), dtype, 16)
     jnp = jax.numpy
     check(jax, trn, cpu, lambda x: (jnp.sum(x, 0, dtype=x.dtype), jnp.sum(x, 1, dtype=x.dtype),
-                                    x.max(0), x.min(1), x.max(), jnp.prod(x[:, :7], 1,
-                                                                          dtype=x.dtype)), x)
+                                    x.max(0), x.min(1), x.max(), x.min(),
+                                    jnp.prod(x[:, :7], 1, dtype=x.dtype),
+                                    jnp.prod(x[:9], 0, dtype=x.dtype),
+                                    jnp.prod(x[:3, :5], dtype=x.dtype)), x)
 
 
 def test_max_min_tell_apart_neighbours_above_2_24(jax, trn, cpu):
