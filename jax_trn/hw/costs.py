@@ -7,8 +7,9 @@ are the NC-v2 docstrings [NKI-ISA-2.26]; on v3+ the automatic Vector / Scalar
 performance modes (§2.3, §2.4) divide N for the cases listed there. Where the sources
 give no rule we say what we chose:
 
-- GpSimd compute (iota, memset, tensor_tensor/scalar/copy/select on gpsimd):
-  `gpsimd_startup (150) + N x inputs`, like iota/affine_select in §6.3.
+- GpSimd compute (iota, memset, tensor_tensor/scalar/copy/select/reduce and
+  tensor_tensor_scan on gpsimd): `gpsimd_startup (150) + N x inputs`, like
+  iota/affine_select in §6.3.
 - VectorE perf modes (v3+, §2.3): tensor_copy / tensor_scalar with every tile a 16-bit
   float in SBUF run 4x; every other case 2x, which is also what the v3 datapath width
   of 256 elements per cycle for non-16-bit types (§1.2) gives.
@@ -198,8 +199,10 @@ def select_fast_mode(ins, spec: CoreSpec) -> bool:
 
 
 def tensor_reduce(ins, spec: CoreSpec) -> float:
-    """N, or N/2 for BF16 in/out with add or max, §6.3."""
+    """N, or N/2 for BF16 in/out with add or max, §6.3; on GpSimd start-up + N."""
     n = _n(ins.data)
+    if ins.engine == "gpsimd":
+        return float(_gpsimd(spec, n))
     bf16 = ins.data.dtype == ins.dst.dtype == "bfloat16" and ins.op in ("add", "max")
     return float(n / 2 if bf16 else n)
 

@@ -1,5 +1,6 @@
 """VectorE / ScalarE instructions (trainium-hardware.md §2.3, §2.4, §6.2), and Memset /
-Select, which also run on GpSimd.
+Select, which also run on GpSimd; TensorReduce and TensorTensorScan have a GpSimd mode
+for exact integer work (its 32-bit integer ALU, §2.5; VectorE computes in FP32, §2.3).
 
 Each class names its semantics (semantics.py, semantics_mx.py) and its cost: the
 original instructions' costs and generation checks are in costs.py, the newer ones
@@ -112,13 +113,16 @@ class TensorReduce(Instr):
     op: str                       # "add" | "max" | "min" | ...
     axis: tuple[int, ...] = (-1,)  # free axes of `data` (1-based: axis 0 is the partition)
     negate: bool = False
-    engine = "vector"
+    # "gpsimd": an exact integer reduction on GpSimd's 32-bit integer ALU (§2.5; VectorE
+    # computes in FP32, §2.3), priced like GpSimd's other compute (costs.py)
+    engine: str = "vector"
     semantics = _sem.tensor_reduce
     cycles = _costs.tensor_reduce
 
     def __post_init__(self):
-        _tile(self.data, "data", "vector")
-        _tile(self.dst, "dst", "vector")
+        _engine(self, ("vector", "gpsimd"))
+        _tile(self.data, "data", self.engine)
+        _tile(self.dst, "dst", self.engine)
         _op(self.op, "reduce op")
         axes = self.axes
         _check(len(set(axes)) == len(axes) and all(1 <= a <= len(self.data.free) for a in axes),
@@ -318,19 +322,25 @@ class TensorTensorScan(Instr):
     `initial` is an immediate or a [P, 1] tile; arithmetic ops only, computed in FP32
     with the running value carried in FP32 (cast once on output), or natively in int64
     when every operand is an integer type (as the other ALU instructions, semantics.py).
-    data0 and data1 cannot both be in PSUM. Cost max(MIN_II, 2N), §6.3."""
+    data0 and data1 cannot both be in PSUM. Cost max(MIN_II, 2N), §6.3.
+
+    On GpSimd (`engine="gpsimd"`): the same recurrence on its 32-bit integer ALU (§2.5),
+    exact for integers where VectorE's FP32 carry is not (§2.3); GpSimd is programmable
+    (§2.5) and has no published scan cost, so it is priced like its other two-input
+    compute, start-up + 2N (costs.py)."""
     dst: Tile
     data0: Tile
     data1: Tile
     initial: Scalar
     op0: str
     op1: str
-    engine = "vector"
+    engine: str = "vector"
     semantics = _sem.tensor_tensor_scan
 
     def __post_init__(self):
+        _engine(self, ("vector", "gpsimd"))
         for what in ("dst", "data0", "data1"):
-            _tile(getattr(self, what), what, "vector")
+            _tile(getattr(self, what), what, self.engine)
         _lanes(self.dst, self.data1, "tensor_tensor_scan data1")
         _check(self.data0.num_partitions == self.data1.num_partitions
                and self.data0.free_size == self.data1.free_size,
@@ -341,10 +351,12 @@ class TensorTensorScan(Instr):
             _op(op)
             _check(op not in _BITVEC, f"tensor_tensor_scan takes arithmetic ops only, "
                    f"not {op!r}, §6.2")
-        _scalar(self.initial, self.data1, "initial", "vector")
+        _scalar(self.initial, self.data1, "initial", self.engine)
 
     def cycles(self, spec) -> float:
-        """max(MIN_II, 2N), §6.3."""
+        """max(MIN_II, 2N), §6.3; on GpSimd start-up + 2N."""
+        if self.engine == "gpsimd":
+            return float(spec.gpsimd_startup + 2 * self.data1.free_size)
         return float(max(spec.min_ii, 2 * self.data1.free_size))
 
 

@@ -32,6 +32,7 @@ from jax_trn.hw.program import DramTensor
 from .elementwise import free_size
 from .errors import LoweringError
 from .layout import row_major
+from .intdigits import EXACT
 from .reduce import RegionSource, TensorSource, _fill_init, emit_reduce, identity
 from .registry import LowerCtx, register_lowering
 from .regions import FMAX, Input, Region
@@ -152,4 +153,16 @@ def lower_argreduce(ctx: LowerCtx, x: DramTensor, idx: DramTensor, xinit: DramTe
     region = Region(shape, inputs, steps, [])
     chunk = min(FMAX, free_size(kb, region, 4 * FMAX * ctx.target.partitions))
     source = RegionSource(kb, region, 2 + len(steps), chunk)
-    emit_reduce(kb, source, shape, iout, "min", None, dims)
+    emit_reduce(kb, source, shape, iout, "min", None, dims, exact=_small(ctx, idx))
+
+
+def _small(ctx: LowerCtx, idx: DramTensor) -> bool:
+    """Whether the indices are below 2**24, so VectorE's FP32 min of them is exact (so
+    is the INT32_MAX filler's: it rounds to 2**31, which converts back to INT32_MAX):
+    checked when they are a known constant; otherwise they are taken to be the iota
+    along the reduced axes that jnp.argmax / lax.argmax pass, below 2**24 when the
+    operand has fewer elements."""
+    known = ctx.constant(idx)
+    if known is not None:
+        return not np.size(known) or bool(np.abs(np.asarray(known, np.int64)).max() < EXACT)
+    return idx.size < EXACT

@@ -13,9 +13,10 @@ RNE) with FP32 accumulation; HIGH as TF32 (FP32 tiles, `NcMatmul(precision="tf32
 rounded to TF32 in the array, at the BF16 rate); HIGHEST as FP32 at the FP32 rate.
 What DEFAULT means is set by `lower_module(matmul_precision=)` (the options pass
 $JAX_TRN_MATMUL_PRECISION, jax_trn/config.py). bf16/fp16/fp8 run
-natively; mixed types are cast to the wider one. Integer dots compute in FP32, exact
-while every partial sum stays below 2**24 (the Neuron compiler converts integer matmuls
-to FP32, §4).
+natively; mixed types are cast to the wider one. Integer dots (integer operands and
+result) are exact and wrap like XLA: digit matmuls on TensorE combined on GpSimd
+(intmatmul.py); bool dots compute in FP32 (sums of 0/1 products, only their being
+nonzero matters).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from jax_trn.hw.program import DramTensor
 
 from .builder import KernelBuilder, sub
 from .elementwise import FMAX
+from .intmatmul import IntMatmul, inner_products, is_int_dot
 from .layout import (Axes, View, box_offset, box_pattern, line_tiles, merge_axes, row_major,
                      tiles)
 from .matmul import MatmulEmitter
@@ -144,6 +146,8 @@ def lower_dot(ctx: LowerCtx, lhs: DramTensor, rhs: DramTensor, out: DramTensor,
     if out.size == 0 or k == 0:
         _no_epilogue(epilogue, "an empty dot_general")
         return fill(ctx.kb, out, 0)
+    if is_int_dot(lhs.dtype, rhs.dtype, out.dtype):
+        return _int_dot(ctx, lhs, rhs, out, (lb, lf, lc), (rb, rf, rc), epilogue)
     ldt, rdt, precision = matmul_types(lhs.dtype, rhs.dtype,
                                        attrs.get("precision_config", ()),
                                        ctx.matmul_precision, ctx.target.ocp_fp8)
@@ -165,6 +169,24 @@ def lower_dot(ctx: LowerCtx, lhs: DramTensor, rhs: DramTensor, out: DramTensor,
         lop = dataclasses.replace(lop, via_dma=False)
         plan = make_plan(lop, rop, out.dtype, _free_sbuf(ctx.kb), target, reserved)
     MatmulEmitter(ctx.kb, lop, rop, out, plan, precision, epilogue, pairs).run()
+
+
+def _int_dot(ctx: LowerCtx, lhs: DramTensor, rhs: DramTensor, out: DramTensor, lg, rg,
+             epilogue=None) -> None:
+    """An exact integer dot_general (intmatmul.py): M = N = 1 batched products on
+    GpSimd, anything else as digit matmuls."""
+    (lb, lf, lc), (rb, rf, rc) = lg, rg
+    lb, rb = merge_axes(lb, rb) if lb else ((), ())
+    lop = _canonical(ctx, lhs, lb, lf, lc, lhs.dtype, lhs=True)
+    rop = _canonical(ctx, rhs, rb, rf, rc, rhs.dtype, lhs=False)
+    if lop.t is not lhs or rop.t is not rhs:
+        ctx.next_kernel("dot")
+    if lop.f[1] == rop.f[1] == 1 and lop.batch:
+        _no_epilogue(epilogue, "batched inner products (M = N = 1)")
+        return inner_products(ctx.kb, lop, rop, out, FMAX)
+    target = ctx.target
+    IntMatmul(ctx.kb, with_dma_transpose(lop, target), with_dma_transpose(rop, target),
+              out, epilogue).run()
 
 
 def _free_sbuf(kb: KernelBuilder) -> int:

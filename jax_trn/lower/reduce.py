@@ -1,9 +1,10 @@
 """reduce with add / max / min / multiply (and `and` / `or` on bool) over any axes,
 alone or fused with the elementwise ops that produce its input (input fusion).
 
-Partial results accumulate in FP32 for floats and natively in int32 for integers and
-bool (uint32 / int64 / uint64 in their own type; exact, wrapping like XLA), and are cast to the result type at the end. Three
-tilings, by where the contiguous axis of the input is:
+Partial results accumulate in FP32 for floats and in int32 for integers and bool
+(uint32 / int64 / uint64 in their own type; exact, wrapping like XLA: integer work that
+FP32 could round runs on GpSimd, see `_Reducer`), and are cast to the result type at the
+end. Three tilings, by where the contiguous axis of the input is:
 
 - rows: the innermost axis is reduced. Kept positions go on partitions, the reduced
   axes on the free axis (the DMA access pattern moves them innermost); TensorReduce
@@ -33,6 +34,7 @@ from jax_trn.hw.program import DramTensor
 
 from .builder import KernelBuilder, sub
 from .errors import LoweringError
+from .intdigits import fp32_exact
 from .layout import (View, box_offset, box_pattern, box_tiles, flat_tiles, line_tiles,
                      merge_axes, row_major)
 from .movement import fill
@@ -130,9 +132,16 @@ class RegionSource:
 # --- the reducer -----------------------------------------------------------------------------
 
 class _Reducer:
-    """Shared pieces of the three tilings: accumulators, init, cast and store."""
+    """Shared pieces of the three tilings: accumulators, init, cast and store.
 
-    def __init__(self, kb: KernelBuilder, source, out: DramTensor, alu: str, init):
+    VectorE reduces in FP32 (§2.3): an integer reduction whose partial results could
+    pass 2**24 (`fp32_exact`) runs on GpSimd's integer ALU instead (§2.5): along F by
+    its tensor_reduce mode, across partitions by tensor_partition_reduce (min as
+    ~max(~x)), a product by a TensorE transpose (bit-exact data movement) and a
+    GpSimd reduce along F."""
+
+    def __init__(self, kb: KernelBuilder, source, out: DramTensor, alu: str, init,
+                 count: int, exact: bool | None = None):
         self.kb, self.source, self.out, self.alu = kb, source, out, alu
         self.pmax = kb.target.partitions
         self.acc_dtype = acc = "float32" if ir.is_float(source.dtype) else \
@@ -142,12 +151,16 @@ class _Reducer:
             raise LoweringError(f"{alu} of uint64 is not supported: the integer ALU "
                                 "compares in signed 64-bit")
         self.engine = engine_for(acc)
+        self.free_engine = "vector" if exact or exact is None and fp32_exact(
+            alu, source.dtype, source.chunk) else "gpsimd"
+        self.cross_exact = exact or exact is None and fp32_exact(alu, source.dtype, count)
         self.ident = identity(alu, source.dtype)
         self.init = self._load_init(init, out.dtype) if init is not None else None
         self.parts = kb.ring(2, 1, acc)
-        self.accs = kb.ring(2, 1, acc)
+        self.accs = kb.ring(2, 1 if self.cross_exact else self.pmax, acc)
         self.psum = kb.ring(2, self.pmax, acc, mem="psum")
-        self.res = kb.ring(2, 1, out.dtype) if out.dtype != acc else None
+        wide = 1 if self.cross_exact else self.pmax      # [1, fc] results from GpSimd
+        self.res = kb.ring(2, wide, out.dtype) if out.dtype != acc else None
 
     def _load_init(self, init, dtype: str) -> isa.Tile:
         """A [P, 1] tile of the init value: from DRAM, or an immediate."""
@@ -160,9 +173,13 @@ class _Reducer:
     def load(self, boxes) -> isa.Tile:
         return self.source.load(boxes)
 
-    def reduce_free(self, data: isa.Tile, dst: isa.Tile | None = None) -> isa.Tile:
+    def reduce_free(self, data: isa.Tile, dst: isa.Tile | None = None,
+                    engine: str | None = None) -> isa.Tile:
         dst = dst or sub(self.parts.next(), data.num_partitions, 1)
-        self.kb.emit(isa.TensorReduce, dst=dst, data=data, op=self.alu)
+        if (engine or self.free_engine) == "vector":
+            self.kb.emit(isa.TensorReduce, dst=dst, data=data, op=self.alu)
+        else:
+            self.kb.emit(isa.TensorReduce, dst=dst, data=data, op=self.alu, engine="gpsimd")
         return dst
 
     def combine(self, acc: isa.Tile, part: isa.Tile) -> None:
@@ -175,21 +192,54 @@ class _Reducer:
         return acc
 
     def finish(self, res: isa.Tile, offset: int, pattern) -> None:
-        """Applies the init value, casts to the result type and DMAs [p, 1] out."""
+        """Applies the init value, casts to the result type and DMAs [p, 1] (or, from
+        `across_partitions` on GpSimd, [1, p]) out."""
+        row = res.num_partitions == 1 and res.free_size > 1
         if self.init is not None:
-            self.combine(res, sub(self.init, res.num_partitions))
+            if row:
+                self.kb.emit(isa.TensorScalar, dst=res, data=res, op0=self.alu,
+                             operand0=sub(self.init, 1), engine=self.engine)
+            else:
+                self.combine(res, sub(self.init, res.num_partitions))
         if self.res is not None:
-            dst = sub(self.res.next(), res.num_partitions, 1)
+            dst = sub(self.res.next(), res.num_partitions, res.free_size)
             step = Step("convert", (0,), self.out.dtype)
             TILE_OPS["convert"].emit(self.kb, dst, [Src.of(res)], step)
             res = dst
+        if row:
+            pattern = ((1, 1), pattern[0])
         self.kb.dma(self.kb.ap(self.out, offset, pattern), res)
 
     def across_partitions(self, acc: isa.Tile, fc: int) -> isa.Tile:
-        """[P, fc] -> [fc, 1]: TensorE transpose into PSUM, then reduce along F."""
+        """[P, fc] -> [fc, 1]: TensorE transpose into PSUM, then reduce along F; an
+        integer reduce that FP32 could round: [1, fc] on GpSimd (`_across_gpsimd`)."""
+        if not self.cross_exact:
+            return self._across_gpsimd(sub(acc, self.pmax, fc), fc)
         tp = sub(self.psum.next(), fc, self.pmax)
         self.kb.emit(isa.NcTranspose, dst=tp, data=sub(acc, self.pmax, fc))
-        return self.reduce_free(tp, sub(self.accs.next(), fc, 1))
+        return self.reduce_free(tp, sub(self.accs.next(), fc, 1), "vector")
+
+    def _across_gpsimd(self, data: isa.Tile, fc: int) -> isa.Tile:
+        """Exact integer [P, fc] -> [1, fc] by tensor_partition_reduce (add, max; min as
+        ~max(~x), `~` reversing the order); a product -> [fc, 1] by a TensorE transpose
+        (moves bits), a copy out of PSUM and a GpSimd reduce along F."""
+        kb = self.kb
+        if self.alu == "multiply":
+            tp = sub(self.psum.next(), fc, self.pmax)
+            kb.emit(isa.NcTranspose, dst=tp, data=data)
+            rows = sub(self.accs.next(), fc, self.pmax)
+            kb.emit(isa.TensorCopy, dst=rows, src=tp, engine="scalar")
+            return self.reduce_free(rows, sub(self.parts.next(), fc, 1))
+        dst = sub(self.accs.next(), 1, fc)
+        if self.alu == "min":
+            kb.emit(isa.TensorScalar, dst=data, data=data, op0="bitwise_xor", operand0=-1,
+                    engine="gpsimd")
+        kb.emit(isa.TensorPartitionReduce, dst=dst, data=data,
+                op="add" if self.alu == "add" else "max")
+        if self.alu == "min":
+            kb.emit(isa.TensorScalar, dst=dst, data=dst, op0="bitwise_xor", operand0=-1,
+                    engine="gpsimd")
+        return dst
 
     def close(self) -> None:
         rings = [self.parts, self.accs, self.psum] + ([self.res] if self.res else [])
@@ -245,10 +295,12 @@ def _all(r: _Reducer, axes, n: int) -> None:
 
 
 def emit_reduce(kb: KernelBuilder, source, shape, out: DramTensor, alu: str, init,
-                dimensions) -> None:
+                dimensions, exact: bool | None = None) -> None:
     """Reduces `source` (index space `shape`) over `dimensions` into `out`; `init` is a
-    DramTensor, an immediate, or None (a known identity)."""
-    r = _Reducer(kb, source, out, alu, init)
+    DramTensor, an immediate, or None (a known identity). `exact`: the caller knows
+    FP32 reduces its integers exactly (None: judged from the dtype, `fp32_exact`)."""
+    r = _Reducer(kb, source, out, alu, init, math.prod(shape[d] for d in dimensions),
+                 exact)
     views = source.views
     kept = [tuple(a for d, a in enumerate(v) if d not in dimensions) for v in views]
     *kept, outs = merge_axes(*kept, row_major([n for d, n in enumerate(shape)

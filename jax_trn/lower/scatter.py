@@ -15,10 +15,10 @@ arguments. Anything else is a LoweringError naming the op.
   and cast back to the result dtype, §3.4). Duplicate indices combine in update order
   (index-vector order, row-major over the update dims): a set keeps the last update,
   adds accumulate one after another, each sum rounded to the result dtype (bf16 sums
-  round at every step, as the CPU backend's bf16 combiner does). Integer adds are FP32
-  adds, as the Neuron compiler does for scatter-with-compute on integers (§4): exact
-  while every partial sum stays below 2^24 in magnitude and inside the dtype's range
-  (the cast back saturates where the CPU backend wraps).
+  round at every step, as the CPU backend's bf16 combiner does).
+- integer add: the DMA adds in FP32 (§3.4; the Neuron compiler converts integer
+  scatter-with-compute to FP32, §4), which rounds above 2^24 and saturates where XLA
+  wraps: intscatter.py adds the update bytes exactly instead.
 - mul, max, min: no DMA compute for them, so a read-modify-write on the engines: a
   DmaGather of the current rows, TensorTensor (VectorE for floats, GpSimd natively for
   integers), a DmaScatter back. Two updates of the same row in one tile would read the
@@ -39,6 +39,7 @@ from jax_trn.hw.program import DramTensor
 from .builder import sub
 from .errors import LoweringError
 from .indexed import Plan, RowIndexer, check_index_dtype, chunks, data_ap, make_plan
+from .intscatter import exact_add
 from .movement import copy
 from .registry import LowerCtx, register_lowering
 
@@ -121,6 +122,8 @@ def _scatter_lower(ctx: LowerCtx, x: DramTensor, indices: DramTensor, *rest: Dra
     serial = kind not in ("set", "add") and not _unique(
         ctx, plan, indices, window, dn["scatter_dims_to_operand_dims"], unique_indices)
     work = chunks(ctx, plan, serial=serial)
+    if kind == "add" and ir.is_int(out.dtype) and out.dtype != "bool":
+        return exact_add(ctx, plan, x, upd, indices, work)
     rows = RowIndexer(ctx, plan, indices, drop_oob=True, work=work)
     table = plan.table(kb, out)
     n = max(ch.n for ch in work) * plan.c

@@ -14,8 +14,10 @@ reduce_window:
   FP32, sequential left to right within a line or segment (XLA's CPU backend sums each
   window left to right; for long windows it uses a tree, so long FP32 sums agree within
   tolerance, not bit for bit), carry + segment prefix in the split form, right to left
-  for reverse; integers accumulate exactly (and wrap) natively. The init must be a
-  constant identity of the combiner.
+  for reverse; integers exactly, wrapping: a scan whose running value FP32 could round
+  runs on GpSimd's integer ALU (`scan_engine`, §2.5; the split form then only on v3+,
+  whose TensorE transposes move integers bit-exactly). The init must be a constant
+  identity of the combiner.
 - small windows (<= 64 offsets: pooling): the operand is first copied into an HBM
   temporary of the padded, base-dilated shape, pre-filled with the combiner's identity
   (XLA's CPU backend skips padding: a non-identity init counts once, not per padded
@@ -45,6 +47,7 @@ from jax_trn.hw.program import DramTensor
 from .builder import sub
 from .elementwise import _free_axes
 from .errors import LoweringError
+from .intdigits import fp32_exact
 from .layout import (Axes, View, box_offset, box_pattern, box_tiles, flat_tiles, line_tiles,
                      merge_axes, row_major, tiles)
 from .movement import dram_copy, fill
@@ -176,11 +179,18 @@ def cumulative(w: Window, shape: tuple[int, ...]) -> tuple[int, bool] | None:
     return None
 
 
+def scan_engine(alu: str, dtype: str, n: int) -> str:
+    """VectorE's scan carries FP32 (§2.3); an integer scan whose running value could pass
+    2**24 runs on GpSimd's integer ALU (§2.5)."""
+    return "vector" if fp32_exact(alu, dtype, n) else "gpsimd"
+
+
 def _scan(ctx: LowerCtx, x: DramTensor, out: DramTensor, alu: str, dim: int,
           reverse: bool) -> None:
     kb, shape = ctx.kb, tuple(x.shape)
     n, c = shape[dim], math.prod(shape[dim + 1:])
     acc = "float32" if ir.is_float(x.dtype) else ("int32" if x.dtype == "bool" else x.dtype)
+    engine = {"engine": "gpsimd"} if scan_engine(alu, x.dtype, n) == "gpsimd" else {}
     chunk = min(n, SCAN_CHUNK)
     ident = kb.tile(chunk, acc)
     kb.emit(isa.Memset, dst=ident, value=identity(alu, x.dtype), engine=engine_for(acc))
@@ -194,7 +204,7 @@ def _scan(ctx: LowerCtx, x: DramTensor, out: DramTensor, alu: str, dim: int,
             xt, rt = sub(xs.next(), parts, cn), sub(res.next(), parts, cn)
             kb.dma(xt, kb.ap(x, offset + at * c, pattern))
             kb.emit(TensorTensorScan, dst=rt, data0=sub(ident, parts, cn), data1=xt,
-                    initial=prev, op0=alu, op1=alu)
+                    initial=prev, op0=alu, op1=alu, **engine)
             kb.dma(kb.ap(out, offset + at * c, pattern), rt)
             prev = sub(rt, parts, 1, at=cn - 1)
     kb.release(ident, xs, res)
@@ -211,6 +221,8 @@ def _split_line(kb, x: DramTensor, out: DramTensor, offset: int, n: int, alu: st
     sequential chain)."""
     ident, data, res, row, tp, col = bufs
     m = -(-n // kb.target.partitions)
+    exact = scan_engine(alu, x.dtype, n) == "vector"
+    engine = {} if exact else {"engine": "gpsimd"}
     full, rem = divmod(n, m)
     parts = full + (rem > 0)
     xt, rt = sub(data, parts, m), sub(res, parts, m)
@@ -225,18 +237,22 @@ def _split_line(kb, x: DramTensor, out: DramTensor, offset: int, n: int, alu: st
     for off, t, _, pat in pieces:
         kb.dma(t, kb.ap(x, off, pat))
     kb.emit(TensorTensorScan, dst=rt, data0=sub(ident, parts, m), data1=xt,
-            initial=value, op0=alu, op1=alu)
+            initial=value, op0=alu, op1=alu, **engine)
     # exclusive carries: totals [parts, 1] -> [1, parts] -> scan -> [parts, 1]
     totals = tp.with_(num_partitions=1, free=(parts,))
     kb.emit(isa.NcTranspose, dst=totals, data=sub(rt, parts, 1, at=m - 1))
     carry = sub(row, 1, parts + 1)
     kb.emit(isa.Memset, dst=sub(carry, 1, 1), value=value, engine=engine_for(acc))
+    if not exact:       # GpSimd cannot read PSUM (§2.5): the totals to SBUF first
+        kb.emit(isa.TensorCopy, dst=sub(col, 1, parts), src=totals, engine="scalar")
+        totals = sub(col, 1, parts)
     kb.emit(TensorTensorScan, dst=sub(carry, 1, parts, at=1), data0=sub(ident, 1, parts),
-            data1=totals, initial=value, op0=alu, op1=alu)
+            data1=totals, initial=value, op0=alu, op1=alu, **engine)
     back = tp.with_(num_partitions=parts, free=(1,),
                     offset=tp.offset + kb.target.psum_bank_bytes)      # the second bank
     kb.emit(isa.NcTranspose, dst=back, data=sub(carry, 1, parts))
-    kb.emit(isa.TensorCopy, dst=sub(col, parts, 1), src=back)
+    kb.emit(isa.TensorCopy, dst=sub(col, parts, 1), src=back,
+            **({} if exact else {"engine": "scalar"}))
     kb.emit(isa.TensorScalar, dst=rt, data=rt, op0=alu, operand0=sub(col, parts, 1),
             engine=engine_for(acc))
     for off, _, r, pat in pieces:
@@ -251,12 +267,15 @@ def _scan_split(ctx: LowerCtx, x: DramTensor, out: DramTensor, alu: str, dim: in
     if c != 1 or n < SPLIT_MIN or a > SPLIT_MAX_LINES or x.dtype == "bool" \
             or ir.np_dtype(acc).itemsize != 4 or n > pmax * SCAN_CHUNK:
         return False
+    if scan_engine(alu, x.dtype, n) == "gpsimd" and not ctx.target.transpose_mode:
+        return False    # integer totals cross partitions by TensorE: bit-exact on v3+
     m = -(-n // pmax)
     # PSUM: two banks of 4-byte values, the totals transposed into the first and the
     # carries back into the second (`_split_line`).
+    col = 1 if scan_engine(alu, x.dtype, n) == "vector" else pmax    # + the totals row
     bufs = (kb.tile(max(m, pmax), acc), kb.tile(m, x.dtype), kb.tile(m, acc),
             kb.tile(pmax + 1, acc), kb.tile(2 * ctx.target.psum_bank_fp32, acc, mem="psum"),
-            kb.tile(1, acc))
+            kb.tile(col, acc))
     kb.emit(isa.Memset, dst=bufs[0], value=identity(alu, x.dtype), engine=engine_for(acc))
     for line in range(a):
         _split_line(kb, x, out, line * n, n, alu, acc, bufs)
@@ -344,6 +363,7 @@ def _by_offsets(ctx: LowerCtx, src: DramTensor, alu: str, w: Window, init) -> No
     fmax = max(b.free for b in boxes)
     loads, accs = kb.ring(3, fmax * inner, acc_dt), kb.ring(2, fmax, acc_dt)
     parts_ring = kb.ring(2, fmax, acc_dt) if inner > 1 else None
+    red_engine = {} if fp32_exact(alu, src.dtype, inner) else {"engine": "gpsimd"}
     for b in boxes:
         acc = sub(accs.next(), b.parts, b.free)
         for k, v in enumerate(views):
@@ -354,7 +374,7 @@ def _by_offsets(ctx: LowerCtx, src: DramTensor, alu: str, w: Window, init) -> No
                 row = sub(loads.next(), b.parts, (b.free, inner))
                 kb.dma(row, kb.ap(src, v.offset + b.view_offset, b.view_pattern + ((1, inner),)))
                 dst = acc if k == 0 else sub(parts_ring.next(), b.parts, b.free)
-                kb.emit(isa.TensorReduce, dst=dst, data=row, op=alu)
+                kb.emit(isa.TensorReduce, dst=dst, data=row, op=alu, **red_engine)
             if k:
                 kb.emit(isa.TensorTensor, dst=acc, data1=acc, data2=dst, op=alu, engine=engine)
         if init is not None:
