@@ -105,7 +105,20 @@ def _program_row(name: str, exs: list) -> dict:
     peak = sum(ex.span_ns * 1e-9 * ex.peak_flops_per_s * max(1, len(ex.devices))
                for ex in exs)
     flops = sum(ex.flops for ex in exs)
-    return {"name": name, "calls": len(exs), "devices": ranges(devices),
+    return {"name": name, "kind": program_kind(exs[0]), "calls": len(exs),
+            "devices": ranges(devices),
             "device_count": len(devices), "time_s": span * 1e-9,
             "time_per_call_s": span * 1e-9 / len(exs), "flops": flops,
             "mfu_percent": 100 * flops / peak if peak else 0.0}
+
+
+def program_kind(ex) -> str:
+    """"pmap" or "jit": how JAX made the program. JAX 0.10 runs `jax.pmap(f)` as
+    `jit(shard_map(_fun))` (jax/_src/pmap.py), so JAX itself, on every backend, names
+    every pmap program `jit__fun` whatever `f` is; the name PJRT receives (the module's
+    sym_name) carries nothing else. A function the user named `_fun` would read as a
+    pmap too."""
+    return "pmap" if ex.name == PMAP_NAME else "jit"
+
+
+PMAP_NAME = "jit__fun"

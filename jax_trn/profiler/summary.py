@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from . import metrics
-from .devices import device_rows, program_rows, ranges  # noqa: F401 (ranges: public)
+from .devices import device_rows, program_kind, program_rows, ranges  # noqa: F401
 from .insights import insights
 from .engines import ENGINE_NAMES, ENGINES
 
@@ -78,6 +78,7 @@ def _header(exs) -> dict:
     devices = sorted({d for ex in exs for d in ex.devices})
     return {
         "name": first.name if len(exs) == 1 else f"{len(exs)} executions",
+        "kind": program_kind(first) if len(exs) == 1 else "",
         "system": first.system if first else "",
         "generation": first.generation if first else "",
         "core": spec.core.name if spec else "",
@@ -209,7 +210,8 @@ def _bytes(n: float) -> str:
 
 
 def _source(ops: list[str]) -> str:
-    """"dot_general at /p/f.py:7" -> "dot_general f.py:7" (first op, +n more)."""
+    """"dot_general at /p/f.py:7" -> "dot_general f.py:7" (the dominant op, which a
+    fused kernel lists first, +n more)."""
     if not ops:
         return ""
     from .trace import parse_op
@@ -227,7 +229,8 @@ def format_summary(d: dict) -> str:
 def _overview(d: dict) -> list[str]:
     many = len(d["devices"]) > 1
     return [
-        f"{d['name']} on {d['system']} ({d['core']}), device{'s' if many else ''}"
+        f"{d['name']}{' (pmap)' if d['kind'] == 'pmap' else ''} on {d['system']} "
+        f"({d['core']}), device{'s' if many else ''}"
         f" {d['device_list']}" + (f", {d['executions']} executions" if d["executions"] > 1
                                   else ""),
         f"  simulated time      {_time(d['total_time_s'])}",

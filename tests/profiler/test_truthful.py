@@ -115,3 +115,63 @@ def test_a_profile_of_several_programs_has_a_row_per_program(jax, trn):
     assert sum(r["time_s"] for r in rows.values()) == pytest.approx(d["total_time_s"])
     assert rows[prof.executions[0].name]["mfu_percent"] > 0
     assert "programs (2)" in str(prof.summary())
+
+
+# --- source attribution -------------------------------------------------------------
+
+
+def _masked_column_sums(x, mask, g):
+    import jax.numpy as jnp
+    y = x * mask                       # a dropout-like multiply, first in program order
+    s = jnp.sum(y, axis=0)             # the reduction that dominates the fused kernel
+    return s * g
+
+
+def test_fused_kernel_is_attributed_to_the_op_that_dominates_it(jax, trn):
+    import inspect
+    args = jax.device_put((np.ones((256, 64), np.float32), np.ones((256, 64), np.float32),
+                           np.ones(64, np.float32)), trn)
+    ex = profiled(jax, jax.jit(_masked_column_sums), *args).executions[-1]
+    lines, start = inspect.getsourcelines(_masked_column_sums)
+    reduce_line = start + next(i for i, t in enumerate(lines) if "jnp.sum" in t)
+    fused = next(k for k in ex.kernels if len(k.ops) > 1)
+    assert fused.ops[0].startswith("reduce at ") and f":{reduce_line}" in fused.ops[0]
+    row = next(r for r in ex.summary_dict()["kernels"] if r["name"] == fused.name)
+    assert summary_page._source(row["ops"]).startswith(f"reduce test_truthful.py:{reduce_line}")
+    assert {i.op for i in ex.instructions if i.kernel == fused.name} == {"reduce"}
+
+
+def test_a_fused_matmul_is_attributed_to_the_matmul(jax, trn):
+    f = jax.jit(lambda x, w, b: x @ w + jax.numpy.tanh(b) * 2)
+    args = jax.device_put((np.ones((128, 64), np.float32), np.ones((64, 32), np.float32),
+                           np.ones(32, np.float32)), trn)
+    ex = profiled(jax, f, *args).executions[-1]
+    for k in ex.kernels:
+        if any(o.startswith("dot_general") for o in k.ops):
+            assert k.ops[0].startswith("dot_general at ")
+
+
+# --- names --------------------------------------------------------------------------
+
+
+def _cpu_module_name(jax, f, *args) -> str:
+    """The name JAX gives the program: its CPU executable's HloModule."""
+    return f.lower(*args).compile().as_text().split()[1].rstrip(",")
+
+
+def test_program_names_are_the_ones_jax_gives(jax, trn):
+    def my_step(x):
+        return x * 2
+    x = np.ones((4, 4), np.float32)
+    ex = profiled(jax, jax.jit(my_step), jax.device_put(x, trn)).executions[-1]
+    assert ex.name == "jit_my_step" == _cpu_module_name(jax, jax.jit(my_step), x)
+    assert ex.summary_dict()["kind"] == "jit"
+
+
+def test_a_pmap_is_named_as_jax_names_it_and_marked_pmap(jax, pmap_ex):
+    """JAX 0.10 runs pmap(f) as jit(shard_map(_fun)): its own executable is `jit__fun`."""
+    cpu = jax.devices("cpu")[:2]
+    f = jax.pmap(lambda x: jax.lax.psum(x, "i"), axis_name="i", devices=cpu)
+    assert pmap_ex.name == _cpu_module_name(jax, f, np.ones((2, 3), np.float32))
+    assert pmap_ex.summary_dict()["kind"] == "pmap"
+    assert str(pmap_ex.summary()).startswith(f"{pmap_ex.name} (pmap) on ")
