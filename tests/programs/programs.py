@@ -431,33 +431,36 @@ def equinox_mlp(jax, steps: int) -> Run:
 # --- sharded ----------------------------------------------------------------------------
 
 
-def _fsdp(jax, steps: int, rows: int, hidden: int, bias_rows: int) -> Run:
-    """FSDP as in flax's examples: parameters sharded over a 4-way `fsdp` axis on their
-    first dimension, the batch over the same axis; JAX inserts the gathers. The state
-    is placed by a jit with `out_shardings`, as FSDP code initializes it (`device_put`
-    refuses shapes that do not divide; jit outputs may be uneven, XLA pads them)."""
+def _fsdp(jax, steps: int, hidden: int) -> Run:
+    """FSDP in the style of flax's examples: the first layer's weight and the batch
+    sharded over a 4-way `fsdp` axis (JAX inserts the gathers), and the hidden
+    activations constrained to be sharded over it too (`with_sharding_constraint`).
+    `hidden` units over 4 devices: 12 divides, 10 does not; XLA pads the uneven shards
+    (JAX itself refuses uneven shards only at a jit's boundary and in `device_put`)."""
     import optax
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     default = jax.config.jax_default_device
     devices = jax.devices(default.platform if default is not None else None)[:4]
     mesh = Mesh(np.array(devices), ("fsdp",))
     rng = np.random.default_rng(10)
-    params = {"w1": (rng.normal(size=(hidden, 12)) / 3).astype(np.float32),
-              "b1": np.zeros((bias_rows, 12), np.float32),
-              "w2": (rng.normal(size=(12, 3)) / 3).astype(np.float32)}
-    x = rng.normal(size=(rows, hidden)).astype(np.float32)
-    y = rng.integers(0, 3, rows).astype(np.int32)
-    shard = NamedSharding(mesh, P("fsdp"))
-    place = jax.jit(lambda t: t, out_shardings=shard)
-    params, x, y = place(params), place(x), place(y)
+    params = {"w1": (rng.normal(size=(8, hidden)) / 3).astype(np.float32),
+              "b1": np.zeros((hidden,), np.float32),
+              "w2": (rng.normal(size=(hidden, 3)) / 3).astype(np.float32)}
+    x = rng.normal(size=(16, 8)).astype(np.float32)
+    y = rng.integers(0, 3, 16).astype(np.int32)
+    shard, rep = NamedSharding(mesh, P("fsdp")), NamedSharding(mesh, P())
+    params = jax.device_put(params, {"w1": shard, "b1": rep, "w2": rep})
+    x, y = jax.device_put(x, shard), jax.device_put(y, shard)
     tx = optax.adam(1e-2)
     opt = jax.jit(tx.init)(params)
+    hidden_sharded = NamedSharding(mesh, P(None, "fsdp"))
 
     @jax.jit
     def step(params, opt, x, y):
         def loss_fn(p):
-            h = jax.nn.relu(x @ p["w1"] + p["b1"].sum(0))
-            return optax.softmax_cross_entropy_with_integer_labels(h @ p["w2"], y).mean()
+            h = jax.lax.with_sharding_constraint(x @ p["w1"] + p["b1"], hidden_sharded)
+            logits = jax.nn.relu(h) @ p["w2"]
+            return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
         loss, g = jax.value_and_grad(loss_fn)(params)
         upd, opt = tx.update(g, opt, params)
         return optax.apply_updates(params, upd), opt, loss
@@ -469,12 +472,34 @@ def _fsdp(jax, steps: int, rows: int, hidden: int, bias_rows: int) -> Run:
     return Run(losses, _leaves(jax, params), step, (params, opt, x, y))
 
 
-@program("fsdp_even_shapes", "FSDP over a 4-device mesh, shapes that divide", devices=4)
+@program("fsdp_even_shapes", "FSDP over a 4-device mesh, 12 hidden units (divide by 4)",
+         devices=4)
 def fsdp_even(jax, steps: int) -> Run:
-    return _fsdp(jax, steps, rows=16, hidden=8, bias_rows=4)
+    return _fsdp(jax, steps, hidden=12)
 
 
-@program("fsdp_odd_shapes", "FSDP over a 4-device mesh, shapes that do not divide "
-         "(b1: [1, 12], w1: [10, 12], batch 18)", needs="uneven sharding (item 5)", devices=4)
+@program("fsdp_odd_shapes", "FSDP over a 4-device mesh, 10 hidden units sharded 4 ways",
+         needs="uneven sharding (item 5)", devices=4)
 def fsdp_odd(jax, steps: int) -> Run:
-    return _fsdp(jax, steps, rows=18, hidden=10, bias_rows=1)
+    return _fsdp(jax, steps, hidden=10)
+
+
+# --- faults this tier found -------------------------------------------------------------
+
+
+@program("linen_scan_eager_init", "model.init of an nn.scan model outside jit (eager)",
+         needs="found by this tier: an eager op whose outputs JAX pruned compiles to a "
+               "module with no results, and trn's executable reports no output sharding")
+def linen_scan_eager(jax, steps: int) -> Run:
+    import flax.linen as nn
+
+    class Layer(nn.Module):
+        @nn.compact
+        def __call__(self, h, _):
+            return h + nn.tanh(nn.Dense(4)(h)), None
+
+    stack = nn.scan(Layer, variable_axes={"params": 0}, split_rngs={"params": True},
+                    length=2)
+    x = np.ones((2, 4), np.float32)
+    params = stack().init(jax.random.PRNGKey(0), x, None)["params"]
+    return Run([float(np.sum(x))], _leaves(jax, params))
