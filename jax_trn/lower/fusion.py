@@ -12,8 +12,9 @@
 
 The kernel's `ops` are the fused ops, the one doing the most work first
 (`dominant_first`: the profiler names a kernel's source by its first op); its `notes`
-the fusion kind, the pass's decisions and how the lowering applied them. A region this lowering cannot emit raises
-`Unsupported` (translate.py); the driver then lowers its ops one by one.
+the fusion kind, the pass's decisions and how the lowering applied them. A region this
+lowering cannot emit raises `Unsupported` (translate.py); the driver then lowers its
+ops one by one.
 """
 from __future__ import annotations
 

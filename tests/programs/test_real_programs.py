@@ -13,8 +13,9 @@ dropped update or a NaN. Up to FLIP_SHARE of a leaf's elements (at least one) ar
 only to the adaptive optimizers' own bound: Adam, AdamW and Lion move an element by
 about the learning rate per step whatever the size of its gradient, so an element whose
 gradient is near zero, its sign decided by rounding, may end up 2 x lr x steps away
-(every program's learning rate is <= MAX_LR). Programs that wait on another issue-12 item are strict xfails:
-they turn into failures (so the mark gets removed) when that item lands.
+(every program's learning rate is <= MAX_LR). Programs that wait on another issue-12
+item are strict xfails: they turn into failures (so the mark gets removed) when that
+item lands.
 """
 from __future__ import annotations
 
