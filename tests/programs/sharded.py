@@ -82,3 +82,36 @@ def linen_scan_eager(jax, steps: int) -> Run:
     x = np.ones((2, 4), np.float32)
     params = stack().init(jax.random.PRNGKey(0), x, None)["params"]
     return Run([float(np.sum(x))], _leaves(jax, params))
+
+
+@program("pmap_data_parallel", "jax.pmap train step over 4 devices, grads averaged with "
+         "lax.pmean (flax imagenet style), optax sgd with nesterov momentum", devices=4)
+def pmap_data_parallel(jax, steps: int) -> Run:
+    import optax
+    default = jax.config.jax_default_device
+    devices = jax.devices(default.platform if default is not None else None)[:4]
+    rng = np.random.default_rng(11)
+    params = {"w": (rng.normal(size=(8, 4)) / 3).astype(np.float32),
+              "b": np.zeros((4,), np.float32)}
+    x = rng.normal(size=(4, 8, 8)).astype(np.float32)          # [device, batch, features]
+    y = rng.integers(0, 4, (4, 8)).astype(np.int32)
+    tx = optax.sgd(0.1, momentum=0.9, nesterov=True)
+    replicate = lambda t: jax.tree.map(lambda a: np.stack([np.asarray(a)] * 4), t)  # noqa
+    params, opt = replicate(params), replicate(tx.init(params))
+
+    def train_step(params, opt, x, y):
+        def loss_fn(p):
+            logits = x @ p["w"] + p["b"]
+            return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+        loss, g = jax.value_and_grad(loss_fn)(params)
+        g, loss = jax.lax.pmean((g, loss), "batch")
+        upd, opt = tx.update(g, opt, params)
+        return optax.apply_updates(params, upd), opt, loss
+
+    step = jax.pmap(train_step, axis_name="batch", devices=devices)
+    losses = []
+    for _ in range(steps):
+        params, opt, loss = step(params, opt, x, y)
+        losses.append(float(loss[0]))
+    return Run(losses, _leaves(jax, jax.tree.map(lambda a: a[0], params)), step,
+               (params, opt, x, y))
