@@ -40,7 +40,7 @@ from jax_trn.hw.spec import ChipSpec, CoreSpec
 from . import movement
 from .builder import KernelBuilder
 from .errors import LoweringError
-from .fusion import fusion_notes
+from .fusion import dominant_first, fusion_notes
 from .listing import format_program
 from .registry import LowerCtx, Rule, RuleKind, rule_for
 from .registry import op_label as _label
@@ -298,7 +298,7 @@ class StepCtx:
         ins = [self._where[id(v)] for v in op.operands]
         outs = [self.result(v, claims) for v in op.results]
         block = op.regions[0].block
-        ops = [_label(o) for o in block.ops[:-1] if o.kind != "constant"]
+        ops = [_label(o) for o in dominant_first(block.ops[:-1]) if o.kind != "constant"]
         rule, notes = self.rule_for(op), fusion_notes(op)
         steps, temps = len(self._steps), len(self._temps)
         try:

@@ -10,9 +10,11 @@
     attention        softmax(mask(q @ k^T * scale)) @ v, flash-attention style, the
                      scores never leaving the chip (attention.py)
 
-The kernel's `ops` are the fused ops; its `notes` the fusion kind, the pass's decisions
-and how the lowering applied them. A region this lowering cannot emit raises
-`Unsupported` (translate.py); the driver then lowers its ops one by one.
+The kernel's `ops` are the fused ops, the one doing the most work first
+(`dominant_first`: the profiler names a kernel's source by its first op); its `notes`
+the fusion kind, the pass's decisions and how the lowering applied them. A region this
+lowering cannot emit raises `Unsupported` (translate.py); the driver then lowers its
+ops one by one.
 """
 from __future__ import annotations
 
@@ -27,13 +29,42 @@ from .regions import FMAX
 from .registry import LowerCtx, register_lowering
 from .translate import FusionPlan, Unsupported, translate
 
-__all__ = ["Unsupported", "fusion_notes"]
+__all__ = ["Unsupported", "fusion_notes", "dominant_first"]
+
+# Ops that move or reinterpret data and do no arithmetic of their own in a fusion.
+_MOVEMENT = frozenset({"broadcast_in_dim", "reshape", "convert", "bitcast_convert",
+                       "transpose", "slice", "dynamic_slice", "concatenate", "pad",
+                       "reverse", "iota", "constant", "copy"})
+# Ties in work go to the op kind that names the fusion (its hero): matmuls, then reduces.
+_RANK = {"dot_general": 3, "convolution": 3, "reduce": 2, "reduce_window": 2}
 
 
 def fusion_notes(op) -> list[str]:
     """The notes every kernel of a fusion carries: its kind and the pass's decisions."""
     return [f"fusion_kind: {op.attrs.get('fusion_kind', '?')}",
             *(f"decision: {d}" for d in op.attrs.get("decisions", ()))]
+
+
+def dominant_first(ops: list) -> list:
+    """The fused ops (`hlo_passes.ir.Op`) ordered by the work each does, largest first,
+    program order among equals: a dot_general's 2*M*N*K FLOPs, one per element of the
+    largest operand or result for the other computing ops, none for data movement.
+    A BatchNorm reduction fused behind a dropout multiply is then attributed to the
+    reduction, not to the first op in program order."""
+    return sorted(ops, key=lambda o: tuple(-w for w in _work(o)))
+
+
+def _work(op) -> tuple[int, int]:
+    if op.kind in _MOVEMENT:
+        return 0, 0
+    n = max((v.type.size for v in (*op.operands, *op.results)), default=0)
+    if op.kind == "dot_general":
+        lhs = op.operands[0].shape
+        k = 1
+        for d in op.attrs.get("lhs_contracting_dimensions", ()):
+            k *= lhs[d]
+        n = 2 * op.results[0].type.size * k
+    return n, _RANK.get(op.kind, 1)
 
 
 @register_lowering("fusion")

@@ -8,7 +8,12 @@
 
 Modules: record (Execution, KernelRecord, CollectiveRecord), trace (per-instruction
 records with kernel, source and semaphore waits), metrics (the summary's definitions),
-summary, insights, chrome (trace export), plots (matplotlib, optional). The profiler only
+devices (device lists as ranges, time per device, one row per program), summary,
+insights, chrome (trace export), plots (matplotlib, optional).
+
+FLOPs: a kernel's `flops` are model FLOPs, credited by the lowering rule to the kernel
+that does the op's work (once per op); the FLOPs TensorE executed (padding, transposes,
+staging included) are the trace events' and are shown beside them (HFU). The profiler only
 reads records: it never compiles or runs anything (`jax_trn.compare`, one program on
 several systems, is built on the runtime and hands its executions here).
 """

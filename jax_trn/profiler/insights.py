@@ -47,13 +47,19 @@ def insights(executions, stats: list[KernelStats], limit: int = MAX_INSIGHTS
     by_kernel = {s.name: s for s in stats}
     spec = next((ex.chip_spec for ex in executions if ex.chip_spec), None)
     found = (_waiting(instrs, by_kernel) + _small_dma(instrs, spec)
-             + _latency(stats, spec) + _transposes(instrs))
+             + _latency(stats, spec) + _transposes(instrs, by_kernel))
     found.sort(key=lambda i: -i.impact_ns)
     return found[:limit]
 
 
-def _us(ns: float) -> str:
-    return f"{ns / 1e3:.1f} us"
+def _us(ns: float, devices: int = 1) -> str:
+    """Time summed over `devices` devices, shown per device (they run side by side)."""
+    return f"{ns / devices / 1e3:.1f} us" + (" per device" if devices > 1 else "")
+
+
+def _devices(by_kernel, kernel: str) -> int:
+    s = by_kernel.get(kernel)
+    return max(1, len(s.devices)) if s is not None else 1
 
 
 def _waiting(instrs, by_kernel) -> list[Insight]:
@@ -72,24 +78,26 @@ def _waiting(instrs, by_kernel) -> list[Insight]:
             if span and ns / span >= WAIT_SHARE:
                 hits.append((ns, kernel, ns / span))
         if hits:
-            out.append(_waiting_insight(engine, on, sorted(hits, reverse=True)))
+            devices = max(_devices(by_kernel, h[1]) for h in hits)
+            out.append(_waiting_insight(engine, on, sorted(hits, reverse=True), devices))
     return out
 
 
-def _waiting_insight(engine: str, on: str, hits: list[tuple[float, str, float]]) -> Insight:
+def _waiting_insight(engine: str, on: str, hits: list[tuple[float, str, float]],
+                     devices: int = 1) -> Insight:
     ns = sum(h[0] for h in hits)
     what = f"{ENGINE_NAMES[engine]} idle"
     if len(hits) == 1:
         _, kernel, share = hits[0]
         return Insight("waiting", kernel, ns, (
             f"{what} {share:.0%} of kernel {kernel} waiting on {ENGINE_NAMES[on]} "
-            f"({_us(ns)} of semaphore waits)"))
+            f"({_us(ns, devices)} of semaphore waits)"))
     names = ", ".join(h[1] for h in hits[:3]) + (", ..." if len(hits) > 3 else "")
     lo, hi = min(h[2] for h in hits), max(h[2] for h in hits)
     share = f"{lo:.0%}" if f"{lo:.0%}" == f"{hi:.0%}" else f"{lo:.0%}-{hi:.0%}"
     return Insight("waiting", "", ns, (
         f"{what} {share} of {len(hits)} kernels ({names}) waiting on {ENGINE_NAMES[on]} "
-        f"({_us(ns)} of semaphore waits)"))
+        f"({_us(ns, devices)} of semaphore waits)"))
 
 
 def _small_dma(instrs, spec) -> list[Insight]:
@@ -115,8 +123,8 @@ def _small_dma(instrs, spec) -> list[Insight]:
 
 def _latency(stats: list[KernelStats], spec) -> list[Insight]:
     slow = [s for s in stats if s.bound[0] == "latency"]
-    total = sum(s.totals.time_ns for s in stats)
-    ns = sum(s.totals.time_ns for s in slow)
+    total = sum(s.totals.device_ns for s in stats)
+    ns = sum(s.totals.device_ns for s in slow)
     if not total or ns / total < LATENCY_SHARE:
         return []
     names = ", ".join(s.name for s in slow[:3]) + (", ..." if len(slow) > 3 else "")
@@ -129,7 +137,7 @@ def _latency(stats: list[KernelStats], spec) -> list[Insight]:
         f"fusing short kernels saves their HBM round trips"))]
 
 
-def _transposes(instrs) -> list[Insight]:
+def _transposes(instrs, by_kernel) -> list[Insight]:
     busy: dict[str, list[float]] = {}
     for i in instrs:
         if i.engine == "tensor":
@@ -142,6 +150,6 @@ def _transposes(instrs) -> list[Insight]:
         if total and transposes / total >= TRANSPOSE_SHARE:
             out.append(Insight("transposes", kernel, transposes, (
                 f"TensorE spends {transposes / total:.0%} of its busy time in kernel "
-                f"{kernel} on transposes ({_us(transposes)}): operands arrive with the "
-                f"contraction dimension off the partitions")))
+                f"{kernel} on transposes ({_us(transposes, _devices(by_kernel, kernel))}): "
+                f"operands arrive with the contraction dimension off the partitions")))
     return out

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .devices import program_names
 from .engines import COMPUTE_ENGINES, ENGINE_NAMES, ENGINES
 
 COMPUTE_BOUND = 0.90
@@ -30,8 +31,8 @@ MEMORY_BOUND = 0.60
 @dataclass
 class Totals:
     """Sums over kernel runs (or whole executions) that fractions are taken of."""
-    time_ns: float = 0.0             # wall (span) time
-    device_ns: float = 0.0           # time x devices
+    time_ns: float = 0.0             # wall (span) time; per device for a kernel
+    device_ns: float = 0.0           # time summed over devices
     busy_ns: dict[str, float] = field(default_factory=lambda: dict.fromkeys(ENGINES, 0.0))
     flops: int = 0                   # model FLOPs
     tensor_flops: int = 0            # FLOPs TensorE executed
@@ -42,8 +43,9 @@ class Totals:
     hbm_capacity: float = 0.0        # bytes the chips' HBM could have moved
 
     def add_kernel(self, k, spec, peak_flops_per_s: float) -> None:
+        """Adds one kernel run to the device time; the wall time of kernels is set by
+        `KernelStats` (runs on different devices overlap)."""
         d = k.duration_ns
-        self.time_ns += d
         self.device_ns += d
         for e in ENGINES:
             self.busy_ns[e] += k.busy_ns.get(e, 0.0)
@@ -136,10 +138,13 @@ def classify(active: dict[str, float], mbu: float, dma_active: float = 0.0
 
 @dataclass
 class KernelStats:
-    """A kernel aggregated over devices and calls."""
+    """A kernel aggregated over devices and calls. The same kernel runs side by side on
+    every device of an SPMD program, so its time is per device (`totals.time_ns`:
+    device time over the devices that ran it) and `calls` its runs per device;
+    `totals.device_ns` sums all devices (shares of device time use it)."""
     key: tuple[str, str]             # (execution name, kernel name)
     ops: list[str]
-    calls: int = 0
+    runs: dict[int, int] = field(default_factory=dict)      # device -> runs
     totals: Totals = field(default_factory=Totals)
 
     @property
@@ -147,23 +152,35 @@ class KernelStats:
         return self.key[1]
 
     @property
+    def devices(self) -> list[int]:
+        return sorted(self.runs)
+
+    @property
+    def calls(self) -> int:
+        return max(self.runs.values(), default=0)
+
+    @property
     def bound(self) -> tuple[str, str]:
         return self.totals.bound()
+
+    def add(self, k, spec, peak_flops_per_s: float) -> None:
+        self.runs[k.device] = self.runs.get(k.device, 0) + 1
+        self.totals.add_kernel(k, spec, peak_flops_per_s)
+        self.totals.time_ns = self.totals.device_ns / len(self.runs)
 
 
 def kernel_stats(executions) -> list[KernelStats]:
     """Per-kernel statistics, slowest first."""
     stats: dict[tuple[str, str], KernelStats] = {}
-    for ex in executions:
+    for ex, name in zip(executions, program_names(executions)):
         spec = ex.chip_spec
         for k in ex.kernels:
-            key = (ex.name, k.name)
+            key = (name, k.name)
             s = stats.get(key)
             if s is None:
                 s = stats[key] = KernelStats(key, list(k.ops))
-            s.calls += 1
-            s.totals.add_kernel(k, spec, ex.peak_flops_per_s)
-    return sorted(stats.values(), key=lambda s: -s.totals.time_ns)
+            s.add(k, spec, ex.peak_flops_per_s)
+    return sorted(stats.values(), key=lambda s: -s.totals.device_ns)
 
 
 def totals(executions) -> Totals:
@@ -178,7 +195,7 @@ def program_bound(stats: list[KernelStats]) -> tuple[str, float]:
     by_bound: dict[str, float] = {}
     for s in stats:
         b = s.bound[0]
-        by_bound[b] = by_bound.get(b, 0.0) + s.totals.time_ns
+        by_bound[b] = by_bound.get(b, 0.0) + s.totals.device_ns
     total = sum(by_bound.values())
     if not total:
         return "latency", 0.0

@@ -193,6 +193,7 @@ class Execution:
 
     def __repr__(self) -> str:
         util = ", ".join(f"{e}={u:.0%}" for e, u in self.engine_utilization.items())
-        return (f"Execution({self.name!r} on {self.system} devices {self.devices}: "
+        from .devices import ranges
+        return (f"Execution({self.name!r} on {self.system} devices {ranges(self.devices)}: "
                 f"{self.simulated_time_s * 1e6:.2f} us simulated, {self.flops} FLOP, "
                 f"{self.hbm_bytes} HBM bytes, {util})")

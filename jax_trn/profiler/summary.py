@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 from . import metrics
+from .devices import device_rows, program_kind, program_rows, ranges  # noqa: F401
 from .insights import insights
 from .engines import ENGINE_NAMES, ENGINES
 
@@ -28,10 +29,13 @@ class Summary:
         bound, share = metrics.program_bound(self.kernels)
         return {
             **_header(exs),
+            "peak_tflops": t.peak_flop / (t.time_ns * 1e-9) / 1e12 if t.time_ns else 0.0,
             "total_time_s": t.time_ns * 1e-9,
             "flops": t.flops,
             "tensor_flops": t.tensor_flops,
             "achieved_tflops": t.flops_per_s / 1e12,
+            "achieved_tflops_per_device": (t.flops / (t.device_ns * 1e-9) / 1e12
+                                           if t.device_ns else 0.0),
             "mfu_estimated_percent": 100 * t.mfu,
             "hfu_estimated_percent": 100 * t.hfu,
             "mm_arithmetic_intensity": t.arithmetic_intensity,
@@ -49,6 +53,8 @@ class Summary:
             "bound_time_percent": 100 * share,
             "kernels": [_kernel_row(s, t.device_ns) for s in self.kernels],
             "collectives": _collectives(exs, t.time_ns),
+            "programs": program_rows(exs),
+            "per_device": device_rows(exs, _time),
             "insights": [i.to_dict() for i in self.insights],
         }
 
@@ -63,17 +69,23 @@ class Summary:
 
 
 def _header(exs) -> dict:
+    """Who ran: `devices` every device id, `device_list` the same compressed ("0-127");
+    `peak_tflops_per_core` one core's peak (the page's `peak_tflops` is the peak of all
+    the devices that ran, which MFU is measured against)."""
     first = exs[0] if exs else None
     spec = first.chip_spec if first else None
     peak = first.peak_flops_per_s / 1e12 if first else 0.0
+    devices = sorted({d for ex in exs for d in ex.devices})
     return {
         "name": first.name if len(exs) == 1 else f"{len(exs)} executions",
+        "kind": program_kind(first) if len(exs) == 1 else "",
         "system": first.system if first else "",
         "generation": first.generation if first else "",
         "core": spec.core.name if spec else "",
         "dtype": first.dtype if first else "",
         "executions": len(exs),
-        "devices": sorted({d for ex in exs for d in ex.devices}),
+        "devices": devices,
+        "device_list": ranges(devices),
         "peak_tflops_per_core": peak,
         "dma_gbps_per_core": spec.core.dma_bytes_per_ns if spec else 0.0,
         "hbm_gbps_per_chip": spec.hbm_bytes_per_ns if spec else 0.0,
@@ -114,14 +126,16 @@ def _tensor_breakdown(exs) -> dict:
 
 
 def _kernel_row(s: metrics.KernelStats, total_ns: float) -> dict:
-    """`total_ns`: device time (span x devices): a kernel's time is summed over the
-    devices that ran it, so its share is of all devices' time (<= 100%)."""
+    """`time_s` is per device (the kernel runs side by side on each device that ran
+    it), `device_time_s` summed over them; `total_ns`: device time (span x devices),
+    so the share is of all devices' time (<= 100%). `calls`: runs per device."""
     t = s.totals
     bound, why = s.bound
     return {
         "name": s.name, "execution": s.key[0], "ops": s.ops, "calls": s.calls,
-        "time_s": t.time_ns * 1e-9,
-        "time_percent": 100 * t.time_ns / total_ns if total_ns else 0.0,
+        "devices": ranges(s.devices), "device_count": len(s.devices),
+        "time_s": t.time_ns * 1e-9, "device_time_s": t.device_ns * 1e-9,
+        "time_percent": 100 * t.device_ns / total_ns if total_ns else 0.0,
         "bound": bound, "bound_reason": why,
         "engine_active_percent": {e: 100 * t.active(e) for e in ENGINES},
         "mbu_percent": 100 * t.mbu, "mfu_percent": 100 * t.mfu,
@@ -196,7 +210,8 @@ def _bytes(n: float) -> str:
 
 
 def _source(ops: list[str]) -> str:
-    """"dot_general at /p/f.py:7" -> "dot_general f.py:7" (first op, +n more)."""
+    """"dot_general at /p/f.py:7" -> "dot_general f.py:7" (the dominant op, which a
+    fused kernel lists first, +n more)."""
     if not ops:
         return ""
     from .trace import parse_op
@@ -206,23 +221,26 @@ def _source(ops: list[str]) -> str:
 
 
 def format_summary(d: dict) -> str:
-    return "\n".join([*_overview(d), "", *_engines(d), "", *_kernel_table(d),
-                      *_collective_lines(d), "", *_insight_lines(d)]).rstrip() + "\n"
+    return "\n".join([*_overview(d), "", *_engines(d), "", *_program_lines(d),
+                      *_device_lines(d), *_kernel_table(d), *_collective_lines(d), "",
+                      *_insight_lines(d)]).rstrip() + "\n"
 
 
 def _overview(d: dict) -> list[str]:
-    devices = ", ".join(map(str, d["devices"]))
+    many = len(d["devices"]) > 1
     return [
-        f"{d['name']} on {d['system']} ({d['core']}), device{'s' if len(d['devices']) > 1 else ''}"
-        f" {devices}" + (f", {d['executions']} executions" if d["executions"] > 1 else ""),
+        f"{d['name']}{' (pmap)' if d['kind'] == 'pmap' else ''} on {d['system']} "
+        f"({d['core']}), device{'s' if many else ''}"
+        f" {d['device_list']}" + (f", {d['executions']} executions" if d["executions"] > 1
+                                  else ""),
         f"  simulated time      {_time(d['total_time_s'])}",
         f"  MFU ({d['dtype'] or '?'})".ljust(22) + f"{d['mfu_estimated_percent']:.1f}%  "
-        f"({d['achieved_tflops']:.2f} of {d['peak_tflops_per_core']:.0f} TFLOP/s per core; "
-        f"{d['flops'] / 1e6:.1f} MFLOP)",
-        f"  HFU / TensorE       {d['hfu_estimated_percent']:.1f}% of peak, "
+        f"({_peak_text(d)}; {d['flops'] / 1e6:.1f} model MFLOP)",
+        f"  HFU / TensorE       {d['hfu_estimated_percent']:.1f}% of peak "
+        f"({d['tensor_flops'] / 1e6:.1f} MFLOP executed), "
         f"{d['engine_active_percent']['tensor']:.1f}% active "
         f"(matmul {d['tensor_busy_breakdown_percent']['matmul']:.0f}%, transpose "
-        f"{d['tensor_busy_breakdown_percent']['transpose']:.0f}% of busy time)",
+        f"{d['tensor_busy_breakdown_percent']['transpose']:.0f}%)",
         f"  MBU                 {d['mbu_estimated_percent']:.1f}%  (DMA "
         f"{d['dma_bandwidth_percent']:.1f}% of {d['dma_gbps_per_core']:.0f} GB/s per core, "
         f"HBM {d['hbm_bandwidth_percent']:.1f}% of {d['hbm_gbps_per_chip']:.0f} GB/s per chip)",
@@ -232,6 +250,47 @@ def _overview(d: dict) -> list[str]:
         f"{_bytes(d['average_dma_size'])}, {d['average_descriptor_bytes']:.0f} B per descriptor",
         f"  bound               {d['bound']} ({d['bound_time_percent']:.0f}% of kernel time)",
     ]
+
+
+def _peak_text(d: dict) -> str:
+    """Achieved against the peak of every device that ran, not one core's."""
+    if len(d["devices"]) <= 1:
+        return (f"{d['achieved_tflops']:.2f} of {d['peak_tflops_per_core']:.0f} TFLOP/s "
+                f"per core")
+    return (f"{d['achieved_tflops']:.2f} of {d['peak_tflops']:.0f} TFLOP/s on "
+            f"{len(d['devices'])} devices x {d['peak_tflops_per_core']:.0f}; "
+            f"{d['achieved_tflops_per_device']:.2f} per device")
+
+
+def _program_lines(d: dict) -> list[str]:
+    """One row per program, when the profile ran several."""
+    rows = d["programs"]
+    if len(rows) < 2:
+        return []
+    width = max(len(r["name"]) for r in rows)
+    lines = [f"programs ({len(rows)})",
+             f"  {'program':<{width}}  {'calls':>5}  {'time/call':>10}  {'total':>10}  "
+             f"{'MFU':>5}  devices"]
+    for r in rows:
+        lines.append(f"  {r['name']:<{width}}  {r['calls']:>5}  "
+                     f"{_time(r['time_per_call_s']):>10}  {_time(r['time_s']):>10}  "
+                     f"{r['mfu_percent']:4.1f}%  {r['devices']}")
+    return lines + [""]
+
+
+def _device_lines(d: dict) -> list[str]:
+    """Time per device (devices that show the same times share a row)."""
+    rows = d["per_device"]
+    if len(d["devices"]) < 2:
+        return []
+    lines = ["per device", f"  {'devices':<16} {'kernels':>10}  {'collectives':>11}  "
+                           f"{'idle':>10}"]
+    for r in rows[:TOP_KERNELS]:
+        lines.append(f"  {r['devices']:<16} {_time(r['kernel_time_s']):>10}  "
+                     f"{_time(r['collective_time_s']):>11}  {_time(r['idle_s']):>10}")
+    if len(rows) > TOP_KERNELS:
+        lines.append(f"  ... {len(rows) - TOP_KERNELS} more groups")
+    return lines + [""]
 
 
 def _engines(d: dict) -> list[str]:
@@ -244,17 +303,22 @@ def _engines(d: dict) -> list[str]:
 
 
 def _kernel_table(d: dict) -> list[str]:
+    """The slowest kernels; on several devices, time per device ("time/dev")."""
     rows = d["kernels"][:TOP_KERNELS]
     width = max([len(r["name"]) for r in rows] + [6])
-    head = (f"  {'kernel':<{width}}  {'time':>10}  {'%':>5}  {'bound':<8} "
-            f"{'Tensor':>6} {'Vector':>6} {'Scalar':>6} {'GpSimd':>6} {'DMA':>5} {'MBU':>5}  op")
+    many = len(d["devices"]) > 1
+    head = (f"  {'kernel':<{width}}  {'time/dev' if many else 'time':>10}  {'%':>5}  "
+            f"{'bound':<8} {'Tensor':>6} {'Vector':>6} {'Scalar':>6} {'GpSimd':>6} "
+            f"{'DMA':>5} {'MBU':>5}  op")
     lines = [f"top kernels ({min(len(rows), TOP_KERNELS)} of {len(d['kernels'])})", head]
     for r in rows:
         a = r["engine_active_percent"]
+        where = f"  (devices {r['devices']})" if many and r["devices"] != d["device_list"] else ""
         lines.append(
             f"  {r['name']:<{width}}  {_time(r['time_s']):>10}  {r['time_percent']:4.1f}%  "
             f"{r['bound']:<8} {a['tensor']:5.0f}% {a['vector']:5.0f}% {a['scalar']:5.0f}% "
-            f"{a['gpsimd']:5.0f}% {a['dma']:4.0f}% {r['mbu_percent']:4.0f}%  {_source(r['ops'])}")
+            f"{a['gpsimd']:5.0f}% {a['dma']:4.0f}% {r['mbu_percent']:4.0f}%  "
+            f"{_source(r['ops'])}{where}")
     return lines
 
 

@@ -59,17 +59,18 @@ class Instruction:
 
     @property
     def op(self) -> str:
-        """The JAX op kind of the kernel's first source op ("dot_general")."""
+        """The JAX op kind of the kernel's dominant source op ("dot_general"): a fused
+        kernel lists the op doing the most work first (`lower.fusion.dominant_first`)."""
         return parse_op(self.ops[0])[0] if self.ops else ""
 
     @property
     def source(self) -> str:
-        """The source line of the kernel's first source op ("f.py:12")."""
+        """The source line of the kernel's dominant source op ("f.py:12")."""
         return parse_op(self.ops[0])[1] if self.ops else ""
 
     @property
     def op_name(self) -> str:
-        """JAX's name for the kernel's first source op, with its scopes
+        """JAX's name for the kernel's dominant source op, with its scopes
         ("jit(f)/attention/dot_general")."""
         return op_name(self.ops[0]) if self.ops else ""
 

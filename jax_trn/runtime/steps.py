@@ -223,7 +223,10 @@ def _names(step: Collective) -> tuple[frozenset, frozenset]:
 
 def _kernel_record(kernel, device_id: int, chip: int, core: int, run, context: str = ""
                    ) -> profiler.KernelRecord:
+    # Model FLOPs only: the ones the lowering rule credited to this kernel (a staging or
+    # relayout kernel's TensorE work is executed FLOPs, which the profiler reads from
+    # the events; crediting it here counted a convolution twice).
     return profiler.KernelRecord(kernel.name, device_id, run.start_ns, run.end_ns,
-                                 dict(run.busy_ns), int(kernel.flops or run.flops),
+                                 dict(run.busy_ns), int(kernel.flops),
                                  int(run.hbm_bytes), list(kernel.ops), run.events,
                                  chip=chip, core=core, kernel=kernel, context=context)

@@ -289,8 +289,9 @@ def test_kernel_lists_fused_ops_and_decisions():
     fused, _ = both(chain((8, 4), "float32"))
     (kernel,) = fused.kernels
     assert kernel.name == "multiply_fusion.0"
+    # the op doing the most work first (fusion.dominant_first), data movement last
     assert [o.split(" at ")[0] for o in kernel.ops] == [
-        "broadcast_in_dim", "broadcast_in_dim", "multiply", "add", "tanh", "multiply"]
+        "multiply", "add", "tanh", "multiply", "broadcast_in_dim", "broadcast_in_dim"]
     assert kernel.notes[0] == "fusion_kind: loop"
     assert "decision: tanh %" in kernel.notes[1]
     assert "// decision: tanh %" in fused.text

@@ -21,10 +21,11 @@ from .staging import (channel_major_input, channel_major_output, input_source, s
 def _convolution_lower(ctx: LowerCtx, x: DramTensor, w: DramTensor, **attrs) -> None:
     out = ctx.outs[0]
     cv = conv_of(x, w, out, attrs, ctx.target)
-    ctx.kb.flops += 2 * out.size * (w.size // max(1, cv.o_features))
+    flops = 2 * out.size * (w.size // max(1, cv.o_features))
     if out.size == 0:
         return
     if x.size == 0 or w.size == 0:
+        ctx.kb.flops += flops
         return fill(ctx.kb, out, 0)
     if len(cv.dims) > 3:
         raise LoweringError(f"convolution with {len(cv.dims)} spatial dims (1-3 supported): "
@@ -32,6 +33,7 @@ def _convolution_lower(ctx: LowerCtx, x: DramTensor, w: DramTensor, **attrs) -> 
     ldt, rdt, precision = matmul_types(x.dtype, w.dtype, attrs.get("precision_config", ()),
                                        ctx.matmul_precision)
     if (images := wgrad.plan(ctx, cv, x, w, ldt, rdt)) is not None:
+        ctx.kb.flops += flops
         return wgrad.lower(ctx, cv, *images, out, precision, ldt)
     units, x_in = weight_units(cv), x
     x, cv = channel_major_input(ctx, x, cv, ldt)
@@ -44,6 +46,7 @@ def _convolution_lower(ctx: LowerCtx, x: DramTensor, w: DramTensor, **attrs) -> 
     if wsrc == "staged" or isinstance(staged, Staged) or x is not x_in:
         ctx.next_kernel("conv")
     dst, cv_out = channel_major_output(ctx, out, cv)
+    ctx.kb.flops += flops                   # the model FLOPs go to the tap loop's kernel
     ConvEmitter(ctx.kb, cv_out, plan, pk, staged, (wsrc, wt), units, dst, precision, ldt,
                 rdt).run()
     if dst is not out:
