@@ -44,6 +44,17 @@ def test_rounding_is_exact(kind, fn):
     np.testing.assert_array_equal(res.outputs[0], fn(x))
 
 
+@pytest.mark.parametrize("kind,fn", [("floor", np.floor), ("ceil", np.ceil),
+                                     ("round_nearest_even", np.rint),
+                                     ("round_nearest_afz", np.rint)])
+def test_rounding_keeps_large_integral_values(kind, fn):
+    """Above 2**24 every float32 is an integer: it must come back unchanged (the step
+    |x| - min(|x|, 2**23) used to round, e.g. round(1.9281036e14) gave 1.9281034e14)."""
+    x = F32([1.9281036e14, -1.9281036e14, 3e38, -2.0 ** 100, 2.0 ** 24 + 2, 1.37 * 2 ** 60])
+    res = run(unary(kind, x.shape), x)
+    np.testing.assert_array_equal(res.outputs[0], fn(x))
+
+
 def test_round_away_from_zero_ties():
     x = F32([0.5, -0.5, 1.5, -2.5, 2.5, 0.49999997, -0.49999997, 8388607.5])
     res = run(unary("round_nearest_afz", x.shape), x)
