@@ -20,14 +20,16 @@ exponential_minus_one: exp(x) - 1 loses all relative precision for small |x|, so
 VectorE `select` picks the branch. 5 V + 2 S. (log1p, log, sqrt, rsqrt: ranged.py; sin,
 cos, tan: trig.py.)
 
-cbrt: |x| ** (1/3) with x's sign, the power on GpSimd (the only engine with `power`,
-§6.2); relative error <= ~3e-6 (from rounding 1/3 to FP32). 1 G + 3 V.
+cbrt: |x| ** C1 * |x| ** C2 with x's sign, the powers on GpSimd (the only engine with
+`power`, §6.2), C1 the float32 just below 1/3 and C2 = float32(1/3 - C1) ~ 2e-8: one
+power of 1/3 rounded to float32 is off by |ln x| * 1e-8 relatively (17 ulps at 1e-38),
+the second factor, within 2e-6 of 1, puts that back. <= 2 ulps. 2 G + 4 V.
 
 atan2(y, x): ScalarE `arctan` is valid on [-pi/2, pi/2], so it takes
-min(|x|, |y|) / max(|x|, |y|) in [0, 1] (magnitudes capped at FLT_MAX, so inf / inf is
-1); the octant fix-ups (pi/2 - a, pi - a, the sign of y) are compares and selects on
-VectorE, "negative" meaning v + 1/v < 0 so that -0 counts (IEEE atan2(+-0, -0) = +-pi).
-16 V + 1 S. Off only for a finite magnitude within ~1e7 of FLT_MAX against an infinity.
+min(|x|, |y|) / max(|x|, |y|) in [0, 1] (a finite value over an infinity is 0; inf / inf
+is made 1 by a select: pi/4 and its octants); the octant fix-ups (pi/2 - a, pi - a, the
+sign of y) are compares and selects on VectorE, "negative" meaning v + 1/v < 0 so that
+-0 counts (IEEE atan2(+-0, -0) = +-pi). 18 V + 1 S.
 
 is_finite: x * 0 == 0 (0 for finite x, NaN for inf / NaN) in one VectorE tensor_scalar.
 
@@ -63,15 +65,11 @@ from .core import ACTIVATION, TileRule, act, engine_for, select, stt, tiles, ts,
 
 _F32 = np.float32
 TWO23 = 8388608.0
-MAGIC = 12582912.0                              # 1.5 * 2**23
 PI = float(_F32(np.pi))
 HALF_PI = float(_F32(np.pi / 2))
-INV_2PI = float(_F32(1 / (2 * np.pi)))
-C1 = 6.28125                                    # 2pi in 8 bits: k * C1 exact
-C2 = float(_F32(2 * np.pi - C1))
-C3 = float(_F32(2 * np.pi - C1 - C2))
 TINY = 1e-30
-FLT_MAX = float(np.finfo(np.float32).max)
+CBRT_C1 = 0.3333333134651184                    # the float32 just below 1/3
+CBRT_C2 = 1.9868215517249155e-08                # float32(1/3 - CBRT_C1)
 
 
 # --- rounding --------------------------------------------------------------------------
@@ -152,18 +150,23 @@ def _exponential_minus_one(kb, dst, srcs, step):
 
 def _cbrt(kb, dst, srcs, step):
     (x,), (t, s) = tiles(srcs, 1)
-    ts(kb, t, x, "abs_max", 0.0, "pow", float(_F32(1 / 3)), engine="gpsimd")
+    ts(kb, t, x, "abs_max", 0.0, "pow", CBRT_C1, engine="gpsimd")
+    ts(kb, s, x, "abs_max", 0.0, "pow", CBRT_C2, engine="gpsimd")
+    tt(kb, t, t, s, "multiply")
     _with_sign(kb, dst, t, x, s)
 
 
 def _atan2(kb, dst, srcs, step):
-    """|x|, |y| are capped at FLT_MAX so inf / inf gives 1 (pi/4 and its octants)."""
+    """The ratio of the magnitudes (1 where both are infinite: dst holds that predicate
+    meanwhile), its arctan, then the octant."""
     (y, x), (ay, ax, a, p) = tiles(srcs, 2)
-    ts(kb, ay, y, "abs_max", 0.0, "min", FLT_MAX)
-    ts(kb, ax, x, "abs_max", 0.0, "min", FLT_MAX)
+    ts(kb, ay, y, "abs_max", 0.0)
+    ts(kb, ax, x, "abs_max", 0.0)
     tt(kb, a, ay, ax, "min")
+    ts(kb, dst, a, "is_equal", float("inf"))
     stt(kb, p, ax, "max", TINY, "max", ay)
     tt(kb, a, a, p, "divide")
+    select(kb, a, dst, dst, a)
     act(kb, a, a, "arctan")                      # in [0, pi/4]
     tt(kb, p, ay, ax, "is_gt")
     ts(kb, ay, a, "subtract", HALF_PI, rev0=True)
