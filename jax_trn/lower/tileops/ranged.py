@@ -45,6 +45,9 @@ from .core import TileRule, act, select, stt, tiles, ts, tt
 K = 96                               # log's scale exponent: 2**(+-96), see the docstring
 K_LN2 = 66.54212951660156            # float32(96 * ln 2), 0.024 ulp from the true value
 EXP_ONE = 127 << 23                  # float32 bits of 1.0: (127 - 96 q) << 23 is 2**(-96 q)
+INT_ENGINE = "vector"
+MUL_ENGINE = "vector"
+SQRT_ENGINE = "vector"
 _BITS = {"float32": ("int32", 32, 23), "bfloat16": ("int16", 16, 7)}   # view, width, mant
 
 
@@ -83,7 +86,7 @@ def _sqrt_like(kb, dst, srcs, step):
     tt(kb, y, x, b, "divide")
     act(kb, b, b, func)
     act(kb, y, y, func)
-    return tt(kb, dst, b, y, "multiply")
+    return tt(kb, dst, b, y, "multiply", engine=SQRT_ENGINE)
 
 
 # --- log, log1p ----------------------------------------------------------------------------
@@ -103,7 +106,7 @@ def _window(kb) -> tuple[int, int]:
     return e_lo + 127, w
 
 
-def log_scale(kb, q, g, x):
+def log_scale(kb, q, g, x, engine=INT_ENGINE):
     """q = -1 / 0 / +1 (x below / inside / above log's range, by its exponent bits) into
     the int32 tile q, and g = 2**(-K q) into g; returns (q, g) as int32 and float32
     views."""
@@ -111,40 +114,47 @@ def log_scale(kb, q, g, x):
     e0, w = _window(kb)
     qi, gi = q.with_(dtype="int32"), g.with_(dtype="int32")
     ts(kb, qi, x.with_(dtype=view), "bitwise_and", (1 << (width - 1)) - 1,
-       "subtract", e0 << mant)
-    ts(kb, qi, qi, "shift_right_arithmetic", mant + w)
-    ts(kb, gi, qi, "multiply", -(K << 23), "add", EXP_ONE)
+       "subtract", e0 << mant, engine=engine)
+    ts(kb, qi, qi, "shift_right_arithmetic", mant + w, engine=engine)
+    ts(kb, gi, qi, "multiply", -(K << 23), "add", EXP_ONE, engine=engine)
     return qi, gi.with_(dtype="float32")
 
 
 def _log(kb, dst, srcs, step):
+    """log(x * 2**(-K q)) + K q ln2: VectorE scales, ScalarE takes both the log and the
+    correction (identity(q * K ln2)), GpSimd adds them (see the module docstring)."""
     (x,), (q, g) = tiles(srcs, 1)
     if fits(kb, x.dtype, "log"):
         return act(kb, dst, x, "log")
     _check_dtype(x, "log")
     qi, gf = log_scale(kb, q, g, x)
-    tt(kb, gf, x, gf, "multiply")                  # x * 2**(-K q): exact
+    tt(kb, gf, x, gf, "multiply", engine=MUL_ENGINE)  # x * 2**(-K q): exact
+    qf = q.with_(dtype="float32")
+    act(kb, qf, qi, "identity", scale=K_LN2)       # K q ln2, exact: q in {-1, 0, 1}
     act(kb, gf, gf, "log")
-    return stt(kb, dst, qi, "multiply", K_LN2, "add", gf)
+    return tt(kb, dst, gf, qf, "add", engine="gpsimd")
 
 
 def _log_plus_one(kb, dst, srcs, step):
-    (x,), (u, lg, c) = tiles(srcs, 1)
+    """log(u) + e, u = (1 + x) * 2**(-K p) (p: x above 2**63), e = the correction
+    (u - 1 - x) / u negated where x is in (-1, 2**63], else K p ln2; e is ready before
+    the Activation so that only GpSimd waits for it."""
+    (x,), (u, e, c) = tiles(srcs, 1)
     if fits(kb, x.dtype, "log"):
-        return _log_plus_one_narrow(kb, dst, x, u, lg, c)
+        return _log_plus_one_narrow(kb, dst, x, u, e, c)
     _check_dtype(x, "log_plus_one")
     hi = kb.target.activation_range("log")[1]
-    gi = lg.with_(dtype="int32")
+    gi = e.with_(dtype="int32")
     ts(kb, c, x, "is_gt", hi / 2)                   # p: 1 + x above the range
     ts(kb, gi, c, "multiply", -(K << 23), "add", EXP_ONE)
     stt(kb, u, x, "add", 1.0, "multiply", gi.with_(dtype="float32"))
-    act(kb, lg, u, "log")
-    stt(kb, lg, c, "multiply", K_LN2, "add", lg)    # log(1 + x), any x
+    ts(kb, dst, c, "multiply", K_LN2)               # dst as scratch: K p ln2
     stt(kb, c, x, "is_gt", -1.0, "subtract", c)     # x in (-1, 2**63]: correct it
-    stt(kb, dst, u, "subtract", 1.0, "subtract", x)  # dst as scratch (see docstring)
-    tt(kb, dst, dst, u, "divide")
-    tt(kb, dst, lg, dst, "subtract")
-    return select(kb, dst, c, dst, lg)
+    stt(kb, e, u, "subtract", 1.0, "subtract", x, rev1=True)   # x - (u - 1)
+    tt(kb, e, e, u, "divide")
+    select(kb, e, c, e, dst)
+    act(kb, u, u, "log")
+    return tt(kb, dst, u, e, "add", engine="gpsimd")
 
 
 def _log_plus_one_narrow(kb, dst, x, u, lg, c):
