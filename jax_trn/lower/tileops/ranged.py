@@ -10,12 +10,19 @@ the single Activation. IEEE special inputs (+-0, +-inf, NaN) and the negative in
 outside the functions' domains reach the Activation unscaled or scaled by a power of
 two and get the IEEE result there (sqrt(-0) = -0, log(0) = -inf, log(-1) = NaN,
 hw/alu.py). Denormal inputs get the exact result (the CPU backend flushes them to zero
-first: sqrt(1e-40) is 0 there, 1e-20 here). V / S: VectorE / ScalarE instructions.
+first: sqrt(1e-40) is 0 there, 1e-20 here).
+
+Engines: VectorE runs a tile's instructions in order, so an instruction after the
+Activation that VectorE would run stalls the next tile until ScalarE is done; the work
+after the Activation goes to GpSimd instead (or the Activation is last). V / S / G:
+VectorE / ScalarE / GpSimd instructions per tile.
 
 sqrt, rsqrt: f(x) = f(b) * f(y), b = clamp(x, lo, hi), y = x / b, with lo, hi the even
 powers of two closest inside the range, so f(lo), f(hi) are exact powers of two and
 y = x * 2**-2k is exact (y >= 2**-33 for sqrt, 2**-63 for rsqrt, at x = 2**-149). For
-x inside, b = x and y = 1: the result is the single Activation's, bit for bit. 3 V + 2 S.
+x inside, b = x and y = 1: the result is the single Activation's, bit for bit. 3 V +
+2 S (the product stays on VectorE: these tiles are all FP32, so spread.py moves every
+other one to GpSimd whole).
 
 log: log(x) = log(x * 2**(-96 q)) + 96 q ln2, q = -1 below 2**-64, 0 inside, +1 at and
 above 2**64, read from the exponent bits: ((bits & ~sign) - (63 << 23)) >> 30 (a
@@ -23,13 +30,15 @@ above 2**64, read from the exponent bits: ((bits & ~sign) - (63 << 23)) >> 30 (a
 as float bits, (q * -96 + 127) << 23 in an integer tile read as float32. x * 2**(-96q)
 is exact and inside the range for every x (2**-149 * 2**96 = 2**-53); 96 ln2 is within
 0.024 ulp of its float32 value, and |log x| >= 44 wherever q != 0, so the error there
-is ~1 ulp. For q = 0 the result is the single Activation's. 5 V + 1 S (3 of the V are
-cheap integer tensor_scalars).
+is ~1 ulp. For q = 0 the result is the single Activation's. 4 V (3 cheap integer
+tensor_scalars, the multiply) + 2 S (the log; 96 q ln2 as identity(q * 96 ln2), exact)
++ 1 G (the sum).
 
-log_plus_one: log(u) - ((u - 1) - x) / u with u = 1 + x (the first-order correction
-for the rounding of 1 + x) for x in (-1, 2**63], log(u) otherwise (x = -1: -inf, inf,
-NaN, x < -1). u is never below 2**-64 unless it is <= 0 (1 + x >= 2**-24 for a float
-x > -1), so only x above 2**63 is scaled, as for log. 9 V + 1 S.
+log_plus_one: log(u) + e with u = (1 + x) * 2**(-96 p), p = x above 2**63 (1 + x is
+never below 2**-64 unless it is <= 0: 1 + x >= 2**-24 for a float x > -1), and e the
+first-order correction of the rounding of 1 + x, -((u - 1) - x) / u, for x in
+(-1, 2**63], else 96 p ln2 (x = -1: -inf, inf, NaN, x < -1 need no correction). e is
+ready before the Activation. 8 V + 1 S + 1 G.
 """
 from __future__ import annotations
 
@@ -45,9 +54,6 @@ from .core import TileRule, act, select, stt, tiles, ts, tt
 K = 96                               # log's scale exponent: 2**(+-96), see the docstring
 K_LN2 = 66.54212951660156            # float32(96 * ln 2), 0.024 ulp from the true value
 EXP_ONE = 127 << 23                  # float32 bits of 1.0: (127 - 96 q) << 23 is 2**(-96 q)
-INT_ENGINE = "vector"
-MUL_ENGINE = "vector"
-SQRT_ENGINE = "vector"
 _BITS = {"float32": ("int32", 32, 23), "bfloat16": ("int16", 16, 7)}   # view, width, mant
 
 
@@ -86,7 +92,7 @@ def _sqrt_like(kb, dst, srcs, step):
     tt(kb, y, x, b, "divide")
     act(kb, b, b, func)
     act(kb, y, y, func)
-    return tt(kb, dst, b, y, "multiply", engine=SQRT_ENGINE)
+    return tt(kb, dst, b, y, "multiply")
 
 
 # --- log, log1p ----------------------------------------------------------------------------
@@ -106,7 +112,7 @@ def _window(kb) -> tuple[int, int]:
     return e_lo + 127, w
 
 
-def log_scale(kb, q, g, x, engine=INT_ENGINE):
+def log_scale(kb, q, g, x):
     """q = -1 / 0 / +1 (x below / inside / above log's range, by its exponent bits) into
     the int32 tile q, and g = 2**(-K q) into g; returns (q, g) as int32 and float32
     views."""
@@ -114,9 +120,9 @@ def log_scale(kb, q, g, x, engine=INT_ENGINE):
     e0, w = _window(kb)
     qi, gi = q.with_(dtype="int32"), g.with_(dtype="int32")
     ts(kb, qi, x.with_(dtype=view), "bitwise_and", (1 << (width - 1)) - 1,
-       "subtract", e0 << mant, engine=engine)
-    ts(kb, qi, qi, "shift_right_arithmetic", mant + w, engine=engine)
-    ts(kb, gi, qi, "multiply", -(K << 23), "add", EXP_ONE, engine=engine)
+       "subtract", e0 << mant)
+    ts(kb, qi, qi, "shift_right_arithmetic", mant + w)
+    ts(kb, gi, qi, "multiply", -(K << 23), "add", EXP_ONE)
     return qi, gi.with_(dtype="float32")
 
 
@@ -128,7 +134,7 @@ def _log(kb, dst, srcs, step):
         return act(kb, dst, x, "log")
     _check_dtype(x, "log")
     qi, gf = log_scale(kb, q, g, x)
-    tt(kb, gf, x, gf, "multiply", engine=MUL_ENGINE)  # x * 2**(-K q): exact
+    tt(kb, gf, x, gf, "multiply")                  # x * 2**(-K q): exact
     qf = q.with_(dtype="float32")
     act(kb, qf, qi, "identity", scale=K_LN2)       # K q ln2, exact: q in {-1, 0, 1}
     act(kb, gf, gf, "log")
@@ -136,10 +142,8 @@ def _log(kb, dst, srcs, step):
 
 
 def _log_plus_one(kb, dst, srcs, step):
-    """log(u) + e, u = (1 + x) * 2**(-K p) (p: x above 2**63), e = the correction
-    (u - 1 - x) / u negated where x is in (-1, 2**63], else K p ln2; e is ready before
-    the Activation so that only GpSimd waits for it."""
-    (x,), (u, e, c) = tiles(srcs, 1)
+    """log(u) + e (see the module docstring): only GpSimd waits for the Activation."""
+    (x,), (u, e, c, t) = tiles(srcs, 1)
     if fits(kb, x.dtype, "log"):
         return _log_plus_one_narrow(kb, dst, x, u, e, c)
     _check_dtype(x, "log_plus_one")
@@ -148,11 +152,11 @@ def _log_plus_one(kb, dst, srcs, step):
     ts(kb, c, x, "is_gt", hi / 2)                   # p: 1 + x above the range
     ts(kb, gi, c, "multiply", -(K << 23), "add", EXP_ONE)
     stt(kb, u, x, "add", 1.0, "multiply", gi.with_(dtype="float32"))
-    ts(kb, dst, c, "multiply", K_LN2)               # dst as scratch: K p ln2
+    ts(kb, t, c, "multiply", K_LN2)                 # 96 p ln2
     stt(kb, c, x, "is_gt", -1.0, "subtract", c)     # x in (-1, 2**63]: correct it
     stt(kb, e, u, "subtract", 1.0, "subtract", x, rev1=True)   # x - (u - 1)
     tt(kb, e, e, u, "divide")
-    select(kb, e, c, e, dst)
+    select(kb, e, c, e, t)
     act(kb, u, u, "log")
     return tt(kb, dst, u, e, "add", engine="gpsimd")
 
@@ -170,5 +174,5 @@ def _log_plus_one_narrow(kb, dst, x, u, lg, c):
 
 RULES: dict[str, TileRule] = {
     "sqrt": TileRule(_sqrt_like, 2), "rsqrt": TileRule(_sqrt_like, 2),
-    "log": TileRule(_log, 2), "log_plus_one": TileRule(_log_plus_one, 3),
+    "log": TileRule(_log, 2), "log_plus_one": TileRule(_log_plus_one, 4),
 }
