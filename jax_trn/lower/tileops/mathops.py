@@ -29,7 +29,7 @@ atan2(y, x): ScalarE `arctan` is valid on [-pi/2, pi/2], so it takes
 min(|x|, |y|) / max(|x|, |y|) in [0, 1] (a finite value over an infinity is 0; inf / inf
 is made 1 by a select: pi/4 and its octants); the octant fix-ups (pi/2 - a, pi - a, the
 sign of y) are compares and selects on VectorE, "negative" meaning v + 1/v < 0 so that
--0 counts (IEEE atan2(+-0, -0) = +-pi). 18 V + 1 S.
+-0 counts (IEEE atan2(+-0, -0) = +-pi). 17 V + 1 S.
 
 is_finite: x * 0 == 0 (0 for finite x, NaN for inf / NaN) in one VectorE tensor_scalar.
 
