@@ -13,7 +13,8 @@ has unit ulp; it rounds m = min(|x|, 2**23) and adds the step rne(m) - m (exact)
 |x|, so |x| >= 2**23 (already integral) comes back exactly.
 The sign comes back as mag * (1 - 2 * (x + 1/x < 0)), which keeps -0 (ScalarE `sign`
 would map -0 to +0 and cost an engine hop). floor / ceil then correct by one where the
-rounded value overshoots. 7-10 VectorE instructions.
+rounded value overshoots (ceil as -floor(-x), so that ceil(-0.7) is -0). 7-10 VectorE
+instructions.
 
 exponential_minus_one: exp(x) - 1 loses all relative precision for small |x|, so for
 |x| < 0.5 it is 2t / (1 - t) with t = tanh(x / 2) (ScalarE tanh has no range limit); a
@@ -116,18 +117,19 @@ def _round_afz(kb, dst, srcs, step):
 
 
 def _floor_ceil(kb, dst, srcs, step):
-    """rne(x), minus one where it is above x (floor) / plus one where below (ceil);
-    ceil subtracts (0 - s) rather than adding s so that -0 stays -0."""
+    """floor: rne(x), minus one where it is above x. ceil(x) = -floor(-x), negated
+    exactly at the end: rne(x) + (rne(x) < x) would give +0 for x in (-1, -0.5]."""
     (x,), (t, s) = tiles(srcs, 1)
     _round_mag(kb, t, x, s)
-    _with_sign(kb, t, t, x, s)
     if step.kind == "floor":
+        _with_sign(kb, t, t, x, s)
         tt(kb, s, t, x, "is_gt")
-        tt(kb, dst, t, s, "subtract")
-        return
-    tt(kb, s, t, x, "is_lt")
-    kb.emit(isa.ScalarTensorTensor, dst=dst, data=s, op0="subtract", operand0=0.0,
-            reverse0=True, op1="subtract", operand1=t, reverse1=True)
+        return tt(kb, dst, t, s, "subtract")
+    _negative(kb, s, x, 2.0)
+    stt(kb, t, s, "subtract", 1.0, "multiply", t)  # rne(-x): the magnitude, -x's sign
+    stt(kb, s, t, "multiply", -1.0, "is_lt", x)    # rne(-x) > -x
+    tt(kb, t, t, s, "subtract")                    # floor(-x)
+    return ts(kb, dst, t, "multiply", -1.0)
 
 
 # --- logs and exponentials ---------------------------------------------------------------

@@ -37,8 +37,9 @@ tensor_scalars, the multiply) + 2 S (the log; 96 q ln2 as identity(q * 96 ln2), 
 log_plus_one: log(u) + e with u = (1 + x) * 2**(-96 p), p = x above 2**63 (1 + x is
 never below 2**-64 unless it is <= 0: 1 + x >= 2**-24 for a float x > -1), and e the
 first-order correction of the rounding of 1 + x, -((u - 1) - x) / u, for x in
-(-1, 2**63], else 96 p ln2 (x = -1: -inf, inf, NaN, x < -1 need no correction). e is
-ready before the Activation. 8 V + 1 S + 1 G.
+(-1, 2**63], else 96 p ln2 (x = -1: -inf, inf, NaN, x < -1 need no correction), for
+every float type (float16 / fp8 just never have p = 1). e is ready before the
+Activation; the sum is formed as -(-e - log u) so that log1p(-0) is -0. 9 V + 1 S + 2 G.
 """
 from __future__ import annotations
 
@@ -142,34 +143,24 @@ def _log(kb, dst, srcs, step):
 
 
 def _log_plus_one(kb, dst, srcs, step):
-    """log(u) + e (see the module docstring): only GpSimd waits for the Activation."""
+    """-(e' - log(u)), e' = -e (see the module docstring): only GpSimd waits for the
+    Activation; e' carries -x's zero and the exact negation comes last, so log1p(+-0)
+    is +-0 (log u is +0 there, and (+0) + (-0) would be +0)."""
     (x,), (u, e, c, t) = tiles(srcs, 1)
-    if fits(kb, x.dtype, "log"):
-        return _log_plus_one_narrow(kb, dst, x, u, e, c)
-    _check_dtype(x, "log_plus_one")
     hi = kb.target.activation_range("log")[1]
     gi = e.with_(dtype="int32")
     ts(kb, c, x, "is_gt", hi / 2)                   # p: 1 + x above the range
     ts(kb, gi, c, "multiply", -(K << 23), "add", EXP_ONE)
     stt(kb, u, x, "add", 1.0, "multiply", gi.with_(dtype="float32"))
-    ts(kb, t, c, "multiply", K_LN2)                 # 96 p ln2
+    ts(kb, t, c, "multiply", -K_LN2)                # -96 p ln2
     stt(kb, c, x, "is_gt", -1.0, "subtract", c)     # x in (-1, 2**63]: correct it
-    stt(kb, e, u, "subtract", 1.0, "subtract", x, rev1=True)   # x - (u - 1)
+    ts(kb, e, u, "subtract", 1.0, rev0=True)        # (-x) - (1 - u) = (u - 1) - x, -x
+    stt(kb, e, x, "multiply", -1.0, "subtract", e)   # itself at u = 1 (the sign of 0)
     tt(kb, e, e, u, "divide")
     select(kb, e, c, e, t)
     act(kb, u, u, "log")
-    return tt(kb, dst, u, e, "add", engine="gpsimd")
-
-
-def _log_plus_one_narrow(kb, dst, x, u, lg, c):
-    """float16 / fp8: 1 + x is always inside log's range; the correction for |x| < 0.5."""
-    ts(kb, u, x, "add", 1.0)
-    act(kb, lg, u, "log")
-    stt(kb, c, u, "subtract", 1.0, "subtract", x)
-    tt(kb, c, c, u, "divide")
-    tt(kb, c, lg, c, "subtract")
-    ts(kb, u, x, "abs_max", 0.0, "is_lt", 0.5)
-    return select(kb, dst, u, c, lg)
+    tt(kb, e, e, u, "subtract", engine="gpsimd")
+    return ts(kb, dst, e, "multiply", -1.0, engine="gpsimd")
 
 
 RULES: dict[str, TileRule] = {
