@@ -13,8 +13,9 @@ With `strict=True` (the default of `Numerics`) such inputs give NaN; with
 `strict=False` the exact answer. IEEE special inputs (+-0, +-inf, NaN) always get the
 exact IEEE result (sqrt(0) = 0, log(0) = -inf, 1/0 = inf), on the assumption that
 the hardware special-cases them before the polynomial; negative inputs of log / sqrt /
-rsqrt are NaN either way. The compiler (jax_trn.lower) emits log, sqrt and rsqrt and
-is exact only for in-range inputs, e.g. log is NaN below 2**-64 in strict mode.
+rsqrt are NaN either way. The compiler (jax_trn.lower.tileops: ranged.py, trig.py)
+scales or reduces every argument into these ranges first, so compiled programs never
+see the NaN; tests/e2e/test_full_range_math.py checks that here.
 """
 from __future__ import annotations
 

@@ -33,11 +33,11 @@ from jax_trn.hw.program import DramTensor
 from .builder import KernelBuilder, Ring, sub
 from .layout import Axes, row_major
 from .tileops import (NEEDS_FULL_TILES, NO_INSTRUCTION, TILE_OPS, Src, Step, expand,
-                      fill_scalar, scratch, scratch_dtype)
+                      fill_scalar, scratch, scratch_dtype, scratch_width)
 
 FMAX = 2048          # elements per partition of one elementwise tile
 IN_DEPTH, STEP_DEPTH = 3, 2
-SCRATCH_BYTES = 4    # scratch tiles of multi-instruction ops are FP32 / 32-bit ints
+SCRATCH_BYTES = 4    # scratch tiles of multi-instruction ops: FP32 / 32-bit ints, or wider
 Box = tuple[int, Axes]          # (element offset, ((pstride, parts), *free axes))
 
 
@@ -79,7 +79,12 @@ class Region:
 
     def scratch_bytes(self) -> int:
         """Per element: the scratch tiles of the step that needs the most (tileops)."""
-        return SCRATCH_BYTES * max([scratch(s.kind) for s in self.steps] + [0])
+        return self.scratch_width() * max([scratch(s.kind) for s in self.steps] + [0])
+
+    def scratch_width(self) -> int:
+        """Bytes per element of each scratch tile: 4, or more when a step's op works on
+        wider integers (64-bit words for trig's argument reduction, tileops/trig.py)."""
+        return max([scratch_width(s.kind) for s in self.steps] + [SCRATCH_BYTES])
 
     def max_itemsize(self) -> int:
         return max([_itemsize(s.dtype) for s in self.steps] +
@@ -253,7 +258,8 @@ class Evaluator:
                  slot: str) -> list[Src]:
         """The scratch tiles a multi-instruction op takes after its operands."""
         dtype = scratch_dtype(args[0].dtype)
-        return [Src.of(self._buffer((slot, "scratch", k), free, dtype, parts, SCRATCH_BYTES))
+        width = self.region.scratch_width()
+        return [Src.of(self._buffer((slot, "scratch", k), free, dtype, parts, width))
                 for k in range(scratch(step.kind))]
 
     def _const(self, value: float, parts: int) -> Src:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 
-from jax_trn.hw.spec import ChipSpec, CoreSpec
+from jax_trn.hw.spec import ACTIVATION_RANGES, ChipSpec, CoreSpec
 
 FP32_BYTES = 4      # PSUM accumulates in FP32 (§2.2, §3.2)
 
@@ -67,11 +67,20 @@ class Target:
                             f"{type(spec).__name__}")
         return _target_of(spec)
 
+    @staticmethod
+    def activation_range(func: str) -> tuple[float, float, bool] | None:
+        """ScalarE's valid inputs of `func`: (low, high, on |x|), bounds inclusive; None
+        for a function valid everywhere. ISA-wide, the same on every generation (§2.4)."""
+        return _RANGES.get(func)
+
     @property
     def psum_bank_fp32(self) -> int:
         """FP32 elements per partition of one PSUM bank (512): the moving free size of
         a matmul that stays in one bank (§2.2, §3.2)."""
         return self.psum_bank_bytes // FP32_BYTES
+
+
+_RANGES = dict(ACTIVATION_RANGES)
 
 
 @functools.lru_cache(maxsize=None)

@@ -44,6 +44,17 @@ def test_rounding_is_exact(kind, fn):
     np.testing.assert_array_equal(res.outputs[0], fn(x))
 
 
+@pytest.mark.parametrize("kind,fn", [("floor", np.floor), ("ceil", np.ceil),
+                                     ("round_nearest_even", np.rint),
+                                     ("round_nearest_afz", np.rint)])
+def test_rounding_keeps_large_integral_values(kind, fn):
+    """Above 2**24 every float32 is an integer: it must come back unchanged (the step
+    |x| - min(|x|, 2**23) used to round, e.g. round(1.9281036e14) gave 1.9281034e14)."""
+    x = F32([1.9281036e14, -1.9281036e14, 3e38, -2.0 ** 100, 2.0 ** 24 + 2, 1.37 * 2 ** 60])
+    res = run(unary(kind, x.shape), x)
+    np.testing.assert_array_equal(res.outputs[0], fn(x))
+
+
 def test_round_away_from_zero_ties():
     x = F32([0.5, -0.5, 1.5, -2.5, 2.5, 0.49999997, -0.49999997, 8388607.5])
     res = run(unary("round_nearest_afz", x.shape), x)
@@ -90,3 +101,34 @@ def test_atan2_quadrants():
     x = F32([1.0, 0.0, 0.0, -1.0, -2.0, -2.0, 0.0, 3.0, -4.0, 1e-3])
     res = run(binary("atan2", y.shape), y, x)
     np.testing.assert_allclose(res.outputs[0], np.arctan2(y, x), rtol=1e-6, atol=1e-7)
+
+
+def _ulps(a, b) -> np.ndarray:
+    """Distance in float32 ulps (the ordered bit patterns)."""
+    ia, ib = (np.asarray(v, F32).view(np.int32).astype(np.int64) for v in (a, b))
+    ia, ib = (np.where(i < 0, -(i & 0x7FFFFFFF), i) for i in (ia, ib))
+    return np.abs(ia - ib)
+
+
+def test_cbrt_is_within_two_ulps_over_the_range():
+    """One power of float32(1/3) is off by |ln x| * 1e-8 relatively (17 ulps at 1e-38);
+    the second, tiny power puts that back."""
+    x = F32(2.0) ** np.arange(-149, 128, 3, dtype=F32)
+    x = np.concatenate([x, -1.37 * x, F32([0.0, -0.0, np.inf, -np.inf])]).astype(F32)
+    res = run(unary("cbrt", x.shape), x)
+    assert _ulps(res.outputs[0], np.cbrt(x.astype(np.float64)).astype(F32)).max() <= 2
+    assert np.signbit(res.outputs[0][-3]) and np.isnan(run(unary("cbrt", (1,)), F32([np.nan])).outputs[0]).all()
+
+
+def test_atan2_of_a_finite_value_and_an_infinity():
+    """IEEE: atan2(y, +inf) = +-0, atan2(y, -inf) = +-pi, atan2(+-inf, x) = +-pi/2, and
+    inf against inf gives the odd multiples of pi/4 (magnitudes were capped at FLT_MAX,
+    so 3e38 against inf gave 0.72)."""
+    big = F32([3e38, -3e38, 1e30, -1.0, 0.0, -0.0])
+    inf = F32([np.inf, -np.inf])
+    y = np.concatenate([np.repeat(big, 2), np.tile(inf, 6), F32([np.inf, np.inf, -np.inf, -np.inf])])
+    x = np.concatenate([np.tile(inf, 6), np.repeat(big, 2), F32([np.inf, -np.inf, np.inf, -np.inf])])
+    res = run(binary("atan2", y.shape), y.astype(F32), x.astype(F32))
+    want = np.arctan2(y, x).astype(F32)
+    np.testing.assert_array_equal(res.outputs[0], want)
+    np.testing.assert_array_equal(np.signbit(res.outputs[0]), np.signbit(want))

@@ -2,14 +2,17 @@
 
     TILE_OPS[kind].emit(kb, dst, srcs, step)    # the instruction(s) computing `step`
     TILE_OPS[kind].scratch                      # scratch tiles it takes after `srcs`
+    TILE_OPS[kind].width                        # bytes per element of each (4, or 8)
 
 Modules: core (Step, Src, TileRule, instruction helpers), simple (one-instruction ops),
-mathops (short instruction sequences: rounding, trig, log1p, bit counts, ...). The
+ranged (log, log1p, sqrt, rsqrt: ScalarE functions kept inside their input ranges),
+trig (sine, cosine, tan with full-range argument reduction), mathops (short instruction
+sequences: rounding, expm1, cbrt, atan2, bit counts, ...). The
 table is the union of their `RULES`, built here once; no module adds to another's.
 """
 from __future__ import annotations
 
-from . import mathops, simple
+from . import mathops, ranged, simple, trig
 from .core import ACTIVATION as ACTIVATION
 from .core import ALU as ALU
 from .core import NEEDS_FULL_TILES as NEEDS_FULL_TILES
@@ -32,10 +35,16 @@ def _union(*tables: dict[str, TileRule]) -> dict[str, TileRule]:
     return out
 
 
-TILE_OPS: dict[str, TileRule] = _union(simple.RULES, mathops.RULES)
+TILE_OPS: dict[str, TileRule] = _union(simple.RULES, mathops.RULES, ranged.RULES, trig.RULES)
 
 
 def scratch(kind: str) -> int:
     """Scratch tiles a step of `kind` takes (0 for steps with no tile op)."""
     rule = TILE_OPS.get(kind)
     return rule.scratch if rule is not None else 0
+
+
+def scratch_width(kind: str) -> int:
+    """Bytes per element of each scratch tile a step of `kind` takes (4 by default)."""
+    rule = TILE_OPS.get(kind)
+    return rule.width if rule is not None else 4

@@ -27,8 +27,10 @@ ALU = {"add": "add", "subtract": "subtract", "multiply": "multiply", "divide": "
        "shift_left": "shift_left", "shift_right_logical": "shift_right_logical",
        "shift_right_arithmetic": "shift_right_arithmetic"}
 BOOL_ALU = {"and": "min", "or": "max", "xor": "not_equal", "maximum": "max", "minimum": "min"}
-ACTIVATION = {"exponential": "exp", "log": "log", "tanh": "tanh", "logistic": "sigmoid",
-              "sqrt": "sqrt", "rsqrt": "rsqrt", "sign": "sign"}
+# ScalarE functions valid for every input (§2.4): one Activation each, so folding.py may
+# give them a scale and bias. log / sqrt / rsqrt / sin have published input ranges and
+# their own instruction sequences (ranged.py, trig.py).
+ACTIVATION = {"exponential": "exp", "tanh": "tanh", "logistic": "sigmoid", "sign": "sign"}
 COMPARE = {"EQ": "is_equal", "NE": "not_equal", "LT": "is_lt", "LE": "is_le",
            "GT": "is_gt", "GE": "is_ge"}
 NO_INSTRUCTION = frozenset({"constant", "folded"})     # steps with no tile of their own
@@ -72,9 +74,11 @@ Emit = Callable[[KernelBuilder, isa.Tile, list[Src], Step], Any]
 class TileRule:
     """How one step kind is emitted: `emit(kb, dst, srcs, step)`. A multi-instruction
     op takes `scratch` extra [parts, free] tiles after its operands (the Evaluator
-    appends them, regions.py): FP32 for float work, the operand's type for integers."""
+    appends them, regions.py): FP32 for float work, the operand's type for integers,
+    `width` bytes per element (8 for ops that view them as 64-bit integers)."""
     emit: Emit
     scratch: int = 0
+    width: int = 4
 
 
 def rules(emit: Emit, kinds, scratch: int = 0) -> dict[str, TileRule]:
@@ -115,3 +119,35 @@ def expand(kb: KernelBuilder, src: Src, dst: isa.Tile) -> isa.Tile:
     kb.emit(isa.TensorScalar, dst=dst, data=dst, op0="bypass", operand0=src.operand,
             reverse0=True, engine=engine_for(dst.dtype))
     return dst
+
+
+# --- instruction helpers of the multi-instruction ops (mathops, ranged, trig) ----------
+
+def ts(kb, dst, x, op0, a, op1=None, b=None, rev0=False, rev1=False, engine="vector"):
+    """dst = (x <op0> a) <op1> b with immediates a, b (reversed: a <op0> x)."""
+    more = {} if op1 is None else {"op1": op1, "operand1": b, "reverse1": rev1}
+    return kb.emit(isa.TensorScalar, dst=dst, data=x, op0=op0, operand0=a, reverse0=rev0,
+                   engine=engine, **more)
+
+
+def tt(kb, dst, a, b, op, engine="vector"):
+    return kb.emit(isa.TensorTensor, dst=dst, data1=a, data2=b, op=op, engine=engine)
+
+
+def stt(kb, dst, data, op0, a, op1, t, rev0=False, rev1=False):
+    """(data <op0> a) <op1> t on VectorE (t first when rev1)."""
+    return kb.emit(isa.ScalarTensorTensor, dst=dst, data=data, op0=op0, operand0=a,
+                   reverse0=rev0, op1=op1, operand1=t, reverse1=rev1)
+
+
+def act(kb, dst, x, func, scale=1.0):
+    return kb.emit(isa.Activation, dst=dst, data=x, func=func, scale=scale)
+
+
+def select(kb, dst, pred, on_true, on_false):
+    return kb.emit(isa.Select, dst=dst, pred=pred, on_true=on_true, on_false=on_false)
+
+
+def tiles(srcs, n_in):
+    """(the operands' tiles, the scratch tiles after them)."""
+    return [s.tile for s in srcs[:n_in]], [s.tile for s in srcs[n_in:]]

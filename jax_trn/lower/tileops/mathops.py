@@ -9,37 +9,28 @@ host. Costs are per element tile (V = VectorE, S = ScalarE, G = GpSimd instructi
 Rounding (floor, ceil, round_nearest_even, round_nearest_afz): the ALU has no round
 op (§6.2), so `_round_mag` uses the FP32 "magic number": for 0 <= a <= 2**23,
 (a + 2**23) - 2**23 is a rounded to the nearest integer, ties to even, because the sum
-has unit ulp; it rounds min(|x|, 2**23) and adds back |x| - min(|x|, 2**23), so
-|x| > 2**23 (already integral) comes back exactly.
+has unit ulp; it rounds m = min(|x|, 2**23) and adds the step rne(m) - m (exact) to
+|x|, so |x| >= 2**23 (already integral) comes back exactly.
 The sign comes back as mag * (1 - 2 * (x + 1/x < 0)), which keeps -0 (ScalarE `sign`
 would map -0 to +0 and cost an engine hop). floor / ceil then correct by one where the
-rounded value overshoots. 7-10 VectorE instructions.
+rounded value overshoots (ceil as -floor(-x), so that ceil(-0.7) is -0). 7-10 VectorE
+instructions.
 
-Trig (sine, cosine, tan): ScalarE `sin` is valid only on [-pi, pi] (§2.4, no range
-reduction in `isa.activation`), so `_reduce` does nl.sin's reduction on VectorE:
-k = rne(x / P) (magic number 1.5 * 2**23, exact for |x / P| < 2**22), then
-r = x - k * P in three Cody-Waite steps (P split so k * C1 is exact). The rounding of
-x / P can leave r a little outside [-P/2, P/2] (no clamp: that costs accuracy), so the
-arguments are folded back into range: cos(x) = sin(pi/2 - |r|) (P = 2pi); sin(x) =
-sin(r), or sin(sign(r) * pi - r) where |r| > pi/2 (a select); tan = sin(r) / cos(r) with
-P = pi. Absolute error ~3e-7 for |x| up to ~1e3 (f32). 6 V + 1 S (cos), 8 V + 2 S
-(sin), 7 V + 2 S (tan).
+exponential_minus_one: exp(x) - 1 loses all relative precision for small |x|, so for
+|x| < 0.5 it is 2t / (1 - t) with t = tanh(x / 2) (ScalarE tanh has no range limit); a
+VectorE `select` picks the branch. 5 V + 2 S. (log1p, log, sqrt, rsqrt: ranged.py; sin,
+cos, tan: trig.py.)
 
-log_plus_one / exponential_minus_one: log(1 + x) and exp(x) - 1 lose all relative
-precision for small |x|, so for |x| < 0.5 log1p uses the first-order correction
-log(u) - ((u - 1) - x) / u with u = 1 + x, and expm1 uses 2t / (1 - t) with
-t = tanh(x / 2) (ScalarE tanh has no range limit). A VectorE `select` picks the branch.
-7 instructions each (5 V + 2 S for expm1, 6 V + 1 S for log1p). log1p inherits log's
-published range: 1 + x outside [2**-64, 2**64] is NaN in strict mode.
-
-cbrt: |x| ** (1/3) with x's sign, the power on GpSimd (the only engine with `power`,
-§6.2); relative error <= ~3e-6 (from rounding 1/3 to FP32). 1 G + 3 V.
+cbrt: |x| ** C1 * |x| ** C2 with x's sign, the powers on GpSimd (the only engine with
+`power`, §6.2), C1 the float32 just below 1/3 and C2 = float32(1/3 - C1) ~ 2e-8: one
+power of 1/3 rounded to float32 is off by |ln x| * 1e-8 relatively (17 ulps at 1e-38),
+the second factor, within 2e-6 of 1, puts that back. <= 2 ulps. 2 G + 4 V.
 
 atan2(y, x): ScalarE `arctan` is valid on [-pi/2, pi/2], so it takes
-min(|x|, |y|) / max(|x|, |y|) in [0, 1] (magnitudes capped at FLT_MAX, so inf / inf is
-1); the octant fix-ups (pi/2 - a, pi - a, the sign of y) are compares and selects on
-VectorE, "negative" meaning v + 1/v < 0 so that -0 counts (IEEE atan2(+-0, -0) = +-pi).
-16 V + 1 S. Off only for a finite magnitude within ~1e7 of FLT_MAX against an infinity.
+min(|x|, |y|) / max(|x|, |y|) in [0, 1] (a finite value over an infinity is 0; inf / inf
+is made 1 by a select: pi/4 and its octants); the octant fix-ups (pi/2 - a, pi - a, the
+sign of y) are compares and selects on VectorE, "negative" meaning v + 1/v < 0 so that
+-0 counts (IEEE atan2(+-0, -0) = +-pi). 17 V + 1 S.
 
 is_finite: x * 0 == 0 (0 for finite x, NaN for inf / NaN) in one VectorE tensor_scalar.
 
@@ -71,49 +62,15 @@ from hlo_passes import ir
 from jax_trn.hw import isa
 
 from ..errors import LoweringError
-from .core import ACTIVATION, TileRule, engine_for
+from .core import ACTIVATION, TileRule, act, engine_for, select, stt, tiles, ts, tt
 
 _F32 = np.float32
 TWO23 = 8388608.0
-MAGIC = 12582912.0                              # 1.5 * 2**23
 PI = float(_F32(np.pi))
 HALF_PI = float(_F32(np.pi / 2))
-INV_2PI = float(_F32(1 / (2 * np.pi)))
-C1 = 6.28125                                    # 2pi in 8 bits: k * C1 exact
-C2 = float(_F32(2 * np.pi - C1))
-C3 = float(_F32(2 * np.pi - C1 - C2))
 TINY = 1e-30
-FLT_MAX = float(np.finfo(np.float32).max)
-
-
-# --- instruction helpers -------------------------------------------------------------
-
-def _ts(kb, dst, x, op0, a, op1=None, b=None, rev0=False, rev1=False, engine="vector"):
-    more = {} if op1 is None else {"op1": op1, "operand1": b, "reverse1": rev1}
-    return kb.emit(isa.TensorScalar, dst=dst, data=x, op0=op0, operand0=a, reverse0=rev0,
-                   engine=engine, **more)
-
-
-def _tt(kb, dst, a, b, op, engine="vector"):
-    return kb.emit(isa.TensorTensor, dst=dst, data1=a, data2=b, op=op, engine=engine)
-
-
-def _stt(kb, dst, data, op0, a, op1, t, rev1=False):
-    """(data <op0> a) <op1> t (t first when rev1)."""
-    return kb.emit(isa.ScalarTensorTensor, dst=dst, data=data, op0=op0, operand0=a,
-                   op1=op1, operand1=t, reverse1=rev1)
-
-
-def _act(kb, dst, x, func, scale=1.0):
-    return kb.emit(isa.Activation, dst=dst, data=x, func=func, scale=scale)
-
-
-def _select(kb, dst, pred, on_true, on_false):
-    return kb.emit(isa.Select, dst=dst, pred=pred, on_true=on_true, on_false=on_false)
-
-
-def _tiles(srcs, n_in):
-    return [s.tile for s in srcs[:n_in]], [s.tile for s in srcs[n_in:]]
+CBRT_C1 = 0.3333333134651184                    # the float32 just below 1/3
+CBRT_C2 = 1.9868215517249155e-08                # float32(1/3 - CBRT_C1)
 
 
 # --- rounding --------------------------------------------------------------------------
@@ -121,163 +78,110 @@ def _tiles(srcs, n_in):
 def _round_mag(kb, t, x, d):
     """t = |x| rounded to the nearest integer, ties to even (d: scratch).
 
-    m = min(|x|, 2**23) is rounded with the magic number, then d = |x| - m (0 below
-    2**23, exact above) is added back, so |x| >= 2**23 (integral) comes back as is."""
-    _ts(kb, t, x, "abs_max", 0.0, "min", TWO23)
-    _stt(kb, d, x, "abs_max", 0.0, "subtract", t)
-    _ts(kb, t, t, "add", TWO23, "subtract", TWO23)
-    _tt(kb, t, t, d, "add")
+    m = min(|x|, 2**23) is rounded with the magic number, and the rounding step
+    rne(m) - m (exact: the two are within 0.5 of each other) is added to |x|: below
+    2**23 that gives rne(|x|), from 2**23 on (|x| already integral) |x| + 0 exactly."""
+    ts(kb, d, x, "abs_max", 0.0, "min", TWO23)
+    ts(kb, t, d, "add", TWO23, "subtract", TWO23)
+    tt(kb, t, t, d, "subtract")
+    stt(kb, t, x, "abs_max", 0.0, "add", t)
 
 
 def _with_sign(kb, dst, mag, x, s):
     """dst = mag with x's sign, -0 included: mag * (1 - 2 * negative(x))."""
     _negative(kb, s, x, -2.0)
-    _stt(kb, dst, s, "add", 1.0, "multiply", mag)
+    stt(kb, dst, s, "add", 1.0, "multiply", mag)
 
 
 def _negative(kb, p, v, scale=1.0):
     """p = scale where v < 0 or v is -0, else 0: v + 1/v < 0 (1/-0 = -inf)."""
     kb.emit(isa.ScalarTensorTensor, dst=p, data=v, op0="divide", operand0=1.0,
             reverse0=True, op1="add", operand1=v)
-    _ts(kb, p, p, "is_lt", 0.0, "multiply", scale)
+    ts(kb, p, p, "is_lt", 0.0, "multiply", scale)
 
 
 def _round_even(kb, dst, srcs, step):
-    (x,), (t, s) = _tiles(srcs, 1)
+    (x,), (t, s) = tiles(srcs, 1)
     _round_mag(kb, t, x, s)
     _with_sign(kb, dst, t, x, s)
 
 
 def _round_afz(kb, dst, srcs, step):
     """Ties away from zero: rne(|x|) + 1 where |x| - rne(|x|) is exactly 0.5."""
-    (x,), (t, s) = _tiles(srcs, 1)
+    (x,), (t, s) = tiles(srcs, 1)
     _round_mag(kb, t, x, s)
-    _stt(kb, s, x, "abs_max", 0.0, "subtract", t)
-    _ts(kb, s, s, "is_equal", 0.5)
-    _tt(kb, t, t, s, "add")
+    stt(kb, s, x, "abs_max", 0.0, "subtract", t)
+    ts(kb, s, s, "is_equal", 0.5)
+    tt(kb, t, t, s, "add")
     _with_sign(kb, dst, t, x, s)
 
 
 def _floor_ceil(kb, dst, srcs, step):
-    """rne(x), minus one where it is above x (floor) / plus one where below (ceil);
-    ceil subtracts (0 - s) rather than adding s so that -0 stays -0."""
-    (x,), (t, s) = _tiles(srcs, 1)
+    """floor: rne(x), minus one where it is above x. ceil(x) = -floor(-x), negated
+    exactly at the end: rne(x) + (rne(x) < x) would give +0 for x in (-1, -0.5]."""
+    (x,), (t, s) = tiles(srcs, 1)
     _round_mag(kb, t, x, s)
-    _with_sign(kb, t, t, x, s)
     if step.kind == "floor":
-        _tt(kb, s, t, x, "is_gt")
-        _tt(kb, dst, t, s, "subtract")
-        return
-    _tt(kb, s, t, x, "is_lt")
-    kb.emit(isa.ScalarTensorTensor, dst=dst, data=s, op0="subtract", operand0=0.0,
-            reverse0=True, op1="subtract", operand1=t, reverse1=True)
-
-
-# --- trig --------------------------------------------------------------------------------
-
-def _reduce(kb, r, k, x, half=False):
-    """r = x - P * rne(x / P), P = 2pi (pi if `half`), k: scratch.
-
-    Cody-Waite in three steps (P = C1 + C2 + C3, k * C1 exact). r lies in
-    [-P/2, P/2] up to the rounding of x / P (|x| ~ 1e3: ~5e-5 beyond)."""
-    m = 0.5 if half else 1.0
-    _ts(kb, k, x, "multiply", INV_2PI / m, "add", MAGIC)
-    _ts(kb, k, k, "subtract", MAGIC)
-    _stt(kb, r, k, "multiply", -C1 * m, "add", x)
-    _stt(kb, r, k, "multiply", -C2 * m, "add", r)
-    _stt(kb, r, k, "multiply", -C3 * m, "add", r)
-
-
-def _cos_reduced(kb, dst, r):
-    """cos(r) = sin(pi/2 - |r|): the argument is in [-pi, pi] for |r| <= 3pi/2."""
-    _ts(kb, dst, r, "abs_max", 0.0, "subtract", HALF_PI, rev1=True)
-    _act(kb, dst, dst, "sin")
-
-
-def _sine(kb, dst, srcs, step):
-    """sin(r), reflected to sin(sign(r) * pi - r) where |r| > pi/2 (in range even when
-    r overshoots pi; small x stays x, so sin keeps its relative precision near 0)."""
-    (x,), (r, k, p) = _tiles(srcs, 1)
-    _reduce(kb, r, k, x)
-    _act(kb, k, r, "sign")
-    _stt(kb, k, k, "multiply", PI, "subtract", r)
-    _ts(kb, p, r, "abs_max", 0.0, "is_gt", HALF_PI)
-    _select(kb, k, p, k, r)
-    _act(kb, dst, k, "sin")
-
-
-def _cosine(kb, dst, srcs, step):
-    (x,), (r, k) = _tiles(srcs, 1)
-    _reduce(kb, r, k, x)
-    _ts(kb, k, r, "abs_max", 0.0, "subtract", HALF_PI, rev1=True)
-    _act(kb, dst, k, "sin")
-
-
-def _tan(kb, dst, srcs, step):
-    """tan has period pi: r = x - pi * rne(x / pi) in [-pi/2, pi/2] (+ rounding)."""
-    (x,), (r, k, s) = _tiles(srcs, 1)
-    _reduce(kb, r, k, x, half=True)
-    _act(kb, s, r, "sin")
-    _cos_reduced(kb, k, r)
-    _tt(kb, dst, s, k, "divide")
+        _with_sign(kb, t, t, x, s)
+        tt(kb, s, t, x, "is_gt")
+        return tt(kb, dst, t, s, "subtract")
+    _negative(kb, s, x, 2.0)
+    stt(kb, t, s, "subtract", 1.0, "multiply", t)  # rne(-x): the magnitude, -x's sign
+    stt(kb, s, t, "multiply", -1.0, "is_lt", x)    # rne(-x) > -x
+    tt(kb, t, t, s, "subtract")                    # floor(-x)
+    return ts(kb, dst, t, "multiply", -1.0)
 
 
 # --- logs and exponentials ---------------------------------------------------------------
 
 def _small(kb, p, x):
     """p = |x| < 0.5."""
-    _ts(kb, p, x, "abs_max", 0.0, "is_lt", 0.5)
-
-
-def _log_plus_one(kb, dst, srcs, step):
-    (x,), (u, lg, c) = _tiles(srcs, 1)
-    _ts(kb, u, x, "add", 1.0)
-    _act(kb, lg, u, "log")
-    _stt(kb, c, u, "subtract", 1.0, "subtract", x)
-    _tt(kb, c, c, u, "divide")
-    _tt(kb, c, lg, c, "subtract")
-    _small(kb, u, x)
-    _select(kb, dst, u, c, lg)
+    ts(kb, p, x, "abs_max", 0.0, "is_lt", 0.5)
 
 
 def _exponential_minus_one(kb, dst, srcs, step):
-    (x,), (t, e, p) = _tiles(srcs, 1)
-    _act(kb, t, x, "tanh", scale=0.5)
-    _ts(kb, e, t, "subtract", 1.0, rev0=True)
-    _stt(kb, t, t, "multiply", 2.0, "divide", e)
-    _act(kb, e, x, "exp")
-    _ts(kb, e, e, "subtract", 1.0)
+    (x,), (t, e, p) = tiles(srcs, 1)
+    act(kb, t, x, "tanh", scale=0.5)
+    ts(kb, e, t, "subtract", 1.0, rev0=True)
+    stt(kb, t, t, "multiply", 2.0, "divide", e)
+    act(kb, e, x, "exp")
+    ts(kb, e, e, "subtract", 1.0)
     _small(kb, p, x)
-    _select(kb, dst, p, t, e)
+    select(kb, dst, p, t, e)
 
 
 def _cbrt(kb, dst, srcs, step):
-    (x,), (t, s) = _tiles(srcs, 1)
-    _ts(kb, t, x, "abs_max", 0.0, "pow", float(_F32(1 / 3)), engine="gpsimd")
+    (x,), (t, s) = tiles(srcs, 1)
+    ts(kb, t, x, "abs_max", 0.0, "pow", CBRT_C1, engine="gpsimd")
+    ts(kb, s, x, "abs_max", 0.0, "pow", CBRT_C2, engine="gpsimd")
+    tt(kb, t, t, s, "multiply")
     _with_sign(kb, dst, t, x, s)
 
 
 def _atan2(kb, dst, srcs, step):
-    """|x|, |y| are capped at FLT_MAX so inf / inf gives 1 (pi/4 and its octants)."""
-    (y, x), (ay, ax, a, p) = _tiles(srcs, 2)
-    _ts(kb, ay, y, "abs_max", 0.0, "min", FLT_MAX)
-    _ts(kb, ax, x, "abs_max", 0.0, "min", FLT_MAX)
-    _tt(kb, a, ay, ax, "min")
-    _stt(kb, p, ax, "max", TINY, "max", ay)
-    _tt(kb, a, a, p, "divide")
-    _act(kb, a, a, "arctan")                      # in [0, pi/4]
-    _tt(kb, p, ay, ax, "is_gt")
-    _ts(kb, ay, a, "subtract", HALF_PI, rev0=True)
-    _select(kb, a, p, ay, a)                      # [0, pi/2]
+    """The ratio of the magnitudes (1 where both are infinite: dst holds that predicate
+    meanwhile), its arctan, then the octant."""
+    (y, x), (ay, ax, a, p) = tiles(srcs, 2)
+    ts(kb, ay, y, "abs_max", 0.0)
+    ts(kb, ax, x, "abs_max", 0.0)
+    tt(kb, a, ay, ax, "min")
+    ts(kb, dst, a, "is_equal", float("inf"))
+    stt(kb, p, ax, "max", TINY, "max", ay)
+    tt(kb, a, a, p, "divide")
+    select(kb, a, dst, dst, a)
+    act(kb, a, a, "arctan")                      # in [0, pi/4]
+    tt(kb, p, ay, ax, "is_gt")
+    ts(kb, ay, a, "subtract", HALF_PI, rev0=True)
+    select(kb, a, p, ay, a)                      # [0, pi/2]
     _negative(kb, p, x)
-    _ts(kb, ay, a, "subtract", PI, rev0=True)
-    _select(kb, a, p, ay, a)                      # [0, pi]
+    ts(kb, ay, a, "subtract", PI, rev0=True)
+    select(kb, a, p, ay, a)                      # [0, pi]
     _negative(kb, p, y, -2.0)
-    _stt(kb, dst, p, "add", 1.0, "multiply", a)
+    stt(kb, dst, p, "add", 1.0, "multiply", a)
 
 
 def _is_finite(kb, dst, srcs, step):
-    return _ts(kb, dst, srcs[0].tile, "multiply", 0.0, "is_equal", 0.0)
+    return ts(kb, dst, srcs[0].tile, "multiply", 0.0, "is_equal", 0.0)
 
 
 # --- integers --------------------------------------------------------------------------------
@@ -290,32 +194,32 @@ def _words(kb, x, c, d, kind: str):
     width = 8 * ir.np_dtype(x.dtype).itemsize
     if width == 32:
         return width, x
-    _ts(kb, c, x, "bitwise_and", (1 << min(width, 32)) - 1, engine="gpsimd")
+    ts(kb, c, x, "bitwise_and", (1 << min(width, 32)) - 1, engine="gpsimd")
     if width == 64:
-        _ts(kb, d, x, "shift_right_logical", 32, engine="gpsimd")
+        ts(kb, d, x, "shift_right_logical", 32, engine="gpsimd")
     return width, c
 
 
 def _popcnt_into(kb, dst, x, a, b, clz=False):
     """SWAR bit count of x (a, b: scratch; x may be a); clz: 32 - count."""
     g = "gpsimd"
-    _ts(kb, b, x, "shift_right_logical", 1, "bitwise_and", 0x55555555, engine=g)
-    _tt(kb, a, x, b, "subtract", engine=g)
-    _ts(kb, b, a, "shift_right_logical", 2, "bitwise_and", 0x33333333, engine=g)
-    _ts(kb, a, a, "bitwise_and", 0x33333333, engine=g)
-    _tt(kb, a, a, b, "add", engine=g)
-    _ts(kb, b, a, "shift_right_logical", 4, engine=g)
-    _tt(kb, a, a, b, "add", engine=g)
-    _ts(kb, a, a, "bitwise_and", 0x0F0F0F0F, "multiply", 0x01010101, engine=g)
+    ts(kb, b, x, "shift_right_logical", 1, "bitwise_and", 0x55555555, engine=g)
+    tt(kb, a, x, b, "subtract", engine=g)
+    ts(kb, b, a, "shift_right_logical", 2, "bitwise_and", 0x33333333, engine=g)
+    ts(kb, a, a, "bitwise_and", 0x33333333, engine=g)
+    tt(kb, a, a, b, "add", engine=g)
+    ts(kb, b, a, "shift_right_logical", 4, engine=g)
+    tt(kb, a, a, b, "add", engine=g)
+    ts(kb, a, a, "bitwise_and", 0x0F0F0F0F, "multiply", 0x01010101, engine=g)
     if clz:
-        _ts(kb, dst, a, "shift_right_logical", 24, "subtract", 32, rev1=True, engine=g)
+        ts(kb, dst, a, "shift_right_logical", 24, "subtract", 32, rev1=True, engine=g)
     else:
-        _ts(kb, dst, a, "shift_right_logical", 24, engine=g)
+        ts(kb, dst, a, "shift_right_logical", 24, engine=g)
 
 
 def _scratch32(srcs):
     """The operand and four scratch tiles seen as uint32 (4 bytes each, regions.py)."""
-    (x,), scratch = _tiles(srcs, 1)
+    (x,), scratch = tiles(srcs, 1)
     return x, [t.with_(dtype="uint32") for t in scratch]
 
 
@@ -327,15 +231,15 @@ def _popcnt(kb, dst, srcs, step):
         return _popcnt_into(kb, dst, low, a, b)
     _popcnt_into(kb, c, c, a, b)
     _popcnt_into(kb, d, d, a, b)
-    _tt(kb, dst, c, d, "add", engine="gpsimd")
+    tt(kb, dst, c, d, "add", engine="gpsimd")
 
 
 def _clz32(kb, dst, x, a, b):
     """Smear the top set bit into every lower bit, then 32 - popcnt (x may be dst)."""
     src = x
     for k in (1, 2, 4, 8, 16):
-        _ts(kb, b, src, "shift_right_logical", k, engine="gpsimd")
-        _tt(kb, a, src, b, "bitwise_or", engine="gpsimd")
+        ts(kb, b, src, "shift_right_logical", k, engine="gpsimd")
+        tt(kb, a, src, b, "bitwise_or", engine="gpsimd")
         src = a
     _popcnt_into(kb, dst, a, a, b, clz=True)
 
@@ -349,27 +253,27 @@ def _clz(kb, dst, srcs, step):
         return _clz32(kb, dst, low, a, b)
     if width < 32:
         _clz32(kb, c, c, a, b)
-        return _ts(kb, dst, c, "subtract", 32 - width, engine="gpsimd")
+        return ts(kb, dst, c, "subtract", 32 - width, engine="gpsimd")
     _clz32(kb, d, d, a, b)
     _clz32(kb, c, c, a, b)
-    _ts(kb, a, d, "is_equal", 32, engine="gpsimd")
-    _tt(kb, a, a, c, "multiply", engine="gpsimd")
-    _tt(kb, dst, d, a, "add", engine="gpsimd")
+    ts(kb, a, d, "is_equal", 32, engine="gpsimd")
+    tt(kb, a, a, c, "multiply", engine="gpsimd")
+    tt(kb, dst, d, a, "add", engine="gpsimd")
 
 
 def _sign(kb, dst, srcs, step):
     x = srcs[0].tile
     if ir.is_int(x.dtype):
-        return _ts(kb, dst, x, "max", -1, "min", 1, engine=engine_for(x.dtype))
-    (p,) = _tiles(srcs, 1)[1]
+        return ts(kb, dst, x, "max", -1, "min", 1, engine=engine_for(x.dtype))
+    (p,) = tiles(srcs, 1)[1]
     kb.emit(isa.Activation, dst=dst, data=x, func=ACTIVATION["sign"])
-    _ts(kb, p, x, "is_equal", 0.0)                      # +-0 keeps its sign (XLA)
-    return _select(kb, dst, p, x, dst)
+    ts(kb, p, x, "is_equal", 0.0)                      # +-0 keeps its sign (XLA)
+    return select(kb, dst, p, x, dst)
 
 
 def _reduce_precision(kb, dst, srcs, step):
     """XLA's ReducePrecision on the bits of x (see the module docstring)."""
-    (x,), (t, p, s) = _tiles(srcs, 1)
+    (x,), (t, p, s) = tiles(srcs, 1)
     e, m = step.attrs["exponent_bits"], step.attrs["mantissa_bits"]
     if x.dtype not in ("float32", "bfloat16", "float16"):
         raise LoweringError(f"reduce_precision is lowered for float32 / bfloat16 / float16, "
@@ -383,23 +287,23 @@ def _reduce_precision(kb, dst, srcs, step):
     if m < sm:
         cut = sm - m
         keep = ~((1 << cut) - 1) & ((1 << width) - 1)
-        _ts(kb, t, u, "shift_right_logical", cut, "bitwise_and", 1, engine=g)
-        _tt(kb, t, t, u, "add", engine=g)
-        _ts(kb, t, t, "add", (1 << (cut - 1)) - 1, "bitwise_and", keep, engine=g)
+        ts(kb, t, u, "shift_right_logical", cut, "bitwise_and", 1, engine=g)
+        tt(kb, t, t, u, "add", engine=g)
+        ts(kb, t, t, "add", (1 << (cut - 1)) - 1, "bitwise_and", keep, engine=g)
         cur = t
     exp_mask, sign = ((1 << se) - 1) << sm, 1 << (width - 1)
     if e < se:
         bias, reduced = (1 << (se - 1)) - 1, (1 << (e - 1)) - 1
-        _ts(kb, p, cur, "bitwise_and", exp_mask, "is_gt", (bias + reduced) << sm, engine=g)
-        _ts(kb, s, cur, "bitwise_and", sign, "bitwise_or", exp_mask, engine=g)
+        ts(kb, p, cur, "bitwise_and", exp_mask, "is_gt", (bias + reduced) << sm, engine=g)
+        ts(kb, s, cur, "bitwise_and", sign, "bitwise_or", exp_mask, engine=g)
         kb.emit(isa.Select, dst=t, pred=p, on_true=s, on_false=cur, engine=g)
-        _ts(kb, p, t, "bitwise_and", exp_mask, "is_le", (bias - reduced) << sm, engine=g)
-        _ts(kb, s, t, "bitwise_and", sign, engine=g)
+        ts(kb, p, t, "bitwise_and", exp_mask, "is_le", (bias - reduced) << sm, engine=g)
+        ts(kb, s, t, "bitwise_and", sign, engine=g)
         kb.emit(isa.Select, dst=t, pred=p, on_true=s, on_false=t, engine=g)
         cur = t
     if cur is u:
         return kb.emit(isa.TensorCopy, dst=dst.with_(dtype=ut), src=u, engine=g)
-    _ts(kb, p, u, "bitwise_and", sign - 1, "is_gt", exp_mask, engine=g)       # NaN
+    ts(kb, p, u, "bitwise_and", sign - 1, "is_gt", exp_mask, engine=g)       # NaN
     return kb.emit(isa.Select, dst=dst.with_(dtype=ut), pred=p, on_true=u, on_false=cur,
                    engine=g)
 
@@ -408,8 +312,6 @@ def _reduce_precision(kb, dst, srcs, step):
 RULES: dict[str, TileRule] = {
     "round_nearest_even": TileRule(_round_even, 2), "round_nearest_afz": TileRule(_round_afz, 2),
     "floor": TileRule(_floor_ceil, 2), "ceil": TileRule(_floor_ceil, 2),
-    "sine": TileRule(_sine, 3), "cosine": TileRule(_cosine, 2), "tan": TileRule(_tan, 3),
-    "log_plus_one": TileRule(_log_plus_one, 3),
     "exponential_minus_one": TileRule(_exponential_minus_one, 3),
     "cbrt": TileRule(_cbrt, 2), "atan2": TileRule(_atan2, 4), "is_finite": TileRule(_is_finite),
     "popcnt": TileRule(_popcnt, 4), "count_leading_zeros": TileRule(_clz, 4),
