@@ -37,6 +37,12 @@ on those inputs: the operands are all-gathered, the op runs on global shapes, an
 device slices its block of the result. This is what a partitioner does when it has no
 specialized rule (XLA's SPMD partitioner has halo exchanges for some of these);
 `Spmd.notes` lists each such op.
+
+Uneven shardings (a dimension that does not divide into its shards) are padded as XLA
+pads them: ceil(d / n) per device, the padding masked where it would be summed up and
+sliced off where values are gathered (hlo_passes/localize_pad.py, which also says why
+the padding never leaves the program: the parameters and results keep the axes that
+divide, `Spmd.arg_shardings` / `result_shardings` are those, `Spmd.notes` says so).
 """
 from __future__ import annotations
 
