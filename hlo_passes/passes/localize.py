@@ -234,7 +234,7 @@ class _Localizer(SdyOps, PaddingOps):
         shardings = [self._ours(s) for s in shardings]
         if op.kind in ("while", "case"):
             return self._control(op, shardings)
-        if self._positional(op, shardings):
+        if self._positional(op, shardings) or self._moves_padding(op, shardings):
             return self._replicated(op, shardings)
         for r, s in zip(op.results, shardings):
             self._localize_value(r, s)
@@ -263,7 +263,7 @@ class _Localizer(SdyOps, PaddingOps):
         sharded = [s for _, s in vals if s is not None and not s.is_replicated]
         if not sharded:
             return False
-        if op.kind in WHOLE or self._moves_padding(op, shardings):
+        if op.kind in WHOLE:
             return True
         if op.kind == "reduce":
             s = self.shardings.get(id(op.operands[0]))
