@@ -55,6 +55,8 @@ class SdyOps:
 
     def _sdy_all_gather(self, op: ir.Op) -> None:
         v = op.operands[0]
+        if self._padded(v) or self._padded(op.result, self._out(op)):
+            return self._settle(op, self._reshard(v, self._out(op), op))
         lists = parse_axis_lists(op.attrs["gathering_axes"])
         for d, axes in enumerate(lists):
             if axes:
@@ -74,13 +76,14 @@ class SdyOps:
                           {"replica_groups": self._groups(axes),
                            "use_global_device_ids": True},
                           [self._reducer(kind, v.dtype)], like=op).result
-            self.shardings[id(r)] = self.shardings.get(id(v))
-            v = r
+            v = self._track(r, self.shardings.get(id(v)), self._global(v))
         self._settle(op, v)
 
     def _sdy_reduce_scatter(self, op: ir.Op) -> None:
         v = op.operands[0]
         kind = self._combiner(v, op) or "add"
+        if self._padded(op.result, self._out(op)) and id(v) not in self.complete:
+            return self._settle(op, self._reduce_scatter_padded(v, kind, op))
         for d, axes in enumerate(parse_axis_lists(op.attrs["reduce_scatter_axes"])):
             if not axes:
                 continue
@@ -102,6 +105,8 @@ class SdyOps:
 
     def _sdy_all_to_all(self, op: ir.Op) -> None:
         v = op.operands[0]
+        if self._padded(v) or self._padded(op.result, self._out(op)):
+            return self._settle(op, self._reshard(v, self._out(op), op))
         for p in parse_all_to_all_params(op.attrs["params"]):
             n = math.prod(self.mesh.axis_size(a) for a in p.axes)
             shape = list(v.shape)
@@ -117,6 +122,9 @@ class SdyOps:
         v = op.operands[0]
         src = self.shardings.get(id(v)) or _replicated_like(v)
         dst = self._out(op)
+        if self._local_type(op.result.type, dst) != v.type:
+            # blocks of other sizes (uneven shardings): no permutation moves them
+            return self._settle(op, self._reshard(v, dst, op))
         parts = self.mesh.partitions()
         pairs = []
         for t in range(self.mesh.size):
@@ -172,8 +180,31 @@ class SdyOps:
         for i, (r, v) in enumerate(zip(op.results, ret.operands)):
             v = self.mapping.get(v, v)
             if id(v) not in outer:
-                self.shardings[id(v)] = self._ours(outs[i] if i < len(outs) else None)
+                self._track(v, self._ours(outs[i] if i < len(outs) else None), r.shape)
             self.mapping[r] = v
+
+    def _reduce_scatter_padded(self, v: ir.Value, kind: str, op: ir.Op) -> ir.Value:
+        """A reduce_scatter onto padded blocks: a dim not sharded yet is padded with
+        zeros to whole blocks and reduce-scattered; otherwise the partial values are
+        all-reduced over the op's axes and the blocks sliced out."""
+        want = self._out(op)
+        lists = parse_axis_lists(op.attrs["reduce_scatter_axes"])
+        have = self.shardings.get(id(v))
+        if len([a for a in lists if a]) != 1 or (have is not None and any(
+                have.dims[d] for d, a in enumerate(lists) if a)):
+            axes = tuple(a for d in lists for a in d)
+            r = self._new("all_reduce", [v], [v.type],
+                          {"replica_groups": self._groups(axes), "use_global_device_ids": True},
+                          [self._reducer(kind, v.dtype)], like=op).result
+            return self._slice_to(self._track(r, have, self._global(v)), want, op)
+        (d, axes), = [(d, a) for d, a in enumerate(lists) if a]
+        n = math.prod(self.mesh.axis_size(a) for a in axes)
+        local = self._local_type(op.result.type, want).shape
+        v = self._pad_dims(v, {d: local[d] * n}, op)
+        return self._new("reduce_scatter", [v], [ir.TensorType(local, v.dtype)],
+                         {"scatter_dimension": d, "replica_groups": self._groups(axes),
+                          "use_global_device_ids": True},
+                         [self._reducer(kind, v.dtype)], like=op).result
 
     def _settle(self, op: ir.Op, v: ir.Value) -> None:
         """`v` replaces the sdy op's result; checks it has the expected local type."""
@@ -181,7 +212,7 @@ class SdyOps:
         t = self._local_type(ir.TensorType(op.result.shape, op.result.dtype), want)
         if v.type != t:
             raise VerifyError(f"localized {op.kind} gives {v.type}, expected {t}")
-        self.shardings[id(v)] = want
+        self._track(v, want, op.result.shape)
         if id(op.operands[0]) in self.complete:
             self.complete.add(id(v))
         self.mapping[op.result] = v

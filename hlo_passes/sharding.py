@@ -159,26 +159,54 @@ def _covers(a: AxisRef, pre: int, sub: int, size: int) -> bool:
     return lo <= pre and pre * sub <= hi
 
 
+def shard_count(mesh: Mesh, axes: tuple[AxisRef, ...]) -> int:
+    """How many blocks a dimension sharded on `axes` is cut into."""
+    return math.prod(mesh.axis_size(a) for a in axes)
+
+
 def local_shape(shape: tuple[int, ...], sharding: TensorSharding | None,
                 mesh: Mesh | None) -> tuple[int, ...]:
-    """The per-device shape of a tensor of `shape` under `sharding`."""
+    """The per-device shape of a tensor of `shape` under `sharding`: ceil(d / shards)
+    on each sharded dimension, as XLA's SPMD partitioner pads a dimension that does not
+    divide (the last blocks hold padding, or nothing but padding when d < shards)."""
     if sharding is None or mesh is None or not sharding.dims:
         return tuple(shape)
     if len(sharding.dims) != len(shape):
         raise ShardingError(f"sharding {sharding} has {len(sharding.dims)} dims for a "
                             f"rank-{len(shape)} tensor")
-    out = []
+    return tuple(-(-d // shard_count(mesh, axes)) for d, axes in zip(shape, sharding.dims))
+
+
+def padded_dims(shape: tuple[int, ...], sharding: TensorSharding | None,
+                mesh: Mesh | None) -> list[int]:
+    """The dimensions whose per-device blocks carry padding (the size does not divide
+    into the dimension's shards)."""
+    if sharding is None or mesh is None:
+        return []
+    return [i for i, (d, axes) in enumerate(zip(shape, sharding.dims))
+            if axes and d % shard_count(mesh, axes)]
+
+
+def even_prefix(shape: tuple[int, ...], sharding: TensorSharding | None,
+                mesh: Mesh | None) -> TensorSharding | None:
+    """`sharding` with each dimension cut to the longest prefix of its axes that divides
+    it evenly: the sharding XLA gives a parameter or result whose propagated sharding
+    does not divide (JAX refuses uneven shardings at a program's boundary)."""
+    if not padded_dims(shape, sharding, mesh):
+        return sharding
+    dims = []
     for d, axes in zip(shape, sharding.dims):
-        n = math.prod(mesh.axis_size(a) for a in axes)
-        if d % n:
-            raise ShardingError(f"dimension of size {d} does not divide into {n} shards "
-                                f"({sharding}); pad it to a multiple of {n}")
-        out.append(d // n)
-    return tuple(out)
+        keep = len(axes)
+        while keep and d % shard_count(mesh, axes[:keep]):
+            keep -= 1
+        dims.append(tuple(axes[:keep]))
+    return TensorSharding(sharding.mesh, tuple(dims), sharding.replicated,
+                          sharding.unreduced)
 
 
 def block_offsets(shape: tuple[int, ...], sharding: TensorSharding, mesh: Mesh) -> np.ndarray:
-    """[num_partitions, rank] int32: where each partition's block starts in the tensor."""
+    """[num_partitions, rank] int32: where each partition's block starts in the tensor
+    (past its end for a block of padding only)."""
     local = local_shape(shape, sharding, mesh)
     parts = mesh.partitions()
     table = np.zeros((len(parts), len(shape)), np.int32)
@@ -186,6 +214,14 @@ def block_offsets(shape: tuple[int, ...], sharding: TensorSharding, mesh: Mesh) 
         for i, axes in enumerate(sharding.dims):
             table[pid, i] = mesh.block_index(pos, axes) * local[i]
     return table
+
+
+def valid_counts(shape: tuple[int, ...], sharding: TensorSharding, mesh: Mesh) -> np.ndarray:
+    """[num_partitions, rank] int32: how many leading elements of each partition's block
+    are data, not padding, along each dimension."""
+    local = np.asarray(local_shape(shape, sharding, mesh), np.int64)
+    ends = np.asarray(shape, np.int64) - block_offsets(shape, sharding, mesh)
+    return np.clip(ends, 0, local).astype(np.int32)
 
 
 # --- parsing ---------------------------------------------------------------------------

@@ -37,6 +37,12 @@ on those inputs: the operands are all-gathered, the op runs on global shapes, an
 device slices its block of the result. This is what a partitioner does when it has no
 specialized rule (XLA's SPMD partitioner has halo exchanges for some of these);
 `Spmd.notes` lists each such op.
+
+Uneven shardings (a dimension that does not divide into its shards) are padded as XLA
+pads them: ceil(d / n) per device, the padding masked where it would be summed up and
+sliced off where values are gathered (hlo_passes/localize_pad.py, which also says why
+the padding never leaves the program: the parameters and results keep the axes that
+divide, `Spmd.arg_shardings` / `result_shardings` are those, `Spmd.notes` says so).
 """
 from __future__ import annotations
 
@@ -47,9 +53,10 @@ import numpy as np
 
 from hlo_passes import ir
 from hlo_passes.errors import VerifyError
+from hlo_passes.localize_pad import PaddingOps
 from hlo_passes.localize_sdy import SdyOps
 from hlo_passes.sharding import (Mesh, ShardingError, TensorSharding, block_offsets,
-                                 local_shape, parse_per_value, parse_sharding)
+                                 local_shape, padded_dims, parse_per_value, parse_sharding)
 
 name = "localize"
 
@@ -139,9 +146,10 @@ def _mesh(meshes: dict, device_ids: dict, n: int) -> Mesh | None:
     return mesh
 
 
-class _Localizer(SdyOps):
+class _Localizer(SdyOps, PaddingOps):
     """Walks the entry function once, rewriting each op to per-device types; the sdy
-    ops are handled by `SdyOps` (hlo_passes/localize_sdy.py)."""
+    ops are handled by `SdyOps` (hlo_passes/localize_sdy.py), padded blocks of uneven
+    shardings with `PaddingOps` (hlo_passes/localize_pad.py)."""
 
     def __init__(self, mesh: Mesh | None, module: ir.Module, n: int):
         self.mesh, self.module, self.n = mesh, module, n
@@ -160,13 +168,16 @@ class _Localizer(SdyOps):
         arg_sh = [self._parse(a.get("sdy.sharding")) for a in _attrs(fn.arg_attrs, fn.args)]
         res_sh = [self._parse(a.get("sdy.sharding"))
                   for a in _attrs(fn.result_attrs, fn.result_types)]
+        arg_out = self._boundary([a.type for a in fn.args], arg_sh)
+        res_out = self._boundary(fn.result_types, res_sh)
         spmd = Spmd(self.mesh, self.n, [a.type for a in fn.args], list(fn.result_types),
-                    arg_sh, res_sh)
-        for a, s in zip(fn.args, arg_sh):
+                    arg_out, res_out)
+        for a, s in zip(fn.args, arg_out):
             self._localize_value(a, s)
-        self._block(fn.body)
+        self._block(fn.body, lambda: self._enter(fn.args, arg_sh, arg_out))
+        self._exit(fn, res_sh, res_out)
         ret = fn.body.terminator
-        fn.result_types = [self._local_type(t, s) for t, s in zip(fn.result_types, res_sh)]
+        fn.result_types = [self._local_type(t, s) for t, s in zip(fn.result_types, res_out)]
         for v, t in zip(ret.operands, fn.result_types):
             if v.type != t:
                 raise VerifyError(f"result of per-device type {v.type} where the result "
@@ -195,8 +206,10 @@ class _Localizer(SdyOps):
 
     # --- blocks -----------------------------------------------------------------------
 
-    def _block(self, block: ir.Block) -> None:
+    def _block(self, block: ir.Block, prologue=None) -> None:
         outer, self.ops = self.ops, []
+        if prologue is not None:
+            prologue()
         for op in block.ops:
             op.operands = [self.mapping.get(v, v) for v in op.operands]
             self._op(op)
@@ -221,11 +234,25 @@ class _Localizer(SdyOps):
         shardings = [self._ours(s) for s in shardings]
         if op.kind in ("while", "case"):
             return self._control(op, shardings)
-        if self._positional(op, shardings):
+        if self._positional(op, shardings) or self._moves_padding(op, shardings):
             return self._replicated(op, shardings)
         for r, s in zip(op.results, shardings):
             self._localize_value(r, s)
+        self._local_attrs(op)
+        self._mask_inputs(op)
         self._emit(op)
+
+    def _local_attrs(self, op: ir.Op) -> None:
+        """Sizes in attributes made per-device: the sharded dims a slice or dynamic_slice
+        keeps whole (the sliced ones made the op positional)."""
+        if op.kind == "dynamic_slice":
+            op.attrs["slice_sizes"] = tuple(op.result.shape)
+        elif op.kind == "slice":
+            s = self.shardings.get(id(op.operands[0]))
+            if s is not None and not s.is_replicated:
+                op.attrs["limit_indices"] = tuple(
+                        n if axes else limit for n, axes, limit in
+                        zip(op.operands[0].shape, s.dims, op.attrs["limit_indices"]))
 
     # --- position-dependent ops -------------------------------------------------------
 
@@ -288,7 +315,7 @@ class _Localizer(SdyOps):
             return self.whole[id(v)]
         for d, axes in enumerate(s.dims):
             if axes:
-                v = self._all_gather(v, d, axes, self.producer.get(id(v)))
+                v = self._gather_dim(v, d, self.producer.get(id(v)))
         return v
 
     # --- collectives ------------------------------------------------------------------
@@ -318,36 +345,42 @@ class _Localizer(SdyOps):
                                   "a dimension can be gathered")
             dims[dim] = kept
             s = TensorSharding(s.mesh, tuple(dims))
-        self.shardings[id(op.result)] = s
-        return op.result
+        return self._track(op.result, s, self._global(v))
 
     def _slice_to(self, v: ir.Value, target: TensorSharding, like=None) -> ir.Value:
         """This partition's block of `v` (replicated, or sharded on a prefix of
-        `target`'s axes per dim) under `target`."""
-        src = self.shardings.get(id(v))
-        src_dims = src.dims if src is not None else ((),) * len(v.shape)
-        extra = []
-        for d, (have, want) in enumerate(zip(src_dims, target.dims)):
-            if want[:len(have)] != have:
-                raise VerifyError(f"cannot slice a tensor sharded {src} to {target}")
-            extra.append(want[len(have):])
-        out_shape = tuple(v.shape[d] // math.prod(self.mesh.axis_size(a) for a in extra[d])
-                          for d in range(len(v.shape)))
+        `target`'s axes per dim) under `target`. A dim whose target blocks are padded is
+        gathered whole first (unless replicated) and padded with zeros to a whole number
+        of blocks, so that every device cuts its block at the same size."""
+        g, extra = self._global(v), self._extra_axes(v, target)
+        if not any(extra):
+            return v
+        out_shape = local_shape(g, target, self.mesh)
         prod = self.producer.get(id(v))
         if prod is not None and prod.kind == "broadcast_in_dim" and not prod.operands[0].shape:
             # A broadcast scalar: every block is the same; broadcast locally instead.
             op = self._new("broadcast_in_dim", [prod.operands[0]],
                            [ir.TensorType(out_shape, v.dtype)],
                            {"broadcast_dimensions": ()}, like=prod)
-            self.shardings[id(op.result)] = target
-            return op.result
-        rel = TensorSharding(target.mesh, tuple(extra))
+            return self._track(op.result, target, g)
+        v = self._padded_whole(v, target, extra, like)
+        rel = TensorSharding(target.mesh, tuple(self._extra_axes(v, target)))
         table = block_offsets(v.shape, rel, self.mesh)
         starts = self._offsets(table, like)
         op = self._new("dynamic_slice", [v, *starts], [ir.TensorType(out_shape, v.dtype)],
                        {"slice_sizes": out_shape}, like=like)
-        self.shardings[id(op.result)] = target
-        return op.result
+        return self._track(op.result, target, g)
+
+    def _extra_axes(self, v: ir.Value, target: TensorSharding) -> list[tuple]:
+        """Per dim, the axes `target` adds to `v`'s sharding (which must be a prefix)."""
+        src = self.shardings.get(id(v))
+        src_dims = src.dims if src is not None else ((),) * len(v.shape)
+        extra = []
+        for have, want in zip(src_dims, target.dims):
+            if want[:len(have)] != have:
+                raise VerifyError(f"cannot slice a tensor sharded {src} to {target}")
+            extra.append(want[len(have):])
+        return extra
 
     def _offsets(self, table: np.ndarray, like) -> list[ir.Value]:
         """Scalar int32 values: row `partition_id` of the [partitions, rank] table."""

@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hlo_passes.sharding import (AxisRef, Mesh, ShardingError, block_offsets, local_shape,
+from hlo_passes.sharding import (AxisRef, Mesh, block_offsets, even_prefix, local_shape,
+                                 padded_dims, valid_counts,
                                  parse_all_to_all_params, parse_axis_list, parse_axis_lists,
                                  parse_per_value, parse_sharding)
 
@@ -48,7 +49,21 @@ def test_local_shapes_and_block_offsets():
     assert table[1].tolist() == [8, 0] and table[4].tolist() == [0, 16]
     assert sorted(map(tuple, table.tolist())) == sorted(
         (r, c) for r in (0, 4, 8, 12) for c in (0, 16))
-    with pytest.raises(ShardingError, match="does not divide"):
-        local_shape((6, 32), s, MESH)
     assert np.array_equal(block_offsets((4,), parse_sharding("<@mesh, [{}]>"), MESH),
                           np.zeros((8, 1), np.int32))
+
+
+def test_uneven_dims_are_padded_to_ceil_blocks():
+    s = parse_sharding('<@mesh, [{"x", "y"}, {"x"}]>')
+    assert local_shape((13, 2), s, MESH) == (2, 1)
+    assert padded_dims((13, 2), s, MESH) == [0, 1] and padded_dims((16, 4), s, MESH) == []
+    # 13 rows in blocks of 2: six full, one with a row, one of padding only
+    assert sorted(valid_counts((13, 2), s, MESH)[:, 0].tolist()) == [0, 1, 2, 2, 2, 2, 2, 2]
+    assert valid_counts((13, 2), s, MESH)[:, 1].tolist() == [1, 1, 1, 1, 0, 0, 0, 0]
+
+
+def test_even_prefix_keeps_the_axes_that_divide():
+    s = parse_sharding('<@mesh, [{"x", "y"}, {"y"}]>')
+    assert str(even_prefix((12, 3), s, MESH)) == '<@mesh, [{"x"}, {}]>'
+    assert str(even_prefix((13, 4), s, MESH)) == '<@mesh, [{}, {"y"}]>'
+    assert even_prefix((16, 4), s, MESH) is s
