@@ -236,7 +236,9 @@ def _hand_over(a, le: CLoadedExecutable, results, n_dev: int, error) -> None:
         events = [new_event(error) for _ in range(n_dev)]
     out_lists = read_array(get_ptr(a, "output_lists"), ctypes.c_void_p, n_dev)
     for outs, address in zip(handles, out_lists):
-        slots = (ctypes.c_void_p * max(1, len(outs))).from_address(address)
+        if not outs:                  # no results: the caller may pass no array at all
+            continue
+        slots = (ctypes.c_void_p * len(outs)).from_address(address)
         for j, buf in enumerate(outs):
             slots[j] = buf.new_handle()
     if events:

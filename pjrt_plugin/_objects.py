@@ -195,6 +195,10 @@ class CExecutable:
                                               spmd.arg_types)
             self.output_shardings = _shardings(k, spmd.mesh, spmd.result_shardings,
                                                spmd.result_types)
+        if not outs:
+            # A module with no results has one (replicated) sharding, the empty tuple's:
+            # XLA's IFRT client requires exactly one (FailedPrecondition otherwise).
+            self.output_shardings = _replicated_shardings(k, 1)
 
     @property
     def cost(self) -> tuple[int, int]:

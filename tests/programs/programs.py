@@ -308,7 +308,7 @@ def lax_scan_layers(jax, steps: int) -> Run:
 
 
 @program("label_smoothing_log_eps", "lm1b-style smoothed cross entropy with "
-         "log(low_confidence + 1e-20)", needs="full-range math (item 1)")
+         "log(low_confidence + 1e-20)")
 def label_smoothing(jax, steps: int) -> Run:
     """flax's lm1b/wmt `compute_weighted_cross_entropy`: with label_smoothing=0 the
     normalizing constant takes log(0 + 1e-20), below ScalarE's valid range for Ln."""

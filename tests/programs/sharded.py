@@ -58,7 +58,7 @@ def fsdp_even(jax, steps: int) -> Run:
 
 
 @program("fsdp_odd_shapes", "FSDP over a 4-device mesh, 10 hidden units sharded 4 ways",
-         needs="uneven sharding (item 5)", devices=4)
+         devices=4)
 def fsdp_odd(jax, steps: int) -> Run:
     return _fsdp(jax, steps, hidden=10)
 
@@ -66,9 +66,8 @@ def fsdp_odd(jax, steps: int) -> Run:
 # --- faults this tier found -------------------------------------------------------------
 
 
-@program("linen_scan_eager_init", "model.init of an nn.scan model outside jit (eager)",
-         needs="found by this tier: an eager op whose outputs JAX pruned compiles to a "
-               "module with no results, and trn's executable reports no output sharding")
+@program("linen_scan_eager_init", "model.init of an nn.scan model outside jit (eager): "
+         "an eager op whose outputs JAX pruned compiles to a module with no results")
 def linen_scan_eager(jax, steps: int) -> Run:
     import flax.linen as nn
 
