@@ -39,22 +39,24 @@ _StepRunner = StepRunner
 class Executable:
     """One compiled program, loaded for `devices` (one per replica × partition)."""
 
-    def __init__(self, name: str, program, module, devices: list[Device], options,
+    def __init__(self, name: str, program, signature, devices: list[Device], options,
                  mlir_text: str = "", settings: Options | None = None):
-        """`options`: JAX's compile options (replicas, partitions, device assignment);
-        `settings`: the jax-trn options the program was compiled and runs with."""
+        """`signature`: the IR's (`compiler.Signature`); `options`: JAX's compile options
+        (replicas, partitions, device assignment); `settings`: the jax-trn options the
+        program was compiled and runs with."""
         self.name = name
         self.program = program
-        self.optimized_mlir = mlir_text
+        self.signature = signature
+        self._mlir_text = mlir_text or None
         self.devices = devices
         self.options = options
         self.settings = settings or Options(system=devices[0].system)
-        fn = module.main
-        self.output_types = list(fn.result_types)
-        self.param_types = [a.type for a in fn.args]
+        self.output_types = list(signature.result_types)
+        self.param_types = list(signature.param_types)
         # {parameter: output} a call donates unless told not to (`donation`).
-        self.aliases = donation.aliases(fn.arg_attrs, program.params, program.outputs)
-        self.spmd = module.attrs.get("trn.spmd")      # hlo_passes.passes.localize.Spmd
+        self.aliases = donation.aliases(list(signature.arg_attrs), program.params,
+                                        program.outputs)
+        self.spmd = signature.spmd                    # hlo_passes.passes.localize.Spmd
         # The host functions the program calls, kept alive while it is loaded.
         self.host_functions = [callbacks.lookup(s.key) for s in host_callbacks(program.steps)]
         # All devices at once (spmd.drive): collectives, and callbacks one device makes
@@ -144,6 +146,15 @@ class Executable:
                 self._timing = simulate(self.name, self.program, self.settings,
                                         [d.id for d in self.devices])
             return self._timing
+
+    @property
+    def optimized_mlir(self) -> str:
+        """The program as MLIR text (`program_mlir`; made on first request: 0.5 s for
+        an lm1b-size training step, which a program loaded from the cache skips)."""
+        if self._mlir_text is None:
+            from .program_mlir import program_mlir
+            self._mlir_text = program_mlir(self.name, self.program)
+        return self._mlir_text
 
     def execute(self, arg_lists: list[list[Buffer]], device: Device | None = None,
                 keep: frozenset[int] = frozenset()) -> list[list[Buffer]]:
