@@ -46,8 +46,8 @@ from __future__ import annotations
 import numpy as np
 
 from hlo_passes import ir
-from hlo_passes.sharding import (TensorSharding, even_prefix, local_shape, padded_dims,
-                                 shard_count, valid_counts)
+from hlo_passes.sharding import (TensorSharding, axes_after, even_prefix, local_shape,
+                                 padded_dims, shard_count, valid_counts)
 
 
 class PaddingOps:
@@ -106,7 +106,7 @@ class PaddingOps:
         want = target.dims if target is not None else ((),) * len(v.shape)
         for d, axes in enumerate(want):
             have = s.dims[d] if s is not None else ()
-            if have and axes[:len(have)] != have:
+            if have and axes_after(self.mesh, axes, have) is None:
                 v = self._gather_dim(v, d, like)
                 s = self.shardings.get(id(v))
         if target is None or target.is_replicated:

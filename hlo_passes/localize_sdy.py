@@ -14,8 +14,9 @@ import numpy as np
 
 from hlo_passes import ir
 from hlo_passes.errors import VerifyError
-from hlo_passes.sharding import (TensorSharding, parse_all_to_all_params, parse_axes,
-                                 parse_axis_list, parse_axis_lists, parse_per_value)
+from hlo_passes.sharding import (TensorSharding, join_axes, parse_all_to_all_params,
+                                 parse_axes, parse_axis_list, parse_axis_lists,
+                                 parse_per_value)
 
 
 class SdyOps:
@@ -93,7 +94,7 @@ class SdyOps:
             if id(v) in self.complete:
                 s = self.shardings.get(id(v))
                 dims = list(s.dims if s else ((),) * len(shape))
-                dims[d] = dims[d] + tuple(axes)
+                dims[d] = join_axes(self.mesh, dims[d], tuple(axes))
                 v = self._slice_to(v, TensorSharding(self.mesh.name, tuple(dims)), op)
                 continue
             r = self._new("reduce_scatter", [v], [ir.TensorType(tuple(shape), v.dtype)],
