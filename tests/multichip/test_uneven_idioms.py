@@ -230,6 +230,25 @@ def test_shard_map_between_padded_values_on_a_2d_mesh(jax, meshes):
     _both(jax, meshes, *M2, build, [(X13, ())], rtol=1e-5, atol=1e-5)
 
 
+def test_shard_map_over_one_axis_with_a_padded_free_axis_inside(jax, meshes):
+    """shard_map manual over "x" only (axis_names): inside, a constraint over the free
+    "y" axis pads 13 columns into 2 blocks. The body's view of its operand is [4, 13]
+    (global along the free axis); the localizer cut blocks out of the outer [16, 13]
+    ("localized sdy.all_slice gives float32[16,7], expected float32[4,7]")."""
+    from jax import shard_map
+    from jax.sharding import PartitionSpec as P
+    lax, jnp = jax.lax, jax.numpy
+    x = RNG.normal(size=(16, 13)).astype(np.float32)
+
+    def build(m):
+        def body(x):
+            y = jnp.tanh(_wsc(jax, m, x, None, "y"))
+            return lax.psum(y.sum(1), "x"), lax.all_gather(y, "x", tiled=True) * 2
+        return jax.jit(shard_map(body, mesh=m, in_specs=P("x"), out_specs=(P(), P()),
+                                 axis_names={"x"}, check_vma=False))
+    _both(jax, meshes, *M2, build, [(x, ("x",))], rtol=1e-5, atol=1e-5)
+
+
 # --- layout and control flow around padded values --------------------------------------
 
 def test_layout_ops_loops_and_convolutions_on_padded_values(jax, meshes, highest):
