@@ -52,6 +52,22 @@ def test_integer_and_boolean_reductions_over_padded_dims(jax, meshes):
     _both(jax, meshes, *M2, _jit(jax, f), [(ints, ())])
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("rows", [16, 13])
+def test_half_precision_values_with_constants(jax, meshes, dtype, rows):
+    """bf16 / f16, the dtypes users train in: every sharded program has constants that
+    Shardy's propagation makes `sdy.constant`s, whose bf16 values the importer used to
+    keep as text ("Cannot cast scalar from dtype('<U34') to dtype(bfloat16)"), evenly
+    sharded or not."""
+    jnp = jax.numpy
+    x = RNG.normal(size=(rows, 8)).astype(dtype)
+
+    def f(m, a):
+        a = _wsc(jax, m, a, "x")
+        return a.sum(0), a.max(0), jnp.cumsum(a, 0), a * 2 + 1
+    _both(jax, meshes, *M4, _jit(jax, f), [(x, ())], rtol=2e-2, atol=2e-2)
+
+
 # --- sort, top_k, cumulative ops -------------------------------------------------------
 
 def test_sort_top_k_argsort_over_8_shards(jax, meshes):
@@ -326,6 +342,37 @@ def test_flax_linen_fsdp_with_partitioning_metadata(jax, meshes, highest):
         losses, params = _train(jax, mesh, lambda x: jax.jit(model.init)(
             jax.random.key(0), x)["params"], loss, x, y)
         assert isinstance(params["scale"], nn.Partitioned)
+        return losses, nn.unbox(params)
+    _same_training(jax, meshes, run)
+
+
+def test_flax_linen_logical_partitioning_rules(jax, meshes, highest):
+    """The same with logical axis names (nn.with_logical_partitioning, a logical
+    constraint on the activations, nn.logical_axis_rules mapping "mlp" to the mesh)."""
+    import flax.linen as nn
+    import optax
+    part = nn.with_logical_partitioning
+
+    class MLP(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            h = nn.Dense(10, kernel_init=part(nn.initializers.lecun_normal(), ("embed", "mlp")),
+                         bias_init=part(nn.initializers.zeros_init(), ("mlp",)))(x)
+            h = nn.with_logical_constraint(nn.relu(h), ("batch", "mlp"))
+            return nn.Dense(3, kernel_init=part(nn.initializers.lecun_normal(), ("mlp", "embed")))(h)
+
+    model = MLP()
+    rng = np.random.default_rng(4)
+    x, y = rng.normal(size=(16, 8)).astype(np.float32), rng.integers(0, 3, 16).astype(np.int32)
+
+    def loss(p, x, y):
+        logits = model.apply({"params": p}, x)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+    def run(mesh):
+        with nn.logical_axis_rules((("batch", None), ("embed", None), ("mlp", "x"))):
+            losses, params = _train(jax, mesh, lambda x: jax.jit(model.init)(
+                jax.random.key(0), x)["params"], loss, x, y)
         return losses, nn.unbox(params)
     _same_training(jax, meshes, run)
 
