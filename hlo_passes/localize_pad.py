@@ -37,6 +37,10 @@ never leak into results:
       moving a padded dim           padding into data (`_moves_padding`)
     position-dependent ops        as before: replicated, which gathers (and so strips)
       (sort, roll, cumsum, ...)     the padding, and slices the result again
+    a sub-axis ({"x":(1)2}: the   compared with whole axes as pieces of the axis
+      part of x Shardy finds to     (sharding.axes_after / axes_before): {"x"} refines
+      divide a dim) and its         it; padded blocks of {"x"} do not nest in its blocks,
+      refinement {"x"}              so the dim is gathered whole first (`_padded_whole`)
 
 Everything here runs only for padded values: programs whose shardings all divide get
 exactly the ops they got before.
