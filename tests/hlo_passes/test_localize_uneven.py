@@ -211,8 +211,9 @@ def test_even_sub_axis_gathers_and_slices_stay_local():
 def test_propagation_onto_a_sub_axis_of_a_padded_dim(jax, mesh):
     """A [16, 10] activation constrained to {x} (10 does not divide into 4): Shardy
     shards relu's result and the next matmul's contracting dim on {"x":(1)2} (5 per
-    half, no padding) and reshards to {x} and back (fsdp_odd_shapes in tests/programs failed with "cannot slice a tensor
-    sharded <@mesh, [{}, {"x":(1)2}]> to <@mesh, [{}, {"x"}]>")."""
+    half, no padding) and reshards to {x} and back (fsdp_odd_shapes in tests/programs
+    failed with "cannot slice a tensor sharded <@mesh, [{}, {"x":(1)2}]> to <@mesh,
+    [{}, {"x"}]>")."""
     f = lambda h, w: _wsc(jax, mesh, jax.nn.relu(_wsc(jax, mesh, h, None, "x")) @ w,  # noqa: E731
                           "x")
     m = _localize(jax, mesh, f, ((16, 10), None), ((10, 3), None))
