@@ -58,7 +58,7 @@ def fsdp_even(jax, steps: int) -> Run:
 
 
 @program("fsdp_odd_shapes", "FSDP over a 4-device mesh, 10 hidden units sharded 4 ways",
-         needs="uneven sharding (item 5): Shardy's sub-axis shardings", devices=4)
+         devices=4)
 def fsdp_odd(jax, steps: int) -> Run:
     return _fsdp(jax, steps, hidden=10)
 
