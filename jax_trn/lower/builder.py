@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import sys
 from typing import Iterable
 
 from jax_trn.hw import dtypes as hw_dtypes
@@ -119,7 +120,9 @@ class KernelBuilder:
     # --- instructions -----------------------------------------------------------
 
     def emit(self, cls: type, **fields) -> isa.Instr:
-        instr = cls(name=f"{self.name}/{opcode(cls)}", **fields)
+        # Interned: a kernel's instructions of one kind share one name object (a
+        # program's ~10^5 names are a few thousand strings, stored once when cached).
+        instr = cls(name=sys.intern(f"{self.name}/{opcode(cls)}"), **fields)
         self.instrs.append(instr)
         return instr
 

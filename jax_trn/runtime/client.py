@@ -6,6 +6,7 @@ A client is made from one `jax_trn.config.Options` (`create_client` resolves the
 runtime get their settings from it."""
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -85,13 +86,18 @@ class Client:
         compiled = compiler.compile_program(
             code, settings, name=name, check=lambda n, m: _check_fits(n, m, devices))
         if cache is not None and not host_callbacks(compiled.program.steps):
+            # With its MLIR text, which JAX asks of every executable (for its layouts)
+            # and which takes ~0.5 s to make for a training step.
+            from .program_mlir import program_mlir
+            compiled = dataclasses.replace(
+                compiled, mlir_text=program_mlir(compiled.name, compiled.program))
             cache.store(key, compiled.without_ir(), time.perf_counter() - start)
         return compiled
 
     def _load(self, compiled: compiler.Compiled, devices: list[Device], opts,
               settings: Options) -> Executable:
         return Executable(compiled.name, compiled.program, compiled.signature, devices, opts,
-                          settings=settings)
+                          compiled.mlir_text or "", settings)
 
     def serialize(self, executable: Executable) -> bytes:
         """The executable as bytes `deserialize` loads again (in this process or
@@ -99,7 +105,8 @@ class Client:
         if host_callbacks(executable.program.steps):
             raise CompileError(f"{executable.name} calls host functions, which live in "
                                f"this process only: it cannot be serialized")
-        compiled = compiler.Compiled(executable.name, executable.program, executable.signature)
+        compiled = compiler.Compiled(executable.name, executable.program, executable.signature,
+                                     mlir_text=executable.optimized_mlir)
         return compile_cache.dumps((compiled, executable.options.raw, executable.settings))
 
     def deserialize(self, data: bytes, options: bytes | None = None) -> Executable:

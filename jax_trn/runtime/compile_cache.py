@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import io
 import os
 import pathlib
 import pickle
@@ -36,7 +37,11 @@ import tempfile
 
 from jax_trn.config import PersistentCache
 
+from jax_trn.hw.operands import DramAP, Tile
+
 from .gc_pause import gc_paused
+
+_SHARED = (Tile, DramAP)
 
 MAGIC = b"jax-trn compiled program, format 1\n"
 SUBDIR = "jax-trn"
@@ -73,9 +78,33 @@ def key(code: bytes, compile_options, settings) -> str:
     return h.hexdigest()
 
 
+def _same(value):
+    return value
+
+
+class _Pickler(pickle.Pickler):
+    """Stores each distinct operand (`Tile`, `DramAP`: frozen, compared by value) once;
+    an equal one elsewhere in the program is a reference to it. The instructions of a
+    kernel reuse a few tiles over and over: an lm1b-size step's entry shrinks from 27 to
+    16 MB and loads in 0.51 s instead of 0.86 s."""
+
+    def __init__(self, file):
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self._first: dict = {}
+
+    def reducer_override(self, obj):
+        if type(obj) in _SHARED:
+            first = self._first.setdefault(obj, obj)
+            if first is not obj:
+                return _same, (first,)
+        return NotImplemented
+
+
 def dumps(payload) -> bytes:
+    buffer = io.BytesIO()
     with gc_paused():        # a program is ~10^6 small objects: see gc_pause
-        data = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+        _Pickler(buffer).dump(payload)
+    data = buffer.getvalue()
     digest = hashlib.sha256(plugin_digest().encode() + data).digest()
     return MAGIC + digest + data
 

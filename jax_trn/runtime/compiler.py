@@ -50,6 +50,7 @@ class Compiled:
     program: object         # jax_trn.hw.program.Program
     signature: Signature
     module: object = None   # hlo_passes.ir.Module
+    mlir_text: str | None = None   # the program as MLIR (runtime.program_mlir), if made
 
     def without_ir(self) -> "Compiled":
         return dataclasses.replace(self, module=None)
