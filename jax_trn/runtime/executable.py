@@ -52,6 +52,12 @@ class Executable:
         fn = module.main
         self.output_types = list(fn.result_types)
         self.param_types = [a.type for a in fn.args]
+        _check_signature(name, program, self.param_types, self.output_types)
+        # What JAX sees: complex parameters and results stay complex (their bytes are
+        # the float32[..., 2] the program reads and writes; hlo_passes complex-planes).
+        boundary = module.attrs.get("trn.complex_boundary")
+        if boundary is not None:
+            self.param_types, self.output_types = list(boundary[0]), list(boundary[1])
         # {parameter: output} a call donates unless told not to (`donation`).
         self.aliases = donation.aliases(fn.arg_attrs, program.params, program.outputs)
         self.spmd = module.attrs.get("trn.spmd")      # hlo_passes.passes.localize.Spmd
@@ -65,7 +71,6 @@ class Executable:
         self.deleted = False
         self._lock = threading.Lock()
         self._timing: profiler.Execution | None = None
-        _check_signature(name, program, self.param_types, self.output_types)
         # Constants live in each device's HBM for as long as the executable is loaded.
         self.constant_bytes = sum(int(np.asarray(v).nbytes) for v in program.constants.values())
         for i, d in enumerate(devices):
@@ -175,7 +180,7 @@ class Executable:
         """Stand-ins for the outputs of a call that did not complete (`Buffer.failed`:
         they charge nothing and raise `error` when read), one list per device."""
         devices = [device] if device is not None else self.devices
-        return [[Buffer.failed(d, t.shape, t.dtype, error) for t in self.program.outputs]
+        return [[Buffer.failed(d, t.shape, t.dtype, error) for t in self.output_types]
                 for d in devices]
 
     def _execute_each(self, devices, arg_lists, hbms, alloc):
@@ -222,7 +227,7 @@ class Executable:
         if len(args) != len(self.program.params):
             raise ExecutionError(f"{self.name} takes {len(self.program.params)} arguments, "
                                  f"got {len(args)}")
-        for i, (p, b) in enumerate(zip(self.program.params, args)):
+        for i, (p, b) in enumerate(zip(self.param_types, args)):
             if b.error is not None:
                 raise b.error
             if b.is_deleted:
@@ -245,7 +250,8 @@ class Executable:
         prog = self.program
         donor = {j: args[i] for i, j in alloc.donate.items()}
         outs = [alloc.reuse(donor[j], t.shape, t.dtype) if j in donor
-                else alloc.output(device, t.shape, t.dtype) for j, t in enumerate(prog.outputs)]
+                else alloc.output(device, t.shape, t.dtype)
+                for j, t in enumerate(self.output_types)]
         alloc.reserve(device, sum(t.nbytes for t in prog.temps),
                       f"{len(prog.temps)} temporaries of {self.name}")
         dram = bind_dram(prog, [b.data for b in args], [b.data for b in outs],
@@ -265,11 +271,11 @@ def bind_dram(prog, params: list[np.ndarray], outs: list[np.ndarray], *, partiti
     dram = {PARTITION_ID: np.array([partition], np.uint32),
             REPLICA_ID: np.array([replica], np.uint32)}
     for p, data in zip(prog.params, params):
-        view = data.view()
+        view = _as_stored(data, p.dtype)
         view.flags.writeable = False      # kernels may not write their inputs
         dram[p.name] = view
     for t, data in zip(prog.outputs, outs):
-        dram[t.name] = data
+        dram[t.name] = _as_stored(data, t.dtype)
     for t in prog.temps:
         dram[t.name] = np.zeros(t.size, _dt.np_dtype(t.dtype))
     for name, value in prog.constants.items():
@@ -277,6 +283,13 @@ def bind_dram(prog, params: list[np.ndarray], outs: list[np.ndarray], *, partiti
         view.flags.writeable = False
         dram[name] = view
     return dram
+
+
+def _as_stored(data: np.ndarray, dtype: str) -> np.ndarray:
+    """A view of a buffer's flat data as the program's element type: itself, or the
+    float32 pairs of a complex64 buffer (same bytes)."""
+    want = _dt.np_dtype(dtype)
+    return data.view() if data.dtype == want else data.view(want)
 
 
 def simulate(name: str, prog, options: Options | System, device_ids: list[int] | None = None
