@@ -211,7 +211,7 @@ def _import_op(op: mlir_ir.Operation, env: dict) -> ir.Op:
     attrs = op_attrs(op, kind)
     if operands:
         fill_rank_defaults(kind, attrs, operands[0].type.rank)
-    if kind == "constant":
+    if kind in ("constant", "sdy.constant"):      # (complex values only read this way)
         attrs["value"] = _constant(op, results[0].type, where)
     if kind == "custom_call" and attrs.get("call_target_name") == "trn.top_k":
         kind, attrs = "top_k", {"k": int(attrs["backend_config"])}

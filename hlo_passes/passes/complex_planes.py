@@ -22,7 +22,8 @@ too) and before `split-reductions` (which splits the two-plane reductions it lea
     reduce, while, case, sort, optimization_barrier
                                          operands, results, block arguments and
                                          terminators flattened: each complex value
-                                         is two values in its place
+                                         is two values in its place (a complex
+                                         product: a tree of complex multiplies)
     scatter, all_reduce, reduce_scatter  one op per plane (a sum or a replace combiner)
 
 The program's parameters and results stay complex at the PJRT boundary: a complex64
@@ -53,7 +54,7 @@ PLANEWISE = frozenset({
         "slice", "reverse", "copy", "dynamic_slice", "dynamic_update_slice", "concatenate",
         "pad", "gather", "all_gather", "all_to_all", "collective_permute",
         "collective_broadcast", "sdy.sharding_constraint"})
-FLATTENED = frozenset({"reduce", "while", "case", "optimization_barrier"})
+FLATTENED = frozenset({"while", "case", "optimization_barrier"})
 PER_PLANE_REGION = frozenset({"scatter", "all_reduce", "reduce_scatter"})
 RETURNS = ("return", "func.return")
 
@@ -264,6 +265,48 @@ def _real_body(op: ir.Op):
     return make
 
 
+def _reduce(rw: _Rewriter, b: Builder, op: ir.Op):
+    """A complex product (the body multiplies its arguments) is a tree of complex
+    multiplies of halves over the reduced elements, then the init; any other reduce
+    is flattened (a sum's two planes are then split by `split-reductions`)."""
+    blk = op.regions[0].block
+    kinds = [o.kind for o in blk.ops]
+    if (len(op.operands) != 2 or kinds != ["multiply", blk.terminator.kind]
+            or not is_complex(op.operands[0].dtype)):
+        return _flattened(rw, b, op)
+    x, init = op.operands
+    dims = tuple(op.attrs.get("dimensions", ()))
+    keep = tuple(i for i in range(len(x.shape)) if i not in dims)
+    kept = tuple(x.shape[i] for i in keep)
+    size = int(np.prod([x.shape[i] for i in dims], dtype=np.int64))
+    perm = keep + dims
+    z = tuple(b.emit("reshape", [b.emit("transpose", [p], tuple(x.shape[i] for i in perm),
+                                        p.dtype, permutation=perm)],
+                     kept + (size,), p.dtype) for p in rw.get(x))
+    while z[0].shape[-1] > 1:
+        n = z[0].shape[-1]
+        h = n // 2
+        lo, hi, tail = ([_slice_last(b, p, a, c) for p in z] for a, c in
+                        ((0, h), (h, 2 * h), (2 * h, n)))
+        z = complex_math.mul(b, tuple(lo), tuple(hi))
+        if n % 2:
+            z = tuple(b.emit("concatenate", [p, t], kept + (h + 1,), p.dtype,
+                             dimension=len(kept)) for p, t in zip(z, tail))
+    init_planes = tuple(b.emit("broadcast_in_dim", [p], kept, p.dtype, broadcast_dimensions=())
+                        for p in rw.get(init))
+    if size == 0:
+        return init_planes
+    z = tuple(b.emit("reshape", [p], kept, p.dtype) for p in z)
+    return complex_math.mul(b, init_planes, z)
+
+
+def _slice_last(b: Builder, x: ir.Value, lo: int, hi: int) -> ir.Value:
+    r = len(x.shape)
+    return b.emit("slice", [x], x.shape[:-1] + (hi - lo,), x.dtype,
+                  start_indices=(0,) * (r - 1) + (lo,), limit_indices=x.shape[:-1] + (hi,),
+                  strides=(1,) * r)
+
+
 def _unary_math(rw, b, op):
     return complex_math.UNARY[op.kind](b, rw.get(op.operands[0]))
 
@@ -354,7 +397,7 @@ def _fft(rw, b, op):
 
 RULES = {"abs": _abs, "real": _real, "imag": _imag, "complex": _complex, "convert": _convert,
          "compare": _compare, "constant": _constant, "iota": _iota, "fft": _fft,
-         "dot_general": _dot_general, "sort": _sort}
+         "dot_general": _dot_general, "sort": _sort, "reduce": _reduce}
 RULES.update({k: _planewise for k in PLANEWISE})
 RULES.update({k: _flattened for k in FLATTENED})
 RULES.update({k: _per_plane_region for k in PER_PLANE_REGION})

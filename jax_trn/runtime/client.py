@@ -69,7 +69,9 @@ class Client:
             code, settings, name=name, check=lambda n, m: _check_fits(n, m, devices))
         from .program_mlir import program_mlir
         return Executable(compiled.name, compiled.program, compiled.module, devices, opts,
-                          program_mlir(compiled.name, compiled.program), settings)
+                          program_mlir(compiled.name, compiled.program,
+                                       compiled.module.attrs.get("trn.complex_boundary")),
+                          settings)
 
     def _assigned_devices(self, opts) -> list[Device]:
         """The devices of a program, replica-major (device r * partitions + p runs
