@@ -28,8 +28,9 @@ too) and before `split-reductions` (which splits the two-plane reductions it lea
 
 The program's parameters and results stay complex at the PJRT boundary: a complex64
 parameter of shape S becomes a float32 parameter of shape S + (2,), the same bytes
-(interleaved real, imaginary), whose planes are two strided slices; a complex result is
-the concatenation of its planes along a new minor axis of 2. `Module.attrs[BOUNDARY]`
+(interleaved real, imaginary), split into planes by one `trn.deinterleave` op; a
+complex result is one `trn.interleave` of its planes (both lowered in
+jax_trn/lower/planes.py: contiguous DMAs, a strided on-chip copy). `Module.attrs[BOUNDARY]`
 keeps the complex signature `(param types, result types)` for the runtime, whose
 buffers hold complex64 data and bind it to the program as float32 (same bytes).
 
@@ -369,8 +370,12 @@ def _iota(rw, b, op):
 
 def _dot_general(rw, b, op):
     """(a + ib)(c + id): 4 real matmuls (ac - bd, ad + bc), or Gauss's 3 with
-    `GAUSS` (ac - bd, (a+b)(c+d) - ac - bd): 25% fewer TensorE passes, but the
-    cancellation loses accuracy under bf16 auto-cast; see the module notes."""
+    `GAUSS` (ac - bd, (a+b)(c+d) - ac - bd). Measured (benchmarks/complex_matmul.py,
+    Trn2 core, n x n x n): Gauss is slower at 256 and 512 (70 vs 58 us, 175 vs 156 us
+    at HIGHEST; 81 vs 73, 175 vs 150 us under bf16 auto-cast: the two extra operand
+    sums cost more than the matmul saved), even at 1024 (723 vs 731 us HIGHEST, 526
+    vs 451 us bf16), and its cancellation raises the bf16 error from 2.3e-3 to 3.9e-3
+    of max |result|. So 4 matmuls, as XLA's CPU backend does."""
     x, y = op.operands
     t = part_type(op.result.type)
 
@@ -413,22 +418,16 @@ def _rule(op: ir.Op):
 
 
 def _unstack(b: Builder, stored: ir.Value, shape) -> Planes:
-    """float32[S, 2] (interleaved) -> (re[S], im[S])."""
-    r = len(shape) + 1
-    out = []
-    for p in (0, 1):
-        s = b.emit("slice", [stored], tuple(shape) + (1,), stored.dtype,
-                   start_indices=(0,) * (r - 1) + (p,), limit_indices=tuple(shape) + (p + 1,),
-                   strides=(1,) * r)
-        out.append(b.emit("reshape", [s], shape, stored.dtype))
-    return out[0], out[1]
+    """float32[S, 2] (interleaved) -> (re[S], im[S]): one `trn.deinterleave`
+    (jax_trn/lower/planes.py: contiguous DMAs, the shuffle on chip)."""
+    t = ir.TensorType(tuple(shape), stored.dtype)
+    re, im = b.emit_op("trn.deinterleave", [stored], [t, t]).results
+    return re, im
 
 
 def _stack(b: Builder, z: Planes) -> ir.Value:
-    """(re[S], im[S]) -> float32[S, 2] (interleaved)."""
-    shape = z[0].shape + (1,)
-    parts = [b.emit("reshape", [p], shape, p.dtype) for p in z]
-    return b.emit("concatenate", parts, z[0].shape + (2,), z[0].dtype, dimension=len(shape) - 1)
+    """(re[S], im[S]) -> float32[S, 2] (interleaved): one `trn.interleave`."""
+    return b.emit("trn.interleave", list(z), z[0].shape + (2,), z[0].dtype)
 
 
 # --- where complex values are ----------------------------------------------------------
