@@ -59,7 +59,7 @@ def test_real_programs_are_untouched():
         lambda z: jnp.tan(z), lambda z: jnp.tanh(z), lambda z: jnp.expm1(z),
         lambda z: jnp.log1p(z), lambda z: jnp.sign(z), lambda z: abs(z),
         lambda z: (z == z, z != z), lambda z: jnp.where(z.real > 0, z, -z),
-        lambda z: z.astype(jnp.float32), lambda z: jnp.sum(z, 0), lambda z: jnp.prod(z),
+        lambda z: jax.lax.convert_element_type(z, jnp.float32), lambda z: jnp.sum(z, 0), lambda z: jnp.prod(z),
         lambda z: jnp.sort(z, axis=1), lambda z: z.T.reshape(3, 8)[1:, ::2],
         lambda z: jnp.concatenate([z, jnp.pad(z, ((0, 0), (1, 1)))[:, 1:-1]]),
         lambda z: z.at[jnp.array([1, 3])].add(z[:2]), lambda z: z[jnp.array([2, 0])],
