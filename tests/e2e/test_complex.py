@@ -238,3 +238,26 @@ def test_complex_decompositions_are_refused_clearly(jax, trn, name):
     f = {"svd": jax.numpy.linalg.svd, "eigh": jax.numpy.linalg.eigh}[name]
     with pytest.raises(Exception, match="complex"):
         jax.jit(f)(jax.device_put(a + a.conj().T, trn))
+
+
+@pytest.mark.parametrize("name", ["psum", "all_gather", "ppermute", "psum_scatter",
+                                  "all_to_all"])
+def test_collectives_on_complex_values(jax, trn_devices, name):
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    lax = jax.lax
+    f, spec = {
+        "psum": (lambda a: lax.psum(a, "x"), P()),
+        "all_gather": (lambda a: lax.all_gather(a, "x", tiled=True), P()),
+        "ppermute": (lambda a: lax.ppermute(a, "x", [(i, (i + 1) % 4) for i in range(4)]),
+                     P("x")),
+        "psum_scatter": (lambda a: lax.psum_scatter(a, "x", tiled=True), P("x")),
+        "all_to_all": (lambda a: lax.all_to_all(a, "x", 1, 1, tiled=True), P("x")),
+    }[name]
+    z = _c(16, 8)
+    out = []
+    for devices in (trn_devices, jax.devices("cpu")):
+        mesh = Mesh(np.array(devices[:4]), ("x",))
+        g = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("x"), out_specs=spec,
+                                  check_vma=False))
+        out.append(np.asarray(g(jax.device_put(z, NamedSharding(mesh, P("x"))))))
+    np.testing.assert_allclose(out[0], out[1], rtol=1e-6, atol=1e-6)
