@@ -8,14 +8,15 @@ formulas of XLA's elemental IR emitter for targets without native complex (the s
 special cases where they matter: zero and infinite inputs, overflow-safe `abs`):
 
     mul       (ac - bd, ad + bc)
-    div       Smith's algorithm (scale by the larger part of the divisor: no overflow)
+    div       Smith's algorithm (scale by the larger part of the divisor: no overflow),
+              C99 Annex G's recovery of zero and infinite operands
     abs       max(|a|,|b|) * sqrt(1 + (min/max)^2)        (hypot, overflow-safe)
     exp       e^(a/2) * (cos b, sin b) * e^(a/2)          (finite where e^a overflows)
     log       (log|z|, atan2(b, a)), log|z| = log(max) + log1p((min/max)^2)/2
     sqrt      t = sqrt((|a| + |z|)/2); a >= 0: (t, b/2t), else (|b|/2t, copysign(t, b))
     pow       exp(w * log z), 0^w as XLA: 1 for w = 0, 0 for re w > 0
     sin, cos  via sinh/cosh of b (from expm1: exact near 0)
-    tan, tanh (sin 2a, sinh 2b) / (cos 2a + cosh 2b), saturated for large |b|
+    tan, tanh (sinh a cosh a, sin b cos b) / (sinh^2 a + cos^2 b), saturated for large |a|
 """
 from __future__ import annotations
 
@@ -99,7 +100,9 @@ def mul(b: Builder, z: Planes, w: Planes) -> Planes:
 
 
 def div(b: Builder, z: Planes, w: Planes) -> Planes:
-    """Smith's algorithm: divide by the divisor's larger part first (no overflow)."""
+    """Smith's algorithm (divide by the divisor's larger part first: no overflow), with
+    C99 Annex G's recovery where it gives NaN: a zero divisor (inf), an infinite
+    dividend over a finite divisor (inf), a finite dividend over an infinite one (0)."""
     (x, y), (u, v) = z, w
     wide = b.compare(b.abs(u), b.abs(v), "GE")
     # |u| >= |v|: r = v/u, d = u + v r, ((x + y r)/d, (y - x r)/d)
@@ -110,7 +113,45 @@ def div(b: Builder, z: Planes, w: Planes) -> Planes:
     r2 = b.div(u, v)
     d2 = b.add(v, b.mul(u, r2))
     re2, im2 = b.div(b.add(b.mul(x, r2), y), d2), b.div(b.sub(b.mul(y, r2), x), d2)
-    return b.select(wide, re1, re2), b.select(wide, im1, im2)
+    re, im = b.select(wide, re1, re2), b.select(wide, im1, im2)
+    return _recover_div(b, (x, y), (u, v), (re, im))
+
+
+def _recover_div(b: Builder, z: Planes, w: Planes, q: Planes) -> Planes:
+    (x, y), (u, v), (re, im) = z, w, q
+    zero, inf = b.const(0.0, x), b.const(np.inf, x)
+    nan = _or(b, is_nan(b, re), is_nan(b, im))
+    # a zero divisor, a dividend not all NaN: copysign(inf, u) * (x, y)
+    w0 = _and(b, b.compare(u, zero, "EQ"), b.compare(v, zero, "EQ"))
+    w0 = _and(b, w0, _or(b, b.unary("not", is_nan(b, x)), b.unary("not", is_nan(b, y))))
+    s = _copysign(b, inf, u)
+    cases = [(w0, (b.mul(s, x), b.mul(s, y)))]
+    # an infinite dividend, a finite divisor: inf * (x' u + y' v, y' u - x' v)
+    z_inf = _and(b, _or(b, is_inf(b, x), is_inf(b, y)), _and(b, is_fin(b, u), is_fin(b, v)))
+    xs, ys = (_copysign(b, b.select(is_inf(b, t), b.const(1.0, t), zero), t) for t in (x, y))
+    cases.append((z_inf, (b.mul(inf, b.add(b.mul(xs, u), b.mul(ys, v))),
+                          b.mul(inf, b.sub(b.mul(ys, u), b.mul(xs, v))))))
+    # a finite dividend, an infinite divisor: 0 * (x u' + y v', y u' - x v')
+    w_inf = _and(b, _or(b, is_inf(b, u), is_inf(b, v)), _and(b, is_fin(b, x), is_fin(b, y)))
+    us, vs = (_copysign(b, b.select(is_inf(b, t), b.const(1.0, t), zero), t) for t in (u, v))
+    cases.append((w_inf, (b.mul(zero, b.add(b.mul(x, us), b.mul(y, vs))),
+                          b.mul(zero, b.sub(b.mul(y, us), b.mul(x, vs))))))
+    for cond, (cr, ci) in reversed(cases):
+        take = _and(b, nan, cond)
+        re, im = b.select(take, cr, re), b.select(take, ci, im)
+    return re, im
+
+
+def is_nan(b: Builder, x: ir.Value) -> ir.Value:
+    return b.compare(x, x, "NE")
+
+
+def is_inf(b: Builder, x: ir.Value) -> ir.Value:
+    return b.compare(b.abs(x), b.const(np.inf, x), "EQ")
+
+
+def is_fin(b: Builder, x: ir.Value) -> ir.Value:
+    return b.emit("is_finite", [x], x.shape, "bool")
 
 
 def abs_(b: Builder, z: Planes) -> ir.Value:
@@ -148,7 +189,8 @@ def expm1(b: Builder, z: Planes) -> Planes:
     s = b.unary("sine", b.half(y))
     re = b.sub(b.mul(b.unary("exponential_minus_one", x), b.unary("cosine", y)),
                b.twice(b.mul(s, s)))
-    return re, b.mul(b.unary("exponential", x), b.unary("sine", y))
+    im = b.mul(b.unary("exponential", x), b.unary("sine", y))
+    return re, b.select(b.compare(y, b.const(0.0, y), "EQ"), y, im)    # real stays real
 
 
 def log(b: Builder, z: Planes) -> Planes:
@@ -185,9 +227,11 @@ def rsqrt(b: Builder, z: Planes) -> Planes:
 
 
 def pow_(b: Builder, z: Planes, w: Planes) -> Planes:
-    """z^w = exp(w log z); 0^w is 1 for w = 0 and 0 for re(w) > 0, im(w) = 0."""
+    """z^w = exp(w log z); 0^w is 1 for w = 0 and 0 for re(w) > 0, im(w) = 0; 1^w = 1."""
     re, im = exp(b, mul(b, w, log(b, z)))
     zero, one = b.const(0.0, re), b.const(1.0, re)
+    z1 = _and(b, b.compare(z[0], one, "EQ"), b.compare(z[1], zero, "EQ"))
+    re, im = b.select(z1, one, re), b.select(z1, zero, im)
     z0 = _and(b, b.compare(z[0], zero, "EQ"), b.compare(z[1], zero, "EQ"))
     w_real = b.compare(w[1], zero, "EQ")
     w0 = _and(b, b.compare(w[0], zero, "EQ"), w_real)
@@ -218,14 +262,21 @@ def cos(b: Builder, z: Planes) -> Planes:
 
 
 def tanh(b: Builder, z: Planes) -> Planes:
-    """(sinh 2x, sin 2y) / (cosh 2x + cos 2y); for |x| > 20 it is (sign x, 0)."""
+    """(sinh x cosh x, sin y cos y) / (sinh^2 x + cos^2 y): the half-angle form of
+    (sinh 2x, sin 2y) / (cosh 2x + cos 2y), so 2x and 2y never overflow. For |x| > 40
+    (sinh^2 would overflow) it is (sign x, 4 sin y cos y e^(-2|x|))."""
     x, y = z
-    sh, ch = sinh_cosh(b, b.twice(x))
-    d = b.add(ch, b.unary("cosine", b.twice(y)))
-    re, im = b.div(sh, d), b.div(b.unary("sine", b.twice(y)), d)
-    big = b.compare(b.abs(x), b.const(20.0, x), "GT")
-    return (b.select(big, b.unary("sign", x), re),
-            b.select(big, b.const(0.0, x), im))
+    sh, ch = sinh_cosh(b, x)
+    sy, cy = b.unary("sine", y), b.unary("cosine", y)
+    d = b.add(b.mul(sh, sh), b.mul(cy, cy))
+    re, im = b.div(b.mul(sh, ch), d), b.div(b.mul(sy, cy), d)
+    big = b.compare(b.abs(x), b.const(40.0, x), "GT")
+    tiny = b.mul(b.mul(b.const(4.0, x), b.mul(sy, cy)),
+                 b.unary("exponential", b.mul(b.const(-2.0, x), b.abs(x))))
+    # x infinite: (sign x, 0 sin 2y); y infinite with x finite: NaN (C99's ctanh)
+    sign = b.select(_or(b, is_fin(b, y), is_inf(b, x)), b.unary("sign", x), b.const(np.nan, x))
+    tiny = b.select(is_inf(b, x), b.const(0.0, x), tiny)
+    return b.select(big, sign, re), b.select(big, tiny, im)
 
 
 def tan(b: Builder, z: Planes) -> Planes:
@@ -251,12 +302,19 @@ def sign(b: Builder, z: Planes) -> Planes:
 
 
 def _copysign(b: Builder, mag: ir.Value, sgn: ir.Value) -> ir.Value:
-    neg = b.compare(sgn, b.const(0.0, sgn), "LT")
+    """|mag| with the sign of `sgn`, -0 included (1 / -0 = -inf)."""
+    zero = b.const(0.0, sgn)
+    neg = _or(b, b.compare(sgn, zero, "LT"),
+              b.compare(b.div(b.const(1.0, sgn), sgn), zero, "LT"))
     return b.select(neg, b.neg(b.abs(mag)), b.abs(mag))
 
 
 def _and(b: Builder, p: ir.Value, q: ir.Value) -> ir.Value:
     return b.emit("and", [p, q], p.shape, "bool")
+
+
+def _or(b: Builder, p: ir.Value, q: ir.Value) -> ir.Value:
+    return b.emit("or", [p, q], p.shape, "bool")
 
 
 # kind -> expander of a complex result from complex operands (the pass's table).
