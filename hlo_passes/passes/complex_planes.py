@@ -16,7 +16,7 @@ too) and before `split-reductions` (which splits the two-plane reductions it lea
     sqrt, sin, cos, tan, tanh, ...
     abs, real, imag, complex, convert    one plane / both planes
     compare EQ / NE                      both planes compared, and / or
-    dot_general                          4 real dot_generals (`GAUSS` chooses 3)
+    dot_general, convolution             4 real ones (bilinear; `GAUSS` chooses 3)
     fft                                  DFT matmuls (hlo_passes.complex_fft)
     constant, iota                       two constants / iota and zeros
     reduce, while, case, sort, optimization_barrier
@@ -380,7 +380,7 @@ def _dot_general(rw, b, op):
     t = part_type(op.result.type)
 
     def dot(p, q):
-        return b.emit_op("dot_general", [p, q], [t], op.attrs).result
+        return b.emit_op(op.kind, [p, q], [t], op.attrs).result
     if not is_complex(x.dtype):
         return tuple(dot(x, q) for q in rw.get(y))
     if not is_complex(y.dtype):
@@ -402,7 +402,8 @@ def _fft(rw, b, op):
 
 RULES = {"abs": _abs, "real": _real, "imag": _imag, "complex": _complex, "convert": _convert,
          "compare": _compare, "constant": _constant, "iota": _iota, "fft": _fft,
-         "dot_general": _dot_general, "sort": _sort, "reduce": _reduce}
+         "dot_general": _dot_general, "convolution": _dot_general, "sort": _sort,
+         "reduce": _reduce}
 RULES.update({k: _planewise for k in PLANEWISE})
 RULES.update({k: _flattened for k in FLATTENED})
 RULES.update({k: _per_plane_region for k in PER_PLANE_REGION})

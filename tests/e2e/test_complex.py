@@ -291,3 +291,15 @@ def test_special_values_match_cpu(jax, trn, name):
 def _ftz(x: np.ndarray) -> np.ndarray:
     """Subnormal float32 results as zeros (the CPU backend flushes them)."""
     return np.where(np.abs(x) < np.finfo(np.float32).tiny, 0.0, x)
+
+
+def test_convolution_and_its_gradient(jax, trn):
+    lax = jax.lax
+    x, k = _c(2, 3, 9, 8), _c(4, 3, 3, 2)
+
+    def f(x, k):
+        y = lax.conv_general_dilated(x, k, (1, 1), "SAME", rhs_dilation=(2, 1))
+        return y, jax.grad(lambda x: jax.numpy.sum(jax.numpy.abs(
+            lax.conv_general_dilated(x, k, (2, 1), "VALID")) ** 2))(x)
+    with jax.default_matmul_precision("highest"):
+        check(jax, trn, f, x, k, rtol=1e-4, atol=1e-4)
