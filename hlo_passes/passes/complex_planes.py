@@ -19,7 +19,7 @@ too) and before `split-reductions` (which splits the two-plane reductions it lea
     dot_general, convolution             4 real ones (bilinear; `GAUSS` chooses 3)
     fft                                  DFT matmuls (hlo_passes.complex_fft)
     constant, iota                       two constants / iota and zeros
-    reduce, while, case, sort, optimization_barrier
+    reduce, reduce_window (sums), while, case, sort, optimization_barrier
                                          operands, results, block arguments and
                                          terminators flattened: each complex value
                                          is two values in its place (a complex
@@ -308,6 +308,16 @@ def _slice_last(b: Builder, x: ir.Value, lo: int, hi: int) -> ir.Value:
                   strides=(1,) * r)
 
 
+def _reduce_window(rw: _Rewriter, b: Builder, op: ir.Op):
+    """A complex window sum (cumsum, sum pooling): two planes, split afterwards by
+    `split-reductions`; other combiners (a cumulative product) are refused."""
+    kinds = [o.kind for o in op.regions[0].block.ops]
+    if kinds[:-1] != ["add"]:
+        raise HloImportError(f"complex reduce_window with the combiner {kinds} is not "
+                             f"supported ({op.describe()})")
+    return _flattened(rw, b, op)
+
+
 def _unary_math(rw, b, op):
     return complex_math.UNARY[op.kind](b, rw.get(op.operands[0]))
 
@@ -403,7 +413,7 @@ def _fft(rw, b, op):
 RULES = {"abs": _abs, "real": _real, "imag": _imag, "complex": _complex, "convert": _convert,
          "compare": _compare, "constant": _constant, "iota": _iota, "fft": _fft,
          "dot_general": _dot_general, "convolution": _dot_general, "sort": _sort,
-         "reduce": _reduce}
+         "reduce": _reduce, "reduce_window": _reduce_window}
 RULES.update({k: _planewise for k in PLANEWISE})
 RULES.update({k: _flattened for k in FLATTENED})
 RULES.update({k: _per_plane_region for k in PER_PLANE_REGION})

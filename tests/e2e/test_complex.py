@@ -303,3 +303,10 @@ def test_convolution_and_its_gradient(jax, trn):
             lax.conv_general_dilated(x, k, (2, 1), "VALID")) ** 2))(x)
     with jax.default_matmul_precision("highest"):
         check(jax, trn, f, x, k, rtol=1e-4, atol=1e-4)
+
+
+def test_window_sums(jax, trn):
+    jnp, lax = jax.numpy, jax.lax
+    check(jax, trn, lambda z: (jnp.cumsum(z, 0), jnp.cumsum(z[::-1], 1),
+                               lax.reduce_window(z, 0j, lax.add, (2, 2), (1, 1), "VALID")), Z,
+          rtol=1e-5, atol=1e-5)

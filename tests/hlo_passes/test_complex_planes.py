@@ -132,3 +132,12 @@ def test_complex_sdy_constant_is_read_as_a_value():
     z = jax.device_put(np.zeros((8, 6), np.complex64), NamedSharding(mesh, P("x")))
     m = compiled(lambda z: z * 1j + z.sum(), z)
     assert no_complex(m)
+
+
+@pytest.mark.parametrize("f,what", [
+        (lambda z: jnp.cumprod(z, 0), "complex reduce_window with the combiner"),
+        (lambda z: z.at[0].multiply(2j), "complex scatter with the combiner"),
+])
+def test_unsupported_combiners_are_named(f, what):
+    with pytest.raises(HloImportError, match=what):
+        compiled(f, C)
