@@ -310,3 +310,17 @@ def test_window_sums(jax, trn):
     check(jax, trn, lambda z: (jnp.cumsum(z, 0), jnp.cumsum(z[::-1], 1),
                                lax.reduce_window(z, 0j, lax.add, (2, 2), (1, 1), "VALID")), Z,
           rtol=1e-5, atol=1e-5)
+
+
+def test_donated_complex_buffer_is_reused(jax, trn_devices):
+    import warnings
+    d = trn_devices[5]
+    before = d.memory_stats()["bytes_in_use"]
+    z = jax.device_put(np.ones((64, 64), np.complex64), d)
+    f = jax.jit(lambda z: z * 1j + 1, donate_argnums=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(3):
+            z = f(z)
+    assert d.memory_stats()["bytes_in_use"] - before == 64 * 64 * 8
+    np.testing.assert_array_equal(np.asarray(z), np.zeros((64, 64), np.complex64))
