@@ -194,7 +194,11 @@ def expm1(b: Builder, z: Planes) -> Planes:
 
 
 def log(b: Builder, z: Planes) -> Planes:
-    return log_abs(b, z), b.binary("atan2", z[1], z[0])
+    return log_abs(b, z), arg(b, z)
+
+
+def arg(b: Builder, z: Planes) -> ir.Value:
+    return b.binary("atan2", z[1], z[0])
 
 
 def log1p(b: Builder, z: Planes) -> Planes:
@@ -206,7 +210,7 @@ def log1p(b: Builder, z: Planes) -> Planes:
     small = b.half(b.unary("log_plus_one", t))
     large = log_abs(b, (b.add(x, one), y))
     use_small = b.compare(b.abs(t), b.const(0.5, x), "LT")
-    return b.select(use_small, small, large), b.binary("atan2", y, b.add(x, one))
+    return b.select(use_small, small, large), arg(b, (b.add(x, one), y))
 
 
 def sqrt(b: Builder, z: Planes) -> Planes:

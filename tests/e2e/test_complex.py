@@ -324,3 +324,13 @@ def test_donated_complex_buffer_is_reused(jax, trn_devices):
             z = f(z)
     assert d.memory_stats()["bytes_in_use"] - before == 64 * 64 * 8
     np.testing.assert_array_equal(np.asarray(z), np.zeros((64, 64), np.complex64))
+
+
+def test_log_of_tiny_values_keeps_its_angle(jax, trn):
+    """JAX's FunctionAccuracyTest: log10(1.2e-38 + 1.2e-38j) had an angle of 0, not
+    pi/4: atan2 clamped its denominator at 1e-30 (tileops/mathops.py)."""
+    tiny = np.float32(np.finfo(np.float32).tiny)
+    z = np.array([tiny * (1 + 1j), 5.2e-31 * (1 + 1j), 3e-35 - 1e-36j, -2e-33 + 0j],
+                 np.complex64)
+    check(jax, trn, lambda z: (jax.numpy.log(z), jax.numpy.log10(z),
+                               jax.numpy.arctan2(z.imag, z.real)), z, rtol=2e-6, atol=0)
