@@ -16,7 +16,8 @@ elements -> nested tuples, dialect structs -> dict of fields, sdy -> text, else 
 
     op                 attrs
     ----------------   ----------------------------------------------------------------
-    constant           value: np.ndarray of the result dtype and shape (splats expanded)
+    constant,          value: np.ndarray of the result dtype and shape (splats expanded)
+    sdy.constant
     iota               iota_dimension: int
     broadcast_in_dim   broadcast_dimensions: tuple
     transpose          permutation: tuple
@@ -211,7 +212,7 @@ def _import_op(op: mlir_ir.Operation, env: dict) -> ir.Op:
     attrs = op_attrs(op, kind)
     if operands:
         fill_rank_defaults(kind, attrs, operands[0].type.rank)
-    if kind in ("constant", "sdy.constant"):      # (complex values only read this way)
+    if kind in ("constant", "sdy.constant"):    # Shardy's propagation makes the latter
         attrs["value"] = _constant(op, results[0].type, where)
     if kind == "custom_call" and attrs.get("call_target_name") == "trn.top_k":
         kind, attrs = "top_k", {"k": int(attrs["backend_config"])}

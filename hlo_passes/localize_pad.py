@@ -37,6 +37,10 @@ never leak into results:
       moving a padded dim           padding into data (`_moves_padding`)
     position-dependent ops        as before: replicated, which gathers (and so strips)
       (sort, roll, cumsum, ...)     the padding, and slices the result again
+    a sub-axis ({"x":(1)2}: the   compared with whole axes as pieces of the axis
+      part of x Shardy finds to     (sharding.axes_after / axes_before): {"x"} refines
+      divide a dim) and its         it; padded blocks of {"x"} do not nest in its blocks,
+      refinement {"x"}              so the dim is gathered whole first (`_padded_whole`)
 
 Everything here runs only for padded values: programs whose shardings all divide get
 exactly the ops they got before.
@@ -46,8 +50,8 @@ from __future__ import annotations
 import numpy as np
 
 from hlo_passes import ir
-from hlo_passes.sharding import (TensorSharding, even_prefix, local_shape, padded_dims,
-                                 shard_count, valid_counts)
+from hlo_passes.sharding import (TensorSharding, axes_after, even_prefix, local_shape,
+                                 padded_dims, shard_count, valid_counts)
 
 
 class PaddingOps:
@@ -106,7 +110,7 @@ class PaddingOps:
         want = target.dims if target is not None else ((),) * len(v.shape)
         for d, axes in enumerate(want):
             have = s.dims[d] if s is not None else ()
-            if have and axes[:len(have)] != have:
+            if have and axes_after(self.mesh, axes, have) is None:
                 v = self._gather_dim(v, d, like)
                 s = self.shardings.get(id(v))
         if target is None or target.is_replicated:

@@ -14,8 +14,9 @@ import numpy as np
 
 from hlo_passes import ir
 from hlo_passes.errors import VerifyError
-from hlo_passes.sharding import (TensorSharding, parse_all_to_all_params, parse_axes,
-                                 parse_axis_list, parse_axis_lists, parse_per_value)
+from hlo_passes.sharding import (TensorSharding, join_axes, parse_all_to_all_params,
+                                 parse_axes, parse_axis_list, parse_axis_lists,
+                                 parse_per_value)
 
 
 class SdyOps:
@@ -93,7 +94,7 @@ class SdyOps:
             if id(v) in self.complete:
                 s = self.shardings.get(id(v))
                 dims = list(s.dims if s else ((),) * len(shape))
-                dims[d] = dims[d] + tuple(axes)
+                dims[d] = join_axes(self.mesh, dims[d], tuple(axes))
                 v = self._slice_to(v, TensorSharding(self.mesh.name, tuple(dims)), op)
                 continue
             r = self._new("reduce_scatter", [v], [ir.TensorType(tuple(shape), v.dtype)],
@@ -156,32 +157,43 @@ class SdyOps:
     def _sdy_manual_computation(self, op: ir.Op) -> None:
         """A shard_map body, inlined. Inside it values are per-device along the manual
         axes: an operand the body reads is seen with its sharding over the free axes
-        only (none when every axis is manual), and its outer sharding is restored after
+        only (none when every axis is manual) and with the body's shape as its global
+        shape (what a padded free axis is cut from); its outer view is restored after
         the body; the results take the op's out_shardings."""
         body = op.regions[0].block
         ins = parse_per_value(op.attrs.get("in_shardings")) or []
         outs = parse_per_value(op.attrs.get("out_shardings")) or []
         manual = {a.name for a in parse_axes(op.attrs.get("manual_axes", ""))}
-        outer: dict[int, TensorSharding | None] = {}
+        outer: dict[int, tuple] = {}
         for arg, operand, s in zip(body.args, op.operands, ins + [None] * len(body.args)):
             free = _restrict(s, manual) if s and self.mesh else None
+            inside = arg.shape
             self._localize_value(arg, free)
             if arg.type != operand.type:
                 raise VerifyError(f"shard_map argument of per-device type {arg.type} "
                                   f"receives {operand.type} ({op.describe()})")
-            outer.setdefault(id(operand), self.shardings.get(id(operand)))
-            self.shardings[id(operand)] = free
+            outer.setdefault(id(operand), self._outer_view(operand))
+            self.whole.pop(id(operand), None)
+            self._track(operand, free, inside)
             self.mapping[arg] = operand
         for inner in body.ops[:-1]:
             inner.operands = [self.mapping.get(v, v) for v in inner.operands]
             self._op(inner)
-        self.shardings.update(outer)
+        for key, (sharding, shape, whole) in outer.items():
+            self.shardings[key], self.global_shape[key] = sharding, shape
+            if whole is not None:
+                self.whole[key] = whole
         ret = body.terminator
         for i, (r, v) in enumerate(zip(op.results, ret.operands)):
             v = self.mapping.get(v, v)
             if id(v) not in outer:
                 self._track(v, self._ours(outs[i] if i < len(outs) else None), r.shape)
             self.mapping[r] = v
+
+    def _outer_view(self, v: ir.Value) -> tuple:
+        """What the localizer knows of `v` outside a shard_map body (its sharding,
+        global shape and whole value), to restore after the body."""
+        return self.shardings.get(id(v)), self._global(v), self.whole.get(id(v))
 
     def _reduce_scatter_padded(self, v: ir.Value, kind: str, op: ir.Op) -> ir.Value:
         """A reduce_scatter onto padded blocks: a dim not sharded yet is padded with

@@ -204,6 +204,74 @@ def even_prefix(shape: tuple[int, ...], sharding: TensorSharding | None,
                           sharding.unreduced)
 
 
+# --- axis lists with sub-axes ------------------------------------------------------------
+#
+# Shardy writes the same split of a dimension in more than one way: {"x"} on an axis of
+# size 4 is {"x":(1)2, "x":(2)2}, and once a dimension does not divide into 4, its
+# propagation shards it on the part of the axis that divides ({"x":(1)2}). Comparing
+# axis lists element by element then takes a refinement for a different sharding
+# ("cannot slice ... {"x":(1)2} to {"x"}"). These helpers compare them as sequences of
+# pieces (name, lo, hi): the part of axis `name` whose more-major parts multiply to
+# `lo`, of size hi / lo.
+
+
+def _pieces(mesh: Mesh, axes: tuple[AxisRef, ...]) -> list[list]:
+    out = []
+    for a in axes:
+        lo = a.pre_size
+        out.append([a.name, lo, lo * mesh.axis_size(a)])
+    return out
+
+
+def _refs(mesh: Mesh, pieces) -> tuple[AxisRef, ...]:
+    """Pieces back to AxisRefs, adjacent parts of one axis merged (Shardy's canonical
+    form: a whole axis is written without a sub-axis)."""
+    merged: list[list] = []
+    for name, lo, hi in pieces:
+        if merged and merged[-1][0] == name and merged[-1][2] == lo:
+            merged[-1][2] = hi
+        else:
+            merged.append([name, lo, hi])
+    return tuple(AxisRef(n) if (lo, hi) == (1, mesh._full(n)) else AxisRef(n, lo, hi // lo)
+                 for n, lo, hi in merged)
+
+
+def axes_after(mesh: Mesh, axes: tuple[AxisRef, ...],
+               prefix: tuple[AxisRef, ...]) -> tuple[AxisRef, ...] | None:
+    """The axes `axes` adds after `prefix`, or None if `prefix` does not start it:
+    axes_after({"x"}, {"x":(1)2}) = {"x":(2)2}."""
+    rest, head = _pieces(mesh, axes), _pieces(mesh, prefix)
+    for name, lo, hi in head:
+        if not rest or rest[0][0] != name or rest[0][1] != lo or rest[0][2] < hi:
+            return None
+        if rest[0][2] == hi:
+            rest.pop(0)
+        else:
+            rest[0] = [name, hi, rest[0][2]]
+    return _refs(mesh, rest)
+
+
+def axes_before(mesh: Mesh, axes: tuple[AxisRef, ...],
+                suffix: tuple[AxisRef, ...]) -> tuple[AxisRef, ...] | None:
+    """The axes `axes` keeps once `suffix` (its minor end) is taken off, or None if it
+    does not end so: axes_before({"x"}, {"x":(2)2}) = {"x":(1)2}."""
+    rest, tail = _pieces(mesh, axes), _pieces(mesh, suffix)
+    for name, lo, hi in reversed(tail):
+        if not rest or rest[-1][0] != name or rest[-1][2] != hi or rest[-1][1] > lo:
+            return None
+        if rest[-1][1] == lo:
+            rest.pop()
+        else:
+            rest[-1] = [name, rest[-1][1], lo]
+    return _refs(mesh, rest)
+
+
+def join_axes(mesh: Mesh, major: tuple[AxisRef, ...],
+              minor: tuple[AxisRef, ...]) -> tuple[AxisRef, ...]:
+    """`major` then `minor`, written canonically ({"x":(1)2} + {"x":(2)2} = {"x"})."""
+    return _refs(mesh, _pieces(mesh, major) + _pieces(mesh, minor))
+
+
 def block_offsets(shape: tuple[int, ...], sharding: TensorSharding, mesh: Mesh) -> np.ndarray:
     """[num_partitions, rank] int32: where each partition's block starts in the tensor
     (past its end for a block of padding only)."""

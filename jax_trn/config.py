@@ -313,3 +313,28 @@ def for_compile(options: Options, overrides: Mapping[str, Any]) -> Options:
                               f"setting; those are: {per_program}")
         changes[field] = _parse(field, value, f"compiler option {key}")
     return dataclasses.replace(options, **changes) if changes else options
+
+
+@dataclass(frozen=True)
+class PersistentCache:
+    """JAX's persistent compilation cache settings (jax_compilation_cache_dir,
+    jax_compilation_cache_max_size, jax_persistent_cache_min_compile_time_secs,
+    jax_persistent_cache_min_entry_size_bytes), as `runtime.compile_cache` applies them."""
+    directory: str
+    max_size: int = -1
+    min_compile_secs: float = 1.0
+    min_entry_bytes: int = 0
+
+
+def persistent_cache() -> PersistentCache | None:
+    """JAX's persistent-cache settings as they apply to trn programs
+    (`runtime.compile_cache.Settings`), or None when JAX's cache is off: no
+    `jax_compilation_cache_dir`, or `jax_enable_compilation_cache` false. Read from
+    JAX's config at each compile, so a directory set after the backend started counts."""
+    import jax
+    directory = jax.config.jax_compilation_cache_dir
+    if not directory or not jax.config.jax_enable_compilation_cache:
+        return None
+    return PersistentCache(str(directory), int(jax.config.jax_compilation_cache_max_size),
+                    float(jax.config.jax_persistent_cache_min_compile_time_secs),
+                    max(0, int(jax.config.jax_persistent_cache_min_entry_size_bytes)))

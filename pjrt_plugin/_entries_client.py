@@ -82,13 +82,29 @@ def client_compile(a):
     code = read_bytes(get_ptr(program, "code"), program.code_size)
     fmt = read_bytes(get_ptr(program, "format"), program.format_size).decode()
     options = read_bytes(get_ptr(a, "compile_options"), a.compile_options_size)
-    executable = c.rt.compile(code, fmt, options)
+    _hand_over_loaded(a, "executable", c, c.rt.compile(code, fmt, options))
+
+
+@entry("PJRT_Executable_DeserializeAndLoad")
+def executable_deserialize_and_load(a):
+    """What PJRT_Executable_Serialize wrote (jax_trn.runtime.compile_cache's format),
+    loaded on this client; JAX may override the compile options (device assignment)."""
+    c = client_of(a)
+    data = read_bytes(get_ptr(a, "serialized_executable"), a.serialized_executable_size)
+    options = None
+    if get_ptr(a, "overridden_serialized_compile_options"):
+        options = read_bytes(get_ptr(a, "overridden_serialized_compile_options"),
+                             a.overridden_serialized_compile_options_size) or None
+    _hand_over_loaded(a, "loaded_executable", c, c.rt.deserialize(data, options))
+
+
+def _hand_over_loaded(a, field: str, c: CClient, executable) -> None:
     try:
         loaded = CLoadedExecutable(executable, c)
     except BaseException:
         executable.release()             # its constants' HBM
         raise
-    set_ptr(a, "executable", HANDLES.new(loaded))
+    set_ptr(a, field, HANDLES.new(loaded))
 
 
 @entry("PJRT_Client_DefaultDeviceAssignment")

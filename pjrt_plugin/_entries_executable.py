@@ -117,6 +117,18 @@ def executable_compile_options(a):
     set_ptr(a, "serialized_compile_options_deleter", _NO_OP_ADDRESS)
 
 
+@entry("PJRT_Executable_Serialize")
+def executable_serialize(a):
+    """The program as bytes PJRT_Executable_DeserializeAndLoad reads (JAX's AOT
+    serialization and its persistent cache, where it engages)."""
+    exe = _exe(a)
+    if exe.serialized is None:
+        exe.serialized = exe.keep.bytes(exe.client.rt.serialize(exe.rt))
+    set_array(a, "serialized_bytes", "serialized_bytes_size", exe.serialized)
+    set_ptr(a, "serialized_executable", 0)
+    set_ptr(a, "serialized_executable_deleter", _NO_OP_ADDRESS)
+
+
 @entry("PJRT_LoadedExecutable_Destroy", never_fails=True)
 def loaded_destroy(a):
     le = HANDLES.free(get_ptr(a, "executable"))

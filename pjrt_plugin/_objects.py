@@ -167,6 +167,8 @@ class CExecutable:
         self.rt = executable
         self.client = client
         self.keep = k = Keep()
+        self.serialized = None           # (address, size): made on first request
+        self._mlir: bytes | None = None
         self.name = k.bytes(executable.name)
         outs = executable.output_types
         self.output_types = (k.array(ctypes.c_int, [_dtypes.to_pjrt(t.dtype) for t in outs]),
@@ -181,7 +183,6 @@ class CExecutable:
         pkinds = [k.bytes("device") for _ in params]
         self.param_memory_kinds = (k.pointers(a for a, _ in pkinds),
                                    k.array(ctypes.c_size_t, (n for _, n in pkinds)), len(params))
-        self.optimized_mlir = executable.optimized_mlir.encode()
         self.mlir_format = k.bytes("mlir")
         self.compile_options = k.bytes(executable.options.raw)
         self.fingerprint = k.bytes(executable.fingerprint)
@@ -199,6 +200,12 @@ class CExecutable:
             # A module with no results has one (replicated) sharding, the empty tuple's:
             # XLA's IFRT client requires exactly one (FailedPrecondition otherwise).
             self.output_shardings = _replicated_shardings(k, 1)
+
+    @property
+    def optimized_mlir(self) -> bytes:
+        if self._mlir is None:
+            self._mlir = self.rt.optimized_mlir.encode()
+        return self._mlir
 
     @property
     def cost(self) -> tuple[int, int]:

@@ -55,8 +55,9 @@ from hlo_passes import ir
 from hlo_passes.errors import VerifyError
 from hlo_passes.localize_pad import PaddingOps
 from hlo_passes.localize_sdy import SdyOps
-from hlo_passes.sharding import (Mesh, ShardingError, TensorSharding, block_offsets,
-                                 local_shape, padded_dims, parse_per_value, parse_sharding)
+from hlo_passes.sharding import (Mesh, ShardingError, TensorSharding, axes_after,
+                                 axes_before, block_offsets, local_shape, padded_dims,
+                                 parse_per_value, parse_sharding)
 
 name = "localize"
 
@@ -338,8 +339,8 @@ class _Localizer(SdyOps, PaddingOps):
         s = self.shardings.get(id(v))
         if s is not None:
             dims = list(s.dims)
-            kept = dims[dim][:len(dims[dim]) - len(axes)]
-            if dims[dim][len(kept):] != tuple(axes):
+            kept = axes_before(self.mesh, dims[dim], tuple(axes))
+            if kept is None:
                 raise VerifyError(f"all_gather of {[str(a) for a in axes]} on dimension "
                                   f"{dim} of a tensor sharded {s}: only the minor axes of "
                                   "a dimension can be gathered")
@@ -377,9 +378,10 @@ class _Localizer(SdyOps, PaddingOps):
         src_dims = src.dims if src is not None else ((),) * len(v.shape)
         extra = []
         for have, want in zip(src_dims, target.dims):
-            if want[:len(have)] != have:
+            more = axes_after(self.mesh, want, have)
+            if more is None:
                 raise VerifyError(f"cannot slice a tensor sharded {src} to {target}")
-            extra.append(want[len(have):])
+            extra.append(more)
         return extra
 
     def _offsets(self, table: np.ndarray, like) -> list[ir.Value]:

@@ -7,12 +7,14 @@ runtime get their settings from it."""
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 
 from jax_trn import config
 from jax_trn.config import Options
-from . import compile_options, compiler
+from jax_trn.hw.program import host_callbacks
+from . import compile_cache, compile_options, compiler
 from .buffer import Buffer
 from .device import Device, Memory, OutOfMemory, core_numerics, make_devices
 from .executable import Executable
@@ -62,16 +64,56 @@ class Client:
         opts = compile_options.parse(options)
         settings = config.for_compile(self.options, opts.overrides)
         devices = self._assigned_devices(opts)
+        compiled = self._compile_cached(code, opts, settings, devices)
+        return self._load(compiled, devices, opts, settings)
+
+    def _compile_cached(self, code: bytes, options, settings: Options,
+                        devices: list[Device]) -> compiler.Compiled:
+        """Compiles, or reads the program from JAX's persistent cache directory
+        (`compile_cache`; off unless the user set one)."""
+        cache_settings = config.persistent_cache()
+        cache = compile_cache.DiskCache(cache_settings) if cache_settings else None
+        key = compile_cache.key(code, options, settings) if cache else ""
+        if cache is not None:
+            hit = cache.load(key)
+            if isinstance(hit, compiler.Compiled):
+                return hit
         with self._compile_lock:
             self._counter += 1
             name = f"module_{self._counter:04d}"
+        start = time.perf_counter()
         compiled = compiler.compile_program(
             code, settings, name=name, check=lambda n, m: _check_fits(n, m, devices))
-        from .program_mlir import program_mlir
-        return Executable(compiled.name, compiled.program, compiled.module, devices, opts,
-                          program_mlir(compiled.name, compiled.program,
-                                       compiled.module.attrs.get("trn.complex_boundary")),
-                          settings)
+        if cache is not None and not host_callbacks(compiled.program.steps):
+            cache.store(key, compiled.without_ir(), time.perf_counter() - start)
+        return compiled
+
+    def _load(self, compiled: compiler.Compiled, devices: list[Device], opts,
+              settings: Options) -> Executable:
+        return Executable(compiled.name, compiled.program, compiled.signature, devices, opts,
+                          settings=settings)
+
+    def serialize(self, executable: Executable) -> bytes:
+        """The executable as bytes `deserialize` loads again (in this process or
+        another one running the same jax-trn): PJRT_Executable_Serialize."""
+        if host_callbacks(executable.program.steps):
+            raise CompileError(f"{executable.name} calls host functions, which live in "
+                               f"this process only: it cannot be serialized")
+        compiled = compiler.Compiled(executable.name, executable.program, executable.signature)
+        return compile_cache.dumps((compiled, executable.options.raw, executable.settings))
+
+    def deserialize(self, data: bytes, options: bytes | None = None) -> Executable:
+        """An executable from `serialize`'s bytes, loaded for the devices of its compile
+        options (or of `options`, JAX's overriding ones)."""
+        try:
+            compiled, raw, settings = compile_cache.loads(data)
+        except compile_cache.CacheFormatError as exc:
+            raise CompileError(f"cannot load a serialized executable: {exc}") from None
+        if settings.system != self.system:
+            raise CompileError(f"{compiled.name} was compiled for {settings.system.name}; "
+                               f"this client simulates {self.system.name}")
+        opts = compile_options.parse(options or raw)
+        return self._load(compiled, self._assigned_devices(opts), opts, settings)
 
     def _assigned_devices(self, opts) -> list[Device]:
         """The devices of a program, replica-major (device r * partitions + p runs

@@ -14,6 +14,7 @@ the interpreter's exit waits for a compile still running (`inflight`).
 from __future__ import annotations
 
 from collections.abc import Callable
+import dataclasses
 from dataclasses import dataclass
 
 from jax_trn.config import Options
@@ -23,11 +24,39 @@ from .gc_pause import gc_paused
 
 
 @dataclass(frozen=True)
+class Signature:
+    """What the runtime needs of the per-device IR besides the lowered program: the entry
+    function's parameter and result types, its parameter attributes (donation aliases)
+    and the SPMD description (`hlo_passes.passes.localize.Spmd`, None for one device)."""
+    param_types: tuple
+    result_types: tuple
+    arg_attrs: tuple
+    spmd: object = None
+
+    @classmethod
+    def of(cls, module) -> "Signature":
+        fn = module.main
+        # complex parameters and results as JAX sees them (the program's are float32
+        # pairs: hlo_passes/passes/complex_planes.py)
+        params, results = module.attrs.get("trn.complex_boundary") or (
+                tuple(a.type for a in fn.args), tuple(fn.result_types))
+        return cls(tuple(params), tuple(results), tuple(fn.arg_attrs),
+                   module.attrs.get("trn.spmd"))
+
+
+@dataclass(frozen=True)
 class Compiled:
-    """A compiled program: its name, per-device IR and the lowered `hw.program.Program`."""
+    """A compiled program: its name, the lowered `hw.program.Program`, the signature the
+    runtime loads it by, and the per-device IR it came from (None in a compiled program
+    read back from the persistent cache or deserialized: the IR is often a hundred times
+    the program's size, and nothing after compilation reads it)."""
     name: str
-    module: object          # hlo_passes.ir.Module
     program: object         # jax_trn.hw.program.Program
+    signature: Signature
+    module: object = None   # hlo_passes.ir.Module
+
+    def without_ir(self) -> "Compiled":
+        return dataclasses.replace(self, module=None)
 
 
 def to_ir(code: bytes, options: Options, *, name: str | None = None, fuse: bool = True):
@@ -60,4 +89,4 @@ def compile_program(code: bytes, options: Options, *, name: str | None = None,
         name = str(module.attrs.get("sym_name", name) or name or "module")
         if check is not None:
             check(name, module)
-        return Compiled(name, module, lower(module, options))
+        return Compiled(name, lower(module, options), Signature.of(module), module)

@@ -39,28 +39,26 @@ _StepRunner = StepRunner
 class Executable:
     """One compiled program, loaded for `devices` (one per replica × partition)."""
 
-    def __init__(self, name: str, program, module, devices: list[Device], options,
+    def __init__(self, name: str, program, signature, devices: list[Device], options,
                  mlir_text: str = "", settings: Options | None = None):
-        """`options`: JAX's compile options (replicas, partitions, device assignment);
-        `settings`: the jax-trn options the program was compiled and runs with."""
+        """`signature`: the IR's (`compiler.Signature`); `options`: JAX's compile options
+        (replicas, partitions, device assignment); `settings`: the jax-trn options the
+        program was compiled and runs with."""
         self.name = name
         self.program = program
-        self.optimized_mlir = mlir_text
+        self.signature = signature
+        self._mlir_text = mlir_text or None
         self.devices = devices
         self.options = options
         self.settings = settings or Options(system=devices[0].system)
-        fn = module.main
-        self.output_types = list(fn.result_types)
-        self.param_types = [a.type for a in fn.args]
-        _check_signature(name, program, self.param_types, self.output_types)
-        # What JAX sees: complex parameters and results stay complex (their bytes are
-        # the float32[..., 2] the program reads and writes; hlo_passes complex-planes).
-        boundary = module.attrs.get("trn.complex_boundary")
-        if boundary is not None:
-            self.param_types, self.output_types = list(boundary[0]), list(boundary[1])
+        # What JAX sees (`Signature`): complex parameters and results stay complex;
+        # their bytes are the float32[..., 2] the program reads and writes.
+        self.output_types = list(signature.result_types)
+        self.param_types = list(signature.param_types)
         # {parameter: output} a call donates unless told not to (`donation`).
-        self.aliases = donation.aliases(fn.arg_attrs, program.params, program.outputs)
-        self.spmd = module.attrs.get("trn.spmd")      # hlo_passes.passes.localize.Spmd
+        self.aliases = donation.aliases(list(signature.arg_attrs), program.params,
+                                        program.outputs)
+        self.spmd = signature.spmd                    # hlo_passes.passes.localize.Spmd
         # The host functions the program calls, kept alive while it is loaded.
         self.host_functions = [callbacks.lookup(s.key) for s in host_callbacks(program.steps)]
         # All devices at once (spmd.drive): collectives, and callbacks one device makes
@@ -71,6 +69,7 @@ class Executable:
         self.deleted = False
         self._lock = threading.Lock()
         self._timing: profiler.Execution | None = None
+        _check_signature(name, program, self.param_types, self.output_types)
         # Constants live in each device's HBM for as long as the executable is loaded.
         self.constant_bytes = sum(int(np.asarray(v).nbytes) for v in program.constants.values())
         for i, d in enumerate(devices):
@@ -149,6 +148,16 @@ class Executable:
                 self._timing = simulate(self.name, self.program, self.settings,
                                         [d.id for d in self.devices])
             return self._timing
+
+    @property
+    def optimized_mlir(self) -> str:
+        """The program as MLIR text (`program_mlir`; made on first request: 0.5 s for
+        an lm1b-size training step, which a program loaded from the cache skips)."""
+        if self._mlir_text is None:
+            from .program_mlir import program_mlir
+            self._mlir_text = program_mlir(self.name, self.program,
+                                           (self.param_types, self.output_types))
+        return self._mlir_text
 
     def execute(self, arg_lists: list[list[Buffer]], device: Device | None = None,
                 keep: frozenset[int] = frozenset()) -> list[list[Buffer]]:
@@ -380,12 +389,20 @@ def compute_dtype(prog) -> str:
     return prog.params[0].dtype if prog.params else "float32"
 
 
+def _stored(t) -> tuple[tuple[int, ...], str]:
+    """(shape, dtype) of the program's parameter or result that JAX sees as `t`: a
+    complex64[S] buffer is the program's float32[S, 2] (hlo_passes complex-planes)."""
+    if t.dtype == "complex64":
+        return tuple(t.shape) + (2,), "float32"
+    return tuple(t.shape), t.dtype
+
+
 def _check_signature(name, program, param_types, output_types) -> None:
     """The lowered program must take and return exactly what the module declares
     (JAX trusts the executable's output types when it builds result arrays)."""
-    declared = [(tuple(t.shape), t.dtype) for t in output_types]
+    declared = [_stored(t) for t in output_types]
     lowered = [(tuple(t.shape), t.dtype) for t in program.outputs]
-    params = [(tuple(t.shape), t.dtype) for t in param_types]
+    params = [_stored(t) for t in param_types]
     lowered_params = [(tuple(t.shape), t.dtype) for t in program.params]
     if declared != lowered or params != lowered_params:
         raise ExecutionError(

@@ -164,3 +164,58 @@ def test_reduce_scatter_onto_a_padded_dim_pads_the_partial_sums():
     assert pad.result.shape == (16, 5) and rs.operands[0] is pad.result
     assert rs.result.shape == (4, 5)
     assert m.main.result_types[0].shape == (13, 5)     # {x} does not divide: gathered
+
+
+# --- sub-axes: Shardy shards a dim that does not divide on the part of the axis that does
+
+def test_sub_axis_lists_compare_as_pieces_of_the_axis():
+    from hlo_passes.sharding import AxisRef, Mesh, axes_after, axes_before, join_axes
+    m = Mesh("mesh", (("x", 4), ("y", 2)))
+    x, y, hi, lo = AxisRef("x"), AxisRef("y"), AxisRef("x", 1, 2), AxisRef("x", 2, 2)
+    assert axes_after(m, (x,), (hi,)) == (lo,)
+    assert axes_after(m, (x, y), (hi,)) == (lo, y)
+    assert axes_after(m, (x,), (x,)) == () and axes_after(m, (x,), ()) == (x,)
+    assert axes_after(m, (x,), (lo,)) is None and axes_after(m, (hi,), (x,)) is None
+    assert axes_after(m, (y, x), (x,)) is None
+    assert axes_before(m, (x,), (lo,)) == (hi,) and axes_before(m, (x, y), (y,)) == (x,)
+    assert axes_before(m, (x,), (hi,)) is None and axes_before(m, (hi,), (x,)) is None
+    assert join_axes(m, (hi,), (lo,)) == (x,) and join_axes(m, (hi,), (y,)) == (hi, y)
+
+
+SUB_AXIS = """
+module @m attributes {mhlo.num_partitions = 4 : i32, mhlo.num_replicas = 1 : i32} {
+  sdy.mesh @mesh = <["x"=4]>
+  func.func public @main(%a: tensor<16x12xf32> {sdy.sharding = #sdy.sharding<@mesh, [{}, {"x"}]>})
+      -> (tensor<16x12xf32> {sdy.sharding = #sdy.sharding<@mesh, [{}, {"x"}]>}) {
+    %0 = sdy.all_gather [{}, {"x":(2)2}] %a out_sharding=<@mesh, [{}, {"x":(1)2}]> : tensor<16x12xf32>
+    %1 = stablehlo.tanh %0 {sdy.sharding = #sdy.sharding_per_value<[<@mesh, [{}, {"x":(1)2}]>]>} : tensor<16x12xf32>
+    %2 = sdy.all_slice [{}, {"x":(2)2}] %1 out_sharding=<@mesh, [{}, {"x"}]> : tensor<16x12xf32>
+    return %2 : tensor<16x12xf32>
+  }
+}"""
+
+
+def test_even_sub_axis_gathers_and_slices_stay_local():
+    """{"x"} -> {"x":(1)2} gathers over the minor half of x, {"x":(1)2} -> {"x"} slices
+    the block in two (both used to be refused: the lists compared element by element)."""
+    m = from_text(SUB_AXIS)
+    assert localize.run(m)
+    verify(m)
+    (ag,) = _ops(m, "all_gather")
+    assert ag.result.shape == (16, 6) and ag.attrs["replica_groups"] == ((0, 1), (2, 3))
+    assert _ops(m, "tanh")[0].result.shape == (16, 6)
+    assert m.main.result_types[0].shape == (16, 3)
+    assert not _ops(m, "pad")
+
+
+def test_propagation_onto_a_sub_axis_of_a_padded_dim(jax, mesh):
+    """A [16, 10] activation constrained to {x} (10 does not divide into 4): Shardy
+    shards relu's result and the next matmul's contracting dim on {"x":(1)2} (5 per
+    half, no padding) and reshards to {x} and back (fsdp_odd_shapes in tests/programs
+    failed with "cannot slice a tensor sharded <@mesh, [{}, {"x":(1)2}]> to <@mesh,
+    [{}, {"x"}]>")."""
+    f = lambda h, w: _wsc(jax, mesh, jax.nn.relu(_wsc(jax, mesh, h, None, "x")) @ w,  # noqa: E731
+                          "x")
+    m = _localize(jax, mesh, f, ((16, 10), None), ((10, 3), None))
+    (dot,) = _ops(m, "dot_general")
+    assert [v.shape for v in dot.operands] == [(16, 5), (5, 3)]

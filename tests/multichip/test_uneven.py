@@ -95,6 +95,24 @@ def test_fsdp_sharded_unit_parameter(jax, meshes, highest):
                                              ("x",))])
 
 
+def test_sub_axis_shardings_shardy_propagates_through_a_padded_dim(jax, meshes, highest):
+    """fsdp_odd_shapes' core (tests/programs/sharded.py): hidden activations [16, 10]
+    constrained over 4 devices; Shardy shards relu and the next matmul on the half of
+    the axis that divides ({"x":(1)2}), forward and backward."""
+    jnp = jax.numpy
+    h = RNG.normal(size=(16, 10)).astype(np.float32)
+    w = RNG.normal(size=(10, 3)).astype(np.float32)
+
+    def build(m):
+        def f(h, w):
+            loss = lambda h, w: jnp.sum(jnp.tanh(  # noqa: E731
+                jax.nn.relu(_wsc(jax, m, h, None, "x")) @ w))
+            return _wsc(jax, m, jax.nn.relu(_wsc(jax, m, h, None, "x")) @ w, "x"), \
+                jax.grad(loss, argnums=(0, 1))(h, w)
+        return jax.jit(f)
+    _both(jax, meshes, *M1, build, [(h, ()), (w, ())], rtol=1e-5, atol=1e-5)
+
+
 # --- one category at a time --------------------------------------------------------------
 
 # Each reduction reads g(a) where g(0) (the padding is zeros where a block was cut out
