@@ -15,6 +15,7 @@ dumps and `disabled` use):
 
     inline-calls         func.call / composite ops inlined
     localize             SPMD programs to per-device shapes and collectives
+    complex-planes       complex values -> pairs of real planes (complex64 -> 2 x f32)
     rank0-windows        convolution / reduce_window over no dims: one unit dim added
     split-reductions     variadic reduce / reduce_window with a separable body -> one each
     fix(simplify, cse, dce)   cleanup, repeated until nothing changes
@@ -38,6 +39,7 @@ from hlo_passes.fusion_policy import FusionPolicy
 from hlo_passes.importer import artifact_version, deserialize, import_module
 from hlo_passes.mlir_passes import run_mlir_passes
 from hlo_passes.passes import (
+    complex_planes,
     cse,
     dce,
     degenerate_reduce,
@@ -61,7 +63,7 @@ __all__ = [
 
 
 def _cleanup() -> list:
-    return [inline_calls, localize, rank0_windows, split_reductions,
+    return [inline_calls, localize, complex_planes, rank0_windows, split_reductions,
             Fix([simplify, cse, dce])]
 
 

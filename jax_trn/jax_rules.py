@@ -140,16 +140,18 @@ def _set_column(x, j, col):
 
 
 def _cholesky(a):
-    """Lower L with L L^T = a [..., m, m] (the lower triangle of a is read)."""
+    """Lower L with L L^H = a [..., m, m] (the lower triangle of a is read; L^T for
+    real a). For complex a the diagonal is the square root of a real number, as LAPACK's."""
     m = a.shape[-1]
     idx = jnp.arange(m)
 
     def column(i, low):
         _, li = _row(low, i)                                           # [..., 1, m]
         ai = _column(a, i)                                             # column i of a
-        s = jnp.matmul(low, jnp.swapaxes(li, -1, -2),
+        s = jnp.matmul(low, jnp.conj(jnp.swapaxes(li, -1, -2)),
                        precision=lax.Precision.HIGHEST)[..., 0]      # [..., m]
-        d = jnp.sqrt(_entry(ai, i) - _entry(s, i))
+        pivot = _entry(ai, i) - _entry(s, i)
+        d = jnp.sqrt(pivot.real.astype(a.dtype) if jnp.iscomplexobj(a) else pivot)
         col = jnp.where(idx > i, (ai - s) / d, jnp.where(idx == i, d, jnp.zeros_like(ai)))
         return _set_column(low, i, col)
 

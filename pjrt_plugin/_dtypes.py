@@ -1,7 +1,7 @@
 """PJRT_Buffer_Type <-> element type names (numpy / ml_dtypes spelling)."""
 from __future__ import annotations
 
-from jax_trn.hw.dtypes import DEVICE_TYPES
+from jax_trn.hw.dtypes import BUFFER_TYPES
 
 # PJRT_Buffer_Type enum values (C API 0.112).
 _TO_NAME = {
@@ -16,8 +16,9 @@ _TO_NAME = {
 }
 _TO_PJRT = {v: k for k, v in _TO_NAME.items()}
 
-# What a trn device holds (defined once, with the compiler's check: jax_trn.hw.dtypes).
-SUPPORTED = DEVICE_TYPES
+# What a trn buffer holds (defined once, with the compiler's check: jax_trn.hw.dtypes):
+# the device types and complex64 (interleaved float32 planes).
+SUPPORTED = BUFFER_TYPES
 
 
 class UnsupportedDtype(TypeError):

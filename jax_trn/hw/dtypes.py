@@ -21,6 +21,7 @@ _DTYPES = {
     "uint32": np.dtype(np.uint32), "uint64": np.dtype(np.uint64),
     "float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16),
     "float32": np.dtype(np.float32),
+    "complex64": np.dtype(np.complex64),
     "float8_e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn),
     "float8_e5m2": np.dtype(ml_dtypes.float8_e5m2),
     "float8_e4m3": np.dtype(ml_dtypes.float8_e4m3),
@@ -47,6 +48,11 @@ DEVICE_TYPES = frozenset({
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
     "float16", "bfloat16", "float32", "float8_e4m3fn", "float8_e5m2", "float8_e4m3",
 })
+
+# What a trn buffer may hold: the device types and complex64, which no instruction
+# reads: a complex64 buffer is interleaved float32 pairs (real, imaginary) in HBM, and
+# programs see it as float32[..., 2] (hlo_passes/passes/complex_planes.py).
+BUFFER_TYPES = DEVICE_TYPES | {"complex64"}
 
 
 def np_dtype(name: str) -> np.dtype:

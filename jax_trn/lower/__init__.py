@@ -36,6 +36,7 @@ Modules, in dependency order:
   listing     Program.text;  driver: lower_module and StepCtx (the walk)
   control     step rules: while, case, call;  collective: the collectives
   callback    step rules: host callbacks (jax.debug.print, pure_callback, ...), tokens
+  planes      trn.deinterleave / trn.interleave: complex64 parameters and results
 """
 from .errors import LoweringError as LoweringError
 from .registry import LOWERINGS as LOWERINGS
@@ -55,6 +56,7 @@ from . import dot as _dot  # noqa: F401,E402
 from . import reduce as _reduce  # noqa: F401,E402
 from . import argreduce as _argreduce  # noqa: F401,E402
 from . import bitcast as _bitcast  # noqa: F401,E402
+from . import planes as _planes  # noqa: F401,E402
 from . import dynslice as _dynslice  # noqa: F401,E402
 from . import gather as _gather  # noqa: F401,E402
 from . import scatter as _scatter  # noqa: F401,E402

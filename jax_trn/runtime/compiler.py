@@ -36,8 +36,12 @@ class Signature:
     @classmethod
     def of(cls, module) -> "Signature":
         fn = module.main
-        return cls(tuple(a.type for a in fn.args), tuple(fn.result_types),
-                   tuple(fn.arg_attrs), module.attrs.get("trn.spmd"))
+        # complex parameters and results as JAX sees them (the program's are float32
+        # pairs: hlo_passes/passes/complex_planes.py)
+        params, results = module.attrs.get("trn.complex_boundary") or (
+                tuple(a.type for a in fn.args), tuple(fn.result_types))
+        return cls(tuple(params), tuple(results), tuple(fn.arg_attrs),
+                   module.attrs.get("trn.spmd"))
 
 
 @dataclass(frozen=True)

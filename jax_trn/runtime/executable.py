@@ -51,6 +51,8 @@ class Executable:
         self.devices = devices
         self.options = options
         self.settings = settings or Options(system=devices[0].system)
+        # What JAX sees (`Signature`): complex parameters and results stay complex;
+        # their bytes are the float32[..., 2] the program reads and writes.
         self.output_types = list(signature.result_types)
         self.param_types = list(signature.param_types)
         # {parameter: output} a call donates unless told not to (`donation`).
@@ -153,7 +155,8 @@ class Executable:
         an lm1b-size training step, which a program loaded from the cache skips)."""
         if self._mlir_text is None:
             from .program_mlir import program_mlir
-            self._mlir_text = program_mlir(self.name, self.program)
+            self._mlir_text = program_mlir(self.name, self.program,
+                                           (self.param_types, self.output_types))
         return self._mlir_text
 
     def execute(self, arg_lists: list[list[Buffer]], device: Device | None = None,
@@ -186,7 +189,7 @@ class Executable:
         """Stand-ins for the outputs of a call that did not complete (`Buffer.failed`:
         they charge nothing and raise `error` when read), one list per device."""
         devices = [device] if device is not None else self.devices
-        return [[Buffer.failed(d, t.shape, t.dtype, error) for t in self.program.outputs]
+        return [[Buffer.failed(d, t.shape, t.dtype, error) for t in self.output_types]
                 for d in devices]
 
     def _execute_each(self, devices, arg_lists, hbms, alloc):
@@ -233,7 +236,7 @@ class Executable:
         if len(args) != len(self.program.params):
             raise ExecutionError(f"{self.name} takes {len(self.program.params)} arguments, "
                                  f"got {len(args)}")
-        for i, (p, b) in enumerate(zip(self.program.params, args)):
+        for i, (p, b) in enumerate(zip(self.param_types, args)):
             if b.error is not None:
                 raise b.error
             if b.is_deleted:
@@ -256,7 +259,8 @@ class Executable:
         prog = self.program
         donor = {j: args[i] for i, j in alloc.donate.items()}
         outs = [alloc.reuse(donor[j], t.shape, t.dtype) if j in donor
-                else alloc.output(device, t.shape, t.dtype) for j, t in enumerate(prog.outputs)]
+                else alloc.output(device, t.shape, t.dtype)
+                for j, t in enumerate(self.output_types)]
         alloc.reserve(device, sum(t.nbytes for t in prog.temps),
                       f"{len(prog.temps)} temporaries of {self.name}")
         dram = bind_dram(prog, [b.data for b in args], [b.data for b in outs],
@@ -276,11 +280,11 @@ def bind_dram(prog, params: list[np.ndarray], outs: list[np.ndarray], *, partiti
     dram = {PARTITION_ID: np.array([partition], np.uint32),
             REPLICA_ID: np.array([replica], np.uint32)}
     for p, data in zip(prog.params, params):
-        view = data.view()
+        view = _as_stored(data, p.dtype)
         view.flags.writeable = False      # kernels may not write their inputs
         dram[p.name] = view
     for t, data in zip(prog.outputs, outs):
-        dram[t.name] = data
+        dram[t.name] = _as_stored(data, t.dtype)
     for t in prog.temps:
         dram[t.name] = np.zeros(t.size, _dt.np_dtype(t.dtype))
     for name, value in prog.constants.items():
@@ -288,6 +292,13 @@ def bind_dram(prog, params: list[np.ndarray], outs: list[np.ndarray], *, partiti
         view.flags.writeable = False
         dram[name] = view
     return dram
+
+
+def _as_stored(data: np.ndarray, dtype: str) -> np.ndarray:
+    """A view of a buffer's flat data as the program's element type: itself, or the
+    float32 pairs of a complex64 buffer (same bytes)."""
+    want = _dt.np_dtype(dtype)
+    return data.view() if data.dtype == want else data.view(want)
 
 
 def simulate(name: str, prog, options: Options | System, device_ids: list[int] | None = None
@@ -378,12 +389,20 @@ def compute_dtype(prog) -> str:
     return prog.params[0].dtype if prog.params else "float32"
 
 
+def _stored(t) -> tuple[tuple[int, ...], str]:
+    """(shape, dtype) of the program's parameter or result that JAX sees as `t`: a
+    complex64[S] buffer is the program's float32[S, 2] (hlo_passes complex-planes)."""
+    if t.dtype == "complex64":
+        return tuple(t.shape) + (2,), "float32"
+    return tuple(t.shape), t.dtype
+
+
 def _check_signature(name, program, param_types, output_types) -> None:
     """The lowered program must take and return exactly what the module declares
     (JAX trusts the executable's output types when it builds result arrays)."""
-    declared = [(tuple(t.shape), t.dtype) for t in output_types]
+    declared = [_stored(t) for t in output_types]
     lowered = [(tuple(t.shape), t.dtype) for t in program.outputs]
-    params = [(tuple(t.shape), t.dtype) for t in param_types]
+    params = [_stored(t) for t in param_types]
     lowered_params = [(tuple(t.shape), t.dtype) for t in program.params]
     if declared != lowered or params != lowered_params:
         raise ExecutionError(

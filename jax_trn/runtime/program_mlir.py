@@ -23,6 +23,7 @@ _MLIR_TYPES = {
     "float8_e4m3": "f8E4M3",
     "float8_e5m2": "f8E5M2", "bool": "i1", "int8": "i8", "int16": "i16", "int32": "i32",
     "int64": "i64", "uint8": "ui8", "uint16": "ui16", "uint32": "ui32", "uint64": "ui64",
+    "complex64": "complex<f32>",
 }
 
 
@@ -53,20 +54,28 @@ def _config(kernel) -> str:
     return text.replace("\\", "/").replace('"', "'")
 
 
-def program_mlir(name: str, program) -> str:
-    """MLIR text of `program` (a jax_trn.hw.program.Program)."""
+def program_mlir(name: str, program, boundary=None) -> str:
+    """MLIR text of `program` (a jax_trn.hw.program.Program). `boundary`: the types
+    JAX sees for the parameters and outputs when they differ from the program's
+    (complex64 for float32[..., 2], `trn.complex_boundary` of the module)."""
     tensors = {t.name: t for t in [*program.params, *program.outputs, *program.temps]}
-    em = _Emitter(tensors)
+    shown = {}
+    if boundary is not None:
+        for t, b in zip([*program.params, *program.outputs], [*boundary[0], *boundary[1]]):
+            if (tuple(t.shape), t.dtype) != (tuple(b.shape), b.dtype):
+                shown[t.name] = b
+    em = _Emitter(tensors, shown)
+    ttype = em.ttype
     env = {p.name: f"%arg{i}" for i, p in enumerate(program.params)}
     body = em.steps(program.steps, env, "    ")
     rets = []
     for t in program.outputs:
         if t.name not in env:               # never written: a size-0 result
             env[t.name] = em.fresh()
-            body.append(f"    {env[t.name]} = stablehlo.constant dense<> : {tensor_type(t)}")
+            body.append(f"    {env[t.name]} = stablehlo.constant dense<> : {ttype(t)}")
         rets.append(env[t.name])
-    args = ", ".join(f"%arg{i}: {tensor_type(p)}" for i, p in enumerate(program.params))
-    out_types = ", ".join(tensor_type(t) for t in program.outputs)
+    args = ", ".join(f"%arg{i}: {ttype(p)}" for i, p in enumerate(program.params))
+    out_types = ", ".join(ttype(t) for t in program.outputs)
     lines = [f"module @{_symbol(name)} {{",
              f"  func.func @main({args}) -> ({out_types}) {{", *body,
              f"    return {', '.join(rets)} : {out_types}" if rets else "    return",
@@ -80,9 +89,15 @@ class _Emitter:
     regions see a copy of `env` (implicit captures), with the loop-carried tensors as
     block arguments and results."""
 
-    def __init__(self, tensors: dict):
+    def __init__(self, tensors: dict, shown: dict | None = None):
         self.tensors = tensors
+        self.shown = shown or {}
         self.counter = 0
+
+    def ttype(self, t) -> str:
+        """The MLIR type of DRAM tensor `t`, as JAX sees it if it is a parameter or
+        an output shown with another type."""
+        return tensor_type(self.shown.get(getattr(t, "name", None), t))
 
     def fresh(self) -> str:
         self.counter += 1
@@ -115,8 +130,8 @@ class _Emitter:
         lhs = "" if not outs else (f"{result} = " if len(outs) == 1
                                    else f"{result}:{len(outs)} = ")
         config = format_host_callback(step).replace('"', "'")
-        in_types = ", ".join(tensor_type(t) for t in step.operands)
-        out_types = ", ".join(tensor_type(t) for t in outs)
+        in_types = ", ".join(self.ttype(t) for t in step.operands)
+        out_types = ", ".join(self.ttype(t) for t in outs)
         lines.append(f'{indent}{lhs}stablehlo.custom_call @trn.host_callback({", ".join(ins)}) '
                      f'{{backend_config = "{config}", has_side_effect = true}} : ({in_types}) '
                      f'-> ({out_types}) loc("{step.name}")')
@@ -135,8 +150,8 @@ class _Emitter:
         outs = step.results
         lhs = result if len(outs) == 1 else f"{result}:{len(outs)}"
         config = format_collective(step).replace('"', "'")
-        in_types = ", ".join(tensor_type(t) for t in step.operands)
-        out_types = ", ".join(tensor_type(t) for t in outs)
+        in_types = ", ".join(self.ttype(t) for t in step.operands)
+        out_types = ", ".join(self.ttype(t) for t in outs)
         lines.append(f'{indent}{lhs} = stablehlo.custom_call @trn.collective({", ".join(ins)}) '
                      f'{{backend_config = "{config}"}} : ({in_types}) -> ({out_types})'
                      f' loc("{step.name}")')
@@ -154,8 +169,8 @@ class _Emitter:
         if not outs:
             return []
         result = self.fresh()
-        in_types = ", ".join(tensor_type(self.tensors[n]) for n in ins)
-        out_types = ", ".join(tensor_type(self.tensors[n]) for n in outs)
+        in_types = ", ".join(self.ttype(self.tensors[n]) for n in ins)
+        out_types = ", ".join(self.ttype(self.tensors[n]) for n in outs)
         lhs = result if len(outs) == 1 else f"{result}:{len(outs)}"
         line = (f'{indent}{lhs} = stablehlo.custom_call @trn.kernel('
                 f'{", ".join(env[n] for n in ins)}) {{backend_config = "{_config(kernel)}"}}'
@@ -171,12 +186,12 @@ class _Emitter:
             env[t.name] = self.fresh()
             zero = "false" if t.dtype == "bool" else "0"
             dense = f"dense<{zero}>" if t.size else "dense<>"
-            lines.append(f"{indent}{env[t.name]} = stablehlo.constant {dense} : {tensor_type(t)}")
+            lines.append(f"{indent}{env[t.name]} = stablehlo.constant {dense} : {self.ttype(t)}")
         return env[t.name]
 
     def loop(self, step: While, env, indent: str) -> list[str]:
         lines: list[str] = []
-        types = [tensor_type(t) for t in step.carried]
+        types = [self.ttype(t) for t in step.carried]
         inits = [self.value(t, env, indent, lines) for t in step.carried]
         regions = []
         for part, what in ((step.cond, "cond"), (step.body, "body")):
@@ -199,7 +214,7 @@ class _Emitter:
 
     def case(self, step: Case, env, indent: str) -> list[str]:
         lines: list[str] = []
-        types = [tensor_type(t) for t in step.results]
+        types = [self.ttype(t) for t in step.results]
         index = self.value(step.index, env, indent, lines)
         regions = []
         for branch in step.branches:
@@ -209,7 +224,7 @@ class _Emitter:
             region.append(f'{indent}  "stablehlo.return"({", ".join(outs)}) : '
                           f'({", ".join(types)}) -> ()')
             regions.append(region)
-        lines += self._op('"stablehlo.case"', [index], [tensor_type(step.index)], types,
+        lines += self._op('"stablehlo.case"', [index], [self.ttype(step.index)], types,
                           regions, step, env, step.results, indent)
         return lines
 

@@ -69,6 +69,7 @@ TWO23 = 8388608.0
 PI = float(_F32(np.pi))
 HALF_PI = float(_F32(np.pi / 2))
 TINY = 1e-30
+NORMAL_MIN = float(np.finfo(np.float32).tiny)     # a subnormal immediate is flushed
 CBRT_C1 = 0.3333333134651184                    # the float32 just below 1/3
 CBRT_C2 = 1.9868215517249155e-08                # float32(1/3 - CBRT_C1)
 
@@ -166,7 +167,8 @@ def _atan2(kb, dst, srcs, step):
     ts(kb, ax, x, "abs_max", 0.0)
     tt(kb, a, ay, ax, "min")
     ts(kb, dst, a, "is_equal", float("inf"))
-    stt(kb, p, ax, "max", TINY, "max", ay)
+    stt(kb, p, ax, "max", NORMAL_MIN, "max", ay)  # max(ax, ay), 0/0 -> 0 (not 1e-30:
+                                                  # that ruined parts below it)
     tt(kb, a, a, p, "divide")
     select(kb, a, dst, dst, a)
     act(kb, a, a, "arctan")                      # in [0, pi/4]
