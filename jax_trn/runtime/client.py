@@ -89,8 +89,9 @@ class Client:
             # With its MLIR text, which JAX asks of every executable (for its layouts)
             # and which takes ~0.5 s to make for a training step.
             from .program_mlir import program_mlir
-            compiled = dataclasses.replace(
-                compiled, mlir_text=program_mlir(compiled.name, compiled.program))
+            sig = compiled.signature
+            compiled = dataclasses.replace(compiled, mlir_text=program_mlir(
+                compiled.name, compiled.program, (sig.param_types, sig.result_types)))
             cache.store(key, compiled.without_ir(), time.perf_counter() - start)
         return compiled
 

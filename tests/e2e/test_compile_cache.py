@@ -177,3 +177,13 @@ def test_a_serialized_program_of_another_system_is_refused(jax):
     blob = compile_cache.dumps((compiled, b"", other))
     with pytest.raises(CompileError, match="compiled for trn1"):
         rt.deserialize(blob)
+
+
+def test_a_cached_complex_program_shows_complex_types(jax, trn, cache_at, tmp_path):
+    cache_at()
+    x = np.arange(6, dtype=np.complex64).reshape(2, 3)
+    _compile(jax, trn, lambda a: a * (1 + 2j), x)
+    entry, = _entries(tmp_path)
+    stored = compile_cache.loads(entry.read_bytes())
+    assert stored.module is None
+    assert "(%arg0: tensor<2x3xcomplex<f32>>) -> (tensor<2x3xcomplex<f32>>)" in stored.mlir_text

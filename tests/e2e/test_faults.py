@@ -218,7 +218,10 @@ def test_the_exit_handler_waits_for_a_running_compile_and_stops_new_ones():
         with inflight.tracked():
             time.sleep(0.3)
             done.append(1)
-            inflight.checkpoint()
+            try:
+                inflight.checkpoint()          # the compile's next step: stops here
+            except inflight.Cancelled:
+                done.append("cancelled")
 
     worker = threading.Thread(target=compile_)
     worker.start()
@@ -228,7 +231,7 @@ def test_the_exit_handler_waits_for_a_running_compile_and_stops_new_ones():
             inflight.drain()
             with inflight.tracked():
                 pass
-        assert done == [1]
+        assert done == [1, "cancelled"]
     finally:
         inflight._stopping = False
         worker.join()
