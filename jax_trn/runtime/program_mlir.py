@@ -151,10 +151,15 @@ class _Emitter:
         ins = [n for n in reads + [w for w in writes if w in env and w not in reads]
                if n in env]
         outs = [w for w in writes if w in self.tensors]
-        if not outs:
-            return []
-        result = self.fresh()
         in_types = ", ".join(tensor_type(self.tensors[n]) for n in ins)
+        if not outs:        # a sink (e.g. dce_sink): listed, as XLA lists it
+            if kernel.instructions or not kernel.ops:
+                return []
+            return [f'{indent}stablehlo.custom_call @trn.kernel('
+                    f'{", ".join(env[n] for n in ins)}) {{backend_config = '
+                    f'"{_config(kernel)}", has_side_effect = true}} : ({in_types}) -> ()'
+                    f' loc("{kernel.name}")']
+        result = self.fresh()
         out_types = ", ".join(tensor_type(self.tensors[n]) for n in outs)
         lhs = result if len(outs) == 1 else f"{result}:{len(outs)}"
         line = (f'{indent}{lhs} = stablehlo.custom_call @trn.kernel('
