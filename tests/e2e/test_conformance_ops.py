@@ -42,3 +42,36 @@ def test_unsafe_buffer_pointer_is_stable_and_distinct(jax, trn):
     other = jax.lax.convert_element_type(x, np.int32)
     assert x.unsafe_buffer_pointer() == same.unsafe_buffer_pointer() != 0
     assert x.unsafe_buffer_pointer() != other.unsafe_buffer_pointer()
+
+
+# --- loops: an inner loop's init hoisted out of the outer loop ------------------------
+
+def test_inner_loop_init_hoisted_out_of_outer_loop_is_not_clobbered(jax, trn, cpu):
+    """The inner fori_loop's carry starts from zeros that the outer loop hoists (one
+    broadcast before it); the inner loop used that buffer as its carried buffer, so
+    the second outer trip started from the first one's final value (was off by 10.5)."""
+    lax, jnp = jax.lax, jax.numpy
+
+    def f(u):
+        def inner(j, st):
+            v, t = st
+            return v * 0.5 + t, t + 1
+
+        def body(k, u):
+            return lax.fori_loop(0, 3, inner, (u, jnp.zeros((4,), u.dtype)))[0] * 2
+        return lax.fori_loop(0, 2, body, u)
+    out, ref = _run(jax, trn, cpu, f, np.ones((6, 4), np.float32))
+    _equal(out, ref)
+
+
+def test_qdwh_and_polar_match_cpu(jax, trn, cpu):
+    """qdwh's QR iterations are a fori_loop around Householder QR (itself loops): it
+    converged in 5 iterations to a wrong U (|U H - A| 0.8) before the fix above."""
+    a = np.random.default_rng(0).normal(size=(6, 4)).astype(np.float32)
+    with jax.default_matmul_precision("highest"):
+        (u, h, iters, ok), ref = _run(jax, trn, cpu, jax.lax.linalg.qdwh, a)
+        assert int(iters) == int(ref[2]) and bool(ok)
+        np.testing.assert_allclose(np.asarray(u), np.asarray(ref[0]), atol=2e-6)
+        np.testing.assert_allclose(np.asarray(u) @ np.asarray(h), a, atol=2e-5)
+        (u, h), _ = _run(jax, trn, cpu, jax.scipy.linalg.polar, a)
+        np.testing.assert_allclose(np.asarray(u).T @ np.asarray(u), np.eye(4), atol=1e-6)
