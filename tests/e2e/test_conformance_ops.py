@@ -75,3 +75,15 @@ def test_qdwh_and_polar_match_cpu(jax, trn, cpu):
         np.testing.assert_allclose(np.asarray(u) @ np.asarray(h), a, atol=2e-5)
         (u, h), _ = _run(jax, trn, cpu, jax.scipy.linalg.polar, a)
         np.testing.assert_allclose(np.asarray(u).T @ np.asarray(u), np.eye(4), atol=1e-6)
+
+
+def test_linalg_rules_under_rank_promotion_raise(jax, trn, cpu):
+    """The trn lowering rules of eigh / svd broadcast a (2, 1) column against a (2,)
+    iota; under the user's `jax_numpy_rank_promotion="raise"` (as in JAX's tests) they
+    raised a ValueError while lowering."""
+    jnp = jax.numpy
+    a = np.array([[3.0, 1.0], [1.0, 2.0]], np.float32)
+    with jax.numpy_rank_promotion("raise"):
+        for f in (jnp.linalg.eigvalsh, lambda x: jnp.linalg.svd(x, compute_uv=False)):
+            out, ref = _run(jax, trn, cpu, f, a)
+            np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=1e-5)
