@@ -87,3 +87,21 @@ def test_linalg_rules_under_rank_promotion_raise(jax, trn, cpu):
         for f in (jnp.linalg.eigvalsh, lambda x: jnp.linalg.svd(x, compute_uv=False)):
             out, ref = _run(jax, trn, cpu, f, a)
             np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=1e-5)
+
+
+# --- reduce bodies ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ["uint32", "int32", "uint8", "int16"])
+def test_bitwise_reductions_of_integers(jax, trn, cpu, dtype):
+    """reduce_and / reduce_or / reduce_xor of integers (was 'reduce combiner (and) is
+    not supported'), over leading, inner, mixed and all axes; uint32 with the top bit
+    set (an FP32 datapath would round it)."""
+    lax = jax.lax
+    x = np.random.default_rng(0).integers(0, 2**15, (3, 4, 130)).astype(dtype)
+    x[0, 0, 0] = np.iinfo(dtype).max
+    fns = [lambda a, op=op, d=d: op(a, d) for op in (lax.reduce_and, lax.reduce_or,
+                                                     lax.reduce_xor)
+           for d in [(0,), (1, 2), (0, 2), (0, 1, 2)]]
+    out, ref = _run(jax, trn, cpu, lambda a: [f(a) for f in fns], x)
+    for o, r in zip(out, ref):
+        _equal(o, r)
