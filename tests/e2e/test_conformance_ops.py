@@ -105,3 +105,40 @@ def test_bitwise_reductions_of_integers(jax, trn, cpu, dtype):
     out, ref = _run(jax, trn, cpu, lambda a: [f(a) for f in fns], x)
     for o, r in zip(out, ref):
         _equal(o, r)
+
+
+# --- sort of float8, argmax over bool ----------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2"])
+def test_sort_of_float8(jax, trn, cpu, dtype):
+    """sort / argsort / sort with a payload of float8 keys (was 'sort of float8_e4m3fn
+    is not supported'); -0 and NaN in place (a NaN's payload may differ: XLA's CPU
+    backend canonicalises it)."""
+    import ml_dtypes
+    jnp = jax.numpy
+    x = np.random.default_rng(0).uniform(-8, 8, (5, 37)).astype(getattr(ml_dtypes, dtype))
+    x[0, 3], x[1, 2] = np.nan, -0.0
+    iota = lambda a: jnp.broadcast_to(jnp.arange(37, dtype=jnp.int32), a.shape)  # noqa: E731
+    fns = [jnp.sort, jnp.argsort, lambda a: jax.lax.sort((a, iota(a)), num_keys=1),
+           lambda a: jax.lax.sort((iota(a)[:, ::-1], a), num_keys=1)]
+    out, ref = _run(jax, trn, cpu, lambda a: [f(a) for f in fns], x)
+    for o, r in zip(jax.tree.leaves(out), jax.tree.leaves(ref)):
+        o, r = np.asarray(o), np.asarray(r)
+        assert o.dtype == r.dtype
+        np.testing.assert_array_equal(o.astype(np.float32), r.astype(np.float32))
+        if o.dtype.itemsize == 1:
+            assert (np.signbit(o.astype(np.float32)) == np.signbit(r.astype(np.float32))).all()
+
+
+@pytest.mark.parametrize("shape,axis", [((4, 37), 1), ((4, 37), 0), ((300, 5), 0),
+                                        ((3, 2000), 1), ((148,), None)])
+def test_argmax_argmin_over_bool(jax, trn, cpu, shape, axis):
+    """argmax / argmin of bool (was 'argmax/argmin over bool values ... is not
+    supported'), with an all-False and an all-True row."""
+    jnp = jax.numpy
+    x = np.random.default_rng(1).integers(0, 2, shape).astype(bool)
+    x[0] = False
+    x[-1] = True
+    out, ref = _run(jax, trn, cpu, lambda a: [jnp.argmax(a, axis), jnp.argmin(a, axis)], x)
+    for o, r in zip(out, ref):
+        _equal(o, r)
