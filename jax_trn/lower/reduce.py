@@ -30,7 +30,7 @@ import math
 import numpy as np
 
 from hlo_passes import ir
-from jax_trn.hw import isa
+from jax_trn.hw import dtypes as hw_dtypes, isa
 from jax_trn.hw.program import DramTensor
 
 from .builder import KernelBuilder, sub
@@ -75,11 +75,11 @@ def identity(alu: str, dtype: str) -> float:
     if alu in ("add", "multiply", "bitwise_or", "bitwise_xor"):
         return int(alu == "multiply")
     if alu == "bitwise_and":            # every bit set
-        return -1 if np.iinfo(ir.np_dtype(dtype)).min < 0 else np.iinfo(
+        return -1 if hw_dtypes.iinfo(ir.np_dtype(dtype)).min < 0 else hw_dtypes.iinfo(
             ir.np_dtype(dtype)).max
     if ir.is_float(dtype):
         return -np.inf if alu == "max" else np.inf
-    info = np.iinfo(ir.np_dtype("uint8" if dtype == "bool" else dtype))
+    info = hw_dtypes.iinfo(ir.np_dtype("uint8" if dtype == "bool" else dtype))
     lo, hi = (0, 1) if dtype == "bool" else (info.min, info.max)
     return lo if alu == "max" else hi
 

@@ -23,6 +23,7 @@ _MLIR_TYPES = {
     "float8_e4m3": "f8E4M3",
     "float8_e5m2": "f8E5M2", "bool": "i1", "int8": "i8", "int16": "i16", "int32": "i32",
     "int64": "i64", "uint8": "ui8", "uint16": "ui16", "uint32": "ui32", "uint64": "ui64",
+    "int4": "i4", "uint4": "ui4",
 }
 
 

@@ -142,3 +142,67 @@ def test_argmax_argmin_over_bool(jax, trn, cpu, shape, axis):
     out, ref = _run(jax, trn, cpu, lambda a: [jnp.argmax(a, axis), jnp.argmin(a, axis)], x)
     for o, r in zip(out, ref):
         _equal(o, r)
+
+
+# --- int4 / uint4 -------------------------------------------------------------------------
+
+INT4_BINARY = ["add", "sub", "mul", "div", "rem", "max", "min", "shift_left",
+               "shift_right_arithmetic", "shift_right_logical", "bitwise_and",
+               "bitwise_or", "bitwise_xor", "eq", "ne", "gt", "ge", "lt", "le"]
+
+
+def _as_int(a):
+    a = np.asarray(a)
+    return a.astype(np.int64) if a.dtype.itemsize == 1 else a
+
+
+@pytest.mark.parametrize("dtype", ["int4", "uint4"])
+def test_int4_transfers_and_arithmetic(jax, trn, cpu, dtype):
+    """int4 / uint4 buffers and every elementwise op on them wrap to 4 bits like XLA
+    (was 'element type int4 is not supported'); shifts count in 4 bits; float -> int4
+    saturates, int32 -> int4 wraps; a sum in int4 wraps."""
+    import ml_dtypes
+    jnp, lax = jax.numpy, jax.lax
+    dt = getattr(ml_dtypes, dtype)
+    lo, hi = (-8, 8) if dtype == "int4" else (0, 16)
+    rng = np.random.default_rng(0)
+    a, b = (rng.integers(lo, hi, (3, 130)).astype(dt) for _ in range(2))
+    b = np.where(_as_int(b) == 0, 1, _as_int(b)).astype(dt)
+    assert np.array_equal(_as_int(jax.device_put(a, trn)), _as_int(a))
+    fns = [getattr(lax, n) for n in INT4_BINARY]
+    unary = [lax.bitwise_not, lax.neg, lax.sign, lambda x: x.astype(jnp.float32),
+             lambda x: (x.astype(jnp.float32) * 3.3).astype(dt),
+             lambda x: (x.astype(jnp.int32) * 5).astype(dt),
+             lambda x: jnp.sum(x, axis=1, dtype=dt), lambda x: lax.iota(dt, 20) + x[0, :20]]
+    out, ref = _run(jax, trn, cpu, lambda x, y: [f(x, y) for f in fns] + [f(x) for f in unary],
+                    a, b)
+    for o, r in zip(out, ref):
+        assert o.dtype == r.dtype
+        np.testing.assert_array_equal(_as_int(o), _as_int(r))
+
+
+@pytest.mark.parametrize("pair", [("int4", "int8"), ("uint4", "float16"), ("int4", "float32"),
+                                  ("uint4", "uint32"), ("int4", "uint4"), ("uint4", "int4"),
+                                  ("int8", "int4"), ("float32", "uint4"), ("bfloat16", "int4")])
+def test_int4_bitcasts(jax, trn, cpu, pair):
+    """bitcast_convert packs / unpacks nibbles (value k in nibble k, little-endian):
+    int4 holds one value per byte on the device, so a byte bitcast was wrong (it was a
+    compile error: 'changes the byte count')."""
+    import ml_dtypes
+    src, dst = (np.dtype(getattr(ml_dtypes, n, n)) for n in pair)
+    rng = np.random.default_rng(1)
+    sbits = 4 if src.name.endswith("int4") else 8 * src.itemsize
+    dbits = 4 if dst.name.endswith("int4") else 8 * dst.itemsize
+    shape = (130, 3) + ((dbits // sbits,) if dbits > sbits else ())
+    if sbits == 4:
+        x = (rng.integers(0, 16, shape) - (8 if src.name == "int4" else 0)).astype(src)
+    else:
+        x = rng.integers(0, 256, shape + (src.itemsize,)).astype(np.uint8).view(src)[..., 0]
+        x = np.where(np.isnan(x.astype(np.float32)), 0, x).astype(src) if "float" in src.name else x
+    out, ref = _run(jax, trn, cpu, lambda v: jax.lax.bitcast_convert_type(v, dst), x)
+    o, r = np.asarray(out), np.asarray(ref)
+    assert o.shape == r.shape and o.dtype == r.dtype
+    if dbits == 4:
+        np.testing.assert_array_equal(_as_int(o), _as_int(r))
+    else:
+        np.testing.assert_array_equal(o.view(f"u{o.dtype.itemsize}"), r.view(f"u{r.dtype.itemsize}"))
