@@ -206,3 +206,29 @@ def test_int4_bitcasts(jax, trn, cpu, pair):
         np.testing.assert_array_equal(_as_int(o), _as_int(r))
     else:
         np.testing.assert_array_equal(o.view(f"u{o.dtype.itemsize}"), r.view(f"u{r.dtype.itemsize}"))
+
+
+# --- reduce_window with any body, over several operands -------------------------------------
+
+@pytest.mark.parametrize("padding,base", [("VALID", (1, 1)), ("SAME", (1, 1)),
+                                          ([(0, 3), (1, 2)], (2, 3))])
+def test_reduce_window_general_bodies_and_their_jvp(jax, trn, cpu, padding, base):
+    """A subtract / custom add / custom multiply body (was 'reduce_window body
+    (subtract) is not supported') and the JVP of a custom min, a 2-operand window
+    (was 'reduce_window of 2 operands at once is not supported'); padding and base
+    dilation skipped as XLA skips them."""
+    lax, jnp = jax.lax, jax.numpy
+    x = np.random.default_rng(0).normal(size=(4, 6)).astype(np.float32)
+    cases = [(lambda a, b: a - b, 0.0), (lambda a, b: a + b, 1.0),
+             (lambda a, b: a * b, 0.5), (lambda a, b: jnp.minimum(a, b), np.inf)]
+
+    def fn(a):
+        outs = []
+        for body, init in cases:
+            f = lambda v, body=body, init=init: lax.reduce_window(  # noqa: E731
+                v, np.float32(init), body, (2, 1), (1, 2), padding, base, (1, 2))
+            outs += [f(a), *jax.jvp(f, (a,), (a * 0.5 + 1,))]
+        return outs
+    out, ref = _run(jax, trn, cpu, fn, x)
+    for o, r in zip(out, ref):
+        np.testing.assert_allclose(np.asarray(o), np.asarray(r), rtol=1e-6, atol=1e-6)
