@@ -420,7 +420,10 @@ def _reduce_window_lower(ctx: LowerCtx, *operands: DramTensor, **attrs) -> None:
     alu = _one_op_body(ctx, x.dtype) if len(operands) == 2 else None
     if alu is None:             # several operands, or another body: windowbody.py
         n = len(operands) // 2
-        return reduce_window_any(ctx, list(operands[:n]), list(operands[n:]), w)
+        return reduce_window_any(
+            ctx, list(operands[:n]), list(operands[n:]), w,
+            lambda t, value: padded_copy(ctx, t, w, value),
+            lambda t, k: offset_view(t, w, tuple(out.shape), k))
     if math.prod(w.dims) == 0 or x.size == 0:
         return _fill_init(ctx, init, out)
     scan = cumulative(w, tuple(x.shape))

@@ -39,10 +39,11 @@ MAX_OFFSETS = 256           # windows larger than this are refused (K kernels ea
 
 
 def reduce_window_any(ctx: LowerCtx, xs: list[DramTensor], inits: list[DramTensor],
-                      w) -> None:
+                      w, pad, view_at) -> None:
     """The results `ctx.outs` of a reduce_window of `xs` (window `w`, window.Window)
-    with the body of `ctx.op`, combined offset by offset (see the module doc)."""
-    from .window import offset_view, padded_copy
+    with the body of `ctx.op`, combined offset by offset (see the module doc).
+    window.py's geometry: `pad(x, value)` is x in a padded temporary, `view_at(t, k)`
+    the elements at window offset k of every window of `t`."""
     outs, shape = ctx.outs, tuple(ctx.outs[0].shape)
     offsets = w.offsets()
     if len(offsets) > MAX_OFFSETS:
@@ -55,17 +56,17 @@ def reduce_window_any(ctx: LowerCtx, xs: list[DramTensor], inits: list[DramTenso
         _fill_init(ctx, init, out)
     srcs, mask = list(xs), None
     if masked:
-        srcs = [padded_copy(ctx, x, w, 0) for x in xs]
+        srcs = [pad(x, 0) for x in xs]
         ones = ctx.temp(tuple(xs[0].shape), "bool")
         fill(ctx.kb, ones, True)
         ctx.next_kernel("mask")
-        mask = padded_copy(ctx, ones, w, False)
+        mask = pad(ones, False)
     for k in offsets:
         kb = ctx.next_kernel("offset")
         views = srcs + ([mask] if mask is not None else [])
         copies = [ctx.temp(shape, t.dtype) for t in views]
         for t, c in zip(views, copies):
-            relayout(kb, View.of(c), offset_view(t, w, shape, k))
+            relayout(kb, View.of(c), view_at(t, k))
         kb = ctx.next_kernel("combine")
         kb.flops += emit_loop(kb, _region(shape, outs, copies, steps, masked))
 
