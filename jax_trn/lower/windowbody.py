@@ -51,7 +51,7 @@ def reduce_window_any(ctx: LowerCtx, xs: list[DramTensor], inits: list[DramTenso
                             f"{len(offsets)} > {MAX_OFFSETS} elements is not supported "
                             f"({ctx.op.describe()})")
     masked = w.needs_padding()
-    steps = _body_steps(ctx.op, 2 * len(xs) + masked, ctx)
+    steps = body_steps(ctx.op, 2 * len(xs) + masked, ctx)
     for out, init in zip(outs, inits):
         _fill_init(ctx, init, out)
     srcs, mask = list(xs), None
@@ -87,7 +87,7 @@ def _region(shape, outs, copies, steps: list[Step], masked: bool) -> Region:
     return Region(shape, inputs, steps, list(zip(results, outs)))
 
 
-def _body_steps(op: ir.Op, base: int, ctx: LowerCtx) -> list:
+def body_steps(op: ir.Op, base: int, ctx: LowerCtx) -> list:
     """The body's ops as tile steps over value ids (the accumulators, the operands,
     the mask if any: `base` inputs, then the steps); the last entry lists the step
     indices of the returned values. A value from outside the body (CSE shares a
@@ -101,7 +101,7 @@ def _body_steps(op: ir.Op, base: int, ctx: LowerCtx) -> list:
             t = ctx.tensor_of(v)
             value = ctx.constant(t) if t is not None else None
             if value is None or np.size(value) != 1:
-                raise LoweringError(f"reduce_window body reads a value from outside "
+                raise LoweringError(f"{op.kind} body reads a value from outside "
                                     f"that is not a scalar constant ({op.describe()})")
             ids[id(v)] = base + len(steps)
             steps.append(Step("constant", (), v.dtype,
@@ -117,11 +117,11 @@ def _body_steps(op: ir.Op, base: int, ctx: LowerCtx) -> list:
             step = Step(o.kind, tuple(ids[id(v)] for v in o.operands), o.results[0].dtype,
                         dict(o.attrs))
         else:
-            raise LoweringError(f"reduce_window body op {o.kind} has no tile rule "
+            raise LoweringError(f"{op.kind} body op {o.kind} has no tile rule "
                                 f"({op.describe()})")
         ids[id(o.results[0])] = base + len(steps)
         steps.append(step)
     if any(r < base for r in ret):          # a body returning an argument as is
-        raise LoweringError(f"reduce_window body returning its argument is not "
+        raise LoweringError(f"{op.kind} body returning its argument is not "
                             f"supported ({op.describe()})")
     return steps + [[r - base for r in ret]]

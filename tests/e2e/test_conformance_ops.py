@@ -232,3 +232,23 @@ def test_reduce_window_general_bodies_and_their_jvp(jax, trn, cpu, padding, base
     out, ref = _run(jax, trn, cpu, fn, x)
     for o, r in zip(out, ref):
         np.testing.assert_allclose(np.asarray(o), np.asarray(r), rtol=1e-6, atol=1e-6)
+
+
+# --- scatter with any update computation ---------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_scatter_apply(jax, trn, cpu, dtype):
+    """`x.at[i].apply(f)` and `lax.scatter_apply` (was 'the update computation is not
+    one of set / add / ...'), with repeated indices (f applied again) and windows."""
+    import ml_dtypes
+    jnp, lax = jax.numpy, jax.lax
+    x = np.random.default_rng(0).normal(size=(10, 5)).astype(getattr(ml_dtypes, dtype, dtype))
+    dn = lax.ScatterDimensionNumbers((1,), (0,), (0,))
+    fns = [lambda a: a.at[jnp.array([0, 2, 2, 7])].apply(jnp.sin),
+           lambda a: a.at[:, jnp.array([1, 1])].apply(lambda v: v * v + 1),
+           lambda a: lax.scatter_apply(a, jnp.array([[3], [3]]), jnp.exp, dn,
+                                       update_shape=(2, 5))]
+    out, ref = _run(jax, trn, cpu, lambda a: [f(a) for f in fns], x)
+    for o, r in zip(out, ref):
+        np.testing.assert_allclose(np.asarray(o, np.float32), np.asarray(r, np.float32),
+                                   rtol=1e-5, atol=1e-5)
