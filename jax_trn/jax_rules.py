@@ -8,7 +8,8 @@ that reaches ours as is.
                         solve is as sensitive as XLA's expander assumes)
     cholesky           (jnp.linalg.cholesky, cho_factor): column by column, a
                         `fori_loop` whose body is one masked matrix-vector product; a
-                        matrix that is not positive definite gives NaNs
+                        matrix that is not positive definite (a pivot <= 0, also an
+                        exactly singular one) gives NaNs everywhere, as on CPU
     geqrf,             (jnp.linalg.qr, orthogonal initializers): Householder QR in
     householder_product LAPACK's conventions (dlarfg's reflector, R and the vectors packed
                         in one matrix), one column per trip of a `fori_loop`; their generic
@@ -166,7 +167,12 @@ def _cholesky(a):
         col = jnp.where(idx > i, (ai - s) / d, jnp.where(idx == i, d, jnp.zeros_like(ai)))
         return _set_column(low, i, col)
 
-    return lax.fori_loop(0, m, column, jnp.zeros_like(a))
+    low = lax.fori_loop(0, m, column, jnp.zeros_like(a))
+    # LAPACK's potrf stops at a pivot that is not > 0 and JAX then returns NaNs for the
+    # whole matrix (a singular covariance must not give a finite factor)
+    diag = jnp.sum(jnp.where(idx[:, None] == idx, low, jnp.zeros_like(low)), axis=-1)
+    bad = jnp.any(~(diag > 0), axis=-1, keepdims=True)[..., None]
+    return jnp.where(bad, jnp.full_like(low, jnp.nan), low)
 
 
 def _cumlogsumexp(x, *, axis: int, reverse: bool):

@@ -252,3 +252,12 @@ def test_scatter_apply(jax, trn, cpu, dtype):
     for o, r in zip(out, ref):
         np.testing.assert_allclose(np.asarray(o, np.float32), np.asarray(r, np.float32),
                                    rtol=1e-5, atol=1e-5)
+
+
+def test_cholesky_of_a_singular_matrix_is_all_nan_like_cpu(jax, trn, cpu):
+    """A zero pivot (an exactly singular covariance) gave a finite factor; LAPACK
+    stops there and JAX returns NaNs (multivariate_normal's singular-covariance case)."""
+    a = np.stack([np.array([[1.0, 1.0], [1.0, 1.0]]), np.array([[4.0, 2.0], [2.0, 3.0]])])
+    out, ref = _run(jax, trn, cpu, jax.numpy.linalg.cholesky, a.astype(np.float32))
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(ref))
+    assert np.isnan(np.asarray(out)[0]).sum() == 3
