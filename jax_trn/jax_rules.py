@@ -8,7 +8,8 @@ that reaches ours as is.
                         solve is as sensitive as XLA's expander assumes)
     cholesky           (jnp.linalg.cholesky, cho_factor): column by column, a
                         `fori_loop` whose body is one masked matrix-vector product; a
-                        matrix that is not positive definite gives NaNs
+                        matrix that is not positive definite (a pivot <= 0, also an
+                        exactly singular one) gives NaNs everywhere, as on CPU
     geqrf,             (jnp.linalg.qr, orthogonal initializers): Householder QR in
     householder_product LAPACK's conventions (dlarfg's reflector, R and the vectors packed
                         in one matrix), one column per trip of a `fori_loop`; their generic
@@ -41,31 +42,44 @@ def register() -> None:
     from jax._src.interpreters import mlir
     from jax._src.lax import linalg as lax_linalg
     mlir.register_lowering(lax_linalg.triangular_solve_p,
-                           mlir.lower_fun(_triangular_solve, multiple_results=False),
+                           _lower_fun(mlir, _triangular_solve, False),
                            platform="trn")
     mlir.register_lowering(lax_linalg.cholesky_p,
-                           mlir.lower_fun(_cholesky, multiple_results=False),
+                           _lower_fun(mlir, _cholesky, False),
                            platform="trn")
     mlir.register_lowering(lax_linalg.geqrf_p,
-                           mlir.lower_fun(_geqrf, multiple_results=True), platform="trn")
+                           _lower_fun(mlir, _geqrf, True), platform="trn")
     mlir.register_lowering(lax_linalg.householder_product_p,
-                           mlir.lower_fun(_householder_product, multiple_results=False),
+                           _lower_fun(mlir, _householder_product, False),
                            platform="trn")
     from jax_trn import linalg_jacobi
     mlir.register_lowering(lax_linalg.eigh_p,
-                           mlir.lower_fun(linalg_jacobi.eigh, multiple_results=True),
+                           _lower_fun(mlir, linalg_jacobi.eigh, True),
                            platform="trn")
     mlir.register_lowering(lax_linalg.svd_p,
-                           mlir.lower_fun(linalg_jacobi.svd, multiple_results=True),
+                           _lower_fun(mlir, linalg_jacobi.svd, True),
                            platform="trn")
     from jax._src.lax.control_flow import loops
     mlir.register_lowering(loops.cumlogsumexp_p,
-                           mlir.lower_fun(_cumlogsumexp, multiple_results=False),
+                           _lower_fun(mlir, _cumlogsumexp, False),
                            platform="trn")
     from jax_trn import jax_callbacks
     jax_callbacks.register()
     _enable_donation(mlir)
     _done = True
+
+
+def _lower_fun(mlir, fn, multiple_results: bool):
+    """`mlir.lower_fun(fn)` traced with implicit rank promotion allowed: the rules
+    broadcast e.g. a (2, 1) column against a (2,) iota, which a user's
+    `jax_numpy_rank_promotion="raise"` (JAX's own tests set it) must not forbid inside
+    a primitive's lowering."""
+    import jax
+
+    def traced(*args, **params):
+        with jax.numpy_rank_promotion("allow"):
+            return fn(*args, **params)
+    return mlir.lower_fun(traced, multiple_results=multiple_results)
 
 
 def _enable_donation(mlir) -> None:
@@ -155,7 +169,12 @@ def _cholesky(a):
         col = jnp.where(idx > i, (ai - s) / d, jnp.where(idx == i, d, jnp.zeros_like(ai)))
         return _set_column(low, i, col)
 
-    return lax.fori_loop(0, m, column, jnp.zeros_like(a))
+    low = lax.fori_loop(0, m, column, jnp.zeros_like(a))
+    # LAPACK's potrf stops at a pivot that is not > 0 and JAX then returns NaNs for the
+    # whole matrix (a singular covariance must not give a finite factor)
+    diag = jnp.sum(jnp.where(idx[:, None] == idx, low, jnp.zeros_like(low)), axis=-1)
+    bad = jnp.any(~(diag > 0), axis=-1, keepdims=True)[..., None]
+    return jnp.where(bad, jnp.full_like(low, jnp.nan), low)
 
 
 def _cumlogsumexp(x, *, axis: int, reverse: bool):

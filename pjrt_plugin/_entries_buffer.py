@@ -98,6 +98,19 @@ def buffer_is_on_cpu(a):
     a.is_on_cpu = False
 
 
+@entry("PJRT_Buffer_UnsafePointer")
+def buffer_unsafe_pointer(a):
+    """The address of the buffer's bytes: the host array that stands for its simulated
+    HBM. Stable for the buffer's life, distinct between live buffers; JAX compares
+    them (`Array.unsafe_buffer_pointer`, e.g. to see that a no-op convert copied
+    nothing). Nothing may be read or written through it: the simulator owns it."""
+    b = _buf(a)
+    if b.rt.data is None:
+        raise PjrtError(Code.FAILED_PRECONDITION,
+                        "UnsafePointer: the buffer is deleted or has no value")
+    a.buffer_pointer = b.rt.data.ctypes.data
+
+
 @entry("PJRT_Buffer_ReadyEvent")
 def buffer_ready_event(a):
     set_ptr(a, "event", new_event(_buf(a).rt.error))

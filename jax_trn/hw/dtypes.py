@@ -29,6 +29,10 @@ _DTYPES = {
     "float8_e4m3fn_x4": np.dtype(np.uint32),
     "float8_e5m2_x4": np.dtype(np.uint32),
     "float4_e2m1fn_x4": np.dtype(np.uint16),
+    # 4-bit integers: one value per byte on the device (ml_dtypes' layout, sign- or
+    # zero-extended; the ALUs compute on them like int8 / uint8 and wrap results to 4
+    # bits on write); PJRT hands them over packed two per byte (pjrt_plugin/_dtypes.py)
+    "int4": np.dtype(ml_dtypes.int4), "uint4": np.dtype(ml_dtypes.uint4),
 }
 
 # Packed type -> the element type of its four values (§4 [NKI-SHARED]).
@@ -47,6 +51,7 @@ MX_SCALE_TYPES = ("uint8", "float8_e8m0fnu")
 DEVICE_TYPES = frozenset({
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
     "float16", "bfloat16", "float32", "float8_e4m3fn", "float8_e5m2", "float8_e4m3",
+    "int4", "uint4",
 })
 
 # What a trn buffer may hold: the device types and complex64, which no instruction
@@ -64,6 +69,32 @@ def np_dtype(name: str) -> np.dtype:
 
 def itemsize(name: str) -> int:
     return np_dtype(name).itemsize
+
+
+NIBBLE_INTS = frozenset({"int4", "uint4"})
+
+
+def bits(name: str) -> int:
+    """The width of an element's value in bits (4 for int4 / uint4, stored in a byte)."""
+    return 4 if name in NIBBLE_INTS else 8 * itemsize(name)
+
+
+def is_int_storage(dt: np.dtype) -> bool:
+    """Integer or bool numpy storage; ml_dtypes' int4 / uint4 have numpy kind 'V'."""
+    return dt.kind in "iub" or dt.name in NIBBLE_INTS
+
+
+def int_astype(x: np.ndarray, dt: np.dtype) -> np.ndarray:
+    """Integer -> integer, wrapping; through int64 when a 4-bit type is involved
+    (ml_dtypes casts neither int4 <-> uint4 nor bool <-> them directly)."""
+    if x.dtype.name in NIBBLE_INTS or dt.name in NIBBLE_INTS:
+        return x.astype(np.int64).astype(dt)
+    return x.astype(dt)
+
+
+def iinfo(dt: np.dtype):
+    """np.iinfo that also knows int4 / uint4."""
+    return ml_dtypes.iinfo(dt)
 
 
 def is_float(name: str) -> bool:

@@ -36,7 +36,7 @@ _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32}
 
 def is_int(dt: np.dtype) -> bool:
     """Integer or bool storage (computed natively, without an FP32 round trip)."""
-    return dt.kind in "iub"
+    return _dt.is_int_storage(dt)
 
 
 def to_fp32(x: np.ndarray) -> np.ndarray:
@@ -44,7 +44,7 @@ def to_fp32(x: np.ndarray) -> np.ndarray:
 
 
 def _float_to_int(x: np.ndarray, dt: np.dtype) -> np.ndarray:
-    info = np.iinfo(dt)
+    info = _dt.iinfo(dt)
     y = np.trunc(x.astype(np.float64))
     y = np.nan_to_num(y, nan=0.0, posinf=float(info.max), neginf=float(info.min))
     out = np.clip(y, info.min, info.max).astype(dt)
@@ -78,8 +78,8 @@ def cast(x: np.ndarray, dtype, rounding: str = "rne",
         return x
     if dt.kind == "b":
         return x != 0
-    if dt.kind in "iu":
-        return x.astype(dt) if is_int(x.dtype) else _float_to_int(x, dt)
+    if dt.kind in "iu" or dt.name in _dt.NIBBLE_INTS:
+        return _dt.int_astype(x, dt) if is_int(x.dtype) else _float_to_int(x, dt)
     if rounding == "stochastic" and dt.itemsize < 4 and rng is not None:
         return _stochastic(to_fp32(x), dt, rng)
     with np.errstate(over="ignore", invalid="ignore"):

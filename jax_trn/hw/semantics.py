@@ -77,12 +77,12 @@ def _convert(core, x: np.ndarray, dtype: str) -> np.ndarray:
     if x.dtype == dt:
         return x
     if is_int(x.dtype) and is_int(dt):
-        return x.astype(dt)
+        return _dt.int_astype(x, dt)
     return core.numerics.cast(to_fp32(x), dt)
 
 
 def _bits(tile: Tile) -> int:
-    return 8 * _dt.itemsize(tile.dtype)
+    return _dt.bits(tile.dtype)
 
 
 def _binary(op: str, a: np.ndarray, b: np.ndarray, as_int: bool, bits: int) -> np.ndarray:

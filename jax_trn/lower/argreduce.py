@@ -120,7 +120,7 @@ def lower_argreduce(ctx: LowerCtx, x: DramTensor, idx: DramTensor, xinit: DramTe
         raise LoweringError(f"reduce of 2 operands at once that is not an argmax / "
                             f"argmin is not supported ({ctx.op.describe()})")
     alu, nan = found
-    if x.dtype == "bool" or not ir.is_int(idx.dtype) or tuple(x.shape) != tuple(idx.shape):
+    if not ir.is_int(idx.dtype) or tuple(x.shape) != tuple(idx.shape):
         raise LoweringError(f"argmax/argmin over {x.dtype} values with {idx.dtype} indices "
                             f"is not supported ({ctx.op.describe()})")
     v0, i0 = _constant(ctx, xinit, "value"), _constant(ctx, iinit, "index")

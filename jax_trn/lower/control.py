@@ -10,8 +10,9 @@ Buffers of a `while` (one DRAM tensor C_i per loop-carried value; the results at
     for a carry the body passes through unchanged (a scan's xs, closed-over weights),
     the init value's own buffer when nothing writes it (a parameter, constant data, a
     temporary of this block that is no enclosing loop's carried buffer; no copy); else the init
-    value's own HBM temporary when nothing reads that value after the loop (no copy);
-    else a fresh temporary that a copy kernel (a Memset for a splat constant)
+    value's own HBM temporary when nothing reads that value after the loop (no copy;
+    not when its op was hoisted out of an enclosing loop: every trip of that loop
+    reads it again); else a fresh temporary that a copy kernel (a Memset for a splat constant)
     initialises before the loop.
   - cond and body block arguments are C_i. The cond steps write the predicate (bool[]).
   - a body result computed by a body op is written straight into C_i when nothing reads
@@ -143,6 +144,8 @@ def _carried(ctx: StepCtx, op: ir.Op, claims: dict[int, DramTensor]) -> list[Dra
     block, index = ctx.position
     later = _used(block.ops[index + 1:]) | {id(v) for v in _region_values(op)}
     local = {id(r) for o in block.ops[:index] if o.kind != "constant" for r in o.results}
+    # hoisted out of an enclosing loop: computed once, read again on every trip
+    once = {id(r) for o in block.ops[:index] if ctx.is_hoisted(o) for r in o.results}
     temps = ctx.temp_names()
     body = op.regions[1].block
     ret = body.terminator.operands
@@ -154,7 +157,7 @@ def _carried(ctx: StepCtx, op: ir.Op, claims: dict[int, DramTensor]) -> list[Dra
             state["aliased"].add(t.name)
             carried.append(t)
             continue
-        if t is None and _reusable(ctx, op, v, local, later, temps, carried):
+        if t is None and _reusable(ctx, op, v, local - once, later, temps, carried):
             t = ctx.location(v)
         if t is None:
             t = ctx.temp(tuple(r.shape), r.dtype)

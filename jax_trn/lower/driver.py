@@ -361,7 +361,8 @@ class StepCtx:
              ops: list[str] | None = None, notes: list[str] = ()) -> None:
         label = ops or [_label(op)]
         ctx = LowerCtx(self._target, self._builder(name, notes), op, outs, self._consts,
-                       self._precision, self.temp, None)
+                       self._precision, self.temp, None,
+                       lambda v: self._where.get(id(v)))
         ctx.split = lambda suffix: self._split(ctx, name, suffix, label, notes)
         try:
             emit(ctx)

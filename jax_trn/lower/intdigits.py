@@ -146,7 +146,7 @@ def fp32_exact(alu: str, dtype: str, count: int) -> bool:
     if dtype == "bool":
         bound = 1
     else:
-        info = np.iinfo(hw_dtypes.np_dtype(dtype))
+        info = hw_dtypes.iinfo(hw_dtypes.np_dtype(dtype))
         bound = max(-int(info.min), int(info.max))
     if alu == "add":
         return count * bound <= EXACT

@@ -1,4 +1,5 @@
-"""reduce with add / max / min / multiply (and `and` / `or` on bool) over any axes,
+"""reduce with add / max / min / multiply (`and` / `or` on bool; and `and` / `or` /
+`xor` on integers, on GpSimd) over any axes,
 alone or fused with the elementwise ops that produce its input (input fusion).
 
 Partial results accumulate in FP32 for floats and in int32 for integers and bool
@@ -29,7 +30,7 @@ import math
 import numpy as np
 
 from hlo_passes import ir
-from jax_trn.hw import isa
+from jax_trn.hw import dtypes as hw_dtypes, isa
 from jax_trn.hw.program import DramTensor
 
 from .builder import KernelBuilder, sub
@@ -46,6 +47,10 @@ from .tileops import TILE_OPS, Src, Step, engine_for, fill_scalar
 
 COMBINERS = {"add": "add", "maximum": "max", "minimum": "min", "multiply": "multiply"}
 BOOL_COMBINERS = {"and": "min", "or": "max", "maximum": "max", "minimum": "min"}
+# integers also and / or / xor: GpSimd's integer ALU (§2.5), bit for bit
+INT_COMBINERS = {**COMBINERS, "and": "bitwise_and", "or": "bitwise_or",
+                 "xor": "bitwise_xor"}
+BITWISE = ("bitwise_and", "bitwise_or", "bitwise_xor")
 
 
 def combiner(op, dtype: str) -> str:
@@ -57,7 +62,8 @@ def body_alu(region, dtype: str, what: str, op) -> str:
     """The ALU op of a one-op binary body (add, max, min, multiply; and/or on bool):
     reduce, reduce_window and select_and_scatter bodies."""
     body = [o for o in region.block.ops if o.kind not in ("return", "func.return")]
-    table = BOOL_COMBINERS if dtype == "bool" else COMBINERS
+    table = BOOL_COMBINERS if dtype == "bool" else \
+        INT_COMBINERS if ir.is_int(dtype) else COMBINERS
     if len(body) != 1 or body[0].kind not in table:
         kinds = ", ".join(o.kind for o in body) or "nothing"
         raise LoweringError(f"{what} ({kinds}) is not supported; expected one of "
@@ -66,11 +72,14 @@ def body_alu(region, dtype: str, what: str, op) -> str:
 
 
 def identity(alu: str, dtype: str) -> float:
-    if alu in ("add", "multiply"):
+    if alu in ("add", "multiply", "bitwise_or", "bitwise_xor"):
         return int(alu == "multiply")
+    if alu == "bitwise_and":            # every bit set
+        return -1 if hw_dtypes.iinfo(ir.np_dtype(dtype)).min < 0 else hw_dtypes.iinfo(
+            ir.np_dtype(dtype)).max
     if ir.is_float(dtype):
         return -np.inf if alu == "max" else np.inf
-    info = np.iinfo(ir.np_dtype("uint8" if dtype == "bool" else dtype))
+    info = hw_dtypes.iinfo(ir.np_dtype("uint8" if dtype == "bool" else dtype))
     lo, hi = (0, 1) if dtype == "bool" else (info.min, info.max)
     return lo if alu == "max" else hi
 
@@ -220,11 +229,11 @@ class _Reducer:
         return self.reduce_free(tp, sub(self.accs.next(), fc, 1), "vector")
 
     def _across_gpsimd(self, data: isa.Tile, fc: int) -> isa.Tile:
-        """Exact integer [P, fc] -> [1, fc] by tensor_partition_reduce (add, max; min as
-        ~max(~x), `~` reversing the order); a product -> [fc, 1] by a TensorE transpose
-        (moves bits), a copy out of PSUM and a GpSimd reduce along F."""
+        """Exact integer [P, fc] -> [1, fc] by tensor_partition_reduce (add, max, and,
+        or; min as ~max(~x), `~` reversing the order); a product or xor -> [fc, 1] by a
+        TensorE transpose (moves bits), a copy out of PSUM and a GpSimd reduce along F."""
         kb = self.kb
-        if self.alu == "multiply":
+        if self.alu in ("multiply", "bitwise_xor"):
             tp = sub(self.psum.next(), fc, self.pmax)
             kb.emit(isa.NcTranspose, dst=tp, data=data)
             rows = sub(self.accs.next(), fc, self.pmax)
@@ -235,7 +244,7 @@ class _Reducer:
             kb.emit(isa.TensorScalar, dst=data, data=data, op0="bitwise_xor", operand0=-1,
                     engine="gpsimd")
         kb.emit(isa.TensorPartitionReduce, dst=dst, data=data,
-                op="add" if self.alu == "add" else "max")
+                op=self.alu if self.alu in ("add", "bitwise_and", "bitwise_or") else "max")
         if self.alu == "min":
             kb.emit(isa.TensorScalar, dst=dst, data=dst, op0="bitwise_xor", operand0=-1,
                     engine="gpsimd")

@@ -126,6 +126,9 @@ class LowerCtx:
     matmul_precision: str           # what precision DEFAULT means: default|high|highest
     temp: Callable[[tuple[int, ...], str], DramTensor]   # a fresh HBM temporary
     split: Callable[[str], KernelBuilder]                # end this kernel, start another
+    # where a value of the enclosing function lives (a region may read one: CSE shares
+    # a region's constants with the function's)
+    tensor_of: Callable[[ir.Value], DramTensor | None] = lambda v: None
 
     def constant(self, t: DramTensor) -> np.ndarray | None:
         """The value of operand `t` if it is a compile-time constant."""

@@ -8,7 +8,8 @@ its rows get an index past the table and the DMAs run with oob_mode="skip"; JAX'
 
 The update computation is recognised from its region (`combiner`): return of the
 update (set), or add / multiply / maximum / minimum (or / and on bool) of the two
-arguments. Anything else is a LoweringError naming the op.
+arguments. Any other elementwise computation (`x.at[i].apply(f)`) runs like mul / max /
+min below, its ops evaluated as tile steps on the gathered rows (`_Body`).
 
 - set, add: one DmaScatter per tile (§6.2 `dma_copy` with a dst `vector_offset`; add
   as the DMA's read-modify-write, `dst_rmw_op=add`, computed in FP32 in the DMA engine
@@ -42,6 +43,9 @@ from .indexed import Plan, RowIndexer, check_index_dtype, chunks, data_ap, make_
 from .intscatter import exact_add
 from .movement import copy
 from .registry import LowerCtx, register_lowering
+from .regions import Evaluator, Input, Region
+from .tileops import Src
+from .windowbody import body_steps
 
 _COMBINERS = {"add": "add", "multiply": "multiply", "maximum": "max", "minimum": "min",
               "or": "max", "and": "min"}
@@ -98,10 +102,7 @@ def _scatter_lower(ctx: LowerCtx, x: DramTensor, indices: DramTensor, *rest: Dra
         raise LoweringError(f"{ctx.op.describe()}: scatter of {len(ctx.outs)} operands "
                             f"together is not supported (one operand, one update)")
     upd = rest[0]
-    kind = combiner(ctx.op)
-    if kind is None:
-        raise LoweringError(f"{ctx.op.describe()}: the update computation is not one of "
-                            f"set / add / multiply / maximum / minimum of its arguments")
+    kind = combiner(ctx.op) or "any"
     check_index_dtype(ctx, indices)
     if out.size == 0:
         return
@@ -130,6 +131,7 @@ def _scatter_lower(ctx: LowerCtx, x: DramTensor, indices: DramTensor, *rest: Dra
     data = kb.ring(2, n, out.dtype)
     cur = kb.ring(2, n, out.dtype) if kind not in ("set", "add") else None
     engine = "vector" if ir.is_float(out.dtype) else "gpsimd"
+    body = _Body(ctx, n, out.dtype) if kind == "any" else None
     for ch in work:
         idx = rows(ch)
         src = sub(data.next(), ch.pp, ch.n * plan.c)
@@ -138,9 +140,38 @@ def _scatter_lower(ctx: LowerCtx, x: DramTensor, indices: DramTensor, *rest: Dra
             old = sub(cur.next(), ch.pp, ch.n * plan.c)
             kb.emit(isa.DmaGather, dst=old, src=table, indices=idx, oob_mode="skip",
                     dma_queue=kb.next_queue())
-            kb.emit(isa.TensorTensor, dst=old, data1=old, data2=src, op=kind, engine=engine)
-            src = old
+            if body is not None:
+                src = body(old, src)
+            else:
+                kb.emit(isa.TensorTensor, dst=old, data1=old, data2=src, op=kind,
+                        engine=engine)
+                src = old
         kb.emit(isa.DmaScatter, dst=table, src=src, indices=idx, oob_mode="skip",
                 rmw_op="add" if kind == "add" else None, dma_queue=kb.next_queue())
     rows.close()
     kb.release(data, *([cur] if cur is not None else []))
+    if body is not None:
+        body.close()
+
+
+class _Body:
+    """Any elementwise update computation (`x.at[i].apply(f)`: f(old), ignoring the
+    update), evaluated on the gathered rows and the updates as tile steps (regions.py)."""
+
+    def __init__(self, ctx: LowerCtx, free: int, dtype: str):
+        steps = body_steps(ctx.op, 2, ctx)
+        ret = steps.pop()
+        if len(ret) != 1:
+            raise LoweringError(f"{ctx.op.describe()}: an update computation of "
+                                f"{len(ret)} results is not supported")
+        self.kb, self.vid = ctx.kb, 2 + ret[0]
+        inputs = [Input(None, ((1, free),), dtype)] * 2
+        self.ev = Evaluator(ctx.kb, Region((free,), inputs, steps, []), free)
+
+    def __call__(self, old: isa.Tile, upd: isa.Tile) -> isa.Tile:
+        parts, free = old.num_partitions, old.free_size
+        vals = self.ev.compute([Src.of(old), Src.of(upd)], parts, free)
+        return self.ev._full(vals[self.vid], parts, free, ("scatter",)).tile
+
+    def close(self) -> None:
+        self.ev.close()

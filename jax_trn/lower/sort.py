@@ -66,7 +66,8 @@ TRANSPOSE_MIN = 16               # strided sort axes at least this long (and wid
 HYBRID_FOLD_BYTES = 48 * 1024     # on-chip words of the fold + HBM path, per partition
 SBUF_SLACK = 16 * 1024           # of the kernel's SBUF kept free when sorting on chip
 FOLD_MIN = 64                    # elements per partition below which lines are not folded
-FLOATS = ("float32", "bfloat16", "float16")
+FLOATS = ("float32", "bfloat16", "float16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3")
+#        (float8 keys widen exactly to FP32 through the DMA, and narrow back exactly)
 
 
 def word_count(dtype: str) -> int:

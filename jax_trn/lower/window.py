@@ -28,6 +28,8 @@ reduce_window:
   max, min, multiply; and / or on bool), a non-identity init combined once.
 - larger windows: the (output dims, window dims) index space as one strided view,
   reduced by reduce.py's tilings (add / max / min).
+- any other body, or several operands at once (a JVP): windowbody.py, offset by offset
+  in XLA's order.
 
 select_and_scatter (the max-pool gradient) is in selectscatter.py.
 """
@@ -56,6 +58,7 @@ from .reduce import identity as _reduce_identity
 from .registry import LowerCtx, register_lowering
 from .relayout import relayout
 from .tileops import engine_for
+from .windowbody import reduce_window_any
 
 SCAN_CHUNK = 2048          # elements per partition of one scan instruction
 SPLIT_MIN = 1024           # contiguous lines this long are scanned on all partitions
@@ -405,25 +408,36 @@ def _generic(ctx: LowerCtx, x: DramTensor, init: DramTensor, alu: str, w: Window
 
 @register_lowering("reduce_window")
 def _reduce_window_lower(ctx: LowerCtx, *operands: DramTensor, **attrs) -> None:
-    if len(operands) != 2:
-        raise LoweringError(f"reduce_window of {len(operands) // 2} operands at once is not "
-                            f"supported ({ctx.op.describe()})")
-    x, init = operands
+    x, init = operands[0], operands[len(operands) // 2]
     out = ctx.outs[0]
     w = Window.of(attrs, len(x.shape))
     if any(lo < 0 or hi < 0 for lo, hi in w.padding):
         raise LoweringError(f"reduce_window with negative padding is not supported "
                             f"({ctx.op.describe()})")
-    alu = body_alu(ctx.op.regions[0], x.dtype, "reduce_window body", ctx.op)
     ctx.kb.flops += out.size * math.prod(w.dims)
     if out.size == 0:
         return
+    alu = _one_op_body(ctx, x.dtype) if len(operands) == 2 else None
+    if alu is None:             # several operands, or another body: windowbody.py
+        n = len(operands) // 2
+        return reduce_window_any(
+            ctx, list(operands[:n]), list(operands[n:]), w,
+            lambda t, value: padded_copy(ctx, t, w, value),
+            lambda t, k: offset_view(t, w, tuple(out.shape), k))
     if math.prod(w.dims) == 0 or x.size == 0:
         return _fill_init(ctx, init, out)
     scan = cumulative(w, tuple(x.shape))
     if scan is not None and is_identity(ctx.constant(init), alu, x.dtype):
         return _cumulative(ctx, x, out, alu, *scan)
     _generic(ctx, x, init, alu, w)
+
+
+def _one_op_body(ctx: LowerCtx, dtype: str) -> str | None:
+    """The ALU op of a one-op body this module combines, else None."""
+    try:
+        return body_alu(ctx.op.regions[0], dtype, "reduce_window body", ctx.op)
+    except LoweringError:
+        return None
 
 
 def _cumulative(ctx: LowerCtx, x: DramTensor, out: DramTensor, alu: str, dim: int,

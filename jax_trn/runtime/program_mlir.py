@@ -23,7 +23,7 @@ _MLIR_TYPES = {
     "float8_e4m3": "f8E4M3",
     "float8_e5m2": "f8E5M2", "bool": "i1", "int8": "i8", "int16": "i16", "int32": "i32",
     "int64": "i64", "uint8": "ui8", "uint16": "ui16", "uint32": "ui32", "uint64": "ui64",
-    "complex64": "complex<f32>",
+    "complex64": "complex<f32>", "int4": "i4", "uint4": "ui4",
 }
 
 
@@ -166,10 +166,15 @@ class _Emitter:
         ins = [n for n in reads + [w for w in writes if w in env and w not in reads]
                if n in env]
         outs = [w for w in writes if w in self.tensors]
-        if not outs:
-            return []
-        result = self.fresh()
         in_types = ", ".join(self.ttype(self.tensors[n]) for n in ins)
+        if not outs:        # a sink (e.g. dce_sink): listed, as XLA lists it
+            if kernel.instructions or not kernel.ops:
+                return []
+            return [f'{indent}stablehlo.custom_call @trn.kernel('
+                    f'{", ".join(env[n] for n in ins)}) {{backend_config = '
+                    f'"{_config(kernel)}", has_side_effect = true}} : ({in_types}) -> ()'
+                    f' loc("{kernel.name}")']
+        result = self.fresh()
         out_types = ", ".join(self.ttype(self.tensors[n]) for n in outs)
         lhs = result if len(outs) == 1 else f"{result}:{len(outs)}"
         line = (f'{indent}{lhs} = stablehlo.custom_call @trn.kernel('

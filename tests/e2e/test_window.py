@@ -222,13 +222,23 @@ def test_run_time_init(jax, trn, cpu):
         assert_close(out, ref, "float32")
 
 
-def test_unsupported_body_is_a_compile_error(jax, trn):
-    x = jax.device_put(np.ones((4, 8), np.float32), trn)
+def test_any_body_and_several_operands_match_cpu(jax, trn, cpu):
+    """Bodies other than one add / max / min / multiply, and several operands at once,
+    run offset by offset (windowbody.py; they were compile errors)."""
+    x = np.random.default_rng(0).normal(size=(4, 8)).astype(np.float32)
     f = jax.jit(lambda x: jax.lax.reduce_window(x, 0.0, lambda a, b: a + 2 * b, (1, 2),
                                                 (1, 2), "VALID"))
-    with pytest.raises(Exception, match=r"reduce_window.*float32\[4,8\]"):
-        f(x)
+    np.testing.assert_allclose(f(jax.device_put(x, trn)), f(jax.device_put(x, cpu)),
+                               rtol=1e-6)
     g = jax.jit(lambda x: jax.lax.reduce_window(
         (x, x), (0.0, 0.0), lambda a, b: (a[0] + b[0], a[1] + b[0]), (1, 2), (1, 1), "VALID"))
-    with pytest.raises(Exception, match=r"reduce_window of 2 operands.*float32\[4,8\]"):
-        g(x)
+    for o, r in zip(g(jax.device_put(x, trn)), g(jax.device_put(x, cpu))):
+        np.testing.assert_allclose(o, r, rtol=1e-6)
+
+
+def test_any_body_over_a_huge_window_is_a_compile_error(jax, trn):
+    x = jax.device_put(np.ones((4, 300), np.float32), trn)
+    f = jax.jit(lambda x: jax.lax.reduce_window(x, 0.0, lambda a, b: a + 2 * b, (1, 300),
+                                                (1, 1), "VALID"))
+    with pytest.raises(Exception, match=r"reduce_window.*300 > 256.*float32\[4,300\]"):
+        f(x)
