@@ -36,7 +36,6 @@ import pickle
 import tempfile
 
 from jax_trn.config import PersistentCache
-
 from jax_trn.hw.operands import DramAP, Tile
 
 from .gc_pause import gc_paused
