@@ -126,17 +126,9 @@ class _Emitter:
         outs = step.results
         for t in outs:
             self.tensors.setdefault(t.name, t)
-        result = self.fresh()
-        lhs = "" if not outs else (f"{result} = " if len(outs) == 1
-                                   else f"{result}:{len(outs)} = ")
-        config = format_host_callback(step).replace('"', "'")
-        in_types = ", ".join(self.ttype(t) for t in step.operands)
-        out_types = ", ".join(self.ttype(t) for t in outs)
-        lines.append(f'{indent}{lhs}stablehlo.custom_call @trn.host_callback({", ".join(ins)}) '
-                     f'{{backend_config = "{config}", has_side_effect = true}} : ({in_types}) '
-                     f'-> ({out_types}) loc("{step.name}")')
-        for i, t in enumerate(outs):
-            env[t.name] = result if len(outs) == 1 else f"{result}#{i}"
+        lines.append(self.custom_call(
+            indent, self.fresh(), "trn.host_callback", ins, step.operands, outs, env,
+            format_host_callback(step).replace('"', "'"), step.name, side_effect=True))
         return lines
 
     def collective(self, step: Collective, env, indent: str) -> list[str]:
@@ -146,17 +138,9 @@ class _Emitter:
         ins = [self.value(t, env, indent, lines) for t in step.operands]
         for t in step.results:
             self.tensors.setdefault(t.name, t)
-        result = self.fresh()
-        outs = step.results
-        lhs = result if len(outs) == 1 else f"{result}:{len(outs)}"
-        config = format_collective(step).replace('"', "'")
-        in_types = ", ".join(self.ttype(t) for t in step.operands)
-        out_types = ", ".join(self.ttype(t) for t in outs)
-        lines.append(f'{indent}{lhs} = stablehlo.custom_call @trn.collective({", ".join(ins)}) '
-                     f'{{backend_config = "{config}"}} : ({in_types}) -> ({out_types})'
-                     f' loc("{step.name}")')
-        for i, t in enumerate(outs):
-            env[t.name] = result if len(outs) == 1 else f"{result}#{i}"
+        lines.append(self.custom_call(
+            indent, self.fresh(), "trn.collective", ins, step.operands, step.results, env,
+            format_collective(step).replace('"', "'"), step.name))
         return lines
 
     def kernel(self, kernel, env, indent: str) -> list[str]:
@@ -166,23 +150,28 @@ class _Emitter:
         ins = [n for n in reads + [w for w in writes if w in env and w not in reads]
                if n in env]
         outs = [w for w in writes if w in self.tensors]
-        in_types = ", ".join(self.ttype(self.tensors[n]) for n in ins)
-        if not outs:        # a sink (e.g. dce_sink): listed, as XLA lists it
-            if kernel.instructions or not kernel.ops:
-                return []
-            return [f'{indent}stablehlo.custom_call @trn.kernel('
-                    f'{", ".join(env[n] for n in ins)}) {{backend_config = '
-                    f'"{_config(kernel)}", has_side_effect = true}} : ({in_types}) -> ()'
-                    f' loc("{kernel.name}")']
-        result = self.fresh()
-        out_types = ", ".join(self.ttype(self.tensors[n]) for n in outs)
-        lhs = result if len(outs) == 1 else f"{result}:{len(outs)}"
-        line = (f'{indent}{lhs} = stablehlo.custom_call @trn.kernel('
-                f'{", ".join(env[n] for n in ins)}) {{backend_config = "{_config(kernel)}"}}'
-                f' : ({in_types}) -> ({out_types}) loc("{kernel.name}")')
-        for i, n in enumerate(outs):
-            env[n] = result if len(outs) == 1 else f"{result}#{i}"
-        return [line]
+        if not outs and (kernel.instructions or not kernel.ops):
+            return []
+        # no results: a sink (e.g. dce_sink), listed as XLA lists it
+        return [self.custom_call(
+            indent, self.fresh() if outs else "", "trn.kernel", [env[n] for n in ins],
+            [self.tensors[n] for n in ins], [self.tensors[n] for n in outs], env,
+            _config(kernel), kernel.name, side_effect=not outs)]
+
+    def custom_call(self, indent: str, result: str, target: str, args: list[str], operands,
+                    results, env, config: str, loc: str, side_effect: bool = False) -> str:
+        """One `stablehlo.custom_call @target` line; binds `results` (DRAM tensors) to
+        `result` (or its parts) in `env`."""
+        n = len(results)
+        lhs = "" if not n else f"{result} = " if n == 1 else f"{result}:{n} = "
+        for i, t in enumerate(results):
+            env[t.name] = result if n == 1 else f"{result}#{i}"
+        effect = ", has_side_effect = true" if side_effect else ""
+        in_types = ", ".join(self.ttype(t) for t in operands)
+        out_types = ", ".join(self.ttype(t) for t in results)
+        return (f'{indent}{lhs}stablehlo.custom_call @{target}({", ".join(args)}) '
+                f'{{backend_config = "{config}"{effect}}} : ({in_types}) -> ({out_types})'
+                f' loc("{loc}")')
 
     def value(self, t, env, indent: str, lines: list[str]) -> str:
         """The SSA value of tensor `t` (a zero constant if nothing wrote it yet)."""
