@@ -53,6 +53,15 @@ def _leaves(jax, tree) -> list:
     return [np.asarray(a) for a in jax.tree.leaves(tree)]
 
 
+def _train(jax, step, params, opt, x, y, steps: int) -> Run:
+    """`steps` calls of a `step(params, opt, x, y) -> (params, opt, loss)`."""
+    losses = []
+    for _ in range(steps):
+        params, opt, loss = step(params, opt, x, y)
+        losses.append(float(loss))
+    return Run(losses, _leaves(jax, params), step, (params, opt, x, y))
+
+
 def _schedule(optax, steps: int):
     return optax.warmup_cosine_decay_schedule(0.0, 1e-2, max(1, steps // 2), 10 * steps)
 
@@ -92,11 +101,7 @@ def linen_mlp(jax, steps: int) -> Run:
         upd, opt = tx.update(g, opt, params)
         return optax.apply_updates(params, upd), opt, loss
 
-    losses = []
-    for _ in range(steps):
-        params, opt, loss = step(params, opt, x, y)
-        losses.append(float(loss))
-    return Run(losses, _leaves(jax, params), step, (params, opt, x, y))
+    return _train(jax, step, params, opt, x, y, steps)
 
 
 @program("linen_cnn_batchnorm_dropout", "linen Conv, BatchNorm (batch_stats), Dropout, sgd")
@@ -174,11 +179,7 @@ def linen_scan(jax, steps: int) -> Run:
         upd, opt = tx.update(g, opt, params)
         return optax.apply_updates(params, upd), opt, loss
 
-    losses = []
-    for _ in range(steps):
-        params, opt, loss = step(params, opt, x, y)
-        losses.append(float(loss))
-    return Run(losses, _leaves(jax, params), step, (params, opt, x, y))
+    return _train(jax, step, params, opt, x, y, steps)
 
 
 # --- flax NNX ---------------------------------------------------------------------------
@@ -335,11 +336,7 @@ def label_smoothing(jax, steps: int) -> Run:
         upd, opt = tx.update(g, opt, params)
         return optax.apply_updates(params, upd), opt, loss
 
-    losses = []
-    for _ in range(steps):
-        params, opt, loss = step(params, opt, x, y)
-        losses.append(float(loss))
-    return Run(losses, _leaves(jax, params), step, (params, opt, x, y))
+    return _train(jax, step, params, opt, x, y, steps)
 
 
 @program("debug_print_in_step", "jax.debug.print inside a jitted train step")

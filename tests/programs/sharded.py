@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tests.programs.programs import Run, _leaves, program
+from tests.programs.programs import Run, _leaves, _train, program
 
 
 # --- sharded ----------------------------------------------------------------------------
@@ -44,11 +44,7 @@ def _fsdp(jax, steps: int, hidden: int) -> Run:
         upd, opt = tx.update(g, opt, params)
         return optax.apply_updates(params, upd), opt, loss
 
-    losses = []
-    for _ in range(steps):
-        params, opt, loss = step(params, opt, x, y)
-        losses.append(float(loss))
-    return Run(losses, _leaves(jax, params), step, (params, opt, x, y))
+    return _train(jax, step, params, opt, x, y, steps)
 
 
 @program("fsdp_even_shapes", "FSDP over a 4-device mesh, 12 hidden units (divide by 4)",
