@@ -101,9 +101,9 @@ def compile_to_ir(code: bytes | str, *, name: str | None = None, fuse: bool = Tr
     """
     pipeline = default_pipeline(fuse=fuse, disabled=disabled_passes, dump_dir=dump_dir)
     _, mlir_module = deserialize(code)
-    run_mlir_passes(mlir_module)
-    module = import_module(mlir_module, name=name)
     version = artifact_version(code if isinstance(code, bytes) else b"")
+    run_mlir_passes(mlir_module, as_serialized=not version)
+    module = import_module(mlir_module, name=name)
     if version:
         module.attrs["stablehlo.version"] = version
     pipeline.run(module)

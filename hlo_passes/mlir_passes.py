@@ -58,6 +58,9 @@ from hlo_passes.errors import HloImportError
 
 SDY_IMPORT = "builtin.module(xla-sdy-round-trip-import-shardy-attrs)"
 CHLO_LEGALIZE = "builtin.module(func.func(chlo-legalize-to-stablehlo))"
+# XLA's Serialize runs this (greedy: it also folds and hoists constants to the entry of
+# each function) on what it hands a plugin; programs not serialized by it get it here.
+COMPATIBILITY_EXPANDER = "builtin.module(stablehlo-compatibility-expander{{target={}}})"
 # Shardy gives a composite op shardings of its own but never looks into its
 # decomposition; as calls, they are partitioned like the rest of the program.
 COMPOSITES_TO_CALLS = "builtin.module(func.func(stablehlo-legalize-composite-to-call))"
@@ -76,8 +79,13 @@ def register_passes() -> None:
         _registered = True
 
 
-def run_mlir_passes(module: mlir_ir.Module) -> None:
-    """Restores Shardy ops and legalizes chlo, in place."""
+def run_mlir_passes(module: mlir_ir.Module, *, as_serialized: bool = False) -> None:
+    """Restores Shardy ops and legalizes chlo, in place. `as_serialized`: the module
+    did not come through PJRT's serialization (plain bytecode or text, e.g. from
+    `jax_trn.compare` / `estimate`), so chlo legalization runs whatever its dialects, as
+    XLA's `Serialize` runs it, with the compatibility expander, on every program it
+    hands a plugin: their greedy rewrite also hoists constants to the function's
+    entry, and the same program must compile to the same kernels both ways."""
     register_passes()
     with module.context:
         if _has_sdy_round_trip_attrs(module):
@@ -85,7 +93,9 @@ def run_mlir_passes(module: mlir_ir.Module) -> None:
             sharding_custom_calls_to_constraints(module)
         if KEEP_TOP_K and not _multi_device(module):
             top_k_to_custom_calls(module)
-        if _has_dialect(module, "chlo."):
+        if as_serialized:
+            _run(module, COMPATIBILITY_EXPANDER.format(shlo.get_current_version()))
+        if as_serialized or _has_dialect(module, "chlo."):
             _run(module, CHLO_LEGALIZE)
         if _partitioned(module):
             _run(module, COMPOSITES_TO_CALLS)

@@ -7,6 +7,7 @@
     prof.executions[-1].simulated_time_s
     print(prof.summary()); prof.save_trace("trace.json")     # ui.perfetto.dev
     print(jax_trn.compare(lambda a: a @ a, x))                # Trn1 vs Trn2 vs Trn3
+    jax_trn.estimate(step, *shapes, system="trn3-ultraserver")   # timing only
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ __version__ = "0.1.0"
 
 from jax_trn.comparison import compare  # noqa: E402
 from jax_trn.config import configure, get_system  # noqa: E402
+from jax_trn.estimation import estimate  # noqa: E402
 from jax_trn.profiler import last_execution, profile  # noqa: E402
 from jax_trn.systems import SYSTEMS  # noqa: E402
 
-__all__ = ["profile", "last_execution", "compare", "configure", "get_system", "SYSTEMS", "__version__"]
+__all__ = ["profile", "last_execution", "compare", "estimate", "configure", "get_system", "SYSTEMS", "__version__"]

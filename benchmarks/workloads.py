@@ -1,0 +1,113 @@
+"""Programs users run, written as they write them, for the speed benchmarks.
+
+Each builder returns `(step, args)`: a jitted function and its arguments as numpy
+arrays / pytrees (place them with `jax.device_put(args, device)`), so one definition
+runs on trn and on JAX's CPU backend in the same process. Shapes follow the issue that
+asked for the measure (issue 14: "speed").
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def flax_lm(layers: int = 2, width: int = 128, heads: int = 4, mlp: int = 512,
+            vocab: int = 30000, length: int = 256, batch: int = 4):
+    """A flax linen decoder LM training step, lm1b's model shape scaled to `layers` x
+    `width` (pre-LN blocks, causal self-attention, tied embedding, smoothed labels,
+    optax adamw): (step(params, opt, tokens) -> (params, opt, loss), args)."""
+    import flax.linen as nn
+    import jax
+    import optax
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x, mask):
+            h = nn.LayerNorm()(x)
+            x = x + nn.MultiHeadDotProductAttention(heads, qkv_features=width)(h, h, mask=mask)
+            h = nn.LayerNorm()(x)
+            return x + nn.Dense(width)(nn.relu(nn.Dense(mlp)(h)))
+
+    class TransformerLM(nn.Module):
+        @nn.compact
+        def __call__(self, tokens):
+            embed = nn.Embed(vocab, width)
+            pos = self.param("pos", nn.initializers.normal(0.02), (length, width))
+            x = embed(tokens) + pos[:tokens.shape[1]]
+            mask = nn.make_causal_mask(tokens)
+            for _ in range(layers):
+                x = Block()(x, mask)
+            return embed.attend(nn.LayerNorm()(x))
+
+    model, tx = TransformerLM(), optax.adamw(1e-3)
+    tokens = np.random.default_rng(0).integers(0, vocab, (batch, length)).astype(np.int32)
+    with jax.default_device(jax.devices("cpu")[0]):
+        params = jax.device_get(model.init(jax.random.key(0), tokens))
+        opt = jax.device_get(tx.init(params))
+
+    @jax.jit
+    def step(params, opt, tokens):
+        def loss_fn(p):
+            logits = model.apply(p, tokens[:, :-1])
+            labels = optax.smooth_labels(jax.nn.one_hot(tokens[:, 1:], vocab), 0.1)
+            return optax.softmax_cross_entropy(logits, labels).mean()
+        loss, g = jax.value_and_grad(loss_fn)(params)
+        upd, opt = tx.update(g, opt, params)
+        return optax.apply_updates(params, upd), opt, loss
+    return step, (params, opt, tokens)
+
+
+def equinox_gru(steps: int = 64, hidden: int = 128, features: int = 64, batch: int = 32):
+    """An equinox GRUCell unrolled by `lax.scan` over `steps` time steps (vmapped over
+    the batch), a linear readout, MSE, optax adam: a training step."""
+    import equinox as eqx
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    class Model(eqx.Module):
+        cell: eqx.nn.GRUCell
+        out: eqx.nn.Linear
+
+        def __init__(self, key):
+            k1, k2 = jax.random.split(key)
+            self.cell = eqx.nn.GRUCell(features, hidden, key=k1)
+            self.out = eqx.nn.Linear(hidden, 1, key=k2)
+
+        def __call__(self, xs):
+            def scan_fn(h, x):
+                return self.cell(x, h), None
+            h, _ = jax.lax.scan(scan_fn, jnp.zeros(hidden), xs)
+            return self.out(h)
+
+    rng = np.random.default_rng(1)
+    xs = rng.standard_normal((batch, steps, features)).astype(np.float32)
+    ys = rng.standard_normal((batch, 1)).astype(np.float32)
+    tx = optax.adam(1e-3)
+    with jax.default_device(jax.devices("cpu")[0]):
+        model = Model(jax.random.key(0))
+        params, static = eqx.partition(model, eqx.is_inexact_array)
+        params = jax.device_get(params)
+        opt = jax.device_get(tx.init(params))
+
+    @jax.jit
+    def step(params, opt, xs, ys):
+        def loss_fn(p):
+            m = eqx.combine(p, static)
+            return jnp.mean((jax.vmap(m)(xs) - ys) ** 2)
+        loss, g = jax.value_and_grad(loss_fn)(params)
+        upd, opt = tx.update(g, opt, params)
+        return optax.apply_updates(params, upd), opt, loss
+    return step, (params, opt, xs, ys)
+
+
+def block(d: int = 1024, s: int = 1024):
+    """benchmarks/compiler.py's transformer block fwd+bwd (bf16, [S, d]) with numpy
+    arguments."""
+    import jax
+    import ml_dtypes
+    from compiler import block_args
+    f, specs = block_args(d, s)
+    rng = np.random.default_rng(2)
+    args = jax.tree.map(lambda a: (rng.standard_normal(a.shape) * 0.05).astype(
+        ml_dtypes.bfloat16), specs)
+    return jax.jit(f), args
