@@ -11,10 +11,13 @@ import numpy as np
 
 
 def flax_lm(layers: int = 2, width: int = 128, heads: int = 4, mlp: int = 512,
-            vocab: int = 30000, length: int = 256, batch: int = 4):
+            vocab: int = 30000, length: int = 256, batch: int = 4, dtype=None,
+            abstract: bool = False):
     """A flax linen decoder LM training step, lm1b's model shape scaled to `layers` x
     `width` (pre-LN blocks, causal self-attention, tied embedding, smoothed labels,
-    optax adamw): (step(params, opt, tokens) -> (params, opt, loss), args)."""
+    optax adamw): (step(params, opt, tokens) -> (params, opt, loss), args). `dtype`:
+    the modules' compute dtype (float32 parameters either way); `abstract`: args as
+    `jax.ShapeDtypeStruct`s (for `jax_trn.estimate`), nothing initialized."""
     import flax.linen as nn
     import jax
     import optax
@@ -22,27 +25,33 @@ def flax_lm(layers: int = 2, width: int = 128, heads: int = 4, mlp: int = 512,
     class Block(nn.Module):
         @nn.compact
         def __call__(self, x, mask):
-            h = nn.LayerNorm()(x)
-            x = x + nn.MultiHeadDotProductAttention(heads, qkv_features=width)(h, h, mask=mask)
-            h = nn.LayerNorm()(x)
-            return x + nn.Dense(width)(nn.relu(nn.Dense(mlp)(h)))
+            h = nn.LayerNorm(dtype=dtype)(x)
+            x = x + nn.MultiHeadDotProductAttention(heads, qkv_features=width,
+                                                    dtype=dtype)(h, h, mask=mask)
+            h = nn.LayerNorm(dtype=dtype)(x)
+            return x + nn.Dense(width, dtype=dtype)(nn.relu(nn.Dense(mlp, dtype=dtype)(h)))
 
     class TransformerLM(nn.Module):
         @nn.compact
         def __call__(self, tokens):
-            embed = nn.Embed(vocab, width)
+            embed = nn.Embed(vocab, width, dtype=dtype)
             pos = self.param("pos", nn.initializers.normal(0.02), (length, width))
             x = embed(tokens) + pos[:tokens.shape[1]]
             mask = nn.make_causal_mask(tokens)
             for _ in range(layers):
                 x = Block()(x, mask)
-            return embed.attend(nn.LayerNorm()(x))
+            return embed.attend(nn.LayerNorm(dtype=dtype)(x))
 
     model, tx = TransformerLM(), optax.adamw(1e-3)
     tokens = np.random.default_rng(0).integers(0, vocab, (batch, length)).astype(np.int32)
     with jax.default_device(jax.devices("cpu")[0]):
-        params = jax.device_get(model.init(jax.random.key(0), tokens))
-        opt = jax.device_get(tx.init(params))
+        if abstract:
+            params = jax.eval_shape(model.init, jax.random.key(0), tokens)
+            opt = jax.eval_shape(tx.init, params)
+            tokens = jax.ShapeDtypeStruct(tokens.shape, tokens.dtype)
+        else:
+            params = jax.device_get(model.init(jax.random.key(0), tokens))
+            opt = jax.device_get(tx.init(params))
 
     @jax.jit
     def step(params, opt, tokens):
