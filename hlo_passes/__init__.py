@@ -19,6 +19,7 @@ dumps and `disabled` use):
     rank0-windows        convolution / reduce_window over no dims: one unit dim added
     split-reductions     variadic reduce / reduce_window with a separable body -> one each
     fix(simplify, cse, dce)   cleanup, repeated until nothing changes
+    combine-all-reduce   independent all_reduces -> one variadic all_reduce per bucket
     degenerate-reduce    reduce over extent-1 dims -> reshape          } fuse=True
     transposed-dot       transpose(dot(a, b)) -> dot(b, a)              } only
     attention-fusion     softmax(q k^T) v -> fusion "attention"         }
@@ -39,6 +40,7 @@ from hlo_passes.fusion_policy import FusionPolicy
 from hlo_passes.importer import artifact_version, deserialize, import_module
 from hlo_passes.mlir_passes import run_mlir_passes
 from hlo_passes.passes import (
+    combine_all_reduce,
     complex_planes,
     cse,
     dce,
@@ -64,7 +66,7 @@ __all__ = [
 
 def _cleanup() -> list:
     return [inline_calls, localize, complex_planes, rank0_windows, split_reductions,
-            Fix([simplify, cse, dce])]
+            Fix([simplify, cse, dce]), combine_all_reduce]
 
 
 def _fusion(policy: FusionPolicy) -> list:

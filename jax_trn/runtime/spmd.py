@@ -159,16 +159,17 @@ def execute(step: Collective, drams: list[dict], devices, arrivals: list[float],
     forced, algorithm = algorithm, ""
     total_ns, nbytes, step_times = 0.0, 0, []
     sent: dict[str, float] = {}
-    for src, dst in zip(step.operands, step.results):
-        arrays = {gid[p]: _read(drams[p], src) for p in range(n)}
+    for srcs, dsts in messages(step):
+        arrays = {gid[p]: _read_all(drams[p], srcs) for p in range(n)}
         results, timing_i = _run(step, arrays, groups, gid, topology, dma_available,
                                  forced)
         for p in range(n):
             if gid[p] in results:
-                _write(drams[p], dst, results[gid[p]])
+                _write_all(drams[p], dsts, results[gid[p]])
             else:                      # collective_permute: nobody sends to p
-                _write(drams[p], dst, np.zeros(dst.shape, _dt.np_dtype(dst.dtype)))
-        # Several operands (a psum of a tuple) run one after another.
+                for dst in dsts:
+                    _write(drams[p], dst, np.zeros(dst.shape, _dt.np_dtype(dst.dtype)))
+        # Several messages (a psum of a tuple of dtypes) run one after another.
         step_times += [(s.label, total_ns + s.start_ns, total_ns + s.end_ns, s.bytes)
                        for s in timing_i.steps]
         total_ns += timing_i.total_ns
@@ -221,6 +222,33 @@ def _run(step, arrays, groups, gid, topology, dma_available=1.0, algorithm=None)
     if step.kind == "collective_permute":
         kw["pairs"] = [(gid[s], gid[t]) for s, t in step.pairs]
     return run_collective(step.kind, arrays, groups_g, topology, **kw)
+
+
+def messages(step: Collective) -> list[tuple[list, list]]:
+    """(operands, results) of each message the collective sends: an all_reduce of
+    several operands of one element type (hlo_passes' combine-all-reduce) goes as one
+    flat message, the concatenation of its operands (one algorithm, one latency);
+    anything else one message per operand."""
+    pairs = list(zip(step.operands, step.results))
+    if (step.kind == "all_reduce" and len(pairs) > 1
+            and len({t.dtype for t in step.operands}) == 1):
+        return [(list(step.operands), list(step.results))]
+    return [([src], [dst]) for src, dst in pairs]
+
+
+def _read_all(dram: dict, srcs: list) -> np.ndarray:
+    if len(srcs) == 1:
+        return _read(dram, srcs[0])
+    return np.concatenate([np.asarray(dram[t.name]).reshape(-1) for t in srcs])
+
+
+def _write_all(dram: dict, dsts: list, value: np.ndarray) -> None:
+    if len(dsts) == 1:
+        return _write(dram, dsts[0], value)
+    flat, at = np.asarray(value).reshape(-1), 0
+    for t in dsts:
+        _write(dram, t, flat[at:at + t.size])
+        at += t.size
 
 
 def _read(dram: dict, t) -> np.ndarray:

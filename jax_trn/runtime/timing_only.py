@@ -86,8 +86,9 @@ def _collective(arrival, ids, topology, dram, algorithm):
     pairs = [(ids[s], ids[t]) for s, t in step.pairs]
     total_ns, nbytes, algo, sent, steps = 0.0, 0, "", 0.0, []
     chip0 = int(topology.chip_of(ids[0]))
-    for src, dst in zip(step.operands, step.results):
-        shape, dtype = tuple(src.shape), _dt.np_dtype(src.dtype)
+    for srcs, dsts in spmd.messages(step):
+        shape = tuple(srcs[0].shape) if len(srcs) == 1 else (sum(t.size for t in srcs),)
+        dtype = _dt.np_dtype(srcs[0].dtype)
         if step.kind == "collective_permute":
             t = collective_time(step.kind, shape, dtype, [sorted({d for p in pairs for d in p})],
                                 topology, algorithm, pairs=pairs, dma_available=dma_available)
@@ -101,8 +102,9 @@ def _collective(arrival, ids, topology, dram, algorithm):
         algo = algo or t.algorithm
         sent += t.link_bytes.get(f"chip{chip0}.dma_tx", 0.0)
         if dram is not None:
-            _write(dram, dst, symmetric_result(step, np.asarray(dram[src.name]).reshape(src.shape),
-                                               groups))
+            for src, dst in zip(srcs, dsts):
+                x = np.asarray(dram[src.name]).reshape(src.shape)
+                _write(dram, dst, symmetric_result(step, x, groups))
     start = max(arrival.t, arrival.ready if arrival.ready is not None else arrival.t)
     on_chip = sum(1 for d in ids if int(topology.chip_of(d)) == chip0)
     if step.kind == "collective_permute" and not any(t == 0 for _, t in step.pairs) \
