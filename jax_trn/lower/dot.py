@@ -36,7 +36,7 @@ from .layout import (Axes, View, box_offset, box_pattern, line_tiles, merge_axes
 from .matmul import MatmulEmitter
 from .matmul_plan import Operand, double_row, interleaved, make_plan, with_dma_transpose
 from .movement import fill
-from .relayout import relayout
+from .relayout import permute, relayout
 from .registry import LowerCtx, register_lowering
 
 LEVELS = {"default": 0, "high": 1, "highest": 2}
@@ -109,6 +109,20 @@ def _operand(t: DramTensor, b: Axes, f: Axes, k: Axes, dtype: str) -> Operand | 
     return Operand(t, b, ks, fs, dtype, transposed)
 
 
+def _dims_of(axes: Axes, order: Axes) -> tuple[int, ...] | None:
+    """The dims of a row-major tensor (its `axes`) that `order` lists, as a
+    permutation (two dims share an axis only if both have size 1: either will do);
+    None if `order` is not one (merged axes)."""
+    dims, used = [], set()
+    for axis in order:
+        d = next((i for i, a in enumerate(axes) if a == axis and i not in used), None)
+        if d is None:
+            return None
+        used.add(d)
+        dims.append(d)
+    return tuple(dims) if len(dims) == len(axes) else None
+
+
 def _canonical(ctx: LowerCtx, t: DramTensor, b: Axes, f: Axes, k: Axes, dtype: str,
                lhs: bool) -> Operand:
     """The operand as single K/F axes, copied into [B, M, K] / [B, K, N] if need be."""
@@ -117,7 +131,11 @@ def _canonical(ctx: LowerCtx, t: DramTensor, b: Axes, f: Axes, k: Axes, dtype: s
         return op
     order = (*b, *f, *k) if lhs else (*b, *k, *f)
     copy = ctx.temp(tuple(n for _, n in order), t.dtype)
-    relayout(ctx.kb, View.of(copy), View(t, order))
+    perm = _dims_of(row_major(t.shape), order)
+    if perm is None:                  # merged batch axes: not a permutation of t's dims
+        relayout(ctx.kb, View.of(copy), View(t, order))
+    else:
+        permute(ctx, copy, t, perm)
     nb = len(b)
     axes = row_major(copy.shape)
     bb = axes[:nb]

@@ -57,8 +57,41 @@ def broadcast_axes(shape: tuple[int, ...], out_shape: tuple[int, ...],
 
 @register_lowering("transpose")
 def _transpose_lower(ctx: LowerCtx, x: DramTensor, *, permutation) -> None:
+    permute(ctx, ctx.outs[0], x, tuple(int(p) for p in permutation))
+
+
+def permute(ctx: LowerCtx, out: DramTensor, x: DramTensor, perm: tuple[int, ...]) -> None:
+    """out = transpose(x, perm), in one pass or, when the output's innermost dim is
+    strided in `x` and no swap of two axes does it, in two (`_two_stages`)."""
+    if not _two_stages(x, perm):
+        return _permute(ctx.kb, out, x, perm)
+    # x's dim l becomes the output's innermost: first a batched swap moving l behind
+    # the dims that follow it in x (contiguous there), then whole rows of l in place.
+    l = perm[-1]
+    first = tuple(d for d in range(len(perm)) if d != l) + (l,)
+    moved = ctx.temp(tuple(x.shape[d] for d in first), x.dtype)
+    _permute(ctx.kb, moved, x, first)
+    _permute(ctx.next_kernel("rows"), out, moved, tuple(first.index(p) for p in perm))
+
+
+# The shortest output row (elements of x's dim l) worth a second pass: below it the rows'
+# DMA descriptors are as short as the direct copy's, nearly.
+MIN_ROW = 32
+
+
+def _permute(kb: KernelBuilder, out: DramTensor, x: DramTensor, perm: tuple[int, ...]) -> None:
     src = row_major(x.shape)
-    relayout(ctx.kb, View.of(ctx.outs[0]), View(x, tuple(src[p] for p in permutation)))
+    relayout(kb, View.of(out), View(x, tuple(src[p] for p in perm)))
+
+
+def _two_stages(x: DramTensor, perm: tuple[int, ...]) -> bool:
+    """The output's innermost dim is strided in `x` but the permutation is not a swap
+    of its last two (merged) axes: a direct DMA would move one element per descriptor
+    (2-4 byte runs, §3.4). Worth two passes when the rows are long enough."""
+    src = row_major(x.shape)
+    d, s = merge_axes(row_major(tuple(x.shape[p] for p in perm)), tuple(src[p] for p in perm))
+    return (len(s) >= 2 and s[-1][0] not in (0, 1) and not _is_swap(s, x.dtype)
+            and ir.np_dtype(x.dtype).itemsize in (2, 4) and d[-1][1] >= MIN_ROW)
 
 
 @register_lowering("broadcast_in_dim")
