@@ -110,17 +110,17 @@ def _operand(t: DramTensor, b: Axes, f: Axes, k: Axes, dtype: str) -> Operand | 
 
 
 def _dims_of(axes: Axes, order: Axes) -> tuple[int, ...] | None:
-    """The dims of a row-major tensor (its `axes`) that `order` lists, as a
-    permutation (two dims share an axis only if both have size 1: either will do);
-    None if `order` is not one (merged axes)."""
-    dims, used = [], set()
-    for axis in order:
-        d = next((i for i, a in enumerate(axes) if a == axis and i not in used), None)
-        if d is None:
-            return None
-        used.add(d)
-        dims.append(d)
-    return tuple(dims) if len(dims) == len(axes) else None
+    """The dims of a row-major tensor without size-1 dims (its `axes`, all distinct)
+    that `order` lists, as a permutation; None if `order` is not one (merged axes)."""
+    dims = [next((i for i, a in enumerate(axes) if a == axis), None) for axis in order]
+    if None in dims or sorted(dims) != list(range(len(axes))):
+        return None
+    return tuple(dims)
+
+
+def _squeezed(t: DramTensor) -> DramTensor:
+    """`t` without its size-1 dims: the same buffer, the same row-major layout."""
+    return DramTensor(t.name, tuple(n for n in t.shape if n != 1), t.dtype)
 
 
 def _canonical(ctx: LowerCtx, t: DramTensor, b: Axes, f: Axes, k: Axes, dtype: str,
@@ -131,11 +131,14 @@ def _canonical(ctx: LowerCtx, t: DramTensor, b: Axes, f: Axes, k: Axes, dtype: s
         return op
     order = (*b, *f, *k) if lhs else (*b, *k, *f)
     copy = ctx.temp(tuple(n for _, n in order), t.dtype)
-    perm = _dims_of(row_major(t.shape), order)
-    if perm is None:                  # merged batch axes: not a permutation of t's dims
+    # Size-1 dims aside (the layouts are the same without them), the copy is a
+    # transpose of t unless batch axes were merged.
+    sq, copy_sq = _squeezed(t), _squeezed(copy)
+    perm = _dims_of(row_major(sq.shape), tuple(a for a in order if a[1] != 1))
+    if perm is None:
         relayout(ctx.kb, View.of(copy), View(t, order))
     else:
-        permute(ctx, copy, t, perm)
+        permute(ctx, copy_sq, sq, perm)
     nb = len(b)
     axes = row_major(copy.shape)
     bb = axes[:nb]

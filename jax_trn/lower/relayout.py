@@ -61,21 +61,20 @@ def _transpose_lower(ctx: LowerCtx, x: DramTensor, *, permutation) -> None:
 
 
 def permute(ctx: LowerCtx, out: DramTensor, x: DramTensor, perm: tuple[int, ...]) -> None:
-    """out = transpose(x, perm), in one pass or, when the output's innermost dim is
-    strided in `x` and no swap of two axes does it, in two (`_two_stages`)."""
-    if not _two_stages(x, perm):
+    """out = transpose(x, perm): in one pass, or in two through an HBM temporary when
+    the output's innermost dim is strided in `x` and no swap of two axes does it (one
+    DMA would then move 2-4 byte runs, §3.4): a TensorE swap and a copy of whole rows
+    (`_first_stage` picks their order)."""
+    first = _first_stage(x, perm)
+    if first is None:
         return _permute(ctx.kb, out, x, perm)
-    # x's dim l becomes the output's innermost: first a batched swap moving l behind
-    # the dims that follow it in x (contiguous there), then whole rows of l in place.
-    l = perm[-1]
-    first = tuple(d for d in range(len(perm)) if d != l) + (l,)
     moved = ctx.temp(tuple(x.shape[d] for d in first), x.dtype)
     _permute(ctx.kb, moved, x, first)
     _permute(ctx.next_kernel("rows"), out, moved, tuple(first.index(p) for p in perm))
 
 
-# The shortest output row (elements of x's dim l) worth a second pass: below it the rows'
-# DMA descriptors are as short as the direct copy's, nearly.
+# The shortest row (elements) worth a second pass: below it the rows' DMA descriptors
+# are as short as the direct copy's, nearly.
 MIN_ROW = 32
 
 
@@ -84,14 +83,39 @@ def _permute(kb: KernelBuilder, out: DramTensor, x: DramTensor, perm: tuple[int,
     relayout(kb, View.of(out), View(x, tuple(src[p] for p in perm)))
 
 
-def _two_stages(x: DramTensor, perm: tuple[int, ...]) -> bool:
-    """The output's innermost dim is strided in `x` but the permutation is not a swap
-    of its last two (merged) axes: a direct DMA would move one element per descriptor
-    (2-4 byte runs, §3.4). Worth two passes when the rows are long enough."""
+def _first_stage(x: DramTensor, perm: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The layout of the temporary of a two-pass transpose (a permutation of x's dims),
+    or None for one pass. Of two ways, the one with the longer rows:
+      - swap, then rows: the output's trailing dims (`tail`, consecutive in x) moved
+        behind the rest of x by a swap; then rows of `tail` elements to their places;
+      - rows, then swap: x's trailing dims (`head`, consecutive in the output, which is
+        [P, head, Q]) kept innermost while rows go to [P, Q, head]; then a swap of
+        `head` and Q."""
     src = row_major(x.shape)
-    d, s = merge_axes(row_major(tuple(x.shape[p] for p in perm)), tuple(src[p] for p in perm))
-    return (len(s) >= 2 and s[-1][0] not in (0, 1) and not _is_swap(s, x.dtype)
-            and ir.np_dtype(x.dtype).itemsize in (2, 4) and d[-1][1] >= MIN_ROW)
+    _, s = merge_axes(row_major(tuple(x.shape[p] for p in perm)), tuple(src[p] for p in perm))
+    if (len(s) < 2 or s[-1][0] in (0, 1) or _is_swap(s, x.dtype)
+            or ir.np_dtype(x.dtype).itemsize not in (2, 4)):
+        return None
+    n = len(perm)
+    k = n - 1
+    while k > 0 and perm[k - 1] + 1 == perm[k]:
+        k -= 1
+    tail = perm[k:]
+    j = i = perm.index(n - 1)
+    while i > 0 and perm[i - 1] + 1 == perm[i]:
+        i -= 1
+    head = perm[i:j + 1]
+    options = [(_extent(x, tail), tuple(d for d in range(n) if d not in tail) + tail),
+               (_extent(x, head), perm[:i] + perm[j + 1:] + head)]
+    rows, first = max(options, key=lambda o: o[0])
+    return first if rows >= MIN_ROW else None
+
+
+def _extent(x: DramTensor, dims: tuple[int, ...]) -> int:
+    n = 1
+    for d in dims:
+        n *= x.shape[d]
+    return n
 
 
 @register_lowering("broadcast_in_dim")

@@ -44,3 +44,22 @@ def test_bf16_gemm_rhs_transposed_matches_cpu(jax, trn, cpu):
     a, b = _rand((200, 384), "bfloat16", 5), _rand((300, 384), "bfloat16", 6)
     f = lambda a, b: a @ b.T  # noqa: E731
     assert_close(_run(jax, trn, f, a, b), _run(jax, cpu, f, a, b), "bfloat16")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_grouped_query_einsums_match_cpu(jax, trn, cpu, dtype):
+    """Gemma's GQA einsums: operands whose free dims do not merge ([B, T, K, G, H]
+    against [B, S, K, H]) are copied into matmul layout (two-pass transposes), and the
+    scores [B, K, S, T, G] -> [B, K, G, T, S] transpose too; exact layouts, CPU values."""
+    import jax.numpy as jnp
+    q, k = _rand((1, 64, 2, 4, 32), dtype, 5), _rand((1, 48, 2, 32), dtype, 6)
+    v = _rand((1, 48, 2, 32), dtype, 7)
+
+    def f(q, k, v):
+        s = jnp.einsum("BTKGH,BSKH->BKGTS", q, k, preferred_element_type=jnp.float32)
+        p = jax.nn.softmax(s, axis=-1).astype(q.dtype)
+        return jnp.einsum("BKGTS,BSKH->BTKGH", p, v, preferred_element_type=jnp.float32)
+    with jax.default_matmul_precision("highest"):
+        got, ref = _run(jax, trn, f, q, k, v), _run(jax, cpu, f, q, k, v)
+    assert_close(got, ref, "float32", rtol=2e-2 if dtype == "bfloat16" else 1e-5,
+                 atol=2e-2 if dtype == "bfloat16" else 1e-5)
