@@ -187,3 +187,27 @@ def test_a_cached_complex_program_shows_complex_types(jax, trn, cache_at, tmp_pa
     stored = compile_cache.loads(entry.read_bytes())
     assert stored.module is None
     assert "(%arg0: tensor<2x3xcomplex<f32>>) -> (tensor<2x3xcomplex<f32>>)" in stored.mlir_text
+
+
+def test_a_loaded_program_is_not_left_to_the_young_collections():
+    # A loaded program is made with the collector paused: left in the youngest
+    # generation, the next young collections walk all of it (seconds for a training
+    # step) to free nothing. It goes straight to the oldest generation.
+    import gc
+    blob = compile_cache.dumps([[k, str(k)] for k in range(2000)])
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    payload = compile_cache.loads(blob)
+    young = {id(o) for g in (0, 1) for o in gc.get_objects(generation=g)}
+    assert id(payload) not in young and id(payload[7]) not in young
+    assert any(o is payload for o in gc.get_objects(generation=2))
+    assert gc.get_freeze_count() == 0
+
+
+def test_the_platform_version_names_the_build(monkeypatch):
+    # JAX's own cache (engaged for trn when a CPU program compiled first) keys its
+    # entries by the platform version: another build of jax-trn must miss there too.
+    from jax_trn.runtime.client import Client
+    version = Client(config.resolve()).platform_version
+    monkeypatch.setattr(compile_cache, "plugin_digest", lambda: "0123456789abcdef")
+    other = Client(config.resolve()).platform_version
+    assert other != version and "0123456789ab" in other
