@@ -211,3 +211,24 @@ def test_the_platform_version_names_the_build(monkeypatch):
     monkeypatch.setattr(compile_cache, "plugin_digest", lambda: "0123456789abcdef")
     other = Client(config.resolve()).platform_version
     assert other != version and "0123456789ab" in other
+
+
+def test_a_loaded_kernel_unpickles_its_instructions_when_first_asked(jax):
+    # Loading a training step made 130,000 instruction objects nothing reads before
+    # the program runs; each kernel's are made when it first runs.
+    from jax_trn.hw.program import Kernel
+    rt_options = config.resolve()
+    jnp = jax.numpy
+    code = jax.jit(lambda a, b: jnp.tanh(a @ b).sum(0) + jnp.exp(b).max(1)).lower(
+        np.ones((256, 128), np.float32), np.ones((128, 128), np.float32)).as_text().encode()
+    compiled = compiler.compile_program(code, rt_options, name="m").without_ir()
+    loaded = compile_cache.loads(compile_cache.dumps(compiled))
+    kernels, originals = loaded.program.kernels, compiled.program.kernels
+    assert len(kernels) == len(originals) > 1
+    assert all(isinstance(k, Kernel) and "instructions" not in vars(k) for k in kernels)
+    again = compile_cache.loads(compile_cache.dumps(loaded))      # still packed
+    assert all("instructions" not in vars(k) for k in kernels + again.program.kernels)
+    for k, original in zip(kernels + again.program.kernels, originals + originals):
+        assert k.instructions == original.instructions and k.name == original.name
+        assert k.dram == original.dram and k.flops == original.flops
+        assert "_packed" not in vars(k)
