@@ -123,7 +123,8 @@ class PackedKernel(Kernel):
     0.3-0.75 s of a 0.5-1.0 s cache hit. Nothing between loading a program and running
     it reads instructions (JAX asks for types, layouts, shardings and the program's
     text), and running a kernel reads its own: each kernel's are unpickled when it
-    first runs, or when anything else (`code_size_bytes`, the profiler) asks."""
+    first runs, or when anything else (`code_size_bytes`, the profiler) asks. All 821
+    kernels of the step: 0.19 s CPU, spread over its first call."""
 
     def __getattr__(self, name):
         if name != "instructions":
@@ -133,6 +134,7 @@ class PackedKernel(Kernel):
             if "instructions" not in state:
                 with gc_paused():
                     state["instructions"] = pickle.loads(state["_packed"])
+                    _promote_young_objects()     # all of them: 0.7 s -> 0.19 s CPU
                 del state["_packed"]
         return state["instructions"]
 

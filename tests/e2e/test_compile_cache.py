@@ -228,7 +228,21 @@ def test_a_loaded_kernel_unpickles_its_instructions_when_first_asked(jax):
     assert all(isinstance(k, Kernel) and "instructions" not in vars(k) for k in kernels)
     again = compile_cache.loads(compile_cache.dumps(loaded))      # still packed
     assert all("instructions" not in vars(k) for k in kernels + again.program.kernels)
+    import gc
+    first = kernels[0].instructions            # made now, straight into the oldest generation
+    assert any(o is first for o in gc.get_objects(generation=2))
     for k, original in zip(kernels + again.program.kernels, originals + originals):
         assert k.instructions == original.instructions and k.name == original.name
         assert k.dram == original.dram and k.flops == original.flops
         assert "_packed" not in vars(k)
+
+
+def test_a_foreign_file_under_the_key_is_ignored_and_replaced(tmp_path):
+    cache = compile_cache.DiskCache(config.PersistentCache(str(tmp_path), min_compile_secs=0.0))
+    assert cache.store("k", {"a": 1}, compile_secs=5.0)
+    entry = cache.path / "k"
+    for foreign in (b"PK\x03\x04 a zip file", b"", compile_cache.MAGIC + b"\0" * 40,
+                    entry.read_bytes()[:-1]):
+        entry.write_bytes(foreign)
+        assert cache.load("k") is None
+        assert cache.store("k", {"a": 2}, compile_secs=5.0) and cache.load("k") == {"a": 2}
