@@ -34,8 +34,13 @@ class Client:
         self.system = system = options.system
         self.devices: list[Device] = make_devices(system, core_numerics(options))
         self.memories: list[Memory] = [d.memory for d in self.devices]
+        # The build (a digest of the plugin's sources) is part of the version: JAX's own
+        # persistent cache, where it engages for trn (when a CPU program compiled first
+        # in the process), keys its entries by it, so an entry of an older jax-trn is
+        # a miss, not a warning at every run that it cannot be loaded.
         self.platform_version = (
-            f"jax-trn {__version__}: simulated {system.name} ({system.num_chips} x "
+            f"jax-trn {__version__} (build {compile_cache.plugin_digest()[:12]}): "
+            f"simulated {system.name} ({system.num_chips} x "
             f"{system.chip_name}, {system.cores_per_chip} x {system.chip.core.name} each)")
         self._compile_lock = threading.Lock()
         self._counter = 0

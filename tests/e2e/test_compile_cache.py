@@ -187,3 +187,62 @@ def test_a_cached_complex_program_shows_complex_types(jax, trn, cache_at, tmp_pa
     stored = compile_cache.loads(entry.read_bytes())
     assert stored.module is None
     assert "(%arg0: tensor<2x3xcomplex<f32>>) -> (tensor<2x3xcomplex<f32>>)" in stored.mlir_text
+
+
+def test_a_loaded_program_is_not_left_to_the_young_collections():
+    # A loaded program is made with the collector paused: left in the youngest
+    # generation, the next young collections walk all of it (seconds for a training
+    # step) to free nothing. It goes straight to the oldest generation.
+    import gc
+    blob = compile_cache.dumps([[k, str(k)] for k in range(2000)])
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    payload = compile_cache.loads(blob)
+    young = {id(o) for g in (0, 1) for o in gc.get_objects(generation=g)}
+    assert id(payload) not in young and id(payload[7]) not in young
+    assert any(o is payload for o in gc.get_objects(generation=2))
+    assert gc.get_freeze_count() == 0
+
+
+def test_the_platform_version_names_the_build(monkeypatch):
+    # JAX's own cache (engaged for trn when a CPU program compiled first) keys its
+    # entries by the platform version: another build of jax-trn must miss there too.
+    from jax_trn.runtime.client import Client
+    version = Client(config.resolve()).platform_version
+    monkeypatch.setattr(compile_cache, "plugin_digest", lambda: "0123456789abcdef")
+    other = Client(config.resolve()).platform_version
+    assert other != version and "0123456789ab" in other
+
+
+def test_a_loaded_kernel_unpickles_its_instructions_when_first_asked(jax):
+    # Loading a training step made 130,000 instruction objects nothing reads before
+    # the program runs; each kernel's are made when it first runs.
+    from jax_trn.hw.program import Kernel
+    rt_options = config.resolve()
+    jnp = jax.numpy
+    code = jax.jit(lambda a, b: jnp.tanh(a @ b).sum(0) + jnp.exp(b).max(1)).lower(
+        np.ones((256, 128), np.float32), np.ones((128, 128), np.float32)).as_text().encode()
+    compiled = compiler.compile_program(code, rt_options, name="m").without_ir()
+    loaded = compile_cache.loads(compile_cache.dumps(compiled))
+    kernels, originals = loaded.program.kernels, compiled.program.kernels
+    assert len(kernels) == len(originals) > 1
+    assert all(isinstance(k, Kernel) and "instructions" not in vars(k) for k in kernels)
+    again = compile_cache.loads(compile_cache.dumps(loaded))      # still packed
+    assert all("instructions" not in vars(k) for k in kernels + again.program.kernels)
+    import gc
+    first = kernels[0].instructions            # made now, straight into the oldest generation
+    assert any(o is first for o in gc.get_objects(generation=2))
+    for k, original in zip(kernels + again.program.kernels, originals + originals):
+        assert k.instructions == original.instructions and k.name == original.name
+        assert k.dram == original.dram and k.flops == original.flops
+        assert "_packed" not in vars(k)
+
+
+def test_a_foreign_file_under_the_key_is_ignored_and_replaced(tmp_path):
+    cache = compile_cache.DiskCache(config.PersistentCache(str(tmp_path), min_compile_secs=0.0))
+    assert cache.store("k", {"a": 1}, compile_secs=5.0)
+    entry = cache.path / "k"
+    for foreign in (b"PK\x03\x04 a zip file", b"", compile_cache.MAGIC + b"\0" * 40,
+                    entry.read_bytes()[:-1]):
+        entry.write_bytes(foreign)
+        assert cache.load("k") is None
+        assert cache.store("k", {"a": 2}, compile_secs=5.0) and cache.load("k") == {"a": 2}
