@@ -104,6 +104,17 @@ class NeuronCore:
         self._last_end = result.end_ns
         return result
 
+    def replay(self, kernel: Kernel, order, dram: dict[str, np.ndarray]) -> None:
+        """The numerics of `kernel` alone, against DRAM arrays `dram`: its instructions
+        take effect in `order` (a `KernelRun.order` of an earlier `run` of the same
+        kernel), which is what `run` does when its timeline is that run's. No timing,
+        no validation (the earlier run did both); the timeline state is untouched."""
+        self.dram = dram
+        instructions, at, name = kernel.instructions, self.numerics.at, kernel.name
+        for index in order:
+            at(name, index)
+            instructions[index].execute(self)
+
     def validate(self, kernel: Kernel) -> None:
         """Generation constraints and SBUF/PSUM capacity of every instruction."""
         for i, instr in enumerate(kernel.instructions):
@@ -168,6 +179,7 @@ class _Run:
                            if costs.shares_gpsimd_port(ins, core.spec)}     # holds it
         self.parked: dict[str, list[tuple[int, str]]] = {}   # queue -> [(count, waiter)]
         self.events: list[TraceEvent] = []
+        self.order: list[int] = []     # instruction indices in issue order
 
     def run(self) -> KernelRun:
         # 1. every queue head whose waits are known goes on the heap by start time
@@ -237,6 +249,7 @@ class _Run:
     def _issue(self, q: str, start: float) -> None:
         index, instr = self._head(q)
         core = self.core
+        self.order.append(index)
         if self.execute:
             core.numerics.at(self.kernel.name, index)
             instr.execute(core)
@@ -274,7 +287,8 @@ class _Run:
     def _result(self) -> KernelRun:
         events = self.events
         end = max((e.end_ns for e in events), default=self.t0)
-        run = KernelRun(self.kernel.name, self.t0, end, events, core=self.core.core_id)
+        run = KernelRun(self.kernel.name, self.t0, end, events, core=self.core.core_id,
+                        order=tuple(self.order))
         run.busy_ns = _busy(events)
         run.flops = sum(e.flops for e in events)
         run.hbm_bytes = sum(i.hbm_bytes for i in self.kernel.instructions

@@ -27,7 +27,7 @@ from jax_trn.hw.program import has_collectives, host_callbacks
 from jax_trn.config import Options
 from jax_trn.systems import System
 
-from . import callbacks, donation, interrupts, spmd
+from . import blas, callbacks, donation, interrupts, replay, spmd
 from .buffer import Allocations, Buffer
 from .device import Device
 # The control path moved to steps.py; these names are still imported from here.
@@ -65,6 +65,11 @@ class Executable:
         # for all of them (the others wait for its results).
         self.collectives = has_collectives(program.steps) or (len(devices) > 1 and any(
             s.device is not None for s in host_callbacks(program.steps)))
+        # TensorE tile math runs on one BLAS thread during a call (`blas`).
+        self.uses_blas = uses_blas(program)
+        # Timelines computed once (`replay`): {device ids of a call: DeviceTimeline each}.
+        self.static_timeline = replay.static_timeline(program)
+        self._timelines: dict[tuple[int, ...], tuple[replay.DeviceTimeline, ...]] = {}
         self.fingerprint = hashlib.sha256(program.text.encode() + name.encode()).hexdigest()[:32]
         self.deleted = False
         self._lock = threading.Lock()
@@ -178,7 +183,8 @@ class Executable:
         sharers = Counter(d.chip for d in devices)
         hbms = {c: Hbm(chip.hbm_bytes_per_ns, f"hbm.chip{c}", n if n > 1 else None)
                 for c, n in sharers.items()}
-        with Allocations(donation.donated(self.aliases, keep)) as alloc, interrupts.watched():
+        with Allocations(donation.donated(self.aliases, keep)) as alloc, interrupts.watched(), \
+                blas.one_thread(self.uses_blas):
             run = self._execute_spmd if self.collectives else self._execute_each
             results, records, collectives = run(devices, arg_lists, hbms, alloc)
             profiler.record(self._execution(records, devices, collectives))
@@ -193,18 +199,36 @@ class Executable:
                 for d in devices]
 
     def _execute_each(self, devices, arg_lists, hbms, alloc):
-        """One device after the other (a program without collectives)."""
-        records, results = [], []
+        """One device after the other (a program without collectives). A program with
+        a static timeline is timed on the first call on these devices only; later
+        calls replay the numerics (`replay`)."""
+        key = tuple(d.id for d in devices)
+        cached = self._timelines.get(key) if self.static_timeline else None
+        records, results, recorded = [], [], []
         for p, (dev, args) in enumerate(zip(devices, arg_lists)):
             outs, dram = self._prepare(dev, args, p, alloc)
             with dev.execution_lock:
-                core = dev.core_model
-                core.begin(hbms[dev.chip])
-                records.extend(run_kernels(self.program, core, dram, dev.id, dev.chip,
-                                           limit=self.settings.max_while_iterations,
-                                           chip_spec=dev.system.chip))
+                if cached is not None:
+                    records.extend(replay.replay(cached[p], dev.core_model, dram))
+                else:
+                    recorded.append(self._run_device(dev, dram, hbms[dev.chip]))
+                    records.extend(recorded[-1].records)
             results.append(outs)
+        if recorded and self.static_timeline:
+            self._timelines[key] = tuple(recorded)
         return results, records, ()
+
+    def _run_device(self, dev, dram, hbm) -> replay.DeviceTimeline:
+        """The steps on `dev`'s core from simulated time 0, timed in full."""
+        core = dev.core_model
+        core.begin(hbm)
+        runner = StepRunner(core, dram, dev.id, dev.chip, True, self.program.steps,
+                            self.settings.max_while_iterations, chip_spec=dev.system.chip)
+        runner.plan = []
+        for arrival in runner.run():
+            raise ExecutionError(f"{arrival.step.name} is a collective: run the program "
+                                 "on all its devices (spmd.drive)")
+        return replay.DeviceTimeline(tuple(runner.records), tuple(runner.plan))
 
     def _execute_spmd(self, devices, arg_lists, hbms, alloc):
         """All devices at once: each runs the steps on its core until a collective,
@@ -315,19 +339,25 @@ def simulate(name: str, prog, options: Options | System, device_ids: list[int] |
     on the arguments, e.g. fori_loop and scan with static bounds). Collectives run their
     numerics too (on zeros), on every device of the program. Host callbacks are timed
     but call nothing (their results are zeros)."""
-    from jax_trn.hw.bandwidth import Hbm
-    from jax_trn.hw.core import NeuronCore
     from .device import core_numerics
     options = options if isinstance(options, Options) else Options(system=options)
     system, numerics = options.system, core_numerics(options)
     chip = system.chip
     collectives = has_collectives(prog.steps)
     ids = list(device_ids) if collectives and device_ids else [0]
+    execute = prog.control_flow or collectives
+    with blas.one_thread(execute and uses_blas(prog)):
+        return _simulate(name, prog, options, system, numerics, chip, collectives, ids, execute)
+
+
+def _simulate(name, prog, options, system, numerics, chip, collectives, ids, execute):
+    """`simulate` on fresh cores for device ids `ids`."""
+    from jax_trn.hw.bandwidth import Hbm
+    from jax_trn.hw.core import NeuronCore
     cores_per_chip = system.cores_per_chip
     hbms: dict[int, Hbm] = {}
     sharers = Counter(d // cores_per_chip for d in ids)
     runners = []
-    execute = prog.control_flow or collectives
     for p, d in enumerate(ids):
         c = d // cores_per_chip
         if c not in hbms:
@@ -360,6 +390,11 @@ class _SimDevice:
 
     def __init__(self, device_id: int):
         self.id = device_id
+
+
+def uses_blas(prog) -> bool:
+    """Whether any kernel of `prog` has a TensorE instruction (tile matmuls)."""
+    return any(ins.engine == "tensor" for k in prog.kernels for ins in k.instructions)
 
 
 def make_execution(name: str, prog, system, device_ids: list[int], kernels, collectives=()

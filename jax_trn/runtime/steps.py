@@ -82,6 +82,9 @@ class StepRunner:
         self.cc_free = 0.0             # when this device's CC cores finish its last collective
         self.end_ns = 0.0              # the device's end: last step, collectives included
         self._touch: dict[int, tuple[frozenset, frozenset]] = {}
+        # When a list: what took effect, in order, for `replay` ((kernel, issue order)
+        # per kernel instance, the step per host callback).
+        self.plan: list | None = None
 
     def run(self):
         t = yield from self.steps(self.program_steps, 0.0, "")
@@ -120,6 +123,8 @@ class StepRunner:
             span = callbacks.local_span(step, self.chip_spec, t)
             if self.execute:
                 callbacks.run(step, self.dram, self.dram, self.call_host)
+            if self.plan is not None:
+                self.plan.append(step)
         self.records.append(callbacks.record(step, span, self.device_id, self.chip,
                                              self.core.core_id, context))
         return span.end_ns
@@ -183,6 +188,8 @@ class StepRunner:
 
     def kernel(self, kernel, t: float, context: str) -> float:
         run = self.core.run(kernel, self.dram, t, execute=self.execute)
+        if self.plan is not None:
+            self.plan.append((kernel, run.order))
         self.records.append(_kernel_record(kernel, self.device_id, self.chip,
                                            self.core.core_id, run, context))
         return run.end_ns
