@@ -41,3 +41,48 @@ def test_one_thread_nests_and_restores():
         assert set(_blas_threads()) == {2}
         with blas.one_thread(needed=False):
             assert set(_blas_threads()) == {2}
+
+
+def _calls(jax, f, *arg_sets):
+    import jax_trn
+    with jax_trn.profile() as prof:
+        outs = [np.asarray(f(*args)) for args in arg_sets]
+    return outs, prof.executions
+
+
+def test_a_straight_line_program_is_timed_once_and_its_numerics_replayed(jax, trn):
+    f = jax.jit(lambda a, b: jax.numpy.tanh(a @ b) + 1.0)
+    rng = np.random.default_rng(0)
+    sets = [[jax.device_put(rng.normal(size=s).astype(np.float32), trn)
+             for s in ((32, 48), (48, 16))] for _ in range(3)]
+    outs, (first, second, third) = _calls(jax, f, *sets)
+    # the timeline is the recorded one: the same records, the same simulated time
+    assert all(a is b for a, b in zip(first.kernels, second.kernels))
+    assert all(a is b for a, b in zip(first.kernels, third.kernels))
+    assert first.simulated_time_s == third.simulated_time_s
+    # the numerics ran on each call's own inputs
+    for out, (a, b) in zip(outs, sets):
+        np.testing.assert_allclose(out, np.tanh(np.asarray(a) @ np.asarray(b)) + 1.0,
+                                   rtol=2e-2, atol=2e-2)   # default precision: bf16 passes
+    assert not np.array_equal(outs[0], outs[1])
+
+
+def test_loops_are_timed_on_every_call(jax, trn):
+    f = jax.jit(lambda n, x: jax.lax.fori_loop(0, n, lambda i, v: v * 2.0, x))
+    x = jax.device_put(np.ones(8, np.float32), trn)
+    (two, three), (a, b) = _calls(jax, f, (np.int32(1), x), (np.int32(2), x))
+    np.testing.assert_array_equal(two, 2.0)
+    np.testing.assert_array_equal(three, 4.0)
+    assert b.simulated_time_s > a.simulated_time_s
+    assert not any(r is s for r in a.kernels for s in b.kernels)
+
+
+def test_tile_views_are_made_once_per_memory():
+    from jax_trn.hw.memory import OnChipMemory
+    from jax_trn.hw.operands import Tile
+    mem = OnChipMemory("sbuf", 128, 1024)
+    t = Tile("sbuf", 0, 4, 16, (8,), "float32")
+    view = mem.view(t)
+    assert mem.view(Tile("sbuf", 0, 4, 16, (8,), "float32")) is view
+    view[...] = 3.0
+    assert (mem.data[:4, 16:48].view(np.float32) == 3.0).all()
