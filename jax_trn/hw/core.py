@@ -30,6 +30,7 @@ from .isa import DmaCopy, Instr, IsaError
 from .kernel_facts import InstrFacts, KernelFacts, facts
 from .memory import OnChipMemory
 from .numerics import Numerics
+from .plan import PlanCache
 from .program import Kernel
 from .spec import ChipSpec, CoreSpec
 from .tensor_pipe import TensorPipe
@@ -66,6 +67,7 @@ class NeuronCore:
         self._mems = {"sbuf": self.sbuf, "psum": self.psum}
         self.numerics = numerics if numerics is not None else Numerics()
         self.dram: dict[str, np.ndarray] = {}
+        self.plans = PlanCache()       # kernels' numerics compiled for this core (plan.py)
         self._clock = dict(spec.clock_ghz)
         self._new_timeline(0.0)
 
@@ -110,10 +112,10 @@ class NeuronCore:
         kernel), which is what `run` does when its timeline is that run's. No timing,
         no validation (the earlier run did both); the timeline state is untouched."""
         self.dram = dram
-        instructions, at, name = kernel.instructions, self.numerics.at, kernel.name
+        plan, at, name = self.plans.get(kernel, self), self.numerics.at, kernel.name
         for index in order:
             at(name, index)
-            instructions[index].execute(self)
+            plan[index]()
 
     def validate(self, kernel: Kernel) -> None:
         """Generation constraints and SBUF/PSUM capacity of every instruction."""
@@ -191,6 +193,7 @@ class _Run:
         self.parked: dict[str, list[tuple[int, str]]] = {}   # queue -> [(count, waiter)]
         self.events: list[TraceEvent] = []
         self.order: list[int] = []     # instruction indices in issue order
+        self.plan = core.plans.get(kernel, core) if execute else None
 
     def run(self) -> KernelRun:
         # 1. every queue head whose waits are known goes on the heap by start time
@@ -263,7 +266,7 @@ class _Run:
         self.order.append(head.index)
         if self.execute:
             core.numerics.at(self.kernel.name, head.index)
-            head.instr.execute(core)
+            self.plan[head.index]()
         free = None
         if head.engine == "tensor":
             start, end = core.pipe.issue_known(head.stationary, head.ls_ns, head.mm_ns, start)

@@ -20,6 +20,8 @@ from .operands import DramAP, IsaError, Tile
 
 __all__ = ["OnChipMemory", "dram_read", "dram_write", "ap_bounds"]
 
+_MAX_VIEWS = 1 << 18      # tile views an OnChipMemory keeps (~60 MiB at most)
+
 
 class OnChipMemory:
     """One of SBUF / PSUM: `partitions` x `nbytes` bytes, zero-initialised. PSUM keeps
@@ -46,6 +48,8 @@ class OnChipMemory:
         when the tile has `strides`); the same array object on every call."""
         view = self._views.get(tile)
         if view is None:
+            if len(self._views) >= _MAX_VIEWS:     # many programs ago: start afresh
+                self._views.clear()
             view = self._views[tile] = self._make_view(tile)
         return view
 
@@ -157,7 +161,10 @@ def _disjoint(pattern: tuple[tuple[int, int], ...]) -> bool:
     return True
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def _check_no_overlap(ap: DramAP) -> None:
+    """IsaError if the pattern writes an element twice (a pattern that passes is
+    remembered; one that fails raises on every use)."""
     if _disjoint(ap.pattern):
         return
     idx = np.full((), ap.offset, np.int64)
