@@ -30,6 +30,7 @@ from jax_trn.systems import System
 from . import blas, callbacks, donation, interrupts, replay, spmd
 from .buffer import Allocations, Buffer
 from .device import Device
+from .gc_pause import gc_paused
 # The control path moved to steps.py; these names are still imported from here.
 from .steps import ExecutionError, StepRunner, control_ns, run_kernels  # noqa: F401
 
@@ -74,6 +75,7 @@ class Executable:
         self.deleted = False
         self._lock = threading.Lock()
         self._timing: profiler.Execution | None = None
+        self._dtype: str | None = None        # compute_dtype(program), for the profiler
         _check_signature(name, program, self.param_types, self.output_types)
         # Constants live in each device's HBM for as long as the executable is loaded.
         self.constant_bytes = sum(int(np.asarray(v).nbytes) for v in program.constants.values())
@@ -184,7 +186,7 @@ class Executable:
         hbms = {c: Hbm(chip.hbm_bytes_per_ns, f"hbm.chip{c}", n if n > 1 else None)
                 for c, n in sharers.items()}
         with Allocations(donation.donated(self.aliases, keep)) as alloc, interrupts.watched(), \
-                blas.one_thread(self.uses_blas):
+                blas.one_thread(self.uses_blas), gc_paused():
             run = self._execute_spmd if self.collectives else self._execute_each
             results, records, collectives = run(devices, arg_lists, hbms, alloc)
             profiler.record(self._execution(records, devices, collectives))
@@ -253,8 +255,10 @@ class Executable:
         return [outs for outs, _ in prepared], records, collectives
 
     def _execution(self, kernels, devices, collectives=()) -> profiler.Execution:
+        if self._dtype is None:        # a walk over every instruction: once
+            self._dtype = compute_dtype(self.program)
         return make_execution(self.name, self.program, devices[0].system,
-                              [d.id for d in devices], kernels, collectives)
+                              [d.id for d in devices], kernels, collectives, self._dtype)
 
     def _check_args(self, device: Device, args: list[Buffer]) -> None:
         if len(args) != len(self.program.params):
@@ -397,9 +401,10 @@ def uses_blas(prog) -> bool:
     return any(ins.engine == "tensor" for k in prog.kernels for ins in k.instructions)
 
 
-def make_execution(name: str, prog, system, device_ids: list[int], kernels, collectives=()
-                   ) -> profiler.Execution:
-    dtype = compute_dtype(prog)
+def make_execution(name: str, prog, system, device_ids: list[int], kernels, collectives=(),
+                   dtype: str | None = None) -> profiler.Execution:
+    """The profiler's record of one call; `dtype`: `compute_dtype(prog)` if known."""
+    dtype = dtype or compute_dtype(prog)
     peak = system.chip.peak_tflops_per_core(dtype) * 1e12
     return profiler.Execution(name, system.name, device_ids, kernels, peak,
                               generation=system.generation, dtype=dtype,
