@@ -76,6 +76,7 @@ class Executable:
         self._lock = threading.Lock()
         self._timing: profiler.Execution | None = None
         self._dtype: str | None = None        # compute_dtype(program), for the profiler
+        self._static: dict[int, dict] = {}    # partition -> static_dram
         _check_signature(name, program, self.param_types, self.output_types)
         # Constants live in each device's HBM for as long as the executable is loaded.
         self.constant_bytes = sum(int(np.asarray(v).nbytes) for v in program.constants.values())
@@ -178,17 +179,10 @@ class Executable:
             raise ExecutionError(
                 f"{self.name} was compiled for {len(self.devices)} devices, "
                 f"called with {len(arg_lists)} argument lists")
-        from jax_trn.hw.bandwidth import Hbm
-        chip = devices[0].system.chip
-        # One HBM per chip, fresh for each execution: the devices of one call run
-        # concurrently (from t=0) and contend for their chip's HBM; separate calls do not.
-        sharers = Counter(d.chip for d in devices)
-        hbms = {c: Hbm(chip.hbm_bytes_per_ns, f"hbm.chip{c}", n if n > 1 else None)
-                for c, n in sharers.items()}
         with Allocations(donation.donated(self.aliases, keep)) as alloc, interrupts.watched(), \
                 blas.one_thread(self.uses_blas), gc_paused():
             run = self._execute_spmd if self.collectives else self._execute_each
-            results, records, collectives = run(devices, arg_lists, hbms, alloc)
+            results, records, collectives = run(devices, arg_lists, alloc)
             profiler.record(self._execution(records, devices, collectives))
             return results
 
@@ -200,13 +194,24 @@ class Executable:
         return [[Buffer.failed(d, t.shape, t.dtype, error) for t in self.output_types]
                 for d in devices]
 
-    def _execute_each(self, devices, arg_lists, hbms, alloc):
+    @staticmethod
+    def _hbms(devices) -> dict:
+        """One HBM per chip, fresh for each execution: the devices of one call run
+        concurrently (from t=0) and contend for their chip's HBM; separate calls do not."""
+        from jax_trn.hw.bandwidth import Hbm
+        chip = devices[0].system.chip
+        sharers = Counter(d.chip for d in devices)
+        return {c: Hbm(chip.hbm_bytes_per_ns, f"hbm.chip{c}", n if n > 1 else None)
+                for c, n in sharers.items()}
+
+    def _execute_each(self, devices, arg_lists, alloc):
         """One device after the other (a program without collectives). A program with
         a static timeline is timed on the first call on these devices only; later
         calls replay the numerics (`replay`)."""
         key = tuple(d.id for d in devices)
         cached = self._timelines.get(key) if self.static_timeline else None
         records, results, recorded = [], [], []
+        hbms = self._hbms(devices) if cached is None else None
         for p, (dev, args) in enumerate(zip(devices, arg_lists)):
             outs, dram = self._prepare(dev, args, p, alloc)
             with dev.execution_lock:
@@ -232,9 +237,10 @@ class Executable:
                                  "on all its devices (spmd.drive)")
         return replay.DeviceTimeline(tuple(runner.records), tuple(runner.plan))
 
-    def _execute_spmd(self, devices, arg_lists, hbms, alloc):
+    def _execute_spmd(self, devices, arg_lists, alloc):
         """All devices at once: each runs the steps on its core until a collective,
         which runs when all have reached it (`spmd.drive`)."""
+        hbms = self._hbms(devices)
         prepared = [self._prepare(dev, args, p, alloc)
                     for p, (dev, args) in enumerate(zip(devices, arg_lists))]
         runners = []
@@ -291,8 +297,11 @@ class Executable:
                 for j, t in enumerate(self.output_types)]
         alloc.reserve(device, sum(t.nbytes for t in prog.temps),
                       f"{len(prog.temps)} temporaries of {self.name}")
+        static = self._static.get(partition)
+        if static is None:
+            static = self._static[partition] = static_dram(prog, partition, 0)
         dram = bind_dram(prog, [b.data for b in args], [b.data for b in outs],
-                         partition=partition, replica=0)
+                         partition=partition, replica=0, static=static)
         return outs, dram
 
 
@@ -301,12 +310,12 @@ PARTITION_ID, REPLICA_ID = "sys:partition_id", "sys:replica_id"
 
 
 def bind_dram(prog, params: list[np.ndarray], outs: list[np.ndarray], *, partition: int = 0,
-              replica: int = 0) -> dict[str, np.ndarray]:
+              replica: int = 0, static: dict | None = None) -> dict[str, np.ndarray]:
     """The DRAM tensors of one execution by name: flat parameter arrays (read-only),
     output arrays (written in place), fresh temporaries, the constants, and this
-    device's partition and replica ids (uint32 scalars the runtime writes)."""
-    dram = {PARTITION_ID: np.array([partition], np.uint32),
-            REPLICA_ID: np.array([replica], np.uint32)}
+    device's partition and replica ids (uint32 scalars the runtime writes).
+    `static`: the constants and ids already bound (`static_dram`), reused."""
+    dram = dict(static) if static is not None else static_dram(prog, partition, replica)
     for p, data in zip(prog.params, params):
         view = _as_stored(data, p.dtype)
         view.flags.writeable = False      # kernels may not write their inputs
@@ -315,10 +324,18 @@ def bind_dram(prog, params: list[np.ndarray], outs: list[np.ndarray], *, partiti
         dram[t.name] = _as_stored(data, t.dtype)
     for t in prog.temps:
         dram[t.name] = np.zeros(t.size, _dt.np_dtype(t.dtype))
+    return dram
+
+
+def static_dram(prog, partition: int = 0, replica: int = 0) -> dict[str, np.ndarray]:
+    """The DRAM tensors that are the same on every call of `prog` on one device: its
+    constants and the partition / replica ids, as read-only flat arrays."""
+    dram = {PARTITION_ID: np.array([partition], np.uint32),
+            REPLICA_ID: np.array([replica], np.uint32)}
     for name, value in prog.constants.items():
-        view = np.ascontiguousarray(value).reshape(-1).view()
+        dram[name] = np.ascontiguousarray(value).reshape(-1).view()
+    for view in dram.values():
         view.flags.writeable = False
-        dram[name] = view
     return dram
 
 
