@@ -69,7 +69,7 @@ class Executable:
         # TensorE tile math runs on one BLAS thread during a call (`blas`).
         self.uses_blas = uses_blas(program)
         # Timelines computed once (`replay`): {device ids of a call: DeviceTimeline each}.
-        self.static_timeline = replay.static_timeline(program)
+        self.replayable = replay.replayable(program)
         self._timelines: dict[tuple[int, ...], tuple[replay.DeviceTimeline, ...]] = {}
         self.fingerprint = hashlib.sha256(program.text.encode() + name.encode()).hexdigest()[:32]
         self.deleted = False
@@ -205,25 +205,41 @@ class Executable:
                 for c, n in sharers.items()}
 
     def _execute_each(self, devices, arg_lists, alloc):
-        """One device after the other (a program without collectives). A program with
-        a static timeline is timed on the first call on these devices only; later
-        calls replay the numerics (`replay`)."""
+        """One device after the other (a program without collectives). The first call
+        on these devices is timed; later ones replay its timeline while they take its
+        path (`replay`): only their numerics run."""
         key = tuple(d.id for d in devices)
-        cached = self._timelines.get(key) if self.static_timeline else None
-        records, results, recorded = [], [], []
-        hbms = self._hbms(devices) if cached is None else None
-        for p, (dev, args) in enumerate(zip(devices, arg_lists)):
-            outs, dram = self._prepare(dev, args, p, alloc)
+        prepared = [self._prepare(dev, args, p, alloc)
+                    for p, (dev, args) in enumerate(zip(devices, arg_lists))]
+        results = [outs for outs, _ in prepared]
+        cached = self._timelines.get(key) if self.replayable else None
+        if cached is not None:
+            try:
+                return results, self._replay(devices, prepared, cached), ()
+            except replay.Diverged:          # a new path: time the call from the start
+                for _, dram in prepared:
+                    self._clear(dram)
+        hbms = self._hbms(devices)
+        recorded = []
+        for dev, (_, dram) in zip(devices, prepared):
             with dev.execution_lock:
-                if cached is not None:
-                    records.extend(replay.replay(cached[p], dev.core_model, dram))
-                else:
-                    recorded.append(self._run_device(dev, dram, hbms[dev.chip]))
-                    records.extend(recorded[-1].records)
-            results.append(outs)
-        if recorded and self.static_timeline:
+                recorded.append(self._run_device(dev, dram, hbms[dev.chip]))
+        if self.replayable:
             self._timelines[key] = tuple(recorded)
-        return results, records, ()
+        return results, [r for t in recorded for r in t.records], ()
+
+    def _replay(self, devices, prepared, timelines) -> list:
+        records = []
+        for dev, (_, dram), timeline in zip(devices, prepared, timelines):
+            with dev.execution_lock:
+                records.extend(replay.replay(timeline, self.program.steps, dev.core_model,
+                                             dram, self.settings.max_while_iterations))
+        return records
+
+    def _clear(self, dram) -> None:
+        """Outputs and temporaries back to zeros, as a call finds them."""
+        for t in self.program.outputs + self.program.temps:
+            dram[t.name][...] = 0
 
     def _run_device(self, dev, dram, hbm) -> replay.DeviceTimeline:
         """The steps on `dev`'s core from simulated time 0, timed in full."""

@@ -67,14 +67,33 @@ def test_a_straight_line_program_is_timed_once_and_its_numerics_replayed(jax, tr
     assert not np.array_equal(outs[0], outs[1])
 
 
-def test_loops_are_timed_on_every_call(jax, trn):
-    f = jax.jit(lambda n, x: jax.lax.fori_loop(0, n, lambda i, v: v * 2.0, x))
-    x = jax.device_put(np.ones(8, np.float32), trn)
-    (two, three), (a, b) = _calls(jax, f, (np.int32(1), x), (np.int32(2), x))
-    np.testing.assert_array_equal(two, 2.0)
-    np.testing.assert_array_equal(three, 4.0)
-    assert b.simulated_time_s > a.simulated_time_s
+def test_a_loop_replays_its_recorded_path_and_times_a_new_one(jax, trn):
+    f = jax.jit(lambda n, x: jax.lax.fori_loop(0, n, lambda i, v: v * 2.0 + 1.0, x))
+    x = jax.device_put(np.arange(8, dtype=np.float32), trn)
+    calls = [(np.int32(n), x) for n in (2, 2, 3, 3, 2)]
+    outs, (a, b, c, d, e) = _calls(jax, f, *calls)
+    for out, (n, _) in zip(outs, calls):
+        want = np.arange(8, dtype=np.float32)
+        for _ in range(int(n)):
+            want = want * 2.0 + 1.0
+        np.testing.assert_array_equal(out, want)
+    assert all(r is s for r, s in zip(a.kernels, b.kernels))        # same path: replayed
+    assert not any(r is s for r in b.kernels for s in c.kernels)    # new path: timed
+    assert c.simulated_time_s > b.simulated_time_s
+    assert all(r is s for r, s in zip(c.kernels, d.kernels))
+    assert e.simulated_time_s == a.simulated_time_s                 # timed again, equal
+
+
+def test_a_conditional_taking_another_branch_is_timed_afresh(jax, trn):
+    jnp = jax.numpy
+    f = jax.jit(lambda i, x: jax.lax.switch(i, [jnp.sin, lambda v: jnp.exp(v) * 3.0], x))
+    x = jax.device_put(np.linspace(-1, 1, 256, dtype=np.float32).reshape(16, 16), trn)
+    outs, (a, b, c) = _calls(jax, f, (np.int32(0), x), (np.int32(1), x), (np.int32(1), x))
+    ref = [jax.jit(f)(np.int32(i), np.asarray(x)) for i in (0, 1, 1)]
+    for out, want in zip(outs, ref):
+        np.testing.assert_allclose(out, np.asarray(want), rtol=1e-5, atol=1e-5)
     assert not any(r is s for r in a.kernels for s in b.kernels)
+    assert all(r is s for r, s in zip(b.kernels, c.kernels))
 
 
 def test_tile_views_are_made_once_per_memory():
