@@ -224,7 +224,7 @@ class Executable:
         for dev, (_, dram) in zip(devices, prepared):
             with dev.execution_lock:
                 recorded.append(self._run_device(dev, dram, hbms[dev.chip]))
-        if self.replayable:
+        if self.replayable and sum(len(t.plan) for t in recorded) <= MAX_REPLAY_STEPS:
             self._timelines[key] = tuple(recorded)
         return results, [r for t in recorded for r in t.records], ()
 
@@ -320,6 +320,10 @@ class Executable:
                          partition=partition, replica=0, static=static)
         return outs, dram
 
+
+# A recorded call (`replay`) is kept while loaded: at most this many kernel instances,
+# decisions and callbacks (a long loop's records would hold hundreds of MB of trace).
+MAX_REPLAY_STEPS = 200_000
 
 # Per-device values a program reads from DRAM (`stablehlo.partition_id` / `replica_id`).
 PARTITION_ID, REPLICA_ID = "sys:partition_id", "sys:replica_id"
