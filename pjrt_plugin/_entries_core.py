@@ -66,13 +66,20 @@ def event_await(a):
 
 
 _ON_READY = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
+_CALLBACKS: dict[int, object] = {}      # callback address -> its ctypes function
 
 
 @entry("PJRT_Event_OnReady")
 def event_on_ready(a):
     event = HANDLES.get(get_ptr(a, "event"), CEvent)
     error = _errors.from_exception(event.error) if event.error is not None else None
-    _ON_READY(get_ptr(a, "callback"))(error, get_ptr(a, "user_arg") or None)
+    address = get_ptr(a, "callback")
+    callback = _CALLBACKS.get(address)
+    if callback is None:                  # a few C functions: wrapped once each
+        callback = _ON_READY(address)
+        if len(_CALLBACKS) < 1024:
+            _CALLBACKS[address] = callback
+    callback(error, get_ptr(a, "user_arg") or None)
 
 
 @entry("PJRT_Event_Create")

@@ -17,6 +17,17 @@ class InvalidHandle(LookupError):
     pass
 
 
+_BLOCK_TYPES: dict[int, type] = {}
+
+
+def _block_type(words: int) -> type:
+    """ctypes.c_void_p * words, made once per length."""
+    got = _BLOCK_TYPES.get(words)
+    if got is None:
+        got = _BLOCK_TYPES[words] = ctypes.c_void_p * words
+    return got
+
+
 class Handles:
     def __init__(self):
         self._objects: dict[int, tuple[object, ctypes.Array]] = {}
@@ -24,7 +35,7 @@ class Handles:
         self._lock = threading.Lock()
 
     def new(self, obj, vtable: int = 0, words: tuple[int, ...] = (0,)) -> int:
-        block = (ctypes.c_void_p * (1 + len(words)))(vtable or None, *(w or None for w in words))
+        block = _block_type(1 + len(words))(vtable or None, *(w or None for w in words))
         address = ctypes.addressof(block)
         with self._lock:
             self._objects[address] = (obj, block)

@@ -11,8 +11,15 @@ import ctypes
 c_void_p = ctypes.c_void_p
 
 
+_OFFSETS: dict[tuple[type, str], int] = {}     # (struct type, field) -> byte offset
+
+
 def _offset(struct: ctypes.Structure, name: str) -> int:
-    return ctypes.addressof(struct) + getattr(type(struct), name).offset
+    key = (type(struct), name)
+    offset = _OFFSETS.get(key)
+    if offset is None:                 # a descriptor lookup: once per field
+        offset = _OFFSETS[key] = getattr(key[0], name).offset
+    return ctypes.addressof(struct) + offset
 
 
 def get_ptr(struct: ctypes.Structure, name: str) -> int:

@@ -124,16 +124,32 @@ class CClient:
 BUFFER_WORDS = ("vtable", "type", "dims", "num_dims", "device", "memory", "deleted")
 
 
+_SHAPES = Keep()            # C arrays of dims and layouts, shared by buffers of a shape
+_SHAPE_ARRAYS: dict[tuple[int, ...], tuple] = {}
+_MAX_SHAPES = 1 << 16
+
+
+def _shape_arrays(shape: tuple[int, ...]) -> tuple:
+    """((dims address, rank), (minor_to_major address, rank)) of a shape: C reads
+    them only, so every buffer of the shape shares one copy (made once: a ctypes
+    array costs microseconds, and an execution makes one buffer per output)."""
+    got = _SHAPE_ARRAYS.get(shape)
+    if got is None:
+        keep = _SHAPES if len(_SHAPE_ARRAYS) < _MAX_SHAPES else Keep()
+        # Dense row-major: minor_to_major = (rank-1, ..., 0), no tiles.
+        got = ((keep.array(ctypes.c_int64, shape), len(shape)),
+               (keep.array(ctypes.c_int64, range(len(shape) - 1, -1, -1)), len(shape)), keep)
+        if keep is _SHAPES:
+            _SHAPE_ARRAYS[shape] = got
+    return got
+
+
 class CBuffer:
     def __init__(self, buffer, client: CClient):
         self.rt = buffer
         self.client = client
-        self.keep = Keep()
-        self.dims = (self.keep.array(ctypes.c_int64, buffer.shape), len(buffer.shape))
+        self.dims, self.minor_to_major, self.keep = _shape_arrays(tuple(buffer.shape))
         self.element_type = _dtypes.to_pjrt(buffer.dtype)
-        # Dense row-major: minor_to_major = (rank-1, ..., 0), no tiles.
-        self.minor_to_major = (self.keep.array(ctypes.c_int64, range(len(buffer.shape) - 1, -1, -1)),
-                               len(buffer.shape))
 
     @property
     def device(self) -> CDevice:

@@ -27,11 +27,12 @@ import numpy as np
 from . import costs
 from .bandwidth import Bandwidth, Hbm, reserve
 from .isa import DmaCopy, Instr, IsaError
+from .kernel_facts import InstrFacts, KernelFacts, facts
 from .memory import OnChipMemory
 from .numerics import Numerics
+from .plan import PlanCache
 from .program import Kernel
 from .spec import ChipSpec, CoreSpec
-from .sync import written_tiles
 from .tensor_pipe import TensorPipe
 from .trace import KernelRun, TraceEvent
 
@@ -66,6 +67,7 @@ class NeuronCore:
         self._mems = {"sbuf": self.sbuf, "psum": self.psum}
         self.numerics = numerics if numerics is not None else Numerics()
         self.dram: dict[str, np.ndarray] = {}
+        self.plans = PlanCache()       # kernels' numerics compiled for this core (plan.py)
         self._clock = dict(spec.clock_ghz)
         self._new_timeline(0.0)
 
@@ -93,16 +95,27 @@ class NeuronCore:
         name, allocated by the caller) starting at simulated time `start_ns`. With
         `execute=False` only the timing is simulated (no instruction takes effect):
         timing never depends on data, so benchmarks of the model may skip the work."""
-        self.validate(kernel)
+        known = facts(kernel, self)        # validated once per kernel and geometry
         self.dram = dram
         if start_ns < self._last_end:
             self._new_timeline(start_ns)
         self.dma_bw.prune(start_ns)
         if self.hbm_share is not None:
             self.hbm_share.prune(start_ns)
-        result = _Run(self, kernel, start_ns, execute).run()
+        result = _Run(self, kernel, start_ns, execute, known).run()
         self._last_end = result.end_ns
         return result
+
+    def replay(self, kernel: Kernel, order, dram: dict[str, np.ndarray]) -> None:
+        """The numerics of `kernel` alone, against DRAM arrays `dram`: its instructions
+        take effect in `order` (a `KernelRun.order` of an earlier `run` of the same
+        kernel), which is what `run` does when its timeline is that run's. No timing,
+        no validation (the earlier run did both); the timeline state is untouched."""
+        self.dram = dram
+        plan, at, name = self.plans.get(kernel, self), self.numerics.at, kernel.name
+        for index in order:
+            at(name, index)
+            plan[index]()
 
     def validate(self, kernel: Kernel) -> None:
         """Generation constraints and SBUF/PSUM capacity of every instruction."""
@@ -140,6 +153,17 @@ class NeuronCore:
         return reserve(lines, begin, instr.nbytes, rate)
 
 
+    def dma_end_known(self, f: InstrFacts, start: float) -> float:
+        """`dma_end` from the instruction's static facts (kernel_facts.py)."""
+        begin = start + self.spec.dma_fixed_ns
+        lines = [(self.dma_bw, f.inv_eff)]
+        if f.hbm_sides > 0 and self.hbm is not None:
+            lines.append((self.hbm, f.hbm_sides))
+            if self.hbm_share is not None:
+                lines.append((self.hbm_share, f.hbm_sides))
+        return reserve(lines, begin, f.nbytes, f.rate)
+
+
 def chip_cores(chip: ChipSpec) -> list[NeuronCore]:
     """The NeuronCores of one chip, sharing the chip's HBM bandwidth (§1.1)."""
     hbm = Hbm(chip.hbm_bytes_per_ns, f"hbm.{chip.name}", sharers=chip.cores)
@@ -151,23 +175,25 @@ def _describe(instr: Instr) -> str:
 
 
 class _Run:
-    """The discrete-event simulation of one kernel on one core."""
+    """The discrete-event simulation of one kernel on one core, from the kernel's
+    static facts (`kernel_facts`: computed once per kernel and core geometry)."""
 
-    def __init__(self, core: NeuronCore, kernel: Kernel, start_ns: float, execute: bool):
+    def __init__(self, core: NeuronCore, kernel: Kernel, start_ns: float, execute: bool,
+                 known: KernelFacts):
         self.core, self.kernel, self.t0, self.execute = core, kernel, start_ns, execute
-        self.queues: dict[str, list[tuple[int, Instr]]] = {}
-        for i, instr in enumerate(kernel.instructions):
-            self.queues.setdefault(instr.queue, []).append((i, instr))
+        self.queues = known.queues
+        self.known = known
         self.rank = {q: _queue_rank(q) for q in self.queues}
         self.free = dict.fromkeys(self.queues, start_ns)   # next instruction may start
         self.last_end = dict.fromkeys(self.queues, start_ns)  # previous one ended
         self.done: dict[str, list[float]] = {q: [] for q in self.queues}  # end times
         self.heap: list[tuple[float, int, str]] = []
         self.port_free = start_ns      # the SBUF access VectorE and GpSimd share ...
-        self.port_users = {i for i, ins in enumerate(kernel.instructions)   # ... and who
-                           if costs.shares_gpsimd_port(ins, core.spec)}     # holds it
+        self.port_users = known.port_users     # ... and whether anyone holds it
         self.parked: dict[str, list[tuple[int, str]]] = {}   # queue -> [(count, waiter)]
         self.events: list[TraceEvent] = []
+        self.order: list[int] = []     # instruction indices in issue order
+        self.plan = core.plans.get(kernel, core) if execute else None
 
     def run(self) -> KernelRun:
         # 1. every queue head whose waits are known goes on the heap by start time
@@ -187,7 +213,7 @@ class _Run:
         self._check_finished()
         return self._result()
 
-    def _head(self, q: str):
+    def _head(self, q: str) -> InstrFacts | None:
         n = len(self.done[q])
         entries = self.queues[q]
         return entries[n] if n < len(entries) else None
@@ -196,15 +222,15 @@ class _Run:
         head = self._head(q)
         if head is None:
             return
-        start = self._start_time(q, head[1])
+        start = self._start_time(q, head)
         if start is not None:
             heapq.heappush(self.heap, (start, self.rank[q], q))
 
-    def _start_time(self, q: str, instr: Instr) -> float | None:
+    def _start_time(self, q: str, head: InstrFacts) -> float | None:
         """max(queue free, waits met) (+ static overhead if it waited on another
         engine); None (and parked) while a wait's instruction is not yet scheduled."""
         free, met = self.free[q], -np.inf
-        for wq, count in instr.waits:
+        for wq, count in head.waits:
             if count <= 0:
                 continue
             ends = self.done.get(wq)
@@ -212,14 +238,14 @@ class _Run:
                 self.parked.setdefault(wq, []).append((count, q))
                 return None
             met = max(met, ends[count - 1])
-        if met >= free and instr.engine != "dma":
-            return self._port_start(q, met + self.core.overhead_ns(instr))
+        if met >= free and head.engine != "dma":
+            return self._port_start(q, met + head.overhead_ns)
         return self._port_start(q, max(free, met))
 
     def _port_start(self, q: str, start: float) -> float:
         """`start`, or later while the SBUF port VectorE and GpSimd share is held
         (`costs.shares_gpsimd_port`, §2.3, §2.6)."""
-        if self.port_users and self._head(q)[0] in self.port_users:
+        if self.port_users and self._head(q).port:
             return max(start, self.port_free)
         return start
 
@@ -235,50 +261,52 @@ class _Run:
                 self._offer(w)
 
     def _issue(self, q: str, start: float) -> None:
-        index, instr = self._head(q)
+        head = self._head(q)
         core = self.core
+        self.order.append(head.index)
         if self.execute:
-            core.numerics.at(self.kernel.name, index)
-            instr.execute(core)
-        nbytes, free = 0, None
-        if instr.engine == "tensor":
-            start, end = core.pipe.issue(instr, start)
+            core.numerics.at(self.kernel.name, head.index)
+            self.plan[head.index]()
+        free = None
+        if head.engine == "tensor":
+            start, end = core.pipe.issue_known(head.stationary, head.ls_ns, head.mm_ns, start)
             free = core.pipe.ready
         else:
             if core.pipe.loaded is not None:
-                for tile in written_tiles(instr):
+                for tile in head.written:
                     core.pipe.written(tile)
-            if instr.engine == "dma":
-                end, nbytes = core.dma_end(instr, start), instr.nbytes
+            if head.engine == "dma":
+                end = core.dma_end_known(head, start)
             else:
-                end = start + core.compute_ns(instr)
-                if index in self.port_users:
+                end = start + head.compute_ns
+                if head.port:
                     self.port_free = end
-        self.events.append(TraceEvent(q, type(instr).__name__, instr.name, start, end,
-                                      self.last_end[q], nbytes, instr.flops, core.core_id))
+        self.events.append(TraceEvent(q, head.opcode, head.name, start, end,
+                                      self.last_end[q], head.nbytes, head.flops,
+                                      core.core_id))
         self.free[q] = end if free is None else free
         self.last_end[q] = end
         self.done[q].append(end)
 
     def _check_finished(self) -> None:
         stuck = []
-        for q, entries in self.queues.items():
+        for q in self.queues:
             head = self._head(q)
             if head is not None:
-                stuck.append(f"{q}: instruction {head[0]} {_describe(head[1])} waits "
-                             f"{head[1].waits}, done counts "
-                             f"{ {w: len(self.done.get(w, ())) for w, _ in head[1].waits} }")
+                stuck.append(f"{q}: instruction {head.index} {_describe(head.instr)} waits "
+                             f"{head.waits}, done counts "
+                             f"{ {w: len(self.done.get(w, ())) for w, _ in head.waits} }")
         if stuck:
             raise DeadlockError(f"kernel {self.kernel.name!r} deadlocked:\n  " + "\n  ".join(stuck))
 
     def _result(self) -> KernelRun:
         events = self.events
         end = max((e.end_ns for e in events), default=self.t0)
-        run = KernelRun(self.kernel.name, self.t0, end, events, core=self.core.core_id)
+        run = KernelRun(self.kernel.name, self.t0, end, events, core=self.core.core_id,
+                        order=tuple(self.order))
         run.busy_ns = _busy(events)
         run.flops = sum(e.flops for e in events)
-        run.hbm_bytes = sum(i.hbm_bytes for i in self.kernel.instructions
-                            if isinstance(i, DmaCopy))
+        run.hbm_bytes = self.known.hbm_bytes
         return run
 
 

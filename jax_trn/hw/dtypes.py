@@ -79,15 +79,21 @@ def bits(name: str) -> int:
     return 4 if name in NIBBLE_INTS else 8 * itemsize(name)
 
 
+def is_nibble(dt: np.dtype) -> bool:
+    """int4 / uint4 storage (ml_dtypes' have numpy kind 'V'; the kind is cheap to read,
+    the name is not, and this runs for every instruction executed)."""
+    return dt.kind == "V" and dt.name in NIBBLE_INTS
+
+
 def is_int_storage(dt: np.dtype) -> bool:
     """Integer or bool numpy storage; ml_dtypes' int4 / uint4 have numpy kind 'V'."""
-    return dt.kind in "iub" or dt.name in NIBBLE_INTS
+    return dt.kind in "iub" or is_nibble(dt)
 
 
 def int_astype(x: np.ndarray, dt: np.dtype) -> np.ndarray:
     """Integer -> integer, wrapping; through int64 when a 4-bit type is involved
     (ml_dtypes casts neither int4 <-> uint4 nor bool <-> them directly)."""
-    if x.dtype.name in NIBBLE_INTS or dt.name in NIBBLE_INTS:
+    if is_nibble(x.dtype) or is_nibble(dt):
         return x.astype(np.int64).astype(dt)
     return x.astype(dt)
 

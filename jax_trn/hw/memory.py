@@ -10,6 +10,8 @@ accumulating onto PSUM data a non-matmul instruction wrote is undefined behaviou
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
@@ -18,17 +20,22 @@ from .operands import DramAP, IsaError, Tile
 
 __all__ = ["OnChipMemory", "dram_read", "dram_write", "ap_bounds"]
 
+_MAX_VIEWS = 1 << 18      # tile views an OnChipMemory keeps (~60 MiB at most)
+
 
 class OnChipMemory:
     """One of SBUF / PSUM: `partitions` x `nbytes` bytes, zero-initialised. PSUM keeps
     `by_matmul`: per byte, whether a matmul (not another engine) wrote it last."""
-    __slots__ = ("name", "data", "nbytes", "by_matmul")
+    __slots__ = ("name", "data", "nbytes", "by_matmul", "_views")
 
     def __init__(self, name: str, partitions: int, nbytes: int):
         self.name = name
         self.nbytes = nbytes
         self.data = np.zeros((partitions, nbytes), np.uint8)
         self.by_matmul = np.zeros((partitions, nbytes), bool) if name == "psum" else None
+        # tile -> its view: a tile's place in `data` never changes, so its view (and
+        # the bounds check) is made once per memory, not once per instruction executed
+        self._views: dict[Tile, np.ndarray] = {}
 
     def check(self, tile: Tile) -> None:
         lo, hi = tile.byte_range
@@ -38,7 +45,15 @@ class OnChipMemory:
 
     def view(self, tile: Tile) -> np.ndarray:
         """A writable view of the tile, shape `tile.shape`, dtype `tile.dtype` (strided
-        when the tile has `strides`)."""
+        when the tile has `strides`); the same array object on every call."""
+        view = self._views.get(tile)
+        if view is None:
+            if len(self._views) >= _MAX_VIEWS:     # many programs ago: start afresh
+                self._views.clear()
+            view = self._views[tile] = self._make_view(tile)
+        return view
+
+    def _make_view(self, tile: Tile) -> np.ndarray:
         self.check(tile)
         p0 = tile.start_partition
         lo, hi = tile.byte_range
@@ -92,21 +107,30 @@ def _strided(ap: DramAP, arrays: dict[str, np.ndarray]) -> np.ndarray:
         raise IsaError(f"DRAM tensor {ap.tensor!r} is not allocated") from None
     if flat.ndim != 1 or not flat.flags.c_contiguous:
         raise IsaError(f"DRAM tensor {ap.tensor!r} must be a flat contiguous array")
+    dtype, offset, shape, strides = _ap_layout(ap, flat.dtype, flat.size)
+    return np.ndarray(shape, dtype, buffer=flat, offset=offset, strides=strides)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _ap_layout(ap: DramAP, dtype: np.dtype, size: int):
+    """(element dtype, byte offset, shape, byte strides) of the view of `ap` on a flat
+    array of `size` elements of `dtype` (IsaError if the pattern does not fit): the
+    static facts of an access pattern, worked out once per pattern and array type."""
     want = _dt.np_dtype(ap.dtype)
-    if flat.dtype != want:
+    if dtype != want:
         # A reinterpreting view (NKI `view(dtype)`, §6.1), e.g. FP8 bytes as 16-bit
         # pairs for dma_transpose; offsets and strides count the view's elements.
-        if flat.itemsize == want.itemsize or flat.nbytes % want.itemsize:
-            raise IsaError(f"DRAM tensor {ap.tensor!r} is {flat.dtype}, pattern says {ap.dtype}")
-        flat = flat.view(np.uint8).view(f"u{want.itemsize}").view(want)
+        if dtype.itemsize == want.itemsize or (size * dtype.itemsize) % want.itemsize:
+            raise IsaError(f"DRAM tensor {ap.tensor!r} is {dtype}, pattern says {ap.dtype}")
+        size, dtype = size * dtype.itemsize // want.itemsize, want
     if any(num < 1 for _, num in ap.pattern):
         raise IsaError(f"empty dimension in access pattern {ap.pattern}")
     lo, hi = ap_bounds(ap)
-    if lo < 0 or hi >= flat.size:
+    if lo < 0 or hi >= size:
         raise IsaError(f"access pattern on {ap.tensor!r} touches elements [{lo}, {hi}] "
-                       f"outside its {flat.size} elements")
-    raw = flat.view(f"u{flat.itemsize}")[ap.offset:]
-    return _typed_strided(raw, ap.shape, [s for s, _ in ap.pattern], flat.dtype)
+                       f"outside its {size} elements")
+    item = dtype.itemsize
+    return dtype, ap.offset * item, ap.shape, tuple(s * item for s, _ in ap.pattern)
 
 
 def _typed_strided(raw: np.ndarray, shape, strides, dtype) -> np.ndarray:
@@ -137,7 +161,10 @@ def _disjoint(pattern: tuple[tuple[int, int], ...]) -> bool:
     return True
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def _check_no_overlap(ap: DramAP) -> None:
+    """IsaError if the pattern writes an element twice (a pattern that passes is
+    remembered; one that fails raises on every use)."""
     if _disjoint(ap.pattern):
         return
     idx = np.full((), ap.offset, np.int64)

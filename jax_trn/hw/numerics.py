@@ -78,7 +78,7 @@ def cast(x: np.ndarray, dtype, rounding: str = "rne",
         return x
     if dt.kind == "b":
         return x != 0
-    if dt.kind in "iu" or dt.name in _dt.NIBBLE_INTS:
+    if dt.kind in "iu" or _dt.is_nibble(dt):
         return _dt.int_astype(x, dt) if is_int(x.dtype) else _float_to_int(x, dt)
     if rounding == "stochastic" and dt.itemsize < 4 and rng is not None:
         return _stochastic(to_fp32(x), dt, rng)

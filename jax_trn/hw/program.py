@@ -67,6 +67,12 @@ class Kernel:
     flops: int = 0                             # useful (model) FLOPs of the source ops
     notes: list[str] = field(default_factory=list)  # compiler notes: fusion decisions, ...
 
+    def __getstate__(self):
+        """Pickled without the simulator's cached facts (`kernel_facts`)."""
+        state = dict(self.__dict__)
+        state.pop("_sim_facts", None)
+        return state
+
 
 @dataclass
 class While:

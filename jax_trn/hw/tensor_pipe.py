@@ -110,13 +110,19 @@ class TensorPipe:
         TensorE is busy for this instruction from the later of its LS start and the
         previous MM's end (a hidden LS costs nothing)."""
         st = costs.stationary(instr)
-        ls_ns = 0.0
+        ls_ns = None if st is None else costs.load_stationary(instr, self.spec) / self.clock
+        return self.issue_known(st, ls_ns, instr.cycles(self.spec) / self.clock, start)
+
+    def issue_known(self, st, ls_ns: float | None, work: float, start: float
+                    ) -> tuple[float, float]:
+        """`issue` with the instruction's static facts given (kernel_facts.py): its
+        stationary tile `st`, LoadStationary time `ls_ns` and MM time `work`."""
         if st is not None and st != self.loaded:
-            ls_ns = costs.load_stationary(instr, self.spec) / self.clock
             self.loaded = st
+        else:
+            ls_ns = 0.0
         ls_end = start + ls_ns
         mm_start = max(ls_end, self.mm_end)
-        work = instr.cycles(self.spec) / self.clock
         mm_end = mm_start + self.throttle.duration(mm_start, work)
         self.throttle.record(mm_start, mm_end)
         busy_from = max(start, self.mm_end)

@@ -35,6 +35,9 @@ class KernelRun:
     flops: int = 0
     hbm_bytes: int = 0          # bytes DMA'd to or from DRAM
     core: int = 0               # core_id of the NeuronCore
+    # Instruction indices in the order they took effect (start-time order): replaying
+    # them in this order reproduces the kernel's numerics (`NeuronCore.replay`).
+    order: tuple[int, ...] = ()
 
     @property
     def duration_ns(self) -> float:

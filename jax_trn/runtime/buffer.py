@@ -1,6 +1,8 @@
 """Device buffers: arrays held in a device's simulated HBM; the allocations of one execution."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from jax_trn.hw import dtypes as _dt
@@ -17,7 +19,7 @@ class Buffer:
         device.allocate(self.nbytes, f"a {dtype}{list(self.shape)} buffer")
         try:
             if data is None:
-                data = host_zeros(int(np.prod(self.shape, dtype=np.int64)), dtype)
+                data = host_zeros(math.prod(self.shape), dtype)
             self.data: np.ndarray | None = data.reshape(-1)
         except BaseException:            # host MemoryError, Ctrl-C: charge nothing
             device.free(self.nbytes)
@@ -27,7 +29,7 @@ class Buffer:
         self.device = device
         self.shape = tuple(int(d) for d in shape)
         self.dtype = dtype
-        self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * _dt.itemsize(dtype)
+        self.nbytes = math.prod(self.shape) * _dt.itemsize(dtype)
         self.external_refs = 0
         self.error: BaseException | None = None
         self.charged = True              # its bytes count in the device's HBM
@@ -55,7 +57,7 @@ class Buffer:
         buf._describe(donor.device, shape, dtype)
         if buf.nbytes != donor.nbytes:
             raise ValueError(f"{buf} cannot reuse the {donor.nbytes} bytes of {donor}")
-        buf.data = host_zeros(int(np.prod(buf.shape, dtype=np.int64)), dtype)
+        buf.data = host_zeros(math.prod(buf.shape), dtype)
         buf.charged = False
         return buf
 

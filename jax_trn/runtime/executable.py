@@ -27,9 +27,10 @@ from jax_trn.hw.program import has_collectives, host_callbacks
 from jax_trn.config import Options
 from jax_trn.systems import System
 
-from . import callbacks, donation, interrupts, spmd
+from . import blas, callbacks, donation, interrupts, replay, spmd
 from .buffer import Allocations, Buffer
 from .device import Device
+from .gc_pause import gc_paused
 # The control path moved to steps.py; these names are still imported from here.
 from .steps import ExecutionError, StepRunner, control_ns, run_kernels  # noqa: F401
 
@@ -65,10 +66,17 @@ class Executable:
         # for all of them (the others wait for its results).
         self.collectives = has_collectives(program.steps) or (len(devices) > 1 and any(
             s.device is not None for s in host_callbacks(program.steps)))
+        # TensorE tile math runs on one BLAS thread during a call (`blas`).
+        self.uses_blas = uses_blas(program)
+        # Timelines computed once (`replay`): {device ids of a call: DeviceTimeline each}.
+        self.replayable = replay.replayable(program)
+        self._timelines: dict[tuple[int, ...], tuple[replay.DeviceTimeline, ...]] = {}
         self.fingerprint = hashlib.sha256(program.text.encode() + name.encode()).hexdigest()[:32]
         self.deleted = False
         self._lock = threading.Lock()
         self._timing: profiler.Execution | None = None
+        self._dtype: str | None = None        # compute_dtype(program), for the profiler
+        self._static: dict[int, dict] = {}    # partition -> static_dram
         _check_signature(name, program, self.param_types, self.output_types)
         # Constants live in each device's HBM for as long as the executable is loaded.
         self.constant_bytes = sum(int(np.asarray(v).nbytes) for v in program.constants.values())
@@ -171,16 +179,10 @@ class Executable:
             raise ExecutionError(
                 f"{self.name} was compiled for {len(self.devices)} devices, "
                 f"called with {len(arg_lists)} argument lists")
-        from jax_trn.hw.bandwidth import Hbm
-        chip = devices[0].system.chip
-        # One HBM per chip, fresh for each execution: the devices of one call run
-        # concurrently (from t=0) and contend for their chip's HBM; separate calls do not.
-        sharers = Counter(d.chip for d in devices)
-        hbms = {c: Hbm(chip.hbm_bytes_per_ns, f"hbm.chip{c}", n if n > 1 else None)
-                for c, n in sharers.items()}
-        with Allocations(donation.donated(self.aliases, keep)) as alloc, interrupts.watched():
+        with Allocations(donation.donated(self.aliases, keep)) as alloc, interrupts.watched(), \
+                blas.one_thread(self.uses_blas), gc_paused():
             run = self._execute_spmd if self.collectives else self._execute_each
-            results, records, collectives = run(devices, arg_lists, hbms, alloc)
+            results, records, collectives = run(devices, arg_lists, alloc)
             profiler.record(self._execution(records, devices, collectives))
             return results
 
@@ -192,23 +194,69 @@ class Executable:
         return [[Buffer.failed(d, t.shape, t.dtype, error) for t in self.output_types]
                 for d in devices]
 
-    def _execute_each(self, devices, arg_lists, hbms, alloc):
-        """One device after the other (a program without collectives)."""
-        records, results = [], []
-        for p, (dev, args) in enumerate(zip(devices, arg_lists)):
-            outs, dram = self._prepare(dev, args, p, alloc)
-            with dev.execution_lock:
-                core = dev.core_model
-                core.begin(hbms[dev.chip])
-                records.extend(run_kernels(self.program, core, dram, dev.id, dev.chip,
-                                           limit=self.settings.max_while_iterations,
-                                           chip_spec=dev.system.chip))
-            results.append(outs)
-        return results, records, ()
+    @staticmethod
+    def _hbms(devices) -> dict:
+        """One HBM per chip, fresh for each execution: the devices of one call run
+        concurrently (from t=0) and contend for their chip's HBM; separate calls do not."""
+        from jax_trn.hw.bandwidth import Hbm
+        chip = devices[0].system.chip
+        sharers = Counter(d.chip for d in devices)
+        return {c: Hbm(chip.hbm_bytes_per_ns, f"hbm.chip{c}", n if n > 1 else None)
+                for c, n in sharers.items()}
 
-    def _execute_spmd(self, devices, arg_lists, hbms, alloc):
+    def _execute_each(self, devices, arg_lists, alloc):
+        """One device after the other (a program without collectives). The first call
+        on these devices is timed; later ones replay its timeline while they take its
+        path (`replay`): only their numerics run."""
+        key = tuple(d.id for d in devices)
+        prepared = [self._prepare(dev, args, p, alloc)
+                    for p, (dev, args) in enumerate(zip(devices, arg_lists))]
+        results = [outs for outs, _ in prepared]
+        cached = self._timelines.get(key) if self.replayable else None
+        if cached is not None:
+            try:
+                return results, self._replay(devices, prepared, cached), ()
+            except replay.Diverged:          # a new path: time the call from the start
+                for _, dram in prepared:
+                    self._clear(dram)
+        hbms = self._hbms(devices)
+        recorded = []
+        for dev, (_, dram) in zip(devices, prepared):
+            with dev.execution_lock:
+                recorded.append(self._run_device(dev, dram, hbms[dev.chip]))
+        if self.replayable and sum(len(t.plan) for t in recorded) <= MAX_REPLAY_STEPS:
+            self._timelines[key] = tuple(recorded)
+        return results, [r for t in recorded for r in t.records], ()
+
+    def _replay(self, devices, prepared, timelines) -> list:
+        records = []
+        for dev, (_, dram), timeline in zip(devices, prepared, timelines):
+            with dev.execution_lock:
+                records.extend(replay.replay(timeline, self.program.steps, dev.core_model,
+                                             dram, self.settings.max_while_iterations))
+        return records
+
+    def _clear(self, dram) -> None:
+        """Outputs and temporaries back to zeros, as a call finds them."""
+        for t in self.program.outputs + self.program.temps:
+            dram[t.name][...] = 0
+
+    def _run_device(self, dev, dram, hbm) -> replay.DeviceTimeline:
+        """The steps on `dev`'s core from simulated time 0, timed in full."""
+        core = dev.core_model
+        core.begin(hbm)
+        runner = StepRunner(core, dram, dev.id, dev.chip, True, self.program.steps,
+                            self.settings.max_while_iterations, chip_spec=dev.system.chip)
+        runner.plan = []
+        for arrival in runner.run():
+            raise ExecutionError(f"{arrival.step.name} is a collective: run the program "
+                                 "on all its devices (spmd.drive)")
+        return replay.DeviceTimeline(tuple(runner.records), tuple(runner.plan))
+
+    def _execute_spmd(self, devices, arg_lists, alloc):
         """All devices at once: each runs the steps on its core until a collective,
         which runs when all have reached it (`spmd.drive`)."""
+        hbms = self._hbms(devices)
         prepared = [self._prepare(dev, args, p, alloc)
                     for p, (dev, args) in enumerate(zip(devices, arg_lists))]
         runners = []
@@ -229,8 +277,10 @@ class Executable:
         return [outs for outs, _ in prepared], records, collectives
 
     def _execution(self, kernels, devices, collectives=()) -> profiler.Execution:
+        if self._dtype is None:        # a walk over every instruction: once
+            self._dtype = compute_dtype(self.program)
         return make_execution(self.name, self.program, devices[0].system,
-                              [d.id for d in devices], kernels, collectives)
+                              [d.id for d in devices], kernels, collectives, self._dtype)
 
     def _check_args(self, device: Device, args: list[Buffer]) -> None:
         if len(args) != len(self.program.params):
@@ -263,22 +313,29 @@ class Executable:
                 for j, t in enumerate(self.output_types)]
         alloc.reserve(device, sum(t.nbytes for t in prog.temps),
                       f"{len(prog.temps)} temporaries of {self.name}")
+        static = self._static.get(partition)
+        if static is None:
+            static = self._static[partition] = static_dram(prog, partition, 0)
         dram = bind_dram(prog, [b.data for b in args], [b.data for b in outs],
-                         partition=partition, replica=0)
+                         partition=partition, replica=0, static=static)
         return outs, dram
 
+
+# A recorded call (`replay`) is kept while loaded: at most this many kernel instances,
+# decisions and callbacks (a long loop's records would hold hundreds of MB of trace).
+MAX_REPLAY_STEPS = 200_000
 
 # Per-device values a program reads from DRAM (`stablehlo.partition_id` / `replica_id`).
 PARTITION_ID, REPLICA_ID = "sys:partition_id", "sys:replica_id"
 
 
 def bind_dram(prog, params: list[np.ndarray], outs: list[np.ndarray], *, partition: int = 0,
-              replica: int = 0) -> dict[str, np.ndarray]:
+              replica: int = 0, static: dict | None = None) -> dict[str, np.ndarray]:
     """The DRAM tensors of one execution by name: flat parameter arrays (read-only),
     output arrays (written in place), fresh temporaries, the constants, and this
-    device's partition and replica ids (uint32 scalars the runtime writes)."""
-    dram = {PARTITION_ID: np.array([partition], np.uint32),
-            REPLICA_ID: np.array([replica], np.uint32)}
+    device's partition and replica ids (uint32 scalars the runtime writes).
+    `static`: the constants and ids already bound (`static_dram`), reused."""
+    dram = dict(static) if static is not None else static_dram(prog, partition, replica)
     for p, data in zip(prog.params, params):
         view = _as_stored(data, p.dtype)
         view.flags.writeable = False      # kernels may not write their inputs
@@ -287,10 +344,18 @@ def bind_dram(prog, params: list[np.ndarray], outs: list[np.ndarray], *, partiti
         dram[t.name] = _as_stored(data, t.dtype)
     for t in prog.temps:
         dram[t.name] = np.zeros(t.size, _dt.np_dtype(t.dtype))
+    return dram
+
+
+def static_dram(prog, partition: int = 0, replica: int = 0) -> dict[str, np.ndarray]:
+    """The DRAM tensors that are the same on every call of `prog` on one device: its
+    constants and the partition / replica ids, as read-only flat arrays."""
+    dram = {PARTITION_ID: np.array([partition], np.uint32),
+            REPLICA_ID: np.array([replica], np.uint32)}
     for name, value in prog.constants.items():
-        view = np.ascontiguousarray(value).reshape(-1).view()
+        dram[name] = np.ascontiguousarray(value).reshape(-1).view()
+    for view in dram.values():
         view.flags.writeable = False
-        dram[name] = view
     return dram
 
 
@@ -315,19 +380,25 @@ def simulate(name: str, prog, options: Options | System, device_ids: list[int] |
     on the arguments, e.g. fori_loop and scan with static bounds). Collectives run their
     numerics too (on zeros), on every device of the program. Host callbacks are timed
     but call nothing (their results are zeros)."""
-    from jax_trn.hw.bandwidth import Hbm
-    from jax_trn.hw.core import NeuronCore
     from .device import core_numerics
     options = options if isinstance(options, Options) else Options(system=options)
     system, numerics = options.system, core_numerics(options)
     chip = system.chip
     collectives = has_collectives(prog.steps)
     ids = list(device_ids) if collectives and device_ids else [0]
+    execute = prog.control_flow or collectives
+    with blas.one_thread(execute and uses_blas(prog)):
+        return _simulate(name, prog, options, system, numerics, chip, collectives, ids, execute)
+
+
+def _simulate(name, prog, options, system, numerics, chip, collectives, ids, execute):
+    """`simulate` on fresh cores for device ids `ids`."""
+    from jax_trn.hw.bandwidth import Hbm
+    from jax_trn.hw.core import NeuronCore
     cores_per_chip = system.cores_per_chip
     hbms: dict[int, Hbm] = {}
     sharers = Counter(d // cores_per_chip for d in ids)
     runners = []
-    execute = prog.control_flow or collectives
     for p, d in enumerate(ids):
         c = d // cores_per_chip
         if c not in hbms:
@@ -362,9 +433,15 @@ class _SimDevice:
         self.id = device_id
 
 
-def make_execution(name: str, prog, system, device_ids: list[int], kernels, collectives=()
-                   ) -> profiler.Execution:
-    dtype = compute_dtype(prog)
+def uses_blas(prog) -> bool:
+    """Whether any kernel of `prog` has a TensorE instruction (tile matmuls)."""
+    return any(ins.engine == "tensor" for k in prog.kernels for ins in k.instructions)
+
+
+def make_execution(name: str, prog, system, device_ids: list[int], kernels, collectives=(),
+                   dtype: str | None = None) -> profiler.Execution:
+    """The profiler's record of one call; `dtype`: `compute_dtype(prog)` if known."""
+    dtype = dtype or compute_dtype(prog)
     peak = system.chip.peak_tflops_per_core(dtype) * 1e12
     return profiler.Execution(name, system.name, device_ids, kernels, peak,
                               generation=system.generation, dtype=dtype,

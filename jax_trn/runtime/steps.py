@@ -17,7 +17,7 @@ from jax_trn.config import Options
 from jax_trn.hw.isa import DramAP
 from jax_trn.hw.program import Case, Collective, HostCallback, Kernel, While, walk_steps
 
-from . import callbacks, interrupts, spmd
+from . import callbacks, interrupts, replay, spmd
 
 
 class ExecutionError(RuntimeError):
@@ -82,6 +82,9 @@ class StepRunner:
         self.cc_free = 0.0             # when this device's CC cores finish its last collective
         self.end_ns = 0.0              # the device's end: last step, collectives included
         self._touch: dict[int, tuple[frozenset, frozenset]] = {}
+        # When a list: what the call met, in order, for `replay` (kernel instances
+        # with their issue order, host callbacks, control decisions).
+        self.plan: list | None = None
 
     def run(self):
         t = yield from self.steps(self.program_steps, 0.0, "")
@@ -120,6 +123,8 @@ class StepRunner:
             span = callbacks.local_span(step, self.chip_spec, t)
             if self.execute:
                 callbacks.run(step, self.dram, self.dram, self.call_host)
+            if self.plan is not None:
+                self.plan.append((replay.HOST, step))
         self.records.append(callbacks.record(step, span, self.device_id, self.chip,
                                              self.core.core_id, context))
         return span.end_ns
@@ -183,6 +188,8 @@ class StepRunner:
 
     def kernel(self, kernel, t: float, context: str) -> float:
         run = self.core.run(kernel, self.dram, t, execute=self.execute)
+        if self.plan is not None:
+            self.plan.append((replay.KERNEL, kernel, run.order))
         self.records.append(_kernel_record(kernel, self.device_id, self.chip,
                                            self.core.core_id, run, context))
         return run.end_ns
@@ -196,7 +203,10 @@ class StepRunner:
         while True:
             t = yield from self.steps(step.cond, t, f"{context}{step.name}[{trip}].cond/")
             t += self.control_ns
-            if not bool(self.read(step.pred)):
+            go = bool(self.read(step.pred))
+            if self.plan is not None:
+                self.plan.append((replay.DECISION, go))
+            if not go:
                 return t
             if trip >= self.limit:
                 raise ExecutionError(
@@ -212,6 +222,8 @@ class StepRunner:
         index = int(self.read(step.index))
         if not 0 <= index < len(step.branches):
             index = len(step.branches) - 1        # stablehlo.case: the default branch
+        if self.plan is not None:
+            self.plan.append((replay.DECISION, index))
         return (yield from self.steps(step.branches[index], t,
                                       f"{context}{step.name}[{index}]/"))
 

@@ -1,0 +1,282 @@
+"""Kernel numerics compiled once into closures (issue 14, point 3).
+
+`semantics.py` is the reference: one function per instruction that looks up its
+operands (memory, view, dtype), decides how to compute (integer or FP32, which ALU
+function, which cast) and computes, on every execution. For a given core all of that
+but the computing is static: a tile's view of SBUF / PSUM never moves, dtypes and
+immediates are fixed, the PSUM bytes a matmul marks are known. `kernel_plan(kernel,
+core)` compiles each instruction once into a closure with those decisions taken (the
+same numpy calls in the same order as its semantics function, so results are
+bit-identical), and `NeuronCore` runs the closures instead of interpreting
+(`NeuronCore.run` and `NeuronCore.replay`). Instructions without a compiler here, and
+every instruction under stochastic rounding (whose random stream is keyed per
+instruction), run their semantics function.
+
+`ENABLED = False` turns plans off (the interpreter alone): tests/sim/test_plan.py runs
+the op corpus both ways and asserts the results are identical.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+
+from . import alu as _alu
+from . import dtypes as _dt
+from . import semantics as _sem
+from .memory import dram_read, dram_write
+from .numerics import is_int, to_fp32
+from .operands import DramAP, Tile
+
+__all__ = ["ENABLED", "kernel_plan", "PlanCache"]
+
+ENABLED = True
+_F32 = np.float32
+
+
+def kernel_plan(kernel, core) -> list:
+    """One no-argument closure per instruction of `kernel` (by index) applying its
+    effect to `core` (its memories, its `dram` at call time, its numerics)."""
+    fallback = not ENABLED or core.numerics.rounding != "rne"
+    return [_instr_plan(ins, core, fallback) for ins in kernel.instructions]
+
+
+class PlanCache:
+    """The plans of the kernels a core ran recently (they hold views of its memories,
+    so they belong to the core), at most `size`, least recently used dropped."""
+
+    def __init__(self, size: int = 4096):
+        self.size = size
+        self._plans: OrderedDict[int, tuple] = OrderedDict()
+
+    def get(self, kernel, core) -> list:
+        got = self._plans.get(id(kernel))
+        if (got is not None and got[0] is kernel and got[1] == len(kernel.instructions)
+                and got[2] is core.numerics and got[3] == ENABLED):
+            self._plans.move_to_end(id(kernel))
+            return got[4]
+        plan = kernel_plan(kernel, core)
+        self._plans[id(kernel)] = (kernel, len(kernel.instructions), core.numerics,
+                                   ENABLED, plan)
+        if len(self._plans) > self.size:
+            self._plans.popitem(last=False)
+        return plan
+
+
+def _instr_plan(ins, core, fallback: bool):
+    compiler = None if fallback else _COMPILERS.get(type(ins).semantics)
+    body = compiler(ins, core) if compiler is not None else None
+    if body is None:
+        return lambda: ins.execute(core)
+    marks = [(core.mem(t)._flags(t), ins.matmul_output) for t in ins.outputs()
+             if isinstance(t, Tile) and t.mem == "psum" and core.mem(t).by_matmul is not None]
+    check = ins.matmul_output and getattr(ins, "accumulate", False)
+    if not marks and not check:
+        return body
+
+    def run():
+        if check:
+            _sem._check_accumulate(ins, core)
+        body()
+        for flags, value in marks:
+            flags[...] = value
+    return run
+
+
+# --- operand access, compiled ---------------------------------------------------------
+
+def _reader(core, v):
+    """A closure reading operand `v`: a tile's fixed view, or a DRAM pattern's view of
+    the call's array."""
+    if isinstance(v, DramAP):
+        return lambda: dram_read(v, core.dram)
+    view = core.mem(v).view(v)
+    return lambda: view
+
+
+def _storer(core, tile: Tile):
+    """`semantics._store` into `tile`, its view and dtype resolved."""
+    dt = _dt.np_dtype(tile.dtype)
+    dt_int = is_int(dt)
+    view = core.mem(tile).view(tile)
+    shape, size, cast = view.shape, view.size, core.numerics.cast
+
+    def store(result):
+        if is_int(result.dtype) and not dt_int and result.dtype != dt:
+            result = result.astype(_F32)
+        out = cast(result, dt)
+        view[...] = out.reshape(shape) if out.size == size else out
+    return store
+
+
+def _converter(core, src_dtype: np.dtype, dtype: str):
+    """`semantics._convert` from `src_dtype` to `dtype`, decided once."""
+    dt = _dt.np_dtype(dtype)
+    if src_dtype == dt:
+        return lambda x: x
+    return lambda x: _sem._convert(core, x, dtype)
+
+
+def _widener(as_int: bool):
+    return (lambda x: x.astype(np.int64)) if as_int else to_fp32
+
+
+def _binary(op: str, as_int: bool, bits: int):
+    if as_int:
+        return lambda a, b: _alu.int_op(op, a, b, bits)
+    return lambda a, b: _alu.float_op(op, a, b)
+
+
+def _scalar(core, v, data: Tile, as_int: bool):
+    """`semantics._scalar`: an immediate (converted once) or a [P, 1] tile's view."""
+    if isinstance(v, Tile):
+        view = core.mem(v).view(v)
+        shape = (v.num_partitions,) + (1,) * len(data.free)
+        widen = _widener(as_int)
+        return lambda: widen(view.reshape(shape))
+    x = np.asarray(v)
+    x = x.astype(np.int64) if as_int else to_fp32(x)
+    return lambda: x
+
+
+# --- the instructions -----------------------------------------------------------------
+
+def _dma_copy(ins, core):
+    read = _reader(core, ins.src)
+    src_dtype = _dt.np_dtype(ins.src.dtype)
+    convert = _converter(core, src_dtype, ins.dst.dtype)
+    if isinstance(ins.dst, DramAP):
+        dst, shape = ins.dst, ins.dst.shape
+        return lambda: dram_write(dst, core.dram, convert(read()).reshape(shape))
+    view = core.mem(ins.dst).view(ins.dst)
+
+    def run():
+        view[...] = convert(read()).reshape(view.shape)
+    return run
+
+
+def _tensor_copy(ins, core):
+    src = core.mem(ins.src).view(ins.src)
+    view = core.mem(ins.dst).view(ins.dst)
+    convert = _converter(core, src.dtype, ins.dst.dtype)
+
+    def run():
+        view[...] = convert(src).reshape(view.shape)
+    return run
+
+
+def _tensor_tensor(ins, core):
+    a = core.mem(ins.data1).view(ins.data1)
+    b = core.mem(ins.data2).view(ins.data2)
+    as_int = is_int(a.dtype) and is_int(b.dtype)
+    widen, op = _widener(as_int), _binary(ins.op, as_int, _sem._bits(ins.data1))
+    store, shape = _storer(core, ins.dst), a.shape
+    return lambda: store(op(widen(a), widen(b.reshape(shape))))
+
+
+def _tensor_scalar(ins, core):
+    x = core.mem(ins.data).view(ins.data)
+    ops = [(ins.op0, ins.operand0, ins.reverse0)]
+    if ins.op1 is not None:
+        ops.append((ins.op1, ins.operand1, ins.reverse1))
+    as_int = is_int(x.dtype) and all(_sem._int_imm(v) for _, v, _ in ops)
+    bits = _sem._bits(ins.data)
+    steps = [(_binary(op, as_int, bits), _scalar(core, v, ins.data, as_int), rev)
+             for op, v, rev in ops]
+    widen, store = _widener(as_int), _storer(core, ins.dst)
+
+    def run():
+        y = widen(x)
+        for fn, scalar, reverse in steps:
+            s = scalar()
+            y = fn(s, y) if reverse else fn(y, s)
+        store(y)
+    return run
+
+
+def _activation(ins, core):
+    x = core.mem(ins.data).view(ins.data)
+    scaled = not (isinstance(ins.scale, (int, float)) and ins.scale == 1.0)
+    scale = _scalar(core, ins.scale, ins.data, False) if scaled else None
+    bias = _scalar(core, ins.bias, ins.data, False) if ins.bias is not None else None
+    func, strict = ins.func, core.numerics.strict_ranges
+    store = _storer(core, ins.dst)
+    reduce = _storer(core, ins.reduce_res) if ins.reduce_res is not None else None
+
+    def run():
+        y = to_fp32(x)
+        if scale is not None:
+            y = y * scale()
+        if bias is not None:
+            y = y + bias()
+        y = _alu.activation(func, y, strict=strict)
+        store(y)
+        if reduce is not None:
+            reduce(np.add.reduce(y.reshape(y.shape[0], -1), axis=1, dtype=_F32))
+    return run
+
+
+def _nc_matmul(ins, core):
+    if ins.precision == "tf32":
+        return None                      # rare: the interpreter
+    rows = ins.rows
+    st = core.mem(ins.stationary).view(ins.stationary)
+    mv = core.mem(ins.moving).view(ins.moving)
+    acc = core.mem(ins.dst).view(ins.dst) if ins.accumulate else None
+    store = _storer(core, ins.dst)
+
+    def run():
+        result = np.matmul(to_fp32(st).reshape(rows, -1).T, to_fp32(mv).reshape(rows, -1))
+        if acc is not None:
+            result += to_fp32(acc).reshape(result.shape)
+        store(result)
+    return run
+
+
+def _nc_transpose(ins, core):
+    x = core.mem(ins.data).view(ins.data)
+    view = core.mem(ins.dst).view(ins.dst)
+    convert = _converter(core, x.dtype, ins.dst.dtype)
+    parts = ins.data.num_partitions
+
+    def run():
+        view[...] = convert(x.reshape(parts, -1).T).reshape(view.shape)
+    return run
+
+
+def _tensor_reduce(ins, core):
+    x = core.mem(ins.data).view(ins.data)
+    op, axes, negate = ins.op, ins.axes, ins.negate
+    store = _storer(core, ins.dst)
+    if is_int(x.dtype):
+        def reduce():
+            return _alu.reduce_int(op, x.astype(np.int64), axes)
+    else:
+        def reduce():
+            return _alu.reduce_float(op, to_fp32(x), axes)
+
+    def run():
+        r = reduce()
+        store(-r if negate else r)
+    return run
+
+
+def _select(ins, core):
+    pred = core.mem(ins.pred).view(ins.pred)
+    a = core.mem(ins.on_true).view(ins.on_true)
+    b = core.mem(ins.on_false).view(ins.on_false)
+    widen = _widener(is_int(a.dtype) and is_int(b.dtype))
+    store, shape = _storer(core, ins.dst), a.shape
+
+    def run():
+        store(np.where((pred != 0).reshape(shape), widen(a), widen(b).reshape(shape)))
+    return run
+
+
+_COMPILERS = {
+    _sem.dma_copy: _dma_copy, _sem.tensor_copy: _tensor_copy,
+    _sem.tensor_tensor: _tensor_tensor, _sem.tensor_scalar: _tensor_scalar,
+    _sem.activation: _activation, _sem.nc_matmul: _nc_matmul,
+    _sem.nc_transpose: _nc_transpose, _sem.tensor_reduce: _tensor_reduce,
+    _sem.select: _select,
+}
