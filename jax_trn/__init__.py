@@ -15,8 +15,8 @@ __version__ = "0.1.0"
 
 from jax_trn.comparison import compare  # noqa: E402
 from jax_trn.config import configure, get_system  # noqa: E402
-from jax_trn.estimation import estimate  # noqa: E402
+from jax_trn.estimation import estimate, timing_only  # noqa: E402
 from jax_trn.profiler import last_execution, profile  # noqa: E402
 from jax_trn.systems import SYSTEMS  # noqa: E402
 
-__all__ = ["profile", "last_execution", "compare", "estimate", "configure", "get_system", "SYSTEMS", "__version__"]
+__all__ = ["profile", "last_execution", "compare", "estimate", "timing_only", "configure", "get_system", "SYSTEMS", "__version__"]

@@ -47,3 +47,19 @@ def estimate(f, *args, system=None, in_shardings=None, out_shardings=None,
     name = name or label
     program = compiler.lower(compiler.to_ir(code, options, name=name, fuse=fuse), options)
     return timing_only.run(name, program, options, ids)
+
+
+def timing_only():
+    """A context manager: while it is open, jitted calls on trn devices are timed
+    without computing their results (as `estimate` times a program), recorded by
+    `jax_trn.profile()`; their outputs have shapes but no values.
+
+        with jax_trn.timing_only(), jax_trn.profile() as prof:
+            params, opt, loss = step(params, opt, batch)   # arrays without values
+        prof.executions[-1].simulated_time_s
+
+    Reading such an array (printing it, `np.asarray`, `float(loss)`) raises
+    `TimingOnlyValue`; passing it to another call under `timing_only()` is fine, to a
+    call outside it an error. Host callbacks are timed, not called."""
+    from jax_trn.runtime import timing_only as _timing_only
+    return _timing_only.calls()

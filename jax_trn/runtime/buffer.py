@@ -32,6 +32,7 @@ class Buffer:
         self.nbytes = math.prod(self.shape) * _dt.itemsize(dtype)
         self.external_refs = 0
         self.error: BaseException | None = None
+        self.unset: str | None = None    # why a timing-only output has no values
         self.charged = True              # its bytes count in the device's HBM
 
     @classmethod
@@ -47,6 +48,16 @@ class Buffer:
         buf = cls.__new__(cls)
         buf._describe(device, shape, dtype)
         buf.data, buf.error, buf.charged = None, error, False
+        return buf
+
+    @classmethod
+    def without_values(cls, device: Device, shape, dtype: str, why: str) -> "Buffer":
+        """An output of a timing-only call (`jax_trn.timing_only()`): ready at once,
+        holding and charging nothing; reading it raises `TimingOnlyValue(why)`, a
+        timing-only call takes it as an argument, a call that computes refuses it."""
+        buf = cls.__new__(cls)
+        buf._describe(device, shape, dtype)
+        buf.data, buf.unset, buf.charged = None, why, False
         return buf
 
     @classmethod
@@ -69,10 +80,10 @@ class Buffer:
 
     @property
     def is_deleted(self) -> bool:
-        return self.data is None and self.error is None
+        return self.data is None and self.error is None and self.unset is None
 
     def delete(self) -> None:
-        self.error = None
+        self.error, self.unset = None, None
         if self.data is not None:
             self.data = None
             if self.charged:
@@ -82,15 +93,23 @@ class Buffer:
     def to_host(self) -> np.ndarray:
         if self.error is not None:
             raise self.error
+        if self.unset is not None:
+            raise TimingOnlyValue(self.unset)
         if self.data is None:
             raise RuntimeError(f"buffer on {self.device.to_string} was deleted")
         return self.data.reshape(self.shape)
 
     def copy_to(self, device: Device) -> "Buffer":
+        if self.unset is not None:
+            return Buffer.without_values(device, self.shape, self.dtype, self.unset)
         return Buffer(device, self.shape, self.dtype, self.to_host().copy())
 
     def __repr__(self) -> str:
         return f"Buffer({self.dtype}{list(self.shape)} on {self.device.to_string})"
+
+
+class TimingOnlyValue(ValueError):
+    """The values of an array a timing-only call produced were read."""
 
 
 class Allocations:

@@ -27,9 +27,11 @@ from jax_trn.hw.program import has_collectives, host_callbacks
 from jax_trn.config import Options
 from jax_trn.systems import System
 
-from . import blas, callbacks, donation, interrupts, replay, spmd
-from .buffer import Allocations, Buffer
+from . import blas, callbacks, donation, interrupts, replay, spmd, timing_only
+from .buffer import Allocations, Buffer, TimingOnlyValue
 from .device import Device
+from .dram import PARTITION_ID, REPLICA_ID, bind_dram, static_dram  # noqa: F401
+from .execution import compute_dtype, make_execution  # noqa: F401
 from .gc_pause import gc_paused
 # The control path moved to steps.py; these names are still imported from here.
 from .steps import ExecutionError, StepRunner, control_ns, run_kernels  # noqa: F401
@@ -179,12 +181,31 @@ class Executable:
             raise ExecutionError(
                 f"{self.name} was compiled for {len(self.devices)} devices, "
                 f"called with {len(arg_lists)} argument lists")
+        if timing_only.active():
+            return self._timing_only(devices, arg_lists, keep)
         with Allocations(donation.donated(self.aliases, keep)) as alloc, interrupts.watched(), \
                 blas.one_thread(self.uses_blas), gc_paused():
             run = self._execute_spmd if self.collectives else self._execute_each
             results, records, collectives = run(devices, arg_lists, alloc)
             profiler.record(self._execution(records, devices, collectives))
             return results
+
+    def _timing_only(self, devices, arg_lists, keep) -> list[list[Buffer]]:
+        """A call under `jax_trn.timing_only()`: one device timed, the collectives over
+        all (`timing_only.run`), outputs without values, donated arguments deleted."""
+        for args in arg_lists:
+            if len(args) != len(self.program.params):
+                raise ExecutionError(f"{self.name} takes {len(self.program.params)} "
+                                     f"arguments, got {len(args)}")
+        ex = timing_only.run(self.name, self.program, self.settings, [d.id for d in devices])
+        profiler.record(ex)
+        why = (f"this array is a result of {self.name} called under jax_trn.timing_only(): "
+               f"it has a shape and a simulated time, but no values")
+        for args in arg_lists:
+            for i in donation.donated(self.aliases, keep):
+                args[i].delete()
+        return [[Buffer.without_values(d, t.shape, t.dtype, why) for t in self.output_types]
+                for d in devices]
 
     def failed_outputs(self, error: BaseException, device: Device | None = None
                        ) -> list[list[Buffer]]:
@@ -289,6 +310,9 @@ class Executable:
         for i, (p, b) in enumerate(zip(self.param_types, args)):
             if b.error is not None:
                 raise b.error
+            if b.unset is not None:
+                raise TimingOnlyValue(f"argument {i} of {self.name}: {b.unset}; a call "
+                                      f"that computes values needs arrays that have them")
             if b.is_deleted:
                 raise donation.DeletedArgument(
                     f"Invalid buffer passed to Execute() as argument {i} to replica 0: "
@@ -324,47 +348,6 @@ class Executable:
 # A recorded call (`replay`) is kept while loaded: at most this many kernel instances,
 # decisions and callbacks (a long loop's records would hold hundreds of MB of trace).
 MAX_REPLAY_STEPS = 200_000
-
-# Per-device values a program reads from DRAM (`stablehlo.partition_id` / `replica_id`).
-PARTITION_ID, REPLICA_ID = "sys:partition_id", "sys:replica_id"
-
-
-def bind_dram(prog, params: list[np.ndarray], outs: list[np.ndarray], *, partition: int = 0,
-              replica: int = 0, static: dict | None = None) -> dict[str, np.ndarray]:
-    """The DRAM tensors of one execution by name: flat parameter arrays (read-only),
-    output arrays (written in place), fresh temporaries, the constants, and this
-    device's partition and replica ids (uint32 scalars the runtime writes).
-    `static`: the constants and ids already bound (`static_dram`), reused."""
-    dram = dict(static) if static is not None else static_dram(prog, partition, replica)
-    for p, data in zip(prog.params, params):
-        view = _as_stored(data, p.dtype)
-        view.flags.writeable = False      # kernels may not write their inputs
-        dram[p.name] = view
-    for t, data in zip(prog.outputs, outs):
-        dram[t.name] = _as_stored(data, t.dtype)
-    for t in prog.temps:
-        dram[t.name] = np.zeros(t.size, _dt.np_dtype(t.dtype))
-    return dram
-
-
-def static_dram(prog, partition: int = 0, replica: int = 0) -> dict[str, np.ndarray]:
-    """The DRAM tensors that are the same on every call of `prog` on one device: its
-    constants and the partition / replica ids, as read-only flat arrays."""
-    dram = {PARTITION_ID: np.array([partition], np.uint32),
-            REPLICA_ID: np.array([replica], np.uint32)}
-    for name, value in prog.constants.items():
-        dram[name] = np.ascontiguousarray(value).reshape(-1).view()
-    for view in dram.values():
-        view.flags.writeable = False
-    return dram
-
-
-def _as_stored(data: np.ndarray, dtype: str) -> np.ndarray:
-    """A view of a buffer's flat data as the program's element type: itself, or the
-    float32 pairs of a complex64 buffer (same bytes)."""
-    want = _dt.np_dtype(dtype)
-    return data.view() if data.dtype == want else data.view(want)
-
 
 def simulate(name: str, prog, options: Options | System, device_ids: list[int] | None = None
              ) -> profiler.Execution:
@@ -436,34 +419,6 @@ class _SimDevice:
 def uses_blas(prog) -> bool:
     """Whether any kernel of `prog` has a TensorE instruction (tile matmuls)."""
     return any(ins.engine == "tensor" for k in prog.kernels for ins in k.instructions)
-
-
-def make_execution(name: str, prog, system, device_ids: list[int], kernels, collectives=(),
-                   dtype: str | None = None) -> profiler.Execution:
-    """The profiler's record of one call; `dtype`: `compute_dtype(prog)` if known."""
-    dtype = dtype or compute_dtype(prog)
-    peak = system.chip.peak_tflops_per_core(dtype) * 1e12
-    return profiler.Execution(name, system.name, device_ids, kernels, peak,
-                              generation=system.generation, dtype=dtype,
-                              collectives=list(collectives), chip=system.chip)
-
-
-def compute_dtype(prog) -> str:
-    """The dtype whose TensorE peak MFU is measured against: the input dtype of the
-    matmuls doing most FLOPs ("tf32" for FP32 matmuls rounded to TF32), else the
-    first parameter's dtype."""
-    flops: dict[str, int] = {}
-    for kernel in prog.kernels:
-        for instr in kernel.instructions:
-            moving = getattr(instr, "moving", None)
-            if instr.flops and moving is not None:
-                dtype = moving.dtype
-                if dtype == "float32" and getattr(instr, "precision", "") == "tf32":
-                    dtype = "tf32"
-                flops[dtype] = flops.get(dtype, 0) + instr.flops
-    if flops:
-        return max(flops, key=lambda d: flops[d])
-    return prog.params[0].dtype if prog.params else "float32"
 
 
 def _stored(t) -> tuple[tuple[int, ...], str]:

@@ -20,6 +20,8 @@ What it assumes, and so cannot know:
 """
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections import Counter
 
 import numpy as np
@@ -30,7 +32,33 @@ from jax_trn.hw import dtypes as _dt
 from jax_trn.hw.program import Collective, HostCallback
 
 from . import spmd
+from .dram import bind_dram
+from .execution import make_execution
 from .steps import StepRunner
+
+
+_lock = threading.Lock()
+_depth = 0
+
+
+@contextlib.contextmanager
+def calls():
+    """While the block runs, every call of a compiled program on a trn device in this
+    process is timing-only (`jax_trn.timing_only()`): timed as `run` times it and
+    recorded by `jax_trn.profile()`, its outputs arrays without values (reading one
+    raises `TimingOnlyValue`; they may be passed to further timing-only calls)."""
+    global _depth
+    with _lock:
+        _depth += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _depth -= 1
+
+
+def active() -> bool:
+    return _depth > 0
 
 
 def run(name: str, prog, options: Options, device_ids: list[int]) -> profiler.Execution:
@@ -40,7 +68,6 @@ def run(name: str, prog, options: Options, device_ids: list[int]) -> profiler.Ex
     from jax_trn.hw.bandwidth import Hbm
     from jax_trn.hw.core import NeuronCore
     from .device import core_numerics
-    from .executable import bind_dram, make_execution
     system, chip = options.system, options.system.chip
     ids = list(device_ids)
     chip0 = ids[0] // system.cores_per_chip

@@ -112,3 +112,33 @@ def test_symmetric_result_is_what_the_collective_gives_identical_inputs(kind, kw
     topo = get_system("trn2.3xlarge").interconnect()
     out, _ = run_collective(kind, {d: x for d in range(8)}, groups, topo, **args)
     np.testing.assert_array_equal(symmetric_result(step, x, groups), out[0])
+
+
+def test_timing_only_calls_time_as_running_does_and_have_no_values(jax):
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+    mesh = jax.make_mesh((8,), ("d",), devices=jax.devices("trn"))
+    w = jax.device_put(W, NamedSharding(mesh, P()))
+    x = jax.device_put(X, NamedSharding(mesh, P("d")))
+    ran = _backend(jax, _dp_step, w, x)
+    step = jax.jit(_dp_step)
+    with jax_trn.timing_only(), jax_trn.profile() as prof:
+        w2, loss = jax.block_until_ready(step(w, x))
+        w3, _ = jax.block_until_ready(step(w2, x))       # arrays without values go on
+    assert [e.simulated_time_s for e in prof.executions] == [ran.simulated_time_s] * 2
+    assert w3.shape == W.shape
+    with pytest.raises(Exception, match="timing_only"):
+        float(loss)
+    with pytest.raises(Exception, match="timing_only"):
+        step(w2, x)                                      # a computing call refuses them
+    np.testing.assert_allclose(np.asarray(step(w, x)[1]), np.asarray(_dp_step(W, X)[1]),
+                               rtol=2e-2)
+
+
+def test_timing_only_calls_donate(jax):
+    dev = jax.devices("trn")[0]
+    x = jax.device_put(X, dev)
+    f = jax.jit(lambda x: x * 2, donate_argnums=0)
+    with jax_trn.timing_only():
+        y = f(x)
+    assert x.is_deleted() and y.shape == X.shape

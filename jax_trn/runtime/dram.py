@@ -1,0 +1,51 @@
+"""One device's DRAM for a call: the program's tensors by name, bound to buffers.
+
+The simulator's HBM is a dict of flat numpy arrays (`hw.memory.dram_read`): the call's
+parameters (read-only) and outputs, fresh temporaries, the program's constants and the
+device's partition / replica ids.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from jax_trn.hw import dtypes as _dt
+
+# Per-device values a program reads from DRAM (`stablehlo.partition_id` / `replica_id`).
+PARTITION_ID, REPLICA_ID = "sys:partition_id", "sys:replica_id"
+
+
+def bind_dram(prog, params: list[np.ndarray], outs: list[np.ndarray], *, partition: int = 0,
+              replica: int = 0, static: dict | None = None) -> dict[str, np.ndarray]:
+    """The DRAM tensors of one execution by name: flat parameter arrays (read-only),
+    output arrays (written in place), fresh temporaries, the constants, and this
+    device's partition and replica ids (uint32 scalars the runtime writes).
+    `static`: the constants and ids already bound (`static_dram`), reused."""
+    dram = dict(static) if static is not None else static_dram(prog, partition, replica)
+    for p, data in zip(prog.params, params):
+        view = _as_stored(data, p.dtype)
+        view.flags.writeable = False      # kernels may not write their inputs
+        dram[p.name] = view
+    for t, data in zip(prog.outputs, outs):
+        dram[t.name] = _as_stored(data, t.dtype)
+    for t in prog.temps:
+        dram[t.name] = np.zeros(t.size, _dt.np_dtype(t.dtype))
+    return dram
+
+
+def static_dram(prog, partition: int = 0, replica: int = 0) -> dict[str, np.ndarray]:
+    """The DRAM tensors that are the same on every call of `prog` on one device: its
+    constants and the partition / replica ids, as read-only flat arrays."""
+    dram = {PARTITION_ID: np.array([partition], np.uint32),
+            REPLICA_ID: np.array([replica], np.uint32)}
+    for name, value in prog.constants.items():
+        dram[name] = np.ascontiguousarray(value).reshape(-1).view()
+    for view in dram.values():
+        view.flags.writeable = False
+    return dram
+
+
+def _as_stored(data: np.ndarray, dtype: str) -> np.ndarray:
+    """A view of a buffer's flat data as the program's element type: itself, or the
+    float32 pairs of a complex64 buffer (same bytes)."""
+    want = _dt.np_dtype(dtype)
+    return data.view() if data.dtype == want else data.view(want)
