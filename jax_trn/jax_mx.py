@@ -1,0 +1,97 @@
+"""JAX lowering rules for block-scaled matmuls (`jax.nn.scaled_matmul`,
+`jax.nn.scaled_dot_general`) on the "trn" platform.
+
+JAX defines one primitive, `scaled_matmul` (jax/_src/cudnn/scaled_matmul_stablehlo.py):
+lhs [B, M, K] and rhs [B, N, K] of a low-precision type, their scales [B, M, K / bs] and
+[B, N, K / bs], out[b, m, n] = sum_k lhs[b, m, k] s_l[b, m, k // bs] rhs[b, n, k]
+s_r[b, n, k // bs] in FP32, cast to `preferred_element_type`. `scaled_dot_general`
+quantizes its operands with ordinary jnp ops (the program's own quantization: amax per
+block, E8M0 scale rounded up, cast with clipping) and calls it. JAX lowers the
+primitive for cuda / rocm only (and its wrapper through `custom_partitioning`, which on
+several devices emits XLA's `CustomSPMDPartitioning` call); on trn both lower here:
+
+- OCP MX operands (block 32 along K, data float8_e4m3fn / float8_e5m2 / float4_e2m1fn,
+  scales float8_e8m0fnu: the "mxfp8" config, and MXFP4 as
+  `BlockScaleConfig(mode="mxfp8", data_type=float4_e2m1fn, ...)`) become one
+  `custom_call @trn.mx_matmul(lhs, rhs, lhs_scales, rhs_scales)`, which the importer
+  turns into an `mx_matmul` op (jax_trn/lower/mx_matmul.py: `nc_matmul_mx` on
+  NeuronCore-v4, dequantize + BF16 matmul elsewhere). It carries a Shardy sharding
+  rule: B, M and N partition like a dot's batch and free dims, K (and its groups) is
+  replicated first.
+- anything else (nvfp4's block 16 with E4M3 scales, other types) lowers to its
+  definition, dequantize and `dot_general` in FP32, which runs as ordinary ops.
+"""
+from __future__ import annotations
+
+import numpy as np
+from jax import lax
+from jax._src import dtypes
+from jax._src.interpreters import mlir
+
+from hlo_passes.importer import MX_MATMUL_TARGET as MX_TARGET
+MX_BLOCK = 32                                            # OCP MX v1.0 group size, §4
+MX_DATA = ("float8_e4m3fn", "float8_e5m2", "float4_e2m1fn")
+MX_SCALE = ("float8_e8m0fnu",)
+
+_done = False
+
+
+def register() -> None:
+    """Registers the rule for the primitive and for its partitioning wrapper (once)."""
+    global _done
+    if _done:
+        return
+    from jax._src.cudnn import scaled_matmul_stablehlo as sm
+    for prim in (sm._scaled_matmul_p, sm._scaled_matmul_p_wrapper):
+        mlir.register_lowering(prim, _scaled_matmul_lower, platform="trn")
+    _done = True
+
+
+def is_mx(lhs, rhs, lhs_scales, rhs_scales) -> bool:
+    """Operand avals of an OCP MX matmul (block 32 along K, MX element and scale types)."""
+    k = lhs.shape[-1]
+    return (all(str(x.dtype) in MX_DATA for x in (lhs, rhs))
+            and all(str(s.dtype) in MX_SCALE for s in (lhs_scales, rhs_scales))
+            and all(s.shape[-1] * MX_BLOCK == k for s in (lhs_scales, rhs_scales)))
+
+
+def _scaled_matmul_lower(ctx, lhs, rhs, lhs_scales, rhs_scales, *, preferred_element_type):
+    if not is_mx(*ctx.avals_in):
+        return mlir.lower_fun(_reference, multiple_results=True)(
+            ctx, lhs, rhs, lhs_scales, rhs_scales,
+            preferred_element_type=preferred_element_type)
+    out = ctx.avals_out[0]
+    op = mlir.custom_call(
+        MX_TARGET, result_types=[mlir.aval_to_ir_type(ctx.module_context, out)],
+        operands=[lhs, rhs, lhs_scales, rhs_scales], api_version=1,
+        extra_attributes={"sdy.sharding_rule": _sharding_rule(ctx)})
+    return op.results
+
+
+def _sharding_rule(ctx):
+    """b m k, b n k, b m g, b n g -> b m n, k and g replicated (each device needs all of
+    K for its part of the result; an all-reduce of partial sums is not attempted)."""
+    from jax._src.custom_partitioning_sharding_rule import (
+        sdy_sharding_rule_to_mlir, str_to_sdy_sharding_rule)
+    rule = str_to_sdy_sharding_rule("b m k, b n k, b m g, b n g -> b m n",
+                                    need_replication_factors=("k", "g"))
+    types = [mlir.aval_to_ir_type(ctx.module_context, a) for a in ctx.avals_in]
+    return sdy_sharding_rule_to_mlir(rule, types, [mlir.aval_to_ir_type(ctx.module_context, ctx.avals_out[0])])
+
+
+def dequantize(x, scales):
+    """x [..., K] * scales [..., K / bs] repeated bs times along K, in FP32 (the
+    definition in `jax.nn.scaled_matmul`'s docstring)."""
+    block = x.shape[-1] // scales.shape[-1]
+    s = scales.astype(np.float32)
+    s = lax.broadcast_in_dim(s, (*s.shape, block), tuple(range(s.ndim)))
+    return x.astype(np.float32) * s.reshape(x.shape)
+
+
+def _reference(lhs, rhs, lhs_scales, rhs_scales, *, preferred_element_type):
+    """The primitive's definition: dequantize, then an FP32 dot over K (batch 0)."""
+    a, b = dequantize(lhs, lhs_scales), dequantize(rhs, rhs_scales)
+    out = lax.dot_general(a, b, (((2,), (2,)), ((0,), (0,))),
+                          precision=lax.Precision.HIGHEST,
+                          preferred_element_type=np.float32)
+    return [out.astype(dtypes.canonicalize_dtype(preferred_element_type))]
