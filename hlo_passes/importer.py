@@ -62,7 +62,7 @@ elements -> nested tuples, dialect structs -> dict of fields, sdy -> text, else 
                        has_side_effect: bool (from `custom_call @trn.python_callback`,
                        backend_config "callback=<key>[ device=<partition>]", which
                        jax_trn.jax_callbacks emits for JAX's callback primitives)
-    mx_matmul          none (from `custom_call @trn.mx_matmul`, which jax_trn.jax_mx
+    mx_matmul          only its sdy.sharding (from `custom_call @trn.mx_matmul`, which jax_trn.jax_mx
                        emits for JAX's block-scaled `scaled_matmul`: lhs [B, M, K],
                        rhs [B, N, K], their E8M0 scales [B, M, K/32], [B, N, K/32])
     func.call          callee: str
@@ -221,7 +221,7 @@ def _import_op(op: mlir_ir.Operation, env: dict) -> ir.Op:
     if kind == "custom_call" and attrs.get("call_target_name") == "trn.top_k":
         kind, attrs = "top_k", {"k": int(attrs["backend_config"])}
     if kind == "custom_call" and attrs.get("call_target_name") == MX_MATMUL_TARGET:
-        kind, attrs = "mx_matmul", {}
+        kind, attrs = "mx_matmul", {k: v for k, v in attrs.items() if k == "sdy.sharding"}
     if kind == "custom_call" and attrs.get("call_target_name") == CALLBACK_TARGET:
         kind, attrs = "host_callback", _callback_attrs(attrs, where)
     regions = [_import_region(r, env, where) for r in op.regions]

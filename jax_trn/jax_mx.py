@@ -16,10 +16,14 @@ several devices emits XLA's `CustomSPMDPartitioning` call); on trn both lower he
   `custom_call @trn.mx_matmul(lhs, rhs, lhs_scales, rhs_scales)`, which the importer
   turns into an `mx_matmul` op (jax_trn/lower/mx_matmul.py: `nc_matmul_mx` on
   NeuronCore-v4, dequantize + BF16 matmul elsewhere). It carries a Shardy sharding
-  rule: B, M and N partition like a dot's batch and free dims, K (and its groups) is
-  replicated first.
-- anything else (nvfp4's block 16 with E4M3 scales, other types) lowers to its
-  definition, dequantize and `dot_general` in FP32, which runs as ordinary ops.
+  rule (`_sharding_rule`): it partitions like a dot_general.
+- anything else (nvfp4's block 16 with E4M3 scales, other types), and any scaled
+  matmul of a program Shardy partitions over several devices, lowers to its definition:
+  dequantize (to BF16: exact for these types) and a `dot_general` accumulating in FP32,
+  which runs and partitions as ordinary ops. Shardy (as jaxlib runs it here) partitions
+  a custom_call only along its pass-through factors: with K sharded it sliced the other
+  operand and summed nothing, whatever the rule's reduction / need-replication factors.
+  Inside shard_map bodies (per-device code) the custom_call is used.
 """
 from __future__ import annotations
 
@@ -56,7 +60,7 @@ def is_mx(lhs, rhs, lhs_scales, rhs_scales) -> bool:
 
 
 def _scaled_matmul_lower(ctx, lhs, rhs, lhs_scales, rhs_scales, *, preferred_element_type):
-    if not is_mx(*ctx.avals_in):
+    if not is_mx(*ctx.avals_in) or _auto_partitioned(ctx):
         return mlir.lower_fun(_reference, multiple_results=True)(
             ctx, lhs, rhs, lhs_scales, rhs_scales,
             preferred_element_type=preferred_element_type)
@@ -68,15 +72,43 @@ def _scaled_matmul_lower(ctx, lhs, rhs, lhs_scales, rhs_scales, *, preferred_ele
     return op.results
 
 
+def _auto_partitioned(ctx) -> bool:
+    """A program Shardy partitions over several devices (jit with shardings; not a
+    shard_map body, whose code is per device already)."""
+    from jax._src import sharding_impls
+    axis = ctx.module_context.axis_context
+    return isinstance(axis, sharding_impls.ShardingContext) and axis.num_devices > 1
+
+
 def _sharding_rule(ctx):
-    """b m k, b n k, b m g, b n g -> b m n, k and g replicated (each device needs all of
-    K for its part of the result; an all-reduce of partial sums is not attempted)."""
+    """b m (g c), b n (g c), b m g, b n g -> b m n with c = 32 (K is its scale groups g
+    times the block): B, M, N partition like a dot's batch and free dims; g, the
+    contraction, like a dot's: each device multiplies its whole blocks of K with their
+    scales and the partial results are summed (a reduction factor: Shardy adds the
+    all-reduce)."""
     from jax._src.custom_partitioning_sharding_rule import (
         sdy_sharding_rule_to_mlir, str_to_sdy_sharding_rule)
-    rule = str_to_sdy_sharding_rule("b m k, b n k, b m g, b n g -> b m n",
-                                    need_replication_factors=("k", "g"))
+    if ctx.avals_in[2].shape[-1] > 1:
+        rule = str_to_sdy_sharding_rule("b m (g c), b n (g c), b m g, b n g -> b m n",
+                                        reduction_factors=("g",), c=MX_BLOCK)
+    else:       # one block: no compound of a size-1 factor (a Shardy rule)
+        rule = str_to_sdy_sharding_rule("b m k, b n k, b m g, b n g -> b m n",
+                                        reduction_factors=("k", "g"))
     types = [mlir.aval_to_ir_type(ctx.module_context, a) for a in ctx.avals_in]
-    return sdy_sharding_rule_to_mlir(rule, types, [mlir.aval_to_ir_type(ctx.module_context, ctx.avals_out[0])])
+    out = [mlir.aval_to_ir_type(ctx.module_context, ctx.avals_out[0])]
+    return _not_custom(sdy_sharding_rule_to_mlir(rule, types, out))
+
+
+def _not_custom(attr):
+    """The rule without JAX's `custom` flag: that flag leaves the partitioning to an XLA
+    custom-partitioner callback (Shardy then inserts no reshards or collectives for
+    the op); ours is partitioned by Shardy like any op with a rule."""
+    from jaxlib.mlir.dialects import sdy
+    a = sdy.OpShardingRuleAttr(attr)
+    return sdy.OpShardingRuleAttr.get(
+        a.factor_sizes, a.operand_mappings, a.result_mappings,
+        reduction_factors=a.reduction_factors,
+        need_replication_factors=a.need_replication_factors, is_custom=False)
 
 
 def dequantize(x, scales):
@@ -89,9 +121,10 @@ def dequantize(x, scales):
 
 
 def _reference(lhs, rhs, lhs_scales, rhs_scales, *, preferred_element_type):
-    """The primitive's definition: dequantize, then an FP32 dot over K (batch 0)."""
-    a, b = dequantize(lhs, lhs_scales), dequantize(rhs, rhs_scales)
+    """The primitive's definition: dequantize (to BF16, exact for fp8/fp4 values times
+    E8M0 / E4M3 scales within BF16's range), a dot over K (batch 0) accumulating in FP32."""
+    a, b = (dequantize(x, s).astype(dtypes.bfloat16) for x, s in ((lhs, lhs_scales),
+                                                                   (rhs, rhs_scales)))
     out = lax.dot_general(a, b, (((2,), (2,)), ((0,), (0,))),
-                          precision=lax.Precision.HIGHEST,
                           preferred_element_type=np.float32)
     return [out.astype(dtypes.canonicalize_dtype(preferred_element_type))]
