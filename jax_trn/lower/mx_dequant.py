@@ -6,8 +6,9 @@ take (mx_matmul.py). It costs what it says: a `mx-dequantize` kernel per operand
 profile read "mx-dequantize" and "mx-bf16-matmul".
 
 The result equals the MX one: an FP8 value times a power of two is exact in BF16
-(7 fraction bits >= E4M3's 3 / E5M2's 2; the E8M0 range 2**-127..2**127 is BF16's),
-and TensorE accumulates the exact products in FP32 as nc_matmul_mx does.
+(7 fraction bits >= E4M3's 3 / E5M2's 2) while it is a BF16 normal (|v| >= 2**-126:
+scales far below 2**-110 round into BF16 subnormals; nc_matmul_mx keeps them), and
+TensorE accumulates the exact products in FP32 as nc_matmul_mx does.
 
 Dequantize: the data viewed as rows of 32 values (one scale each), `c` rows per
 partition; the E8M0 byte becomes its FP32 scale by `bits << 23` (in int32) read as FP32 (byte 0,
