@@ -84,3 +84,10 @@ def test_extreme_scales(chip, low, high):
     want = _expected(lhs, rhs, ls, rs)
     assert np.abs(want).max() > 0
     np.testing.assert_allclose(res.outputs[0], want, rtol=0, atol=1e-6 * np.abs(want).max())
+
+
+def test_mx_peak_for_mfu():
+    """An MX execution's MFU is against the MX peak (315 TFLOP/s per Trn3 core, §1.2),
+    not FP8's (it read 128% before)."""
+    assert CHIPS["trn3"].peak_tflops_per_core("float8_e4m3fn_x4") == 315.0
+    assert CHIPS["trn3"].peak_tflops_per_core("float8_e4m3fn") == 158.0
