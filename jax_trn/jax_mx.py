@@ -82,10 +82,9 @@ def _auto_partitioned(ctx) -> bool:
 
 def _sharding_rule(ctx):
     """b m (g c), b n (g c), b m g, b n g -> b m n with c = 32 (K is its scale groups g
-    times the block): B, M, N partition like a dot's batch and free dims; g, the
-    contraction, like a dot's: each device multiplies its whole blocks of K with their
-    scales and the partial results are summed (a reduction factor: Shardy adds the
-    all-reduce)."""
+    times the block), g a reduction factor: how the op partitions, like a dot_general.
+    Only single-device programs and shard_map bodies carry the custom_call
+    (`_auto_partitioned`), so Shardy does not act on it today."""
     from jax._src.custom_partitioning_sharding_rule import (
         sdy_sharding_rule_to_mlir, str_to_sdy_sharding_rule)
     if ctx.avals_in[2].shape[-1] > 1:

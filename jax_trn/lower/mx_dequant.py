@@ -40,7 +40,7 @@ def lower(ctx: LowerCtx, lhs: DramTensor, rhs: DramTensor, ls: DramTensor, rs: D
     lop = Operand(dl, ((m * k, b),), (1, k), (k, m), "bfloat16", True)
     rop = Operand(dr, ((n * k, b),), (1, k), (k, n), "bfloat16", True)
     lop, rop = with_dma_transpose(lop, kb.target), with_dma_transpose(rop, kb.target)
-    plan = make_plan(lop, rop, out.dtype, _free_sbuf(kb), kb.target)
+    plan = make_plan(lop, rop, out.dtype, free_sbuf(kb), kb.target)
     MatmulEmitter(kb, lop, rop, out, plan).run()
 
 
@@ -78,6 +78,7 @@ def _scales(kb: KernelBuilder, s: DramTensor, p0: int, pn: int, c: int, rings) -
     return sc
 
 
-def _free_sbuf(kb: KernelBuilder) -> int:
+def free_sbuf(kb: KernelBuilder) -> int:
+    """SBUF bytes per partition above the kernel's live allocations."""
     top = max((off + size for off, size in kb.sbuf.live.items()), default=0)
     return kb.sbuf.capacity - top

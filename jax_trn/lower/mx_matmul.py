@@ -41,6 +41,7 @@ from jax_trn.hw import mx as hw_mx
 from jax_trn.hw.program import DramTensor
 
 from . import mx_dequant
+from .mx_dequant import free_sbuf
 from .builder import KernelBuilder, sub
 from .layout import tiles
 from .registry import LowerCtx, register_lowering
@@ -114,7 +115,7 @@ class MxEmitter:
         self.spread = kb.ring(spreads, self.nw * self.pmax, "uint32")
         self.sw = self.pmax * min(STRIP_TILES, -(-self.m // self.pmax))   # strip width
         per_strip = self.nk * self.sw * 5                # 4 data bytes + 1 scale byte
-        budget = int(_free_sbuf(kb) * SBUF_SHARE) - 2 * self.nk * self.nt * 5 \
+        budget = int(free_sbuf(kb) * SBUF_SHARE) - 2 * self.nk * self.nt * 5 \
             - OUT_BUFFERS * self.nt * 4
         strips = -(-self.m // self.sw)
         fit = max(1, min(strips, budget // per_strip))
@@ -236,8 +237,3 @@ class MxEmitter:
             self.kb.emit(isa.TensorCopy, src=sub(raw, ft, shape, at=s0), engine=SPREAD,
                          dst=sub(out, ft, 1, at=d0).with_(free=shape, strides=strides))
         return spread
-
-
-def _free_sbuf(kb: KernelBuilder) -> int:
-    top = max((off + size for off, size in kb.sbuf.live.items()), default=0)
-    return kb.sbuf.capacity - top
