@@ -62,6 +62,9 @@ elements -> nested tuples, dialect structs -> dict of fields, sdy -> text, else 
                        has_side_effect: bool (from `custom_call @trn.python_callback`,
                        backend_config "callback=<key>[ device=<partition>]", which
                        jax_trn.jax_callbacks emits for JAX's callback primitives)
+    mx_matmul          only its sdy.sharding (from `custom_call @trn.mx_matmul`, which jax_trn.jax_mx
+                       emits for JAX's block-scaled `scaled_matmul`: lhs [B, M, K],
+                       rhs [B, N, K], their E8M0 scales [B, M, K/32], [B, N, K/32])
     func.call          callee: str
 
 Functions: `arg_attrs` / `result_attrs` keep every attribute by its MLIR name
@@ -91,6 +94,7 @@ from hlo_passes.errors import HloImportError
 
 _BYTECODE_MAGIC = b"ML\xefR"
 CALLBACK_TARGET = "trn.python_callback"
+MX_MATMUL_TARGET = "trn.mx_matmul"
 _CALLBACK_CONFIG = re.compile(r"callback=(\d+)(?: device=(\d+))?$")
 _PRODUCER = re.compile(rb"StableHLO_v(\d+\.\d+\.\d+)\x00")
 _NAME_LOC = re.compile(r'"((?:[^"\\]|\\.)*)"(?=[(),\]])')  # not followed by ":"
@@ -216,6 +220,8 @@ def _import_op(op: mlir_ir.Operation, env: dict) -> ir.Op:
         attrs["value"] = _constant(op, results[0].type, where)
     if kind == "custom_call" and attrs.get("call_target_name") == "trn.top_k":
         kind, attrs = "top_k", {"k": int(attrs["backend_config"])}
+    if kind == "custom_call" and attrs.get("call_target_name") == MX_MATMUL_TARGET:
+        kind, attrs = "mx_matmul", {k: v for k, v in attrs.items() if k == "sdy.sharding"}
     if kind == "custom_call" and attrs.get("call_target_name") == CALLBACK_TARGET:
         kind, attrs = "host_callback", _callback_attrs(attrs, where)
     regions = [_import_region(r, env, where) for r in op.regions]

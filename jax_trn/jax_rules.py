@@ -24,7 +24,8 @@ that reaches ours as is.
 
 They are registered when the plugin initializes (`register()`), for platform "trn"
 only; everything they emit runs on the device like any other program. `register()` also
-registers the host callback rules (`jax_trn.jax_callbacks`) and tells JAX that trn
+registers the host callback rules (`jax_trn.jax_callbacks`), the block-scaled matmul
+rules (`jax_trn.jax_mx`: `jax.nn.scaled_matmul` / `scaled_dot_general`) and tells JAX that trn
 honours buffer donation (`_enable_donation`).
 """
 from __future__ import annotations
@@ -63,8 +64,9 @@ def register() -> None:
     mlir.register_lowering(loops.cumlogsumexp_p,
                            _lower_fun(mlir, _cumlogsumexp, False),
                            platform="trn")
-    from jax_trn import jax_callbacks
+    from jax_trn import jax_callbacks, jax_mx
     jax_callbacks.register()
+    jax_mx.register()
     _enable_donation(mlir)
     _done = True
 

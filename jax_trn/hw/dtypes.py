@@ -52,6 +52,8 @@ DEVICE_TYPES = frozenset({
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
     "float16", "bfloat16", "float32", "float8_e4m3fn", "float8_e5m2", "float8_e4m3",
     "int4", "uint4",
+    "float8_e8m0fnu",       # MX block scales (§2.2, §4): stored, bit-copied and read by
+                            # nc_matmul_mx; no ALU reads it and DMA cannot cast it
 })
 
 # What a trn buffer may hold: the device types and complex64, which no instruction

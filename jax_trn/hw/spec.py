@@ -304,6 +304,8 @@ class ChipSpec:
     def peak_tflops_per_core(self, dtype: str) -> float:
         """Published dense TensorE peak per core for an input dtype (for MFU)."""
         table = dict(self.peak_tflops)
+        if dtype.endswith("_x4") and "mx" in table:     # packed MX: nc_matmul_mx, §1.2
+            return table["mx"]
         if dtype.startswith("float8"):
             return table["fp8"]
         return table["fp32"] if dtype == "float32" else table["bf16"]

@@ -65,6 +65,7 @@ from . import window as _window  # noqa: F401,E402
 from . import selectscatter as _selectscatter  # noqa: F401,E402
 from . import sort as _sort  # noqa: F401,E402
 from . import topk as _topk  # noqa: F401,E402
+from . import mx_matmul as _mx_matmul  # noqa: F401,E402
 from . import control as _control  # noqa: F401,E402
 from . import misc as _misc  # noqa: F401,E402
 from . import collective as _collective  # noqa: F401,E402

@@ -1,0 +1,84 @@
+"""mx_matmul without MX hardware: dequantize each operand to BF16, then a BF16 matmul.
+
+Used on cores without `nc_matmul_mx` (Trn1 / Trn2, §2.2) and for shapes it does not
+take (mx_matmul.py). It costs what it says: a `mx-dequantize` kernel per operand
+(VectorE / ScalarE) and a BF16 matmul at the BF16 rate; the kernel names in the
+profile read "mx-dequantize" and "mx-bf16-matmul".
+
+The result equals the MX one: an FP8 value times a power of two is exact in BF16
+(7 fraction bits >= E4M3's 3 / E5M2's 2) while it is a BF16 normal (|v| >= 2**-126:
+scales far below 2**-110 round into BF16 subnormals; nc_matmul_mx keeps them), and
+TensorE accumulates the exact products in FP32 as nc_matmul_mx does.
+
+Dequantize: the data viewed as rows of 32 values (one scale each), `c` rows per
+partition; the E8M0 byte becomes its FP32 scale by `bits << 23` (in int32) read as FP32 (byte 0,
+2**-127, is FP32 subnormal: a max with 2**-127 sets it), and each row is multiplied by
+its partition's scale (`TensorScalar`, engines alternating).
+"""
+from __future__ import annotations
+
+from jax_trn.hw import isa
+from jax_trn.hw.program import DramTensor
+
+from .builder import KernelBuilder, sub
+from .layout import tiles
+from .matmul import MatmulEmitter
+from .matmul_plan import Operand, make_plan, with_dma_transpose
+from .registry import LowerCtx
+
+GROUP = 32                      # values per E8M0 scale (§4)
+ROWS = (16, 8, 4, 2, 1)         # scale rows per partition, widest that divides: 16 rows
+                                # of 32 FP8 values load 512 B per partition per DMA (§3.4)
+E8M0_MIN = 2.0 ** -127          # E8M0 byte 0
+
+
+def lower(ctx: LowerCtx, lhs: DramTensor, rhs: DramTensor, ls: DramTensor, rs: DramTensor,
+          out: DramTensor) -> None:
+    (b, m, k), n = lhs.shape, rhs.shape[1]
+    dl, dr = (_dequantize(ctx, x, s) for x, s in ((lhs, ls), (rhs, rs)))
+    kb = ctx.next_kernel("mx-bf16-matmul")
+    lop = Operand(dl, ((m * k, b),), (1, k), (k, m), "bfloat16", True)
+    rop = Operand(dr, ((n * k, b),), (1, k), (k, n), "bfloat16", True)
+    lop, rop = with_dma_transpose(lop, kb.target), with_dma_transpose(rop, kb.target)
+    plan = make_plan(lop, rop, out.dtype, free_sbuf(kb), kb.target)
+    MatmulEmitter(kb, lop, rop, out, plan).run()
+
+
+def _dequantize(ctx: LowerCtx, x: DramTensor, s: DramTensor) -> DramTensor:
+    """x [B, F, K] * its scales [B, F, K/32] -> a BF16 temporary [B, F, K]."""
+    kb = ctx.next_kernel("mx-dequantize")
+    d = ctx.temp(x.shape, "bfloat16")
+    rows = s.size
+    c = next(r for r in ROWS if rows % r == 0)
+    ins, outs = kb.ring(2, c * GROUP, x.dtype), kb.ring(2, c * GROUP, "bfloat16")
+    rings = (kb.ring(2, c, s.dtype), kb.ring(2, c, "int32"))
+    for p0, pn in tiles(rows // c, kb.target.partitions):
+        xin, y = sub(ins.next(), pn, c * GROUP), sub(outs.next(), pn, c * GROUP)
+        pattern = ((c * GROUP, pn), (1, c * GROUP))
+        kb.dma(xin, kb.ap(x, p0 * c * GROUP, pattern))
+        sc = _scales(kb, s, p0, pn, c, rings)
+        for r in range(c):
+            kb.emit(isa.TensorScalar, dst=sub(y, pn, GROUP, at=r * GROUP),
+                    data=sub(xin, pn, GROUP, at=r * GROUP), op0="multiply",
+                    operand0=sub(sc, pn, 1, at=r), engine=kb.evac_engine())
+        kb.dma(kb.ap(d, p0 * c * GROUP, pattern), y)
+    kb.release(ins, outs, *rings)
+    return d
+
+
+def _scales(kb: KernelBuilder, s: DramTensor, p0: int, pn: int, c: int, rings) -> isa.Tile:
+    """FP32 scales [pn, c] of scale rows p0 * c ..: the bytes widened to int32, shifted
+    into the FP32 exponent field, read as FP32, floored at 2**-127 (byte 0)."""
+    raw, word = sub(rings[0].next(), pn, c), sub(rings[1].next(), pn, c)
+    kb.dma(raw, kb.ap(s, p0 * c, ((c, pn), (1, c))))                 # bit copy
+    kb.emit(isa.TensorCopy, dst=word, src=raw.with_(dtype="uint8"))  # shifts wrap at
+    kb.emit(isa.TensorScalar, dst=word, data=word, op0="shift_left", operand0=23)  # 8 bits
+    sc = word.with_(dtype="float32")
+    kb.emit(isa.TensorScalar, dst=sc, data=sc, op0="max", operand0=E8M0_MIN)
+    return sc
+
+
+def free_sbuf(kb: KernelBuilder) -> int:
+    """SBUF bytes per partition above the kernel's live allocations."""
+    top = max((off + size for off, size in kb.sbuf.live.items()), default=0)
+    return kb.sbuf.capacity - top

@@ -1,0 +1,93 @@
+"""mx_matmul (jax_trn/lower/mx_matmul.py, mx_dequant.py) lowered for Trn3 and Trn2 and run
+on the simulated core, against the definition in float64.
+
+The result is exact up to FP32 accumulation order: MXFP8 values times E8M0 scales are
+exact in FP32 (nc_matmul_mx, §2.2) and in BF16 (the dequantize path), so the tolerance is
+a few FP32 ulps of the largest partial sum (rtol 1e-6 of max |out|)."""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from jax_trn.hw.spec import CHIPS
+from tests.lower import runner
+from tests.lower.irbuild import FnBuilder
+
+
+def _case(b, m, n, k, dtype="float8_e4m3fn", seed=0, scale_bits=(110, 140)):
+    rng = np.random.default_rng(seed)
+    elem = np.dtype(getattr(ml_dtypes, dtype))
+    lhs = rng.standard_normal((b, m, k)).astype(elem)
+    rhs = rng.standard_normal((b, n, k)).astype(elem)
+    ls, rs = (rng.integers(*scale_bits, (b, f, k // 32)).astype(np.uint8).view(
+        ml_dtypes.float8_e8m0fnu) for f in (m, n))
+    return lhs, rhs, ls, rs
+
+
+def _expected(lhs, rhs, ls, rs):
+    deq = lambda x, s: x.astype(np.float64) * np.repeat(s.astype(np.float64), 32, axis=-1)
+    return np.einsum("bmk,bnk->bmn", deq(lhs, ls), deq(rhs, rs))
+
+
+def _run(chip: str, args, out_dtype="float32"):
+    fb = FnBuilder()
+    vals = [fb.arg(a.shape, str(a.dtype)) for a in args]
+    b, m, _ = args[0].shape
+    out = fb.op("mx_matmul", vals, (b, m, args[1].shape[1]), out_dtype)
+    spec = CHIPS[chip].core
+    return runner.run(fb.ret(out), *args, spec=spec)
+
+
+def _opcodes(program) -> set[str]:
+    return {type(i).__name__ for k in program.kernels for i in k.instructions}
+
+
+@pytest.mark.parametrize("shape", [(1, 64, 32, 128), (2, 128, 96, 512), (1, 130, 600, 640)])
+def test_trn3_runs_nc_matmul_mx(shape):
+    args = _case(*shape)
+    res = _run("trn3", args)
+    want = _expected(*args)
+    np.testing.assert_allclose(res.outputs[0], want, rtol=0, atol=1e-6 * np.abs(want).max())
+    assert "NcMatmulMx" in _opcodes(res.program)
+    assert not any("mx-dequantize" in k.name for k in res.program.kernels)
+
+
+def test_trn3_e5m2_and_bf16_result():
+    args = _case(1, 64, 64, 256, dtype="float8_e5m2", seed=1)
+    res = _run("trn3", args, "bfloat16")
+    want = _expected(*args)
+    np.testing.assert_allclose(res.outputs[0].astype(np.float64), want, rtol=2 ** -8,
+                               atol=1e-6 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("chip,shape", [("trn2", (1, 64, 32, 128)), ("trn2", (2, 128, 96, 512)),
+                                        ("trn1", (1, 40, 24, 64)), ("trn3", (1, 63, 40, 96))])
+def test_dequantize_path(chip, shape):
+    """No MX (Trn1/Trn2), or a shape nc_matmul_mx does not take (odd M, K % 128): BF16."""
+    args = _case(*shape, seed=2)
+    res = _run(chip, args)
+    want = _expected(*args)
+    np.testing.assert_allclose(res.outputs[0], want, rtol=0, atol=1e-6 * np.abs(want).max())
+    assert "NcMatmulMx" not in _opcodes(res.program)
+    assert any("mx-dequantize" in k.name for k in res.program.kernels)
+
+
+@pytest.mark.parametrize("chip,low,high", [("trn3", 0, 250), ("trn2", 20, 230)])
+def test_extreme_scales(chip, low, high):
+    """Scales far apart stay exact: on nc_matmul_mx even E8M0 byte 0 (2**-127, not 0);
+    the dequantize path is exact while the dequantized values are BF16 normals
+    (mx_dequant.py), here 2**-107 .. 2**103."""
+    lhs, rhs, ls, rs = _case(1, 32, 32, 128, scale_bits=(low, low + 1), seed=3)
+    rs = np.full(rs.shape, high, np.uint8).view(ml_dtypes.float8_e8m0fnu)
+    res = _run(chip, (lhs, rhs, ls, rs))
+    want = _expected(lhs, rhs, ls, rs)
+    assert np.abs(want).max() > 0
+    np.testing.assert_allclose(res.outputs[0], want, rtol=0, atol=1e-6 * np.abs(want).max())
+
+
+def test_mx_peak_for_mfu():
+    """An MX execution's MFU is against the MX peak (315 TFLOP/s per Trn3 core, §1.2),
+    not FP8's (it read 128% before)."""
+    assert CHIPS["trn3"].peak_tflops_per_core("float8_e4m3fn_x4") == 315.0
+    assert CHIPS["trn3"].peak_tflops_per_core("float8_e4m3fn") == 158.0
