@@ -147,7 +147,8 @@ params, loss = jax.block_until_ready(step(params, x, y))       # compile + first
 start = time.perf_counter()
 params, loss = jax.block_until_ready(step(params, x, y))
 wall = time.perf_counter() - start
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+# VmHWM, not ru_maxrss: Linux carries the parent's high-water mark across exec
+peak = int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) * 1024
 print(json.dumps({"wall_s": wall, "peak_bytes": peak, "devices": len(devs),
                   "loss": float(loss)}))
 """
@@ -177,7 +178,8 @@ if not hasattr(jax_trn, "estimate"):
 start = time.perf_counter()
 ex = jax_trn.estimate(step, params, xs, system="trn3-ultraserver")
 wall = time.perf_counter() - start
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+# VmHWM, not ru_maxrss: Linux carries the parent's high-water mark across exec
+peak = int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) * 1024
 print(json.dumps({"wall_s": wall, "peak_bytes": peak, "simulated_s": ex.simulated_time_s}))
 """
 
