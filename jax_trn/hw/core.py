@@ -102,7 +102,10 @@ class NeuronCore:
         self.dma_bw.prune(start_ns)
         if self.hbm_share is not None:
             self.hbm_share.prune(start_ns)
-        result = _Run(self, kernel, start_ns, execute, known).run()
+        try:
+            result = _Run(self, kernel, start_ns, execute, known).run()
+        finally:
+            self.dram = {}        # the call's temporaries are not kept alive by the core
         self._last_end = result.end_ns
         return result
 
@@ -113,9 +116,12 @@ class NeuronCore:
         no validation (the earlier run did both); the timeline state is untouched."""
         self.dram = dram
         plan, at, name = self.plans.get(kernel, self), self.numerics.at, kernel.name
-        for index in order:
-            at(name, index)
-            plan[index]()
+        try:
+            for index in order:
+                at(name, index)
+                plan[index]()
+        finally:
+            self.dram = {}
 
     def validate(self, kernel: Kernel) -> None:
         """Generation constraints and SBUF/PSUM capacity of every instruction."""
