@@ -5,8 +5,8 @@ So x is reduced to r = x - n pi/2 (|r| <= pi/4, or |r| < 1 for |x| < 1) and a qu
 q = n mod 4, and the function is taken of r: sin(x) = [sin r, cos r, -sin r, -cos r][q],
 cos(x) the same at q + 1, tan(x) = sin r / cos r for even q, -cos r / sin r for odd q,
 with cos r = sin(pi/2 - |r|) (ScalarE has no published cos; the argument stays in
-[pi/2 - 1, pi/2], where the rounding of pi/2 - |r| costs < 1 ulp of cos r) and the
-negation inside the argument (sin is odd), so a sin / cos tile's last instruction is
+[pi/2 - 1, pi/2] and, for sin and cos, is pi/2 - |r| rounded once (_half_pi_minus);
+tan keeps float32(pi/2) - |r|) and the negation inside the argument (sin is odd), so a sin / cos tile's last instruction is
 the Activation: VectorE, which runs a tile's instructions in order, never waits for
 ScalarE. Operands of other float types are widened to float32 first (exact).
 
@@ -28,7 +28,7 @@ cos(float32(pi/2)) = -4.37e-8 to the ulp). 22 GpSimd instructions (14 tensor_sca
 from the bits). inf and NaN take the |x| < 1 path: ScalarE's sin of them is NaN (IEEE
 special inputs, hw/alu.py).
 
-Per tile: sin 11 V + 22 G + 1 S, cos 12 V + 22 G + 1 S, tan 12 V + 22 G + 2 S (before:
+Per tile: sin 14 V + 22 G + 1 S, cos 15 V + 22 G + 1 S, tan 12 V + 22 G + 2 S (before:
 6-8 V + 1-2 S, 2e-7 off at |x| ~ 1e3, NaN under strict ranges from |x| ~ 1e7 on).
 Error: <= 2 ulps from the correctly rounded result (sin, cos; the CPU backend's is <= 1),
 <= 4 (tan). GpSimd is the busier engine: a float32 sin of 2048 x 4096 takes ~2.6x the
@@ -41,6 +41,7 @@ from jax_trn.hw import isa
 from .core import TileRule, act, select, stt, tiles, ts, tt
 
 HALF_PI = 1.5707963705062866                     # float32(pi / 2)
+PI2_LO = -4.371139006309477e-08                  # pi / 2 - HALF_PI
 # 2/pi from bit -24 on (bit k has weight 2**-k; bits k <= 0 are 0), 4 x 64 bits, signed.
 Q = (349985421095, 2452936766029293818, -7318665582699950946, 2434231878865245679)
 F_TO_R = 3.4061216748705226e-19                  # float32(pi/2 * 2**-62)
@@ -101,11 +102,24 @@ def _quadrant(kb, q, period: int, shift: int = 0):
     ts(kb, q, q, "add", float(shift), "remainder", float(period))
 
 
-def _sin_quadrant(kb, dst, r, q, t1, t2):
+def _half_pi_minus(kb, a, r, t):
+    """a = pi/2 - |r| rounded once (|r| <= pi/4, or < 1), so cos r = sin a is as close
+    as sin is: float32(pi/2) - |r| rounds to a_hi, whose error (pi/2_f - a_hi) - |r|
+    is exact (Fast2Sum, pi/2_f >= |r|) and joins pi/2's own (PI2_LO) in one last
+    subtraction. Without them cos of |x| < 1 was biased by ~0.35 ulp on average (up to
+    1.7 ulps), enough to push second-order finite differences of JAX's scan tests out
+    of tolerance."""
+    ts(kb, a, r, "abs_max", 0.0, "subtract", HALF_PI, rev1=True)      # a_hi
+    ts(kb, t, a, "subtract", HALF_PI)                                  # exact
+    stt(kb, t, r, "abs_max", 0.0, "add", t)                            # -(a_hi's error)
+    stt(kb, a, t, "subtract", PI2_LO, "subtract", a, rev1=True)
+
+
+def _sin_quadrant(kb, dst, r, q, t1, t2, t3):
     """sin(r + q pi/2), q in [0, 3]: sin(+-r) or sin(+-(pi/2 - |r|)) (cos r), negated
     (inside the argument) in quadrants 2 and 3."""
     ts(kb, t1, q, "remainder", 2.0)                        # odd: cos r
-    ts(kb, t2, r, "abs_max", 0.0, "subtract", HALF_PI, rev1=True)
+    _half_pi_minus(kb, t2, r, t3)
     select(kb, t2, t1, t2, r)
     ts(kb, t1, q, "is_ge", 2.0, "multiply", -2.0)
     stt(kb, t2, t1, "add", 1.0, "multiply", t2)
@@ -129,8 +143,8 @@ def _sine_cosine(kb, dst, srcs, step):
     reduce(kb, r, q, x, s[2:7])
     if step.kind == "cosine":
         _quadrant(kb, q, 4, 1)
-    t1, t2 = (v.with_(dtype="float32") for v in s[2:4])
-    return _sin_quadrant(kb, dst, r, q, t1, t2)
+    t1, t2, t3 = (v.with_(dtype="float32") for v in s[2:5])
+    return _sin_quadrant(kb, dst, r, q, t1, t2, t3)
 
 
 def _tan(kb, dst, srcs, step):
