@@ -184,7 +184,9 @@ class Executable:
         if timing_only.active():
             return self._timing_only(devices, arg_lists, keep)
         with Allocations(donation.donated(self.aliases, keep)) as alloc, interrupts.watched(), \
-                blas.one_thread(self.uses_blas), gc_paused():
+                blas.one_thread(self.uses_blas), gc_paused(), np.errstate(all="ignore"):
+            # (IEEE results are the simulated hardware's; numpy's warnings about them,
+            # which the interpreter silenced per instruction, are noise to the user)
             run = self._execute_spmd if self.collectives else self._execute_each
             results, records, collectives = run(devices, arg_lists, alloc)
             profiler.record(self._execution(records, devices, collectives))
