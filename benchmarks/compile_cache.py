@@ -1,6 +1,6 @@
 """The persistent compilation cache on an lm1b-size training step (issue 19).
 
-Compiles flax lm1b's model shape (6 decoder layers, width 512, 8 heads, MLP 2048, causal
+Compiles flax lm1b's model shape (`workloads.flax_lm`: 6 decoder layers, width 512, 8 heads, MLP 2048, causal
 self-attention, tied embedding over a 30k vocabulary, optax adamw) twice, each time in a
 fresh process with the same `jax_compilation_cache_dir`: the first compiles and writes
 the cache, the second reads it. Prints, for each run, wall seconds of JAX's tracing
@@ -32,48 +32,17 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 STEP = """
     import hashlib, sys, time
-    import jax, jax.numpy as jnp, numpy as np
-    import flax.linen as nn, optax
+    import jax
 
     jax.config.update("jax_compilation_cache_dir", sys.argv[1])
-    LAYERS, VOCAB, WIDTH, HEADS, MLP, LEN, BATCH = int(sys.argv[2]), 30000, 512, 8, 2048, 256, 4
-
-    class Block(nn.Module):
-        @nn.compact
-        def __call__(self, x, mask):
-            h = nn.LayerNorm()(x)
-            x = x + nn.MultiHeadDotProductAttention(HEADS, qkv_features=WIDTH)(h, h, mask=mask)
-            h = nn.LayerNorm()(x)
-            return x + nn.Dense(WIDTH)(nn.relu(nn.Dense(MLP)(h)))
-
-    class TransformerLM(nn.Module):
-        @nn.compact
-        def __call__(self, tokens):
-            embed = nn.Embed(VOCAB, WIDTH)
-            pos = self.param("pos", nn.initializers.normal(0.02), (LEN, WIDTH))
-            x = embed(tokens) + pos[:tokens.shape[1]]
-            mask = nn.make_causal_mask(tokens)
-            for _ in range(LAYERS):
-                x = Block()(x, mask)
-            return embed.attend(nn.LayerNorm()(x))
-
-    model, tx = TransformerLM(), optax.adamw(1e-3)
-    dev = jax.devices("trn")[0]
-    tokens = jax.device_put(np.random.default_rng(0).integers(0, VOCAB, (BATCH, LEN)), dev)
-    params = jax.jit(model.init, device=dev)(jax.random.key(0), tokens)
-    opt = jax.jit(tx.init, device=dev)(params)
-
-    def step(params, opt, tokens):
-        def loss_fn(p):
-            logits = model.apply(p, tokens[:, :-1])
-            labels = optax.smooth_labels(jax.nn.one_hot(tokens[:, 1:], VOCAB), 0.1)
-            return optax.softmax_cross_entropy(logits, labels).mean()
-        loss, g = jax.value_and_grad(loss_fn)(params)
-        upd, opt = tx.update(g, opt, params)
-        return optax.apply_updates(params, upd), opt, loss
+    sys.path.insert(0, "benchmarks")
+    from workloads import flax_lm
+    step, args = flax_lm(layers=int(sys.argv[2]), width=512, heads=8, mlp=2048, vocab=30000,
+                         length=256, batch=4)
+    params, opt, tokens = jax.device_put(args, jax.devices("trn")[0])
 
     start = time.perf_counter()
-    lowered = jax.jit(step).lower(params, opt, tokens)
+    lowered = step.lower(params, opt, tokens)
     lower_s = time.perf_counter() - start
     start, cpu = time.perf_counter(), time.process_time()
     compiled = lowered.compile()

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from text_table import print_table  # noqa: E402
 SYSTEMS = ("trn1.32xlarge", "trn2.3xlarge", "trn3-ultraserver")
 ROWS = ("dpa", "dpa_bwd", "linen_attn", "block", "lm", "gqa", "loop", "gemm", "dp")
 
@@ -205,12 +206,8 @@ def main() -> None:
         verdict = "-" if not verdicts else "met" if all(verdicts) else "NOT met"
         table.append(cells + [TARGETS[name], verdict])
         print(f"  measured {name}", file=sys.stderr, flush=True)
-    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
-    print("programs as users write them: simulated (jax_trn.estimate), deterministic")
-    for i, r in enumerate(table):
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
-        if i == 0:
-            print("  ".join("-" * w for w in widths))
+    print_table("programs as users write them: simulated (jax_trn.estimate), deterministic",
+                table)
 
 
 if __name__ == "__main__":

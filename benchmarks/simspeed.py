@@ -34,6 +34,7 @@ from dataclasses import dataclass
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
+from text_table import print_table  # noqa: E402
 ROWS = ("dispatch", "block", "lm", "gru", "dp1152", "estimate", "compile")
 
 
@@ -241,14 +242,8 @@ def main() -> None:
         rows.append(globals()[f"row_{name}"](jax, args.repeat))
         print(f"  measured {name}", file=sys.stderr, flush=True)
     header = ["measure", "trn wall", "CPU wall", "trn/CPU", "target", "verdict", ""]
-    table = [header] + [r.cells() for r in rows]
-    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
-    print(f"simulator speed on this machine ({os.cpu_count()} cores), "
-          f"system {jax_trn.get_system().name}")
-    for i, r in enumerate(table):
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
-        if i == 0:
-            print("  ".join("-" * w for w in widths))
+    print_table(f"simulator speed on this machine ({os.cpu_count()} cores), "
+                f"system {jax_trn.get_system().name}", [header] + [r.cells() for r in rows])
 
 
 if __name__ == "__main__":
