@@ -49,17 +49,9 @@ def _combine(block: ir.Block) -> bool:
             return changed
         members, moved = found
         if len(members) > 1:
-            _apply(block, members, moved)
+            members = [_apply(block, members, moved)]
             changed = True
-        start = block.ops.index(_merged_or(block, members)) + 1
-
-
-def _merged_or(block: ir.Block, members: list[ir.Op]) -> ir.Op:
-    """The op now standing where the bucket's last member was."""
-    for op in block.ops:
-        if op.results and op.results[-1] is members[-1].results[-1]:
-            return op
-    raise AssertionError("the combined all_reduce is missing")
+        start = block.ops.index(members[0]) + 1
 
 
 def _next_bucket(block: ir.Block, start: int):
@@ -89,7 +81,9 @@ def _next_bucket(block: ir.Block, start: int):
     return None
 
 
-def _apply(block: ir.Block, members: list[ir.Op], moved: list[ir.Op]) -> None:
+def _apply(block: ir.Block, members: list[ir.Op], moved: list[ir.Op]) -> ir.Op:
+    """Puts the bucket's combined all_reduce where its last member was, the `moved`
+    ops right after it; returns the combined op."""
     last = members[-1]
     combined = last.replace(operands=[v for m in members for v in m.operands],
                             results=[r for m in members for r in m.results])
@@ -101,6 +95,7 @@ def _apply(block: ir.Block, members: list[ir.Op], moved: list[ir.Op]) -> None:
         elif id(op) not in skip:
             out.append(op)
     block.ops = out
+    return combined
 
 
 def _key(op: ir.Op) -> tuple | None:

@@ -195,10 +195,8 @@ class Executable:
     def _timing_only(self, devices, arg_lists, keep) -> list[list[Buffer]]:
         """A call under `jax_trn.timing_only()`: one device timed, the collectives over
         all (`timing_only.run`), outputs without values, donated arguments deleted."""
-        for args in arg_lists:
-            if len(args) != len(self.program.params):
-                raise ExecutionError(f"{self.name} takes {len(self.program.params)} "
-                                     f"arguments, got {len(args)}")
+        for dev, args in zip(devices, arg_lists):
+            self._check_args(dev, args, values=False)
         ex = timing_only.run(self.name, self.program, self.settings, [d.id for d in devices])
         profiler.record(ex)
         why = (f"this array is a result of {self.name} called under jax_trn.timing_only(): "
@@ -305,14 +303,16 @@ class Executable:
         return make_execution(self.name, self.program, devices[0].system,
                               [d.id for d in devices], kernels, collectives, self._dtype)
 
-    def _check_args(self, device: Device, args: list[Buffer]) -> None:
+    def _check_args(self, device: Device, args: list[Buffer], values: bool = True) -> None:
+        """Count, types, devices and liveness of one device's arguments; `values`: the
+        call computes, so arrays without values (timing-only results) are refused."""
         if len(args) != len(self.program.params):
             raise ExecutionError(f"{self.name} takes {len(self.program.params)} arguments, "
                                  f"got {len(args)}")
         for i, (p, b) in enumerate(zip(self.param_types, args)):
             if b.error is not None:
                 raise b.error
-            if b.unset is not None:
+            if values and b.unset is not None:
                 raise TimingOnlyValue(f"argument {i} of {self.name}: {b.unset}; a call "
                                       f"that computes values needs arrays that have them")
             if b.is_deleted:

@@ -168,7 +168,7 @@ def execute(step: Collective, drams: list[dict], devices, arrivals: list[float],
                 _write_all(drams[p], dsts, results[gid[p]])
             else:                      # collective_permute: nobody sends to p
                 for dst in dsts:
-                    _write(drams[p], dst, np.zeros(dst.shape, _dt.np_dtype(dst.dtype)))
+                    write(drams[p], dst, np.zeros(dst.shape, _dt.np_dtype(dst.dtype)))
         # Several messages (a psum of a tuple of dtypes) run one after another.
         step_times += [(s.label, total_ns + s.start_ns, total_ns + s.end_ns, s.bytes)
                        for s in timing_i.steps]
@@ -244,10 +244,10 @@ def _read_all(dram: dict, srcs: list) -> np.ndarray:
 
 def _write_all(dram: dict, dsts: list, value: np.ndarray) -> None:
     if len(dsts) == 1:
-        return _write(dram, dsts[0], value)
+        return write(dram, dsts[0], value)
     flat, at = np.asarray(value).reshape(-1), 0
     for t in dsts:
-        _write(dram, t, flat[at:at + t.size])
+        write(dram, t, flat[at:at + t.size])
         at += t.size
 
 
@@ -255,6 +255,7 @@ def _read(dram: dict, t) -> np.ndarray:
     return np.asarray(dram[t.name]).reshape(t.shape)
 
 
-def _write(dram: dict, t, value: np.ndarray) -> None:
+def write(dram: dict, t, value: np.ndarray) -> None:
+    """A collective's result `value` into tensor `t` of a device's DRAM."""
     out = dram[t.name]
     out[...] = np.asarray(value).astype(out.dtype).reshape(-1)

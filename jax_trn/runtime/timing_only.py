@@ -131,7 +131,7 @@ def _collective(arrival, ids, topology, dram, algorithm):
         if dram is not None:
             for src, dst in zip(srcs, dsts):
                 x = np.asarray(dram[src.name]).reshape(src.shape)
-                _write(dram, dst, symmetric_result(step, x, groups))
+                spmd.write(dram, dst, symmetric_result(step, x, groups))
     start = max(arrival.t, arrival.ready if arrival.ready is not None else arrival.t)
     on_chip = sum(1 for d in ids if int(topology.chip_of(d)) == chip0)
     if step.kind == "collective_permute" and not any(t == 0 for _, t in step.pairs) \
@@ -166,8 +166,3 @@ def symmetric_result(step: Collective, x: np.ndarray, groups) -> np.ndarray:
     if step.kind == "collective_permute":
         return x if any(t == 0 for _, t in step.pairs) else np.zeros_like(x)
     raise ValueError(f"{step.name}: unknown collective kind {step.kind!r}")
-
-
-def _write(dram: dict, t, value: np.ndarray) -> None:
-    out = dram[t.name]
-    out[...] = np.asarray(value).astype(out.dtype).reshape(-1)
