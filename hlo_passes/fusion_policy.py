@@ -9,6 +9,7 @@ pass records every reason on the fusion op, allowed or forbidden (XLA's
 The rules, in the order they are checked:
 
     region already has `max_ops` ops                    -> forbidden: region is full
+                       (splats and scalar broadcasts excepted: they cost nothing)
     an operand of a fused dot_general                   -> forbidden: read from memory
     constant: splat                                     -> fused (duplicated if shared)
               not a splat                               -> forbidden: stays in memory
@@ -148,7 +149,7 @@ class FusionPolicy:
 
     def should_fuse(self, producer: ir.Op, consumer: ir.Op,
                     region: RegionView) -> FusionDecision:
-        if region.size >= self.max_ops:
+        if region.size >= self.max_ops and not _free(producer):
             return FusionDecision.forbid(f"region is full ({self.max_ops} ops)")
         if any(u.kind == "dot_general" for u in region.inside_users(producer)):
             return FusionDecision.forbid("dot_general reads its operands from memory")
@@ -237,6 +238,16 @@ def _shared(what: str, outside: int) -> FusionDecision:
 def _wrong_shape(op: ir.Op, region: RegionView) -> FusionDecision:
     dims = ",".join(map(str, region.shape))
     return FusionDecision.forbid(f"shape {op.result.type} differs from the region [{dims}]")
+
+
+def _free(op: ir.Op) -> bool:
+    """A splat constant or a broadcast of a scalar: an immediate or a per-partition
+    scalar operand inside a region, never a computed tile, so a full region still takes
+    it (left out, it would be materialized in HBM at the region's full shape: threefry's
+    shift amounts and key words, 10^8-sample PRNG calls)."""
+    if op.kind == "constant":
+        return is_splat(op)
+    return op.kind == "broadcast_in_dim" and _broadcast_kind(op) == "broadcast of scalar"
 
 
 def _broadcast_kind(op: ir.Op) -> str | None:

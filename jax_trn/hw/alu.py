@@ -25,7 +25,8 @@ import scipy.special as _sp
 from .operands import IsaError
 from .spec import ACTIVATION_RANGES
 
-__all__ = ["float_op", "int_op", "activation", "reduce_float", "reduce_int",
+__all__ = ["float_op", "int_op", "narrow_int_op", "narrow_operand", "NARROW_OPS",
+           "activation", "reduce_float", "reduce_int",
            "ALU_OPS", "ACTIVATIONS"]
 
 _F32 = np.float32
@@ -132,6 +133,45 @@ def int_op(op: str, a: np.ndarray, b: np.ndarray, bits: int) -> np.ndarray:
         raise IsaError(f"unknown ALU op {op!r}")
     with np.errstate(all="ignore"):
         return np.asarray(fn(a, b, bits), np.int64)
+
+
+# --- 32-bit integer ops without widening ------------------------------------------------
+#
+# For 32-bit operands whose result is stored (wrapped) into an integer type of at most 32
+# bits, these ops give the same low 32 bits computed natively on uint32 views as
+# `int_op` does through int64: add / subtract / multiply / bitwise ops depend only on the
+# operands mod 2**32, and a logical right shift of a 32-bit operand masks its input to
+# 32 bits first. Shifts by amounts outside [0, 32) give 0 either way. Threefry (JAX's
+# PRNG) is made of exactly these, on tensors of millions of elements: the int64 round
+# trip was most of its simulation time (issue 13, random_lax).
+
+_U32 = np.uint32
+_NARROW = {
+    "add": np.add, "subtract": np.subtract, "multiply": np.multiply,
+    "bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or,
+    "bitwise_xor": np.bitwise_xor,
+}
+_NARROW_SHIFTS = {"shift_left": np.left_shift, "shift_right_logical": np.right_shift}
+NARROW_OPS = frozenset(_NARROW) | frozenset(_NARROW_SHIFTS)
+
+
+def narrow_operand(x) -> np.ndarray:
+    """`x` (a 32-bit integer array or a Python / numpy integer) as uint32, wrapped."""
+    if isinstance(x, np.ndarray) and x.dtype.itemsize == 4:
+        return x.view(_U32)
+    return np.asarray(np.asarray(x, np.int64) & 0xFFFFFFFF, _U32)
+
+
+def narrow_int_op(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """`int_op(op, a, b, 32)` mod 2**32, as uint32 (see above); `a`, `b` uint32."""
+    op = ALIASES.get(op, op)
+    fn = _NARROW.get(op)
+    if fn is not None:
+        return fn(a, b)
+    shift = _NARROW_SHIFTS[op]
+    if b.ndim == 0:
+        return shift(a, b) if b < 32 else np.zeros(np.broadcast(a, b).shape, _U32)
+    return np.where(b < 32, shift(a, b & _U32(31)), _U32(0))
 
 
 def _gelu(x):

@@ -165,9 +165,28 @@ def _tensor_copy(ins, core):
     return run
 
 
+def _narrow(dst: Tile, *dtypes: np.dtype) -> bool:
+    """Whether 32-bit integer operands may be computed on uint32 views
+    (`alu.narrow_int_op`): the result is stored wrapped into an integer of <= 32 bits."""
+    dt = _dt.np_dtype(dst.dtype)
+    return (all(d.kind in "iu" and d.itemsize == 4 for d in dtypes)
+            and dt.kind in "iu" and dt.itemsize <= 4)
+
+
+def _narrow_imm(v) -> bool:
+    """An immediate whose uint32 wrap means the same to every narrow op (a shift by a
+    negative amount gives 0 either way, by 2**32 + k would not)."""
+    return isinstance(v, (int, np.integer)) and -(1 << 31) <= int(v) < (1 << 32)
+
+
 def _tensor_tensor(ins, core):
     a = core.mem(ins.data1).view(ins.data1)
     b = core.mem(ins.data2).view(ins.data2)
+    if _alu.ALIASES.get(ins.op, ins.op) in _alu.NARROW_OPS and _narrow(ins.dst, a.dtype,
+                                                                       b.dtype):
+        op, store, shape = ins.op, _storer(core, ins.dst), a.shape
+        a32, b32 = a.view(np.uint32), b.view(np.uint32).reshape(shape)
+        return lambda: store(_alu.narrow_int_op(op, a32, b32))
     as_int = is_int(a.dtype) and is_int(b.dtype)
     widen, op = _widener(as_int), _binary(ins.op, as_int, _sem._bits(ins.data1))
     store, shape = _storer(core, ins.dst), a.shape
@@ -179,6 +198,8 @@ def _tensor_scalar(ins, core):
     ops = [(ins.op0, ins.operand0, ins.reverse0)]
     if ins.op1 is not None:
         ops.append((ins.op1, ins.operand1, ins.reverse1))
+    if _narrow_scalar_ops(ins, x, ops):
+        return _tensor_scalar_narrow(core, ins, x, ops)
     as_int = is_int(x.dtype) and all(_sem._int_imm(v) for _, v, _ in ops)
     bits = _sem._bits(ins.data)
     steps = [(_binary(op, as_int, bits), _scalar(core, v, ins.data, as_int), rev)
@@ -190,6 +211,36 @@ def _tensor_scalar(ins, core):
         for fn, scalar, reverse in steps:
             s = scalar()
             y = fn(s, y) if reverse else fn(y, s)
+        store(y)
+    return run
+
+
+def _narrow_scalar_ops(ins, x: np.ndarray, ops) -> bool:
+    def ok(v):
+        if isinstance(v, Tile):
+            dt = _dt.np_dtype(v.dtype)
+            return dt.kind in "iu" and dt.itemsize == 4
+        return _narrow_imm(v)
+    return (_narrow(ins.dst, x.dtype)
+            and all(_alu.ALIASES.get(op, op) in _alu.NARROW_OPS and ok(v) for op, v, _ in ops))
+
+
+def _tensor_scalar_narrow(core, ins, x: np.ndarray, ops):
+    """`_tensor_scalar` on uint32 views (`alu.narrow_int_op`): the ops chain mod 2**32."""
+    def scalar(v):
+        if isinstance(v, Tile):
+            view = core.mem(v).view(v)
+            shape = (v.num_partitions,) + (1,) * len(ins.data.free)
+            return lambda: view.reshape(shape).view(np.uint32)
+        imm = _alu.narrow_operand(int(v))
+        return lambda: imm
+    steps = [(op, scalar(v), rev) for op, v, rev in ops]
+    x32, store = x.view(np.uint32), _storer(core, ins.dst)
+
+    def run():
+        y = x32
+        for op, s, reverse in steps:
+            y = _alu.narrow_int_op(op, s(), y) if reverse else _alu.narrow_int_op(op, y, s())
         store(y)
     return run
 
@@ -265,7 +316,10 @@ def _select(ins, core):
     pred = core.mem(ins.pred).view(ins.pred)
     a = core.mem(ins.on_true).view(ins.on_true)
     b = core.mem(ins.on_false).view(ins.on_false)
-    widen = _widener(is_int(a.dtype) and is_int(b.dtype))
+    if a.dtype == b.dtype and is_int(a.dtype):
+        widen = lambda x: x    # noqa: E731  same values as int64: no widening needed
+    else:
+        widen = _widener(is_int(a.dtype) and is_int(b.dtype))
     store, shape = _storer(core, ins.dst), a.shape
 
     def run():

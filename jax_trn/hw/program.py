@@ -177,6 +177,16 @@ class Program:
     steps: list[Step]                          # kernels and control flow, in order
     text: str = ""                             # the optimized program, for as_text()
     constants: dict[str, np.ndarray] = field(default_factory=dict)  # initial HBM data
+    slot_bytes: list[int] | None = None        # HBM slots temps share (lower/buffers.py)
+    temp_slot: dict[str, int] = field(default_factory=dict)   # temp name -> its slot
+
+    @property
+    def temp_bytes(self) -> int:
+        """HBM a call allocates for temporaries: their shared slots (each temp its own
+        when no buffer assignment was made)."""
+        if self.slot_bytes is None:
+            return sum(t.nbytes for t in self.temps)
+        return sum(self.slot_bytes)
 
     @property
     def kernels(self) -> list[Kernel]:

@@ -37,7 +37,7 @@ from jax_trn.hw.program import (Collective, DramTensor, HostCallback, Program, S
                                 walk_steps)
 from jax_trn.hw.spec import ChipSpec, CoreSpec
 
-from . import movement
+from . import buffers, movement
 from .builder import KernelBuilder
 from .errors import LoweringError
 from .fusion import dominant_first, fusion_notes
@@ -391,7 +391,9 @@ class StepCtx:
                  for t in (*s.operands, *s.results)}
         temps = [t for t in self._temps if t.name in used]   # e.g. unwritten splats
         text = format_program(self._params, self._outputs, temps, steps, self._constants)
-        return Program(self._params, self._outputs, temps, steps, text, self._constants)
+        slot_bytes, temp_slot = buffers.assign(temps, steps)
+        return Program(self._params, self._outputs, temps, steps, text, self._constants,
+                       slot_bytes, temp_slot)
 
 
 def _hero(block: ir.Block) -> str:

@@ -27,9 +27,18 @@ def bind_dram(prog, params: list[np.ndarray], outs: list[np.ndarray], *, partiti
         dram[p.name] = view
     for t, data in zip(prog.outputs, outs):
         dram[t.name] = _as_stored(data, t.dtype)
-    for t in prog.temps:
-        dram[t.name] = np.zeros(t.size, _dt.np_dtype(t.dtype))
+    dram.update(temp_arrays(prog))
     return dram
+
+
+def temp_arrays(prog) -> dict[str, np.ndarray]:
+    """Fresh zeroed temporaries of one call by name: views of the program's shared HBM
+    slots (jax_trn.lower.buffers), or one array each without a buffer assignment."""
+    if prog.slot_bytes is None:
+        return {t.name: np.zeros(t.size, _dt.np_dtype(t.dtype)) for t in prog.temps}
+    slots = [np.zeros(n, np.uint8) for n in prog.slot_bytes]
+    return {t.name: slots[prog.temp_slot[t.name]][:t.nbytes].view(_dt.np_dtype(t.dtype))
+            for t in prog.temps}
 
 
 def static_dram(prog, partition: int = 0, replica: int = 0) -> dict[str, np.ndarray]:

@@ -122,7 +122,7 @@ class Executable:
         prog = self.program
         args = sum(t.nbytes for t in prog.params)
         outs = sum(t.nbytes for t in prog.outputs)
-        temps = sum(t.nbytes for t in prog.temps)
+        temps = prog.temp_bytes
         alias = sum(prog.outputs[j].nbytes for j in self.aliases.values())
         peak = args + outs + temps - alias
         return {"generated_code_size_in_bytes": self.code_size_bytes,
@@ -337,7 +337,7 @@ class Executable:
         outs = [alloc.reuse(donor[j], t.shape, t.dtype) if j in donor
                 else alloc.output(device, t.shape, t.dtype)
                 for j, t in enumerate(self.output_types)]
-        alloc.reserve(device, sum(t.nbytes for t in prog.temps),
+        alloc.reserve(device, prog.temp_bytes,
                       f"{len(prog.temps)} temporaries of {self.name}")
         static = self._static.get(partition)
         if static is None:

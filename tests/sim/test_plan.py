@@ -90,6 +90,16 @@ def _cases():
         out.append(isa.DmaCopy(dst=DramAP("y", 0, ((128, P), (1, 128)), "float32"),
                                src=_s(0, dtype, (128,))))
         out.append(isa.DmaCopy(dst=_s(8192, "float32", (16,)), src=_s(0, dtype, (16,))))
+    for src, dst, op in itertools.product(("int32", "uint32"), ("int32", "uint32", "uint8",
+                                                                "float32", "bool"),
+                                          ("add", "multiply", "bitwise_xor", "shift_left",
+                                           "shift_right_logical", "subtract")):
+        out.append(isa.TensorTensor(dst=_s(8192, dst), data1=_s(0, src), data2=_s(4096, src),
+                                    op=op))
+        for imm in (13, -3, 40, (1 << 32) + 3):
+            out.append(isa.TensorScalar(dst=_s(8192, dst), data=_s(0, src), op0=op,
+                                        operand0=imm, op1="shift_right_logical",
+                                        operand1=_s(12288, "uint32", (1,)), reverse1=True))
     for func in ("exp", "tanh", "gelu", "rsqrt", "relu", "sigmoid", "log", "copy"):
         for dtype in ("float32", "bfloat16"):
             out.append(isa.Activation(dst=_s(8192, dtype), data=_s(0, dtype), func=func))
@@ -145,8 +155,44 @@ CORPUS_OPS = {
     "matmul": lambda jnp: (lambda x: (x @ x.T, x.astype(jnp.bfloat16) @ x.T.astype(jnp.bfloat16))),
     "reduce": lambda jnp: (lambda x: (x.sum(), x.max(0), jnp.cumsum(x, 1), x.argmin(1))),
     "where": lambda jnp: (lambda x: jnp.where(x > 0, x, x * 0.1)),
+    "bits": lambda jnp: _bit_ops,
     "sort": lambda jnp: (lambda x: jnp.sort(x, axis=1)),
 }
+
+
+def _bit_ops(x):
+    """Threefry's kind of integer math (JAX's PRNG): rotations, xors, wrapping adds and
+    multiplies on uint32, shifts by in- and out-of-range amounts, narrowing stores."""
+    import jax
+    import jax.numpy as jnp
+    u = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    amount = (u & 63).astype(jnp.uint32)
+    r = (u << 13) | (u >> 19)
+    mixed = (r + u * jnp.uint32(2654435761)) ^ (u >> amount) ^ (u << amount)
+    return (mixed, (mixed - u).astype(jnp.int32), (mixed >> 24).astype(jnp.uint8),
+            jax.random.bits(jax.random.key(3), (64, 96)),
+            jax.random.uniform(jax.random.key(4), (64, 96)))
+
+
+def test_narrow_int_ops_agree_with_int64_ops():
+    """alu.narrow_int_op on uint32 views gives int_op's result mod 2**32 for 32-bit
+    operands, shift amounts in and out of range included."""
+    from jax_trn.hw import alu
+    rng = np.random.default_rng(0)
+    for dtype in (np.int32, np.uint32):
+        a = rng.integers(0, 1 << 32, 4096, np.uint64).astype(np.uint32).view(dtype)
+        b = np.concatenate([np.arange(-40, 70), rng.integers(-(1 << 31), 1 << 31, 3986)])
+        b = b.astype(np.int64).astype(dtype)
+        for op in sorted(alu.NARROW_OPS):
+            wide = alu.int_op(op, a.astype(np.int64), b.astype(np.int64), 32)
+            narrow = alu.narrow_int_op(op, a.view(np.uint32), b.view(np.uint32))
+            assert narrow.dtype == np.uint32
+            np.testing.assert_array_equal(narrow, wide.astype(np.uint32), err_msg=op)
+            for s in (0, 5, 31, 32, 4294967295):
+                imm = alu.narrow_operand(s)
+                np.testing.assert_array_equal(
+                    alu.narrow_int_op(op, a.view(np.uint32), imm),
+                    alu.int_op(op, a.astype(np.int64), np.int64(s), 32).astype(np.uint32))
 
 
 @pytest.mark.parametrize("name", sorted(CORPUS_OPS))
