@@ -125,7 +125,7 @@ def region_shape(op: ir.Op) -> tuple[int, ...]:
 class FusionPolicy:
     """The default rules (module docstring); override methods or pass `cost`."""
 
-    def __init__(self, max_ops: int = 64, max_dup_users: int = 3, dup_budget: float = 8.0,
+    def __init__(self, max_ops: int = 256, max_dup_users: int = 3, dup_budget: float = 8.0,
                  cost: Callable[[ir.Op], float] | None = None, attention: bool = True):
         self.max_ops, self.max_dup_users = max_ops, max_dup_users
         self.dup_budget, self.cost = dup_budget, cost or default_cost
