@@ -136,6 +136,8 @@ class Evaluator:
         self.kb, self.region = kb, region
         self.in_free, self.step_free = in_free, step_free or in_free
         self.slot_of = assign_slots(region)
+        # Static per region; asked per step and tile (a 200-op region: quadratic).
+        self.max_itemsize, self.scratch_width = region.max_itemsize(), region.scratch_width()
         self.rings: dict[tuple, Ring] = {}
         self.cache: dict[int, tuple[Box, Src]] = {}
         self.turn: dict[tuple, isa.Tile] = {}
@@ -222,7 +224,7 @@ class Evaluator:
                 itemsize: int | None = None) -> isa.Tile:
         if key not in self.turn:
             width = self.step_free if key[0] == "slot" else 1
-            width *= itemsize or self.region.max_itemsize()
+            width *= itemsize or self.max_itemsize
             self.turn[key] = self._ring(key, STEP_DEPTH, width, "uint8").next()
         return sub(self.turn[key].with_(dtype=dtype, free=(free,)), parts, free)
 
@@ -258,7 +260,7 @@ class Evaluator:
                  slot: str) -> list[Src]:
         """The scratch tiles a multi-instruction op takes after its operands."""
         dtype = scratch_dtype(args[0].dtype)
-        width = self.region.scratch_width()
+        width = self.scratch_width
         return [Src.of(self._buffer((slot, "scratch", k), free, dtype, parts, width))
                 for k in range(scratch(step.kind))]
 
