@@ -13,6 +13,8 @@ The rules, in the order they are checked:
     an operand of a fused dot_general                   -> forbidden: read from memory
     constant: splat                                     -> fused (duplicated if shared)
               not a splat                               -> forbidden: stays in memory
+    iota (not into a reshape)                           -> fused: generated per tile
+                                                           (duplicated if shared)
     broadcast_in_dim of a scalar or of one vector axis  -> fused as a view (duplicated
     reshape (operand read from memory)                      if shared: views are cheap)
     elementwise of the region's shape, all users inside -> fused
@@ -156,6 +158,8 @@ class FusionPolicy:
         kind = producer.kind
         if kind == "constant":
             return self._constant(producer, region)
+        if kind == "iota":
+            return self._iota(producer, consumer, region)
         if kind in VIEWS:
             return self._view(producer, consumer, region)
         if kind in ELEMENTWISE:
@@ -170,6 +174,14 @@ class FusionPolicy:
         if not is_splat(op):
             return FusionDecision.forbid("non-splat constant stays in memory")
         return _shared("splat constant", len(region.outside_users(op)))
+
+    def _iota(self, op: ir.Op, consumer: ir.Op, region: RegionView) -> FusionDecision:
+        if consumer.kind == "reshape":
+            return FusionDecision.forbid("a reshaped iota is generated in memory")
+        if tuple(op.result.shape) != region.shape and consumer.kind not in VIEWS:
+            return _wrong_shape(op, region)
+        return _shared("iota: generated in the region (GpSimd)",
+                       len(region.outside_users(op)))
 
     def _view(self, op: ir.Op, consumer: ir.Op, region: RegionView) -> FusionDecision:
         if consumer.kind == "reshape":

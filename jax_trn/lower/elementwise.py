@@ -18,6 +18,7 @@ region's outputs are written.
 """
 from __future__ import annotations
 
+import math
 from functools import partial
 
 from jax_trn.hw.program import DramTensor
@@ -80,17 +81,33 @@ def _flat(ev: Evaluator, merged, n: int, free: int, spread=None) -> None:
         ev.store(vals, boxes[0], t.free)
 
 
-def _rows(ev: Evaluator, merged, free: int, spread=None) -> None:
+def _rows(ev: Evaluator, merged, free: int, spread=None, base=None) -> None:
     nfree = _free_axes([n for _, n in merged[0]], free)
     lead, trail = [m[:-nfree] for m in merged], [m[-nfree:] for m in merged]
+    rows, last = math.prod(n for _, n in lead[0]), merged[0][-1][1]
+    if nfree == 1 and rows < ev.kb.target.partitions and last > free and base is None:
+        return _split_last(ev, merged, free, spread)
+    base = base or [0] * len(merged)
     for rbox in line_tiles([n for _, n in lead[0]], ev.kb.target.partitions):
         for fbox in box_tiles([n for _, n in trail[0]], free):
-            boxes = [(box_offset(l, rbox) + box_offset(t, fbox),
+            boxes = [(b + box_offset(l, rbox) + box_offset(t, fbox),
                       box_pattern(l, rbox)[-1:] + box_pattern(t, fbox))
-                     for l, t in zip(lead, trail)]
+                     for b, l, t in zip(base, lead, trail)]
             parts, f = boxes[0][1][0][1], box_size(fbox)
             vals = _compute(ev, ev.load(boxes[1:]), parts, f, spread)
             ev.store(vals, boxes[0], f)
+
+
+def _split_last(ev: Evaluator, merged, free: int, spread) -> None:
+    """Few rows and a long last axis (an iota or a broadcast row over [2, N]): the
+    last axis is cut into chunks of `free` that go on partitions too (every view's
+    (s, n) becomes (s * free, n // free), (s, free)), then the rest of each row."""
+    q, r = divmod(merged[0][-1][1], free)
+    _rows(ev, [m[:-1] + ((m[-1][0] * free, q), (m[-1][0], free)) for m in merged], free,
+          spread, base=[0] * len(merged))
+    if r:
+        _rows(ev, [m[:-1] + ((m[-1][0], r),) for m in merged], free, spread,
+              base=[m[-1][0] * q * free for m in merged])
 
 
 def _free_axes(nums: list[int], free: int) -> int:

@@ -42,6 +42,13 @@ Box = tuple[int, Axes]          # (element offset, ((pstride, parts), *free axes
 
 
 @dataclass(frozen=True)
+class IotaTensor(DramTensor):
+    """`arange(n)` as a region input that no DMA reads: each box of it is generated
+    in SBUF by one GpSimd `iota` (an affine pattern, §6.3), so an iota fused into a
+    region (a PRNG's counters, a mask's indices) never reaches HBM."""
+
+
+@dataclass(frozen=True)
 class Input:
     t: DramTensor | None        # None: the caller provides the value (a PSUM tile)
     axes: Axes                  # (stride, num) per region dim; stride 0: broadcast
@@ -182,6 +189,8 @@ class Evaluator:
     def _dma_in(self, i: int, inp: Input, box: Box, parts: int) -> Src:
         offset, pattern = box
         free = [n for _, n in pattern[1:]]
+        if isinstance(inp.t, IotaTensor):
+            return self._generate(i, inp, box, parts, free)
         if math.prod(free) > 1 and all(s == 0 for s, n in pattern[1:] if n > 1):
             tile = sub(self._ring(("col", i), IN_DEPTH, 1, inp.dtype).next(), parts, 1)
             self.kb.dma(tile, self.kb.ap(inp.t, offset, (pattern[0], (1, 1))))
@@ -189,6 +198,21 @@ class Evaluator:
         ring = self._ring(("in", i), IN_DEPTH, self.in_free, inp.dtype)
         tile = sub(ring.next(), parts, tuple(free) or 1)
         self.kb.dma(tile, self.kb.ap(inp.t, offset, pattern))
+        return Src.of(sub(tile, free=math.prod(free)))
+
+    def _generate(self, i: int, inp: Input, box: Box, parts: int, free: list[int]) -> Src:
+        """The box of an `IotaTensor`: its element offsets are its values."""
+        offset, pattern = box
+        axes = tuple((s, n) for s, n in pattern[1:]) or ((1, 1),)
+        if math.prod(free) > 1 and all(s == 0 for s, n in axes if n > 1):
+            tile = sub(self._ring(("col", i), IN_DEPTH, 1, inp.dtype).next(), parts, 1)
+            self.kb.emit(isa.Iota, dst=tile, pattern=((1, 1),), offset=offset,
+                         channel_multiplier=pattern[0][0])
+            return Src.of(tile, scalar=True)
+        ring = self._ring(("in", i), IN_DEPTH, self.in_free, inp.dtype)
+        tile = sub(ring.next(), parts, tuple(free) or 1)
+        self.kb.emit(isa.Iota, dst=tile, pattern=axes, offset=offset,
+                     channel_multiplier=pattern[0][0])
         return Src.of(sub(tile, free=math.prod(free)))
 
     # --- compute ---------------------------------------------------------------------------

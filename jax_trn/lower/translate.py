@@ -6,7 +6,8 @@ Block arguments are the fusion's inputs (DRAM tensors `ins`). Inside the region:
 
 - broadcast_in_dim / reshape of an input are views: `axes` over the region's index
   space, stride 0 along broadcast dims; a broadcast of a broadcast is one view;
-- splat constants are immediates ("constant" steps);
+- splat constants are immediates ("constant" steps); an iota is a view of arange(n)
+  that the evaluator generates per box (`regions.IotaTensor`), never read from HBM;
 - elementwise ops are steps, on values of the region's shape (or scalars);
 - the root is a reduce (`ReduceRoot`: the reduced value, its init, dims, combiner) or a
   dot_general (`DotRoot`): its value is an `Input` with no tensor, the matmul's PSUM
@@ -27,7 +28,7 @@ from jax_trn.hw.program import DramTensor
 from .errors import LoweringError
 from .layout import row_major
 from .reduce import combiner
-from .regions import Input, Region
+from .regions import Input, IotaTensor, Region
 from .tileops import TILE_OPS, Step
 from .registry import op_label as _label
 
@@ -136,6 +137,8 @@ class _Translator:
     def _op(self, o: ir.Op) -> None:
         if o.kind == "constant":
             self.env[o.result] = _constant(o)
+        elif o.kind == "iota":
+            self.env[o.result] = _iota(o)
         elif o.kind in VIEW_KINDS:
             self.env[o.result] = self._view(o, self.env[o.operands[0]])
         elif o.kind == "dot_general" and self.kind == "matmul_epilogue":
@@ -240,6 +243,14 @@ class _Translator:
             if not isinstance(entry, tuple) or entry[0] != "st":
                 raise Unsupported("a fusion result that is not computed in the region")
             self.outputs.append((entry, out))
+
+
+def _iota(o: ir.Op) -> _View:
+    """An iota as a view of `arange(n)` (stride 1 along its dimension, 0 elsewhere),
+    generated per box in SBUF (`regions.IotaTensor`)."""
+    shape, dim = tuple(o.result.shape), o.attrs["iota_dimension"]
+    t = IotaTensor(f"iota:{shape[dim]}:{o.result.dtype}", (shape[dim],), o.result.dtype)
+    return _View(t, tuple((1 if d == dim else 0, n) for d, n in enumerate(shape)))
 
 
 def _constant(o: ir.Op) -> _Imm:
