@@ -115,7 +115,7 @@ def _input(m, v: ir.Value, producer: dict, users: dict, scalable: bool):
     chain = []
     while len(users.get(v, ())) == 1 and producer.get(v) is not None:
         op = producer[v]
-        if op.kind in ("transpose", "reshape"):
+        if op.kind in ("transpose", "reshape") or _upcast(op):
             chain.append(op)
             v = op.operands[0]
             continue
@@ -135,6 +135,13 @@ def _input(m, v: ir.Value, producer: dict, users: dict, scalable: bool):
         strides = forward_strides(op, strides)
     m.ops.extend(chain)
     return v, strides
+
+
+def _upcast(op: ir.Op) -> bool:
+    """A 16-bit value converted to float32 (the softmax's p @ v in f32): the kernel
+    reads the 16-bit value and multiplies in 16 bits."""
+    return op.kind == "convert" and op.result.dtype == "float32" and \
+        op.operands[0].dtype in ("bfloat16", "float16")
 
 
 def _output(m, users: dict) -> tuple[int, ...]:

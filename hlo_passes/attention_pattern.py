@@ -245,11 +245,30 @@ def _select(m: Match, op: ir.Op, labels: list, producer: dict, seen: frozenset):
         raise _NoMatch("a bias added after a finite mask fill")
     m.ops.append(op)
     m.fill = value * m.scale if "scale" in seen else value
-    m.mask, m.mask_labels, ops = lay.side_root(pred, labels, producer)
-    m.ops.extend(ops)
+    m.mask, m.mask_labels = _mask_root(m, pred, labels, producer)
     if m.mask.dtype != "bool":
         raise _NoMatch("a mask that is not boolean")
     return _scores(m, z, labels, producer, seen | {"mask"})
+
+
+def _mask_root(m: Match, pred: ir.Value, labels: list, producer: dict):
+    """The predicate before its broadcasts and `and`s with all-true constants (as
+    jax.nn.dot_product_attention combines a mask= with its default one)."""
+    while True:
+        root, labels, ops = lay.side_root(pred, labels, producer)
+        m.ops.extend(ops)
+        op = producer.get(root)
+        if op is None or op.kind != "and":
+            return root, labels
+        a, b = op.operands
+        if splat(a, producer) == 1.0:
+            pred = b
+        elif splat(b, producer) == 1.0:
+            pred = a
+        else:
+            return root, labels
+        m.ops.append(op)
+        splat(a if pred is b else b, producer, m)
 
 
 def _add(m: Match, op: ir.Op, labels: list, producer: dict, seen: frozenset):

@@ -27,12 +27,28 @@ TensorE computes scores two chunks ahead while VectorE / ScalarE run the softmax
 and the PSUM accumulators are double-buffered. (Other orders measured slower: the
 copies of n+1 before the softmax of n+2 delay the next row max.)
 
+Layouts: q, k, v and the result stay in the program's layout ([B, S, N, H] as
+jax.nn.dot_product_attention has them, or anything else with the head dim contiguous);
+the fusion's `attention_layout` (hlo_passes/attention_layout.py) gives each operand's
+strides for the batch axes, the GQA group axes, Sq, Sk, D and Dv, and every DMA reads
+rows with those strides. K^T and V are loaded once per batch index and reused by every
+group (GQA / MQA: the q heads that share a k / v head).
+
+Masks and biases: a compile-time mask that does not vary along batch / group axes skips
+its fully masked blocks; its partially masked blocks get the cached additive bias above.
+A runtime mask (an input of the program: padding) or an additive bias is read per
+block (DMA), turned into an additive bias on GpSimd, and added to S on VectorE.
+
 Numerics: FP32 scores and softmax, P rounded to the dtype of the p @ v operand (as the
 program does), FP32 accumulation; unlike the unfused program the scores are not
 rounded to bf16 before the softmax (more precise). Masked entries get -3e38 instead of
--inf (exp gives 0 either way); a q row with no unmasked key, a non-constant mask,
-non-16-bit q/k/v or D > 128 / Dv > 512 raise Unsupported: the region's ops then run
-one by one.
+the program's fill (exp gives 0 either way): with a finite fill (-1e9, finfo.min,
+-0.7 * finfo.max) a q row with no unmasked key has all its scores equal, so its
+softmax is uniform over every key, as XLA computes it (such q-tiles skip no block).
+With a -inf fill XLA gives NaN for such a row: a compile-time mask with one raises
+Unsupported, a runtime one gets NaN rows (one extra check per q-tile). Non-16-bit
+q/k/v, a head dim that is not contiguous, or D > 128 / Dv > 512 raise Unsupported: the
+region's ops then run one by one.
 """
 from __future__ import annotations
 
@@ -55,24 +71,33 @@ NEG = -3.0e38           # additive bias of a masked score
 BIAS_CACHE = 16         # distinct partially-masked blocks kept as bias tiles
 
 
-def lower_attention(ctx: LowerCtx, ins: list[DramTensor], scale: float,
-                    masked: bool) -> None:
+def lower_attention(ctx: LowerCtx, ins: list[DramTensor], scale: float, masked: bool,
+                    bias: bool = False, fill: float = -np.inf,
+                    layout: tuple | None = None) -> None:
     q, k, v = ins[:3]
-    mask = _mask(ctx, ins[3]) if masked else None
-    _check(ctx, q, k, v)
+    axes = Axes(layout) if layout is not None else Axes.canonical(q, k, v)
+    mask = _mask(ctx, ins[3], axes) if masked else None
+    extra = {"bias": ins[3 + masked] if bias else None,
+             "mask": ins[3] if masked and mask is None else None}
+    _check(ctx, q, k, v, axes)
     ctx.kb.notes.append("attention: flash-attention kernel (attention.py)")
-    _Flash(ctx, q, k, v, ctx.outs[0], scale, mask).run()
+    _Flash(ctx, (q, k, v), ctx.outs[0], scale, mask, axes, extra, fill).run()
 
 
-def _mask(ctx: LowerCtx, t: DramTensor) -> tuple[DramTensor, np.ndarray]:
+def _mask(ctx: LowerCtx, t: DramTensor, axes: "Axes") -> tuple | None:
+    """(tensor, [Sq, Sk] bool array) of a compile-time mask the same for every batch /
+    group index, else None (read at run time)."""
     value = ctx.constant(t)
-    if value is None:
-        raise Unsupported("attention with a mask computed at run time")
-    return t, np.asarray(value, bool).reshape(value.shape[-2:])
+    if value is None or any(s[4] for _, s in axes.batch + axes.group):
+        return None
+    flat = np.ascontiguousarray(value, bool).reshape(-1)
+    rows, cols = axes.sq[1][4], axes.sk[1][4]
+    grid = np.arange(axes.sq[0])[:, None] * rows + np.arange(axes.sk[0])[None, :] * cols
+    return t, flat[grid]
 
 
-def _check(ctx: LowerCtx, q: DramTensor, k: DramTensor, v: DramTensor) -> None:
-    d, dv = q.shape[-1], v.shape[-1]
+def _check(ctx: LowerCtx, q: DramTensor, k: DramTensor, v: DramTensor, axes) -> None:
+    d, dv = axes.d[0], axes.dv[0]
     pmax, bank = ctx.target.partitions, ctx.target.psum_bank_fp32
     if not (q.dtype == k.dtype == v.dtype and q.dtype in ("bfloat16", "float16")):
         raise Unsupported(f"attention on {q.dtype}/{k.dtype}/{v.dtype} (16-bit only)")
@@ -80,16 +105,51 @@ def _check(ctx: LowerCtx, q: DramTensor, k: DramTensor, v: DramTensor) -> None:
         raise Unsupported(f"attention head dims D={d}, Dv={dv} (<= {pmax}, <= {bank})")
     if not ctx.target.dma_transpose:
         raise Unsupported("attention needs dma_transpose (NC-v3+, §3.4)")
+    if axes.d[1][:2] != (1, 1) or axes.dv[1][2:4] != (1, 1):
+        raise Unsupported("attention with a head dim that is not contiguous")
+
+
+class Axes:
+    """The fusion's `attention_layout`: (size, strides) per axis, strides in the order
+    q, k, v, out, mask, bias (hlo_passes/attention_layout.OPERANDS)."""
+
+    def __init__(self, layout: tuple):
+        by_role: dict = {}
+        for role, size, strides in layout:
+            by_role.setdefault(role, []).append((size, tuple(strides)))
+        self.batch, self.group = by_role.get("batch", []), by_role.get("group", [])
+        self.sq, self.sk = by_role["sq"][0], by_role["sk"][0]
+        self.d, self.dv = by_role["d"][0], by_role["dv"][0]
+
+    @classmethod
+    def canonical(cls, q: DramTensor, k: DramTensor, v: DramTensor) -> "Axes":
+        """[..., Sq, D] / [..., Sk, D] / [..., Sk, Dv], a [Sq, Sk] mask (the old form)."""
+        (sq, d), (sk, dv) = q.shape[-2:], v.shape[-2:]
+        return cls((("batch", math.prod(q.shape[:-2]), (sq * d, sk * d, sk * dv, sq * dv,
+                                                          0, 0)),
+                    ("sq", sq, (d, 0, 0, dv, sk, 0)), ("sk", sk, (0, d, dv, 0, 1, 0)),
+                    ("d", d, (1, 1, 0, 0, 0, 0)), ("dv", dv, (0, 0, 1, 1, 0, 0))))
+
+    def offsets(self, which: list[tuple], operands: tuple[int, ...]) -> list[tuple]:
+        """Per index of the axes `which`, the element offset of each operand."""
+        out = []
+        for idx in itertools.product(*(range(n) for n, _ in which)):
+            out.append(tuple(sum(i * s[o] for i, (_, s) in zip(idx, which))
+                             for o in operands))
+        return out
 
 
 class _Flash:
-    def __init__(self, ctx: LowerCtx, q, k, v, out, scale: float, mask):
+    def __init__(self, ctx: LowerCtx, qkv, out, scale: float, mask, axes: Axes,
+                 extra: dict, fill: float):
         self.ctx, self.kb = ctx, ctx.kb
+        q, k, v = qkv
         self.q, self.k, self.v, self.out, self.scale = q, k, v, out, scale
-        self.mask = mask
-        self.sq, self.d = q.shape[-2:]
-        self.sk, self.dv = v.shape[-2:]
-        self.batch = math.prod(q.shape[:-2])
+        self.mask, self.axes, self.fill = mask, axes, fill
+        self.rt_mask, self.rt_bias = extra["mask"], extra["bias"]
+        self.sq, self.d = axes.sq[0], axes.d[0]
+        self.sk, self.dv = axes.sk[0], axes.dv[0]
+        self.batch = math.prod(n for n, _ in axes.batch + axes.group)
         self.pdtype = self._p_dtype()
         target = ctx.target
         self.pmax, self.bank = target.partitions, target.psum_bank_fp32
@@ -113,24 +173,42 @@ class _Flash:
         self.copy_engines = itertools.cycle(("vector", "scalar"))
         self.queues = itertools.cycle(range(target.dma_queues))
         kb.flops += 2 * self.batch * self.sq * self.sk * (self.d + self.dv)
+        self.runtime = self.rt_mask is not None or self.rt_bias is not None
+        if self.runtime:
+            self.rt_tiles = kb.ring(4, self.pmax, "float32")
+            self.rt_sum = kb.ring(2, self.chunk, "float32")
 
     def _p_dtype(self) -> str:
+        """P's dtype: that of the p @ v operands (16-bit both, as the program rounds
+        them), else v's (f32 operands of a 16-bit v: P rounded to v's dtype, less
+        precise than the program's f32 product)."""
         dots = [o for o in self.ctx.op.regions[0].block.ops if o.kind == "dot_general"]
-        return dots[-1].operands[0].dtype if dots else self.v.dtype
+        dtypes = {v.dtype for v in dots[-1].operands} if dots else set()
+        return dtypes.pop() if len(dtypes) == 1 and dtypes <= {"bfloat16", "float16"} \
+            else self.v.dtype
 
     # --- driver ------------------------------------------------------------------------
 
     def run(self) -> None:
         """Emits the jobs software-pipelined: TensorE runs S(n+2), P^T(n+1), PV(n), so
-        each softmax has two TensorE slots to finish and each P^T copy one."""
-        jobs = [job for b in range(self.batch) for job in self._jobs(b)]
+        each softmax has two TensorE slots to finish and each P^T copy one. Jobs of
+        one batch index (all its groups) share its K^T and V."""
+        ax = self.axes
+        groups = ax.offsets(ax.group, (0, 3, 4, 5))
+        jobs = []
+        for b, (ko, vo, qo, oo, mo, bo) in enumerate(ax.offsets(ax.batch, (1, 2, 0, 3, 4, 5))):
+            for gq, go, gm, gb in groups:
+                unit = {"kv": b, "k": ko, "v": vo, "q": qo + gq, "out": oo + go,
+                        "mask": mo + gm, "bias": bo + gb}
+                jobs += self._jobs(unit)
         kv: dict = {}
         for n in range(len(jobs) + 2):
             if n < len(jobs):
                 job = jobs[n]
-                if job["b"] not in kv:
-                    kv[job["b"]] = self._load_kv(job["b"])
-                job["kv"] = kv[job["b"]]
+                b = job["b"]
+                if b["kv"] not in kv:
+                    kv[b["kv"]] = self._load_kv(b)
+                job["kv"] = kv[b["kv"]]
                 self._scores(job)
                 self._rowmax(job)
                 self._softmax(job)
@@ -139,7 +217,7 @@ class _Flash:
             if 0 <= n - 2 < len(jobs):
                 self._stage_b(jobs[n - 2])
 
-    def _jobs(self, b: int) -> list[dict]:
+    def _jobs(self, b: dict) -> list[dict]:
         """One job per (q-tile, key chunk): the chunk's 128-key blocks and flags."""
         jobs, per_chunk = [], self.chunk // self.pmax
         for q0, qt in tiles(self.sq, self.pmax):
@@ -153,7 +231,8 @@ class _Flash:
 
     def _live_blocks(self, q0: int, qt: int) -> list[tuple[int, int, str]]:
         """(k0, kb, "full" | "partial") for the key blocks from the first to the last
-        with an unmasked entry in rows [q0, q0 + qt)."""
+        with an unmasked entry in rows [q0, q0 + qt) (all of them if a row has none:
+        its softmax is uniform over every key, with a finite fill)."""
         blocks = []
         for k0, kbn in tiles(self.sk, self.pmax):
             if self.mask is None:
@@ -163,7 +242,10 @@ class _Flash:
             state = "full" if blk.all() else ("skip" if not blk.any() else "partial")
             blocks.append((k0, kbn, state))
         if self.mask is not None and not self.mask[1][q0:q0 + qt].any(axis=1).all():
-            raise Unsupported("attention with a fully masked query row (softmax of -inf)")
+            if self.fill == -np.inf:
+                raise Unsupported("attention with a fully masked query row (softmax "
+                                  "of -inf)")
+            blocks = [(k0, kbn, "partial" if s == "skip" else s) for k0, kbn, s in blocks]
         live = [i for i, blk in enumerate(blocks) if blk[2] != "skip"]
         return [(k0, kbn, "full" if s == "full" else "partial")
                 for k0, kbn, s in blocks[live[0]:live[-1] + 1]]
@@ -173,14 +255,14 @@ class _Flash:
     def _dma(self, dst, src, cls=isa.DmaCopy) -> None:
         self.kb.emit(cls, dst=dst, src=src, dma_queue=next(self.queues))
 
-    def _load_kv(self, b: int) -> tuple[isa.Tile, isa.Tile]:
+    def _load_kv(self, b: dict) -> tuple[isa.Tile, isa.Tile]:
         kT, vb = self.kT.next(), self.vb.next()
-        base_k, base_v = b * self.sk * self.d, b * self.sk * self.dv
+        ks, vs = self.axes.sk[1][1], self.axes.sk[1][2]
         for r0, rn in tiles(self.sk, self.bank):
-            src = self.kb.ap(self.k, base_k + r0 * self.d, ((self.d, rn), (1, self.d)))
+            src = self.kb.ap(self.k, b["k"] + r0 * ks, ((ks, rn), (1, self.d)))
             self._dma(sub(kT, self.d, rn, at=r0), src, isa.DmaTranspose)
         for j, (r0, rn) in enumerate(tiles(self.sk, self.pmax)):
-            src = self.kb.ap(self.v, base_v + r0 * self.dv, ((self.dv, rn), (1, self.dv)))
+            src = self.kb.ap(self.v, b["v"] + r0 * vs, ((vs, rn), (1, self.dv)))
             self._dma(sub(vb, rn, self.dv, at=j * self.dv), src)
         return kT, vb
 
@@ -188,8 +270,8 @@ class _Flash:
         tile = job["tile"]
         q0, qt = tile["q0"], tile["qt"]
         qT = sub(self.qT.next(), self.d, qt)
-        src = self.kb.ap(self.q, job["b"] * self.sq * self.d + q0 * self.d,
-                         ((self.d, qt), (1, self.d)))
+        qs = self.axes.sq[1][0]
+        src = self.kb.ap(self.q, job["b"]["q"] + q0 * qs, ((qs, qt), (1, self.d)))
         self._dma(qT, src, isa.DmaTranspose)
         self.kb.emit(isa.TensorScalar, dst=qT, data=qT, op0="multiply",
                      operand0=self.scale, engine="gpsimd")
@@ -203,13 +285,51 @@ class _Flash:
             return tile
         tile = self.kb.tile(kbn, self.q.dtype, parts=qt) if len(self.biases) < BIAS_CACHE \
             else sub(self.pt.next(), qt, kbn)
-        sq, sk = self.mask[1].shape
-        self._dma(tile, self.kb.ap(self.mask[0], q0 * sk + k0, ((sk, qt), (1, kbn))))
+        rows, cols = self.axes.sq[1][4], self.axes.sk[1][4]
+        self._dma(tile, self.kb.ap(self.mask[0], q0 * rows + k0 * cols,
+                                   ((rows, qt), (cols, kbn))))
         self.kb.emit(isa.TensorScalar, dst=tile, data=tile, op0="multiply",
                      operand0=-NEG, op1="add", operand1=NEG, engine="gpsimd")
         if len(self.biases) < BIAS_CACHE:
             self.biases[key] = tile
         return tile
+
+    def _runtime_bias(self, job: dict) -> None:
+        """S += the runtime mask's bias (0 / NEG) + the runtime bias, per key block:
+        DMAed, combined on GpSimd, added on VectorE (TensorE has no slot to spare)."""
+        kb, tile, b = self.kb, job["tile"], job["b"]
+        qt, k0 = tile["qt"], job["blocks"][0][0]
+        total = sub(self.rt_sum.next(), qt, job["width"])
+        for bk0, bkn, _ in job["blocks"]:
+            part = sub(total, qt, bkn, at=bk0 - k0)
+            first = True
+            for name, t in (("mask", self.rt_mask), ("bias", self.rt_bias)):
+                if t is None:
+                    continue
+                j = 4 if name == "mask" else 5
+                rows, cols = self.axes.sq[1][j], self.axes.sk[1][j]
+                dst = part if first else sub(self.rt_tiles.next(), qt, bkn)
+                src = kb.ap(t, b[name] + tile["q0"] * rows + bk0 * cols,
+                            ((rows, qt), (cols, bkn)))
+                self._dma(dst, src)
+                if name == "mask":
+                    kb.emit(isa.TensorScalar, dst=dst, data=dst, op0="multiply",
+                            operand0=-NEG, op1="add", operand1=NEG, engine="gpsimd")
+                if not first:
+                    kb.emit(isa.TensorTensor, dst=part, data1=part, data2=dst, op="add",
+                            engine="gpsimd")
+                first = False
+        kb.emit(isa.TensorTensor, dst=job["s"], data1=job["s"], data2=total, op="add")
+
+    def _nan_rows(self, res: isa.Tile, tile: dict) -> None:
+        """Rows with no unmasked key (-m >= -NEG / 2) become NaN, as softmax of a row
+        of -inf is: res += 0 / (1 - flag)."""
+        flag = sub(self.small.next(), tile["qt"], 1)
+        self.kb.emit(isa.TensorScalar, dst=flag, data=tile["negm"], op0="is_ge",
+                     operand0=-NEG / 2, op1="subtract", operand1=1.0, reverse1=True)
+        self.kb.emit(isa.TensorScalar, dst=flag, data=flag, op0="divide", operand0=0.0,
+                     reverse0=True)
+        self.kb.emit(isa.TensorScalar, dst=res, data=res, op0="add", operand0=flag)
 
     def _identity(self) -> isa.Tile:
         """I [128, 128] in the matmul dtype, built once on GpSimd (affine_select p == f)."""
@@ -241,6 +361,8 @@ class _Flash:
                         stationary=sub(self._identity(), qt, qt),
                         moving=self._bias(tile["q0"], qt, bk0, bkn), accumulate=True)
         job["s"], job["width"] = s, width
+        if self.runtime:
+            self._runtime_bias(job)
 
     def _rowmax(self, job: dict) -> None:
         """-m (VectorE): the chunk's negated row max, combined with the running one."""
@@ -322,8 +444,11 @@ class _Flash:
         if job["last"]:
             res = sub(self.res.next(), qt, self.dv)
             kb.emit(isa.TensorScalar, dst=res, data=acc, op0="divide", operand0=job["l"])
-            base = job["b"] * self.sq * self.dv + tile["q0"] * self.dv
-            self._dma(kb.ap(self.out, base, ((self.dv, qt), (1, self.dv))), res)
+            if self.rt_mask is not None and self.fill == -np.inf:
+                self._nan_rows(res, tile)
+            os = self.axes.sq[1][3]
+            base = job["b"]["out"] + tile["q0"] * os
+            self._dma(kb.ap(self.out, base, ((os, qt), (1, self.dv))), res)
 
 
 def _ring_in_bank(kb, depth: int, free: int) -> Ring:
