@@ -69,6 +69,7 @@ CHUNK_BANKS = 2         # keys per softmax chunk: two PSUM banks of FP32 (§3.2)
                         # score matmul per bank (512 keys, §2.2)
 NEG = -3.0e38           # additive bias of a masked score
 BIAS_CACHE = 16         # distinct partially-masked blocks kept as bias tiles
+MASK_ROWS_BYTES = 48 * 1024     # a runtime mask's rows kept in SBUF per partition
 
 
 def lower_attention(ctx: LowerCtx, ins: list[DramTensor], scale: float, masked: bool,
@@ -175,8 +176,13 @@ class _Flash:
         kb.flops += 2 * self.batch * self.sq * self.sk * (self.d + self.dv)
         self.runtime = self.rt_mask is not None or self.rt_bias is not None
         if self.runtime:
-            self.rt_tiles = kb.ring(4, self.pmax, "float32")
             self.rt_sum = kb.ring(2, self.chunk, "float32")
+            self.mask_rows: dict = {}
+            if self.rt_bias is not None:
+                self.rt_tiles = kb.ring(2, self.chunk, self.rt_bias.dtype)
+            if self.rt_mask is not None and \
+                    -(-self.sq // self.pmax) * self.sk > MASK_ROWS_BYTES:
+                self.mask_ring = kb.ring(2, self.sk, "bool")
 
     def _p_dtype(self) -> str:
         """P's dtype: that of the p @ v operands (16-bit both, as the program rounds
@@ -295,31 +301,48 @@ class _Flash:
         return tile
 
     def _runtime_bias(self, job: dict) -> None:
-        """S += the runtime mask's bias (0 / NEG) + the runtime bias, per key block:
-        DMAed, combined on GpSimd, added on VectorE (TensorE has no slot to spare)."""
+        """S += the runtime mask's bias (0 / NEG) + the runtime bias, per job: the mask
+        rows of a q-tile loaded once (bool, whole key range, kept while the next unit
+        uses the same rows: heads broadcast), the bias chunk DMAed, both combined on
+        GpSimd, added to S on VectorE (TensorE has no slot to spare)."""
         kb, tile, b = self.kb, job["tile"], job["b"]
-        qt, k0 = tile["qt"], job["blocks"][0][0]
-        total = sub(self.rt_sum.next(), qt, job["width"])
-        for bk0, bkn, _ in job["blocks"]:
-            part = sub(total, qt, bkn, at=bk0 - k0)
-            first = True
-            for name, t in (("mask", self.rt_mask), ("bias", self.rt_bias)):
-                if t is None:
-                    continue
-                j = 4 if name == "mask" else 5
-                rows, cols = self.axes.sq[1][j], self.axes.sk[1][j]
-                dst = part if first else sub(self.rt_tiles.next(), qt, bkn)
-                src = kb.ap(t, b[name] + tile["q0"] * rows + bk0 * cols,
-                            ((rows, qt), (cols, bkn)))
-                self._dma(dst, src)
-                if name == "mask":
-                    kb.emit(isa.TensorScalar, dst=dst, data=dst, op0="multiply",
-                            operand0=-NEG, op1="add", operand1=NEG, engine="gpsimd")
-                if not first:
-                    kb.emit(isa.TensorTensor, dst=part, data1=part, data2=dst, op="add",
-                            engine="gpsimd")
-                first = False
+        qt, k0, width = tile["qt"], job["blocks"][0][0], job["width"]
+        total = sub(self.rt_sum.next(), qt, width)
+        if self.rt_mask is not None:
+            rows = self._mask_rows(b["mask"], tile["q0"], qt)
+            kb.emit(isa.TensorScalar, dst=total, data=sub(rows, qt, width, at=k0),
+                    op0="multiply", operand0=-NEG, op1="add", operand1=NEG,
+                    engine="gpsimd")
+        if self.rt_bias is not None:
+            rows, cols = self.axes.sq[1][5], self.axes.sk[1][5]
+            part = sub(self.rt_tiles.next(), qt, width)
+            self._dma(part, kb.ap(self.rt_bias, b["bias"] + tile["q0"] * rows + k0 * cols,
+                                  ((rows, qt), (cols, width))))
+            if self.rt_mask is None:
+                total = part
+            else:
+                kb.emit(isa.TensorTensor, dst=total, data1=total, data2=part, op="add",
+                        engine="gpsimd")
         kb.emit(isa.TensorTensor, dst=job["s"], data1=job["s"], data2=total, op="add")
+
+    def _mask_rows(self, base: int, q0: int, qt: int) -> isa.Tile:
+        """The runtime mask's rows [q0, q0 + qt) over every key (bool), cached per
+        q-tile while they fit (MASK_ROWS_BYTES per partition), else reloaded."""
+        rows, cols = self.axes.sq[1][4], self.axes.sk[1][4]
+        at = base + q0 * rows
+        cached = self.mask_rows.get(q0)
+        if cached is not None and cached[1] == at:
+            return cached[0]
+        if cached is not None:
+            tile = cached[0]
+        elif -(-self.sq // self.pmax) * self.sk <= MASK_ROWS_BYTES:
+            tile = self.kb.tile(self.sk, "bool")
+        else:
+            tile = self.mask_ring.next()
+        self._dma(sub(tile, qt, self.sk),
+                  self.kb.ap(self.rt_mask, at, ((rows, qt), (cols, self.sk))))
+        self.mask_rows[q0] = (tile, at)
+        return tile
 
     def _nan_rows(self, res: isa.Tile, tile: dict) -> None:
         """Rows with no unmasked key (-m >= -NEG / 2) become NaN, as softmax of a row
