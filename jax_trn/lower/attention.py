@@ -176,10 +176,10 @@ class _Flash:
         kb.flops += 2 * self.batch * self.sq * self.sk * (self.d + self.dv)
         self.runtime = self.rt_mask is not None or self.rt_bias is not None
         if self.runtime:
-            self.rt_sum = kb.ring(2, self.chunk, "float32")
+            self.rt_sum = kb.ring(3, self.chunk, q.dtype)
             self.mask_rows: dict = {}
             if self.rt_bias is not None:
-                self.rt_tiles = kb.ring(2, self.chunk, self.rt_bias.dtype)
+                self.rt_tiles = kb.ring(2, self.chunk, q.dtype)
             if self.rt_mask is not None and \
                     -(-self.sq // self.pmax) * self.sk > MASK_ROWS_BYTES:
                 self.mask_ring = kb.ring(2, self.sk, "bool")
@@ -300,13 +300,14 @@ class _Flash:
             self.biases[key] = tile
         return tile
 
-    def _runtime_bias(self, job: dict) -> None:
-        """S += the runtime mask's bias (0 / NEG) + the runtime bias, per job: the mask
-        rows of a q-tile loaded once (bool, whole key range, kept while the next unit
-        uses the same rows: heads broadcast), the bias chunk DMAed, both combined on
-        GpSimd, added to S on VectorE (TensorE has no slot to spare)."""
+    def _runtime_bias(self, job: dict, width: int) -> isa.Tile:
+        """The additive bias of a job from the runtime mask (0 / NEG) and the runtime
+        bias, in the matmul dtype: the mask rows of a q-tile loaded once (bool, whole
+        key range, kept while the next unit uses the same rows: heads broadcast), the
+        bias chunk DMAed, both combined on GpSimd; TensorE adds it to S (one more pass
+        per block: VectorE, with the row max and the P^T copies, has less to spare)."""
         kb, tile, b = self.kb, job["tile"], job["b"]
-        qt, k0, width = tile["qt"], job["blocks"][0][0], job["width"]
+        qt, k0 = tile["qt"], job["blocks"][0][0]
         total = sub(self.rt_sum.next(), qt, width)
         if self.rt_mask is not None:
             rows = self._mask_rows(b["mask"], tile["q0"], qt)
@@ -315,15 +316,13 @@ class _Flash:
                     engine="gpsimd")
         if self.rt_bias is not None:
             rows, cols = self.axes.sq[1][5], self.axes.sk[1][5]
-            part = sub(self.rt_tiles.next(), qt, width)
+            part = total if self.rt_mask is None else sub(self.rt_tiles.next(), qt, width)
             self._dma(part, kb.ap(self.rt_bias, b["bias"] + tile["q0"] * rows + k0 * cols,
                                   ((rows, qt), (cols, width))))
-            if self.rt_mask is None:
-                total = part
-            else:
+            if part is not total:
                 kb.emit(isa.TensorTensor, dst=total, data1=total, data2=part, op="add",
                         engine="gpsimd")
-        kb.emit(isa.TensorTensor, dst=job["s"], data1=job["s"], data2=total, op="add")
+        return total
 
     def _mask_rows(self, base: int, q0: int, qt: int) -> isa.Tile:
         """The runtime mask's rows [q0, q0 + qt) over every key (bool), cached per
@@ -383,9 +382,13 @@ class _Flash:
                 kb.emit(isa.NcMatmul, dst=sub(s, qt, bkn, at=bk0 - k0),
                         stationary=sub(self._identity(), qt, qt),
                         moving=self._bias(tile["q0"], qt, bk0, bkn), accumulate=True)
+        if self.runtime:                # S += I @ (runtime mask bias + bias)
+            total = self._runtime_bias(job, width)
+            for bk0, bkn, _ in job["blocks"]:
+                kb.emit(isa.NcMatmul, dst=sub(s, qt, bkn, at=bk0 - k0),
+                        stationary=sub(self._identity(), qt, qt),
+                        moving=sub(total, qt, bkn, at=bk0 - k0), accumulate=True)
         job["s"], job["width"] = s, width
-        if self.runtime:
-            self._runtime_bias(job)
 
     def _rowmax(self, job: dict) -> None:
         """-m (VectorE): the chunk's negated row max, combined with the running one."""
