@@ -88,20 +88,27 @@ class Match:
         self.__dict__.update(state)
 
 
-def find(block: ir.Block, producer: dict, users: dict) -> list[Match]:
+def find(block: ir.Block, producer: dict, users: dict,
+         near: list | None = None) -> list[Match]:
     """The attention patterns of `block`, last first, sharing no ops but views of
-    constants / the mask (each region clones those; dead originals go to DCE)."""
+    constants / the mask (each region clones those; dead originals go to DCE).
+    `near` (optional) gets (p @ v dot, reason) for each near miss: a softmax(...) @ v
+    that does not fit the pattern."""
     found, used = [], set()
     for op in reversed(block.ops):
         if op.kind != "dot_general" or op in used:
             continue
         try:
             m = _match(op, producer, users)
-        except _NoMatch:
+        except _NoMatch as e:
+            if near is not None and getattr(e, "close", False):
+                near.append((op, str(e)))
             continue
         inner = set(m.ops)
         if any(op.kind not in SHAREABLE for op in inner & used) or \
                 not _closed(m, inner, users):
+            if near is not None:
+                near.append((op, "a value inside the pattern is also used outside it"))
             continue
         used |= inner
         found.append(m)
@@ -110,13 +117,14 @@ def find(block: ir.Block, producer: dict, users: dict) -> list[Match]:
 
 def _match(pv: ir.Op, producer: dict, users: dict) -> Match:
     """`pv` as the p @ v dot of a pattern, p either operand."""
-    error = None
+    errors = []
     for pi in (0, 1):
         try:
             return _match_as(pv, pi, producer, users)
         except _NoMatch as e:
-            error = error or e
-    raise error
+            errors.append(e)
+    close = [e for e in errors if getattr(e, "close", False)]
+    raise (close or errors)[0]
 
 
 def _match_as(pv: ir.Op, pi: int, producer: dict, users: dict) -> Match:
@@ -132,11 +140,15 @@ def _match_as(pv: ir.Op, pi: int, producer: dict, users: dict) -> Match:
         labels[d] = ("b", j) if p.shape[d] != 1 else None
     labels[pc[0]] = "sk"
     x, lx = _softmax(m, p, labels, producer)
-    qk, lqk = _scores(m, x, lx, producer, frozenset())
-    m.qk = qk
-    axes.build(m, qk, lqk, pi, producer, users)
-    if m.scale <= 0:
-        raise _NoMatch("a non-positive scale")
+    try:                                # a softmax @ v: a miss from here on is close
+        qk, lqk = _scores(m, x, lx, producer, frozenset())
+        m.qk = qk
+        axes.build(m, qk, lqk, pi, producer, users)
+        if m.scale <= 0:
+            raise _NoMatch("a non-positive scale")
+    except _NoMatch as e:
+        e.close = True
+        raise
     return m
 
 

@@ -61,15 +61,26 @@ def _fuse_block(block: ir.Block, policy: FusionPolicy) -> bool:
     graph = BlockGraph(block)
     replaced: dict[ir.Op, list[ir.Op]] = {}     # pattern output -> [mask constant,] fusion
     members: set[ir.Op] = set()                 # ops that go with their pattern
-    for m in pattern.find(block, graph.producer, graph.users):
+    near: list = []
+    for m in pattern.find(block, graph.producer, graph.users, near):
         mask_value = _folded_mask(m, graph.producer)
         decision = policy.attention(m.pv, m.scale, m.mask is not None, mask_value)
         if decision.ok:
             replaced[m.out] = _attention_op(m, mask_value, decision, graph)
             members.update(op for op in m.ops if op.kind not in pattern.SHAREABLE)
+        else:
+            near.append((m.pv, decision.reason))
+    for dot, reason in near:
+        _record(dot, reason)
     if replaced:
         _rewrite(block, replaced, members)
     return bool(replaced)
+
+
+def _record(dot: ir.Op, reason: str) -> None:
+    """A near miss's reason on its p @ v dot (`decisions`, as fusions carry them): the
+    dot's kernel notes show it (lower/dot.py), so the profiler does."""
+    dot.attrs["decisions"] = (f"attention: not fused: {reason}",)
 
 
 def _rewrite(block: ir.Block, replaced: dict[ir.Op, list[ir.Op]],
