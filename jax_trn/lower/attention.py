@@ -60,6 +60,7 @@ import numpy as np
 from jax_trn.hw import isa
 from jax_trn.hw.program import DramTensor
 
+from .attention_layout import Axes, heads_per_dma, unit_blocks
 from .builder import Ring, sub
 from .layout import tiles
 from .registry import LowerCtx
@@ -69,6 +70,7 @@ CHUNK_BANKS = 2         # keys per softmax chunk: two PSUM banks of FP32 (§3.2)
                         # score matmul per bank (512 keys, §2.2)
 NEG = -3.0e38           # additive bias of a masked score
 BIAS_CACHE = 16         # distinct partially-masked blocks kept as bias tiles
+HEADS_BYTES = 32 * 1024         # SBUF per partition for V / results of adjacent heads
 MASK_ROWS_BYTES = 48 * 1024     # a runtime mask's rows kept in SBUF per partition
 
 
@@ -85,7 +87,7 @@ def lower_attention(ctx: LowerCtx, ins: list[DramTensor], scale: float, masked: 
     _Flash(ctx, (q, k, v), ctx.outs[0], scale, mask, axes, extra, fill).run()
 
 
-def _mask(ctx: LowerCtx, t: DramTensor, axes: "Axes") -> tuple | None:
+def _mask(ctx: LowerCtx, t: DramTensor, axes: Axes) -> tuple | None:
     """(tensor, [Sq, Sk] bool array) of a compile-time mask the same for every batch /
     group index, else None (read at run time)."""
     value = ctx.constant(t)
@@ -110,36 +112,6 @@ def _check(ctx: LowerCtx, q: DramTensor, k: DramTensor, v: DramTensor, axes) -> 
         raise Unsupported("attention with a head dim that is not contiguous")
 
 
-class Axes:
-    """The fusion's `attention_layout`: (size, strides) per axis, strides in the order
-    q, k, v, out, mask, bias (hlo_passes/attention_layout.OPERANDS)."""
-
-    def __init__(self, layout: tuple):
-        by_role: dict = {}
-        for role, size, strides in layout:
-            by_role.setdefault(role, []).append((size, tuple(strides)))
-        self.batch, self.group = by_role.get("batch", []), by_role.get("group", [])
-        self.sq, self.sk = by_role["sq"][0], by_role["sk"][0]
-        self.d, self.dv = by_role["d"][0], by_role["dv"][0]
-
-    @classmethod
-    def canonical(cls, q: DramTensor, k: DramTensor, v: DramTensor) -> "Axes":
-        """[..., Sq, D] / [..., Sk, D] / [..., Sk, Dv], a [Sq, Sk] mask (the old form)."""
-        (sq, d), (sk, dv) = q.shape[-2:], v.shape[-2:]
-        return cls((("batch", math.prod(q.shape[:-2]), (sq * d, sk * d, sk * dv, sq * dv,
-                                                          0, 0)),
-                    ("sq", sq, (d, 0, 0, dv, sk, 0)), ("sk", sk, (0, d, dv, 0, 1, 0)),
-                    ("d", d, (1, 1, 0, 0, 0, 0)), ("dv", dv, (0, 0, 1, 1, 0, 0))))
-
-    def offsets(self, which: list[tuple], operands: tuple[int, ...]) -> list[tuple]:
-        """Per index of the axes `which`, the element offset of each operand."""
-        out = []
-        for idx in itertools.product(*(range(n) for n, _ in which)):
-            out.append(tuple(sum(i * s[o] for i, (_, s) in zip(idx, which))
-                             for o in operands))
-        return out
-
-
 class _Flash:
     def __init__(self, ctx: LowerCtx, qkv, out, scale: float, mask, axes: Axes,
                  extra: dict, fill: float):
@@ -156,8 +128,13 @@ class _Flash:
         self.pmax, self.bank = target.partitions, target.psum_bank_fp32
         self.chunk = CHUNK_BANKS * self.bank
         kb, nkt = self.kb, -(-self.sk // self.pmax)
+        self._plan_units()
         self.kT = kb.ring(2, self.sk, q.dtype)
-        self.vb = kb.ring(2, nkt * self.dv, v.dtype)
+        self.vb = kb.ring(2, nkt * self.v_heads * self.dv, v.dtype)
+        self.stage: dict = {}
+        if self.out_heads > 1:
+            self.stage_ring = kb.ring(2 * -(-self.sq // self.pmax),
+                                      self.out_heads * self.dv, out.dtype)
         self.qT = kb.ring(3, self.pmax, q.dtype)
         self.s = kb.ring(2, self.chunk, "float32", mem="psum")
         self.p = kb.ring(3, self.chunk, self.pdtype)
@@ -199,14 +176,7 @@ class _Flash:
         """Emits the jobs software-pipelined: TensorE runs S(n+2), P^T(n+1), PV(n), so
         each softmax has two TensorE slots to finish and each P^T copy one. Jobs of
         one batch index (all its groups) share its K^T and V."""
-        ax = self.axes
-        groups = ax.offsets(ax.group, (0, 3, 4, 5))
-        jobs = []
-        for b, (ko, vo, qo, oo, mo, bo) in enumerate(ax.offsets(ax.batch, (1, 2, 0, 3, 4, 5))):
-            for gq, go, gm, gb in groups:
-                unit = {"kv": b, "k": ko, "v": vo, "q": qo + gq, "out": oo + go,
-                        "mask": mo + gm, "bias": bo + gb}
-                jobs += self._jobs(unit)
+        jobs = [job for unit in self.units for job in self._jobs(unit)]
         kv: dict = {}
         for n in range(len(jobs) + 2):
             if n < len(jobs):
@@ -222,6 +192,28 @@ class _Flash:
                 self._transposes(jobs[n - 1])
             if 0 <= n - 2 < len(jobs):
                 self._stage_b(jobs[n - 2])
+
+    def _plan_units(self) -> None:
+        """The units (batch index x group index) in job order, with the runs of
+        adjacent heads whose V rows / result rows one DMA moves (attention_layout.py)."""
+        ax = self.axes
+        groups = ax.offsets(ax.group, (0, 3, 4, 5))
+        self.units = []
+        kvs = ax.offsets(ax.batch, (1, 2, 0, 3, 4, 5))
+        for b, (ko, vo, qo, oo, mo, bo) in enumerate(kvs):
+            for gq, go, gm, gb in groups:
+                self.units.append({"kv": b, "k": ko, "v": vo, "q": qo + gq, "out": oo + go,
+                                   "mask": mo + gm, "bias": bo + gb})
+        nkt, nqt = -(-self.sk // self.pmax), -(-self.sq // self.pmax)
+        limit = heads_per_dma(nkt, self.dv, 2, HEADS_BYTES)
+        vblocks = unit_blocks([kv[1] for kv in kvs], self.dv, limit)
+        limit = heads_per_dma(nqt, self.dv, 2, HEADS_BYTES)
+        oblocks = unit_blocks([u["out"] for u in self.units], self.dv, limit)
+        for u, (slot, size) in zip(self.units, oblocks):
+            u["oslot"], u["osize"] = slot, size
+            u["vslot"], u["vsize"] = vblocks[u["kv"]]
+        self.v_heads = max(size for _, size in vblocks)
+        self.out_heads = max(size for _, size in oblocks)
 
     def _jobs(self, b: dict) -> list[dict]:
         """One job per (q-tile, key chunk): the chunk's 128-key blocks and flags."""
@@ -261,16 +253,21 @@ class _Flash:
     def _dma(self, dst, src, cls=isa.DmaCopy) -> None:
         self.kb.emit(cls, dst=dst, src=src, dma_queue=next(self.queues))
 
-    def _load_kv(self, b: dict) -> tuple[isa.Tile, isa.Tile]:
-        kT, vb = self.kT.next(), self.vb.next()
+    def _load_kv(self, b: dict) -> tuple:
+        """(K^T, V tile, V's offset in it, V's step per key tile): V loaded for the run
+        of adjacent heads `b` starts (one DMA per key tile), else the run's tile."""
+        kT = self.kT.next()
         ks, vs = self.axes.sk[1][1], self.axes.sk[1][2]
         for r0, rn in tiles(self.sk, self.bank):
             src = self.kb.ap(self.k, b["k"] + r0 * ks, ((ks, rn), (1, self.d)))
             self._dma(sub(kT, self.d, rn, at=r0), src, isa.DmaTranspose)
-        for j, (r0, rn) in enumerate(tiles(self.sk, self.pmax)):
-            src = self.kb.ap(self.v, b["v"] + r0 * vs, ((vs, rn), (1, self.dv)))
-            self._dma(sub(vb, rn, self.dv, at=j * self.dv), src)
-        return kT, vb
+        width = b["vsize"] * self.dv
+        if b["vslot"] == 0:
+            self.vblock = self.vb.next()
+            for j, (r0, rn) in enumerate(tiles(self.sk, self.pmax)):
+                src = self.kb.ap(self.v, b["v"] + r0 * vs, ((vs, rn), (1, width)))
+                self._dma(sub(self.vblock, rn, width, at=j * width), src)
+        return kT, self.vblock, b["vslot"] * self.dv, width
 
     def _load_q(self, job: dict) -> isa.Tile:
         tile = job["tile"]
@@ -370,7 +367,7 @@ class _Flash:
         qt = tile["qt"]
         if job["first"]:
             tile["qT"] = self._load_q(job)
-        kT, _ = job["kv"]
+        kT = job["kv"][0]
         k0 = job["blocks"][0][0]
         width = sum(n for _, n, _ in job["blocks"])
         s = sub(self.s.next(), qt, width)
@@ -452,11 +449,11 @@ class _Flash:
     def _stage_b(self, job: dict) -> None:
         kb, tile = self.kb, job["tile"]
         qt, pts = tile["qt"], job["pts"]
-        _, vb = job["kv"]
+        _, vb, at, step = job["kv"]
         o = sub(self.o.next(), qt, self.dv)
         for i, (pt, bk0, bkn) in enumerate(pts):
             kb.emit(isa.NcMatmul, dst=o, stationary=pt,
-                    moving=sub(vb, bkn, self.dv, at=(bk0 // self.pmax) * self.dv),
+                    moving=sub(vb, bkn, self.dv, at=(bk0 // self.pmax) * step + at),
                     accumulate=i > 0)
         acc = o
         if not job["first"]:
@@ -468,13 +465,27 @@ class _Flash:
             kb.emit(isa.TensorCopy, dst=acc, src=o)
         tile["o"] = acc
         if job["last"]:
+            self._result(job, acc)
+
+    def _result(self, job: dict, acc: isa.Tile) -> None:
+        """out = O / l, stored; for a run of adjacent heads, staged per q-tile and
+        stored by the run's last head in one DMA."""
+        kb, tile, b = self.kb, job["tile"], job["b"]
+        qt, q0, slot, size = tile["qt"], tile["q0"], b["oslot"], b["osize"]
+        if size == 1:
             res = sub(self.res.next(), qt, self.dv)
-            kb.emit(isa.TensorScalar, dst=res, data=acc, op0="divide", operand0=job["l"])
-            if self.rt_mask is not None and self.fill == -np.inf:
-                self._nan_rows(res, tile)
+        else:
+            if slot == 0:
+                self.stage[q0] = self.stage_ring.next()
+            res = sub(self.stage[q0], qt, self.dv, at=slot * self.dv)
+        kb.emit(isa.TensorScalar, dst=res, data=acc, op0="divide", operand0=job["l"])
+        if self.rt_mask is not None and self.fill == -np.inf:
+            self._nan_rows(res, tile)
+        if slot == size - 1:
             os = self.axes.sq[1][3]
-            base = job["b"]["out"] + tile["q0"] * os
-            self._dma(kb.ap(self.out, base, ((os, qt), (1, self.dv))), res)
+            base = b["out"] - slot * self.dv + q0 * os
+            src = res if size == 1 else sub(self.stage[q0], qt, size * self.dv)
+            self._dma(kb.ap(self.out, base, ((os, qt), (1, size * self.dv))), src)
 
 
 def _ring_in_bank(kb, depth: int, free: int) -> Ring:
