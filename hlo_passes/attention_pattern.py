@@ -128,8 +128,10 @@ def _match(pv: ir.Op, producer: dict, users: dict) -> Match:
 
 
 def _match_as(pv: ir.Op, pi: int, producer: dict, users: dict) -> Match:
+    """`pv` with p its operand `pi`: labels p's dims, walks back through the softmax
+    and the scores to q @ k^T, then lays out the axes (attention_axes.py)."""
     m = Match(pv)
-    p, v = pv.operands[pi], pv.operands[1 - pi]
+    p = pv.operands[pi]
     sides = ("lhs", "rhs") if pi == 0 else ("rhs", "lhs")
     pb, pc = _dims(pv, f"{sides[0]}_batching_dimensions"), \
         _dims(pv, f"{sides[0]}_contracting_dimensions")
@@ -270,6 +272,12 @@ def _mask_root(m: Match, pred: ir.Value, labels: list, producer: dict):
         root, labels, ops = lay.side_root(pred, labels, producer)
         m.ops.extend(ops)
         op = producer.get(root)
+        if op is not None and _bool_roundtrip(op, producer):
+            m.ops.append(op)
+            splat(op.operands[1], producer, m)
+            pred = producer[op.operands[0]].operands[0]
+            m.ops.append(producer[op.operands[0]])
+            continue
         if op is None or op.kind != "and":
             return root, labels
         a, b = op.operands
@@ -281,6 +289,15 @@ def _mask_root(m: Match, pred: ir.Value, labels: list, producer: dict):
             return root, labels
         m.ops.append(op)
         splat(a if pred is b else b, producer, m)
+
+
+def _bool_roundtrip(op: ir.Op, producer: dict) -> bool:
+    """compare(convert(b), 0, NE) of a boolean b (flax's masks go through floats)."""
+    if op.kind != "compare" or op.attrs.get("comparison_direction") != "NE":
+        return False
+    conv = producer.get(op.operands[0])
+    return conv is not None and conv.kind == "convert" and \
+        conv.operands[0].dtype == "bool" and splat(op.operands[1], producer) == 0.0
 
 
 def _add(m: Match, op: ir.Op, labels: list, producer: dict, seen: frozenset):

@@ -105,11 +105,13 @@ def test_linen_attention_divides_by_sqrt_d_and_keeps_a_runtime_mask():
     params = jax.eval_shape(layer.init, jax.random.key(0), x, x)
     f = lambda p, x, valid: layer.apply(  # noqa: E731
         p, x, x, mask=nn.make_attention_mask(valid, valid))
-    op = _attention(_compile(f, params, x, jnp.zeros((B, S), bool)))
+    module = _compile(f, params, x, jnp.zeros((B, S), bool))
+    op = _attention(module)
     assert op.attrs["attention_scale"] == pytest.approx(H ** -0.5, rel=1e-2)
     assert op.attrs["attention_fill"] == float(jnp.finfo(jnp.bfloat16).min)
-    mask = op.operands[3]
-    assert mask.type.dtype == "bool" and mask.type.shape == (B, 1, S, S)
+    mask = op.operands[3]                      # the boolean `and`, not its float round trip
+    assert mask.type.dtype == "bool" and mask.type.shape == (B, S, S)
+    assert "compare" not in [o.kind for o in module.main.body.ops]
     assert _axes(op)["batch"][0][1]["mask"] == 0               # broadcast over heads
 
 
