@@ -51,7 +51,7 @@ class Match:
         mask    the boolean predicate before its broadcasts, or None
         scale   the scores' scale (1.0 if none; a scale of q or k included)
     and, since layouts are free (issue 15):
-        qk, pv  the two dots
+        qk, pv  the two dots; probs the softmax's divide
         fill    what masked scores become: -inf or a finite value <= FILL_LIMIT
         bias    an additive bias before its broadcasts, or None
         axes    [(role, size, {operand: stride})], role in attention_layout.ROLES,
@@ -62,6 +62,7 @@ class Match:
     def __init__(self, out: ir.Op):
         self.out = self.pv = out
         self.qk: ir.Op | None = None
+        self.probs: ir.Op | None = None         # p = e / l: its operands are score-shaped
         self.ops: list[ir.Op] = [out]
         self.q = self.k = self.v = None
         self.mask: ir.Value | None = None
@@ -168,7 +169,7 @@ def _score_views(m: Match, v: ir.Value, labels: list, producer: dict):
 def _softmax(m: Match, p: ir.Value, labels: list, producer: dict):
     """(x, labels): p = softmax(x) over the key dim."""
     p, labels = _score_views(m, p, labels, producer)
-    div = m.take(producer.get(p), "divide")
+    div = m.probs = m.take(producer.get(p), "divide")
     e, lb = div.operands
     _reduced(m, lb, e, labels, "add", 0.0, producer)
     exp = m.take(producer.get(e), "exponential")

@@ -64,7 +64,8 @@ def _fuse_block(block: ir.Block, policy: FusionPolicy) -> bool:
     near: list = []
     for m in pattern.find(block, graph.producer, graph.users, near):
         mask_value = _folded_mask(m, graph.producer)
-        decision = policy.attention(m.pv, m.scale, m.mask is not None, mask_value)
+        # the policy names the scores by the shape of `out`'s first operand: p's
+        decision = policy.attention(m.probs, m.scale, m.mask is not None, mask_value)
         if decision.ok:
             replaced[m.out] = _attention_op(m, mask_value, decision, graph)
             members.update(op for op in m.ops if op.kind not in pattern.SHAREABLE)
