@@ -37,7 +37,9 @@ group (GQA / MQA: the q heads that share a k / v head).
 Masks and biases: a compile-time mask that does not vary along batch / group axes skips
 its fully masked blocks; its partially masked blocks get the cached additive bias above.
 A runtime mask (an input of the program: padding) or an additive bias is read per
-block (DMA), turned into an additive bias on GpSimd, and added to S on VectorE.
+chunk (the mask's rows of a q-tile once, as bool), turned into an additive bias on
+GpSimd, and added to S by one identity matmul per block (TensorE) or, one chunk in
+VECTOR_EVERY, on VectorE (the two engines balanced).
 
 Numerics: FP32 scores and softmax, P rounded to the dtype of the p @ v operand (as the
 program does), FP32 accumulation; unlike the unfused program the scores are not
@@ -70,6 +72,7 @@ CHUNK_BANKS = 2         # keys per softmax chunk: two PSUM banks of FP32 (§3.2)
                         # score matmul per bank (512 keys, §2.2)
 NEG = -3.0e38           # additive bias of a masked score
 BIAS_CACHE = 16         # distinct partially-masked blocks kept as bias tiles
+VECTOR_EVERY = 4
 HEADS_BYTES = 32 * 1024         # SBUF per partition for V / results of adjacent heads
 MASK_ROWS_BYTES = 48 * 1024     # a runtime mask's rows kept in SBUF per partition
 
@@ -153,6 +156,7 @@ class _Flash:
         kb.flops += 2 * self.batch * self.sq * self.sk * (self.d + self.dv)
         self.runtime = self.rt_mask is not None or self.rt_bias is not None
         if self.runtime:
+            self.rt_jobs = 0
             self.rt_sum = kb.ring(3, self.chunk, q.dtype)
             self.mask_rows: dict = {}
             if self.rt_bias is not None:
@@ -302,7 +306,7 @@ class _Flash:
         bias, in the matmul dtype: the mask rows of a q-tile loaded once (bool, whole
         key range, kept while the next unit uses the same rows: heads broadcast), the
         bias chunk DMAed, both combined on GpSimd; TensorE adds it to S (one more pass
-        per block: VectorE, with the row max and the P^T copies, has less to spare)."""
+        per block; one job in VECTOR_EVERY adds it on VectorE instead)."""
         kb, tile, b = self.kb, job["tile"], job["b"]
         qt, k0 = tile["qt"], job["blocks"][0][0]
         total = sub(self.rt_sum.next(), qt, width)
@@ -381,6 +385,11 @@ class _Flash:
                         moving=self._bias(tile["q0"], qt, bk0, bkn), accumulate=True)
         if self.runtime:                # S += I @ (runtime mask bias + bias)
             total = self._runtime_bias(job, width)
+            self.rt_jobs += 1
+            if self.rt_jobs % VECTOR_EVERY == 0:        # balance TensorE / VectorE
+                kb.emit(isa.TensorTensor, dst=s, data1=s, data2=total, op="add")
+                job["s"], job["width"] = s, width
+                return
             for bk0, bkn, _ in job["blocks"]:
                 kb.emit(isa.NcMatmul, dst=sub(s, qt, bkn, at=bk0 - k0),
                         stationary=sub(self._identity(), qt, qt),
