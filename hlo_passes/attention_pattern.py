@@ -1,50 +1,79 @@
-"""The attention pattern `softmax(mask(q @ k^T * scale)) @ v`: what the attention-fusion
-pass (passes/attention_fusion.py) finds and replaces by one `fusion` op of kind
-"attention", so the backend can run it flash-attention style (the [Sq, Sk] scores never
-leave the chip).
+"""The attention pattern `softmax(mask(q @ k^T * scale + bias)) @ v`, as libraries write
+it: what the attention-fusion pass (passes/attention_fusion.py) finds and replaces by
+one `fusion` op of kind "attention", so the backend runs it flash-attention style (the
+[Sq, Sk] scores never leave the chip).
 
-The pattern, as `jax.nn.softmax` and einsum lower it (names are the values):
+The pattern (names are the values; "views" are converts, transposes and reshapes of
+unit dims, anywhere between the dots; labels follow the dims, attention_layout.py):
 
-    s  = dot_general(q, k)        batch dims leading, contracting the last of both
-    z  = s * broadcast(c)         optional, c a splat constant (the scale)
-    y  = select(broadcast(mask), z, broadcast(-inf))     optional
-    x  = convert(y)               optional (softmax in float32)
-    m  = reduce_max(x, last dim, init -inf) [then maximum(-inf, m)]
-    e  = exponential(x - broadcast(m))
-    l  = reduce_add(e, last dim, init 0)
+    s  = dot_general(q', k')      any batch / free dim order, either operand first
+         q', k' = q, k through reshapes / transposes and a splat scale (read in place)
+    z  = s * c, s / c             optional, c a splat constant (sqrt(d) folds)
+    z  = z + bias                 optional, a broadcast of a runtime value
+    y  = select(mask, z, fill)    optional; fill -inf or a large negative finite
+                                  (<= FILL_LIMIT), mask boolean (iotas fold, inputs stay)
+    m  = reduce_max(y, key dim) [then maximum(-inf, m)]
+    e  = exponential(y - broadcast(m))
+    l  = reduce_add(e or convert(e), key dim)
     p  = e / broadcast(l)
-    p' = convert(p)               optional
-    o  = dot_general(p', v)       same batch dims, contracting Sk (v's second last)
+    o  = dot_general(p, v) or dot_general(v, p), contracting the key dim
+    out = o through transposes / reshapes (written in place)
 
-Every intermediate value must be used only inside the pattern. A mask computed from
-iotas and constants only (jnp.tril, causal masks) is evaluated here, at compile time,
-and becomes a `constant` operand: the backend then knows which tiles are fully masked.
-The region holds the original ops (cloned), so a backend that cannot run it as
-attention lowers them one by one.
+Every intermediate value must be used only inside the pattern. The match records the
+canonical axes (batch, GQA groups, Sq, Sk, D, Dv) with the strides of every operand,
+so the kernel reads q / k / v and writes the result in the program's layout. A mask
+computed from iotas and constants only (jnp.tril, causal masks) is evaluated at compile
+time by `fold` (the backend then skips fully masked tiles). The region holds the
+original ops (cloned): a backend that cannot run it as attention lowers them one by one.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from hlo_passes import ir
+from hlo_passes import attention_axes as axes
+from hlo_passes import attention_layout as lay
+from hlo_passes.attention_fold import FOLDABLE, fold, splat  # noqa: F401 (API)
+from hlo_passes.attention_layout import NoMatch as _NoMatch
 
 SHAREABLE = frozenset({"broadcast_in_dim", "reshape", "convert", "constant"})
-FOLD_LIMIT = 1 << 24        # elements of a mask evaluated at compile time
-_FOLDABLE = frozenset({"constant", "iota", "broadcast_in_dim", "add", "subtract",
-                       "multiply", "compare", "select", "and", "or", "not", "convert",
-                       "maximum", "minimum"})
+FILL_LIMIT = -1e6           # a finite fill must be this negative: exp(fill - max) == 0
 
 
 class Match:
-    """One attention pattern: its ops, operands and what the backend needs."""
+    """One attention pattern: its ops, operands and what the backend needs.
+
+    The stable API (the backward pass builds on it):
+        out     the op whose result the fusion replaces (p @ v, or the last transpose /
+                reshape after it)
+        ops     every op of the pattern (cloned into the fusion's region)
+        q, k, v the fusion's inputs (before the views / scale that led to the dots)
+        mask    the boolean predicate before its broadcasts, or None
+        scale   the scores' scale (1.0 if none; a scale of q or k included)
+    and, since layouts are free (issue 15):
+        qk, pv  the two dots; probs the softmax's divide
+        fill    what masked scores become: -inf or a finite value <= FILL_LIMIT
+        bias    an additive bias before its broadcasts, or None
+        axes    [(role, size, {operand: stride})], role in attention_layout.ROLES,
+                operands in attention_layout.OPERANDS (attention_axes.py)
+        mask_labels, bias_labels   labels of the mask / bias dims (None: broadcast)
+    """
 
     def __init__(self, out: ir.Op):
-        self.out = out
+        self.out = self.pv = out
+        self.qk: ir.Op | None = None
+        self.probs: ir.Op | None = None         # p = e / l: its operands are score-shaped
         self.ops: list[ir.Op] = [out]
         self.q = self.k = self.v = None
-        self.mask: ir.Value | None = None       # the un-broadcast [Sq, Sk] predicate
+        self.mask: ir.Value | None = None
+        self.mask_labels: list = []
         self.mask_value: np.ndarray | None = None
+        self.bias: ir.Value | None = None
+        self.bias_labels: list = []
+        self.fill = -np.inf
         self.scale = 1.0
+        self.axes: list = []
+        self.axis_labels: list = []             # the labels of `axes`
         self.shared: set[ir.Op] = set()         # views also used outside: cloned, kept
 
     def take(self, op: ir.Op | None, kind: str) -> ir.Op:
@@ -53,162 +82,245 @@ class Match:
         self.ops.append(op)
         return op
 
+    def snapshot(self) -> dict:
+        return {**self.__dict__, "ops": list(self.ops)}
 
-class _NoMatch(Exception):
-    pass
+    def restore(self, state: dict) -> None:
+        self.__dict__.update(state)
 
 
-def find(block: ir.Block, producer: dict, users: dict) -> list[Match]:
+def find(block: ir.Block, producer: dict, users: dict,
+         near: list | None = None) -> list[Match]:
     """The attention patterns of `block`, last first, sharing no ops but views of
-    constants / the mask (each region clones those; dead originals go to DCE)."""
+    constants / the mask (each region clones those; dead originals go to DCE).
+    `near` (optional) gets (p @ v dot, reason) for each near miss: a softmax(...) @ v
+    that does not fit the pattern."""
     found, used = [], set()
     for op in reversed(block.ops):
         if op.kind != "dot_general" or op in used:
             continue
         try:
-            m = _match(op, producer)
-        except _NoMatch:
+            m = _match(op, producer, users)
+        except _NoMatch as e:
+            if near is not None and getattr(e, "close", False):
+                near.append((op, str(e)))
             continue
         inner = set(m.ops)
         if any(op.kind not in SHAREABLE for op in inner & used) or \
                 not _closed(m, inner, users):
+            if near is not None:
+                near.append((op, "a value inside the pattern is also used outside it"))
             continue
         used |= inner
         found.append(m)
     return found
 
 
-def _match(out: ir.Op, producer: dict) -> Match:
-    m = Match(out)
-    prod = lambda v: producer.get(v)  # noqa: E731
-    p, m.v = out.operands
-    _check_pv(out)
-    p_op = prod(p)
-    if p_op is not None and p_op.kind == "convert":
-        p = m.take(p_op, "convert").operands[0]
-    div = m.take(prod(p), "divide")
-    e, lb = div.operands
-    l_red = m.take(prod(_unbroadcast(m, lb, producer)), "reduce")
-    summed = l_red.operands[0]
-    if summed is not e and prod(summed) is not None and prod(summed).kind == "convert":
-        summed = m.take(prod(summed), "convert").operands[0]     # a bf16 softmax sums in f32
-    _check_reduce(l_red, e, "add", 0.0, producer, summed)
-    exp = m.take(prod(e), "exponential")
-    sub = m.take(prod(exp.operands[0]), "subtract")
-    x, mb = sub.operands
-    mv = _unbroadcast(m, mb, producer)
-    mop = prod(mv)
-    if mop is not None and mop.kind == "maximum":
-        a, b = mop.operands
-        if _splat(prod(_unbroadcast(m, a, producer, record=False)), producer) == -np.inf:
-            m.take(mop, "maximum")
-            _unbroadcast(m, a, producer)
-            mv = b
-        elif _splat(prod(_unbroadcast(m, b, producer, record=False)), producer) == -np.inf:
-            m.take(mop, "maximum")
-            _unbroadcast(m, b, producer)
-            mv = a
-    _check_reduce(m.take(prod(mv), "reduce"), x, "maximum", -np.inf, producer)
-    y = x
-    if prod(y) is not None and prod(y).kind == "convert":
-        y = m.take(prod(y), "convert").operands[0]
-    z = y
-    if prod(z) is not None and prod(z).kind == "select":
-        sel = m.take(prod(z), "select")
-        pred, z, neg = sel.operands
-        if _splat(prod(_unbroadcast(m, neg, producer)), producer) != -np.inf:
-            raise _NoMatch("the select's other branch is not -inf")
-        m.mask = _unbroadcast(m, pred, producer)
-        _check_mask(m.mask, x.shape)
-    if prod(z) is not None and prod(z).kind == "multiply":
-        mul = m.take(prod(z), "multiply")
-        a, b = mul.operands
-        for s, other in ((b, a), (a, b)):
-            c = _splat(prod(_unbroadcast(m, s, producer, record=False)), producer)
-            if c is not None:
-                _unbroadcast(m, s, producer)
-                m.scale, z = float(c), other
-                break
-        else:
-            raise _NoMatch("the scale is not a splat constant")
-    qk = m.take(prod(z), "dot_general")
-    m.q, m.k = qk.operands
-    _check_qk(qk, m)
-    if m.scale <= 0:
-        raise _NoMatch("a non-positive scale")
+def _match(pv: ir.Op, producer: dict, users: dict) -> Match:
+    """`pv` as the p @ v dot of a pattern, p either operand."""
+    errors = []
+    for pi in (0, 1):
+        try:
+            return _match_as(pv, pi, producer, users)
+        except _NoMatch as e:
+            errors.append(e)
+    close = [e for e in errors if getattr(e, "close", False)]
+    raise (close or errors)[0]
+
+
+def _match_as(pv: ir.Op, pi: int, producer: dict, users: dict) -> Match:
+    """`pv` with p its operand `pi`: labels p's dims, walks back through the softmax
+    and the scores to q @ k^T, then lays out the axes (attention_axes.py)."""
+    m = Match(pv)
+    p = pv.operands[pi]
+    sides = ("lhs", "rhs") if pi == 0 else ("rhs", "lhs")
+    pb, pc = _dims(pv, f"{sides[0]}_batching_dimensions"), \
+        _dims(pv, f"{sides[0]}_contracting_dimensions")
+    if len(pc) != 1 or len(_dims(pv, f"{sides[1]}_contracting_dimensions")) != 1:
+        raise _NoMatch("p @ v contracts more than the key dim")
+    labels = [None if n == 1 else ("f", d) for d, n in enumerate(p.shape)]
+    for j, d in enumerate(pb):
+        labels[d] = ("b", j) if p.shape[d] != 1 else None
+    labels[pc[0]] = "sk"
+    x, lx = _softmax(m, p, labels, producer)
+    try:                                # a softmax @ v: a miss from here on is close
+        qk, lqk = _scores(m, x, lx, producer, frozenset())
+        m.qk = qk
+        axes.build(m, qk, lqk, pi, producer, users)
+        if m.scale <= 0:
+            raise _NoMatch("a non-positive scale")
+    except _NoMatch as e:
+        e.close = True
+        raise
     return m
 
 
-def _unbroadcast(m: Match, v: ir.Value, producer: dict, record: bool = True) -> ir.Value:
-    """`v` before any broadcast_in_dim / reshape / convert (the ops recorded)."""
+def _score_views(m: Match, v: ir.Value, labels: list, producer: dict):
+    """`v` and its labels before converts / transposes / unit reshapes (recorded)."""
     op = producer.get(v)
-    while op is not None and op.kind in ("broadcast_in_dim", "reshape", "convert"):
-        if record:
-            m.ops.append(op)
+    while op is not None and op.kind in ("convert", "transpose", "reshape"):
+        labels = lay.view_back(op, labels)
+        m.ops.append(op)
         v = op.operands[0]
         op = producer.get(v)
-    return v
+    return v, labels
 
 
-def _splat(op: ir.Op | None, producer: dict):
-    """The value of a splat constant (through converts), else None."""
-    while op is not None and op.kind == "convert":
-        op = producer.get(op.operands[0])
-    if op is None or op.kind != "constant":
-        return None
-    value = np.asarray(op.attrs.get("value"))
-    if value.size == 0 or not np.all(value == value.reshape(-1)[0]):
-        return None
-    return float(value.reshape(-1)[0])
+def _softmax(m: Match, p: ir.Value, labels: list, producer: dict):
+    """(x, labels): p = softmax(x) over the key dim."""
+    p, labels = _score_views(m, p, labels, producer)
+    div = m.probs = m.take(producer.get(p), "divide")
+    e, lb = div.operands
+    _reduced(m, lb, e, labels, "add", 0.0, producer)
+    exp = m.take(producer.get(e), "exponential")
+    sub = m.take(producer.get(exp.operands[0]), "subtract")
+    x, mb = sub.operands
+    _reduced(m, mb, x, labels, "maximum", -np.inf, producer)
+    return x, labels
 
 
-def _check_reduce(op: ir.Op, src: ir.Value, combiner: str, init: float, producer: dict,
-                  through: ir.Value | None = None) -> None:
-    if len(op.operands) != 2 or (through or op.operands[0]) is not src:
-        raise _NoMatch("reduce of another value")
-    if tuple(op.attrs.get("dimensions", ())) != (src.type.rank - 1,):
-        raise _NoMatch("reduce over other dims")
-    body = op.regions[0].block.ops if op.regions else []
-    if not body or body[0].kind != combiner:
-        raise _NoMatch(f"reduce is not {combiner}")
-    if _splat(producer.get(op.operands[1]), producer) != init:
-        raise _NoMatch("reduce init")
+def _reduced(m: Match, v: ir.Value, elem: ir.Value, labels: list, combiner: str,
+             init: float, producer: dict) -> ir.Op:
+    """The reduce (over the key dim) of `elem` (labels `labels`), or of a view of it,
+    whose result `v` broadcasts back to `labels`."""
+    root, rl, ops = lay.side_root(v, labels, producer)
+    m.ops.extend(ops)
+    op = producer.get(root)
+    if combiner == "maximum" and op is not None and op.kind == "maximum":
+        for a, b in (op.operands, op.operands[::-1]):
+            if splat(a, producer, m) == -np.inf:
+                m.ops.append(op)
+                root, rl, ops = lay.side_root(b, rl, producer)
+                m.ops.extend(ops)
+                op = producer.get(root)
+                break
+    red = m.take(op, "reduce")
+    dims = tuple(red.attrs.get("dimensions", ()))
+    body = red.regions[0].block.ops if red.regions else []
+    if len(red.operands) != 2 or len(dims) != 1 or not body or body[0].kind != combiner:
+        raise _NoMatch(f"not a reduce_{combiner} over one dim")
+    src = _source_labels(m, red.operands[0], elem, labels, producer)
+    if src[dims[0]] != "sk" or splat(red.operands[1], producer) != init:
+        raise _NoMatch(f"reduce_{combiner} over another dim or from another init")
+    kept = [lab for i, lab in enumerate(src) if i != dims[0]]
+    if any(r != k and n != 1 for r, k, n in zip(rl, kept, root.shape)):
+        raise _NoMatch("the reduction broadcasts back along other dims")
+    return red
+
+
+def _source_labels(m: Match, src: ir.Value, elem: ir.Value, labels: list,
+                   producer: dict) -> list:
+    """The labels of a reduce's operand `src`: `elem` itself, a view `elem` was made
+    from (XLA reduces before a transpose), or convert(elem) (a bf16 softmax sums in f32)."""
+    v, lab = elem, labels
+    while v is not src:
+        op = producer.get(v)
+        if op is None or op.kind not in ("convert", "transpose", "reshape"):
+            break
+        lab, v = lay.view_back(op, lab), op.operands[0]
+    if v is src:
+        return lab
+    op = producer.get(src)
+    if op is not None and op.kind == "convert" and op.operands[0] is elem:
+        m.ops.append(op)
+        return labels
+    raise _NoMatch("the reduce is of another value")
+
+
+def _scores(m: Match, x: ir.Value, labels: list, producer: dict, seen: frozenset):
+    """(q @ k^T dot, its labels), recording scale, bias and mask on the way back."""
+    x, labels = _score_views(m, x, labels, producer)
+    op = producer.get(x)
+    kind = op.kind if op is not None else None
+    if kind == "dot_general":
+        m.ops.append(op)
+        return op, labels
+    if kind == "select" and "mask" not in seen:
+        return _select(m, op, labels, producer, seen)
+    if kind in ("multiply", "divide") and "scale" not in seen:
+        a, b = op.operands
+        for c, z in ((b, a), (a, b))[:1 + (kind == "multiply")]:
+            value = splat(c, producer, m)
+            if value is not None:
+                m.ops.append(op)
+                m.scale *= value if kind == "multiply" else 1.0 / value
+                return _scores(m, z, labels, producer, seen | {"scale"})
+        raise _NoMatch("the scale is not a splat constant")
+    if kind == "add" and "bias" not in seen:
+        return _add(m, op, labels, producer, seen)
+    raise _NoMatch(f"{kind or 'an argument'} before the softmax")
+
+
+def _select(m: Match, op: ir.Op, labels: list, producer: dict, seen: frozenset):
+    pred, z, fill = op.operands
+    value = splat(fill, producer, m)
+    if value is None or value > FILL_LIMIT:
+        raise _NoMatch("the mask's fill is not -inf or a large negative constant")
+    if "bias" in seen and value != -np.inf:
+        raise _NoMatch("a bias added after a finite mask fill")
+    m.ops.append(op)
+    m.fill = value * m.scale if "scale" in seen else value
+    m.mask, m.mask_labels = _mask_root(m, pred, labels, producer)
+    if m.mask.dtype != "bool":
+        raise _NoMatch("a mask that is not boolean")
+    return _scores(m, z, labels, producer, seen | {"mask"})
+
+
+def _mask_root(m: Match, pred: ir.Value, labels: list, producer: dict):
+    """The predicate before its broadcasts and `and`s with all-true constants (as
+    jax.nn.dot_product_attention combines a mask= with its default one)."""
+    while True:
+        root, labels, ops = lay.side_root(pred, labels, producer)
+        m.ops.extend(ops)
+        op = producer.get(root)
+        if op is not None and _bool_roundtrip(op, producer):
+            m.ops.append(op)
+            splat(op.operands[1], producer, m)
+            pred = producer[op.operands[0]].operands[0]
+            m.ops.append(producer[op.operands[0]])
+            continue
+        if op is None or op.kind != "and":
+            return root, labels
+        a, b = op.operands
+        if splat(a, producer) == 1.0:
+            pred = b
+        elif splat(b, producer) == 1.0:
+            pred = a
+        else:
+            return root, labels
+        m.ops.append(op)
+        splat(a if pred is b else b, producer, m)
+
+
+def _bool_roundtrip(op: ir.Op, producer: dict) -> bool:
+    """compare(convert(b), 0, NE) of a boolean b (flax's masks go through floats)."""
+    if op.kind != "compare" or op.attrs.get("comparison_direction") != "NE":
+        return False
+    conv = producer.get(op.operands[0])
+    return conv is not None and conv.kind == "convert" and \
+        conv.operands[0].dtype == "bool" and splat(op.operands[1], producer) == 0.0
+
+
+def _add(m: Match, op: ir.Op, labels: list, producer: dict, seen: frozenset):
+    """An additive bias: either operand may be the scores."""
+    if "scale" in seen:
+        raise _NoMatch("a bias under the scale")
+    m.ops.append(op)
+    error = None
+    for zi in (0, 1):
+        state = m.snapshot()
+        try:
+            m.bias, m.bias_labels, ops = lay.side_root(op.operands[1 - zi], labels, producer)
+            m.ops.extend(ops)
+            return _scores(m, op.operands[zi], labels, producer, seen | {"bias"})
+        except _NoMatch as e:
+            m.restore(state)
+            error = error or e
+    raise error
 
 
 def _dims(op: ir.Op, name: str) -> tuple[int, ...]:
     return tuple(op.attrs.get(name, ()))
-
-
-def _check_qk(op: ir.Op, m: Match) -> None:
-    q, k = op.operands
-    nb = q.type.rank - 2
-    if nb < 0 or k.type.rank != q.type.rank:
-        raise _NoMatch("q, k ranks")
-    batch = tuple(range(nb))
-    if (_dims(op, "lhs_batching_dimensions"), _dims(op, "rhs_batching_dimensions")) != \
-            (batch, batch) or _dims(op, "lhs_contracting_dimensions") != (nb + 1,) or \
-            _dims(op, "rhs_contracting_dimensions") != (nb + 1,):
-        raise _NoMatch("q @ k^T dimension numbers")
-    if m.v.type.shape[:nb] != q.type.shape[:nb] or m.v.type.shape[nb] != k.type.shape[nb]:
-        raise _NoMatch("v does not match k")
-
-
-def _check_pv(op: ir.Op) -> None:
-    p, v = op.operands
-    nb = p.type.rank - 2
-    batch = tuple(range(nb))
-    if nb < 0 or v.type.rank != p.type.rank or \
-            (_dims(op, "lhs_batching_dimensions"), _dims(op, "rhs_batching_dimensions")) != \
-            (batch, batch) or _dims(op, "lhs_contracting_dimensions") != (nb + 1,) or \
-            _dims(op, "rhs_contracting_dimensions") != (nb,):
-        raise _NoMatch("p @ v dimension numbers")
-
-
-def _check_mask(mask: ir.Value, shape: tuple[int, ...]) -> None:
-    """The predicate broadcast along the batch dims only: [..., Sq, Sk] trailing."""
-    if mask.dtype != "bool" or mask.shape[-2:] != shape[-2:] or \
-            any(d != 1 for d in mask.shape[:-2]):
-        raise _NoMatch("mask shape")
 
 
 def _closed(m: Match, inner: set, users: dict) -> bool:
@@ -224,58 +336,3 @@ def _closed(m: Match, inner: set, users: dict) -> bool:
                     return False
                 m.shared.add(op)
     return True
-
-
-# --- compile-time masks ------------------------------------------------------------------
-
-def fold(v: ir.Value, producer: dict) -> np.ndarray | None:
-    """The value of `v` if it is computed from iotas and constants only (small enough)."""
-    if v.type.size > FOLD_LIMIT:
-        return None
-    memo: dict = {}
-    try:
-        return _eval(v, producer, memo)
-    except _NoMatch:
-        return None
-
-
-def _eval(v: ir.Value, producer: dict, memo: dict) -> np.ndarray:
-    if v in memo:
-        return memo[v]
-    op = producer.get(v)
-    if op is None or op.kind not in _FOLDABLE:
-        raise _NoMatch("not foldable")
-    args = [_eval(a, producer, memo) for a in op.operands]
-    memo[v] = out = _apply(op, args).astype(ir.np_dtype(v.dtype)).reshape(v.shape)
-    return out
-
-
-def _apply(op: ir.Op, args: list[np.ndarray]) -> np.ndarray:
-    shape = op.results[0].shape
-    k = op.kind
-    if k == "constant":
-        return np.broadcast_to(np.asarray(op.attrs["value"]), shape)
-    if k == "iota":
-        dim = op.attrs["iota_dimension"]
-        return np.broadcast_to(np.arange(shape[dim]).reshape(
-            [-1 if i == dim else 1 for i in range(len(shape))]), shape)
-    if k == "broadcast_in_dim":
-        x, dims = args[0], op.attrs["broadcast_dimensions"]
-        view = [1] * len(shape)
-        for i, d in enumerate(dims):
-            view[d] = x.shape[i]
-        return np.broadcast_to(x.reshape(view), shape)
-    if k == "compare":
-        fn = {"EQ": np.equal, "NE": np.not_equal, "LT": np.less, "LE": np.less_equal,
-              "GT": np.greater, "GE": np.greater_equal}[op.attrs["comparison_direction"]]
-        return fn(*args)
-    if k == "select":
-        return np.where(*args)
-    if k == "convert":
-        return args[0]
-    fn = {"add": np.add, "subtract": np.subtract, "multiply": np.multiply,
-          "and": np.logical_and, "or": np.logical_or, "not": np.logical_not,
-          "maximum": np.maximum, "minimum": np.minimum}[k]
-    if k in ("and", "or", "not") and args[0].dtype != bool:
-        raise _NoMatch("bitwise integer ops")
-    return fn(*args)

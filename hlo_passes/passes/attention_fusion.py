@@ -2,11 +2,19 @@
 one `fusion` op of kind "attention":
 
     %mask = constant(...)                # when the mask folds at compile time
-    %o = fusion(%q, %k, %v[, %mask]) {fusion_kind="attention", attention_scale=0.125,
-                                      attention_mask=True, decisions=("attention: ...",)}
-      ^bb(%a0, %a1, %a2[, %a3]):         # the pattern's ops, cloned; constants cloned in
+    %o = fusion(%q, %k, %v[, %mask][, %bias]) {fusion_kind="attention",
+            attention_scale=0.125, attention_mask=True, attention_bias=False,
+            attention_fill=-inf, attention_layout=(("batch", 8, (strides...)), ...),
+            decisions=("attention: ...",)}
+      ^bb(%a0, %a1, %a2[, %a3][, %a4]):  # the pattern's ops, cloned; constants cloned in
         ...
         return(%out)
+
+q, k, v are the values before the views that led to the dots (read in place), %o the
+value after those that follow p @ v; `attention_layout` gives the canonical axes and
+each operand's strides (attention_layout.layout). A folded mask that does not vary
+along the batch / group axes is stored with those dims of size 1 (the region
+broadcasts it back).
 
 `FusionPolicy.attention(...)` decides (hlo_passes/fusion_policy.py; `attention=False`
 forbids them all). Runs before the fusion pass, which then never sees the pattern's ops.
@@ -17,6 +25,9 @@ removes them); those of removed values go with the pattern.
 """
 from __future__ import annotations
 
+import numpy as np
+
+from hlo_passes import attention_layout as layout
 from hlo_passes import attention_pattern as pattern
 from hlo_passes import ir
 from hlo_passes.fusion_policy import FusionDecision, FusionPolicy
@@ -50,15 +61,27 @@ def _fuse_block(block: ir.Block, policy: FusionPolicy) -> bool:
     graph = BlockGraph(block)
     replaced: dict[ir.Op, list[ir.Op]] = {}     # pattern output -> [mask constant,] fusion
     members: set[ir.Op] = set()                 # ops that go with their pattern
-    for m in pattern.find(block, graph.producer, graph.users):
-        mask_value = pattern.fold(m.mask, graph.producer) if m.mask is not None else None
-        decision = policy.attention(m.out, m.scale, m.mask is not None, mask_value)
+    near: list = []
+    for m in pattern.find(block, graph.producer, graph.users, near):
+        mask_value = _folded_mask(m, graph.producer)
+        # the policy names the scores by the shape of `out`'s first operand: p's
+        decision = policy.attention(m.probs, m.scale, m.mask is not None, mask_value)
         if decision.ok:
             replaced[m.out] = _attention_op(m, mask_value, decision, graph)
             members.update(op for op in m.ops if op.kind not in pattern.SHAREABLE)
+        else:
+            near.append((m.pv, decision.reason))
+    for dot, reason in near:
+        _record(dot, reason)
     if replaced:
         _rewrite(block, replaced, members)
     return bool(replaced)
+
+
+def _record(dot: ir.Op, reason: str) -> None:
+    """A near miss's reason on its p @ v dot (`decisions`, as fusions carry them): the
+    dot's kernel notes show it (lower/dot.py), so the profiler does."""
+    dot.attrs["decisions"] = (f"attention: not fused: {reason}",)
 
 
 def _rewrite(block: ir.Block, replaced: dict[ir.Op, list[ir.Op]],
@@ -95,10 +118,19 @@ def _attention_op(m: pattern.Match, mask_value, decision: FusionDecision,
     inputs are q, k, v [and the mask]; constants it uses are cloned in."""
     pre, inputs = _inputs(m, mask_value)
     vmap = {v: ir.Value(v.type) for v in inputs}
-    if m.mask is not None:
-        vmap[m.mask] = vmap[inputs[-1]]
-    inside = {v for op in m.ops for v in op.results}
     body: list[ir.Op] = []
+    if m.bias is not None:
+        vmap[m.bias] = vmap[inputs[-1]]
+    if m.mask is not None:
+        mask_arg = vmap[inputs[3]]
+        if mask_arg.type != m.mask.type:
+            bcast = ir.Op("broadcast_in_dim", [mask_arg], [ir.Value(m.mask.type)],
+                          {"broadcast_dimensions": tuple(range(m.mask.type.rank))},
+                          loc=m.out.loc)
+            body.append(bcast)
+            mask_arg = bcast.result
+        vmap[m.mask] = mask_arg
+    inside = {v for op in m.ops for v in op.results}
     for op in sorted(set(m.ops), key=lambda o: graph.index[o]):
         for v in free_values(op, inside):
             _clone_constant(v, graph, vmap, body)
@@ -106,24 +138,59 @@ def _attention_op(m: pattern.Match, mask_value, decision: FusionDecision,
     body.append(ir.Op("return", [vmap[m.out.result]], [], loc=m.out.loc))
     args = [vmap[v] for v in inputs]
     attrs = {"fusion_kind": "attention", "decisions": (decision.reason,),
-             "attention_scale": m.scale, "attention_mask": m.mask is not None}
+             "attention_scale": m.scale, "attention_mask": m.mask is not None,
+             "attention_bias": m.bias is not None, "attention_fill": float(m.fill),
+             "attention_layout": _layout(m, inputs)}
     fusion = ir.Op("fusion", inputs, [ir.Value(m.out.result.type)], attrs,
                    [ir.Region([ir.Block(args, body)])], loc=m.out.loc, name=m.out.name)
     return pre + [fusion]
 
 
 def _inputs(m: pattern.Match, mask_value) -> tuple[list[ir.Op], list[ir.Value]]:
-    """([the folded mask's constant op], [q, k, v, mask]) of the fusion."""
+    """([the folded mask's constant op], [q, k, v, mask, bias]) of the fusion."""
     pre, inputs = [], [m.q, m.k, m.v]
+    if m.mask is not None:
+        mask = m.mask
+        if mask_value is not None:
+            mtype = ir.TensorType(tuple(mask_value.shape), "bool")
+            const = ir.Op("constant", [], [ir.Value(mtype)], {"value": mask_value},
+                          loc=m.out.loc, name=m.out.name)
+            pre.append(const)
+            mask = const.result
+        inputs.append(mask)
+    if m.bias is not None:
+        inputs.append(m.bias)
+    return pre, inputs
+
+
+def _folded_mask(m: pattern.Match, producer: dict):
+    """The mask's value if it folds, without the batch / group dims it does not vary
+    along (kept as size 1), else None."""
     if m.mask is None:
-        return pre, inputs
-    mask = m.mask
-    if mask_value is not None:
-        const = ir.Op("constant", [], [ir.Value(m.mask.type)], {"value": mask_value},
-                      loc=m.out.loc, name=m.out.name)
-        pre.append(const)
-        mask = const.result
-    return pre, inputs + [mask]
+        return None
+    value = pattern.fold(m.mask, producer)
+    if value is None:
+        return None
+    roles = dict(zip(m.axis_labels, (role for role, _, _ in m.axes)))
+    for i, lab in enumerate(m.mask_labels):
+        first = value.take([0], axis=i)
+        if roles.get(lab) in ("batch", "group") and (value == first).all():
+            value = first
+    return np.ascontiguousarray(value)
+
+
+def _layout(m: pattern.Match, inputs: list[ir.Value]) -> tuple:
+    """The `attention_layout` attribute, the mask's strides those of the operand."""
+    axes = [(role, size, dict(s)) for role, size, s in m.axes]
+    if m.mask is not None:
+        shape = inputs[3].type.shape
+        strides = dict(zip(m.mask_labels, layout.row_major(shape)))
+        sizes = dict(zip(m.mask_labels, shape))
+        for (_, _, s), lab in zip(axes, m.axis_labels):
+            s.pop("mask", None)
+            if sizes.get(lab, 1) != 1:
+                s["mask"] = strides[lab]
+    return layout.layout(axes)
 
 
 def _clone_constant(v: ir.Value, graph: BlockGraph, vmap: dict, body: list) -> None:
@@ -131,7 +198,7 @@ def _clone_constant(v: ir.Value, graph: BlockGraph, vmap: dict, body: list) -> N
     if v in vmap:
         return
     op = graph.producer.get(v)
-    if op is None or op.kind not in ("constant", "convert", "broadcast_in_dim"):
+    if op is None or op.kind not in pattern.FOLDABLE or op.regions:
         raise AssertionError(f"attention region uses %{v.name}, not a constant")
     for u in op.operands:
         _clone_constant(u, graph, vmap, body)

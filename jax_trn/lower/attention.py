@@ -27,12 +27,30 @@ TensorE computes scores two chunks ahead while VectorE / ScalarE run the softmax
 and the PSUM accumulators are double-buffered. (Other orders measured slower: the
 copies of n+1 before the softmax of n+2 delay the next row max.)
 
+Layouts: q, k, v and the result stay in the program's layout ([B, S, N, H] as
+jax.nn.dot_product_attention has them, or anything else with the head dim contiguous);
+the fusion's `attention_layout` (hlo_passes/attention_layout.py) gives each operand's
+strides for the batch axes, the GQA group axes, Sq, Sk, D and Dv, and every DMA reads
+rows with those strides. K^T and V are loaded once per batch index and reused by every
+group (GQA / MQA: the q heads that share a k / v head).
+
+Masks and biases: a compile-time mask that does not vary along batch / group axes skips
+its fully masked blocks; its partially masked blocks get the cached additive bias above.
+A runtime mask (an input of the program: padding) or an additive bias is read per
+chunk (the mask's rows of a q-tile once, as bool), turned into an additive bias on
+GpSimd, and added to S by one identity matmul per block (TensorE) or, one chunk in
+VECTOR_EVERY, on VectorE (the two engines balanced).
+
 Numerics: FP32 scores and softmax, P rounded to the dtype of the p @ v operand (as the
 program does), FP32 accumulation; unlike the unfused program the scores are not
 rounded to bf16 before the softmax (more precise). Masked entries get -3e38 instead of
--inf (exp gives 0 either way); a q row with no unmasked key, a non-constant mask,
-non-16-bit q/k/v or D > 128 / Dv > 512 raise Unsupported: the region's ops then run
-one by one.
+the program's fill (exp gives 0 either way): with a finite fill (-1e9, finfo.min,
+-0.7 * finfo.max) a q row with no unmasked key has all its scores equal, so its
+softmax is uniform over every key, as XLA computes it (such q-tiles skip no block).
+With a -inf fill XLA gives NaN for such a row: a compile-time mask with one raises
+Unsupported, a runtime one gets NaN rows (one extra check per q-tile). Non-16-bit
+q/k/v, a head dim that is not contiguous, or D > 128 / Dv > 512 raise Unsupported: the
+region's ops then run one by one.
 """
 from __future__ import annotations
 
@@ -44,6 +62,7 @@ import numpy as np
 from jax_trn.hw import isa
 from jax_trn.hw.program import DramTensor
 
+from .attention_layout import Axes, heads_per_dma, unit_blocks
 from .builder import Ring, sub
 from .layout import tiles
 from .registry import LowerCtx
@@ -53,26 +72,38 @@ CHUNK_BANKS = 2         # keys per softmax chunk: two PSUM banks of FP32 (§3.2)
                         # score matmul per bank (512 keys, §2.2)
 NEG = -3.0e38           # additive bias of a masked score
 BIAS_CACHE = 16         # distinct partially-masked blocks kept as bias tiles
+VECTOR_EVERY = 4
+HEADS_BYTES = 32 * 1024         # SBUF per partition for V / results of adjacent heads
+MASK_ROWS_BYTES = 48 * 1024     # a runtime mask's rows kept in SBUF per partition
 
 
-def lower_attention(ctx: LowerCtx, ins: list[DramTensor], scale: float,
-                    masked: bool) -> None:
+def lower_attention(ctx: LowerCtx, ins: list[DramTensor], scale: float, masked: bool,
+                    bias: bool = False, fill: float = -np.inf,
+                    layout: tuple | None = None) -> None:
     q, k, v = ins[:3]
-    mask = _mask(ctx, ins[3]) if masked else None
-    _check(ctx, q, k, v)
+    axes = Axes(layout) if layout is not None else Axes.canonical(q, k, v)
+    mask = _mask(ctx, ins[3], axes) if masked else None
+    extra = {"bias": ins[3 + masked] if bias else None,
+             "mask": ins[3] if masked and mask is None else None}
+    _check(ctx, q, k, v, axes)
     ctx.kb.notes.append("attention: flash-attention kernel (attention.py)")
-    _Flash(ctx, q, k, v, ctx.outs[0], scale, mask).run()
+    _Flash(ctx, (q, k, v), ctx.outs[0], scale, mask, axes, extra, fill).run()
 
 
-def _mask(ctx: LowerCtx, t: DramTensor) -> tuple[DramTensor, np.ndarray]:
+def _mask(ctx: LowerCtx, t: DramTensor, axes: Axes) -> tuple | None:
+    """(tensor, [Sq, Sk] bool array) of a compile-time mask the same for every batch /
+    group index, else None (read at run time)."""
     value = ctx.constant(t)
-    if value is None:
-        raise Unsupported("attention with a mask computed at run time")
-    return t, np.asarray(value, bool).reshape(value.shape[-2:])
+    if value is None or any(s[4] for _, s in axes.batch + axes.group):
+        return None
+    flat = np.ascontiguousarray(value, bool).reshape(-1)
+    rows, cols = axes.sq[1][4], axes.sk[1][4]
+    grid = np.arange(axes.sq[0])[:, None] * rows + np.arange(axes.sk[0])[None, :] * cols
+    return t, flat[grid]
 
 
-def _check(ctx: LowerCtx, q: DramTensor, k: DramTensor, v: DramTensor) -> None:
-    d, dv = q.shape[-1], v.shape[-1]
+def _check(ctx: LowerCtx, q: DramTensor, k: DramTensor, v: DramTensor, axes) -> None:
+    d, dv = axes.d[0], axes.dv[0]
     pmax, bank = ctx.target.partitions, ctx.target.psum_bank_fp32
     if not (q.dtype == k.dtype == v.dtype and q.dtype in ("bfloat16", "float16")):
         raise Unsupported(f"attention on {q.dtype}/{k.dtype}/{v.dtype} (16-bit only)")
@@ -80,23 +111,33 @@ def _check(ctx: LowerCtx, q: DramTensor, k: DramTensor, v: DramTensor) -> None:
         raise Unsupported(f"attention head dims D={d}, Dv={dv} (<= {pmax}, <= {bank})")
     if not ctx.target.dma_transpose:
         raise Unsupported("attention needs dma_transpose (NC-v3+, §3.4)")
+    if axes.d[1][:2] != (1, 1) or axes.dv[1][2:4] != (1, 1):
+        raise Unsupported("attention with a head dim that is not contiguous")
 
 
 class _Flash:
-    def __init__(self, ctx: LowerCtx, q, k, v, out, scale: float, mask):
+    def __init__(self, ctx: LowerCtx, qkv, out, scale: float, mask, axes: Axes,
+                 extra: dict, fill: float):
         self.ctx, self.kb = ctx, ctx.kb
+        q, k, v = qkv
         self.q, self.k, self.v, self.out, self.scale = q, k, v, out, scale
-        self.mask = mask
-        self.sq, self.d = q.shape[-2:]
-        self.sk, self.dv = v.shape[-2:]
-        self.batch = math.prod(q.shape[:-2])
+        self.mask, self.axes, self.fill = mask, axes, fill
+        self.rt_mask, self.rt_bias = extra["mask"], extra["bias"]
+        self.sq, self.d = axes.sq[0], axes.d[0]
+        self.sk, self.dv = axes.sk[0], axes.dv[0]
+        self.batch = math.prod(n for n, _ in axes.batch + axes.group)
         self.pdtype = self._p_dtype()
         target = ctx.target
         self.pmax, self.bank = target.partitions, target.psum_bank_fp32
         self.chunk = CHUNK_BANKS * self.bank
         kb, nkt = self.kb, -(-self.sk // self.pmax)
+        self._plan_units()
         self.kT = kb.ring(2, self.sk, q.dtype)
-        self.vb = kb.ring(2, nkt * self.dv, v.dtype)
+        self.vb = kb.ring(2, nkt * self.v_heads * self.dv, v.dtype)
+        self.stage: dict = {}
+        if self.out_heads > 1:
+            self.stage_ring = kb.ring(2 * -(-self.sq // self.pmax),
+                                      self.out_heads * self.dv, out.dtype)
         self.qT = kb.ring(3, self.pmax, q.dtype)
         self.s = kb.ring(2, self.chunk, "float32", mem="psum")
         self.p = kb.ring(3, self.chunk, self.pdtype)
@@ -113,24 +154,41 @@ class _Flash:
         self.copy_engines = itertools.cycle(("vector", "scalar"))
         self.queues = itertools.cycle(range(target.dma_queues))
         kb.flops += 2 * self.batch * self.sq * self.sk * (self.d + self.dv)
+        self.runtime = self.rt_mask is not None or self.rt_bias is not None
+        if self.runtime:
+            self.rt_jobs = 0
+            self.rt_sum = kb.ring(3, self.chunk, q.dtype)
+            self.mask_rows: dict = {}
+            if self.rt_bias is not None:
+                self.rt_tiles = kb.ring(2, self.chunk, q.dtype)
+            if self.rt_mask is not None and \
+                    -(-self.sq // self.pmax) * self.sk > MASK_ROWS_BYTES:
+                self.mask_ring = kb.ring(2, self.sk, "bool")
 
     def _p_dtype(self) -> str:
+        """P's dtype: that of the p @ v operands (16-bit both, as the program rounds
+        them), else v's (f32 operands of a 16-bit v: P rounded to v's dtype, less
+        precise than the program's f32 product)."""
         dots = [o for o in self.ctx.op.regions[0].block.ops if o.kind == "dot_general"]
-        return dots[-1].operands[0].dtype if dots else self.v.dtype
+        dtypes = {v.dtype for v in dots[-1].operands} if dots else set()
+        return dtypes.pop() if len(dtypes) == 1 and dtypes <= {"bfloat16", "float16"} \
+            else self.v.dtype
 
     # --- driver ------------------------------------------------------------------------
 
     def run(self) -> None:
         """Emits the jobs software-pipelined: TensorE runs S(n+2), P^T(n+1), PV(n), so
-        each softmax has two TensorE slots to finish and each P^T copy one."""
-        jobs = [job for b in range(self.batch) for job in self._jobs(b)]
+        each softmax has two TensorE slots to finish and each P^T copy one. Jobs of
+        one batch index (all its groups) share its K^T and V."""
+        jobs = [job for unit in self.units for job in self._jobs(unit)]
         kv: dict = {}
         for n in range(len(jobs) + 2):
             if n < len(jobs):
                 job = jobs[n]
-                if job["b"] not in kv:
-                    kv[job["b"]] = self._load_kv(job["b"])
-                job["kv"] = kv[job["b"]]
+                b = job["b"]
+                if b["kv"] not in kv:
+                    kv[b["kv"]] = self._load_kv(b)
+                job["kv"] = kv[b["kv"]]
                 self._scores(job)
                 self._rowmax(job)
                 self._softmax(job)
@@ -139,7 +197,29 @@ class _Flash:
             if 0 <= n - 2 < len(jobs):
                 self._stage_b(jobs[n - 2])
 
-    def _jobs(self, b: int) -> list[dict]:
+    def _plan_units(self) -> None:
+        """The units (batch index x group index) in job order, with the runs of
+        adjacent heads whose V rows / result rows one DMA moves (attention_layout.py)."""
+        ax = self.axes
+        groups = ax.offsets(ax.group, (0, 3, 4, 5))
+        self.units = []
+        kvs = ax.offsets(ax.batch, (1, 2, 0, 3, 4, 5))
+        for b, (ko, vo, qo, oo, mo, bo) in enumerate(kvs):
+            for gq, go, gm, gb in groups:
+                self.units.append({"kv": b, "k": ko, "v": vo, "q": qo + gq, "out": oo + go,
+                                   "mask": mo + gm, "bias": bo + gb})
+        nkt, nqt = -(-self.sk // self.pmax), -(-self.sq // self.pmax)
+        limit = heads_per_dma(nkt, self.dv, 2, HEADS_BYTES)
+        vblocks = unit_blocks([kv[1] for kv in kvs], self.dv, limit)
+        limit = heads_per_dma(nqt, self.dv, 2, HEADS_BYTES)
+        oblocks = unit_blocks([u["out"] for u in self.units], self.dv, limit)
+        for u, (slot, size) in zip(self.units, oblocks):
+            u["oslot"], u["osize"] = slot, size
+            u["vslot"], u["vsize"] = vblocks[u["kv"]]
+        self.v_heads = max(size for _, size in vblocks)
+        self.out_heads = max(size for _, size in oblocks)
+
+    def _jobs(self, b: dict) -> list[dict]:
         """One job per (q-tile, key chunk): the chunk's 128-key blocks and flags."""
         jobs, per_chunk = [], self.chunk // self.pmax
         for q0, qt in tiles(self.sq, self.pmax):
@@ -153,7 +233,8 @@ class _Flash:
 
     def _live_blocks(self, q0: int, qt: int) -> list[tuple[int, int, str]]:
         """(k0, kb, "full" | "partial") for the key blocks from the first to the last
-        with an unmasked entry in rows [q0, q0 + qt)."""
+        with an unmasked entry in rows [q0, q0 + qt) (all of them if a row has none:
+        its softmax is uniform over every key, with a finite fill)."""
         blocks = []
         for k0, kbn in tiles(self.sk, self.pmax):
             if self.mask is None:
@@ -163,7 +244,10 @@ class _Flash:
             state = "full" if blk.all() else ("skip" if not blk.any() else "partial")
             blocks.append((k0, kbn, state))
         if self.mask is not None and not self.mask[1][q0:q0 + qt].any(axis=1).all():
-            raise Unsupported("attention with a fully masked query row (softmax of -inf)")
+            if self.fill == -np.inf:
+                raise Unsupported("attention with a fully masked query row (softmax "
+                                  "of -inf)")
+            blocks = [(k0, kbn, "partial" if s == "skip" else s) for k0, kbn, s in blocks]
         live = [i for i, blk in enumerate(blocks) if blk[2] != "skip"]
         return [(k0, kbn, "full" if s == "full" else "partial")
                 for k0, kbn, s in blocks[live[0]:live[-1] + 1]]
@@ -173,23 +257,28 @@ class _Flash:
     def _dma(self, dst, src, cls=isa.DmaCopy) -> None:
         self.kb.emit(cls, dst=dst, src=src, dma_queue=next(self.queues))
 
-    def _load_kv(self, b: int) -> tuple[isa.Tile, isa.Tile]:
-        kT, vb = self.kT.next(), self.vb.next()
-        base_k, base_v = b * self.sk * self.d, b * self.sk * self.dv
+    def _load_kv(self, b: dict) -> tuple:
+        """(K^T, V tile, V's offset in it, V's step per key tile): V loaded for the run
+        of adjacent heads `b` starts (one DMA per key tile), else the run's tile."""
+        kT = self.kT.next()
+        ks, vs = self.axes.sk[1][1], self.axes.sk[1][2]
         for r0, rn in tiles(self.sk, self.bank):
-            src = self.kb.ap(self.k, base_k + r0 * self.d, ((self.d, rn), (1, self.d)))
+            src = self.kb.ap(self.k, b["k"] + r0 * ks, ((ks, rn), (1, self.d)))
             self._dma(sub(kT, self.d, rn, at=r0), src, isa.DmaTranspose)
-        for j, (r0, rn) in enumerate(tiles(self.sk, self.pmax)):
-            src = self.kb.ap(self.v, base_v + r0 * self.dv, ((self.dv, rn), (1, self.dv)))
-            self._dma(sub(vb, rn, self.dv, at=j * self.dv), src)
-        return kT, vb
+        width = b["vsize"] * self.dv
+        if b["vslot"] == 0:
+            self.vblock = self.vb.next()
+            for j, (r0, rn) in enumerate(tiles(self.sk, self.pmax)):
+                src = self.kb.ap(self.v, b["v"] + r0 * vs, ((vs, rn), (1, width)))
+                self._dma(sub(self.vblock, rn, width, at=j * width), src)
+        return kT, self.vblock, b["vslot"] * self.dv, width
 
     def _load_q(self, job: dict) -> isa.Tile:
         tile = job["tile"]
         q0, qt = tile["q0"], tile["qt"]
         qT = sub(self.qT.next(), self.d, qt)
-        src = self.kb.ap(self.q, job["b"] * self.sq * self.d + q0 * self.d,
-                         ((self.d, qt), (1, self.d)))
+        qs = self.axes.sq[1][0]
+        src = self.kb.ap(self.q, job["b"]["q"] + q0 * qs, ((qs, qt), (1, self.d)))
         self._dma(qT, src, isa.DmaTranspose)
         self.kb.emit(isa.TensorScalar, dst=qT, data=qT, op0="multiply",
                      operand0=self.scale, engine="gpsimd")
@@ -203,13 +292,67 @@ class _Flash:
             return tile
         tile = self.kb.tile(kbn, self.q.dtype, parts=qt) if len(self.biases) < BIAS_CACHE \
             else sub(self.pt.next(), qt, kbn)
-        sq, sk = self.mask[1].shape
-        self._dma(tile, self.kb.ap(self.mask[0], q0 * sk + k0, ((sk, qt), (1, kbn))))
+        rows, cols = self.axes.sq[1][4], self.axes.sk[1][4]
+        self._dma(tile, self.kb.ap(self.mask[0], q0 * rows + k0 * cols,
+                                   ((rows, qt), (cols, kbn))))
         self.kb.emit(isa.TensorScalar, dst=tile, data=tile, op0="multiply",
                      operand0=-NEG, op1="add", operand1=NEG, engine="gpsimd")
         if len(self.biases) < BIAS_CACHE:
             self.biases[key] = tile
         return tile
+
+    def _runtime_bias(self, job: dict, width: int) -> isa.Tile:
+        """The additive bias of a job from the runtime mask (0 / NEG) and the runtime
+        bias, in the matmul dtype: the mask rows of a q-tile loaded once (bool, whole
+        key range, kept while the next unit uses the same rows: heads broadcast), the
+        bias chunk DMAed, both combined on GpSimd; TensorE adds it to S (one more pass
+        per block; one job in VECTOR_EVERY adds it on VectorE instead)."""
+        kb, tile, b = self.kb, job["tile"], job["b"]
+        qt, k0 = tile["qt"], job["blocks"][0][0]
+        total = sub(self.rt_sum.next(), qt, width)
+        if self.rt_mask is not None:
+            rows = self._mask_rows(b["mask"], tile["q0"], qt)
+            kb.emit(isa.TensorScalar, dst=total, data=sub(rows, qt, width, at=k0),
+                    op0="multiply", operand0=-NEG, op1="add", operand1=NEG,
+                    engine="gpsimd")
+        if self.rt_bias is not None:
+            rows, cols = self.axes.sq[1][5], self.axes.sk[1][5]
+            part = total if self.rt_mask is None else sub(self.rt_tiles.next(), qt, width)
+            self._dma(part, kb.ap(self.rt_bias, b["bias"] + tile["q0"] * rows + k0 * cols,
+                                  ((rows, qt), (cols, width))))
+            if part is not total:
+                kb.emit(isa.TensorTensor, dst=total, data1=total, data2=part, op="add",
+                        engine="gpsimd")
+        return total
+
+    def _mask_rows(self, base: int, q0: int, qt: int) -> isa.Tile:
+        """The runtime mask's rows [q0, q0 + qt) over every key (bool), cached per
+        q-tile while they fit (MASK_ROWS_BYTES per partition), else reloaded."""
+        rows, cols = self.axes.sq[1][4], self.axes.sk[1][4]
+        at = base + q0 * rows
+        cached = self.mask_rows.get(q0)
+        if cached is not None and cached[1] == at:
+            return cached[0]
+        if cached is not None:
+            tile = cached[0]
+        elif -(-self.sq // self.pmax) * self.sk <= MASK_ROWS_BYTES:
+            tile = self.kb.tile(self.sk, "bool")
+        else:
+            tile = self.mask_ring.next()
+        self._dma(sub(tile, qt, self.sk),
+                  self.kb.ap(self.rt_mask, at, ((rows, qt), (cols, self.sk))))
+        self.mask_rows[q0] = (tile, at)
+        return tile
+
+    def _nan_rows(self, res: isa.Tile, tile: dict) -> None:
+        """Rows with no unmasked key (-m >= -NEG / 2) become NaN, as softmax of a row
+        of -inf is: res += 0 / (1 - flag)."""
+        flag = sub(self.small.next(), tile["qt"], 1)
+        self.kb.emit(isa.TensorScalar, dst=flag, data=tile["negm"], op0="is_ge",
+                     operand0=-NEG / 2, op1="subtract", operand1=1.0, reverse1=True)
+        self.kb.emit(isa.TensorScalar, dst=flag, data=flag, op0="divide", operand0=0.0,
+                     reverse0=True)
+        self.kb.emit(isa.TensorScalar, dst=res, data=res, op0="add", operand0=flag)
 
     def _identity(self) -> isa.Tile:
         """I [128, 128] in the matmul dtype, built once on GpSimd (affine_select p == f)."""
@@ -228,7 +371,7 @@ class _Flash:
         qt = tile["qt"]
         if job["first"]:
             tile["qT"] = self._load_q(job)
-        kT, _ = job["kv"]
+        kT = job["kv"][0]
         k0 = job["blocks"][0][0]
         width = sum(n for _, n, _ in job["blocks"])
         s = sub(self.s.next(), qt, width)
@@ -240,6 +383,17 @@ class _Flash:
                 kb.emit(isa.NcMatmul, dst=sub(s, qt, bkn, at=bk0 - k0),
                         stationary=sub(self._identity(), qt, qt),
                         moving=self._bias(tile["q0"], qt, bk0, bkn), accumulate=True)
+        if self.runtime:                # S += I @ (runtime mask bias + bias)
+            total = self._runtime_bias(job, width)
+            self.rt_jobs += 1
+            if self.rt_jobs % VECTOR_EVERY == 0:        # balance TensorE / VectorE
+                kb.emit(isa.TensorTensor, dst=s, data1=s, data2=total, op="add")
+                job["s"], job["width"] = s, width
+                return
+            for bk0, bkn, _ in job["blocks"]:
+                kb.emit(isa.NcMatmul, dst=sub(s, qt, bkn, at=bk0 - k0),
+                        stationary=sub(self._identity(), qt, qt),
+                        moving=sub(total, qt, bkn, at=bk0 - k0), accumulate=True)
         job["s"], job["width"] = s, width
 
     def _rowmax(self, job: dict) -> None:
@@ -304,11 +458,11 @@ class _Flash:
     def _stage_b(self, job: dict) -> None:
         kb, tile = self.kb, job["tile"]
         qt, pts = tile["qt"], job["pts"]
-        _, vb = job["kv"]
+        _, vb, at, step = job["kv"]
         o = sub(self.o.next(), qt, self.dv)
         for i, (pt, bk0, bkn) in enumerate(pts):
             kb.emit(isa.NcMatmul, dst=o, stationary=pt,
-                    moving=sub(vb, bkn, self.dv, at=(bk0 // self.pmax) * self.dv),
+                    moving=sub(vb, bkn, self.dv, at=(bk0 // self.pmax) * step + at),
                     accumulate=i > 0)
         acc = o
         if not job["first"]:
@@ -320,10 +474,27 @@ class _Flash:
             kb.emit(isa.TensorCopy, dst=acc, src=o)
         tile["o"] = acc
         if job["last"]:
+            self._result(job, acc)
+
+    def _result(self, job: dict, acc: isa.Tile) -> None:
+        """out = O / l, stored; for a run of adjacent heads, staged per q-tile and
+        stored by the run's last head in one DMA."""
+        kb, tile, b = self.kb, job["tile"], job["b"]
+        qt, q0, slot, size = tile["qt"], tile["q0"], b["oslot"], b["osize"]
+        if size == 1:
             res = sub(self.res.next(), qt, self.dv)
-            kb.emit(isa.TensorScalar, dst=res, data=acc, op0="divide", operand0=job["l"])
-            base = job["b"] * self.sq * self.dv + tile["q0"] * self.dv
-            self._dma(kb.ap(self.out, base, ((self.dv, qt), (1, self.dv))), res)
+        else:
+            if slot == 0:
+                self.stage[q0] = self.stage_ring.next()
+            res = sub(self.stage[q0], qt, self.dv, at=slot * self.dv)
+        kb.emit(isa.TensorScalar, dst=res, data=acc, op0="divide", operand0=job["l"])
+        if self.rt_mask is not None and self.fill == -np.inf:
+            self._nan_rows(res, tile)
+        if slot == size - 1:
+            os = self.axes.sq[1][3]
+            base = b["out"] - slot * self.dv + q0 * os
+            src = res if size == 1 else sub(self.stage[q0], qt, size * self.dv)
+            self._dma(kb.ap(self.out, base, ((os, qt), (1, size * self.dv))), src)
 
 
 def _ring_in_bank(kb, depth: int, free: int) -> Ring:

@@ -158,6 +158,8 @@ def lower_dot(ctx: LowerCtx, lhs: DramTensor, rhs: DramTensor, out: DramTensor,
               attrs: dict, epilogue=None) -> None:
     """dot_general into `out`, or through `epilogue` (epilogue.py: then `out` only names
     the dot's value, which is never stored)."""
+    # near misses of attention fusion (hlo_passes/passes/attention_fusion.py)
+    ctx.kb.notes.extend(f"decision: {d}" for d in attrs.get("decisions", ()))
     lb, lf, lc = _groups(lhs.shape, attrs.get("lhs_batching_dimensions", ()),
                          attrs.get("lhs_contracting_dimensions", ()))
     rb, rf, rc = _groups(rhs.shape, attrs.get("rhs_batching_dimensions", ()),

@@ -70,10 +70,11 @@ def _work(op) -> tuple[int, int]:
 @register_lowering("fusion")
 def _fusion_lower(ctx: LowerCtx, *ins: DramTensor, fusion_kind: str = "loop",
                   decisions=(), attention_scale: float = 1.0,
-                  attention_mask: bool = False) -> None:
+                  attention_mask: bool = False, **attention) -> None:
     if fusion_kind == "attention":
         from .attention import lower_attention
-        return lower_attention(ctx, list(ins), attention_scale, attention_mask)
+        return lower_attention(ctx, list(ins), attention_scale, attention_mask,
+                               **{k.removeprefix("attention_"): v for k, v in attention.items()})
     plan = translate(ctx.op, list(ins), ctx.outs)
     plan.region = fold(plan.region)
     if fusion_kind == "reduction":
