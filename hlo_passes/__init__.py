@@ -47,6 +47,7 @@ from hlo_passes.passes import (
     degenerate_reduce,
     inline_calls,
     localize,
+    mx_quantize,
     rank0_windows,
     simplify,
     split_reductions,
@@ -70,7 +71,8 @@ def _cleanup() -> list:
 
 
 def _fusion(policy: FusionPolicy) -> list:
-    return [degenerate_reduce, transposed_dot, AttentionFusion(policy), Fusion(policy), dce]
+    return [mx_quantize, degenerate_reduce, transposed_dot, AttentionFusion(policy),
+            Fusion(policy), dce]
 
 
 def pass_names() -> tuple[str, ...]:

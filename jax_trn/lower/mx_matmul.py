@@ -45,7 +45,7 @@ from jax_trn.hw import isa
 from jax_trn.hw import mx as hw_mx
 from jax_trn.hw.program import DramTensor
 
-from . import mx_dequant
+from . import mx_dequant, mx_quantize  # noqa: F401 (mx_quantize: registers its lowering)
 from .mx_dequant import free_sbuf
 from .builder import KernelBuilder, sub
 from .layout import tiles
