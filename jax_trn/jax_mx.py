@@ -6,7 +6,8 @@ lhs [B, M, K] and rhs [B, N, K] of a low-precision type, their scales [B, M, K /
 [B, N, K / bs], out[b, m, n] = sum_k lhs[b, m, k] s_l[b, m, k // bs] rhs[b, n, k]
 s_r[b, n, k // bs] in FP32, cast to `preferred_element_type`. `scaled_dot_general`
 quantizes its operands with ordinary jnp ops (the program's own quantization: amax per
-block, E8M0 scale rounded up, cast with clipping) and calls it. JAX lowers the
+block, E8M0 scale rounded up, cast with clipping; hlo_passes/passes/mx_quantize.py
+makes them one `mx_quantize` op) and calls it. JAX lowers the
 primitive for cuda / rocm only (and its wrapper through `custom_partitioning`, which on
 several devices emits XLA's `CustomSPMDPartitioning` call); on trn both lower here:
 
