@@ -20,7 +20,8 @@ dumps and `disabled` use):
     split-reductions     variadic reduce / reduce_window with a separable body -> one each
     fix(simplify, cse, dce)   cleanup, repeated until nothing changes
     combine-all-reduce   independent all_reduces -> one variadic all_reduce per bucket
-    degenerate-reduce    reduce over extent-1 dims -> reshape          } fuse=True
+    mx-quantize          JAX's MX quantization -> one mx_quantize op   } fuse=True
+    degenerate-reduce    reduce over extent-1 dims -> reshape          }
     transposed-dot       transpose(dot(a, b)) -> dot(b, a)              } only
     attention-fusion     softmax(q k^T) v -> fusion "attention"         }
     fusion               loop / reduction / matmul-epilogue regions     }
