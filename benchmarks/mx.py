@@ -12,7 +12,7 @@ Per system (one process each: the system is fixed when the backend starts), one 
   kernels, mx_dequant.py)
 - quantize:        the program's own quantization of a bf16 operand (the jnp ops of
                    `jax.nn.scaled_dot_general`: amax per 32, E8M0 scale, cast), once,
-                   at --sdg-size (they run as ordinary elementwise kernels)
+                   at --sdg-size (recognized: one mx_quantize kernel, lower/mx_quantize.py)
 - scaled_dot_general: the whole `jax.nn.scaled_dot_general(a, b, mxfp8)` of bf16
                    [1, Q, Q] operands (two quantizations + the MX matmul), Q = --sdg-size
 

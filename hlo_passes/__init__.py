@@ -20,7 +20,8 @@ dumps and `disabled` use):
     split-reductions     variadic reduce / reduce_window with a separable body -> one each
     fix(simplify, cse, dce)   cleanup, repeated until nothing changes
     combine-all-reduce   independent all_reduces -> one variadic all_reduce per bucket
-    degenerate-reduce    reduce over extent-1 dims -> reshape          } fuse=True
+    mx-quantize          JAX's MX quantization -> one mx_quantize op   } fuse=True
+    degenerate-reduce    reduce over extent-1 dims -> reshape          }
     transposed-dot       transpose(dot(a, b)) -> dot(b, a)              } only
     attention-fusion     softmax(q k^T) v -> fusion "attention"         }
     fusion               loop / reduction / matmul-epilogue regions     }
@@ -47,6 +48,7 @@ from hlo_passes.passes import (
     degenerate_reduce,
     inline_calls,
     localize,
+    mx_quantize,
     rank0_windows,
     simplify,
     split_reductions,
@@ -70,7 +72,8 @@ def _cleanup() -> list:
 
 
 def _fusion(policy: FusionPolicy) -> list:
-    return [degenerate_reduce, transposed_dot, AttentionFusion(policy), Fusion(policy), dce]
+    return [mx_quantize, degenerate_reduce, transposed_dot, AttentionFusion(policy),
+            Fusion(policy), dce]
 
 
 def pass_names() -> tuple[str, ...]:

@@ -67,6 +67,16 @@ COMPOSITES_TO_CALLS = "builtin.module(func.func(stablehlo-legalize-composite-to-
 SHARDY = ("builtin.module(sdy-propagation-pipeline,"
           "func.func(sdy-insert-explicit-reshards{enable-full-version=true}),"
           "func.func(sdy-reshard-to-collectives))")
+# Programs with a custom_call carrying its own `sdy.sharding_rule` (jax_trn/jax_mx.py's
+# mx_matmul) run it in two parts: the propagation pipeline drops such rules when it
+# ends, and the explicit-reshards pass, finding none, partitioned the op along every
+# factor (with K sharded: partial sums, never reduced). `_shardy_keeping_rules` puts the
+# rules back in between, and drops them after the reshards (an all_reduce over a
+# sharded reduction factor) are in.
+SHARDY_PROPAGATE = "builtin.module(sdy-propagation-pipeline)"
+SHARDY_RESHARDS = ("builtin.module(func.func(sdy-insert-explicit-reshards{enable-full-version=true}),"
+                   "func.func(sdy-reshard-to-collectives),func.func(sdy-drop-sharding-rules))")
+KEPT_RULE = "trn.sdy_sharding_rule"      # a custom_call's rule while Shardy propagates
 
 _registered = False
 
@@ -99,7 +109,10 @@ def run_mlir_passes(module: mlir_ir.Module, *, as_serialized: bool = False) -> N
             _run(module, CHLO_LEGALIZE)
         if _partitioned(module):
             _run(module, COMPOSITES_TO_CALLS)
-            _run(module, SHARDY)
+            if _custom_rules(module):
+                _shardy_keeping_rules(module)
+            else:
+                _run(module, SHARDY)
 
 
 def _partitioned(module: mlir_ir.Module) -> bool:
@@ -114,6 +127,26 @@ def _partitioned(module: mlir_ir.Module) -> bool:
             if any(sdy.MeshAxisAttr(a).size > 1 for a in mesh.axes):
                 return True
     return False
+
+
+def _custom_rules(module: mlir_ir.Module, attr: str = "sdy.sharding_rule") -> list:
+    """The custom_calls with a Shardy sharding rule of their own (in `attr`)."""
+    found = []
+    _walk(module.operation, lambda op: found.append(op) if (
+        op.name == "stablehlo.custom_call" and attr in op.attributes) else None)
+    return found
+
+
+def _shardy_keeping_rules(module: mlir_ir.Module) -> None:
+    """SHARDY, with the custom_calls' rules kept for the explicit reshards (the ops
+    are looked up again after propagation, which may rebuild them)."""
+    for op in _custom_rules(module):
+        op.attributes[KEPT_RULE] = op.attributes["sdy.sharding_rule"]
+    _run(module, SHARDY_PROPAGATE)
+    for op in _custom_rules(module, KEPT_RULE):
+        op.attributes["sdy.sharding_rule"] = op.attributes[KEPT_RULE]
+        del op.attributes[KEPT_RULE]
+    _run(module, SHARDY_RESHARDS)
 
 
 def _multi_device(module: mlir_ir.Module) -> bool:

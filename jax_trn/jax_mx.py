@@ -6,7 +6,8 @@ lhs [B, M, K] and rhs [B, N, K] of a low-precision type, their scales [B, M, K /
 [B, N, K / bs], out[b, m, n] = sum_k lhs[b, m, k] s_l[b, m, k // bs] rhs[b, n, k]
 s_r[b, n, k // bs] in FP32, cast to `preferred_element_type`. `scaled_dot_general`
 quantizes its operands with ordinary jnp ops (the program's own quantization: amax per
-block, E8M0 scale rounded up, cast with clipping) and calls it. JAX lowers the
+block, E8M0 scale rounded up, cast with clipping; hlo_passes/passes/mx_quantize.py
+makes them one `mx_quantize` op) and calls it. JAX lowers the
 primitive for cuda / rocm only (and its wrapper through `custom_partitioning`, which on
 several devices emits XLA's `CustomSPMDPartitioning` call); on trn both lower here:
 
@@ -16,14 +17,14 @@ several devices emits XLA's `CustomSPMDPartitioning` call); on trn both lower he
   `custom_call @trn.mx_matmul(lhs, rhs, lhs_scales, rhs_scales)`, which the importer
   turns into an `mx_matmul` op (jax_trn/lower/mx_matmul.py: `nc_matmul_mx` on
   NeuronCore-v4, dequantize + BF16 matmul elsewhere). It carries a Shardy sharding
-  rule (`_sharding_rule`): it partitions like a dot_general.
-- anything else (nvfp4's block 16 with E4M3 scales, other types), and any scaled
-  matmul of a program Shardy partitions over several devices, lowers to its definition:
-  dequantize (to BF16: exact for these types) and a `dot_general` accumulating in FP32,
-  which runs and partitions as ordinary ops. Shardy (as jaxlib runs it here) partitions
-  a custom_call only along its pass-through factors: with K sharded it sliced the other
-  operand and summed nothing, whatever the rule's reduction / need-replication factors.
-  Inside shard_map bodies (per-device code) the custom_call is used.
+  rule (`_sharding_rule`) and partitions like a dot_general: batch / M / N sharded, each
+  core computes its block; K sharded, each core its partial sums and an all_reduce adds
+  them (hlo_passes/mlir_passes.py keeps the rule for Shardy's explicit-reshards pass,
+  which the propagation pipeline would drop, and localize knows mx_matmul's partials
+  are sums).
+- anything else (nvfp4's block 16 with E4M3 scales, other types) lowers to its
+  definition: dequantize (to BF16: exact for these types) and a `dot_general`
+  accumulating in FP32, which runs and partitions as ordinary ops.
 """
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ def is_mx(lhs, rhs, lhs_scales, rhs_scales) -> bool:
 
 
 def _scaled_matmul_lower(ctx, lhs, rhs, lhs_scales, rhs_scales, *, preferred_element_type):
-    if not is_mx(*ctx.avals_in) or _auto_partitioned(ctx):
+    if not is_mx(*ctx.avals_in):
         return mlir.lower_fun(_reference, multiple_results=True)(
             ctx, lhs, rhs, lhs_scales, rhs_scales,
             preferred_element_type=preferred_element_type)
@@ -72,19 +73,10 @@ def _scaled_matmul_lower(ctx, lhs, rhs, lhs_scales, rhs_scales, *, preferred_ele
     return op.results
 
 
-def _auto_partitioned(ctx) -> bool:
-    """A program Shardy partitions over several devices (jit with shardings; not a
-    shard_map body, whose code is per device already)."""
-    from jax._src import sharding_impls
-    axis = ctx.module_context.axis_context
-    return isinstance(axis, sharding_impls.ShardingContext) and axis.num_devices > 1
-
-
 def _sharding_rule(ctx):
     """b m (g c), b n (g c), b m g, b n g -> b m n with c = 32 (K is its scale groups g
-    times the block), g a reduction factor: how the op partitions, like a dot_general.
-    Only single-device programs and shard_map bodies carry the custom_call
-    (`_auto_partitioned`), so Shardy does not act on it today."""
+    times the block), g a reduction factor: how the op partitions, like a dot_general
+    (a sharded g: partial sums, which Shardy follows with an all_reduce)."""
     from jax._src.custom_partitioning_sharding_rule import (
         sdy_sharding_rule_to_mlir, str_to_sdy_sharding_rule)
     if ctx.avals_in[2].shape[-1] > 1:

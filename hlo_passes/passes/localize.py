@@ -65,8 +65,8 @@ name = "localize"
 COMBINERS = ("add", "maximum", "minimum", "multiply", "and", "or")
 # On bool, or / and are maximum / minimum (StableHLO orders false < true).
 BOOL_COMBINERS = {"or": "maximum", "and": "minimum"}
-# Ops that make partial sums along a sharded contracting dimension.
-SUMMING = ("dot_general", "convolution")
+# Ops that make partial sums along a sharded contracting dimension (mx_matmul: K).
+SUMMING = ("dot_general", "convolution", "mx_matmul")
 # Ops computed per device as they are on local shapes: elementwise maps, layout ops
 # whose sharded dims pass through, dot_general, reduce (followed by sdy.all_reduce).
 # The rules see global shapes (`g(value)`).

@@ -12,7 +12,8 @@ Both operands keep K contiguous in HBM, so four consecutive K values of a row ar
 [F, K/4] words gives the [K/4, F] tile the matmul reads, bit for bit. The scale tile
 of a k-tile holds group g (K rows 32g..32g+31) in partition 32 (g // 4) + g % 4
 (hw/mx.py). There is no byte transpose (§3.4), so the scales [F, G] (G = K/32) are
-loaded as rows, spread by one GpSimd copy into 32-bit words -- group 16 j + 4 q + r of
+loaded as rows (RAW_ROWS consecutive rows per partition: longer descriptors), spread
+by GpSimd copies into 32-bit words -- group 16 j + 4 q + r of
 k-tile j to word column 128 (j // 4) + 32 q + r, byte j % 4 -- and each [F, 128] block
 of words is turned by an SBUF->SBUF 4-byte `dma_transpose` into [128, F]: word column
 32 q + r becomes that partition, holding the scales of four k-tiles; the matmul reads
@@ -22,11 +23,15 @@ Loop nest: per batch, a block of lhs strips (two row tiles each) stays resident,
 many as fit SBUF next to two rhs column groups of 1024; each group streams past the
 block (double-buffered); each (row tile, group) accumulates K/512 matmuls per 512
 columns in a PSUM bank, is copied out in the result type and stored (2 KiB rows). DMAs
-are issued in the order they are needed, as DMA queues are FIFO (`run`).
+are issued in the order they are needed, as DMA queues are FIFO (`run`); the first
+step loads the first PSUM bank's rhs columns, then the first strip, then the rest.
 
-Measured (benchmarks/mx.py, 4096^3, one trn3 core): 463.8 us against 1759.9 us for
-BF16 (3.79x): 436.9 us of matmuls, ~23 us before the first (the first rhs group and
-strip), the rest DMA waits while the first block's strips load.
+Measured (benchmarks/mx.py, 4096^3, one trn3 core): 461.5 us against 1759.9 us for
+BF16 (3.81x): 438.2 us of matmuls (2048 x 213 ns, the first few slower while TensorE
+ramps up, §2.2), 16.5 us before the first, 4.4 us of DMA waits, 2.4 us for the last
+store. It was 463.8 us (3.79x): the first step loaded the whole rhs group before
+the first strip, and the scale rows went one 128-byte row per partition (5% of the
+DMA rate, §3.4), so DMA bandwidth, not TensorE, paced the first ~80 us.
 
 Elsewhere (no MX: Trn1 / Trn2), for K not a multiple of 128, or an odd M, the op runs
 as dequantize + BF16 matmul (mx_dequant.py), whose kernels say so in their names.
@@ -40,7 +45,7 @@ from jax_trn.hw import isa
 from jax_trn.hw import mx as hw_mx
 from jax_trn.hw.program import DramTensor
 
-from . import mx_dequant
+from . import mx_dequant, mx_quantize  # noqa: F401 (mx_quantize: registers its lowering)
 from .mx_dequant import free_sbuf
 from .builder import KernelBuilder, sub
 from .layout import tiles
@@ -58,6 +63,10 @@ STORE_QUEUES = 4                # of the DMA queues (16), for result stores only
 OUT_BUFFERS = 4                 # result buffer is free again soon after its matmuls
 STRIP_TILES = 2                 # row tiles per lhs strip: one dma_transpose loads both
                                 # (half the DMAs, each paying the fixed cost, §2.6)
+RAW_ROWS = 2                    # scale rows per partition in a raw load: 2 G bytes per
+                                # descriptor (§3.4: 128 B ones reach 5% of the DMA rate).
+                                # 4 measured slower: more DMA-fixed-cost-bound spreads
+                                # and a longer first load
 SPREAD = "gpsimd"               # the engine spreading scale rows: idle otherwise, so a
                                 # spread waiting for its rows never holds up the PSUM
                                 # evacuations (VectorE / ScalarE) in its queue
@@ -109,11 +118,12 @@ class MxEmitter:
         self.nk = -(-self.words // self.pmax)
         self.nt = min(GROUP_COLS, self.n)
         self.g = self.k // GROUP
-        spreads = -(-self.nt // self.pmax)                # one rhs load's worth
-        self.raw = kb.ring(spreads, self.g, lhs[1].dtype)
-        self.nw = -(-self.nk // 4)                        # scale words per column
-        self.spread = kb.ring(spreads, self.nw * self.pmax, "uint32")
         self.sw = self.pmax * min(STRIP_TILES, -(-self.m // self.pmax))   # strip width
+        # one load's scale chunks: all are spread before the first is transposed
+        spreads = max(len(self._scale_chunks(w)) for w in (self.nt, self.sw))
+        self.raw = kb.ring(spreads, RAW_ROWS * self.g, lhs[1].dtype)
+        self.nw = -(-self.nk // 4)                        # scale words per column
+        self.spread = kb.ring(spreads, RAW_ROWS * self.nw * self.pmax, "uint32")
         per_strip = self.nk * self.sw * 5                # 4 data bytes + 1 scale byte
         budget = int(free_sbuf(kb) * SBUF_SHARE) - 2 * self.nk * self.nt * 5 \
             - OUT_BUFFERS * self.nt * 4
@@ -140,9 +150,7 @@ class MxEmitter:
         steps = [(bi, blk, grp) for bi in range(self.b)
                  for blk in tiles(self.m, self.nstrips * self.sw)
                  for grp in tiles(self.n, self.nt)]
-        self._load(self.rhs, steps[0][0], *steps[0][2], self.groups[0])
-        for f0, fw, strip in self._strips(steps[0][1]):
-            self._load(self.lhs, steps[0][0], f0, fw, strip)
+        self._first_loads(steps[0])
         for si, (bi, blk, (n0, nt)) in enumerate(steps):
             nxt = steps[si + 1] if si + 1 < len(steps) else None
             strips = self._strips(blk)
@@ -157,6 +165,21 @@ class MxEmitter:
                     self._load(self.lhs, nxt[0], new[i][0], new[i][1], strip)
         self.kb.release(self.acc, self.obuf, self.raw, self.spread,
                         *(t for s in self.strips + self.groups for t in (s.data, s.scale)))
+
+    def _first_loads(self, step) -> None:
+        """The first step's operands, in the order its matmuls use them: the rhs
+        columns of the first PSUM bank (NT), the first lhs strip, the group's other
+        columns, the other strips. Loading the whole group before the strips kept
+        TensorE idle until nearly all of it had arrived (DMA engines are shared, §3.4)."""
+        bi, blk, (n0, nt) = step
+        first = min(NT, nt)
+        (f0, fw, strip), *rest = self._strips(blk)
+        self._load(self.rhs, bi, n0, first, self.groups[0])
+        self._load(self.lhs, bi, f0, fw, strip)
+        if nt > first:
+            self._load(self.rhs, bi, n0 + first, nt - first, self.groups[0], at=first)
+        for f0, fw, strip in rest:
+            self._load(self.lhs, bi, f0, fw, strip)
 
     def _strips(self, blk: tuple[int, int]) -> list[tuple[int, int, Strip]]:
         """The strips (f0, width, strip) of row block `blk`."""
@@ -192,40 +215,59 @@ class MxEmitter:
         scale = strip.scale_tile(j, hw_mx.scale_partitions(kw), width, at)
         return data.with_(dtype=PACKED[dtype]), scale
 
-    def _load(self, operand, bi: int, f0: int, width: int, strip: Strip) -> None:
-        """Data k-tiles by 4-byte dma_transpose from HBM; the scales of each 128
-        columns loaded as rows, spread into words (`_spread`), and transposed four
-        k-tiles at a time by an SBUF->SBUF 4-byte dma_transpose, which lands group g of
-        k-tile j in partition 32 (g // 4) + g % 4 (hw/mx.py), byte j % 4."""
+    def _load(self, operand, bi: int, f0: int, width: int, strip: Strip,
+              at: int = 0) -> None:
+        """Data k-tiles by 4-byte dma_transpose from HBM; the scales of up to 128 c
+        columns loaded as rows (c per partition), spread into words (`_spread`), and
+        transposed four k-tiles at a time by SBUF->SBUF 4-byte dma_transposes (one per
+        row of a partition, written with column stride c), which land group g of
+        k-tile j in partition 32 (g // 4) + g % 4 (hw/mx.py), byte j % 4. Columns
+        f0.. land at strip column `at`."""
         data, scales = operand
         f = data.shape[1]
         # scale rows first: the spread is done by the time the scale transposes,
         # queued after the data's, reach the head of their (FIFO) queues
-        spreads = [(c0, ct, self._spread(scales, bi, f0 + c0, ct))
-                   for c0, ct in tiles(width, self.pmax)]
+        spreads = [(c0, ct, c, self._spread(scales, bi, f0 + c0, ct, c))
+                   for c0, ct, c in self._scale_chunks(width)]
         for j, (w0, kw) in enumerate(tiles(self.words, self.pmax)):
             src = self.kb.ap(data, (bi * f + f0) * self.words + w0,
                              ((self.words, width), (1, kw)), view="uint32")
-            self.kb.emit(isa.DmaTranspose, dst=sub(strip.data, kw, width, at=j * strip.width),
+            self.kb.emit(isa.DmaTranspose,
+                         dst=sub(strip.data, kw, width, at=j * strip.width + at),
                          src=src, dma_queue=next(self.load_q))
-        for c0, ct, spread in spreads:
-            for jj in range(self.nw):
+        for c0, ct, c, spread in spreads:
+            pn = ct // c
+            for i, jj in itertools.product(range(c), range(self.nw)):
+                dst = sub(strip.scale, self.pmax, pn, at=jj * strip.width + at + c0 + i)
                 self.kb.emit(isa.DmaTranspose,
-                             dst=sub(strip.scale, self.pmax, ct, at=jj * strip.width + c0),
-                             src=sub(spread, ct, self.pmax, at=jj * self.pmax),
+                             src=sub(spread, pn, self.pmax, at=(i * self.nw + jj) * self.pmax),
+                             dst=dst.with_(strides=(c,) if c > 1 else None),
                              dma_queue=next(self.load_q))
 
-    def _spread(self, scales: DramTensor, bi: int, f0: int, ft: int) -> isa.Tile:
-        """Scale rows f0.. [ft, G] -> words [ft, nw, 128]: group 16 j + 4 q + r in
-        word column 128 (j // 4) + 32 q + r, byte j % 4 (the partition and byte the
-        transpose and the matmul want). One GpSimd copy per run of k-tiles."""
-        raw = sub(self.raw.next(), ft, self.g)
+    def _scale_chunks(self, width: int) -> list[tuple[int, int, int]]:
+        """(c0, columns, rows per partition c) of a load's scale rows: RAW_ROWS rows
+        per partition where they divide the chunk, else one."""
+        out = []
+        for c0, ct in tiles(width, self.pmax * RAW_ROWS):
+            if ct % RAW_ROWS == 0:
+                out.append((c0, ct, RAW_ROWS))
+            else:
+                out += [(c0 + t0, tn, 1) for t0, tn in tiles(ct, self.pmax)]
+        return out
+
+    def _spread(self, scales: DramTensor, bi: int, f0: int, ft: int, c: int) -> isa.Tile:
+        """Scale rows f0.. [ft, G], loaded c consecutive rows per partition -> words
+        [ft / c, c, nw, 128]: group 16 j + 4 q + r of a row in word column 128 (j // 4)
+        + 32 q + r, byte j % 4 (the partition and byte the transpose and the matmul
+        want). One GpSimd copy per row and run of k-tiles."""
+        pn, row = ft // c, self.nw * self.pmax * 4        # partitions, spread bytes per row
+        raw = sub(self.raw.next(), pn, c * self.g)
         f = scales.shape[1]
-        src = self.kb.ap(scales, (bi * f + f0) * self.g, ((self.g, ft), (1, self.g)))
+        src = self.kb.ap(scales, (bi * f + f0) * self.g, ((c * self.g, pn), (1, c * self.g)))
         self.kb.emit(isa.DmaCopy, dst=raw, src=src, dma_queue=next(self.load_q))
         raw = raw.with_(dtype="uint8")                  # the E8M0 bytes as integers
-        spread = sub(self.spread.next(), ft, self.nw * self.pmax)
-        out = spread.with_(dtype="uint8", free=(self.nw * self.pmax * 4,))
+        spread = sub(self.spread.next(), pn, c * self.nw * self.pmax)
+        out = spread.with_(dtype="uint8", free=(c * row,))
         full, last = divmod(self.g, 16)                 # whole k-tiles, groups of the last
         quads, rest = divmod(full, 4)
         runs = [((quads, 4, 4, 4), (512, 1, 128, 4), 0, 0)] if quads else []
@@ -233,7 +275,8 @@ class MxEmitter:
             runs.append(((rest, 4, 4), (1, 128, 4), quads * 64, quads * 512))
         if last:
             runs.append(((last // 4, 4), (128, 4), full * 16, quads * 512 + rest))
-        for shape, strides, s0, d0 in runs:
-            self.kb.emit(isa.TensorCopy, src=sub(raw, ft, shape, at=s0), engine=SPREAD,
-                         dst=sub(out, ft, 1, at=d0).with_(free=shape, strides=strides))
+        for i, (shape, strides, s0, d0) in itertools.product(range(c), runs):
+            self.kb.emit(isa.TensorCopy, src=sub(raw, pn, shape, at=i * self.g + s0),
+                         dst=sub(out, pn, 1, at=i * row + d0).with_(free=shape, strides=strides),
+                         engine=SPREAD)
         return spread

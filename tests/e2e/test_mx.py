@@ -49,8 +49,33 @@ def _operands(b, m, n, k, seed=0):
 def test_scaled_dot_general_mxfp8(jax, trn, cpu, cpu_rule):
     cfg = jax.nn.get_scaled_dot_general_config("mxfp8")
     f = lambda a, b: jax.nn.scaled_dot_general(a, b, DN, configs=[cfg] * 3)
-    got, want = _both(jax, f, _operands(2, 64, 48, 256), trn, cpu)
+    import jax_trn
+    with jax_trn.profile() as prof:
+        got, want = _both(jax, f, _operands(2, 64, 48, 256), trn, cpu)
     _close(got, want)
+    kernels = [k.name.split(".")[0] for k in prof.executions[0].kernels]
+    assert kernels.count("mx_quantize") == 2 and "mx_matmul" in kernels, kernels
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_program_quantization_is_one_kernel_bit_exact(jax, trn, cpu, dtype):
+    """scaled_dot_general's own quantization (JAX's jnp ops) runs as one mx_quantize
+    kernel (hlo_passes/passes/mx_quantize.py), bit-exact with the CPU backend. Compiled
+    from PJRT (the compile runs with the CPU's flush-to-zero mode on, where the pass
+    once failed to see JAX's 2**-127 constant and left the ~16 kernels)."""
+    import jax_trn
+    from jax._src.cudnn.scaled_matmul_stablehlo import quantize
+    cfg = jax.nn.get_scaled_dot_general_config("mxfp8")
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((1, 136, 256)) * np.exp2(rng.integers(-60, 60, (1, 136, 1))))
+    x = x.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float32)
+    f = jax.jit(lambda a: quantize(a, cfg))
+    with jax_trn.profile() as prof:
+        got = [np.asarray(o) for o in f(jax.device_put(x, trn))]
+    want = [np.asarray(o) for o in f(jax.device_put(x, cpu))]
+    assert [k.name for k in prof.executions[-1].kernels] == ["mx_quantize.0"]
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g.view(np.uint8), w.view(np.uint8))
 
 
 def test_scaled_matmul_quantized_inputs_bf16_result(jax, trn, cpu, cpu_rule):
@@ -87,17 +112,29 @@ def test_grad(jax, trn, cpu, cpu_rule):
         _close(g, w, rtol=1e-5)
 
 
-@pytest.mark.parametrize("spec", [("x", None, None), (None, "x", None), (None, None, "x")])
-def test_sharded(jax, trn_devices, cpu, cpu_rule, spec):
-    """Batch, M or K of the lhs sharded over two cores (K: Shardy must sum partials)."""
+@pytest.mark.parametrize("lhs,rhs", [
+    (("x", None, None), ()), ((None, "x", None), ()), ((None, None, "x"), ()),
+    ((None, None, "x"), (None, None, "x")), ((), (None, "x", None)),
+    (("x", None, "y"), ("x", None, "y"))])
+def test_sharded(jax, trn_devices, cpu, cpu_rule, lhs, rhs):
+    """Batch, M, N or K sharded over two (or 2 x 2) cores: the scaled matmul runs as
+    mx_matmul on each core (not its definition), K sharded as partial sums and an
+    all_reduce (Shardy dropped the op's rule before: K was sliced, nothing summed)."""
+    import jax_trn
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-    if len(trn_devices) < 2:
-        pytest.skip("needs two trn devices")
+    mesh_shape = (2, 2) if "y" in lhs else (2,)
+    if len(trn_devices) < int(np.prod(mesh_shape)):
+        pytest.skip("needs more trn devices")
     cfg = jax.nn.get_scaled_dot_general_config("mxfp8")
     f = jax.jit(lambda a, b: jax.nn.scaled_dot_general(a, b, DN, configs=[cfg] * 3))
-    a, b = _operands(2, 64, 32, 128, seed=4)
-    mesh = Mesh(np.array(trn_devices[:2]), ("x",))
-    got = f(jax.device_put(a, NamedSharding(mesh, P(*spec))),
-            jax.device_put(b, NamedSharding(mesh, P())))
+    a, b = _operands(2, 64, 32, 256, seed=4)
+    devs = np.array(trn_devices[:int(np.prod(mesh_shape))]).reshape(mesh_shape)
+    mesh = Mesh(devs, ("x", "y")[:len(mesh_shape)])
+    with jax_trn.profile() as prof:
+        got = f(jax.device_put(a, NamedSharding(mesh, P(*lhs))),
+                jax.device_put(b, NamedSharding(mesh, P(*rhs))))
+        got = np.asarray(got)
     want = f(jax.device_put(a, cpu), jax.device_put(b, cpu))
-    _close(np.asarray(got), np.asarray(want))
+    _close(got, np.asarray(want))
+    names = {k.name.split(".")[0] for ex in prof.executions for k in ex.kernels}
+    assert "mx_matmul" in names and not names & {"dot_general", "dot_general_fusion"}, names

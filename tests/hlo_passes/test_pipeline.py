@@ -89,7 +89,8 @@ def test_disable_passes_by_name():
 def test_pass_names_are_every_name_that_can_be_disabled():
     names = hlo_passes.pass_names()
     assert names == ("inline-calls", "localize", "complex-planes", "rank0-windows",
-                     "split-reductions", "simplify", "cse", "dce", "combine-all-reduce", "degenerate-reduce",
+                     "split-reductions", "simplify", "cse", "dce", "combine-all-reduce", "mx-quantize",
+                     "degenerate-reduce",
                      "transposed-dot",
                      "attention-fusion", "fusion")
     pipeline = hlo_passes.default_pipeline(disabled=names)
