@@ -86,12 +86,17 @@ class Issued:
     dma_bytes_per_ns: float = 0.0
 
 
-def drive(runners, devices, topology, *, algorithm: str | None = None
-          ) -> list[profiler.CollectiveRecord]:
+def drive(runners, devices, topology, *, algorithm: str | None = None,
+          order: list[int] | None = None) -> list[profiler.CollectiveRecord]:
     """Runs the runners' generators to completion, executing each collective when
-    every device has reached it. Returns the collectives' records."""
+    every device has reached it. Returns the collectives' records. `order`: the
+    partitions in the order their runners advance to each rendezvous (default
+    0..n-1; `spmd_batch` advances leaders before their followers)."""
     gens = [r.run() for r in runners]
-    pending: list[Arrival | None] = [_advance(g, None) for g in gens]
+    order = list(range(len(gens))) if order is None else order
+    pending: list[Arrival | None] = [None] * len(gens)
+    for i in order:
+        pending[i] = _advance(gens[i], None)
     records = []
     while any(p is not None for p in pending):
         if any(p is None for p in pending):
@@ -108,7 +113,8 @@ def drive(runners, devices, topology, *, algorithm: str | None = None
         step = pending[0].step
         if isinstance(step, HostCallback):
             spans = _host_callback(step, runners, [p.t for p in pending])
-            pending = [_advance(g, span) for g, span in zip(gens, spans)]
+            for i in order:
+                pending[i] = _advance(gens[i], spans[i])
             continue
         issued, record = execute(step, [r.dram for r in runners], devices,
                                  [p.t for p in pending], topology, pending[0].context,
@@ -116,7 +122,8 @@ def drive(runners, devices, topology, *, algorithm: str | None = None
                                  overlaps=any(p.overlaps for p in pending),
                                  algorithm=algorithm)
         records.append(record)
-        pending = [_advance(g, i) for g, i in zip(gens, issued)]
+        for i in order:
+            pending[i] = _advance(gens[i], issued[i])
     return records
 
 

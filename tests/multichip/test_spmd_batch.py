@@ -1,0 +1,44 @@
+"""SPMD devices batched (`runtime/spmd_batch.py`): a call timed once per class of chips
+gives exactly what timing every device gives (timelines, collectives, results), and a
+call that leaves the shared timeline is simulated in full. Runs in a fresh process on a
+4-chip Trn3 system (32 devices; the suite's own backend has one chip)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import run_python
+
+CHILD = ("import sys; from tests.multichip.spmd_batch_child import main; "
+         "sys.exit(main(['', 'trn3:4']))")
+
+
+@pytest.fixture(scope="module")
+def fingerprints() -> dict:
+    r = run_python(CHILD, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("name", ["dp_step", "scan_psum", "grouped"])
+def test_batched_call_is_bit_identical_to_every_device_timed(fingerprints, name):
+    full, batched = fingerprints[name]["full"], fingerprints[name]["batched"]
+    assert batched["counts"] == {"batched": 1} and full["counts"] == {"full": 1}
+    for key in ("simulated_time_s", "events", "n_events", "collectives", "results"):
+        assert batched[key] == full[key], key
+
+
+def test_devices_leaving_the_shared_path_are_simulated_in_full(fingerprints):
+    full, batched = fingerprints["uneven_while"]["full"], fingerprints["uneven_while"]["batched"]
+    assert batched["counts"] == {"diverged": 1}
+    for key in ("simulated_time_s", "events", "collectives", "results"):
+        assert batched[key] == full[key], key
+
+
+def test_leaders_are_the_first_chip_with_the_same_cores_in_the_same_order():
+    from types import SimpleNamespace as D
+    from jax_trn.runtime.spmd_batch import leaders
+    devs = [D(chip=c, core=k) for c, k in
+            [(0, 0), (0, 1), (1, 0), (1, 1), (2, 1), (2, 0), (3, 0), (4, 1), (4, 0)]]
+    assert leaders(devs) == [0, 1, 0, 1, 4, 5, 6, 4, 5]
