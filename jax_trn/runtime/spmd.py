@@ -87,11 +87,13 @@ class Issued:
 
 
 def drive(runners, devices, topology, *, algorithm: str | None = None,
-          order: list[int] | None = None) -> list[profiler.CollectiveRecord]:
+          order: list[int] | None = None, share: frozenset[str] = frozenset()
+          ) -> list[profiler.CollectiveRecord]:
     """Runs the runners' generators to completion, executing each collective when
     every device has reached it. Returns the collectives' records. `order`: the
     partitions in the order their runners advance to each rendezvous (default
-    0..n-1; `spmd_batch` advances leaders before their followers)."""
+    0..n-1; `spmd_batch` advances leaders before their followers); `share`: see
+    `execute`."""
     gens = [r.run() for r in runners]
     order = list(range(len(gens))) if order is None else order
     pending: list[Arrival | None] = [None] * len(gens)
@@ -120,7 +122,7 @@ def drive(runners, devices, topology, *, algorithm: str | None = None,
                                  [p.t for p in pending], topology, pending[0].context,
                                  ready=[p.t if p.ready is None else p.ready for p in pending],
                                  overlaps=any(p.overlaps for p in pending),
-                                 algorithm=algorithm)
+                                 algorithm=algorithm, share=share)
         records.append(record)
         for i in order:
             pending[i] = _advance(gens[i], issued[i])
@@ -149,11 +151,15 @@ def _advance(gen, value) -> Arrival | None:
 
 def execute(step: Collective, drams: list[dict], devices, arrivals: list[float], topology,
             context: str = "", *, ready: list[float] | None = None, overlaps: bool = False,
-            algorithm: str | None = None) -> tuple[list[Issued], profiler.CollectiveRecord]:
+            algorithm: str | None = None, share: frozenset[str] = frozenset()
+            ) -> tuple[list[Issued], profiler.CollectiveRecord]:
     """Runs `step` for all devices (partition p = devices[p]); returns each device's
     span and DMA rate, and the record. `ready[p]`: when p's CC cores are free (default:
     its arrival); `overlaps`: some device computes meanwhile (see module doc);
-    `algorithm`: the algorithm to force (JAX_TRN_COLLECTIVE_ALGORITHM), None to choose."""
+    `algorithm`: the algorithm to force (JAX_TRN_COLLECTIVE_ALGORITHM), None to choose;
+    `share`: result tensors no other step writes: where a group's members get one
+    result array (an all_gather's), their DRAMs bind one read-only copy of it instead
+    of a copy each (memory: one per group, not one per device)."""
     n = len(devices)
     gid = [d.id for d in devices]
     ready = list(arrivals) if ready is None else [max(a, r) for a, r in zip(arrivals, ready)]
@@ -170,8 +176,11 @@ def execute(step: Collective, drams: list[dict], devices, arrivals: list[float],
         arrays = {gid[p]: _read_all(drams[p], srcs) for p in range(n)}
         results, timing_i = _run(step, arrays, groups, gid, topology, dma_available,
                                  forced)
+        bound: dict[int, np.ndarray] = {}
         for p in range(n):
-            if gid[p] in results:
+            if gid[p] in results and len(dsts) == 1 and dsts[0].name in share:
+                drams[p][dsts[0].name] = _bind_shared(bound, results[gid[p]], dsts[0])
+            elif gid[p] in results:
                 _write_all(drams[p], dsts, results[gid[p]])
             else:                      # collective_permute: nobody sends to p
                 for dst in dsts:
@@ -212,10 +221,23 @@ def execute(step: Collective, drams: list[dict], devices, arrivals: list[float],
     return issued, record
 
 
+def _bind_shared(bound: dict, value: np.ndarray, t) -> np.ndarray:
+    """`value` as tensor `t`'s flat read-only DRAM array, made once per result object."""
+    got = bound.get(id(value))
+    if got is None:
+        flat = np.asarray(value).astype(_dt.np_dtype(t.dtype)).reshape(-1)
+        flat.flags.writeable = False
+        got = bound[id(value)] = flat
+        bound[-id(value)] = value              # keeps `value` (and its id) alive
+    return got
+
+
 def _run(step, arrays, groups, gid, topology, dma_available=1.0, algorithm=None):
     from jax_trn.collectives import run_collective
     groups_g = [[gid[p] for p in g] for g in groups]
     kw = {"dma_available": dma_available, "algorithm": algorithm}
+    if step.kind == "all_gather" and np.ndim(arrays[gid[0]]):
+        return _gathered(arrays, groups_g, step.dim, topology, **kw)
     if step.kind in ("all_reduce", "reduce_scatter"):
         op = KIND_OPS.get(step.op)
         if op is None:
@@ -229,6 +251,23 @@ def _run(step, arrays, groups, gid, topology, dma_available=1.0, algorithm=None)
     if step.kind == "collective_permute":
         kw["pairs"] = [(gid[s], gid[t]) for s, t in step.pairs]
     return run_collective(step.kind, arrays, groups_g, topology, **kw)
+
+
+def _gathered(arrays, groups, axis: int, topology, dma_available=1.0, algorithm=None):
+    """An all_gather's results and timing. It moves data without arithmetic, so every
+    member's result is the concatenation of its group's inputs in group order, whatever
+    the algorithm: one array per group, shared by its members (no working buffer of
+    every rank's slots, which is ranks x group size x input). Its timing is the plan's,
+    as `run_collective` prices it (`collective_time`: the same plan)."""
+    from jax_trn.collectives import collective_time
+    x0 = np.asarray(arrays[groups[0][0]])
+    timing = collective_time("all_gather", x0.shape, x0.dtype, groups, topology, algorithm,
+                             dma_available=dma_available)
+    results = {}
+    for g in groups:
+        got = np.concatenate([np.asarray(arrays[d]) for d in g], axis=axis)
+        results.update(dict.fromkeys(g, got))
+    return results, timing
 
 
 def messages(step: Collective) -> list[tuple[list, list]]:

@@ -34,7 +34,7 @@ import numpy as np
 
 from jax_trn import profiler
 from jax_trn.hw import dtypes as _dt
-from jax_trn.hw.program import host_callbacks
+from jax_trn.hw.program import Collective, HostCallback, Kernel, host_callbacks, walk_steps
 
 from . import replay, spmd
 from .steps import StepRunner, _names
@@ -92,7 +92,7 @@ def run_full(prog, devices, drams, hbms, settings):
                                   settings.max_while_iterations, chip_spec=dev.system.chip))
         runners[-1].shared = len(devices) > 1
     collectives = spmd.drive(runners, devices, devices[0].system.interconnect(),
-                             algorithm=settings.collective_algorithm)
+                             algorithm=settings.collective_algorithm, share=shareable(prog))
     return [r for run in runners for r in run.records], collectives
 
 
@@ -113,8 +113,21 @@ def _run_batched(prog, devices, drams, hbms, settings, lead):
     order = [p for p in range(len(devices)) if lead[p] == p]
     order += [p for p in range(len(devices)) if lead[p] != p]
     collectives = spmd.drive(runners, devices, devices[0].system.interconnect(),
-                             algorithm=settings.collective_algorithm, order=order)
+                             algorithm=settings.collective_algorithm, order=order,
+                             share=shareable(prog))
     return [r for run in runners for r in run.records], collectives
+
+
+def shareable(prog) -> frozenset[str]:
+    """The temporaries only collectives write (no kernel, no host callback): a group
+    may share one read-only array of such a result (`spmd.execute`)."""
+    toucher, results, written = _Toucher(), set(), set()
+    for step in walk_steps(prog.steps):
+        if isinstance(step, Collective):
+            results |= {t.name for t in step.results}
+        elif isinstance(step, (Kernel, HostCallback)):
+            written |= toucher._touches(step)[1]
+    return frozenset(results & {t.name for t in prog.temps} - written)
 
 
 def _reset(prog, drams) -> None:
