@@ -13,7 +13,7 @@ import numpy as np
 
 from jax_trn.hw.topology import Topology
 
-from . import buffers, numerics, permute
+from . import blocked, buffers, numerics, permute
 from .choice import choose_algorithm
 from .plan import KINDS, Plan
 from .table import plan_for
@@ -83,6 +83,12 @@ def run_collective(kind, arrays_by_device, groups, topology: Topology, algorithm
         return permute.run(pairs, arrays_by_device, topology, dma_available, x0)
     nbytes = buffers.message_bytes(kind, x0.shape, x0.dtype.itemsize, n)
     plan = _plan(kind, groups, topology, algorithm, nbytes)
+    if kind == "all_reduce":               # in column blocks (blocked.py): same bits
+        chunk = buffers.chunk_elems(kind, x0.shape, plan, n)
+        outs = blocked.all_reduce(plan, xs, op, topology.spec.dma_compute_sources, chunk, g)
+        return ({int(d): outs[r] for r, d in enumerate(devs)},
+                timing(plan, topology, devs, chunk * x0.dtype.itemsize, dma_available, kind,
+                       nbytes, n))
     move = {"all_gather": axis, "reduce_scatter": axis, "all_to_all": split_axis}.get(kind, 0)
     blocks = np.stack([np.moveaxis(x, move, 0) for x in xs]) if x0.ndim else np.stack(xs)[:, None]
     if kind in ("reduce_scatter", "all_to_all") and blocks.shape[1] % n:

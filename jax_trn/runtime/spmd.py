@@ -178,8 +178,8 @@ def execute(step: Collective, drams: list[dict], devices, arrivals: list[float],
                                  forced)
         bound: dict[int, np.ndarray] = {}
         for p in range(n):
-            if gid[p] in results and len(dsts) == 1 and dsts[0].name in share:
-                drams[p][dsts[0].name] = _bind_shared(bound, results[gid[p]], dsts[0])
+            if gid[p] in results and all(t.name in share for t in dsts):
+                _bind_all(bound, drams[p], dsts, results[gid[p]])
             elif gid[p] in results:
                 _write_all(drams[p], dsts, results[gid[p]])
             else:                      # collective_permute: nobody sends to p
@@ -221,15 +221,23 @@ def execute(step: Collective, drams: list[dict], devices, arrivals: list[float],
     return issued, record
 
 
-def _bind_shared(bound: dict, value: np.ndarray, t) -> np.ndarray:
-    """`value` as tensor `t`'s flat read-only DRAM array, made once per result object."""
+def _bind_all(bound: dict, dram: dict, dsts: list, value: np.ndarray) -> None:
+    """`value` into tensors `dsts` of a DRAM (as `_write_all` splits it) as flat
+    read-only arrays made once per result object (`bound`), shared by every DRAM that
+    gets the same object."""
     got = bound.get(id(value))
     if got is None:
-        flat = np.asarray(value).astype(_dt.np_dtype(t.dtype)).reshape(-1)
-        flat.flags.writeable = False
-        got = bound[id(value)] = flat
+        flat, at, got = np.asarray(value).reshape(-1), 0, []
+        for t in dsts:
+            part = flat[at:at + t.size] if len(dsts) > 1 else flat
+            part = part.astype(_dt.np_dtype(t.dtype)).reshape(-1)
+            part.flags.writeable = False
+            got.append(part)
+            at += t.size
+        bound[id(value)] = got
         bound[-id(value)] = value              # keeps `value` (and its id) alive
-    return got
+    for t, part in zip(dsts, got):
+        dram[t.name] = part
 
 
 def _run(step, arrays, groups, gid, topology, dma_available=1.0, algorithm=None):
