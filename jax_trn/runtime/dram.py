@@ -17,7 +17,8 @@ PARTITION_ID, REPLICA_ID = "sys:partition_id", "sys:replica_id"
 def bind_dram(prog, params: list[np.ndarray], outs: list[np.ndarray], *, partition: int = 0,
               replica: int = 0, static: dict | None = None) -> dict[str, np.ndarray]:
     """The DRAM tensors of one execution by name: flat parameter arrays (read-only),
-    output arrays (written in place), fresh temporaries, the constants, and this
+    output arrays (written in place), temporaries (`Dram`: zeros, made on first use),
+    the constants, and this
     device's partition and replica ids (uint32 scalars the runtime writes).
     `static`: the constants and ids already bound (`static_dram`), reused."""
     dram = dict(static) if static is not None else static_dram(prog, partition, replica)
@@ -27,9 +28,38 @@ def bind_dram(prog, params: list[np.ndarray], outs: list[np.ndarray], *, partiti
         dram[p.name] = view
     for t, data in zip(prog.outputs, outs):
         dram[t.name] = _as_stored(data, t.dtype)
-    for t in prog.temps:
-        dram[t.name] = np.zeros(t.size, _dt.np_dtype(t.dtype))
-    return dram
+    return Dram(dram, {t.name: t for t in prog.temps})
+
+
+class Dram(dict):
+    """A device's DRAM tensors by name, whose temporaries are made on first use (zeros,
+    as a call finds them) and dropped by `free` after their last use: memory for the
+    temporaries alive at a time, not for all of them (1152 devices' temporaries
+    outgrow a laptop). A freed temporary is "not allocated" again (`hw.memory`
+    raises), never silently zeros."""
+    __slots__ = ("temps", "freed")
+
+    def __init__(self, tensors: dict, temps: dict):
+        super().__init__(tensors)
+        self.temps, self.freed = temps, set()
+
+    def __missing__(self, name: str) -> np.ndarray:
+        t = self.temps.get(name)
+        if t is None or name in self.freed:
+            raise KeyError(name)
+        value = self[name] = np.zeros(t.size, _dt.np_dtype(t.dtype))
+        return value
+
+    def free(self, name: str) -> None:
+        """Drops temporary `name` (its last use is over)."""
+        self.freed.add(name)
+        self.pop(name, None)
+
+    def reset(self) -> None:
+        """Every temporary back to unmade (zeros on next use)."""
+        for name in self.temps:
+            self.pop(name, None)
+        self.freed.clear()
 
 
 def static_dram(prog, partition: int = 0, replica: int = 0) -> dict[str, np.ndarray]:

@@ -37,6 +37,7 @@ from jax_trn.hw import dtypes as _dt
 from jax_trn.hw.program import Collective, HostCallback, Kernel, host_callbacks, walk_steps
 
 from . import replay, spmd
+from .dram import Dram
 from .steps import StepRunner, _names
 
 __all__ = ["ENABLED", "run", "run_full", "leaders"]
@@ -135,8 +136,11 @@ def _reset(prog, drams) -> None:
     for dram in drams:
         for t in prog.outputs:
             dram[t.name][...] = 0
-        for t in prog.temps:
-            dram[t.name] = np.zeros(t.size, _dt.np_dtype(t.dtype))
+        if isinstance(dram, Dram):
+            dram.reset()
+        else:
+            for t in prog.temps:
+                dram[t.name] = np.zeros(t.size, _dt.np_dtype(t.dtype))
 
 
 def _frees(prog) -> dict[int, tuple[str, ...]]:
@@ -171,14 +175,19 @@ class _Freeing(StepRunner):
     frees: dict = {}
 
     def wait_for(self, step, t: float) -> float:
-        for name in self.frees.get(id(step), ()):
-            self.dram.pop(name, None)
+        self._free(self.frees.get(id(step), ()))
         return super().wait_for(step, t)
 
     def run(self):
         yield from super().run()
-        for name in self.frees.get(id(None), ()):
-            self.dram.pop(name, None)
+        self._free(self.frees.get(id(None), ()))
+
+    def _free(self, names) -> None:
+        for name in names:
+            if isinstance(self.dram, Dram):
+                self.dram.free(name)
+            else:
+                self.dram.pop(name, None)
 
 
 class _Leader(_Freeing):
