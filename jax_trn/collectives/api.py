@@ -19,7 +19,7 @@ from .plan import KINDS, Plan
 from .table import plan_for
 from .timing import Timing, timing
 
-__all__ = ["run_collective", "collective_time"]
+__all__ = ["run_collective", "collective_time", "all_reduce_parts"]
 
 
 def _plan(kind, groups, topo, algorithm, nbytes) -> Plan:
@@ -54,6 +54,27 @@ def collective_time(kind, shape, dtype, groups, topology: Topology, algorithm=No
     plan = _plan(kind, groups, topology, algorithm, nbytes)
     chunk = buffers.chunk_elems(kind, shape, plan, n)
     return timing(plan, topology, groups.ravel(), chunk * itemsize, dma_available, kind, nbytes, n)
+
+
+def all_reduce_parts(parts_by_device, groups, topology: Topology, algorithm=None, op="sum", *,
+                     dma_available: float = 1.0):
+    """`run_collective("all_reduce", ...)` of messages given as lists of flat arrays of
+    one dtype (dict device -> parts; the message is their concatenation, read in place:
+    a combined all_reduce's operands); results are flat. Same plan, bits and timing as
+    the concatenated message."""
+    groups = _validate("all_reduce", groups, topology, op)
+    g, n = groups.shape
+    devs = groups.ravel()
+    xs = [list(parts_by_device[int(d)]) for d in devs]
+    x0 = xs[0][0]
+    size = sum(p.size for p in xs[0])
+    nbytes = buffers.message_bytes("all_reduce", (size,), x0.dtype.itemsize, n)
+    plan = _plan("all_reduce", groups, topology, algorithm, nbytes)
+    chunk = buffers.chunk_elems("all_reduce", (size,), plan, n)
+    outs = blocked.all_reduce(plan, xs, op, topology.spec.dma_compute_sources, chunk, g)
+    return ({int(d): outs[r] for r, d in enumerate(devs)},
+            timing(plan, topology, devs, chunk * x0.dtype.itemsize, dma_available, "all_reduce",
+                   nbytes, n))
 
 
 def run_collective(kind, arrays_by_device, groups, topology: Topology, algorithm=None, op="sum", *,

@@ -26,14 +26,20 @@ __all__ = ["BLOCK_BYTES", "all_reduce"]
 BLOCK_BYTES = 64 * 2 ** 20
 
 
-def all_reduce(plan: Plan, xs: list[np.ndarray], op: str, sources: int, chunk: int,
+def all_reduce(plan: Plan, xs: list, op: str, sources: int, chunk: int,
                groups: int) -> list[np.ndarray]:
     """Each rank's all_reduce result (ranks group-major, in `xs` order; a group's
     ranks share one array while their results agree); `chunk`: elements per slot
-    (`buffers.chunk_elems`); `groups`: how many groups the ranks form."""
-    rows, size, dtype = len(xs), xs[0].size, xs[0].dtype
+    (`buffers.chunk_elems`); `groups`: how many groups the ranks form. A rank's input
+    is an array, or a list of flat arrays whose concatenation is the message (a
+    combined all_reduce's operands, read in place: no concatenated copy); its result
+    then is flat."""
+    parts = isinstance(xs[0], (list, tuple))
+    flats = [list(x) if parts else [np.asarray(x).reshape(-1)] for x in xs]
+    rows, dtype = len(xs), flats[0][0].dtype
+    size = sum(f.size for f in flats[0])
+    shape = (size,) if parts else np.shape(xs[0])
     n = rows // groups
-    flats = [np.asarray(x).reshape(-1) for x in xs]
     width = max(1, min(chunk, BLOCK_BYTES // max(1, rows * plan.total_slots * dtype.itemsize)))
     one = np.zeros((groups, plan.slots, chunk), dtype)    # per group, while rows agree
     each: np.ndarray | None = None                          # (rows, slots, chunk) once not
@@ -49,23 +55,43 @@ def all_reduce(plan: Plan, xs: list[np.ndarray], op: str, sources: int, chunk: i
             each = np.repeat(one, n, axis=0)
         each[:, :, c0:c1] = got
     if each is None:
-        shared = [g.reshape(-1)[:size].reshape(xs[0].shape) for g in one]
+        shared = [g.reshape(-1)[:size].reshape(shape) for g in one]
         return [shared[r // n] for r in range(rows)]
-    return [row.reshape(-1)[:size].reshape(xs[0].shape) for row in each]
+    return [row.reshape(-1)[:size].reshape(shape) for row in each]
 
 
-def _load(flats, plan: Plan, chunk: int, c0: int, c1: int, dtype) -> np.ndarray:
+def _load(flats: list[list[np.ndarray]], plan: Plan, chunk: int, c0: int, c1: int,
+          dtype) -> np.ndarray:
     """Columns [c0, c1) of every rank's buffer: the inputs' elements in the main slots,
     zeros elsewhere (as buffers.load lays them out)."""
     buf = np.zeros((len(flats), plan.total_slots, c1 - c0), dtype)
-    size = flats[0].size
+    if len(flats[0]) > 1:
+        return _load_parts(buf, flats, chunk, c0, c1)
+    size = flats[0][0].size
     full = size // chunk                   # slots the input fills completely
     rem = size - full * chunk              # elements in the partial slot after them
     tail = min(rem, c1) - c0               # of those, in this block's columns
-    for r, x in enumerate(flats):
+    for r, (x,) in enumerate(flats):
         buf[r, :full] = x[:full * chunk].reshape(full, chunk)[:, c0:c1]
         if tail > 0:
             buf[r, full, :tail] = x[full * chunk + c0:full * chunk + c0 + tail]
+    return buf
+
+
+def _load_parts(buf, flats, chunk: int, c0: int, c1: int) -> np.ndarray:
+    """`_load` of messages made of several flat parts: each part's elements in this
+    block's columns, placed by index (the same indices for every rank)."""
+    width, at, moves = c1 - c0, 0, []
+    for part in flats[0]:
+        e = at + np.arange(part.size)
+        col = e % chunk
+        keep = np.nonzero((col >= c0) & (col < c1))[0]
+        moves.append(((e[keep] // chunk) * width + col[keep] - c0, keep))
+        at += part.size
+    for r, parts in enumerate(flats):
+        row = buf[r].reshape(-1)
+        for part, (dst, src) in zip(parts, moves):
+            row[dst] = part[src]
     return buf
 
 

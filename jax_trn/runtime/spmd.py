@@ -173,7 +173,11 @@ def execute(step: Collective, drams: list[dict], devices, arrivals: list[float],
     total_ns, nbytes, step_times = 0.0, 0, []
     sent: dict[str, float] = {}
     for srcs, dsts in messages(step):
-        arrays = {gid[p]: _read_all(drams[p], srcs) for p in range(n)}
+        if len(srcs) > 1:              # one flat message, its parts read in place
+            arrays = {gid[p]: [np.asarray(drams[p][t.name]).reshape(-1) for t in srcs]
+                      for p in range(n)}
+        else:
+            arrays = {gid[p]: _read(drams[p], srcs[0]) for p in range(n)}
         results, timing_i = _run(step, arrays, groups, gid, topology, dma_available,
                                  forced)
         bound: dict[int, np.ndarray] = {}
@@ -252,6 +256,9 @@ def _run(step, arrays, groups, gid, topology, dma_available=1.0, algorithm=None)
             raise CollectiveError(f"{step.name}: a {step.kind} combining with {step.op!r} is "
                                   "not supported by the collective engine (sum, max, min)")
         kw["op"] = op
+    if isinstance(arrays[gid[0]], list):           # messages(): a combined all_reduce
+        from jax_trn.collectives import all_reduce_parts
+        return all_reduce_parts(arrays, groups_g, topology, **kw)
     if step.kind in ("all_gather", "reduce_scatter"):
         kw["axis"] = step.dim
     if step.kind == "all_to_all":
@@ -288,12 +295,6 @@ def messages(step: Collective) -> list[tuple[list, list]]:
             and len({t.dtype for t in step.operands}) == 1):
         return [(list(step.operands), list(step.results))]
     return [([src], [dst]) for src, dst in pairs]
-
-
-def _read_all(dram: dict, srcs: list) -> np.ndarray:
-    if len(srcs) == 1:
-        return _read(dram, srcs[0])
-    return np.concatenate([np.asarray(dram[t.name]).reshape(-1) for t in srcs])
 
 
 def _write_all(dram: dict, dsts: list, value: np.ndarray) -> None:
