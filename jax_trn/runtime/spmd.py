@@ -39,6 +39,11 @@ Host callbacks (`hw.program.HostCallback`) that one device makes for all (a call
 whole arrays under automatic sharding, `step.device`) are rendezvous too: once every
 device has reached it, the caller's operands go to the host, the function runs once,
 and its results are copied into every device's HBM (`callbacks.shared_spans`).
+Memory (issue 14, point 4). An all_gather is its group's concatenation (`_gathered`),
+an all_reduce runs in column blocks of bounded size (`collectives.blocked`), a combined
+all_reduce reads its operands in place (`collectives.all_reduce_parts`), and a result
+no other step writes is bound once per group where its members' bits agree (`share`).
+Which devices share their timeline, and run numerics only, is `spmd_batch`'s business.
 Device ids. Replica groups and permute pairs name partition ids (SPMD: one replica,
 `num_partitions` devices; `use_global_device_ids`); partition p runs on the
 executable's p-th device, whose global id places it on the topology.

@@ -20,11 +20,15 @@ and it is simulated in full, every device timed (`run_full`, the reference path)
 Programs with host callbacks always run in full (a diverged call would call the host
 twice).
 
-Memory. Every device's temporaries are bound for the whole call (`dram.bind_dram`), but
-each one dies after the last top-level step that names it (`_last_uses`): a runner
-drops it at the start of the next step, so a device's kernel temporaries are gone
-before the next device runs, and only what crosses a collective is alive for all
-devices at once.
+Memory. A device's temporaries are made on first use (`dram.Dram`) and dropped after
+the last top-level step that names it (`_frees`): a runner frees it at the start of the
+next step, so a device's kernel temporaries are gone before the next device runs, and
+only what crosses a collective is alive for all devices at once. Results that only
+collectives write (`shareable`) are bound as one read-only array per group where the
+group's members get the same bits (an all_gather's, an all_reduce's: `spmd.execute`).
+
+Numerics still run device by device (each follower replays its kernels); vectorizing
+them over a leading device axis is the next step (issue 14, point 4).
 """
 from __future__ import annotations
 
