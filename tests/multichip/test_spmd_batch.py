@@ -42,3 +42,41 @@ def test_leaders_are_the_first_chip_with_the_same_cores_in_the_same_order():
     devs = [D(chip=c, core=k) for c, k in
             [(0, 0), (0, 1), (1, 0), (1, 1), (2, 1), (2, 0), (3, 0), (4, 1), (4, 0)]]
     assert leaders(devs) == [0, 1, 0, 1, 4, 5, 6, 4, 5]
+
+
+def test_temporaries_are_made_on_first_use_and_gone_after_free():
+    """dram.Dram: a temporary is zeros when first used, costs nothing before, and once
+    freed is 'not allocated' (an error), never silently zeros again."""
+    from types import SimpleNamespace as T
+
+    import numpy as np
+
+    from jax_trn.hw.isa import IsaError
+    from jax_trn.hw.memory import _strided
+    from jax_trn.runtime.dram import Dram
+    dram = Dram({"p": np.ones(4, np.float32)}, {"t": T(size=8, dtype="float32")})
+    assert "t" not in dram
+    assert dram["t"].tolist() == [0.0] * 8 and "t" in dram
+    dram["t"][:] = 5
+    dram.free("t")
+    ap = T(tensor="t")
+    with pytest.raises(IsaError, match="not allocated"):
+        _strided(ap, dram)
+    dram.reset()
+    assert dram["t"].tolist() == [0.0] * 8
+
+
+def test_a_temporary_is_freed_at_the_step_after_its_last_use():
+    from types import SimpleNamespace as T
+    from jax_trn.runtime import spmd_batch
+    steps = [object(), object(), object()]
+    uses = {id(steps[0]): {"a", "b"}, id(steps[1]): {"b"}, id(steps[2]): {"c"}}
+    prog = T(steps=steps, temps=[T(name=n) for n in "abcd"])
+    orig = spmd_batch._Toucher.touches
+    spmd_batch._Toucher.touches = lambda self, s: frozenset(uses[id(s)])
+    try:
+        frees = spmd_batch._frees(prog)
+    finally:
+        spmd_batch._Toucher.touches = orig
+    assert frees == {id(steps[0]): ("d",), id(steps[1]): ("a",), id(steps[2]): ("b",),
+                     id(None): ("c",)}
