@@ -25,10 +25,12 @@ timing (timing.py: the steps over the links), so both are the algorithm's. The m
   permute.py       direct collective_permute
   levels.py        levels of lines and the plan assembled from them
   orders.py        ring / hypercube orders of devices; buffers.py: data <-> slots
-  api.py           run_collective, collective_time
+  api.py           run_collective, collective_time, all_reduce_parts
+  blocked.py       all_reduce numerics in column blocks (bounded working memory)
 
 `ALGORITHMS` (its keys) is what `algorithm=` and JAX_TRN_COLLECTIVE_ALGORITHM accept.
 """
+from .api import all_reduce_parts as all_reduce_parts
 from .api import collective_time as collective_time, run_collective as run_collective
 from .choice import MESH_MAX_BYTES as MESH_MAX_BYTES, RDH_MAX_BYTES as RDH_MAX_BYTES
 from .choice import choose_algorithm as choose_algorithm
@@ -37,6 +39,6 @@ from .plan import KINDS as KINDS
 from .table import ALGORITHMS as ALGORITHMS, Algorithm as Algorithm
 from .timing import StepTiming as StepTiming, Timing as Timing
 
-__all__ = ["ALGORITHMS", "Algorithm", "KINDS", "MESH_MAX_BYTES", "RDH_MAX_BYTES",
+__all__ = ["ALGORITHMS", "Algorithm", "KINDS", "MESH_MAX_BYTES", "RDH_MAX_BYTES", "all_reduce_parts",
            "StepTiming", "Timing", "choose_algorithm", "collective_time", "rdh_order",
            "ring_order", "run_collective"]

@@ -13,13 +13,13 @@ import numpy as np
 
 from jax_trn.hw.topology import Topology
 
-from . import buffers, numerics, permute
+from . import blocked, buffers, numerics, permute
 from .choice import choose_algorithm
 from .plan import KINDS, Plan
 from .table import plan_for
 from .timing import Timing, timing
 
-__all__ = ["run_collective", "collective_time"]
+__all__ = ["run_collective", "collective_time", "all_reduce_parts"]
 
 
 def _plan(kind, groups, topo, algorithm, nbytes) -> Plan:
@@ -56,6 +56,27 @@ def collective_time(kind, shape, dtype, groups, topology: Topology, algorithm=No
     return timing(plan, topology, groups.ravel(), chunk * itemsize, dma_available, kind, nbytes, n)
 
 
+def all_reduce_parts(parts_by_device, groups, topology: Topology, algorithm=None, op="sum", *,
+                     dma_available: float = 1.0):
+    """`run_collective("all_reduce", ...)` of messages given as lists of flat arrays of
+    one dtype (dict device -> parts; the message is their concatenation, read in place:
+    a combined all_reduce's operands); results are flat. Same plan, bits and timing as
+    the concatenated message."""
+    groups = _validate("all_reduce", groups, topology, op)
+    g, n = groups.shape
+    devs = groups.ravel()
+    xs = [list(parts_by_device[int(d)]) for d in devs]
+    x0 = xs[0][0]
+    size = sum(p.size for p in xs[0])
+    nbytes = buffers.message_bytes("all_reduce", (size,), x0.dtype.itemsize, n)
+    plan = _plan("all_reduce", groups, topology, algorithm, nbytes)
+    chunk = buffers.chunk_elems("all_reduce", (size,), plan, n)
+    outs = blocked.all_reduce(plan, xs, op, topology.spec.dma_compute_sources, chunk, g)
+    return ({int(d): outs[r] for r, d in enumerate(devs)},
+            timing(plan, topology, devs, chunk * x0.dtype.itemsize, dma_available, "all_reduce",
+                   nbytes, n))
+
+
 def run_collective(kind, arrays_by_device, groups, topology: Topology, algorithm=None, op="sum", *,
                    axis: int = 0, pairs=None, dma_available: float = 1.0, split_axis: int = 0,
                    concat_axis: int = 0):
@@ -83,6 +104,12 @@ def run_collective(kind, arrays_by_device, groups, topology: Topology, algorithm
         return permute.run(pairs, arrays_by_device, topology, dma_available, x0)
     nbytes = buffers.message_bytes(kind, x0.shape, x0.dtype.itemsize, n)
     plan = _plan(kind, groups, topology, algorithm, nbytes)
+    if kind == "all_reduce":               # in column blocks (blocked.py): same bits
+        chunk = buffers.chunk_elems(kind, x0.shape, plan, n)
+        outs = blocked.all_reduce(plan, xs, op, topology.spec.dma_compute_sources, chunk, g)
+        return ({int(d): outs[r] for r, d in enumerate(devs)},
+                timing(plan, topology, devs, chunk * x0.dtype.itemsize, dma_available, kind,
+                       nbytes, n))
     move = {"all_gather": axis, "reduce_scatter": axis, "all_to_all": split_axis}.get(kind, 0)
     blocks = np.stack([np.moveaxis(x, move, 0) for x in xs]) if x0.ndim else np.stack(xs)[:, None]
     if kind in ("reduce_scatter", "all_to_all") and blocks.shape[1] % n:

@@ -17,8 +17,9 @@ PARTITION_ID, REPLICA_ID = "sys:partition_id", "sys:replica_id"
 def bind_dram(prog, params: list[np.ndarray], outs: list[np.ndarray], *, partition: int = 0,
               replica: int = 0, static: dict | None = None) -> dict[str, np.ndarray]:
     """The DRAM tensors of one execution by name: flat parameter arrays (read-only),
-    output arrays (written in place), fresh temporaries, the constants, and this
-    device's partition and replica ids (uint32 scalars the runtime writes).
+    output arrays (written in place), temporaries (`Dram`: zeros, made on first use,
+    views of their shared slots), the constants, and this device's partition and
+    replica ids (uint32 scalars the runtime writes).
     `static`: the constants and ids already bound (`static_dram`), reused."""
     dram = dict(static) if static is not None else static_dram(prog, partition, replica)
     for p, data in zip(prog.params, params):
@@ -27,13 +28,63 @@ def bind_dram(prog, params: list[np.ndarray], outs: list[np.ndarray], *, partiti
         dram[p.name] = view
     for t, data in zip(prog.outputs, outs):
         dram[t.name] = _as_stored(data, t.dtype)
-    dram.update(temp_arrays(prog))
-    return dram
+    return Dram(dram, prog)
+
+
+class Dram(dict):
+    """A device's DRAM tensors by name, whose temporaries are made on first use (zeros,
+    as a call finds them) and dropped by `free` after their last use: memory for the
+    temporaries alive at a time, not for all of them (1152 devices' temporaries
+    outgrow a laptop). A freed temporary is "not allocated" again (`hw.memory`
+    raises), never silently zeros. With a buffer assignment (jax_trn.lower.buffers) a
+    temporary is a view of its HBM slot, one zeroed byte array made when the first of
+    its tenants is used and dropped when the tenant in use is freed; without `free`
+    (one device's run) the slot is kept and its next tenant starts with the dead
+    value's bytes, as on hardware."""
+    __slots__ = ("temps", "freed", "slot_bytes", "temp_slot", "slots")
+
+    def __init__(self, tensors: dict, prog):
+        super().__init__(tensors)
+        self.temps = {t.name: t for t in prog.temps}
+        self.slot_bytes, self.temp_slot = prog.slot_bytes, prog.temp_slot
+        self.freed: set[str] = set()
+        self.slots: dict[int, np.ndarray] = {}
+
+    def __missing__(self, name: str) -> np.ndarray:
+        t = self.temps.get(name)
+        if t is None or name in self.freed:
+            raise KeyError(name)
+        dtype = _dt.np_dtype(t.dtype)
+        if self.slot_bytes is None:
+            value = np.zeros(t.size, dtype)
+        else:
+            i = self.temp_slot[name]
+            slot = self.slots.get(i)
+            if slot is None:
+                slot = self.slots[i] = np.zeros(self.slot_bytes[i], np.uint8)
+            value = slot[:t.nbytes].view(dtype)
+        self[name] = value
+        return value
+
+    def free(self, name: str) -> None:
+        """Drops temporary `name` (its last use is over), and its slot's memory."""
+        self.freed.add(name)
+        self.pop(name, None)
+        if self.slot_bytes is not None and name in self.temp_slot:
+            self.slots.pop(self.temp_slot[name], None)
+
+    def reset(self) -> None:
+        """Every temporary back to unmade (zeros on next use)."""
+        for name in self.temps:
+            self.pop(name, None)
+        self.freed.clear()
+        self.slots.clear()
 
 
 def temp_arrays(prog) -> dict[str, np.ndarray]:
-    """Fresh zeroed temporaries of one call by name: views of the program's shared HBM
-    slots (jax_trn.lower.buffers), or one array each without a buffer assignment."""
+    """Every temporary of one call at once, zeroed, by name: views of the program's
+    shared HBM slots (jax_trn.lower.buffers), or one array each without a buffer
+    assignment (tests that bind a program by hand)."""
     if prog.slot_bytes is None:
         return {t.name: np.zeros(t.size, _dt.np_dtype(t.dtype)) for t in prog.temps}
     slots = [np.zeros(n, np.uint8) for n in prog.slot_bytes]

@@ -27,10 +27,10 @@ from jax_trn.hw.program import has_collectives, host_callbacks
 from jax_trn.config import Options
 from jax_trn.systems import System
 
-from . import blas, callbacks, donation, interrupts, replay, spmd, timing_only
+from . import blas, callbacks, donation, interrupts, replay, spmd, spmd_batch, timing_only
 from .buffer import Allocations, Buffer, TimingOnlyValue
 from .device import Device
-from .dram import PARTITION_ID, REPLICA_ID, bind_dram, static_dram  # noqa: F401
+from .dram import PARTITION_ID, REPLICA_ID, Dram, bind_dram, static_dram  # noqa: F401
 from .execution import compute_dtype, make_execution  # noqa: F401
 from .gc_pause import gc_paused
 # The control path moved to steps.py; these names are still imported from here.
@@ -259,8 +259,13 @@ class Executable:
 
     def _clear(self, dram) -> None:
         """Outputs and temporaries back to zeros, as a call finds them."""
-        for t in self.program.outputs + self.program.temps:
+        for t in self.program.outputs:
             dram[t.name][...] = 0
+        if isinstance(dram, Dram):
+            dram.reset()
+        else:
+            for t in self.program.temps:
+                dram[t.name][...] = 0
 
     def _run_device(self, dev, dram, hbm) -> replay.DeviceTimeline:
         """The steps on `dev`'s core from simulated time 0, timed in full."""
@@ -276,25 +281,16 @@ class Executable:
 
     def _execute_spmd(self, devices, arg_lists, alloc):
         """All devices at once: each runs the steps on its core until a collective,
-        which runs when all have reached it (`spmd.drive`)."""
-        hbms = self._hbms(devices)
+        which runs when all have reached it (`spmd.drive`); one timeline per class of
+        equivalent chips (`spmd_batch`)."""
         prepared = [self._prepare(dev, args, p, alloc)
                     for p, (dev, args) in enumerate(zip(devices, arg_lists))]
-        runners = []
         with contextlib.ExitStack() as locks:
             for dev in sorted(set(devices), key=lambda d: d.id):
                 locks.enter_context(dev.execution_lock)
-            for dev, (_, dram) in zip(devices, prepared):
-                core = dev.core_model
-                core.begin(hbms[dev.chip])
-                runners.append(StepRunner(core, dram, dev.id, dev.chip, True,
-                                           self.program.steps,
-                                           self.settings.max_while_iterations,
-                                           chip_spec=dev.system.chip))
-                runners[-1].shared = len(devices) > 1
-            collectives = spmd.drive(runners, devices, devices[0].system.interconnect(),
-                                     algorithm=self.settings.collective_algorithm)
-        records = [r for run in runners for r in run.records]
+            records, collectives = spmd_batch.run(
+                    self.program, devices, [dram for _, dram in prepared],
+                    lambda: self._hbms(devices), self.settings)
         return [outs for outs, _ in prepared], records, collectives
 
     def _execution(self, kernels, devices, collectives=()) -> profiler.Execution:

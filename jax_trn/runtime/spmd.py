@@ -39,6 +39,11 @@ Host callbacks (`hw.program.HostCallback`) that one device makes for all (a call
 whole arrays under automatic sharding, `step.device`) are rendezvous too: once every
 device has reached it, the caller's operands go to the host, the function runs once,
 and its results are copied into every device's HBM (`callbacks.shared_spans`).
+Memory (issue 14, point 4). An all_gather is its group's concatenation (`_gathered`),
+an all_reduce runs in column blocks of bounded size (`collectives.blocked`), a combined
+all_reduce reads its operands in place (`collectives.all_reduce_parts`), and a result
+no other step writes is bound once per group where its members' bits agree (`share`).
+Which devices share their timeline, and run numerics only, is `spmd_batch`'s business.
 Device ids. Replica groups and permute pairs name partition ids (SPMD: one replica,
 `num_partitions` devices; `use_global_device_ids`); partition p runs on the
 executable's p-th device, whose global id places it on the topology.
@@ -86,12 +91,19 @@ class Issued:
     dma_bytes_per_ns: float = 0.0
 
 
-def drive(runners, devices, topology, *, algorithm: str | None = None
+def drive(runners, devices, topology, *, algorithm: str | None = None,
+          order: list[int] | None = None, share: frozenset[str] = frozenset()
           ) -> list[profiler.CollectiveRecord]:
     """Runs the runners' generators to completion, executing each collective when
-    every device has reached it. Returns the collectives' records."""
+    every device has reached it. Returns the collectives' records. `order`: the
+    partitions in the order their runners advance to each rendezvous (default
+    0..n-1; `spmd_batch` advances leaders before their followers); `share`: see
+    `execute`."""
     gens = [r.run() for r in runners]
-    pending: list[Arrival | None] = [_advance(g, None) for g in gens]
+    order = list(range(len(gens))) if order is None else order
+    pending: list[Arrival | None] = [None] * len(gens)
+    for i in order:
+        pending[i] = _advance(gens[i], None)
     records = []
     while any(p is not None for p in pending):
         if any(p is None for p in pending):
@@ -108,15 +120,17 @@ def drive(runners, devices, topology, *, algorithm: str | None = None
         step = pending[0].step
         if isinstance(step, HostCallback):
             spans = _host_callback(step, runners, [p.t for p in pending])
-            pending = [_advance(g, span) for g, span in zip(gens, spans)]
+            for i in order:
+                pending[i] = _advance(gens[i], spans[i])
             continue
         issued, record = execute(step, [r.dram for r in runners], devices,
                                  [p.t for p in pending], topology, pending[0].context,
                                  ready=[p.t if p.ready is None else p.ready for p in pending],
                                  overlaps=any(p.overlaps for p in pending),
-                                 algorithm=algorithm)
+                                 algorithm=algorithm, share=share)
         records.append(record)
-        pending = [_advance(g, i) for g, i in zip(gens, issued)]
+        for i in order:
+            pending[i] = _advance(gens[i], issued[i])
     return records
 
 
@@ -142,11 +156,15 @@ def _advance(gen, value) -> Arrival | None:
 
 def execute(step: Collective, drams: list[dict], devices, arrivals: list[float], topology,
             context: str = "", *, ready: list[float] | None = None, overlaps: bool = False,
-            algorithm: str | None = None) -> tuple[list[Issued], profiler.CollectiveRecord]:
+            algorithm: str | None = None, share: frozenset[str] = frozenset()
+            ) -> tuple[list[Issued], profiler.CollectiveRecord]:
     """Runs `step` for all devices (partition p = devices[p]); returns each device's
     span and DMA rate, and the record. `ready[p]`: when p's CC cores are free (default:
     its arrival); `overlaps`: some device computes meanwhile (see module doc);
-    `algorithm`: the algorithm to force (JAX_TRN_COLLECTIVE_ALGORITHM), None to choose."""
+    `algorithm`: the algorithm to force (JAX_TRN_COLLECTIVE_ALGORITHM), None to choose;
+    `share`: result tensors no other step writes: where a group's members get one
+    result array (an all_gather's), their DRAMs bind one read-only copy of it instead
+    of a copy each (memory: one per group, not one per device)."""
     n = len(devices)
     gid = [d.id for d in devices]
     ready = list(arrivals) if ready is None else [max(a, r) for a, r in zip(arrivals, ready)]
@@ -160,11 +178,18 @@ def execute(step: Collective, drams: list[dict], devices, arrivals: list[float],
     total_ns, nbytes, step_times = 0.0, 0, []
     sent: dict[str, float] = {}
     for srcs, dsts in messages(step):
-        arrays = {gid[p]: _read_all(drams[p], srcs) for p in range(n)}
+        if len(srcs) > 1:              # one flat message, its parts read in place
+            arrays = {gid[p]: [np.asarray(drams[p][t.name]).reshape(-1) for t in srcs]
+                      for p in range(n)}
+        else:
+            arrays = {gid[p]: _read(drams[p], srcs[0]) for p in range(n)}
         results, timing_i = _run(step, arrays, groups, gid, topology, dma_available,
                                  forced)
+        bound: dict[int, np.ndarray] = {}
         for p in range(n):
-            if gid[p] in results:
+            if gid[p] in results and all(t.name in share for t in dsts):
+                _bind_all(bound, drams[p], dsts, results[gid[p]])
+            elif gid[p] in results:
                 _write_all(drams[p], dsts, results[gid[p]])
             else:                      # collective_permute: nobody sends to p
                 for dst in dsts:
@@ -205,16 +230,40 @@ def execute(step: Collective, drams: list[dict], devices, arrivals: list[float],
     return issued, record
 
 
+def _bind_all(bound: dict, dram: dict, dsts: list, value: np.ndarray) -> None:
+    """`value` into tensors `dsts` of a DRAM (as `_write_all` splits it) as flat
+    read-only arrays made once per result object (`bound`), shared by every DRAM that
+    gets the same object."""
+    got = bound.get(id(value))
+    if got is None:
+        flat, at, got = np.asarray(value).reshape(-1), 0, []
+        for t in dsts:
+            part = flat[at:at + t.size] if len(dsts) > 1 else flat
+            part = part.astype(_dt.np_dtype(t.dtype)).reshape(-1)
+            part.flags.writeable = False
+            got.append(part)
+            at += t.size
+        bound[id(value)] = got
+        bound[-id(value)] = value              # keeps `value` (and its id) alive
+    for t, part in zip(dsts, got):
+        dram[t.name] = part
+
+
 def _run(step, arrays, groups, gid, topology, dma_available=1.0, algorithm=None):
     from jax_trn.collectives import run_collective
     groups_g = [[gid[p] for p in g] for g in groups]
     kw = {"dma_available": dma_available, "algorithm": algorithm}
+    if step.kind == "all_gather" and np.ndim(arrays[gid[0]]):
+        return _gathered(arrays, groups_g, step.dim, topology, **kw)
     if step.kind in ("all_reduce", "reduce_scatter"):
         op = KIND_OPS.get(step.op)
         if op is None:
             raise CollectiveError(f"{step.name}: a {step.kind} combining with {step.op!r} is "
                                   "not supported by the collective engine (sum, max, min)")
         kw["op"] = op
+    if isinstance(arrays[gid[0]], list):           # messages(): a combined all_reduce
+        from jax_trn.collectives import all_reduce_parts
+        return all_reduce_parts(arrays, groups_g, topology, **kw)
     if step.kind in ("all_gather", "reduce_scatter"):
         kw["axis"] = step.dim
     if step.kind == "all_to_all":
@@ -222,6 +271,23 @@ def _run(step, arrays, groups, gid, topology, dma_available=1.0, algorithm=None)
     if step.kind == "collective_permute":
         kw["pairs"] = [(gid[s], gid[t]) for s, t in step.pairs]
     return run_collective(step.kind, arrays, groups_g, topology, **kw)
+
+
+def _gathered(arrays, groups, axis: int, topology, dma_available=1.0, algorithm=None):
+    """An all_gather's results and timing. It moves data without arithmetic, so every
+    member's result is the concatenation of its group's inputs in group order, whatever
+    the algorithm: one array per group, shared by its members (no working buffer of
+    every rank's slots, which is ranks x group size x input). Its timing is the plan's,
+    as `run_collective` prices it (`collective_time`: the same plan)."""
+    from jax_trn.collectives import collective_time
+    x0 = np.asarray(arrays[groups[0][0]])
+    timing = collective_time("all_gather", x0.shape, x0.dtype, groups, topology, algorithm,
+                             dma_available=dma_available)
+    results = {}
+    for g in groups:
+        got = np.concatenate([np.asarray(arrays[d]) for d in g], axis=axis)
+        results.update(dict.fromkeys(g, got))
+    return results, timing
 
 
 def messages(step: Collective) -> list[tuple[list, list]]:
@@ -234,12 +300,6 @@ def messages(step: Collective) -> list[tuple[list, list]]:
             and len({t.dtype for t in step.operands}) == 1):
         return [(list(step.operands), list(step.results))]
     return [([src], [dst]) for src, dst in pairs]
-
-
-def _read_all(dram: dict, srcs: list) -> np.ndarray:
-    if len(srcs) == 1:
-        return _read(dram, srcs[0])
-    return np.concatenate([np.asarray(dram[t.name]).reshape(-1) for t in srcs])
 
 
 def _write_all(dram: dict, dsts: list, value: np.ndarray) -> None:

@@ -1,0 +1,88 @@
+"""all_reduce in column blocks (collectives/blocked.py) against the whole-buffer plan
+(buffers.load -> numerics.execute -> buffers.unload): the same bits for every algorithm,
+topology, dtype and op, with blocks narrower than a slot."""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from jax_trn.collectives import blocked, buffers, numerics, run_collective
+from jax_trn.collectives.api import _plan
+from jax_trn.systems import SYSTEMS
+
+TOPOS = {k: SYSTEMS[k].interconnect() for k in ("trn2.48xlarge", "trn3-ultraserver",
+                                                 "trn1.32xlarge")}
+
+
+def _whole(kind_groups, arrays, topo, algorithm, op):
+    """The plan on every rank's whole buffer, as run_collective ran it before."""
+    groups = np.asarray(kind_groups)
+    g, n = groups.shape
+    xs = [np.asarray(arrays[int(d)]) for d in groups.ravel()]
+    x0 = xs[0]
+    plan = _plan("all_reduce", groups, topo, algorithm,
+                 buffers.message_bytes("all_reduce", x0.shape, x0.dtype.itemsize, n))
+    blocks = np.stack(xs) if x0.ndim else np.stack(xs)[:, None]
+    chunk = buffers.chunk_elems("all_reduce", x0.shape, plan, n)
+    buf = buffers.load("all_reduce", blocks, plan, n, chunk)
+    numerics.execute(plan, buf, op, topo.spec.dma_compute_sources)
+    out = buffers.unload("all_reduce", buf, plan, blocks, g, n, chunk)
+    return {int(d): out[r].reshape(x0.shape) for r, d in enumerate(groups.ravel())}
+
+
+@pytest.mark.parametrize("topo", list(TOPOS))
+@pytest.mark.parametrize("algorithm", [None, "ring", "rdh", "mesh", "mesh1", "hierarchical",
+                                       "kangaring", "ring2d"])
+@pytest.mark.parametrize("shape,dtype,op", [((3001,), np.float32, "sum"),
+                                            ((7, 33), ml_dtypes.bfloat16, "sum"),
+                                            ((), np.float32, "max"), ((50,), np.int32, "sum"),
+                                            ((13,), np.bool_, "sum"),
+                                            ((1000,), np.float32, "min")])
+def test_blocks_give_the_whole_buffers_bits(topo, algorithm, shape, dtype, op, monkeypatch):
+    monkeypatch.setattr(blocked, "BLOCK_BYTES", 4096)        # several blocks per slot
+    rng = np.random.default_rng(7)
+    n = TOPOS[topo].num_devices
+    for groups in ([list(range(0, min(n, 128)))], [list(range(0, 16, 2)), list(range(1, 16, 2))],
+                   [[0, 5, 9, 14]]):
+        arrays = {d: (rng.standard_normal(shape) * 100).astype(dtype) for g in groups for d in g}
+        if dtype == np.float32 and op == "sum":
+            arrays[groups[0][1]].reshape(-1)[:2] = [np.nan, -0.0]
+        try:
+            got, _ = run_collective("all_reduce", arrays, groups, TOPOS[topo], algorithm, op=op)
+        except ValueError:                   # the algorithm does not fit these groups
+            continue
+        want = _whole(groups, arrays, TOPOS[topo], algorithm, op)
+        for d in arrays:
+            assert got[d].shape == want[d].shape and got[d].dtype == want[d].dtype
+            assert got[d].tobytes() == want[d].tobytes(), (groups, d)
+
+
+def test_rows_that_differ_are_kept_per_rank():
+    """A plan that leaves ranks with different bits (here forced: per-rank results of a
+    hand-made buffer) is not collapsed to one array."""
+    from jax_trn.collectives.plan import Plan
+    plan = Plan(steps=[], slots=2, total_slots=2, leaf=np.zeros(4, int), leaf_span=1, name="none")
+    xs = [np.arange(4, dtype=np.float32) + r for r in range(4)]
+    outs = blocked.all_reduce(plan, xs, "sum", 16, 2, 2)
+    assert [o.tolist() for o in outs] == [x.tolist() for x in xs]
+
+
+@pytest.mark.parametrize("algorithm", [None, "ring", "mesh", "hierarchical"])
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_a_message_of_parts_is_its_concatenation(algorithm, dtype, monkeypatch):
+    """all_reduce_parts (a combined all_reduce's operands, read in place) gives the
+    bits and timing of the concatenated message."""
+    from jax_trn.collectives import all_reduce_parts
+    monkeypatch.setattr(blocked, "BLOCK_BYTES", 4096)
+    rng = np.random.default_rng(3)
+    topo = TOPOS["trn2.48xlarge"]
+    groups = [list(range(0, 32, 2)), list(range(1, 32, 2))]
+    sizes = [1, 10, 700, 33, 2]
+    parts = {d: [rng.standard_normal(k).astype(dtype) for k in sizes] for g in groups for d in g}
+    got, got_t = all_reduce_parts(parts, groups, topo, algorithm)
+    whole = {d: np.concatenate(p) for d, p in parts.items()}
+    want, want_t = run_collective("all_reduce", whole, groups, topo, algorithm)
+    assert got_t == want_t
+    for d in parts:
+        assert got[d].shape == want[d].shape and got[d].tobytes() == want[d].tobytes()
