@@ -139,7 +139,7 @@ def loaded_destroy(a):
 @entry("PJRT_LoadedExecutable_GetExecutable", never_fails=True)
 def loaded_get_executable(a):
     le = HANDLES.get(get_ptr(a, "loaded_executable"), CLoadedExecutable)
-    set_ptr(a, "executable", HANDLES.new(le.executable))
+    set_ptr(a, "executable", le.executable.new_handle())
 
 
 @entry("PJRT_LoadedExecutable_AddressableDevices", never_fails=True)

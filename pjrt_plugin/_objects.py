@@ -11,6 +11,7 @@ import ctypes
 
 from . import _c_api as C
 from . import _dtypes
+from ._native import TAGS
 from ._handles import HANDLES
 from ._mem import Keep, set_ptr
 
@@ -74,7 +75,8 @@ class CMemory:
         self.kind = self.keep.bytes(memory.kind)
         self.debug_string = self.keep.bytes(memory.debug_string)
         self.to_string = self.keep.bytes(memory.to_string)
-        self.handle = HANDLES.stable(self)      # vtable NULL: no user-data support
+        # vtable NULL (no user-data support); MEMORY_WORDS: C answers PJRT_Memory_Kind
+        self.handle = HANDLES.stable(self, 0, (TAGS["memory"], *self.kind))
         self.client = client
         self.devices = (0, 0)                   # filled by CClient once devices exist
 
@@ -119,9 +121,12 @@ class CClient:
         return self.device_of[id(device)]
 
 
-# The words of a buffer's handle block (the C getters of pjrt_plugin/_native/_guard.c
-# read them: the same order as its B_* constants).
-BUFFER_WORDS = ("vtable", "type", "dims", "num_dims", "device", "memory", "deleted")
+# The words of the handle blocks C reads (pjrt_plugin/_native/_answers.c: the same
+# order as its B_*, X_* and M_* constants). `failed`: the buffer has an error.
+BUFFER_WORDS = ("vtable", "tag", "type", "dims", "num_dims", "device", "memory", "deleted",
+                "failed")
+EXECUTABLE_WORDS = ("vtable", "tag", "num_replicas", "num_partitions", "num_outputs")
+MEMORY_WORDS = ("vtable", "tag", "kind", "kind_size")
 
 
 _SHAPES = Keep()            # C arrays of dims and layouts, shared by buffers of a shape
@@ -158,8 +163,10 @@ class CBuffer:
     def new_handle(self) -> int:
         """A handle whose block holds this buffer's infallible answers (BUFFER_WORDS)."""
         device = self.device
-        return HANDLES.new(self, 0, (self.element_type, *self.dims, device.handle,
-                                     device.memory.handle, int(self.rt.is_deleted)))
+        rt = self.rt
+        return HANDLES.new(self, 0, (TAGS["buffer"], self.element_type, *self.dims,
+                                     device.handle, device.memory.handle,
+                                     int(rt.is_deleted), int(rt.error is not None)))
 
 
 def mark_deleted(buffer_handle: int) -> None:
@@ -216,6 +223,12 @@ class CExecutable:
             # A module with no results has one (replicated) sharding, the empty tuple's:
             # XLA's IFRT client requires exactly one (FailedPrecondition otherwise).
             self.output_shardings = _replicated_shardings(k, 1)
+
+    def new_handle(self) -> int:
+        """A handle whose block holds the counts C answers (EXECUTABLE_WORDS)."""
+        rt = self.rt
+        return HANDLES.new(self, 0, (TAGS["executable"], rt.num_replicas, rt.num_partitions,
+                                     len(rt.output_types)))
 
     @property
     def optimized_mlir(self) -> bytes:

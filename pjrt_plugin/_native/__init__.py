@@ -9,7 +9,8 @@ install) the same functions are reached through ctypes thunks and errors are Pyt
 objects (`_pyerrors`): it works, but an interrupt or an exception raised at the wrong
 moment, or a call during shutdown, can leave JAX reading garbage.
 
-`entry_address`, `new_error` and `defer` are the whole interface.
+`entry_address`, `new_error`, `new_event` and `defer` are the whole interface, with
+`TAGS`, the second word of the handle blocks whose calls C answers (_answers.c).
 """
 from __future__ import annotations
 
@@ -38,8 +39,21 @@ _lock = threading.Lock()
 ctypes.pythonapi.Py_IncRef(ctypes.py_object(_KEEP))
 
 
+# Without the extension no C reads a handle block: any tag will do.
+TAGS: dict[str, int] = (_guard.TAGS if _guard is not None else
+                        dict.fromkeys(("buffer", "executable", "memory", "event"), 0))
+
+
 def has_guard() -> bool:
     return _guard is not None
+
+
+def new_event(code: int, message: str) -> int | None:
+    """The address of a new ready PJRT_Event made in C, failed with (code, message) if
+    code != 0; None without the extension (the caller makes a Python event)."""
+    if _guard is None:
+        return None
+    return _guard.new_event(int(code), message.encode("utf-8", "replace"))
 
 
 def new_error(code: int, message: str) -> int:
