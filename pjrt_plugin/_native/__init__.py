@@ -23,6 +23,8 @@ import warnings
 from .._mem import clear_outputs
 from . import _pyerrors
 
+ABI = 2                            # _guard.c's ABI: the handle blocks' words, new_event
+
 try:
     from . import _guard
 except ImportError:                # pragma: no cover - built by `pip install`
@@ -30,7 +32,12 @@ except ImportError:                # pragma: no cover - built by `pip install`
     warnings.warn("jax-trn: the _guard extension is missing (no C compiler at install?); "
                   "errors raised while trn arrays are freed may abort the process")
 else:
-    atexit.register(_guard.exiting)
+    if getattr(_guard, "ABI", 1) != ABI:   # built from older sources: it would misread
+        _guard = None                      # the handle blocks, so it is not used
+        warnings.warn("jax-trn: the _guard extension is out of date; rebuild it with "
+                      "`python setup.py build_ext --inplace` (or reinstall jax-trn)")
+    else:
+        atexit.register(_guard.exiting)
 
 FALLIBLE, INFALLIBLE = 0, 1        # the kinds of _guard.c ("No garbage, ever")
 _ENTRY = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)

@@ -488,6 +488,7 @@ PyMODINIT_FUNC PyInit__guard(void) {
     if ((m = PyModule_Create(&module)) == NULL)
         return NULL;
     Py_AtExit(on_python_gone);
+    PyModule_AddIntConstant(m, "ABI", 2);    /* pjrt_plugin._native.ABI */
     PyModule_AddIntConstant(m, "MAX_SLOTS", MAX_SLOTS);
     PyModule_AddIntConstant(m, "FALLIBLE", FALLIBLE);
     PyModule_AddIntConstant(m, "INFALLIBLE", INFALLIBLE);
