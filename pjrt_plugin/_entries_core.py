@@ -48,7 +48,7 @@ def new_event(error: BaseException | None = None) -> int:
     if not _native.has_guard():
         return HANDLES.new(CEvent(error))
     if error is None:
-        return _native.new_event(0, "")
+        return _native.ready_event()
     return _native.new_event(int(_errors.code_for(error)), _errors.message_for(error))
 
 

@@ -43,13 +43,12 @@ class Handles:
         n = 1 + len(words)
         with self._lock:
             free = self._free.get(n)
-            block = free.pop() if free else None
-        if block is None:
-            block = _block_type(n)(vtable or None, *(w or None for w in words))
-        else:
-            block[:] = (vtable, *words)
-        address = ctypes.addressof(block)
-        with self._lock:
+            if free:
+                block = free.pop()
+                block[:] = (vtable, *words)
+            else:
+                block = _block_type(n)(vtable or None, *(w or None for w in words))
+            address = ctypes.addressof(block)
             self._objects[address] = (obj, block)
         return address
 

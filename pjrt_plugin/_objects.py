@@ -94,6 +94,7 @@ class CDevice:
         self.description = HANDLES.stable(CDeviceDescription(self))
         self.memory = client.memory_of[id(device.memory)]
         self.memories = (self.keep.pointers([self.memory.handle]), 1)
+        self.buffer_words = (self.handle, self.memory.handle)    # BUFFER_WORDS' device, memory
 
 
 class CDeviceDescription:
@@ -130,22 +131,26 @@ MEMORY_WORDS = ("vtable", "tag", "kind", "kind_size")
 
 
 _SHAPES = Keep()            # C arrays of dims and layouts, shared by buffers of a shape
-_SHAPE_ARRAYS: dict[tuple[int, ...], tuple] = {}
+_SHAPE_FACTS: dict[tuple, tuple] = {}
 _MAX_SHAPES = 1 << 16
+_TAG_BUFFER = TAGS["buffer"]
 
 
-def _shape_arrays(shape: tuple[int, ...]) -> tuple:
-    """((dims address, rank), (minor_to_major address, rank)) of a shape: C reads
-    them only, so every buffer of the shape shares one copy (made once: a ctypes
-    array costs microseconds, and an execution makes one buffer per output)."""
-    got = _SHAPE_ARRAYS.get(shape)
+def _shape_facts(shape: tuple[int, ...], dtype: str) -> tuple:
+    """((dims address, rank), (minor_to_major address, rank), keep, PJRT element type)
+    of a shape and dtype: C reads the arrays only, so every buffer of the shape shares
+    one copy (made once: a ctypes array costs microseconds, and an execution makes one
+    buffer per output)."""
+    got = _SHAPE_FACTS.get((shape, dtype))
     if got is None:
-        keep = _SHAPES if len(_SHAPE_ARRAYS) < _MAX_SHAPES else Keep()
+        shape = tuple(int(d) for d in shape)
+        keep = _SHAPES if len(_SHAPE_FACTS) < _MAX_SHAPES else Keep()
         # Dense row-major: minor_to_major = (rank-1, ..., 0), no tiles.
         got = ((keep.array(ctypes.c_int64, shape), len(shape)),
-               (keep.array(ctypes.c_int64, range(len(shape) - 1, -1, -1)), len(shape)), keep)
+               (keep.array(ctypes.c_int64, range(len(shape) - 1, -1, -1)), len(shape)), keep,
+               _dtypes.to_pjrt(dtype))
         if keep is _SHAPES:
-            _SHAPE_ARRAYS[shape] = got
+            _SHAPE_FACTS[shape, dtype] = got
     return got
 
 
@@ -153,8 +158,8 @@ class CBuffer:
     def __init__(self, buffer, client: CClient):
         self.rt = buffer
         self.client = client
-        self.dims, self.minor_to_major, self.keep = _shape_arrays(tuple(buffer.shape))
-        self.element_type = _dtypes.to_pjrt(buffer.dtype)
+        self.dims, self.minor_to_major, self.keep, self.element_type = _shape_facts(
+            buffer.shape, buffer.dtype)
 
     @property
     def device(self) -> CDevice:
@@ -162,11 +167,10 @@ class CBuffer:
 
     def new_handle(self) -> int:
         """A handle whose block holds this buffer's infallible answers (BUFFER_WORDS)."""
-        device = self.device
         rt = self.rt
-        return HANDLES.new(self, 0, (TAGS["buffer"], self.element_type, *self.dims,
-                                     device.handle, device.memory.handle,
-                                     int(rt.is_deleted), int(rt.error is not None)))
+        return HANDLES.new(self, 0, (_TAG_BUFFER, self.element_type, *self.dims,
+                                     *self.device.buffer_words, int(rt.is_deleted),
+                                     int(rt.error is not None)))
 
 
 def mark_deleted(buffer_handle: int) -> None:

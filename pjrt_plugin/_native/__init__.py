@@ -55,6 +55,11 @@ def has_guard() -> bool:
     return _guard is not None
 
 
+def ready_event() -> int:
+    """The address of a new ready PJRT_Event without an error (extension only)."""
+    return _guard.new_event(0, b"")
+
+
 def new_event(code: int, message: str) -> int | None:
     """The address of a new ready PJRT_Event made in C, failed with (code, message) if
     code != 0; None without the extension (the caller makes a Python event)."""

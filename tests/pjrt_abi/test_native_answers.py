@@ -223,8 +223,7 @@ def test_memory_kind_in_c_equals_the_python_answer():
 
 
 def _buffer(error: BaseException | None = None) -> int:
-    memory = SimpleNamespace(handle=0x2000)
-    device = SimpleNamespace(handle=0x1000, memory=memory)
+    device = SimpleNamespace(buffer_words=(0x1000, 0x2000))     # handles: device, memory
     rt = SimpleNamespace(shape=(2, 3), dtype="float32", device=None, error=error,
                          is_deleted=False)
     buf = _objects.CBuffer(rt, SimpleNamespace(cdevice=lambda d: device))
@@ -252,3 +251,28 @@ def test_a_freed_handle_block_is_zeroed_and_reused_never_returned_to_malloc():
     second = handles.new("b", 0, (_native.TAGS["executable"], 4, 5, 6))
     assert second == first and handles.get(second) == "b"
     assert (ctypes.c_void_p * 5).from_address(second)[2] == 4
+
+
+# --- Execute reads its args as words ---------------------------------------------------
+
+def test_execute_args_word_indices_are_the_field_offsets():
+    from pjrt_plugin import _entries_executable as X
+    cls = C.PJRT_LoadedExecutable_Execute_Args
+    assert ctypes.sizeof(X._EXECUTE_WORDS) == ctypes.sizeof(cls)
+    for index, field in [(X._OPTIONS, "options"), (X._ARGUMENT_LISTS, "argument_lists"),
+                         (X._NUM_DEVICES, "num_devices"), (X._NUM_ARGS, "num_args"),
+                         (X._OUTPUT_LISTS, "output_lists"),
+                         (X._COMPLETE_EVENTS, "device_complete_events"),
+                         (X._EXECUTE_DEVICE, "execute_device")]:
+        assert getattr(cls, field).offset == 8 * index
+
+
+def test_execute_with_null_argument_lists_is_an_error_not_a_crash():
+    loaded = _objects.CLoadedExecutable.__new__(_objects.CLoadedExecutable)
+    loaded.deleted = False
+    loaded.rt = SimpleNamespace(name="f", aliases={})
+    handle = HANDLES.new(loaded)
+    args = _fill("PJRT_LoadedExecutable_Execute", executable=handle, num_devices=1, num_args=2)
+    code, message = read_error(python_call("PJRT_LoadedExecutable_Execute", args))
+    assert code == _errors.Code.INVALID_ARGUMENT and "argument_lists is NULL" in message
+    HANDLES.free(handle)
