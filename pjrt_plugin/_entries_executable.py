@@ -179,8 +179,16 @@ def loaded_device_assignment(a):
 # PJRT_LoadedExecutable_Execute_Args read as words in one go (offsets / 8 of its fields,
 # checked by tests/pjrt_abi): a ctypes field read per field costs a microsecond each.
 _EXECUTE_WORDS = ctypes.c_void_p * 10
-_OPTIONS, _ARGUMENT_LISTS, _NUM_DEVICES, _NUM_ARGS = 3, 4, 5, 6
+_EXECUTABLE, _OPTIONS, _ARGUMENT_LISTS, _NUM_DEVICES, _NUM_ARGS = 2, 3, 4, 5, 6
 _OUTPUT_LISTS, _COMPLETE_EVENTS, _EXECUTE_DEVICE = 7, 8, 9
+_ARRAYS: dict[int, type] = {}          # n -> ctypes.c_void_p * n (made once each)
+
+
+def _array(n: int) -> type:
+    got = _ARRAYS.get(n)
+    if got is None:
+        got = _ARRAYS[n] = ctypes.c_void_p * n
+    return got
 
 
 def _words(address: int | None, n: int, what: str) -> list:
@@ -189,15 +197,15 @@ def _words(address: int | None, n: int, what: str) -> list:
         return []
     if not address:
         raise PjrtError(Code.INVALID_ARGUMENT, f"Execute: {what} is NULL")
-    return (ctypes.c_void_p * n).from_address(address)[:]
+    return _array(n).from_address(address)[:]
 
 
 @entry("PJRT_LoadedExecutable_Execute")
 def loaded_execute(a):
-    le = _loaded(a)
+    w = _EXECUTE_WORDS.from_address(ctypes.addressof(a))[:]
+    le = HANDLES.get(w[_EXECUTABLE] or 0, CLoadedExecutable)
     if le.deleted:
         raise PjrtError(Code.FAILED_PRECONDITION, f"executable {le.rt.name} was deleted")
-    w = _EXECUTE_WORDS.from_address(ctypes.addressof(a))[:]
     n_dev, n_args = w[_NUM_DEVICES] or 0, w[_NUM_ARGS] or 0
     handles = [_words(row, n_args, "an argument list")
                for row in _words(w[_ARGUMENT_LISTS], n_dev, "argument_lists")]
@@ -266,9 +274,9 @@ def _hand_over(w: list, le: CLoadedExecutable, results, n_dev: int, error) -> No
     out_lists = _words(w[_OUTPUT_LISTS], n_dev, "output_lists") if any(handles) else ()
     for outs, address in zip(handles, out_lists):
         if outs:                      # no results: the caller may pass no array at all
-            (ctypes.c_void_p * len(outs)).from_address(address)[:] = outs
+            _array(len(outs)).from_address(address)[:] = outs
     if w[_COMPLETE_EVENTS]:
-        (ctypes.c_void_p * n_dev).from_address(w[_COMPLETE_EVENTS])[:] = [
+        _array(n_dev).from_address(w[_COMPLETE_EVENTS])[:] = [
             new_event(error) for _ in range(n_dev)]
 
 

@@ -168,8 +168,9 @@ class CBuffer:
     def new_handle(self) -> int:
         """A handle whose block holds this buffer's infallible answers (BUFFER_WORDS)."""
         rt = self.rt
+        device = self.client.device_of[id(rt.device)]
         return HANDLES.new(self, 0, (_TAG_BUFFER, self.element_type, *self.dims,
-                                     *self.device.buffer_words, int(rt.is_deleted),
+                                     *device.buffer_words, int(rt.is_deleted),
                                      int(rt.error is not None)))
 
 

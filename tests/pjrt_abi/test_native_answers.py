@@ -226,7 +226,7 @@ def _buffer(error: BaseException | None = None) -> int:
     device = SimpleNamespace(buffer_words=(0x1000, 0x2000))     # handles: device, memory
     rt = SimpleNamespace(shape=(2, 3), dtype="float32", device=None, error=error,
                          is_deleted=False)
-    buf = _objects.CBuffer(rt, SimpleNamespace(cdevice=lambda d: device))
+    buf = _objects.CBuffer(rt, SimpleNamespace(device_of={id(rt.device): device}))
     return buf.new_handle()
 
 
@@ -259,7 +259,7 @@ def test_execute_args_word_indices_are_the_field_offsets():
     from pjrt_plugin import _entries_executable as X
     cls = C.PJRT_LoadedExecutable_Execute_Args
     assert ctypes.sizeof(X._EXECUTE_WORDS) == ctypes.sizeof(cls)
-    for index, field in [(X._OPTIONS, "options"), (X._ARGUMENT_LISTS, "argument_lists"),
+    for index, field in [(X._EXECUTABLE, "executable"), (X._OPTIONS, "options"), (X._ARGUMENT_LISTS, "argument_lists"),
                          (X._NUM_DEVICES, "num_devices"), (X._NUM_ARGS, "num_args"),
                          (X._OUTPUT_LISTS, "output_lists"),
                          (X._COMPLETE_EVENTS, "device_complete_events"),
