@@ -7,9 +7,10 @@ Python (a tag, then e.g. a buffer's `_objects.BUFFER_WORDS`). The registry keeps
 Python object and its block alive until the handle is freed; the registry itself is
 never freed, since XLA may still use handles while the interpreter exits.
 
-A freed handle's block is zeroed and kept for the next handle of its length, never
-returned to malloc: C, which answers some calls from the block alone, then finds no tag
-in a stale handle and lets Python report it (as the registry does: an invalid handle).
+A freed handle's block loses its tag (second word) and is kept for the next handle of
+its length, never returned to malloc: C, which answers some calls from the block alone,
+then finds no tag in a stale handle and lets Python report it (as the registry does: an
+invalid handle).
 """
 from __future__ import annotations
 
@@ -74,7 +75,7 @@ class Handles:
             if entry is None:
                 return None
             block = entry[1]
-            ctypes.memset(address, 0, ctypes.sizeof(block))
+            block[1] = None            # the tag (or an unused word): C reads no stale block
             self._free.setdefault(len(block), []).append(block)
         return entry[0]
 

@@ -20,7 +20,7 @@ class Buffer:
         try:
             if data is None:
                 data = host_zeros(math.prod(self.shape), dtype)
-            self.data: np.ndarray | None = data.reshape(-1)
+            self.data: np.ndarray | None = data if data.ndim == 1 else data.reshape(-1)
         except BaseException:            # host MemoryError, Ctrl-C: charge nothing
             device.free(self.nbytes)
             raise

@@ -243,11 +243,11 @@ def test_a_buffers_ready_event_carries_its_error_by_either_path(error):
     HANDLES.free(handle)
 
 
-def test_a_freed_handle_block_is_zeroed_and_reused_never_returned_to_malloc():
+def test_a_freed_handle_block_loses_its_tag_and_is_reused_never_returned_to_malloc():
     handles = Handles()
     first = handles.new("a", 0, (_native.TAGS["executable"], 1, 2, 3))
     assert handles.free(first) == "a"
-    assert list((ctypes.c_void_p * 5).from_address(first)) == [None] * 5
+    assert (ctypes.c_void_p * 5).from_address(first)[1] is None
     second = handles.new("b", 0, (_native.TAGS["executable"], 4, 5, 6))
     assert second == first and handles.get(second) == "b"
     assert (ctypes.c_void_p * 5).from_address(second)[2] == 4
