@@ -276,3 +276,20 @@ def test_execute_with_null_argument_lists_is_an_error_not_a_crash():
     code, message = read_error(python_call("PJRT_LoadedExecutable_Execute", args))
     assert code == _errors.Code.INVALID_ARGUMENT and "argument_lists is NULL" in message
     HANDLES.free(handle)
+
+
+def test_an_extension_built_from_older_sources_is_not_used():
+    """An old build reads handle blocks without their tag word: it would answer with
+    the wrong words, so the plugin runs without it (and says why)."""
+    from tests.conftest import run_python
+    done = run_python(
+        "import sys, types, warnings\n"
+        "old = types.ModuleType('pjrt_plugin._native._guard')\n"
+        "old.ABI = 1\n"
+        "sys.modules['pjrt_plugin._native._guard'] = old\n"
+        "with warnings.catch_warnings(record=True) as seen:\n"
+        "    warnings.simplefilter('always')\n"
+        "    from pjrt_plugin import _native\n"
+        "print(_native.has_guard(), any('out of date' in str(w.message) for w in seen))\n")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "True"]
