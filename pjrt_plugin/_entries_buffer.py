@@ -22,7 +22,7 @@ def _buf(a) -> CBuffer:
 
 @entry("PJRT_Buffer_Destroy", never_fails=True)
 def buffer_destroy(a):
-    b = HANDLES.free(get_ptr(a, "buffer"))
+    b = HANDLES.free(a.buffer or 0)           # (a c_void_p field: an int or None)
     if b is not None:
         b.rt.delete()
 

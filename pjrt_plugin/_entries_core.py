@@ -1,9 +1,13 @@
-"""Plugin attributes and events (the PJRT_Error_* entry points are native: `_native`)."""
+"""Plugin attributes and events (the PJRT_Error_* entry points are native: `_native`).
+
+With the extension, events are C objects answered in C (`_native/_answers.c`); the
+PJRT_Event_* functions here serve the build without it, and report what C cannot
+answer (an invalid or destroyed event)."""
 from __future__ import annotations
 
 import ctypes
 
-from . import _errors
+from . import _errors, _native
 from ._handles import HANDLES
 from ._mem import Keep, get_ptr, set_array, set_ptr
 from ._objects import CEvent, named_values
@@ -39,7 +43,13 @@ def plugin_attributes(a):
 
 
 def new_event(error: BaseException | None = None) -> int:
-    return HANDLES.new(CEvent(error))
+    """A ready event, failed with `error` if given: made in C with the extension (its
+    PJRT_Event_* calls then never enter Python: _native/_answers.c), else a CEvent."""
+    if not _native.has_guard():
+        return HANDLES.new(CEvent(error))
+    if error is None:
+        return _native.ready_event()
+    return _native.new_event(int(_errors.code_for(error)), _errors.message_for(error))
 
 
 @entry("PJRT_Event_Destroy", never_fails=True)

@@ -139,7 +139,7 @@ def loaded_destroy(a):
 @entry("PJRT_LoadedExecutable_GetExecutable", never_fails=True)
 def loaded_get_executable(a):
     le = HANDLES.get(get_ptr(a, "loaded_executable"), CLoadedExecutable)
-    set_ptr(a, "executable", HANDLES.new(le.executable))
+    set_ptr(a, "executable", le.executable.new_handle())
 
 
 @entry("PJRT_LoadedExecutable_AddressableDevices", never_fails=True)
@@ -176,28 +176,55 @@ def loaded_device_assignment(a):
     set_ptr(a, "serialized_device_assignment_deleter", _NO_OP_ADDRESS)
 
 
+# PJRT_LoadedExecutable_Execute_Args read as words in one go (offsets / 8 of its fields,
+# checked by tests/pjrt_abi): a ctypes field read per field costs a microsecond each.
+_EXECUTE_WORDS = ctypes.c_void_p * 10
+_EXECUTABLE, _OPTIONS, _ARGUMENT_LISTS, _NUM_DEVICES, _NUM_ARGS = 2, 3, 4, 5, 6
+_OUTPUT_LISTS, _COMPLETE_EVENTS, _EXECUTE_DEVICE = 7, 8, 9
+_ARRAYS: dict[int, type] = {}          # n -> ctypes.c_void_p * n (made once each)
+
+
+def _array(n: int) -> type:
+    got = _ARRAYS.get(n)
+    if got is None:
+        got = _ARRAYS[n] = ctypes.c_void_p * n
+    return got
+
+
+def _words(address: int | None, n: int, what: str) -> list:
+    """`n` pointer-size words at `address` (ints or None)."""
+    if not n:
+        return []
+    if not address:
+        raise PjrtError(Code.INVALID_ARGUMENT, f"Execute: {what} is NULL")
+    return _array(n).from_address(address)[:]
+
+
 @entry("PJRT_LoadedExecutable_Execute")
 def loaded_execute(a):
-    le = _loaded(a)
+    w = _EXECUTE_WORDS.from_address(ctypes.addressof(a))[:]
+    le = HANDLES.get(w[_EXECUTABLE] or 0, CLoadedExecutable)
     if le.deleted:
         raise PjrtError(Code.FAILED_PRECONDITION, f"executable {le.rt.name} was deleted")
-    n_dev, n_args = a.num_devices, a.num_args
-    lists = read_array(get_ptr(a, "argument_lists"), ctypes.c_void_p, n_dev)
-    handles = [read_array(lst, ctypes.c_void_p, n_args) for lst in lists]
-    args = [[HANDLES.get(p or 0, CBuffer).rt for p in row] for row in handles]
-    device = None
-    if get_ptr(a, "execute_device"):
-        device = HANDLES.get(get_ptr(a, "execute_device"), CDevice).rt
+    n_dev, n_args = w[_NUM_DEVICES] or 0, w[_NUM_ARGS] or 0
+    handles = [_words(row, n_args, "an argument list")
+               for row in _words(w[_ARGUMENT_LISTS], n_dev, "argument_lists")]
+    get = HANDLES.get
+    args = [[get(p or 0, CBuffer).rt for p in row] for row in handles]
+    device = get(w[_EXECUTE_DEVICE], CDevice).rt if w[_EXECUTE_DEVICE] else None
+    donates = bool(le.rt.aliases)      # without aliases no argument can be donated
     error = None
     try:
-        results = le.rt.execute(args, device=device, keep=_non_donatable(a))
+        results = le.rt.execute(args, device=device,
+                                keep=_non_donatable(w[_OPTIONS]) if donates else frozenset())
     except Exception:
         raise
     except BaseException as exc:      # KeyboardInterrupt: see _interrupted
         results, error = _interrupted(le, exc, device)
-    _mark_donated(handles)
+    if donates:
+        _mark_donated(handles)
     try:
-        _hand_over(a, le, results, n_dev, error)
+        _hand_over(w, le, results, n_dev, error)
     except BaseException:
         for outs in results:
             for buf in outs:
@@ -205,11 +232,10 @@ def loaded_execute(a):
         raise
 
 
-def _non_donatable(a) -> frozenset[int]:
-    """The parameters the caller forbids donating (PJRT_ExecuteOptions; every other
-    aliased parameter is donated, as PJRT specifies)."""
+def _non_donatable(address: int | None) -> frozenset[int]:
+    """The parameters the caller forbids donating (PJRT_ExecuteOptions at `address`;
+    every other aliased parameter is donated, as PJRT specifies)."""
     from . import _c_api as C
-    address = get_ptr(a, "options")
     if not address:
         return frozenset()
     options = C.PJRT_ExecuteOptions.from_address(address)
@@ -239,22 +265,19 @@ def _interrupted(le: CLoadedExecutable, exc: BaseException, device):
     return le.rt.failed_outputs(error, device), error
 
 
-def _hand_over(a, le: CLoadedExecutable, results, n_dev: int, error) -> None:
+def _hand_over(w: list, le: CLoadedExecutable, results, n_dev: int, error) -> None:
     """Writes the output handles (and completion events, failed with `error` if any)
-    into the caller's arrays. If this fails, the caller deletes the outputs."""
-    handles = [[CBuffer(buf, le.client) for buf in outs] for outs in results]
-    events = []
-    if get_ptr(a, "device_complete_events"):
-        events = [new_event(error) for _ in range(n_dev)]
-    out_lists = read_array(get_ptr(a, "output_lists"), ctypes.c_void_p, n_dev)
+    into the caller's arrays (`w`: the Execute args' words). If this fails, the caller
+    deletes the outputs."""
+    client = le.client
+    handles = [[CBuffer(buf, client).new_handle() for buf in outs] for outs in results]
+    out_lists = _words(w[_OUTPUT_LISTS], n_dev, "output_lists") if any(handles) else ()
     for outs, address in zip(handles, out_lists):
-        if not outs:                  # no results: the caller may pass no array at all
-            continue
-        slots = (ctypes.c_void_p * len(outs)).from_address(address)
-        for j, buf in enumerate(outs):
-            slots[j] = buf.new_handle()
-    if events:
-        (ctypes.c_void_p * n_dev).from_address(get_ptr(a, "device_complete_events"))[:] = events
+        if outs:                      # no results: the caller may pass no array at all
+            _array(len(outs)).from_address(address)[:] = outs
+    if w[_COMPLETE_EVENTS]:
+        _array(n_dev).from_address(w[_COMPLETE_EVENTS])[:] = [
+            new_event(error) for _ in range(n_dev)]
 
 
 # --- Shardings extension ------------------------------------------------------------

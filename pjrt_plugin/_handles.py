@@ -3,9 +3,14 @@
 Each handle is the address of a small C block owned here; its first word is the
 object's vtable pointer where the C API defines one (PJRT_Error, PJRT_Memory) and
 NULL otherwise; the words after it hold what native code answers for the object without
-Python (a buffer's, `_objects.BUFFER_WORDS`). The registry keeps the Python object and
-its block alive until the handle is freed; the registry itself is never freed, since
-XLA may still use handles while the interpreter exits.
+Python (a tag, then e.g. a buffer's `_objects.BUFFER_WORDS`). The registry keeps the
+Python object and its block alive until the handle is freed; the registry itself is
+never freed, since XLA may still use handles while the interpreter exits.
+
+A freed handle's block loses its tag (second word) and is kept for the next handle of
+its length, never returned to malloc: C, which answers some calls from the block alone,
+then finds no tag in a stale handle and lets Python report it (as the registry does: an
+invalid handle).
 """
 from __future__ import annotations
 
@@ -32,21 +37,28 @@ class Handles:
     def __init__(self):
         self._objects: dict[int, tuple[object, ctypes.Array]] = {}
         self._by_id: dict[int, int] = {}
+        self._free: dict[int, list[ctypes.Array]] = {}   # words -> zeroed blocks
         self._lock = threading.Lock()
 
     def new(self, obj, vtable: int = 0, words: tuple[int, ...] = (0,)) -> int:
-        block = _block_type(1 + len(words))(vtable or None, *(w or None for w in words))
-        address = ctypes.addressof(block)
+        n = 1 + len(words)
         with self._lock:
+            free = self._free.get(n)
+            if free:
+                block = free.pop()
+                block[:] = (vtable, *words)
+            else:
+                block = _block_type(n)(vtable or None, *(w or None for w in words))
+            address = ctypes.addressof(block)
             self._objects[address] = (obj, block)
         return address
 
-    def stable(self, obj, vtable: int = 0) -> int:
+    def stable(self, obj, vtable: int = 0, words: tuple[int, ...] = (0,)) -> int:
         """One handle per object for its whole life (devices, memories, ...)."""
         with self._lock:
             address = self._by_id.get(id(obj))
         if address is None:
-            address = self.new(obj, vtable)
+            address = self.new(obj, vtable, words)
             with self._lock:
                 self._by_id[id(obj)] = address
         return address
@@ -60,7 +72,12 @@ class Handles:
     def free(self, address: int):
         with self._lock:
             entry = self._objects.pop(address, None)
-        return entry[0] if entry else None
+            if entry is None:
+                return None
+            block = entry[1]
+            block[1] = None            # the tag (or an unused word): C reads no stale block
+            self._free.setdefault(len(block), []).append(block)
+        return entry[0]
 
 
 HANDLES = Handles()

@@ -11,6 +11,7 @@ import ctypes
 
 from . import _c_api as C
 from . import _dtypes
+from ._native import TAGS
 from ._handles import HANDLES
 from ._mem import Keep, set_ptr
 
@@ -74,7 +75,8 @@ class CMemory:
         self.kind = self.keep.bytes(memory.kind)
         self.debug_string = self.keep.bytes(memory.debug_string)
         self.to_string = self.keep.bytes(memory.to_string)
-        self.handle = HANDLES.stable(self)      # vtable NULL: no user-data support
+        # vtable NULL (no user-data support); MEMORY_WORDS: C answers PJRT_Memory_Kind
+        self.handle = HANDLES.stable(self, 0, (TAGS["memory"], *self.kind))
         self.client = client
         self.devices = (0, 0)                   # filled by CClient once devices exist
 
@@ -92,6 +94,7 @@ class CDevice:
         self.description = HANDLES.stable(CDeviceDescription(self))
         self.memory = client.memory_of[id(device.memory)]
         self.memories = (self.keep.pointers([self.memory.handle]), 1)
+        self.buffer_words = (self.handle, self.memory.handle)    # BUFFER_WORDS' device, memory
 
 
 class CDeviceDescription:
@@ -119,28 +122,35 @@ class CClient:
         return self.device_of[id(device)]
 
 
-# The words of a buffer's handle block (the C getters of pjrt_plugin/_native/_guard.c
-# read them: the same order as its B_* constants).
-BUFFER_WORDS = ("vtable", "type", "dims", "num_dims", "device", "memory", "deleted")
+# The words of the handle blocks C reads (pjrt_plugin/_native/_answers.c: the same
+# order as its B_*, X_* and M_* constants). `failed`: the buffer has an error.
+BUFFER_WORDS = ("vtable", "tag", "type", "dims", "num_dims", "device", "memory", "deleted",
+                "failed")
+EXECUTABLE_WORDS = ("vtable", "tag", "num_replicas", "num_partitions", "num_outputs")
+MEMORY_WORDS = ("vtable", "tag", "kind", "kind_size")
 
 
 _SHAPES = Keep()            # C arrays of dims and layouts, shared by buffers of a shape
-_SHAPE_ARRAYS: dict[tuple[int, ...], tuple] = {}
+_SHAPE_FACTS: dict[tuple, tuple] = {}
 _MAX_SHAPES = 1 << 16
+_TAG_BUFFER = TAGS["buffer"]
 
 
-def _shape_arrays(shape: tuple[int, ...]) -> tuple:
-    """((dims address, rank), (minor_to_major address, rank)) of a shape: C reads
-    them only, so every buffer of the shape shares one copy (made once: a ctypes
-    array costs microseconds, and an execution makes one buffer per output)."""
-    got = _SHAPE_ARRAYS.get(shape)
+def _shape_facts(shape: tuple[int, ...], dtype: str) -> tuple:
+    """((dims address, rank), (minor_to_major address, rank), keep, PJRT element type)
+    of a shape and dtype: C reads the arrays only, so every buffer of the shape shares
+    one copy (made once: a ctypes array costs microseconds, and an execution makes one
+    buffer per output)."""
+    got = _SHAPE_FACTS.get((shape, dtype))
     if got is None:
-        keep = _SHAPES if len(_SHAPE_ARRAYS) < _MAX_SHAPES else Keep()
+        shape = tuple(int(d) for d in shape)
+        keep = _SHAPES if len(_SHAPE_FACTS) < _MAX_SHAPES else Keep()
         # Dense row-major: minor_to_major = (rank-1, ..., 0), no tiles.
         got = ((keep.array(ctypes.c_int64, shape), len(shape)),
-               (keep.array(ctypes.c_int64, range(len(shape) - 1, -1, -1)), len(shape)), keep)
+               (keep.array(ctypes.c_int64, range(len(shape) - 1, -1, -1)), len(shape)), keep,
+               _dtypes.to_pjrt(dtype))
         if keep is _SHAPES:
-            _SHAPE_ARRAYS[shape] = got
+            _SHAPE_FACTS[shape, dtype] = got
     return got
 
 
@@ -148,8 +158,8 @@ class CBuffer:
     def __init__(self, buffer, client: CClient):
         self.rt = buffer
         self.client = client
-        self.dims, self.minor_to_major, self.keep = _shape_arrays(tuple(buffer.shape))
-        self.element_type = _dtypes.to_pjrt(buffer.dtype)
+        self.dims, self.minor_to_major, self.keep, self.element_type = _shape_facts(
+            buffer.shape, buffer.dtype)
 
     @property
     def device(self) -> CDevice:
@@ -157,9 +167,11 @@ class CBuffer:
 
     def new_handle(self) -> int:
         """A handle whose block holds this buffer's infallible answers (BUFFER_WORDS)."""
-        device = self.device
-        return HANDLES.new(self, 0, (self.element_type, *self.dims, device.handle,
-                                     device.memory.handle, int(self.rt.is_deleted)))
+        rt = self.rt
+        device = self.client.device_of[id(rt.device)]
+        return HANDLES.new(self, 0, (_TAG_BUFFER, self.element_type, *self.dims,
+                                     *device.buffer_words, int(rt.is_deleted),
+                                     int(rt.error is not None)))
 
 
 def mark_deleted(buffer_handle: int) -> None:
@@ -216,6 +228,12 @@ class CExecutable:
             # A module with no results has one (replicated) sharding, the empty tuple's:
             # XLA's IFRT client requires exactly one (FailedPrecondition otherwise).
             self.output_shardings = _replicated_shardings(k, 1)
+
+    def new_handle(self) -> int:
+        """A handle whose block holds the counts C answers (EXECUTABLE_WORDS)."""
+        rt = self.rt
+        return HANDLES.new(self, 0, (TAGS["executable"], rt.num_replicas, rt.num_partitions,
+                                     len(rt.output_types)))
 
     @property
     def optimized_mlir(self) -> bytes:

@@ -20,16 +20,15 @@ class Buffer:
         try:
             if data is None:
                 data = host_zeros(math.prod(self.shape), dtype)
-            self.data: np.ndarray | None = data.reshape(-1)
+            self.data: np.ndarray | None = data if data.ndim == 1 else data.reshape(-1)
         except BaseException:            # host MemoryError, Ctrl-C: charge nothing
             device.free(self.nbytes)
             raise
 
     def _describe(self, device: Device, shape, dtype: str) -> None:
         self.device = device
-        self.shape = tuple(int(d) for d in shape)
+        self.shape, self.nbytes = _shape_facts(shape, dtype)
         self.dtype = dtype
-        self.nbytes = math.prod(self.shape) * _dt.itemsize(dtype)
         self.external_refs = 0
         self.error: BaseException | None = None
         self.unset: str | None = None    # why a timing-only output has no values
@@ -106,6 +105,22 @@ class Buffer:
 
     def __repr__(self) -> str:
         return f"Buffer({self.dtype}{list(self.shape)} on {self.device.to_string})"
+
+
+_SHAPE_FACTS: dict[tuple, tuple[tuple[int, ...], int]] = {}
+
+
+def _shape_facts(shape, dtype: str) -> tuple[tuple[int, ...], int]:
+    """(shape as a tuple of ints, byte size) of a buffer: remembered per (shape, dtype),
+    since an execution makes one buffer per output, each call the same ones."""
+    key = (shape if type(shape) is tuple else tuple(shape), dtype)
+    got = _SHAPE_FACTS.get(key)
+    if got is None:
+        dims = tuple(int(d) for d in shape)
+        got = (dims, math.prod(dims) * _dt.itemsize(dtype))
+        if len(_SHAPE_FACTS) < 4096:
+            _SHAPE_FACTS[key] = got
+    return got
 
 
 class TimingOnlyValue(ValueError):

@@ -37,6 +37,7 @@ from .gc_pause import gc_paused
 from .steps import ExecutionError, StepRunner, control_ns, run_kernels  # noqa: F401
 
 _StepRunner = StepRunner
+_NO_SCOPE = contextlib.nullcontext()       # stateless: one instance serves every call
 
 
 class Executable:
@@ -79,6 +80,12 @@ class Executable:
         self._timing: profiler.Execution | None = None
         self._dtype: str | None = None        # compute_dtype(program), for the profiler
         self._static: dict[int, dict] = {}    # partition -> static_dram
+        # Per-call facts, computed once: each output's (shape, dtype) and the temporaries'
+        # bytes and their name in an out-of-HBM error.
+        self._outputs = [(tuple(int(d) for d in t.shape), t.dtype) for t in self.output_types]
+        self._params = [(tuple(int(d) for d in t.shape), t.dtype) for t in self.param_types]
+        self._temp_bytes = program.temp_bytes
+        self._temps_what = f"{len(program.temps)} temporaries of {name}"
         _check_signature(name, program, self.param_types, self.output_types)
         # Constants live in each device's HBM for as long as the executable is loaded.
         self.constant_bytes = sum(int(np.asarray(v).nbytes) for v in program.constants.values())
@@ -183,8 +190,10 @@ class Executable:
                 f"called with {len(arg_lists)} argument lists")
         if timing_only.active():
             return self._timing_only(devices, arg_lists, keep)
-        with Allocations(donation.donated(self.aliases, keep)) as alloc, interrupts.watched(), \
-                blas.one_thread(self.uses_blas), gc_paused(), np.errstate(all="ignore"):
+        donate = donation.donated(self.aliases, keep) if self.aliases else {}
+        with Allocations(donate) as alloc, interrupts.watched(), \
+                blas.one_thread() if self.uses_blas else _NO_SCOPE, gc_paused(), \
+                np.errstate(all="ignore"):
             # (IEEE results are the simulated hardware's; numpy's warnings about them,
             # which the interpreter silenced per instruction, are noise to the user)
             run = self._execute_spmd if self.collectives else self._execute_each
@@ -229,7 +238,7 @@ class Executable:
         """One device after the other (a program without collectives). The first call
         on these devices is timed; later ones replay its timeline while they take its
         path (`replay`): only their numerics run."""
-        key = tuple(d.id for d in devices)
+        key = (devices[0].id,) if len(devices) == 1 else tuple(d.id for d in devices)
         prepared = [self._prepare(dev, args, p, alloc)
                     for p, (dev, args) in enumerate(zip(devices, arg_lists))]
         results = [outs for outs, _ in prepared]
@@ -302,10 +311,10 @@ class Executable:
     def _check_args(self, device: Device, args: list[Buffer], values: bool = True) -> None:
         """Count, types, devices and liveness of one device's arguments; `values`: the
         call computes, so arrays without values (timing-only results) are refused."""
-        if len(args) != len(self.program.params):
-            raise ExecutionError(f"{self.name} takes {len(self.program.params)} arguments, "
+        if len(args) != len(self._params):
+            raise ExecutionError(f"{self.name} takes {len(self._params)} arguments, "
                                  f"got {len(args)}")
-        for i, (p, b) in enumerate(zip(self.param_types, args)):
+        for i, ((shape, dtype), b) in enumerate(zip(self._params, args)):
             if b.error is not None:
                 raise b.error
             if values and b.unset is not None:
@@ -315,9 +324,9 @@ class Executable:
                 raise donation.DeletedArgument(
                     f"Invalid buffer passed to Execute() as argument {i} to replica 0: "
                     "INVALID_ARGUMENT: Buffer has been deleted or donated.")
-            if tuple(p.shape) != b.shape or p.dtype != b.dtype:
-                raise ExecutionError(f"argument {i} of {self.name}: expected {p.dtype}"
-                                     f"{list(p.shape)}, got {b.dtype}{list(b.shape)}")
+            if shape != b.shape or dtype != b.dtype:
+                raise ExecutionError(f"argument {i} of {self.name}: expected {dtype}"
+                                     f"{list(shape)}, got {b.dtype}{list(b.shape)}")
             if b.device is not device:
                 raise ExecutionError(f"argument {i} of {self.name} is on {b.device.to_string}, "
                                      f"the program runs on {device.to_string}")
@@ -327,14 +336,16 @@ class Executable:
         through `alloc`, an output aliasing a donated argument in that argument's HBM)
         and the run's DRAM binding."""
         self._check_args(device, args)
-        donation.check_clashes(args, alloc.donate, partition)
         prog = self.program
-        donor = {j: args[i] for i, j in alloc.donate.items()}
-        outs = [alloc.reuse(donor[j], t.shape, t.dtype) if j in donor
-                else alloc.output(device, t.shape, t.dtype)
-                for j, t in enumerate(self.output_types)]
-        alloc.reserve(device, prog.temp_bytes,
-                      f"{len(prog.temps)} temporaries of {self.name}")
+        if alloc.donate:          # (without donations no argument can clash)
+            donation.check_clashes(args, alloc.donate, partition)
+            donor = {j: args[i] for i, j in alloc.donate.items()}
+            outs = [alloc.reuse(donor[j], shape, dtype) if j in donor
+                    else alloc.output(device, shape, dtype)
+                    for j, (shape, dtype) in enumerate(self._outputs)]
+        else:
+            outs = [alloc.output(device, shape, dtype) for shape, dtype in self._outputs]
+        alloc.reserve(device, self._temp_bytes, self._temps_what)
         static = self._static.get(partition)
         if static is None:
             static = self._static[partition] = static_dram(prog, partition, 0)

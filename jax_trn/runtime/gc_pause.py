@@ -10,7 +10,6 @@ compile wait for the first collection after it.
 """
 from __future__ import annotations
 
-import contextlib
 import gc
 import threading
 
@@ -19,19 +18,24 @@ _depth = 0                 # bodies running (compiles may run in several threads
 _was_enabled = False
 
 
-@contextlib.contextmanager
-def gc_paused():
-    """Runs the body with the collector disabled; the collector's state before the
-    first of any overlapping bodies is restored when the last one ends."""
-    global _depth, _was_enabled
-    with _lock:
-        if _depth == 0:
-            _was_enabled = gc.isenabled()
-            gc.disable()
-        _depth += 1
-    try:
-        yield
-    finally:
+class gc_paused:
+    """`with gc_paused():` runs the body with the collector disabled; the collector's
+    state before the first of any overlapping bodies is restored when the last one
+    ends. (A class, not a generator: every execution enters it.)"""
+
+    __slots__ = ()
+
+    def __enter__(self) -> "gc_paused":
+        global _depth, _was_enabled
+        with _lock:
+            if _depth == 0:
+                _was_enabled = gc.isenabled()
+                gc.disable()
+            _depth += 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        global _depth
         with _lock:
             _depth -= 1
             if _depth == 0 and _was_enabled:

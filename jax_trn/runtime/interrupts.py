@@ -14,7 +14,7 @@ interrupt the handler could not raise is raised there.
 from __future__ import annotations
 
 import _signal      # what `signal` wraps, without its enum conversions (~10 us a call)
-import contextlib
+import _thread
 import signal
 import threading
 
@@ -30,24 +30,31 @@ def _handler(signum, frame):
     raise KeyboardInterrupt
 
 
-@contextlib.contextmanager
-def watched():
-    """Runs an execution with the mark set by Ctrl-C (main thread, default handler
-    only: a handler the user installed is left alone)."""
-    global _depth, _pending
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    install = _depth == 0 and _signal.getsignal(_SIGINT) is _signal.default_int_handler
-    if install:
-        _pending = False
-        _signal.signal(_SIGINT, _handler)
-    _depth += 1
-    try:
-        yield
-    finally:
+class watched:
+    """`with watched():` runs an execution with the mark set by Ctrl-C (main thread,
+    default handler only: a handler the user installed is left alone). A class, not a
+    generator: it is entered on every call of a program (dispatch cost, issue 14)."""
+
+    __slots__ = ("_main", "_install")
+
+    def __enter__(self) -> "watched":
+        global _depth, _pending
+        self._main = _thread.get_ident() == threading.main_thread().ident
+        self._install = self._main and _depth == 0 and (
+            _signal.getsignal(_SIGINT) is _signal.default_int_handler)
+        if self._install:
+            _pending = False
+            _signal.signal(_SIGINT, _handler)
+        if self._main:
+            _depth += 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        global _depth, _pending
+        if not self._main:
+            return
         _depth -= 1
-        if install:
+        if self._install:
             _signal.signal(_SIGINT, _signal.default_int_handler)
             _pending = False
 

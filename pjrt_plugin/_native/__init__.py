@@ -9,7 +9,8 @@ install) the same functions are reached through ctypes thunks and errors are Pyt
 objects (`_pyerrors`): it works, but an interrupt or an exception raised at the wrong
 moment, or a call during shutdown, can leave JAX reading garbage.
 
-`entry_address`, `new_error` and `defer` are the whole interface.
+`entry_address`, `new_error`, `new_event` and `defer` are the whole interface, with
+`TAGS`, the second word of the handle blocks whose calls C answers (_answers.c).
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ import warnings
 from .._mem import clear_outputs
 from . import _pyerrors
 
+ABI = 2                            # _guard.c's ABI: the handle blocks' words, new_event
+
 try:
     from . import _guard
 except ImportError:                # pragma: no cover - built by `pip install`
@@ -29,7 +32,12 @@ except ImportError:                # pragma: no cover - built by `pip install`
     warnings.warn("jax-trn: the _guard extension is missing (no C compiler at install?); "
                   "errors raised while trn arrays are freed may abort the process")
 else:
-    atexit.register(_guard.exiting)
+    if getattr(_guard, "ABI", 1) != ABI:   # built from older sources: it would misread
+        _guard = None                      # the handle blocks, so it is not used
+        warnings.warn("jax-trn: the _guard extension is out of date; rebuild it with "
+                      "`python setup.py build_ext --inplace` (or reinstall jax-trn)")
+    else:
+        atexit.register(_guard.exiting)
 
 FALLIBLE, INFALLIBLE = 0, 1        # the kinds of _guard.c ("No garbage, ever")
 _ENTRY = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)
@@ -38,8 +46,26 @@ _lock = threading.Lock()
 ctypes.pythonapi.Py_IncRef(ctypes.py_object(_KEEP))
 
 
+# Without the extension no C reads a handle block: any tag will do.
+TAGS: dict[str, int] = (_guard.TAGS if _guard is not None else
+                        dict.fromkeys(("buffer", "executable", "memory", "event"), 0))
+
+
 def has_guard() -> bool:
     return _guard is not None
+
+
+def ready_event() -> int:
+    """The address of a new ready PJRT_Event without an error (extension only)."""
+    return _guard.new_event(0, b"")
+
+
+def new_event(code: int, message: str) -> int | None:
+    """The address of a new ready PJRT_Event made in C, failed with (code, message) if
+    code != 0; None without the extension (the caller makes a Python event)."""
+    if _guard is None:
+        return None
+    return _guard.new_event(int(code), message.encode("utf-8", "replace"))
 
 
 def new_error(code: int, message: str) -> int:

@@ -40,12 +40,12 @@
  * PJRT_Error_* entry points and the vtable are C functions, so an error can be made,
  * read and destroyed with no Python at all (during shutdown, or from any thread).
  *
- * Buffers. XLA asks a buffer's element type, dimensions, device... when JAX reads it,
- * and aborts on a wrong answer (an invalid type, a NULL device) as on an error. Those
- * infallible getters are C functions reading the words Python put in the buffer's
- * handle block when it made the handle (`BUFFER_WORDS`; the Python objects behind
- * handles are never freed at exit), so they answer in every phase of interpreter exit:
- * even once module teardown has cleared the plugin's globals, while JAX still reads.
+ * Answers in C (_answers.c). XLA asks a buffer's element type, dimensions, device...
+ * when JAX reads it, and aborts on a wrong answer as on an error: those getters are C
+ * functions reading the words Python put in the buffer's handle block. Other calls JAX
+ * makes on every dispatch (events, an executable's counts, a memory's kind) have a fast
+ * path in C: the trampoline tries it first, before it takes the GIL, and calls Python
+ * only when C cannot answer (see _answers.c).
  *
  * Every trampoline takes one pointer (the entry point's *_Args) and returns one.
  */
@@ -58,11 +58,12 @@
 #include <string.h>
 #include <unistd.h>
 
-/* PJRT_Error_Code values (absl status codes), pjrt_c_api.h. */
-enum { CODE_CANCELLED = 1, CODE_RESOURCE_EXHAUSTED = 8, CODE_INTERNAL = 13,
-       CODE_UNAVAILABLE = 14 };
-/* Every *_Args starts with struct_size and extension_start; out-fields follow. */
-#define ARGS_HEADER 16
+#include "_native.h"
+
+/* _answers.c: the entry points it implements, and the words of the blocks it reads. */
+int native_entry(int i, const char **name, void **fn);
+const char *fast_path_name(int i);
+extern const char buffer_words_text[], executable_words_text[], memory_words_text[];
 
 /* --- errors -------------------------------------------------------------------- */
 
@@ -83,7 +84,7 @@ typedef struct {
     char message[];             /* NUL-terminated */
 } Error;
 
-static void *no_memory;          /* the error reported when malloc fails (never freed) */
+void *no_memory;                 /* the error reported when malloc fails (never freed) */
 
 static void vt_destroy(void *e) {
     if (e != no_memory)
@@ -106,7 +107,7 @@ static const ErrorVtable vtable = {56, 8, NULL, vt_destroy, vt_message, vt_get_c
                                    vt_for_each_payload};
 
 /* A new error, or the preallocated RESOURCE_EXHAUSTED one if malloc fails. */
-static Error *make_error(int code, const char *message, size_t size) {
+void *make_error(int code, const char *message, size_t size) {
     Error *e = malloc(sizeof(Error) + size + 1);
     if (e == NULL)
         return no_memory;
@@ -118,7 +119,7 @@ static Error *make_error(int code, const char *message, size_t size) {
     return e;
 }
 
-static Error *make_error_f(int code, const char *format, const char *a, const char *b) {
+static void *make_error_f(int code, const char *format, const char *a, const char *b) {
     char text[512];
     int n = snprintf(text, sizeof text, format, a, b);
     return make_error(code, text, n < 0 ? 0 : (size_t)n < sizeof text ? (size_t)n : sizeof text - 1);
@@ -140,40 +141,6 @@ static void *api_error_message(MessageArgs *a) {
 static void *api_error_get_code(CodeArgs *a) { a->code = a->error->code; return NULL; }
 
 static void *api_error_for_each_payload(ErrorArgs *a) { (void)a; return NULL; }
-
-/* --- buffers: infallible getters answered from the handle block ------------------- */
-
-/* The words of a buffer's handle block, in order (pjrt_plugin._objects.BUFFER_WORDS). */
-enum { B_VTABLE, B_TYPE, B_DIMS, B_NUM_DIMS, B_DEVICE, B_MEMORY, B_DELETED, B_WORDS };
-#define BUFFER_WORDS_TEXT "vtable type dims num_dims device memory deleted"
-
-/* *_Args of the buffer getters: the header, the buffer, then one or two out-fields. */
-typedef struct { size_t struct_size; void *ext; intptr_t *buffer; } BufferArgs;
-#define OUT(a, type) (*(type *)((char *)(a) + sizeof(BufferArgs)))
-#define OUT2(a, type) (*(type *)((char *)(a) + sizeof(BufferArgs) + sizeof(void *)))
-#define WORD(a, i) (((BufferArgs *)(a))->buffer[i])
-
-static void *buffer_element_type(void *a) { OUT(a, int) = (int)WORD(a, B_TYPE); return NULL; }
-
-static void *buffer_dimensions(void *a) {           /* also UnpaddedDimensions */
-    OUT(a, const int64_t *) = (const int64_t *)WORD(a, B_DIMS);
-    OUT2(a, size_t) = (size_t)WORD(a, B_NUM_DIMS);
-    return NULL;
-}
-
-static void *buffer_dynamic_dimension_indices(void *a) {   /* none: static shapes */
-    OUT(a, const size_t *) = NULL;
-    OUT2(a, size_t) = 0;
-    return NULL;
-}
-
-static void *buffer_device(void *a) { OUT(a, void *) = (void *)WORD(a, B_DEVICE); return NULL; }
-
-static void *buffer_memory(void *a) { OUT(a, void *) = (void *)WORD(a, B_MEMORY); return NULL; }
-
-static void *buffer_is_deleted(void *a) { OUT(a, _Bool) = WORD(a, B_DELETED) != 0; return NULL; }
-
-static void *buffer_is_on_cpu(void *a) { OUT(a, _Bool) = 0; return NULL; }
 
 /* --- interpreter state ----------------------------------------------------------- */
 
@@ -250,6 +217,7 @@ enum { FALLIBLE = 0, INFALLIBLE = 1 };
 
 typedef struct {
     PyObject *call;             /* call(args_address) -> error address or None */
+    fast_fn fast;               /* answers in C first, if not NULL (_answers.c) */
     int kind;
     char name[96];
 } Slot;
@@ -325,6 +293,8 @@ static int active;
 
 static void *guarded(int index, void *args) {
     void *result;
+    if (slots[index].fast != NULL && slots[index].fast(args, &result))
+        return result;          /* answered in C: no GIL, no Python */
     __atomic_add_fetch(&active, 1, __ATOMIC_SEQ_CST);
     result = guarded_call(&slots[index], args);
     __atomic_sub_fetch(&active, 1, __ATOMIC_SEQ_CST);
@@ -383,6 +353,7 @@ static PyObject *install(PyObject *self, PyObject *args) {
     slot = &slots[next_slot];
     Py_INCREF(call);                    /* never released: JAX may call during shutdown */
     slot->call = call;
+    slot->fast = fast_path(name);
     slot->kind = kind == FALLIBLE ? FALLIBLE : INFALLIBLE;
     snprintf(slot->name, sizeof slot->name, "%s", name);
     return PyLong_FromVoidPtr((void *)trampolines[next_slot++]);
@@ -392,35 +363,63 @@ static PyObject *new_error(PyObject *self, PyObject *args) {
     int code;
     const char *message;
     Py_ssize_t size;
-    Error *e;
     if (!PyArg_ParseTuple(args, "iy#", &code, &message, &size))
         return NULL;
-    e = make_error(code, message, (size_t)size);
+    return PyLong_FromVoidPtr(make_error(code, message, (size_t)size));
+}
+
+static PyObject *py_new_event(PyObject *self, PyObject *args) {
+    int code;
+    const char *message;
+    Py_ssize_t size;
+    void *e;
+    if (!PyArg_ParseTuple(args, "iy#", &code, &message, &size))
+        return NULL;
+    if ((e = new_event(code, message, (size_t)size)) == NULL)
+        return PyErr_NoMemory();
     return PyLong_FromVoidPtr(e);
 }
 
+static PyObject *fast_paths(PyObject *self, PyObject *unused) {
+    PyObject *names = PyList_New(0), *name;
+    const char *text;
+    int i;
+    for (i = 0; names != NULL && (text = fast_path_name(i)) != NULL; i++) {
+        name = PyUnicode_FromString(text);
+        if (name == NULL || PyList_Append(names, name) < 0)
+            Py_CLEAR(names);
+        Py_XDECREF(name);
+    }
+    return names;
+}
+
+static int add_address(PyObject *table, const char *name, void *fn) {
+    PyObject *address = PyLong_FromVoidPtr(fn);
+    int failed = address == NULL || PyDict_SetItemString(table, name, address) < 0;
+    Py_XDECREF(address);
+    return failed ? -1 : 0;
+}
+
 static PyObject *entry_points(PyObject *self, PyObject *unused) {
-    const struct { const char *name; void *fn; } native[] = {
+    const struct { const char *name; void *fn; } errors[] = {
         {"PJRT_Error_Destroy", (void *)api_error_destroy},
         {"PJRT_Error_Message", (void *)api_error_message},
         {"PJRT_Error_GetCode", (void *)api_error_get_code},
         {"PJRT_Error_ForEachPayload", (void *)api_error_for_each_payload},
-        {"PJRT_Buffer_ElementType", (void *)buffer_element_type},
-        {"PJRT_Buffer_Dimensions", (void *)buffer_dimensions},
-        {"PJRT_Buffer_UnpaddedDimensions", (void *)buffer_dimensions},
-        {"PJRT_Buffer_DynamicDimensionIndices", (void *)buffer_dynamic_dimension_indices},
-        {"PJRT_Buffer_Device", (void *)buffer_device},
-        {"PJRT_Buffer_Memory", (void *)buffer_memory},
-        {"PJRT_Buffer_IsDeleted", (void *)buffer_is_deleted},
-        {"PJRT_Buffer_IsOnCpu", (void *)buffer_is_on_cpu},
     };
-    PyObject *table = PyDict_New(), *address;
-    size_t i;
-    for (i = 0; table != NULL && i < sizeof native / sizeof native[0]; i++) {
-        address = PyLong_FromVoidPtr(native[i].fn);
-        if (address == NULL || PyDict_SetItemString(table, native[i].name, address) < 0)
+    PyObject *table = PyDict_New();
+    const char *name;
+    void *fn;
+    int i, n = (int)(sizeof errors / sizeof errors[0]);
+    for (i = 0; table != NULL; i++) {
+        if (i < n) {
+            name = errors[i].name;
+            fn = errors[i].fn;
+        } else if (!native_entry(i - n, &name, &fn)) {
+            break;
+        }
+        if (add_address(table, name, fn) < 0)
             Py_CLEAR(table);
-        Py_XDECREF(address);
     }
     return table;
 }
@@ -459,9 +458,14 @@ static PyMethodDef methods[] = {
      "(kind 0: fallible, 1: infallible; see the file's comment)."},
     {"new_error", new_error, METH_VARARGS,
      "new_error(code, message: bytes) -> address of a new PJRT_Error."},
+    {"new_event", py_new_event, METH_VARARGS,
+     "new_event(code, message: bytes) -> address of a new ready PJRT_Event, failed with "
+     "(code, message) if code != 0 (see _answers.c, \"Events\")."},
     {"entry_points", entry_points, METH_NOARGS,
      "{name: address} of the entry points implemented in C: PJRT_Error_*, and the "
      "buffer getters answered from the handle block (BUFFER_WORDS)."},
+    {"fast_paths", fast_paths, METH_NOARGS,
+     "The entry points C answers before calling their Python function (_answers.c)."},
     {"defer", defer, METH_O,
      "defer(exc): raises `exc` again once control is back in Python, after the entry "
      "point running now has returned (see \"Interrupts\" above)."},
@@ -484,9 +488,15 @@ PyMODINIT_FUNC PyInit__guard(void) {
     if ((m = PyModule_Create(&module)) == NULL)
         return NULL;
     Py_AtExit(on_python_gone);
+    PyModule_AddIntConstant(m, "ABI", 2);    /* pjrt_plugin._native.ABI */
     PyModule_AddIntConstant(m, "MAX_SLOTS", MAX_SLOTS);
     PyModule_AddIntConstant(m, "FALLIBLE", FALLIBLE);
     PyModule_AddIntConstant(m, "INFALLIBLE", INFALLIBLE);
-    PyModule_AddStringConstant(m, "BUFFER_WORDS", BUFFER_WORDS_TEXT);
+    PyModule_AddStringConstant(m, "BUFFER_WORDS", buffer_words_text);
+    PyModule_AddStringConstant(m, "EXECUTABLE_WORDS", executable_words_text);
+    PyModule_AddStringConstant(m, "MEMORY_WORDS", memory_words_text);
+    PyModule_AddObject(m, "TAGS", Py_BuildValue(
+        "{sLsLsLsL}", "buffer", (long long)TAG_BUFFER, "executable", (long long)TAG_EXECUTABLE,
+        "memory", (long long)TAG_MEMORY, "event", (long long)TAG_EVENT));
     return m;
 }

@@ -31,8 +31,10 @@ def test_buffer_getter_layouts_are_what_the_c_code_assumes(name):
     assert f"PJRT_Buffer_{name}" in guard.entry_points()
 
 
-def test_buffer_block_words_agree_between_python_and_c():
+def test_block_words_agree_between_python_and_c():
     assert tuple(guard.BUFFER_WORDS.split()) == _objects.BUFFER_WORDS
+    assert tuple(guard.EXECUTABLE_WORDS.split()) == _objects.EXECUTABLE_WORDS
+    assert tuple(guard.MEMORY_WORDS.split()) == _objects.MEMORY_WORDS
 
 
 @pytest.mark.parametrize("name", ["Destroy", "Message", "GetCode", "ForEachPayload"])
@@ -63,8 +65,8 @@ def test_a_native_error_reads_back_through_the_api_table_and_its_vtable():
 
 def test_buffer_getters_answer_from_the_handle_block():
     dims = (ctypes.c_int64 * 2)(3, 4)
-    words = {"type": 11, "dims": ctypes.addressof(dims), "num_dims": 2, "device": 0x1000,
-             "memory": 0x2000, "deleted": 1}
+    words = {"tag": _native.TAGS["buffer"], "type": 11, "dims": ctypes.addressof(dims),
+             "num_dims": 2, "device": 0x1000, "memory": 0x2000, "deleted": 1, "failed": 0}
     block = (ctypes.c_void_p * len(_objects.BUFFER_WORDS))(
         None, *(words[w] for w in _objects.BUFFER_WORDS[1:]))
     handle = ctypes.addressof(block)
