@@ -47,7 +47,8 @@ def _outcome(fn):
 def _agree(ins, gen="trn2", seed=0):
     ref, fast = _cores(gen, seed)
     compiled = plan.kernel_plan(Kernel("k", [ins], {}), fast)[0]
-    assert _outcome(lambda: ins.execute(ref)) == _outcome(compiled)
+    with np.errstate(all="ignore"):         # random bytes: NaN / inf arithmetic is the point
+        assert _outcome(lambda: ins.execute(ref)) == _outcome(compiled)
     for a, b in ((ref.sbuf.data[:, :20480], fast.sbuf.data[:, :20480]),
                  (ref.psum.data[:, :8192], fast.psum.data[:, :8192]),
                  (ref.psum.by_matmul[:, :8192], fast.psum.by_matmul[:, :8192]),
