@@ -96,10 +96,10 @@ def candidates(block: ir.Block, producer: dict, users: dict) -> list[BwdMatch]:
     for op in dots:
         try:
             m = BwdMatch(fwd_pattern._match(op, producer, users), True)
-        except fwd_pattern._NoMatch:
+            seen.add(probs(m.fwd, producer))
+        except (fwd_pattern._NoMatch, NoMatch):
             continue
         found.append(m)
-        seen.add(op.operands[0])
     for op in dots:
         pv = _dead_o(op, producer, users)
         if pv is not None and pv.operands[0] not in seen:
@@ -112,25 +112,54 @@ def candidates(block: ir.Block, producer: dict, users: dict) -> list[BwdMatch]:
 
 
 def _dead_o(dv: ir.Op, producer: dict, users: dict) -> ir.Op | None:
-    """A stand-in p @ v dot (not in the block) for a dv dot of a forward whose output
-    is dead: v is the rhs of the dp dot that reads the same do."""
-    if not dot_is(dv, 0, 0):
+    """A stand-in p @ v dot (not in the block) for a dv dot (p^T do, p either operand,
+    any layout) of a forward whose output is dead: v is the other operand of a dp dot
+    that reads the same do; p and v are batched along the dims their dots batch do
+    along, and contract p's key dim (free in the dv dot) with v's (free in dp)."""
+    if dv.kind != "dot_general":
         return None
-    for do, p in (dv.operands, dv.operands[::-1]):
+    for pi in (0, 1):
+        p, do = dv.operands[pi], dv.operands[1 - pi]
         if p.type.rank < 2 or producer.get(p) is None:
             continue
         for u in users.get(do, ()):
-            if u is not dv and dot_is(u, 1, 1) and u.operands[0] is do:
-                v = u.operands[1]
-                shape = p.shape[:-1] + v.shape[-1:]
-                nb = p.type.rank - 2
-                attrs = {"lhs_batching_dimensions": tuple(range(nb)),
-                         "rhs_batching_dimensions": tuple(range(nb)),
-                         "lhs_contracting_dimensions": (nb + 1,),
-                         "rhs_contracting_dimensions": (nb,), "precision_config": ()}
-                return ir.Op("dot_general", [p, v], [ir.Value(ir.TensorType(shape, do.dtype))],
-                             attrs, loc=dv.loc, name=dv.name)
+            if u is dv or u.kind != "dot_general":
+                continue
+            for di in (0, 1):
+                if u.operands[di] is do:
+                    stand_in = _stand_in(dv, pi, u, di)
+                    if stand_in is not None:
+                        return stand_in
     return None
+
+
+def _sides(op: ir.Op, i: int) -> tuple[tuple, tuple, list]:
+    """(batch dims, contracting dims, other non-unit dims) of operand `i` of dot `op`."""
+    side = ("lhs", "rhs")[i]
+    b, c = _dims(op, f"{side}_batching_dimensions"), _dims(op, f"{side}_contracting_dimensions")
+    shape = op.operands[i].shape
+    return b, c, [d for d in range(len(shape)) if d not in b + c and shape[d] != 1]
+
+
+def _stand_in(dv: ir.Op, pi: int, dp: ir.Op, di: int) -> ir.Op | None:
+    p, do, v = dv.operands[pi], dv.operands[1 - pi], dp.operands[1 - di]
+    pb, _, pfree = _sides(dv, pi)
+    dob_dv = _sides(dv, 1 - pi)[0]
+    dob_dp = _sides(dp, di)[0]
+    vb, _, vfree = _sides(dp, 1 - di)
+    by_do = dict(zip(dob_dp, vb))
+    if len(pfree) != 1 or len(vfree) != 1 or any(d not in by_do for d in dob_dv):
+        return None
+    vbatch = tuple(by_do[d] for d in dob_dv)
+    lhs_rest = [d for d in range(p.type.rank) if d not in pb + (pfree[0],)]
+    rhs_rest = [d for d in range(v.type.rank) if d not in vbatch + (vfree[0],)]
+    shape = tuple(p.shape[d] for d in pb + tuple(lhs_rest)) + \
+        tuple(v.shape[d] for d in rhs_rest)
+    attrs = {"lhs_batching_dimensions": pb, "rhs_batching_dimensions": vbatch,
+             "lhs_contracting_dimensions": (pfree[0],),
+             "rhs_contracting_dimensions": (vfree[0],), "precision_config": ()}
+    return ir.Op("dot_general", [p, v], [ir.Value(ir.TensorType(shape, do.dtype))], attrs,
+                 loc=dv.loc, name=dv.name)
 
 
 def complete(m: BwdMatch, producer: dict, users: dict) -> None:

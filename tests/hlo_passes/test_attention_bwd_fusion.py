@@ -230,3 +230,18 @@ def test_a_mask_varying_along_batch_is_a_near_miss():
     assert not _fusions(module, "attention_bwd")
     (note,) = module.attrs[DECISIONS]
     assert note.endswith("a mask that is not one [Sq, Sk] for every batch index")
+
+
+def test_grad_of_library_attention_records_why_it_is_not_fused():
+    """jax.grad of dot_product_attention: o is dead and the dv dot batches along
+    non-leading dims; the stand-in p @ v is found in that layout, so the graph gets a
+    decision (was: none, the forward never matched)."""
+    def loss(q, k, v):
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True).astype(
+            jnp.float32).sum()
+    arg = jnp.zeros((1, 64, 2, 32), jnp.bfloat16)
+    module = hlo_passes.compile_to_ir(artifact_of(jax.grad(loss, argnums=(0, 1, 2)),
+                                                  arg, arg, arg))
+    assert not _fusions(module, "attention_bwd")
+    (note,) = module.attrs[DECISIONS]
+    assert note.endswith("(the backward kernel reads no other layout yet)")
