@@ -23,6 +23,8 @@ dumps and `disabled` use):
     mx-quantize          JAX's MX quantization -> one mx_quantize op   } fuse=True
     degenerate-reduce    reduce over extent-1 dims -> reshape          }
     transposed-dot       transpose(dot(a, b)) -> dot(b, a)              } only
+    attention-bwd-fusion softmax(q k^T) v with its gradient -> fusions  }
+                         "attention" (+ logsumexp) and "attention_bwd"  }
     attention-fusion     softmax(q k^T) v -> fusion "attention"         }
     fusion               loop / reduction / matmul-epilogue regions     }
     dce                  what the rewrites above left without users     }
@@ -54,6 +56,7 @@ from hlo_passes.passes import (
     split_reductions,
     transposed_dot,
 )
+from hlo_passes.passes.attention_bwd_fusion import AttentionBwdFusion
 from hlo_passes.passes.attention_fusion import AttentionFusion
 from hlo_passes.passes.fusion import Fusion
 from hlo_passes.pipeline import Fix, Pipeline, check_disabled, names_of
@@ -72,8 +75,8 @@ def _cleanup() -> list:
 
 
 def _fusion(policy: FusionPolicy) -> list:
-    return [mx_quantize, degenerate_reduce, transposed_dot, AttentionFusion(policy),
-            Fusion(policy), dce]
+    return [mx_quantize, degenerate_reduce, transposed_dot, AttentionBwdFusion(policy),
+            AttentionFusion(policy), Fusion(policy), dce]
 
 
 def pass_names() -> tuple[str, ...]:

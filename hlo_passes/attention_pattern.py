@@ -326,13 +326,32 @@ def _dims(op: ir.Op, name: str) -> tuple[int, ...]:
 def _closed(m: Match, inner: set, users: dict) -> bool:
     """Every value made inside is used only inside (the output excepted), but for
     views and converts (of the mask, the scale, the -inf fill), which the region
-    clones and leaves in place for their other users (`m.shared`)."""
+    clones and leaves in place for their other users (`m.shared`). A view of an inner
+    value (p's convert read by a hand-written backward) is not shareable: it goes
+    with the pattern."""
+    made = inner_made(inner)
     for op in inner:
         if op is m.out:
             continue
         for v in op.results:
             if any(u not in inner for u in users.get(v, ())):
-                if op.kind not in SHAREABLE:
+                if op.kind not in SHAREABLE or v in made:
                     return False
                 m.shared.add(op)
     return True
+
+
+def inner_made(inner: set) -> set:
+    """Results of the ops `inner` that depend on one of them that is not SHAREABLE:
+    removing the pattern's ops removes these values."""
+    producer = {v: op for op in inner for v in op.results}
+    memo: dict = {}
+
+    def made(op) -> bool:
+        if op not in memo:
+            memo[op] = False
+            memo[op] = op.kind not in SHAREABLE or any(
+                made(producer[v]) for v in op.operands if v in producer)
+        return memo[op]
+    return {v for op in inner if made(op) for v in op.results}
+

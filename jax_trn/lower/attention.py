@@ -206,8 +206,9 @@ class _Flash:
         kvs = ax.offsets(ax.batch, (1, 2, 0, 3, 4, 5))
         for b, (ko, vo, qo, oo, mo, bo) in enumerate(kvs):
             for gq, go, gm, gb in groups:
-                self.units.append({"kv": b, "k": ko, "v": vo, "q": qo + gq, "out": oo + go,
-                                   "mask": mo + gm, "bias": bo + gb})
+                self.units.append({"n": len(self.units), "kv": b, "k": ko, "v": vo,
+                                   "q": qo + gq, "out": oo + go, "mask": mo + gm,
+                                   "bias": bo + gb})
         nkt, nqt = -(-self.sk // self.pmax), -(-self.sq // self.pmax)
         limit = heads_per_dma(nkt, self.dv, 2, HEADS_BYTES)
         vblocks = unit_blocks([kv[1] for kv in kvs], self.dv, limit)
@@ -495,6 +496,19 @@ class _Flash:
             base = b["out"] - slot * self.dv + q0 * os
             src = res if size == 1 else sub(self.stage[q0], qt, size * self.dv)
             self._dma(kb.ap(self.out, base, ((os, qt), (1, size * self.dv))), src)
+        if len(self.ctx.outs) > 1:
+            self._lse(job)
+
+    def _lse(self, job: dict) -> None:
+        """The rows' logsumexp m + ln(l) (f32 [units, Sq], the fusion's second result
+        when the gradient is taken: attention_bwd.py recomputes p from it)."""
+        kb, tile = self.kb, job["tile"]
+        qt = tile["qt"]
+        lse = sub(self.small.next(), qt, 1)
+        kb.emit(isa.Activation, dst=lse, data=job["l"], func="log")
+        kb.emit(isa.TensorTensor, dst=lse, data1=lse, data2=tile["negm"], op="subtract")
+        base = job["b"]["n"] * self.sq + tile["q0"]
+        self._dma(kb.ap(self.ctx.outs[1], base, ((1, qt), (1, 1))), lse)
 
 
 def _ring_in_bank(kb, depth: int, free: int) -> Ring:

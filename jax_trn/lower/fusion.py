@@ -9,6 +9,8 @@
                      to each output tile as it leaves PSUM (epilogue.py)
     attention        softmax(mask(q @ k^T * scale)) @ v, flash-attention style, the
                      scores never leaving the chip (attention.py)
+    attention_bwd    dq, dk, dv of that attention, flash-attention backward style
+                     (attention_bwd.py)
 
 The kernel's `ops` are the fused ops, the one doing the most work first
 (`dominant_first`: the profiler names a kernel's source by its first op); its `notes`
@@ -75,6 +77,9 @@ def _fusion_lower(ctx: LowerCtx, *ins: DramTensor, fusion_kind: str = "loop",
         from .attention import lower_attention
         return lower_attention(ctx, list(ins), attention_scale, attention_mask,
                                **{k.removeprefix("attention_"): v for k, v in attention.items()})
+    if fusion_kind == "attention_bwd":
+        from .attention_bwd import lower_attention_bwd
+        return lower_attention_bwd(ctx, list(ins), attention_scale, attention_mask)
     plan = translate(ctx.op, list(ins), ctx.outs)
     plan.region = fold(plan.region)
     if fusion_kind == "reduction":

@@ -1,0 +1,416 @@
+"""Attention backward fusions (hlo_passes/passes/attention_bwd_fusion.py) as one
+flash-attention backward kernel (FlashAttention-2 style): dq, dk, dv of
+o = softmax(mask(q @ k^T * scale)) @ v from q, k, v, o, do and the rows' logsumexp the
+forward kernel wrote (attention.py), the [Sq, Sk] scores and probabilities never
+leaving the chip. q, k, v, o, do are [b.., S, D] row-major, the mask one [Sq, Sk]
+(the pass only fuses those: hlo_passes/attention_bwd_pattern.check_layout).
+
+Per batch index (leading dims flattened), everything of the query side stays in SBUF:
+Q^T [D, Sq] (by dma_transpose, §3.4, times the scale on GpSimd, as the forward does),
+Q and dO in 128-row tiles (rows on partitions), dO^T [Dv, Sq], -lse and
+Dr = rowsum(dO * O) per row ([P, 1] columns), and an FP32 dQ accumulator; the key side
+likewise (K^T, K rows, V^T). Then for each 128-key block j, for each 128-row q-tile i
+with an unmasked entry in block (i, j) (the mask is a compile-time constant: fully
+masked blocks are skipped, partially masked ones get the forward's additive bias
+by one more TensorE pass, S += I @ bias):
+
+  A  S = (scale Q_i) K_j^T (+ the mask bias) and dP = dO_i V_j^T on TensorE (PSUM,
+     FP32); P = exp(S - lse_i) and dP - Dr_i on ScalarE (the row statistics are the
+     activation biases), dS = (dP - Dr_i) * P on VectorE, both in bf16
+  B  dV_j += P^T dO_i and dK_j += dS^T Q_i, accumulated in PSUM across i (stationary P /
+     dS [q, k], §2.2); dS^T by a TensorE transpose, copied to SBUF (VectorE)
+  C  dQ_i += dS K_j (stationary dS^T [k, q]): in PSUM when the banks allow, else
+     through a PSUM ring added into an SBUF FP32 accumulator
+
+After the last i of block j, dK_j * scale and dV_j are rounded and DMAed out (two keys
+per partition: 512-byte descriptors, `_store_kv`); after the last j of q-tile i,
+dQ_i * scale. Stages are emitted software-pipelined (each engine runs its queue in
+program order, §2.1): A(n), B(n - 2), C(n - 3), so TensorE has the next scores while
+ScalarE / VectorE compute a pair's P and dS. The next batch index's inputs are DMAed
+while this one computes.
+
+Numerics: FP32 scores; P, dP - Dr and dS rounded to the 16-bit dtype (the program
+rounds p and ds before its matmuls), FP32 accumulation; the scale is applied to dq / dk
+in FP32 at the end (the program multiplies the rounded ds by it). Non-16-bit operands, D or Dv > 128, a
+fully masked q row or a mask computed at run time raise Unsupported: the region's ops
+then run one by one.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+
+from jax_trn.hw import isa
+from jax_trn.hw.program import DramTensor
+
+from .attention import NEG, _check, _mask
+from .attention_layout import Axes
+from .builder import Ring, sub
+from .layout import tiles
+from .registry import LowerCtx
+from .translate import Unsupported
+
+MASK_CACHE = 16         # distinct partially-masked blocks kept as bias tiles
+LAG_B, LAG_C = 2, 3     # stage B of job n - 2 and C of n - 3 follow stage A of job n
+KEY_GROUP = 2          # keys per partition in the dk / dv stores (_store_kv; 2 measured
+                       # faster than 1 and 4: S1024 208 / 180 / 198 us, S2048 543 / 537 / 577)
+STORE_BUFS = 8         # result tiles in flight to HBM (a store takes ~2 us: 1.3 us fixed, §2.6)
+
+
+def lower_attention_bwd(ctx: LowerCtx, ins: list[DramTensor], scale: float,
+                        masked: bool) -> None:
+    q, k, v, o, lse, do = ins[:6]
+    axes = Axes.canonical(q, k, v)
+    mask = _mask(ctx, ins[6], axes) if masked else None
+    if masked and mask is None:
+        raise Unsupported("attention backward with a mask computed at run time")
+    _check(ctx, q, k, v, axes)
+    if max(q.shape[-1], v.shape[-1]) > ctx.target.partitions or do.dtype != q.dtype:
+        raise Unsupported(f"attention backward with D={q.shape[-1]}, Dv={v.shape[-1]} "
+                          f"(<= {ctx.target.partitions}) or do {do.dtype} != {q.dtype}")
+    ctx.kb.notes.append("attention_bwd: flash-attention backward kernel (attention_bwd.py)")
+    _FlashBwd(ctx, (q, k, v, o, lse, do), scale, mask).run()
+
+
+class _FlashBwd:
+    def __init__(self, ctx: LowerCtx, ins, scale: float, mask):
+        self.ctx, self.kb, self.scale, self.mask = ctx, ctx.kb, scale, mask
+        self.q, self.k, self.v, self.o, self.lse, self.do = ins
+        self.dq, self.dk, self.dv = ctx.outs
+        self.sq, self.d = self.q.shape[-2:]
+        self.sk, self.dvn = self.v.shape[-2:]
+        self.batch = math.prod(self.q.shape[:-2])
+        self.pmax = ctx.target.partitions
+        self.bank = ctx.target.psum_bank_fp32
+        self.nq, self.nk = -(-self.sq // self.pmax), -(-self.sk // self.pmax)
+        self.dtype = self.q.dtype
+        kb, dt, p = self.kb, self.dtype, self.pmax
+        # two of each per-batch tile: the next batch index loads while this one ends
+        self.qT, self.doT = kb.ring(2, self.sq, dt), kb.ring(2, self.sq, dt)
+        self.qr, self.dor = kb.ring(2, self.nq * self.d, dt), kb.ring(2, self.nq * self.dvn, dt)
+        self.stats = kb.ring(2, 2 * self.nq, "float32")     # -lse, -Dr per q-tile
+        self.kT, self.vT = kb.ring(2, self.sk, dt), kb.ring(2, self.sk, dt)
+        self.kr = kb.ring(2, self.nk * self.d, dt)
+        self.oT = kb.ring(2, self.sq, dt)
+        self.prod = kb.ring(1, self.sq, "float32")
+        self.lse_in = kb.ring(2, self.nq, "float32")
+        self.ones = kb.tile(1, "float32")
+        kb.emit(isa.Memset, dst=self.ones, value=1.0, engine="gpsimd")
+        depth = LAG_C + 1               # a job's tiles live from stage A to stage C
+        self.pt, self.dst = kb.ring(depth, p, dt), kb.ring(depth, p, dt)
+        self.dpd, self.dsT = kb.ring(depth, p, dt), kb.ring(depth, p, dt)
+        self.res = kb.ring(STORE_BUFS, max(self.d, self.dvn), dt)
+        self.group = KEY_GROUP if self.sk % p == 0 else 1
+        if self.group > 1:
+            self.kvres = kb.ring(STORE_BUFS, self.group * max(self.d, self.dvn), dt)
+        self.s, self.dp = bank_rings(kb, (2, p), (2, p))
+        self.tps = bank_rings(kb, (4, p))[0]
+        self.dkps, self.dvps = bank_rings(kb, (2, self.d), (2, self.dvn))
+        self._dq_accumulators()
+        self.masks: dict[bytes, isa.Tile] = {}
+        self.ident: isa.Tile | None = None
+        self.copy_engines = itertools.cycle(("scalar", "vector"))
+        self.queues = itertools.cycle(range(ctx.target.dma_queues))
+        kb.flops += 2 * self.batch * self.sq * self.sk * 2 * (self.d + self.dvn)
+
+    def _dq_accumulators(self) -> None:
+        """dQ accumulates in PSUM (tile i in bank i // per_bank) when the banks left
+        allow (§3.2: 8 banks, 3 taken above), else in an SBUF FP32 tile fed from a PSUM
+        ring by VectorE adds."""
+        kb, t = self.kb, self.ctx.target
+        per_bank = self.bank // self.d
+        banks = -(-self.nq // per_bank)
+        self.dq_psum = banks <= t.psum_banks - 3
+        if self.dq_psum:
+            self.dqacc = kb.tile(banks * self.bank, "float32", mem="psum")
+        else:
+            self.dqacc = kb.ring(2, self.nq * self.d, "float32")
+            self.dqps = bank_rings(kb, (4, self.d))[0]
+
+    def _dq_slot(self, side: dict, i: int, qt: int) -> isa.Tile:
+        if self.dq_psum:
+            per_bank = self.bank // self.d
+            return sub(self.dqacc, qt, self.d, at=(i // per_bank) * self.bank +
+                       (i % per_bank) * self.d)
+        return sub(side["dq"], qt, self.d, at=i * self.d)
+
+    # --- driver ------------------------------------------------------------------------
+
+    def run(self) -> None:
+        per_b = [self._jobs(b) for b in range(self.batch)]
+        for b in range(self.batch - 1):
+            if per_b[b] and per_b[b + 1]:
+                per_b[b][0]["next"] = per_b[b + 1][0]["side"]
+        jobs = [job for b_jobs in per_b for job in b_jobs]
+        for n in range(len(jobs) + LAG_C):
+            for stage, lag in ((self._stage_a, 0), (self._stage_b, LAG_B),
+                               (self._stage_c, LAG_C)):
+                if 0 <= n - lag < len(jobs):
+                    stage(jobs[n - lag])
+
+    def _jobs(self, b: int) -> list[dict]:
+        """One job per live (key block, q-tile) pair of batch index `b`; key blocks with
+        no live pair get their zero dk / dv written here."""
+        jobs, side = [], {"b": b}
+        qtiles = tiles(self.sq, self.pmax)
+        if self.mask is not None and not self.mask[1].any(axis=1).all():
+            raise Unsupported("attention with a fully masked query row (softmax of -inf)")
+        for j, (k0, kbn) in enumerate(tiles(self.sk, self.pmax)):
+            live = [(i, q0, qt, st) for i, (q0, qt) in enumerate(qtiles)
+                    if (st := self._state(q0, qt, k0, kbn)) != "skip"]
+            if not live:
+                self._zero_block(b, k0, kbn)
+            block = {"j": j, "k0": k0, "kbn": kbn}
+            for n, (i, q0, qt, st) in enumerate(live):
+                jobs.append({"side": side, "block": block, "i": i, "q0": q0, "qt": qt,
+                             "state": st, "first": n == 0, "last": n == len(live) - 1})
+        last = {job["i"]: job for job in jobs}
+        for job in last.values():
+            job["dq_last"] = True           # tile i's dQ is complete after this job
+        if jobs:
+            jobs[0]["load"] = True
+        side["started"] = set()
+        return jobs
+
+    def _state(self, q0: int, qt: int, k0: int, kbn: int) -> str:
+        if self.mask is None:
+            return "full"
+        blk = self.mask[1][q0:q0 + qt, k0:k0 + kbn]
+        return "full" if blk.all() else ("skip" if not blk.any() else "partial")
+
+    # --- loads -------------------------------------------------------------------------
+
+    def _dma(self, dst, src, cls=isa.DmaCopy) -> None:
+        self.kb.emit(cls, dst=dst, src=src, dma_queue=next(self.queues))
+
+    def _load_T(self, t: DramTensor, base: int, rows: int, width: int, dst) -> None:
+        """[rows, width] of `t` at `base` as [width, rows] (dma_transpose, §3.4)."""
+        for r0, rn in tiles(rows, self.bank):
+            src = self.kb.ap(t, base + r0 * width, ((width, rn), (1, width)))
+            self._dma(sub(dst, width, rn, at=r0), src, isa.DmaTranspose)
+
+    def _rows(self, srcT, rows: int, width: int, dst) -> None:
+        """dst[:, i * width:] = the 128-row tile i of srcT^T ([width, rows] in SBUF), by
+        TensorE transposes: cheaper than DMAing rows of under 512 bytes (§3.4)."""
+        for i, (r0, rn) in enumerate(tiles(rows, self.pmax)):
+            tp = sub(self.tps.next(), rn, width)
+            self.kb.emit(isa.NcTranspose, dst=tp, data=sub(srcT, width, rn, at=r0))
+            self.kb.emit(isa.TensorCopy, dst=sub(dst, rn, width, at=i * width), src=tp,
+                         engine=next(self.copy_engines))
+
+    def _fetch(self, side: dict) -> None:
+        """The DMAs of one batch index's inputs (q, do, k, v, o transposed; lse),
+        issued one batch index ahead: the DMA queues run beside the compute engines."""
+        if "qT" in side:
+            return
+        kb, b, d, dv, p = self.kb, side["b"], self.d, self.dvn, self.pmax
+        for name, ring in (("qT", self.qT), ("doT", self.doT), ("qr", self.qr),
+                           ("dor", self.dor), ("kT", self.kT), ("vT", self.vT),
+                           ("kr", self.kr), ("oT", self.oT), ("stats", self.stats),
+                           ("lse", self.lse_in)):
+            side[name] = ring.next()
+        self._load_T(self.q, b * self.sq * d, self.sq, d, side["qT"])
+        self._load_T(self.do, b * self.sq * dv, self.sq, dv, side["doT"])
+        self._load_keys_T(self.k, b * self.sk * d, d, side["kT"])
+        self._load_keys_T(self.v, b * self.sk * dv, dv, side["vT"])
+        self._load_T(self.o, b * self.sq * dv, self.sq, dv, side["oT"])
+        full = self.sq // p
+        if full:          # lse [nq, 128] rows -> [128, nq] columns by one dma_transpose
+            kb.emit(isa.DmaTranspose, dst=sub(side["lse"], p, full),
+                    src=kb.ap(self.lse, b * self.sq, ((p, full), (1, p))),
+                    dma_queue=next(self.queues))
+
+    def _load_keys_T(self, t: DramTensor, base: int, width: int, dst) -> None:
+        """K^T / V^T [width, Sk]; with key groups, column k0 + r * g + c of block k0
+        holds key k0 + R * c + r (R = self.group, g = 128 / R): one dma_transpose of
+        every R-th row per r. dK / dV then come out of PSUM with keys k0 + R * c + r in
+        partition r * g + c, so each partition of the store holds R consecutive rows."""
+        r_n = self.group
+        if r_n == 1:
+            return self._load_T(t, base, self.sk, width, dst)
+        g = self.pmax // r_n
+        for k0 in range(0, self.sk, self.pmax):
+            for r in range(r_n):
+                src = self.kb.ap(t, base + (k0 + r) * width, ((r_n * width, g), (1, width)))
+                self._dma(sub(dst, width, g, at=k0 + r * g), src, isa.DmaTranspose)
+
+    def _load(self, side: dict, nxt: dict | None) -> None:
+        """One batch index's on-chip inputs and row statistics; the next one's DMAs."""
+        kb, d, dv = self.kb, self.d, self.dvn
+        self._fetch(side)
+        if nxt is not None:
+            self._fetch(nxt)
+        self._rows(side["qT"], self.sq, d, side["qr"])
+        self._rows(side["doT"], self.sq, dv, side["dor"])
+        self._rows(side["kT"], self.sk, d, side["kr"])
+        qT = sub(side["qT"], d, self.sq)
+        kb.emit(isa.TensorScalar, dst=qT, data=qT, op0="multiply", operand0=self.scale,
+                engine="gpsimd")
+        if not self.dq_psum:
+            side["dq"] = self.dqacc.next()
+            kb.emit(isa.Memset, dst=side["dq"], value=0.0, engine="gpsimd")
+        self._row_stats(side)
+
+    def _row_stats(self, side: dict) -> None:
+        """-lse and -Dr = -rowsum(dO * O) per q-tile ([qt, 1] FP32 columns); Dr as
+        (dO^T * O^T)^T @ 1 on TensorE."""
+        kb, b, dv, p = self.kb, side["b"], self.dvn, self.pmax
+        full, lse = self.sq // p, side["lse"]
+        prod = sub(self.prod.next(), dv, self.sq)
+        kb.emit(isa.TensorTensor, dst=prod, data1=sub(side["oT"], dv, self.sq),
+                data2=sub(side["doT"], dv, self.sq), op="multiply")
+        for i, (q0, qt) in enumerate(tiles(self.sq, p)):
+            neg, dr = self._stat(side, i, qt)
+            if i < full:
+                kb.emit(isa.TensorScalar, dst=neg, data=sub(lse, qt, 1, at=i),
+                        op0="multiply", operand0=-1.0, engine="gpsimd")
+            else:
+                self._dma(neg, kb.ap(self.lse, b * self.sq + q0, ((1, qt), (1, 1))))
+                kb.emit(isa.TensorScalar, dst=neg, data=neg, op0="multiply",
+                        operand0=-1.0, engine="gpsimd")
+            ps = sub(self.tps.next(), qt, 1)
+            kb.emit(isa.NcMatmul, dst=ps, stationary=sub(prod, dv, qt, at=q0),
+                    moving=sub(self.ones, dv, 1))
+            kb.emit(isa.Activation, dst=dr, data=ps, func="copy", scale=-1.0)
+
+    def _stat(self, side: dict, i: int, qt: int) -> tuple[isa.Tile, isa.Tile]:
+        return (sub(side["stats"], qt, 1, at=2 * i), sub(side["stats"], qt, 1, at=2 * i + 1))
+
+    def _identity(self) -> isa.Tile:
+        """I [128, 128] in the matmul dtype (GpSimd: memset, affine_select p == f)."""
+        if self.ident is None:
+            self.ident = self.kb.tile(self.pmax, self.dtype)
+            self.kb.emit(isa.Memset, dst=self.ident, value=1.0, engine="gpsimd")
+            self.kb.emit(isa.AffineSelect, dst=self.ident, on_true_tile=self.ident,
+                         on_false_value=0.0, pattern=((-1, self.pmax),),
+                         channel_multiplier=1, cmp_op="is_equal")
+        return self.ident
+
+    def _bias(self, q0: int, qt: int, k0: int, kbn: int) -> isa.Tile:
+        """The additive bias (0 / NEG, attention.py's) of a partially masked block, its
+        columns in the key order of _load_keys_T (cached by content)."""
+        key = self.mask[1][q0:q0 + qt, k0:k0 + kbn].tobytes() + bytes((qt, kbn % 256))
+        tile = self.masks.get(key)
+        if tile is None:
+            keep = len(self.masks) < MASK_CACHE
+            tile = self.kb.tile(kbn, self.dtype, parts=qt) if keep else \
+                sub(self.dsT.next(), qt, kbn)
+            sk, r_n = self.mask[1].shape[1], self.group
+            nat = sub(self.dsT.next(), qt, kbn) if r_n > 1 else tile
+            self._dma(nat, self.kb.ap(self.mask[0], q0 * sk + k0, ((sk, qt), (1, kbn))))
+            if r_n > 1:     # columns in the key order of _load_keys_T: (r, c) <- R c + r
+                g = kbn // r_n
+                self.kb.emit(isa.TensorCopy, dst=tile.with_(free=(r_n, g)),
+                             src=nat.with_(free=(r_n, g), strides=(1, r_n)), engine="gpsimd")
+            self.kb.emit(isa.TensorScalar, dst=tile, data=tile, op0="multiply",
+                         operand0=-NEG, op1="add", operand1=NEG, engine="gpsimd")
+            if keep:
+                self.masks[key] = tile
+        return tile
+
+    # --- stages ------------------------------------------------------------------------
+
+    def _stage_a(self, job: dict) -> None:
+        """S, dP (TensorE); P = exp(S - lse) (ScalarE); dS = (dP - Dr) * P (VectorE)."""
+        kb, side, blk = self.kb, job["side"], job["block"]
+        if job.get("load"):
+            self._load(side, job.get("next"))
+        q0, qt, k0, kbn = job["q0"], job["qt"], blk["k0"], blk["kbn"]
+        s, dp = sub(self.s.next(), qt, kbn), sub(self.dp.next(), qt, kbn)
+        kb.emit(isa.NcMatmul, dst=s, stationary=sub(side["qT"], self.d, qt, at=q0),
+                moving=sub(side["kT"], self.d, kbn, at=k0))
+        if job["state"] == "partial":       # S += I @ bias: the mask as one TensorE pass
+            kb.emit(isa.NcMatmul, dst=s, stationary=sub(self._identity(), qt, qt),
+                    moving=self._bias(q0, qt, k0, kbn), accumulate=True)
+        kb.emit(isa.NcMatmul, dst=dp, stationary=sub(side["doT"], self.dvn, qt, at=q0),
+                moving=sub(side["vT"], self.dvn, kbn, at=k0))
+        neg, dr = self._stat(side, job["i"], qt)
+        p = sub(self.pt.next(), qt, kbn)
+        kb.emit(isa.Activation, dst=p, data=s, func="exp", bias=neg)
+        dpd = sub(self.dpd.next(), qt, kbn)       # dP - Dr on ScalarE, * P on VectorE:
+        kb.emit(isa.Activation, dst=dpd, data=dp, func="copy", bias=dr)  # one pass each
+        ds = sub(self.dst.next(), qt, kbn)
+        kb.emit(isa.TensorTensor, dst=ds, data1=dpd, data2=p, op="multiply")
+        job["p"], job["ds"] = p, ds
+
+    def _stage_b(self, job: dict) -> None:
+        """dV_j += P^T dO_i, dK_j += dS^T Q_i (PSUM across i); dS^T to SBUF."""
+        kb, side, blk = self.kb, job["side"], job["block"]
+        i, qt, kbn, d, dv = job["i"], job["qt"], blk["kbn"], self.d, self.dvn
+        if job["first"]:
+            blk["dk"] = sub(self.dkps.next(), kbn, d)
+            blk["dv"] = sub(self.dvps.next(), kbn, dv)
+        kb.emit(isa.NcMatmul, dst=blk["dv"], stationary=job["p"],
+                moving=sub(side["dor"], qt, dv, at=i * dv), accumulate=not job["first"])
+        kb.emit(isa.NcMatmul, dst=blk["dk"], stationary=job["ds"],
+                moving=sub(side["qr"], qt, d, at=i * d), accumulate=not job["first"])
+        tp = sub(self.tps.next(), kbn, qt)
+        kb.emit(isa.NcTranspose, dst=tp, data=job["ds"])
+        dsT = sub(self.dsT.next(), kbn, qt)
+        kb.emit(isa.TensorCopy, dst=dsT, src=tp)       # VectorE reads PSUM at 2x (§2.3)
+        job["dsT"] = dsT
+        if job["last"]:
+            self._store_kv(side["b"], blk)
+
+    def _stage_c(self, job: dict) -> None:
+        """dQ_i += dS K_j (in PSUM, or via a PSUM ring into SBUF); tile i out after its
+        last job."""
+        kb, side, blk = self.kb, job["side"], job["block"]
+        i, qt, kbn, d = job["i"], job["qt"], blk["kbn"], self.d
+        moving = sub(side["kr"], kbn, d, at=blk["j"] * d)
+        acc = self._dq_slot(side, i, qt)
+        if self.dq_psum:
+            kb.emit(isa.NcMatmul, dst=acc, stationary=job["dsT"], moving=moving,
+                    accumulate=i in side["started"])
+            side["started"].add(i)
+        else:
+            ps = sub(self.dqps.next(), qt, d)
+            kb.emit(isa.NcMatmul, dst=ps, stationary=job["dsT"], moving=moving)
+            kb.emit(isa.TensorTensor, dst=acc, data1=acc, data2=ps, op="add")
+        if job.get("dq_last"):
+            res = sub(self.res.next(), qt, d)
+            kb.emit(isa.TensorScalar, dst=res, data=acc, op0="multiply", operand0=self.scale)
+            self._dma(kb.ap(self.dq, (side["b"] * self.sq + job["q0"]) * d,
+                            ((d, qt), (1, d))), res)
+
+    # --- stores ------------------------------------------------------------------------
+
+    def _store_kv(self, b: int, blk: dict) -> None:
+        """dK_j * scale (ScalarE) and dV_j (VectorE) rounded and stored. With key groups
+        each group of g partitions moves to partitions [0, g) (allowed within 64, §2.3)
+        at free offset r * width: a partition holds R consecutive rows, so the store's
+        descriptors are R x longer (R x the DMA efficiency below 2.5 KB, §3.4)."""
+        kb, k0, kbn = self.kb, blk["k0"], blk["kbn"]
+        r_n, g = self.group, kbn // self.group
+        for out, acc, w, scale in ((self.dk, blk["dk"], self.d, self.scale),
+                                   (self.dv, blk["dv"], self.dvn, None)):
+            tile = sub((self.kvres if r_n > 1 else self.res).next(), g, r_n * w)
+            for r in range(r_n):
+                src = acc.with_(start_partition=acc.start_partition + r * g, num_partitions=g)
+                dst = sub(tile, g, w, at=r * w)
+                if scale is None:
+                    kb.emit(isa.TensorCopy, dst=dst, src=src)
+                else:
+                    kb.emit(isa.Activation, dst=dst, data=src, func="copy", scale=scale)
+            self._dma(kb.ap(out, (b * self.sk + k0) * w, ((r_n * w, g), (1, r_n * w))), tile)
+
+    def _zero_block(self, b: int, k0: int, kbn: int) -> None:
+        """dk, dv of a key block no query sees: zeros."""
+        kb = self.kb
+        for out, w in ((self.dk, self.d), (self.dv, self.dvn)):
+            z = sub(self.res.next(), kbn, w)
+            kb.emit(isa.Memset, dst=z, value=0.0, engine="gpsimd")
+            self._dma(kb.ap(out, (b * self.sk + k0) * w, ((w, kbn), (1, w))), z)
+
+
+def bank_rings(kb, *specs: tuple[int, int]) -> list[Ring]:
+    """Rings of FP32 [P, free] PSUM accumulators, (depth, free) each, sharing one 2 KiB
+    bank (§3.2: a matmul must not cross a bank, several may share one)."""
+    total = sum(depth * free for depth, free in specs)
+    assert total <= kb.target.psum_bank_fp32, specs
+    bank, at, rings = kb.tile(total, "float32", mem="psum"), 0, []
+    for depth, free in specs:
+        rings.append(Ring([sub(bank, kb.target.partitions, free, at=at + i * free)
+                           for i in range(depth)]))
+        at += depth * free
+    return rings

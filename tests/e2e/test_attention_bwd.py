@@ -1,0 +1,200 @@
+"""Gradients of attention on trn against the CPU backend: the attention-bwd-fusion pass
+(hlo_passes/passes/attention_bwd_fusion.py) makes the joint forward + backward graph a
+forward fusion that also writes logsumexp and one "attention_bwd" fusion, lowered as
+flash kernels (jax_trn/lower/attention.py, attention_bwd.py). Each test checks that the
+kernels really ran (their notes), not only the numbers."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.conftest import assert_close
+from tests.e2e.test_attention import causal_attention
+
+FWD_NOTE = "attention: flash-attention kernel"
+BWD_NOTE = "attention_bwd: flash-attention backward kernel"
+
+
+def _args(shapes, seed, dtype="bfloat16"):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(s).astype(np.float32).astype(np.dtype(dtype))
+            for s in shapes]
+
+
+def _run(jax, trn, cpu, f, args):
+    """(trn results, cpu results, trn kernel records) of jit(f)(*args)."""
+    import jax_trn
+    g = jax.jit(f)
+    with jax_trn.profile() as prof:
+        out = jax.block_until_ready(g(*(jax.device_put(a, trn) for a in args)))
+    ref = g(*(jax.device_put(a, cpu) for a in args))
+    leaves = jax.tree_util.tree_leaves
+    return [np.asarray(x) for x in leaves(out)], [np.asarray(x) for x in leaves(ref)], \
+        prof.executions[-1].kernels
+
+
+def _benchmarks_compiler():
+    """benchmarks/compiler.py (it imports its sibling modules by their plain names)."""
+    import importlib
+    import os
+    import sys
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks")
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    return importlib.import_module("compiler")
+
+
+def _notes(kernels) -> list[str]:
+    return [n for k in kernels for n in k.kernel.notes]
+
+
+def _fused(kernels) -> tuple[bool, bool]:
+    notes = _notes(kernels)
+    return any(n.startswith(FWD_NOTE) for n in notes), \
+        any(n.startswith(BWD_NOTE) for n in notes)
+
+
+def _vjp(f):
+    import jax
+
+    def g(q, k, v, do):
+        o, vjp = jax.vjp(f, q, k, v)
+        return (o,) + vjp(do)
+    return g
+
+
+@pytest.mark.parametrize("shape", [(1, 2, 256, 128), (1, 1, 384, 64), (2, 1, 200, 32)])
+def test_causal_vjp_matches_cpu_and_runs_flash_kernels(jax, trn, cpu, shape):
+    import ml_dtypes  # noqa: F401
+    out, ref, kernels = _run(jax, trn, cpu, _vjp(causal_attention), _args([shape] * 4, 0))
+    assert _fused(kernels) == (True, True), _notes(kernels)
+    assert len(kernels) == 2, [k.name for k in kernels]
+    for a, b in zip(out, ref):
+        assert a.dtype == b.dtype
+        assert_close(a, b, "bfloat16")
+
+
+def test_grad_of_a_loss_without_o_fuses(jax, trn, cpu):
+    """jax.grad of sum(o * w): o itself is dead in the program; the forward fusion
+    still makes it (the backward's rowsum(do * o) needs it)."""
+    import jax.numpy as jnp
+    import ml_dtypes  # noqa: F401
+    shape = (1, 2, 256, 64)
+
+    def loss(q, k, v, w):
+        return (causal_attention(q, k, v).astype(jnp.float32) * w).sum()
+    f = jax.grad(loss, argnums=(0, 1, 2))
+    out, ref, kernels = _run(jax, trn, cpu, f, _args([shape] * 4, 1))
+    assert _fused(kernels) == (True, True), _notes(kernels)
+    for a, b in zip(out, ref):
+        assert_close(a, b, "bfloat16")
+
+
+def test_value_and_grad_of_the_benchmark_block(jax, trn, cpu):
+    """benchmarks/compiler.py's transformer block (small): value_and_grad of its loss."""
+    import jax.numpy as jnp
+    import ml_dtypes  # noqa: F401
+    transformer_block = _benchmarks_compiler().transformer_block
+    d, s = 256, 256
+    shapes = {"g1": (d,), "b1": (d,), "g2": (d,), "b2": (d,), "wqkv": (d, 3 * d),
+              "wo": (d, d), "w1": (d, 4 * d), "w2": (4 * d, d)}
+    rng = np.random.default_rng(2)
+    params = {k: (rng.standard_normal(v) * (0.05 if len(v) > 1 else 1.0))
+              .astype(jnp.bfloat16) for k, v in shapes.items()}
+    x = rng.standard_normal((s, d)).astype(jnp.bfloat16)
+
+    def f(p, x):
+        return jax.value_and_grad(
+            lambda p, x: transformer_block(p, x, heads=2).astype(jnp.float32).sum(),
+            argnums=(0, 1))(p, x)
+    out, ref, kernels = _run(jax, trn, cpu, f, [params, x])
+    assert _fused(kernels) == (True, True), _notes(kernels)
+    for a, b in zip(out, ref):
+        scale = max(1.0, float(np.abs(b.astype(np.float32)).max()))
+        assert_close(a / scale, b / scale, "bfloat16")
+
+
+def test_float32_attention_grad_falls_back_and_matches_cpu(jax, trn, cpu):
+    """f32 q/k/v: both fusions exist, but the kernels raise Unsupported (16-bit only):
+    their regions run op by op (the forward's with its logsumexp), still exact."""
+    shape = (1, 1, 128, 32)
+    with jax.default_matmul_precision("highest"):
+        out, ref, kernels = _run(jax, trn, cpu, _vjp(causal_attention),
+                                 _args([shape] * 4, 3, "float32"))
+    assert _fused(kernels) == (False, False)
+    assert any(n.startswith("fallback") for n in _notes(kernels)), _notes(kernels)
+    for a, b in zip(out, ref):
+        assert_close(a, b, "float32", rtol=1e-4, atol=1e-5)
+
+
+def unmasked_attention(q, k, v):
+    import jax
+    import jax.numpy as jnp
+    scores = jnp.einsum("bhqd,bhkd->bhqk", q, k) * 0.125
+    return jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(scores, axis=-1), v)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 256, 64), (1, 2, 320, 128)])
+def test_unmasked_vjp_matches_cpu(jax, trn, cpu, shape):
+    """No mask, bf16 softmax; 320 keys: a partial last key block (keys not grouped)."""
+    import ml_dtypes  # noqa: F401
+    out, ref, kernels = _run(jax, trn, cpu, _vjp(unmasked_attention), _args([shape] * 4, 4))
+    assert _fused(kernels) == (True, True), _notes(kernels)
+    for a, b in zip(out, ref):
+        assert_close(a, b, "bfloat16")
+
+
+def test_cross_attention_vjp_matches_cpu(jax, trn, cpu):
+    """Sq = 200 queries against Sk = 384 keys (a partial q-tile, grouped keys)."""
+    import ml_dtypes  # noqa: F401
+    q, k, v, do = _args([(1, 2, 200, 64), (1, 2, 384, 64), (1, 2, 384, 64),
+                         (1, 2, 200, 64)], 5)
+    out, ref, kernels = _run(jax, trn, cpu, _vjp(unmasked_attention), [q, k, v, do])
+    assert _fused(kernels) == (True, True), _notes(kernels)
+    for a, b in zip(out, ref):
+        assert_close(a, b, "bfloat16")
+
+
+def test_long_sequence_accumulates_dq_in_sbuf(jax, trn, cpu):
+    """S = 2688, D = 128: dQ for 21 q-tiles needs 6 PSUM banks, more than the 5 left:
+    the kernel accumulates it in SBUF instead (its other path)."""
+    import ml_dtypes  # noqa: F401
+    shape = (1, 1, 2688, 128)
+    out, ref, kernels = _run(jax, trn, cpu, _vjp(causal_attention), _args([shape] * 4, 6))
+    assert _fused(kernels) == (True, True), _notes(kernels)
+    for a, b in zip(out, ref):
+        assert_close(a, b, "bfloat16")
+
+
+def test_causal_backward_skips_fully_masked_tiles(jax, trn, cpu):
+    """4 x 4 tile pairs: the causal backward computes the 10 on or below the diagonal
+    (5 matmuls each, + a bias pass on the 4 diagonal ones, + 4 row-statistic matmuls);
+    without the mask all 16."""
+    import ml_dtypes  # noqa: F401
+    from jax_trn.hw import isa
+    counts = []
+    for f in (causal_attention, unmasked_attention):
+        _, _, kernels = _run(jax, trn, cpu, _vjp(f), _args([(1, 1, 512, 64)] * 4, 7))
+        (bwd,) = [k for k in kernels if BWD_NOTE in " ".join(k.kernel.notes)]
+        counts.append(sum(isinstance(i, isa.NcMatmul) for i in bwd.kernel.instructions))
+    assert counts == [10 * 5 + 4 + 4, 16 * 5 + 4]
+
+
+def test_a_mask_per_head_runs_op_by_op_and_matches_cpu(jax, trn, cpu):
+    """A compile-time window that differs per head: the backward kernel reads one
+    [Sq, Sk] mask, so the pass leaves the graph alone (was: fused, every head's
+    gradient masked like head 0's)."""
+    import jax.numpy as jnp
+    import ml_dtypes  # noqa: F401
+
+    def attn(q, k, v):
+        s = jnp.einsum("bhqd,bhkd->bhqk", q, k) * 0.125
+        h, i = jnp.arange(2)[:, None, None], jnp.arange(256)
+        s = jnp.where((i[None, :] <= i[:, None] - 64 * h)[None] | (i[None, :] == 0), s,
+                      -jnp.inf)
+        p = jax.nn.softmax(s.astype(jnp.float32), axis=-1).astype(q.dtype)
+        return jnp.einsum("bhqk,bhkd->bhqd", p, v)
+    out, ref, kernels = _run(jax, trn, cpu, _vjp(attn), _args([(1, 2, 256, 64)] * 4, 8))
+    assert not _fused(kernels)[1], _notes(kernels)
+    for a, b in zip(out, ref):
+        assert_close(a, b, "bfloat16")

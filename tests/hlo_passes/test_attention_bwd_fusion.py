@@ -1,0 +1,247 @@
+"""The attention-bwd-fusion pass: the joint forward + backward graph of an attention
+under jax.vjp / jax.grad becomes a forward fusion returning (o, logsumexp) and one
+"attention_bwd" fusion returning (dq, dk, dv); a graph that is close but not the
+pattern gets a recorded decision."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import hlo_passes
+from hlo_passes.fusion_policy import FusionPolicy
+from hlo_passes.passes.attention_bwd_fusion import DECISIONS, AttentionBwdFusion
+from hlo_passes.verifier import verify
+
+from .helpers import artifact_of, kinds
+from .test_attention_fusion import causal
+
+ARG = jnp.zeros((1, 2, 64, 32), jnp.bfloat16)
+SCALE = 0.25
+
+
+def _vjp(f):
+    def g(q, k, v, do):
+        o, vjp = jax.vjp(f, q, k, v)
+        return (o,) + vjp(do)
+    return g
+
+
+def _fusions(module, kind):
+    return [op for op in module.main.body.ops
+            if op.kind == "fusion" and op.attrs["fusion_kind"] == kind]
+
+
+def _compile(f, nargs=4, **kw):
+    return hlo_passes.compile_to_ir(artifact_of(f, *(ARG,) * nargs), **kw)
+
+
+def test_vjp_of_causal_attention_is_two_fusions():
+    module = _compile(_vjp(causal))
+    assert kinds(module.main.body) == ["constant", "fusion", "fusion", "func.return"]
+    (fwd,), (bwd,) = _fusions(module, "attention"), _fusions(module, "attention_bwd")
+    o, lse = fwd.results
+    assert lse.type.shape == (1, 2, 64) and lse.dtype == "float32"
+    assert bwd.operands[3:5] == [o, lse] and bwd.operands[5] is module.main.args[3]
+    assert bwd.attrs["attention_scale"] == SCALE and bwd.attrs["attention_mask"]
+    assert bwd.operands[6] is fwd.operands[3]           # the folded causal mask
+    assert [r.type.shape for r in bwd.results] == [(1, 2, 64, 32)] * 3
+    assert "writes row logsumexp" in fwd.attrs["decisions"][0]
+    assert bwd.attrs["decisions"][0].startswith("attention-bwd: dq, dk, dv")
+    assert module.main.body.ops[-1].operands == [o, *bwd.results]
+    assert DECISIONS not in module.attrs
+
+
+def test_grad_with_dead_output_still_fuses():
+    """jax.grad of sum(o): the program has no p @ v; the forward fusion makes o."""
+    def loss(q, k, v):
+        return causal(q, k, v).astype(jnp.float32).sum()
+    module = _compile(jax.grad(loss, argnums=(0, 1, 2)), 3)
+    assert len(_fusions(module, "attention")) == 1
+    (bwd,) = _fusions(module, "attention_bwd")
+    assert module.main.body.ops[-1].operands == list(bwd.results)
+
+
+def test_forward_only_is_left_to_attention_fusion():
+    module = _compile(causal, 3)
+    assert not _fusions(module, "attention_bwd")
+    (fwd,) = _fusions(module, "attention")
+    assert len(fwd.results) == 1
+    assert DECISIONS not in module.attrs
+
+
+def _custom(ds_of):
+    """Causal attention with a hand-written backward whose ds is ds_of(p32, dp32)."""
+    def fwd(q, k, v):
+        s = q.shape[-2]
+        scores = jnp.einsum("bhqd,bhkd->bhqk", q, k) * SCALE
+        scores = jnp.where(jnp.tril(jnp.ones((s, s), bool)), scores, -jnp.inf)
+        p = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(q.dtype)
+        return jnp.einsum("bhqk,bhkd->bhqd", p, v), (q, k, v, p)
+
+    def bwd(res, do):
+        q, k, v, p = res
+        dv = jnp.einsum("bhqk,bhqd->bhkd", p, do)
+        dp = jnp.einsum("bhqd,bhkd->bhqk", do, v).astype(jnp.float32)
+        ds = ds_of(p.astype(jnp.float32), dp).astype(q.dtype) * SCALE
+        return (jnp.einsum("bhqk,bhkd->bhqd", ds, k), jnp.einsum("bhqk,bhqd->bhkd", ds, q),
+                dv)
+
+    f = jax.custom_vjp(lambda q, k, v: fwd(q, k, v)[0])
+    f.defvjp(fwd, bwd)
+    return f
+
+
+def test_a_hand_written_backward_of_another_form_fuses():
+    """ds = p * (dp - rowsum(p * dp)), the custom-JVP form, not the quotient rule."""
+    f = _custom(lambda p, dp: p * (dp - (p * dp).sum(-1, keepdims=True)))
+    module = _compile(_vjp(f))
+    assert len(_fusions(module, "attention_bwd")) == 1
+
+
+def test_a_wrong_softmax_vjp_is_not_fused_and_says_why():
+    """ds = p * dp (the rowsum term missing): same ops, wrong values."""
+    module = _compile(_vjp(_custom(lambda p, dp: p * dp)))
+    assert not _fusions(module, "attention_bwd") and not _fusions(module, "attention")
+    (note,) = module.attrs[DECISIONS]
+    assert note.startswith("attention-bwd: not fused at ")
+    assert note.endswith("ds is not p * (dp - rowsum(dp * p))")
+
+
+def test_p_used_outside_is_not_fused_and_says_why():
+    def f(q, k, v, do):
+        def attn(q, k, v):
+            s = jnp.einsum("bhqd,bhkd->bhqk", q, k) * SCALE
+            p = jax.nn.softmax(s.astype(jnp.float32), axis=-1).astype(q.dtype)
+            return jnp.einsum("bhqk,bhkd->bhqd", p, v), p
+        o, vjp, p = jax.vjp(attn, q, k, v, has_aux=True)
+        return (o, p) + vjp(do)
+    module = _compile(f)
+    assert not _fusions(module, "attention_bwd")
+    (note,) = module.attrs[DECISIONS]
+    assert "is also used outside" in note
+
+
+def test_the_policy_can_forbid_it_and_says_so():
+    module = _compile(_vjp(causal), fuse=False)
+    assert not AttentionBwdFusion(FusionPolicy(attention=False)).run(module)
+    assert module.attrs[DECISIONS] == ("attention-bwd: not fused at " +
+                                       module.attrs[DECISIONS][0].split(" at ", 1)[1],)
+    assert "forbidden: attention fusion is off" in module.attrs[DECISIONS][0]
+    assert AttentionBwdFusion().run(module)
+    verify(module)
+
+
+def test_disabled_by_its_own_name():
+    module = _compile(_vjp(causal), disabled_passes={"attention-bwd-fusion"})
+    assert not _fusions(module, "attention_bwd") and not _fusions(module, "attention")
+    assert "attention-bwd-fusion" in hlo_passes.pass_names()
+
+
+def test_the_mask_constant_is_the_causal_mask():
+    module = _compile(_vjp(causal))
+    const = module.main.body.ops[0].attrs["value"]
+    np.testing.assert_array_equal(const, np.tril(np.ones((64, 64), bool)))
+
+
+def test_forward_pass_keeps_p_read_by_a_hand_written_backward():
+    """Was: attention-fusion shared p's convert (a "view") with the custom backward that
+    reads it, removed the divide under it, and dropped everything downstream (the
+    function's return too: "block has no terminator")."""
+    f = _custom(lambda p, dp: p * (dp - (p * dp).sum(-1, keepdims=True)))
+    module = _compile(_vjp(f), disabled_passes={"attention-bwd-fusion"})
+    verify(module)
+    assert not _fusions(module, "attention")
+    assert module.main.body.ops[-1].kind == "func.return"
+
+
+def test_a_backward_masked_by_another_mask_is_not_fused():
+    """ds zeroed where the forward's mask is not: not this attention's gradient."""
+    def ds_of(p, dp):
+        s = p.shape[-1]
+        ds = p * (dp - (p * dp).sum(-1, keepdims=True))
+        return jnp.where(jnp.triu(jnp.ones((s, s), bool)), ds, 0.0)
+    module = _compile(_vjp(_custom(ds_of)))
+    assert not _fusions(module, "attention_bwd")
+    (note,) = module.attrs[DECISIONS]
+    assert note.startswith("attention-bwd: not fused at ")
+
+
+def test_output_written_through_views_is_left_to_them():
+    """The forward match writes o through the transposes after p @ v (attention_axes);
+    the backward reads o as [b.., Sq, Dv]: the forward fusion returns p @ v's result
+    and the transpose stays (was: not fused, "not q @ k^T and p @ v on [b.., S, D]")."""
+    def f(q, k, v):
+        return causal(q, k, v).transpose(0, 2, 1, 3)
+    do = jnp.zeros((1, 64, 2, 32), jnp.bfloat16)
+    module = hlo_passes.compile_to_ir(artifact_of(_vjp(f), ARG, ARG, ARG, do))
+    (fwd,), (bwd,) = _fusions(module, "attention"), _fusions(module, "attention_bwd")
+    assert fwd.results[0].type.shape == (1, 2, 64, 32)
+    assert bwd.operands[3] is fwd.results[0]
+    assert [u for u in module.main.body.ops if u.kind == "transpose" and
+            u.operands[0] is fwd.results[0]]
+    assert DECISIONS not in module.attrs
+    verify(module)
+
+
+def test_library_layout_is_a_near_miss_with_its_reason():
+    """jax.nn.dot_product_attention's [B, S, N, H]: the forward matches any layout, the
+    backward kernel reads [b.., S, D] only: not fused, and the decision says why."""
+    def f(q, k, v):
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True)
+    arg = jnp.zeros((1, 64, 2, 32), jnp.bfloat16)
+    module = hlo_passes.compile_to_ir(artifact_of(_vjp(f), *(arg,) * 4))
+    assert not _fusions(module, "attention_bwd")
+    (note,) = module.attrs[DECISIONS]
+    assert note.endswith("(the backward kernel reads no other layout yet)")
+    verify(module)
+
+
+def test_a_runtime_mask_is_a_near_miss_with_its_reason():
+    def f(q, k, v, mask, do):
+        def attn(q, k, v):
+            s = jnp.einsum("bhqd,bhkd->bhqk", q, k) * SCALE
+            s = jnp.where(mask, s, -jnp.inf)
+            p = jax.nn.softmax(s.astype(jnp.float32), axis=-1).astype(q.dtype)
+            return jnp.einsum("bhqk,bhkd->bhqd", p, v)
+        o, vjp = jax.vjp(attn, q, k, v)
+        return (o,) + vjp(do)
+    mask = jnp.ones((64, 64), bool)
+    module = hlo_passes.compile_to_ir(artifact_of(f, ARG, ARG, ARG, mask, ARG))
+    assert not _fusions(module, "attention_bwd")
+    (note,) = module.attrs[DECISIONS]
+    assert note.endswith("a mask computed at run time (the backward kernel needs a "
+                         "compile-time one)")
+
+
+def test_a_mask_varying_along_batch_is_a_near_miss():
+    """A compile-time mask that differs per head: the backward kernel reads one."""
+    def f(q, k, v, do):
+        def attn(q, k, v):
+            s = jnp.einsum("bhqd,bhkd->bhqk", q, k) * SCALE
+            h, i = jnp.arange(2)[:, None, None], jnp.arange(64)
+            mask = (i[None, :] <= i[:, None] + 8 * h)[None]     # a window per head
+            s = jnp.where(mask, s, -jnp.inf)
+            p = jax.nn.softmax(s.astype(jnp.float32), axis=-1).astype(q.dtype)
+            return jnp.einsum("bhqk,bhkd->bhqd", p, v)
+        o, vjp = jax.vjp(attn, q, k, v)
+        return (o,) + vjp(do)
+    module = _compile(f)
+    assert not _fusions(module, "attention_bwd")
+    (note,) = module.attrs[DECISIONS]
+    assert note.endswith("a mask that is not one [Sq, Sk] for every batch index")
+
+
+def test_grad_of_library_attention_records_why_it_is_not_fused():
+    """jax.grad of dot_product_attention: o is dead and the dv dot batches along
+    non-leading dims; the stand-in p @ v is found in that layout, so the graph gets a
+    decision (was: none, the forward never matched)."""
+    def loss(q, k, v):
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True).astype(
+            jnp.float32).sum()
+    arg = jnp.zeros((1, 64, 2, 32), jnp.bfloat16)
+    module = hlo_passes.compile_to_ir(artifact_of(jax.grad(loss, argnums=(0, 1, 2)),
+                                                  arg, arg, arg))
+    assert not _fusions(module, "attention_bwd")
+    (note,) = module.attrs[DECISIONS]
+    assert note.endswith("(the backward kernel reads no other layout yet)")
