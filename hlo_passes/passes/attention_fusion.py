@@ -112,6 +112,19 @@ def _without_dangling(ops: list[ir.Op], gone: set[ir.Value]) -> list[ir.Op]:
     return kept
 
 
+def _block_args(inputs: list[ir.Value], vmap: dict) -> list[ir.Value]:
+    """One block argument per fusion operand. An operand repeated (self-attention with
+    q = k = v = x, as `dot_product_attention(x, x, x)`) gets its mapped argument at its
+    first position and a fresh, unused one at the others (was: one value defined as
+    three arguments, which the verifier refused)."""
+    seen: set = set()
+    args = []
+    for v in inputs:
+        args.append(vmap[v] if v not in seen else ir.Value(v.type))
+        seen.add(v)
+    return args
+
+
 def _attention_op(m: pattern.Match, mask_value, decision: FusionDecision,
                   graph: BlockGraph) -> list[ir.Op]:
     """[mask constant,] fusion: the pattern's ops cloned into an isolated region whose
@@ -136,7 +149,7 @@ def _attention_op(m: pattern.Match, mask_value, decision: FusionDecision,
             _clone_constant(v, graph, vmap, body)
         body.append(clone(op, vmap))
     body.append(ir.Op("return", [vmap[m.out.result]], [], loc=m.out.loc))
-    args = [vmap[v] for v in inputs]
+    args = _block_args(inputs, vmap)
     attrs = {"fusion_kind": "attention", "decisions": (decision.reason,),
              "attention_scale": m.scale, "attention_mask": m.mask is not None,
              "attention_bias": m.bias is not None, "attention_fill": float(m.fill),
