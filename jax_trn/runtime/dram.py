@@ -81,17 +81,6 @@ class Dram(dict):
         self.slots.clear()
 
 
-def temp_arrays(prog) -> dict[str, np.ndarray]:
-    """Every temporary of one call at once, zeroed, by name: views of the program's
-    shared HBM slots (jax_trn.lower.buffers), or one array each without a buffer
-    assignment (tests that bind a program by hand)."""
-    if prog.slot_bytes is None:
-        return {t.name: np.zeros(t.size, _dt.np_dtype(t.dtype)) for t in prog.temps}
-    slots = [np.zeros(n, np.uint8) for n in prog.slot_bytes]
-    return {t.name: slots[prog.temp_slot[t.name]][:t.nbytes].view(_dt.np_dtype(t.dtype))
-            for t in prog.temps}
-
-
 def static_dram(prog, partition: int = 0, replica: int = 0) -> dict[str, np.ndarray]:
     """The DRAM tensors that are the same on every call of `prog` on one device: its
     constants and the partition / replica ids, as read-only flat arrays."""

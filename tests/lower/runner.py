@@ -9,7 +9,7 @@ from hlo_passes import ir
 from jax_trn.hw.core import NeuronCore
 from jax_trn.hw.spec import CHIPS
 from jax_trn.lower import lower_module
-from jax_trn.runtime.dram import temp_arrays
+from jax_trn.runtime.dram import Dram
 
 SPEC = CHIPS["trn2"].core
 
@@ -32,8 +32,8 @@ def run_program(program, args: list[np.ndarray], spec=SPEC) -> Result:
     """Binds params/outputs/temps/constants as flat arrays and runs kernels in order."""
     dram = {p.name: _flat(p, a) for p, a in zip(program.params, args)}
     dram.update({t.name: _flat(t) for t in program.outputs})
-    dram.update(temp_arrays(program))        # as the runtime binds them: shared slots
     dram.update({n: _flat_const(v) for n, v in getattr(program, "constants", {}).items()})
+    dram = Dram(dram, program)               # temporaries as the runtime binds them
     core, t = NeuronCore(spec), 0.0
     for kernel in program.kernels:
         t = core.run(kernel, dram, t).end_ns
