@@ -13,6 +13,12 @@ end. Three tilings, by where the contiguous axis of the input is:
 - columns: the innermost axis is kept. Reduced positions go on partitions, kept on F;
   tiles are combined elementwise into a [P, F] accumulator, whose partitions are then
   reduced by a TensorE transpose (bit-exact for FP32) and a TensorReduce along F.
+- stream: the innermost axis is kept, the kept positions merge into one axis and the
+  reduced positions are few (a sum over a batch of 4 keeping [1023, 1024]: columns
+  would use 4 partitions and 128-element rows). The kept space is tiled like an
+  elementwise op ([P, F] blocks) and each reduced index's block is combined into a
+  [P, F] accumulator elementwise: no transposes, every partition busy. Picked by
+  `_stream_cheaper` (engine cycles, §6.3: max(MIN_II, N) per instruction).
 - all: every axis is reduced. The flat input is tiled like an elementwise op, each tile
   reduced along F into a [P, 1] accumulator, which the transpose step finishes.
 
@@ -25,6 +31,7 @@ result.
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -51,6 +58,7 @@ BOOL_COMBINERS = {"and": "min", "or": "max", "maximum": "max", "minimum": "min"}
 INT_COMBINERS = {**COMBINERS, "and": "bitwise_and", "or": "bitwise_or",
                  "xor": "bitwise_xor"}
 BITWISE = ("bitwise_and", "bitwise_or", "bitwise_xor")
+MIN_II = 64          # engine cycles of a short instruction (§6.3)
 
 
 def combiner(op, dtype: str) -> str:
@@ -219,6 +227,22 @@ class _Reducer:
             pattern = ((1, 1), pattern[0])
         self.kb.dma(self.kb.ap(self.out, offset, pattern), res)
 
+    def finish_block(self, acc: isa.Tile, offset: int, pattern) -> None:
+        """`finish` for a [P, F] block of results (the stream tiling): the init value
+        as a per-partition operand, the cast, one DMA out."""
+        parts, free = acc.num_partitions, acc.free_size
+        if self.init is not None:
+            self.kb.emit(isa.TensorScalar, dst=acc, data=acc, op0=self.alu,
+                         operand0=sub(self.init, parts), engine=self.engine)
+        res = acc
+        if self.out.dtype != self.acc_dtype:
+            res = sub(self.kb.tile(free, self.out.dtype, parts=self.pmax), parts, free)
+            step = Step("convert", (0,), self.out.dtype)
+            TILE_OPS["convert"].emit(self.kb, res, [Src.of(acc)], step)
+        self.kb.dma(self.kb.ap(self.out, offset, pattern), res)
+        if res is not acc:
+            self.kb.release(res)
+
     def across_partitions(self, acc: isa.Tile, fc: int) -> isa.Tile:
         """[P, fc] -> [fc, 1]: TensorE transpose into PSUM, then reduce along F; an
         integer reduce that FP32 could round: [1, fc] on GpSimd (`_across_gpsimd`)."""
@@ -293,6 +317,40 @@ def _columns(r: _Reducer, kept, outs, red) -> None:
         r.kb.release(acc)
 
 
+def _stream_cheaper(k: int, red: int, chunk: int, pmax: int) -> bool:
+    """Whether streaming the reduced indices over [P, F] blocks of the k kept
+    positions costs fewer engine cycles than `_columns` (max(MIN_II, N) per
+    instruction plus MIN_II for its DMA, §6.3; columns also transposes and reduces
+    each kept block)."""
+    ii = MIN_II     # the compiler's estimate; the hardware model prices the result
+    blocks = len(flat_tiles(k, chunk, pmax))
+    free = min(chunk, max(1, k // pmax))
+    stream = blocks * red * (max(ii, free) + ii)
+    kboxes, rboxes, fc = -(-k // pmax), -(-red // pmax), min(k, pmax)
+    columns = kboxes * (rboxes * (max(ii, fc) + ii) + 2 * max(ii, pmax) + ii)
+    return stream < columns
+
+
+def _stream(r: _Reducer, kept, outs, red) -> None:
+    """Kept positions (one merged axis per view) as [P, F] blocks; per block every
+    reduced index's block is combined into an FP32 (or integer) accumulator."""
+    strides = [k[0][0] for k in kept]
+    (so, n), = outs
+    red_sizes = [m for _, m in red[0]]
+    for t in flat_tiles(n, r.source.chunk, r.pmax):
+        acc = sub(r.stream_acc.next(), t.parts, t.free)
+        for i, index in enumerate(itertools.product(*map(range, red_sizes))):
+            boxes = [(t.offset * s + sum(j * rs for j, (rs, _) in zip(index, rv)),
+                      ((t.pstride * s, t.parts), (s, t.free)))
+                     for s, rv in zip(strides, red)]
+            data = sub(r.load(boxes), t.parts, t.free)
+            if i == 0:
+                r.kb.emit(isa.TensorCopy, dst=acc, src=data, engine=r.engine)
+            else:
+                r.combine(acc, data)
+        r.finish_block(acc, t.offset * so, ((t.pstride * so, t.parts), (so, t.free)))
+
+
 def _all(r: _Reducer, axes, n: int) -> None:
     acc = r.accumulator(1)
     for t in flat_tiles(n, r.source.chunk, r.pmax):
@@ -323,7 +381,15 @@ def emit_reduce(kb: KernelBuilder, source, shape, out: DramTensor, alu: str, ini
             _rows(r, [()] * len(views), (), red)
     else:
         inner_reduced = bool(red[0]) and red[0][-1][0] == 1
-        (_rows if inner_reduced else _columns)(r, kept, outs, red)
+        if inner_reduced:
+            _rows(r, kept, outs, red)
+        elif all(len(k) == 1 for k in kept) and len(outs) == 1 and _stream_cheaper(
+                outs[0][1], math.prod(m for _, m in red[0]), r.source.chunk, r.pmax):
+            r.stream_acc = kb.ring(2, r.source.chunk, r.acc_dtype)
+            _stream(r, kept, outs, red)
+            kb.release(r.stream_acc)
+        else:
+            _columns(r, kept, outs, red)
     r.close()
 
 

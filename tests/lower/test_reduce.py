@@ -114,6 +114,46 @@ def test_reduce_strategies():
     assert counts((256, 512), (0, 1))["NcTranspose"] == 1
 
 
+STREAM_CASES = [((4, 300, 70), (0,)), ((2, 129, 257), (0,)), ((3, 5, 7000), (0, 1))]
+
+
+@pytest.mark.parametrize("shape,dims", STREAM_CASES)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int32"])
+@pytest.mark.parametrize("kind", ["add", "maximum", "minimum"])
+def test_reduce_few_reduced_many_kept_streams(kind, dtype, shape, dims):
+    """A sum over a small batch axis keeping a large contiguous space (a position
+    embedding's gradient) combines [P, F] blocks elementwise: no transposes."""
+    x = make(shape, dtype, seed=7)
+    module = reduce_module(shape, dims, kind, dtype)
+    k = lower_module(module, SPEC).kernels[-1]
+    assert not any(type(i).__name__ == "NcTranspose" for i in k.instructions)
+    out = run(module, x).outputs[0]
+    exp = expected(x, dims, kind, dtype)
+    if dtype == "bfloat16":
+        np.testing.assert_allclose(out.astype(np.float32), exp.astype(np.float32),
+                                   rtol=1e-2, atol=1e-2)
+    else:
+        np.testing.assert_allclose(out, exp, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind,init", [("add", 10.0), ("maximum", 0.5), ("minimum", -0.5)])
+def test_streamed_reduce_applies_a_non_identity_init(kind, init):
+    x = make((4, 300, 70), "float32", seed=8)
+    out = run(reduce_module((4, 300, 70), (0,), kind, init=init), x).outputs[0]
+    np.testing.assert_allclose(out, expected(x, (0,), kind, "float32", init), rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_streamed_bool_and_int_reduces_are_exact():
+    x = make((3, 200, 90), "bool", seed=9)
+    for kind in ("and", "or"):
+        out = run(reduce_module(x.shape, (0,), kind, "bool"), x).outputs[0]
+        np.testing.assert_array_equal(out, NP[kind](x, axis=0))
+    big = np.full((3, 200, 90), 2**30, np.int32)
+    out = run(reduce_module(big.shape, (0,), "add", "int32"), big).outputs[0]
+    np.testing.assert_array_equal(out, big.sum(0, dtype=np.int32))
+
+
 def test_unsupported_combiner():
     with pytest.raises(LoweringError, match=r"reduce combiner \(divide\).*at test.py:1"):
         lower_module(reduce_module((4, 3), (1,), "divide", init=1.0), SPEC)
