@@ -13,10 +13,9 @@ end. Three tilings, by where the contiguous axis of the input is:
 - columns: the innermost axis is kept. Reduced positions go on partitions, kept on F;
   tiles are combined elementwise into a [P, F] accumulator, whose partitions are then
   reduced by a TensorE transpose (bit-exact for FP32) and a TensorReduce along F.
-- stream: the innermost axis is kept, the kept positions merge into one axis and the
-  reduced positions are few (a sum over a batch of 4 keeping [1023, 1024]: columns
+- stream: the innermost axis is kept and the reduced positions are few (a sum over a batch of 4 keeping [1023, 1024]: columns
   would use 4 partitions and 128-element rows). The kept space is tiled like an
-  elementwise op ([P, F] blocks) and each reduced index's block is combined into a
+  elementwise op ([P, F] blocks, flat or rows) and each reduced index's block is combined into a
   [P, F] accumulator elementwise: no transposes, every partition busy. Picked by
   `_stream_cheaper` (engine cycles, §6.3: max(MIN_II, N) per instruction).
 - all: every axis is reduced. The flat input is tiled like an elementwise op, each tile
@@ -43,8 +42,8 @@ from jax_trn.hw.program import DramTensor
 from .builder import KernelBuilder, sub
 from .errors import LoweringError
 from .intdigits import fp32_exact
-from .layout import (View, box_offset, box_pattern, box_tiles, flat_tiles, line_tiles,
-                     merge_axes, row_major)
+from .layout import (View, box_offset, box_pattern, box_size, box_tiles, flat_tiles,
+                     line_tiles, merge_axes, row_major)
 from .movement import fill
 from .regions import FMAX, Evaluator, Region
 from .spread import spreader
@@ -317,38 +316,56 @@ def _columns(r: _Reducer, kept, outs, red) -> None:
         r.kb.release(acc)
 
 
-def _stream_cheaper(k: int, red: int, chunk: int, pmax: int) -> bool:
-    """Whether streaming the reduced indices over [P, F] blocks of the k kept
-    positions costs fewer engine cycles than `_columns` (max(MIN_II, N) per
+def _stream_cheaper(blocks: list, red: int, k: int, pmax: int) -> bool:
+    """Whether streaming the reduced indices over the kept `blocks` ((boxes, parts,
+    free) each) costs fewer engine cycles than `_columns` (max(MIN_II, N) per
     instruction plus MIN_II for its DMA, §6.3; columns also transposes and reduces
     each kept block)."""
     ii = MIN_II     # the compiler's estimate; the hardware model prices the result
-    blocks = len(flat_tiles(k, chunk, pmax))
-    free = min(chunk, max(1, k // pmax))
-    stream = blocks * red * (max(ii, free) + ii)
+    stream = sum(red * (max(ii, free) + ii) for _, _, free in blocks)
     kboxes, rboxes, fc = -(-k // pmax), -(-red // pmax), min(k, pmax)
     columns = kboxes * (rboxes * (max(ii, fc) + ii) + 2 * max(ii, pmax) + ii)
     return stream < columns
 
 
-def _stream(r: _Reducer, kept, outs, red) -> None:
-    """Kept positions (one merged axis per view) as [P, F] blocks; per block every
-    reduced index's block is combined into an FP32 (or integer) accumulator."""
-    strides = [k[0][0] for k in kept]
-    (so, n), = outs
+def _kept_blocks(kept, chunk: int, pmax: int) -> list:
+    """[P, F] blocks of the kept index space, as (a box per view, parts, free): flat
+    tiles when every view is one axis; else the trailing axes that fit `chunk` on the
+    free side and the others on partitions, like an elementwise op's rows tiling."""
+    sizes = [n for _, n in kept[0]]
+    if len(sizes) == 1:
+        return [([(t.offset * s, ((t.pstride * s, t.parts), (s, t.free)))
+                  for ((s, _),) in kept], t.parts, t.free)
+                for t in flat_tiles(sizes[0], chunk, pmax)]
+    nfree, size = 1, sizes[-1]
+    while nfree < len(sizes) - 1 and size * sizes[-nfree - 1] <= chunk:
+        size *= sizes[-nfree - 1]
+        nfree += 1
+    out = []
+    for rbox in line_tiles(sizes[:-nfree], pmax):
+        for fbox in box_tiles(sizes[-nfree:], chunk):
+            boxes = [(box_offset(v[:-nfree], rbox) + box_offset(v[-nfree:], fbox),
+                      box_pattern(v[:-nfree], rbox)[-1:] + box_pattern(v[-nfree:], fbox))
+                     for v in kept]
+            out.append((boxes, boxes[0][1][0][1], box_size(fbox)))
+    return out
+
+
+def _stream(r: _Reducer, blocks: list, red) -> None:
+    """Per kept block (the views' boxes, the output's last), every reduced index's
+    block is combined into an FP32 (or integer) [P, F] accumulator."""
     red_sizes = [m for _, m in red[0]]
-    for t in flat_tiles(n, r.source.chunk, r.pmax):
-        acc = sub(r.stream_acc.next(), t.parts, t.free)
+    for boxes, parts, free in blocks:
+        acc = sub(r.stream_acc.next(), parts, free)
         for i, index in enumerate(itertools.product(*map(range, red_sizes))):
-            boxes = [(t.offset * s + sum(j * rs for j, (rs, _) in zip(index, rv)),
-                      ((t.pstride * s, t.parts), (s, t.free)))
-                     for s, rv in zip(strides, red)]
-            data = sub(r.load(boxes), t.parts, t.free)
+            views = [(off + sum(j * rs for j, (rs, _) in zip(index, rv)), pattern)
+                     for (off, pattern), rv in zip(boxes[:-1], red)]
+            data = sub(r.load(views), parts, free)
             if i == 0:
                 r.kb.emit(isa.TensorCopy, dst=acc, src=data, engine=r.engine)
             else:
                 r.combine(acc, data)
-        r.finish_block(acc, t.offset * so, ((t.pstride * so, t.parts), (so, t.free)))
+        r.finish_block(acc, *boxes[-1])
 
 
 def _all(r: _Reducer, axes, n: int) -> None:
@@ -383,14 +400,21 @@ def emit_reduce(kb: KernelBuilder, source, shape, out: DramTensor, alu: str, ini
         inner_reduced = bool(red[0]) and red[0][-1][0] == 1
         if inner_reduced:
             _rows(r, kept, outs, red)
-        elif all(len(k) == 1 for k in kept) and len(outs) == 1 and _stream_cheaper(
-                outs[0][1], math.prod(m for _, m in red[0]), r.source.chunk, r.pmax):
-            r.stream_acc = kb.ring(2, r.source.chunk, r.acc_dtype)
-            _stream(r, kept, outs, red)
-            kb.release(r.stream_acc)
         else:
-            _columns(r, kept, outs, red)
+            _kept_or_columns(r, kept, outs, red, math.prod(shape))
     r.close()
+
+
+def _kept_or_columns(r: _Reducer, kept, outs, red, n: int) -> None:
+    """The innermost axis kept: the stream tiling when it is cheaper, else columns."""
+    nred = math.prod(m for _, m in red[0])
+    blocks = _kept_blocks([*kept, outs], r.source.chunk, r.pmax)
+    if _stream_cheaper(blocks, nred, n // nred, r.pmax):
+        r.stream_acc = r.kb.ring(2, r.source.chunk, r.acc_dtype)
+        _stream(r, blocks, red)
+        r.kb.release(r.stream_acc)
+    else:
+        _columns(r, kept, outs, red)
 
 
 def _fill_init(ctx: LowerCtx, init: DramTensor, out: DramTensor) -> None:
