@@ -15,8 +15,9 @@ The rules, in the order they are checked:
               not a splat                               -> forbidden: stays in memory
     iota (not into a reshape)                           -> fused: generated per tile
                                                            (duplicated if shared)
-    broadcast_in_dim of a scalar or of one vector axis  -> fused as a view (duplicated
-    reshape (operand read from memory)                      if shared: views are cheap)
+    broadcast_in_dim of a scalar or of one vector axis, -> fused as a view (duplicated
+      or whose view reads rows >= MIN_RUN or a column       if shared: views are cheap)
+    reshape (operand read from memory)
     elementwise of the region's shape, all users inside -> fused
               ... other users are only the function's return -> fused, extra output
               ... other users all fusible, few, cheap   -> duplicated (recomputed there)
@@ -191,7 +192,8 @@ class FusionPolicy:
         what = "reshape" if op.kind == "reshape" else _broadcast_kind(op)
         if what is None:
             return FusionDecision.forbid(
-                f"broadcast of {op.operands[0].type} (only scalars and vectors fuse)")
+                f"broadcast of {op.operands[0].type} (only scalars, vectors, rows of "
+                f">= {MIN_RUN} and columns fuse)")
         return _shared(what, len(region.outside_users(op)))
 
     def _elementwise(self, op: ir.Op, consumer: ir.Op, region: RegionView) -> FusionDecision:
@@ -263,7 +265,15 @@ def _free(op: ir.Op) -> bool:
 
 
 def _broadcast_kind(op: ir.Op) -> str | None:
-    """'broadcast of scalar' / 'broadcast of vector', or None for anything wider."""
+    """'broadcast of scalar', 'broadcast of vector along dim d', 'broadcast of rows of
+    n' / 'broadcast of a column', or None when the region would read the source in
+    short runs.
+
+    What a region reads is the broadcast's view of its source (stride 0 along new
+    dims) merged with the result's row-major axes: a [8, 128] bias over [B, S, 8, 128]
+    is rows of 1024 (one long DMA run per partition), a [B, S, 1] statistic over
+    [B, S, V] one value per row, like the vectors. A view whose innermost run is
+    shorter than MIN_RUN elements (a [2, 3] over [4, 2, 3]) stays a kernel."""
     src = op.operands[0].shape
     big = [i for i, n in enumerate(src) if n != 1]
     if not big:
@@ -271,4 +281,43 @@ def _broadcast_kind(op: ir.Op) -> str | None:
     if len(big) == 1:
         dim = op.attrs["broadcast_dimensions"][big[0]]
         return f"broadcast of vector along dim {dim}"
+    out = op.result.shape
+    view = [(0, n) for n in out]
+    for (stride, _), i, d in zip(_row_major(src), range(len(src)),
+                                 op.attrs["broadcast_dimensions"]):
+        if src[i] != 1:
+            view[d] = (stride, out[d])
+    merged = _merge(view, _row_major(out))
+    (inner, run) = merged[-1]
+    if inner == 1 and run >= MIN_RUN:
+        return f"broadcast of rows of {run}"
+    if inner == 0 and len(merged) == 2 and merged[0][0] == 1:
+        return "broadcast of a column"
     return None
+
+
+MIN_RUN = 64     # elements: shorter DMA runs are far below the DMA rate (jax_trn.hw, §3.4)
+
+
+def _row_major(shape) -> list[tuple[int, int]]:
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append((acc, n))
+        acc *= n
+    return strides[::-1]
+
+
+def _merge(view, out) -> list[tuple[int, int]]:
+    """`view` without size-1 axes, neighbours fused where both `view` and `out` are
+    contiguous across them (the region's tilings merge the same way)."""
+    keep = [i for i, (_, n) in enumerate(out) if n != 1]
+    merged, last = [], None
+    for i in keep:
+        if last is not None and view[last][0] == view[i][0] * view[i][1] and \
+                out[last][0] == out[i][0] * out[i][1]:
+            s, n = merged[-1]
+            merged[-1] = (view[i][0], n * view[i][1])
+        else:
+            merged.append(view[i])
+        last = i
+    return merged

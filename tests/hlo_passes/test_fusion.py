@@ -297,8 +297,8 @@ def test_policy_forbids_wide_broadcasts():
         def settled(self, op):
             return False
     d = FusionPolicy().should_fuse(bcast, exp, Region())
-    assert d == FusionDecision(False, "forbidden: broadcast of float32[2,3] "
-                                      "(only scalars and vectors fuse)")
+    assert d == FusionDecision(False, "forbidden: broadcast of float32[2,3] (only "
+                                      "scalars, vectors, rows of >= 64 and columns fuse)")
 
 
 def test_compile_to_ir_fuses_and_can_be_disabled():
@@ -306,3 +306,32 @@ def test_compile_to_ir_fuses_and_can_be_disabled():
     assert kinds(hlo_passes.compile_to_ir(code).main.body) == ["fusion", "func.return"]
     module = hlo_passes.compile_to_ir(code, disabled_passes={"fusion"})
     assert "fusion" not in all_kinds(module)
+
+
+@pytest.mark.parametrize("src,out,dims,why", [
+        ("8x128", "4x64x8x128", "[2, 3]", "broadcast of rows of 1024: fused"),
+        ("4x63x1", "4x63x320", "[0, 1, 2]", "broadcast of a column: fused"),
+        ("4x63", "4x63x320", "[0, 1]", "broadcast of a column: fused")])
+def test_policy_fuses_broadcasts_read_as_rows_or_columns(src, out, dims, why):
+    """A bias over [heads, head_dim] or a per-row statistic over the vocabulary merges
+    into long rows / one value per row: fused, not materialized in HBM."""
+    m = from_text(f"""
+      func.func @main(%x: tensor<{src}xf32>) -> tensor<{out}xf32> {{
+        %0 = stablehlo.broadcast_in_dim %x, dims = {dims} : (tensor<{src}xf32>) -> tensor<{out}xf32>
+        %1 = stablehlo.exponential %0 : tensor<{out}xf32>
+        return %1 : tensor<{out}xf32>
+      }}""")
+    bcast, exp = m.main.body.ops[:2]
+
+    class Region:
+        shape, kind, size, dup_cost = tuple(exp.result.shape), "loop", 1, 0.0
+
+        def outside_users(self, op):
+            return []
+
+        def inside_users(self, op):
+            return [exp]
+
+        def settled(self, op):
+            return False
+    assert FusionPolicy().should_fuse(bcast, exp, Region()) == FusionDecision(True, why)
