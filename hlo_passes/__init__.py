@@ -26,6 +26,9 @@ dumps and `disabled` use):
     attention-bwd-fusion softmax(q k^T) v with its gradient -> fusions  }
                          "attention" (+ logsumexp) and "attention_bwd"  }
     attention-fusion     softmax(q k^T) v -> fusion "attention"         }
+    convert-into-dot     f32 -> bf16 converts read by dots only -> the  }
+                         dots' operand loads (DMA casts)                }
+    broadcast-before-convert  broadcast(convert(x)) -> convert(broadcast(x)) }
     fusion               loop / reduction / matmul-epilogue regions     }
     dce                  what the rewrites above left without users     }
 
@@ -43,8 +46,10 @@ from hlo_passes.fusion_policy import FusionPolicy
 from hlo_passes.importer import artifact_version, deserialize, import_module
 from hlo_passes.mlir_passes import run_mlir_passes
 from hlo_passes.passes import (
+    broadcast_before_convert,
     combine_all_reduce,
     complex_planes,
+    convert_into_dot,
     cse,
     dce,
     degenerate_reduce,
@@ -76,7 +81,8 @@ def _cleanup() -> list:
 
 def _fusion(policy: FusionPolicy) -> list:
     return [mx_quantize, degenerate_reduce, transposed_dot, AttentionBwdFusion(policy),
-            AttentionFusion(policy), Fusion(policy), dce]
+            AttentionFusion(policy), convert_into_dot, broadcast_before_convert,
+            Fusion(policy), dce]
 
 
 def pass_names() -> tuple[str, ...]:

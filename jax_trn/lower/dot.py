@@ -11,7 +11,8 @@ The loop nest itself is in `matmul.py`.
 Precision (decided): float32 operands at DEFAULT run as bf16 (DMA casts through FP32,
 RNE) with FP32 accumulation; HIGH as TF32 (FP32 tiles, `NcMatmul(precision="tf32")`:
 rounded to TF32 in the array, at the BF16 rate); HIGHEST as FP32 at the FP32 rate.
-What DEFAULT means is set by `lower_module(matmul_precision=)` (the options pass
+An operand whose convert was folded into the dot (`operand_types`, hlo_passes
+convert-into-dot) is DMA-cast to that type as it loads. What DEFAULT means is set by `lower_module(matmul_precision=)` (the options pass
 $JAX_TRN_MATMUL_PRECISION, jax_trn/config.py). bf16/fp16/fp8 run
 natively; mixed types are cast to the wider one. Integer dots (integer operands and
 result) are exact and wrap like XLA: digit matmuls on TensorE combined on GpSimd
@@ -171,8 +172,9 @@ def lower_dot(ctx: LowerCtx, lhs: DramTensor, rhs: DramTensor, out: DramTensor,
         return fill(ctx.kb, out, 0)
     if is_int_dot(lhs.dtype, rhs.dtype, out.dtype):
         return _int_dot(ctx, lhs, rhs, out, (lb, lf, lc), (rb, rf, rc), epilogue)
-    ldt, rdt, precision = matmul_types(lhs.dtype, rhs.dtype,
-                                       attrs.get("precision_config", ()),
+    # operand_types: a convert folded into the loads (hlo_passes convert-into-dot)
+    lty, rty = attrs.get("operand_types") or (lhs.dtype, rhs.dtype)
+    ldt, rdt, precision = matmul_types(lty, rty, attrs.get("precision_config", ()),
                                        ctx.matmul_precision, ctx.target.ocp_fp8)
     lb, rb = merge_axes(lb, rb) if lb else ((), ())
     lop = _canonical(ctx, lhs, lb, lf, lc, ldt, lhs=True)

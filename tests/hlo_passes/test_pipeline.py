@@ -48,9 +48,9 @@ def test_default_pipeline_ends_with_the_fusion_passes():
     module = from_text(TEXT)
     pipeline = hlo_passes.default_pipeline()
     assert pipeline.run(module)
-    assert [r.name for r in pipeline.log][-6:] == [
+    assert [r.name for r in pipeline.log][-8:] == [
             "degenerate-reduce", "transposed-dot", "attention-bwd-fusion", "attention-fusion",
-            "fusion", "dce"]
+            "convert-into-dot", "broadcast-before-convert", "fusion", "dce"]
     assert kinds(module.main.body) == ["fusion", "func.return"]
     (fusion,) = module.main.body.ops[:1]
     assert kinds(fusion.regions[0].block) == ["exponential", "add", "return"]
@@ -93,7 +93,8 @@ def test_pass_names_are_every_name_that_can_be_disabled():
                      "split-reductions", "simplify", "cse", "dce", "combine-all-reduce", "mx-quantize",
                      "degenerate-reduce",
                      "transposed-dot", "attention-bwd-fusion",
-                     "attention-fusion", "fusion")
+                     "attention-fusion", "convert-into-dot", "broadcast-before-convert",
+                     "fusion")
     pipeline = hlo_passes.default_pipeline(disabled=names)
     module = from_text(TEXT)
     assert not pipeline.run(module) and pipeline.log == []

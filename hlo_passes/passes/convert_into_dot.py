@@ -1,0 +1,63 @@
+"""Folds a float convert that feeds only dot_generals into the dots' operand loads.
+
+    %w16 = convert(%w)                  w: f32[1024, 8, 128] (a flax Dense kernel with
+    %y = dot_general(%x, %w16)             dtype=bf16: the f32 parameter cast per call)
+ -> %y = dot_general(%x, %w) {operand_types = ("bfloat16", "bfloat16")}
+
+The matmul loads its operands into SBUF anyway, and a DMA casts through FP32 with
+round-to-nearest-even (§3.4, §4), exactly as the convert does: the product sees the
+same bf16 values, and the convert's kernel (read 4 bytes and write 2 per element, then
+read 2 again) is gone. `operand_types` pins the types the operands are rounded to, so
+a HIGHEST precision config still multiplies the program's bf16 values. Only f32 ->
+bf16 / f16 converts whose every user is a dot_general fold (another user keeps the
+converted array, and then the convert stays for all of them). Runs after the attention
+passes, whose matchers look through converts.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from hlo_passes import ir
+from hlo_passes.graph import rewrite_blocks, used_values
+
+name = "convert-into-dot"
+
+SOURCES = frozenset({"float32"})
+TARGETS = frozenset({"bfloat16", "float16"})
+
+
+def run(module: ir.Module) -> bool:
+    return rewrite_blocks(module, _rewrite_block)
+
+
+def _rewrite_block(block: ir.Block) -> bool:
+    users: dict = defaultdict(list)
+    for op in block.ops:
+        for v in used_values(op):
+            users[v].append(op)
+    producer = {v: op for op in block.ops for v in op.results}
+    changed = False
+    for i, op in enumerate(block.ops):
+        if op.kind != "dot_general" or "operand_types" in op.attrs:
+            continue
+        folded = [_source(v, producer, users) for v in op.operands]
+        if all(f is None for f in folded):
+            continue
+        attrs = dict(op.attrs, operand_types=tuple(v.dtype for v in op.operands))
+        operands = [f if f is not None else v for f, v in zip(folded, op.operands)]
+        block.ops[i] = op.replace(operands=operands, attrs=attrs)
+        changed = True
+    return changed
+
+
+def _source(v: ir.Value, producer: dict, users: dict) -> ir.Value | None:
+    """The f32 input of a narrowing convert whose users are all dot_generals."""
+    conv = producer.get(v)
+    if conv is None or conv.kind != "convert":
+        return None
+    src = conv.operands[0]
+    if src.dtype not in SOURCES or v.dtype not in TARGETS:
+        return None
+    if not all(u.kind == "dot_general" for u in users[v]):
+        return None
+    return src
