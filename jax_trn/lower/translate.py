@@ -81,6 +81,9 @@ def translate(op: ir.Op, ins: list[DramTensor], outs: list[DramTensor]) -> Fusio
 
 
 
+DMA_CASTS = frozenset({"float32", "bfloat16", "float16"})   # exact or RNE (§3.4)
+
+
 class _Translator:
     def __init__(self, op: ir.Op, ins: list[DramTensor]):
         self.op, self.block = op, op.regions[0].block
@@ -169,11 +172,30 @@ class _Translator:
         raise Unsupported("reshape of a broadcast view")
 
     def _step(self, o: ir.Op) -> None:
+        cast = self._cast_input(o)
+        if cast is not None:
+            self.env[o.result] = cast
+            return
         if tuple(o.result.shape) != self.shape:
             raise Unsupported(f"{o.kind} of shape {o.result.type} in a region of "
                               f"shape {list(self.shape)}")
         args = tuple(self._vid(v) for v in o.operands)
         self.env[o.result] = self._append(o.kind, args, o.result.dtype, dict(o.attrs))
+
+    def _cast_input(self, o: ir.Op) -> tuple | None:
+        """A convert between 16/32-bit floats of a broadcast input (a LayerNorm gain
+        cast to f32, a bias cast to bf16): the input is DMAed in the target type (the
+        DMA casts through FP32 with RNE, §3.4, as the convert rounds) instead of
+        converted per element of the region."""
+        if o.kind != "convert" or tuple(o.result.shape) != self.shape:
+            return None
+        entry = self.env[o.operands[0]]
+        src, dst = o.operands[0].dtype, o.result.dtype
+        if not isinstance(entry, _View) or not {src, dst} <= DMA_CASTS or \
+                tuple(o.operands[0].shape) != self.shape or \
+                all(st != 0 for st, _ in entry.axes):
+            return None
+        return self._input(Input(entry.t, entry.axes, dst))
 
     def _append(self, kind: str, args: tuple, dtype: str, attrs: dict) -> tuple:
         self.steps.append((kind, args, dtype, attrs))
@@ -194,7 +216,7 @@ class _Translator:
         return self._input(Input(entry.t, axes, entry.t.dtype))
 
     def _input(self, inp: Input) -> tuple:
-        key = (inp.t.name if inp.t else None, inp.axes)
+        key = (inp.t.name if inp.t else None, inp.axes, inp.dtype)
         if key not in self._inputs:
             self.inputs.append(inp)
             self._inputs[key] = ("in", len(self.inputs) - 1)

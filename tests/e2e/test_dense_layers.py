@@ -3,7 +3,8 @@ the per-call weight casts are folded into the matmul's operand loads (convert-in
 the bias casts sink below their broadcasts into the matmul epilogue
 (broadcast-before-convert), and a [heads, head_dim] bias broadcast over [B, S, heads,
 head_dim] is read as rows by the epilogue (fusion policy) -- one kernel per layer,
-numerics as on the CPU backend."""
+numerics as on the CPU backend. (An f32 activation cast to bf16 keeps its convert: the
+lhs is loaded transposed, and only a bf16 copy goes by dma_transpose.)"""
 from __future__ import annotations
 
 import numpy as np
@@ -17,6 +18,10 @@ def _kernels(jax, f, *args):
     return [k.name for k in prof.executions[-1].kernels]
 
 
+def jnp_bf16(jax):
+    return jax.numpy.bfloat16
+
+
 def _dense_general(jax, x, w, b):
     """flax.linen.DenseGeneral(features=(8, 16), dtype=bf16): casts, dot, bias add."""
     import jax.numpy as jnp
@@ -28,7 +33,7 @@ def _dense_general(jax, x, w, b):
 @pytest.mark.parametrize("precision", ["default", "highest"])
 def test_dense_with_f32_params_and_bf16_compute_is_one_kernel(jax, trn, cpu, precision):
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((2, 64, 96)).astype(np.float32)
+    x = rng.standard_normal((2, 64, 96)).astype(jnp_bf16(jax))   # activations: bf16
     w = rng.standard_normal((96, 8, 16)).astype(np.float32)
     b = rng.standard_normal((8, 16)).astype(np.float32)
     with jax.default_matmul_precision(precision):
@@ -64,7 +69,7 @@ def test_flax_dense_general_layer_matches_cpu(jax, trn, cpu):
     nn = pytest.importorskip("flax.linen")
     import jax.numpy as jnp
     layer = nn.DenseGeneral(features=(8, 16), dtype=jnp.bfloat16)
-    x = np.random.default_rng(2).standard_normal((2, 64, 96)).astype(np.float32)
+    x = np.random.default_rng(2).standard_normal((2, 64, 96)).astype(jnp.bfloat16)
     with jax.default_device(cpu):
         params = layer.init(jax.random.key(0), x)
     f = jax.jit(layer.apply)

@@ -44,6 +44,8 @@ PROGRAMS = {
     "where": (lambda x, y: jnp.where(x > y, jnp.exp(x), y * 3).astype(BF16),
               [((100, 7), F32)] * 2, 1e-2),
     "bits": (lambda x: ((x ^ (x << 13)) + jnp.uint32(0x9E3779B9)) >> 9, None, 0.0),
+    "bf16_gain": (lambda x, g: (_layernorm(x) * g.astype(F32)).astype(BF16),
+                  [((130, 300), F32), ((300,), BF16)], 1e-2),
 }
 
 
@@ -89,6 +91,17 @@ def test_gelu_layer_is_one_kernel():
     program, _ = _run(artifact_of(f, *args), args, fuse=True)
     (kernel,) = program.kernels
     assert kernel.notes[0] == "fusion_kind: matmul_epilogue"
+
+
+def test_a_cast_broadcast_input_is_loaded_in_the_target_type():
+    """A bf16 gain cast to f32 and broadcast over the rows is DMA-cast as it loads:
+    no convert instruction runs on the [P, F] tiles."""
+    f, args, _ = _inputs("bf16_gain")
+    program, _ = _run(artifact_of(f, *args), args, fuse=True)
+    converts = [i for k in program.kernels for i in k.instructions
+                if type(i).__name__ == "TensorCopy" and i.src.dtype == "bfloat16"
+                and i.dst.dtype == "float32"]
+    assert not converts, converts[:2]
 
 
 def test_as_text_shows_fusion_decisions():
