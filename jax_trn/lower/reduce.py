@@ -10,9 +10,10 @@ end. Three tilings, by where the contiguous axis of the input is:
 - rows: the innermost axis is reduced. Kept positions go on partitions, the reduced
   axes on the free axis (the DMA access pattern moves them innermost); TensorReduce
   along F per chunk, chunks combined with TensorTensor.
-- columns: the innermost axis is kept. Reduced positions go on partitions, kept on F;
-  tiles are combined elementwise into a [P, F] accumulator, whose partitions are then
-  reduced by a TensorE transpose (bit-exact for FP32) and a TensorReduce along F.
+- columns: the innermost axis is kept. Reduced positions go on partitions, kept on F
+  (up to 1024: long DMA rows); tiles are combined elementwise into a [P, F]
+  accumulator, whose partitions are then reduced by TensorE transposes of 128 columns
+  (bit-exact for FP32) and TensorReduces along F.
 - stream: the innermost axis is kept and the reduced positions are few (a sum over a batch of 4 keeping [1023, 1024]: columns
   would use 4 partitions and 128-element rows). The kept space is tiled like an
   elementwise op ([P, F] blocks, flat or rows) and each reduced index's block is combined into a
@@ -43,7 +44,7 @@ from .builder import KernelBuilder, sub
 from .errors import LoweringError
 from .intdigits import fp32_exact
 from .layout import (View, box_offset, box_pattern, box_size, box_tiles, flat_tiles,
-                     line_tiles, merge_axes, row_major)
+                     line_tiles, merge_axes, row_major, tiles)
 from .movement import fill
 from .regions import FMAX, Evaluator, Region
 from .spread import spreader
@@ -58,6 +59,7 @@ INT_COMBINERS = {**COMBINERS, "and": "bitwise_and", "or": "bitwise_or",
                  "xor": "bitwise_xor"}
 BITWISE = ("bitwise_and", "bitwise_or", "bitwise_xor")
 MIN_II = 64          # engine cycles of a short instruction (§6.3)
+COLUMN_WIDTH = 1024  # kept positions per block of the columns tiling
 
 
 def combiner(op, dtype: str) -> str:
@@ -305,26 +307,41 @@ def _rows(r: _Reducer, kept, outs, red) -> None:
 
 
 def _columns(r: _Reducer, kept, outs, red) -> None:
-    for kbox in line_tiles([n for _, n in kept[0]], r.pmax):
+    """Kept blocks of up to `column_width` positions on F (long DMA rows, §3.4), the
+    reduced positions P at a time on partitions, combined into a [P, fc] accumulator;
+    its partitions are reduced 128 columns at a time (`across_partitions`)."""
+    width = column_width(r.source.chunk, r.pmax)
+    last = outs[-1][0] if outs else 1
+    for kbox in line_tiles([n for _, n in kept[0]], width):
         fc = box_pattern(kept[0], kbox)[-1][1]
         acc = r.accumulator(fc)
         for rbox in line_tiles([n for _, n in red[0]], r.pmax):
             tile = r.load(_boxes(kept, red, kbox, rbox, False))
             r.combine(sub(acc, tile.num_partitions), tile)
-        res = r.across_partitions(acc, fc)
-        r.finish(res, box_offset(outs, kbox), box_pattern(outs, kbox)[-1:] + ((1, 1),))
+        base = box_offset(outs, kbox)
+        for c0, cn in tiles(fc, r.pmax):
+            res = r.across_partitions(sub(acc, free=cn, at=c0), cn)
+            r.finish(res, base + c0 * last, ((last, cn), (1, 1)))
         r.kb.release(acc)
 
 
-def _stream_cheaper(blocks: list, red: int, k: int, pmax: int) -> bool:
+def column_width(chunk: int, pmax: int) -> int:
+    """Kept positions per block of the columns tiling: 1024 (4 KiB FP32 rows, §3.4),
+    within the source's chunk, a whole number of 128-column transposes."""
+    return max(pmax, min(COLUMN_WIDTH, chunk) // pmax * pmax)
+
+
+def _stream_cheaper(blocks: list, red: int, k: int, chunk: int, pmax: int) -> bool:
     """Whether streaming the reduced indices over the kept `blocks` ((boxes, parts,
     free) each) costs fewer engine cycles than `_columns` (max(MIN_II, N) per
     instruction plus MIN_II for its DMA, §6.3; columns also transposes and reduces
     each kept block)."""
     ii = MIN_II     # the compiler's estimate; the hardware model prices the result
     stream = sum(red * (max(ii, free) + ii) for _, _, free in blocks)
-    kboxes, rboxes, fc = -(-k // pmax), -(-red // pmax), min(k, pmax)
-    columns = kboxes * (rboxes * (max(ii, fc) + ii) + 2 * max(ii, pmax) + ii)
+    width = column_width(chunk, pmax)
+    kboxes, rboxes, fc = -(-k // width), -(-red // pmax), min(k, width)
+    columns = kboxes * (rboxes * (max(ii, fc) + ii) +
+                        -(-fc // pmax) * (2 * max(ii, pmax) + ii))
     return stream < columns
 
 
@@ -409,7 +426,7 @@ def _kept_or_columns(r: _Reducer, kept, outs, red, n: int) -> None:
     """The innermost axis kept: the stream tiling when it is cheaper, else columns."""
     nred = math.prod(m for _, m in red[0])
     blocks = _kept_blocks([*kept, outs], r.source.chunk, r.pmax)
-    if _stream_cheaper(blocks, nred, n // nred, r.pmax):
+    if _stream_cheaper(blocks, nred, n // nred, r.source.chunk, r.pmax):
         r.stream_acc = r.kb.ring(2, r.source.chunk, r.acc_dtype)
         _stream(r, blocks, red)
         r.kb.release(r.stream_acc)

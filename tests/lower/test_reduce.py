@@ -154,6 +154,16 @@ def test_streamed_bool_and_int_reduces_are_exact():
     np.testing.assert_array_equal(out, big.sum(0, dtype=np.int32))
 
 
+def test_columns_read_long_rows():
+    """A column reduce (LayerNorm gain gradient: [S, D] summed over S) reads rows of
+    up to 1024 kept elements per partition (4 KiB of FP32, §3.4), not 128."""
+    k = lower_module(reduce_module((1024, 1024), (0,)), SPEC).kernels[-1]
+    loads = [i for i in k.instructions if type(i).__name__ == "DmaCopy"
+             and hasattr(i.src, "pattern")]
+    assert loads and all(i.src.pattern[-1][1] == 1024 for i in loads)
+    assert sum(type(i).__name__ == "NcTranspose" for i in k.instructions) == 8
+
+
 def test_unsupported_combiner():
     with pytest.raises(LoweringError, match=r"reduce combiner \(divide\).*at test.py:1"):
         lower_module(reduce_module((4, 3), (1,), "divide", init=1.0), SPEC)
