@@ -11,6 +11,11 @@ runs) is ~500x slower than a contiguous one. `relayout` picks, after merging axe
   types: load [P, B] tiles naturally (B: one PSUM bank of 4-byte elements, 512),
   transpose P x P blocks on TensorE (the v3 `is_transpose` mode is bit-exact, §2.2)
   into a PSUM bank, copy to SBUF, DMA out rows;
+- two outer axes swapped with short rows kept ([S, H, D] <-> [H, S, D], D * itemsize
+  under 2 KiB: a DMA of D-element runs is far below the DMA rate): G consecutive S
+  positions per partition are loaded with long source runs, reordered within each
+  partition by an engine copy (strided free-axis pattern, §3.1), and stored as runs
+  of G * D elements (`_row_swap`);
 - anything else: a DRAM->DRAM DMA through the permuted / stride-0 pattern.
 """
 from __future__ import annotations
@@ -37,6 +42,8 @@ def relayout(kb: KernelBuilder, dst: View, src: View) -> None:
         return _expand(kb, dst, src)
     if _is_swap(s, dst.t.dtype):
         return _swap(kb, dst, src)
+    if _is_row_swap(d, s, dst.t.dtype, kb.target.partitions):
+        return _row_swap(kb, dst, src)
     dram_copy(kb, dst, src)
 
 
@@ -209,3 +216,82 @@ def _swap_block(kb: KernelBuilder, dst: View, src: View, an: int, bn: int, rings
         out = sub(outs.next(), at, bn)
         kb.emit(isa.TensorCopy, dst=out, src=sub(bank, at, bn), engine=kb.evac_engine())
         kb.dma(kb.ap(dst.t, dst.offset + a0 * da, ((da, at), (db, bn))), out)
+
+
+# --- swapping two outer axes with short rows kept -------------------------------------------
+
+RUN_BYTES = 2048        # DMA runs from here on are efficient enough (§3.4: 2 KiB
+                        # reaches ~80% of the rate in our model)
+ROW_SWAP_TILE = 16384   # bytes per partition of one staged tile
+ROW_SWAP_TYPES = frozenset({"bfloat16", "float16", "float32"})   # engine copies are exact
+
+
+def _is_row_swap(d: Axes, s: Axes, dtype: str, pmax: int) -> bool:
+    """dst [.., B, A, R] from src [.., A, B, R] (both contiguous), R short."""
+    if len(d) < 3 or dtype not in ROW_SWAP_TYPES:
+        return False
+    (db, nb), (da, na), (dr, r) = d[-3:]
+    (sb, _), (sa, _), (sr, _) = s[-3:]
+    isz = ir.np_dtype(dtype).itemsize
+    if not (dr == sr == 1 and r * isz < RUN_BYTES and da == r and db == na * r
+            and sb == r and sa == nb * r and max(na, nb) >= pmax):
+        return False
+    g, c = _row_swap_blocks(na, nb, r, isz, pmax)
+    return min(g, c) * r * isz >= RUN_BYTES // 2     # else the copies buy little
+
+
+def _row_swap_blocks(na: int, nb: int, r: int, isz: int, pmax: int) -> tuple[int, int]:
+    """(G positions of the longer axis per partition, C positions of the other)."""
+    n_p, nq = max(na, nb), min(na, nb) if na != nb else nb
+    g = max(1, min(-(-RUN_BYTES // (r * isz)), n_p // pmax))
+    return g, max(1, min(nq, ROW_SWAP_TILE // (g * r * isz)))
+
+
+def _row_swap(kb: KernelBuilder, dst: View, src: View) -> None:
+    """The longer of A and B goes on partitions, G consecutive positions per partition
+    (G * R * itemsize >= RUN_BYTES when it is long enough), with a chunk of C positions
+    of the other: loaded in source order [.., R] (runs of G * R or C * R), reordered to
+    destination order on VectorE / GpSimd in turn (a strided read, §3.1), stored (runs
+    of C * R or G * R)."""
+    d, s, dtype = dst.axes, src.axes, dst.t.dtype
+    isz, pmax = ir.np_dtype(dtype).itemsize, kb.target.partitions
+    (db, nb), (da, na), (_, r) = d[-3:]
+    sb, sa = s[-3][0], s[-2][0]
+    a_parts = na >= nb                  # A on partitions (else B)
+    (sp, dp, n_p), (sq, dq, nq) = ((sa, da, na), (sb, db, nb)) if a_parts else \
+        ((sb, db, nb), (sa, da, na))
+    g, c = _row_swap_blocks(na, nb, r, isz, pmax)
+    width = g * c * r
+    rings = (kb.ring(2, width, dtype), kb.ring(2, width, dtype))
+    engines = itertools.cycle(("vector", "gpsimd"))
+    for index in itertools.product(*(range(n) for _, n in d[:-3])):
+        d0 = dst.offset + sum(i * st for i, (st, _) in zip(index, d))
+        s0 = src.offset + sum(i * st for i, (st, _) in zip(index, s))
+        for p0, parts, gg in _p_blocks(n_p, g, pmax):
+            for q0, qn in tiles(nq, c):
+                src_p, src_q, dst_p, dst_q = (sp, gg), (sq, qn), (dp, gg), (dq, qn)
+                # source order is [A, B, R], destination order [B, A, R]
+                load = (src_p, src_q) if a_parts else (src_q, src_p)
+                store = (dst_q, dst_p) if a_parts else (dst_p, dst_q)
+                loaded = sub(rings[0].next(), parts, gg * qn * r)
+                kb.dma(loaded, kb.ap(src.t, s0 + p0 * sp + q0 * sq,
+                                     ((gg * sp, parts),) + load + ((1, r),)))
+                n1, n2 = load[0][1], load[1][1]
+                moved = sub(rings[1].next(), parts, gg * qn * r)
+                kb.emit(isa.TensorCopy, dst=moved, engine=next(engines),
+                        src=loaded.with_(free=(n2, n1, r), strides=(r, n2 * r, 1)))
+                kb.dma(kb.ap(dst.t, d0 + p0 * dp + q0 * dq,
+                             ((gg * dp, parts),) + store + ((1, r),)), moved)
+    kb.release(*rings)
+
+
+def _p_blocks(na: int, g: int, pmax: int) -> list[tuple[int, int, int]]:
+    """(first position, partitions, positions per partition) covering na."""
+    out, a0 = [], 0
+    while a0 < na:
+        left = na - a0
+        gg = g if left >= g else 1
+        parts = min(pmax, left // gg)
+        out.append((a0, parts, gg))
+        a0 += parts * gg
+    return out

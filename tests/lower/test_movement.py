@@ -46,6 +46,45 @@ def test_transpose_in_two_stages(shape, perm, dtype, monkeypatch):
     assert two.ns < 0.5 * one.ns
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("shape,perm", [((1024, 24, 128), (1, 0, 2)),
+                                        ((24, 1024, 128), (1, 0, 2)),
+                                        ((2, 1024, 8, 128), (0, 2, 1, 3)),
+                                        ((2, 8, 1030, 128), (0, 2, 1, 3))])
+def test_head_split_transposes_stage_long_runs(shape, perm, dtype, monkeypatch):
+    """[S, H, D] <-> [H, S, D] with D short (attention's head split): staged through
+    SBUF and reordered by engine copies, DMAs of >= 2 KiB runs, exact, and far faster
+    than one DMA of D-element runs."""
+    from jax_trn.lower import lower_module, relayout
+    from .runner import SPEC
+    out_shape = tuple(shape[p] for p in perm)
+    module = lambda: one_op("transpose", shape, out_shape, dtype, permutation=perm)
+    x = make(shape, dtype)
+    staged = run(module(), x)
+    np.testing.assert_array_equal(staged.outputs[0], np.transpose(x, perm))
+    copies = [i for i in lower_module(module(), SPEC).kernels[0].instructions
+              if type(i).__name__ == "TensorCopy"]
+    assert copies and all(i.src.strides is not None for i in copies)
+    monkeypatch.setattr(relayout, "ROW_SWAP_TYPES", frozenset())     # the direct copy
+    direct = run(module(), x)
+    np.testing.assert_array_equal(direct.outputs[0], np.transpose(x, perm))
+    assert staged.ns < 0.6 * direct.ns
+
+
+@pytest.mark.parametrize("shape,perm", [((2, 300, 8, 64), (0, 2, 1, 3)),
+                                        ((129, 130, 16), (1, 0, 2))])
+def test_head_split_with_short_axes_copies_directly(shape, perm):
+    """Too few positions for long runs on both sides: no staging (it would be slower)."""
+    from jax_trn.lower import lower_module
+    from .runner import SPEC
+    out_shape = tuple(shape[p] for p in perm)
+    module = one_op("transpose", shape, out_shape, "float32", permutation=perm)
+    kernel = lower_module(module, SPEC).kernels[0]
+    assert not any(type(i).__name__ == "TensorCopy" for i in kernel.instructions)
+    x = make(shape, "float32")
+    np.testing.assert_array_equal(run(module, x).outputs[0], np.transpose(x, perm))
+
+
 def one_op(kind, in_shape, out_shape, dtype="float32", **attrs):
     b = FnBuilder()
     x = b.arg(in_shape, dtype)
