@@ -95,3 +95,156 @@ def test_stochastic_rounding_never_leaves_the_range():
     z = cast(np.full(4096, 5.5, np.float32), "float4_e2m1fn", "stochastic",
              np.random.default_rng(0))
     assert set(np.unique(z.astype(np.float32))) == {4.0, 6.0}
+
+
+# --- block-scaled matmuls with FP4 data: MXFP4 and nvfp4 -----------------------------------
+
+DN = (((2,), (2,)), ((0,), (0,)))
+
+
+def mxfp4_config():
+    """MXFP4: JAX 0.10.2 names no such config (only "mxfp8" and "nvfp4"); its
+    BlockScaleConfig with FP4 data, E8M0 scales per 32 and the MX quantization."""
+    import jax.numpy as jnp
+    from jax._src.cudnn.scaled_matmul_stablehlo import BlockScaleConfig
+    return BlockScaleConfig(mode="mxfp8", block_size=32, data_type=jnp.float4_e2m1fn,
+                            scale_type=jnp.float8_e8m0fnu, global_scale=None,
+                            infer_only=False)
+
+
+def _sdg(jax, cfg, grad=False):
+    """The jitted scaled_dot_general (or its gradient). nvfp4's VJP is JAX's plain FP32
+    matmul of the unquantized cotangent, which trn runs as BF16 at DEFAULT precision
+    (lower/dot.py): traced at "float32" precision, as the CPU backend computes it."""
+    f = lambda a, b: jax.nn.scaled_dot_general(a, b, DN, configs=[cfg] * 3)
+    if not grad:
+        return jax.jit(f)
+    g = jax.jit(jax.grad(lambda a, b: (f(a, b) ** 2).sum(), argnums=(0, 1)))
+
+    def run(*args):
+        with jax.default_matmul_precision("float32"):
+            return g(*args)
+    return run
+
+
+def _operands(b, m, n, k, seed=0):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((b, m, k)).astype(np.float32),
+            rng.standard_normal((b, n, k)).astype(np.float32))
+
+
+def _mx_kernels(prof) -> list[tuple[str, list[str]]]:
+    return [(k.name.split(".", 2)[-1], k.kernel.notes) for ex in prof.executions
+            for k in ex.kernels if k.name.startswith("mx_matmul")]
+
+
+def _close(got, want, rtol):
+    got, want = (np.asarray(x, np.float64) for x in (got, want))
+    np.testing.assert_allclose(got, want, rtol=0, atol=rtol * np.abs(want).max())
+
+
+# The Trn3 half runs in its own process (the system is fixed when the backend starts):
+# the same programs, results and kernel lists printed as JSON.
+TRN3 = """
+import json, numpy as np, jax, jax_trn
+from tests.e2e.test_mx_fp4 import mxfp4_config, _sdg, _operands, _mx_kernels, cpu_rule_on
+cpu_rule_on()
+trn, cpu = jax.devices("trn")[0], jax.devices("cpu")[0]
+out = {}
+for name, cfg in (("mxfp4", mxfp4_config()), ("nvfp4", jax.nn.get_scaled_dot_general_config("nvfp4"))):
+    for grad in (False, True):
+        f, args = _sdg(jax, cfg, grad), _operands(1, 128, 128, 256, seed=7)
+        with jax_trn.profile() as prof:
+            got = jax.tree.map(np.asarray, f(*(jax.device_put(a, trn) for a in args)))
+        want = jax.tree.map(np.asarray, f(*(jax.device_put(a, cpu) for a in args)))
+        err = max(float(np.abs(np.float64(g) - w).max() / np.abs(w).max())
+                  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
+        out[f"{name}{'-grad' if grad else ''}"] = [err, _mx_kernels(prof)]
+print(json.dumps(out))
+"""
+
+
+def cpu_rule_on():
+    """The CPU backend's rule for the primitive: its definition (tests/e2e/test_mx.py)."""
+    from jax._src.cudnn import scaled_matmul_stablehlo as sm
+    from jax._src.interpreters import mlir
+
+    from jax_trn import jax_mx
+    rule = mlir.lower_fun(jax_mx._reference, multiple_results=True)
+    for prim in (sm._scaled_matmul_p, sm._scaled_matmul_p_wrapper):
+        mlir.register_lowering(prim, rule, platform="cpu")
+
+
+@pytest.fixture(scope="module")
+def cpu_rule(jax):
+    cpu_rule_on()
+
+
+@pytest.fixture(scope="module")
+def trn3_results():
+    import json
+
+    from tests.conftest import run_python
+    r = run_python(TRN3, env={"JAX_TRN_SYSTEM": "trn3-ultraserver"}, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_mxfp4_on_trn3_runs_nc_matmul_mx(trn3_results, grad):
+    """MXFP4 x MXFP4 as nc_matmul_mx on float4_e2m1fn_x4 words (each operand packed once
+    by an mx-pack-fp4 kernel), matching the CPU backend (FP32 accumulation order only);
+    its VJP's matmuls too (scaled_dot_general quantizes the cotangents the same way;
+    M = N = 128 so that each of them contracts whole 128-row k-tiles)."""
+    err, kernels = trn3_results["mxfp4-grad" if grad else "mxfp4"]
+    assert err <= 1e-5
+    names = [n for n, _ in kernels]
+    assert "mx-matmul" in names and "mx-pack-fp4" in names, names
+    assert not any("dequantize" in n for n in names), names
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_nvfp4_on_trn3_dequantizes_and_says_why(trn3_results, grad):
+    """nvfp4 (16 values per E4M3 scale) has no MX mode even on Trn3: dequantize + BF16
+    matmul, each kernel noting the reason."""
+    err, kernels = trn3_results["nvfp4-grad" if grad else "nvfp4"]
+    assert err <= 1e-5
+    names = [n for n, _ in kernels]
+    assert "mx-bf16-matmul" in names and "mx-matmul" not in names, names
+    for name, notes in kernels:
+        if "dequantize" in name or "bf16" in name:
+            assert any("block 16 with float8_e4m3fn scales" in n for n in notes), notes
+
+
+@pytest.mark.parametrize("config", ["mxfp4", "nvfp4"])
+@pytest.mark.parametrize("grad", [False, True])
+def test_fp4_configs_on_trn2_dequantize(jax, trn, cpu, cpu_rule, config, grad):
+    """Without MX hardware both run as dequantize + BF16 matmul, under jit and grad,
+    matching the CPU backend; the kernels say why."""
+    import jax_trn
+    cfg = mxfp4_config() if config == "mxfp4" else jax.nn.get_scaled_dot_general_config(
+        "nvfp4")
+    f, args = _sdg(jax, cfg, grad), _operands(2, 64, 64, 256, seed=3)
+    with jax_trn.profile() as prof:
+        got = f(*(jax.device_put(a, trn) for a in args))
+        got = jax.tree.map(np.asarray, got)
+    want = jax.tree.map(np.asarray, f(*(jax.device_put(a, cpu) for a in args)))
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        _close(g, w, 1e-5)
+    kernels = _mx_kernels(prof)
+    assert "mx-bf16-matmul" in [n for n, _ in kernels]
+    why = "block 16" if config == "nvfp4" else "has no nc_matmul_mx"
+    assert all(any(why in n for n in notes) for name, notes in kernels if "mx-" in name)
+
+
+def test_scaled_matmul_mixes_mxfp8_and_mxfp4(jax, trn, cpu, cpu_rule):
+    """`jax.nn.scaled_matmul` of an FP4 lhs and an FP8 rhs (mixing is allowed, §2.2)."""
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((1, 32, 128)).astype(F4)
+    b = rng.standard_normal((1, 64, 128)).astype(ml_dtypes.float8_e4m3fn)
+    sa, sb = (rng.integers(120, 134, (1, f, 4)).astype(np.uint8).view(
+        ml_dtypes.float8_e8m0fnu) for f in (32, 64))
+    f = jax.jit(lambda *x: jax.nn.scaled_matmul(*x, preferred_element_type=np.float32))
+    got = f(*(jax.device_put(x, trn) for x in (a, b, sa, sb)))
+    want = f(*(jax.device_put(x, cpu) for x in (a, b, sa, sb)))
+    _close(got, want, 1e-6)
