@@ -1,4 +1,5 @@
-"""JAX's MX quantization (`jax.nn.scaled_dot_general`'s "mxfp8" mode) -> one op.
+"""JAX's MX quantization (`jax.nn.scaled_dot_general`'s "mxfp8" mode, with FP8 or FP4
+data: MXFP8, MXFP4) -> one op.
 
 `quantize(x, config)` in jax/_src/cudnn/scaled_matmul_stablehlo.py (JAX 0.10.2) is ~35
 elementwise ops per operand; run as such they cost 712 us for a 1024^2 operand on a
@@ -6,7 +7,7 @@ NeuronCore (a reduce over blocks of 32 and a broadcast back dominate). This pass
 that subgraph and replaces its two outputs with one op the backend lowers as a kernel
 (jax_trn/lower/mx_quantize.py):
 
-    %q, %s = mx_quantize(%x)       x: f32 / bf16 [..., K]; q: fp8 [..., K];
+    %q, %s = mx_quantize(%x)       x: f32 / bf16 [..., K]; q: fp8 / fp4 [..., K];
                                    s: float8_e8m0fnu [..., K / 32]
 
 whose definition is JAX's, step for step (so the result is bit-exact):
@@ -35,7 +36,7 @@ from hlo_passes.graph import BlockGraph, rewrite_blocks
 name = "mx-quantize"
 
 BLOCK = 32                              # OCP MX group size
-DATA = ("float8_e4m3fn", "float8_e5m2")
+DATA = ("float8_e4m3fn", "float8_e5m2", "float4_e2m1fn")   # MXFP8, MXFP4
 INPUTS = ("float32", "bfloat16")
 SCALE = "float8_e8m0fnu"
 E8M0_MIN = np.uint32(0x00400000)        # float32 bits of 2**-127, the scale of byte 0

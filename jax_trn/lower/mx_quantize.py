@@ -1,7 +1,8 @@
 """mx_quantize: JAX's MX quantization of one operand (hlo_passes/passes/mx_quantize.py
 gives the definition) as one kernel, bit-exact with JAX's jnp ops.
 
-    x [rows, K] (f32 / bf16) -> q [rows, K] (float8_e4m3fn / e5m2), s [rows, K/32] (E8M0)
+    x [rows, K] (f32 / bf16) -> q [rows, K] (float8_e4m3fn / e5m2 / float4_e2m1fn),
+                                s [rows, K/32] (E8M0)
 
 Rows on partitions, K in chunks of up to CHUNK values along the free axis. Per chunk:
 

@@ -248,3 +248,22 @@ def test_scaled_matmul_mixes_mxfp8_and_mxfp4(jax, trn, cpu, cpu_rule):
     got = f(*(jax.device_put(x, trn) for x in (a, b, sa, sb)))
     want = f(*(jax.device_put(x, cpu) for x in (a, b, sa, sb)))
     _close(got, want, 1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_mxfp4_quantization_is_one_kernel_bit_exact(jax, trn, cpu, dtype):
+    """The program's own MXFP4 quantization (JAX's jnp ops, FP4 data: MAX = 6) runs as
+    one mx_quantize kernel (hlo_passes/passes/mx_quantize.py), bit-exact with CPU (it was
+    ~16 kernels)."""
+    import jax_trn
+    from jax._src.cudnn.scaled_matmul_stablehlo import quantize
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 136, 256)) * np.exp2(rng.integers(-60, 60, (1, 136, 1)))
+    x = x.astype(np.dtype(getattr(ml_dtypes, dtype, dtype)))
+    f = jax.jit(lambda a: quantize(a, mxfp4_config()))
+    with jax_trn.profile() as prof:
+        got = [np.asarray(o) for o in f(jax.device_put(x, trn))]
+    want = [np.asarray(o) for o in f(jax.device_put(x, cpu))]
+    assert [k.name for k in prof.executions[-1].kernels] == ["mx_quantize.0"]
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g.view(np.uint8), w.view(np.uint8))
