@@ -267,3 +267,25 @@ def test_mxfp4_quantization_is_one_kernel_bit_exact(jax, trn, cpu, dtype):
     assert [k.name for k in prof.executions[-1].kernels] == ["mx_quantize.0"]
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g.view(np.uint8), w.view(np.uint8))
+
+
+@pytest.mark.parametrize("config", ["mxfp4", "nvfp4"])
+@pytest.mark.parametrize("spec", [(None, None, "x"), ("x", None, None)])
+def test_fp4_configs_sharded(jax, trn_devices, cpu, cpu_rule, config, spec):
+    """K or batch sharded over two cores: the op's sharding rule uses its own block (16
+    for nvfp4: K is 16-value groups), partial sums added by an all-reduce."""
+    import jax_trn
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    if len(trn_devices) < 2:
+        pytest.skip("needs two trn devices")
+    cfg = mxfp4_config() if config == "mxfp4" else jax.nn.get_scaled_dot_general_config(
+        "nvfp4")
+    f = _sdg(jax, cfg)
+    a, b = _operands(2, 64, 32, 256, seed=4)
+    sharding = NamedSharding(Mesh(np.array(trn_devices[:2]), ("x",)), P(*spec))
+    with jax_trn.profile() as prof:
+        got = np.asarray(f(jax.device_put(a, sharding), jax.device_put(b, sharding)))
+    want = np.asarray(f(jax.device_put(a, cpu), jax.device_put(b, cpu)))
+    _close(got, want, 1e-6)
+    names = {k.name.split(".")[0] for ex in prof.executions for k in ex.kernels}
+    assert "mx_matmul" in names and not names & {"dot_general", "dot_general_fusion"}, names
