@@ -289,3 +289,14 @@ def test_fp4_configs_sharded(jax, trn_devices, cpu, cpu_rule, config, spec):
     _close(got, want, 1e-6)
     names = {k.name.split(".")[0] for ex in prof.executions for k in ex.kernels}
     assert "mx_matmul" in names and not names & {"dot_general", "dot_general_fusion"}, names
+
+
+def test_transfer_keeps_the_low_nibble_only(jax, trn, cpu):
+    """Host float4 bytes with stray high bits (a uint8 array viewed as float4): the CPU
+    client keeps each byte's low nibble; so does trn (the values were read through the
+    whole byte before: 0x21 as -0.5 instead of 0.5)."""
+    x = np.array([0x1F, 0x21, 0xF3, 0x05], np.uint8).view(F4)
+    f = lambda a: a.astype(np.float32)
+    _same(jax, f, (x,), trn, cpu)
+    np.testing.assert_array_equal(np.asarray(jax.device_put(x, trn)).view(np.uint8),
+                                  np.asarray(jax.device_put(x, cpu)).view(np.uint8))
