@@ -329,3 +329,15 @@ def test_bitcast_moves_codes(jax, trn, cpu, pair):
         x = x.reshape(-1, 2 * dst.itemsize)          # XLA: a minor dim of the ratio
     import jax.numpy as jnp
     _same(jax, lambda a: jax.lax.bitcast_convert_type(a, jnp.dtype(dst)), (x,), trn, cpu)
+
+
+@pytest.mark.parametrize("fn", ["sort", "argsort", "sort_descending_axis0"])
+def test_sort_float4(jax, trn, cpu, fn):
+    """float4 keys sort like the other narrow floats (they widen exactly to FP32);
+    refused by name before."""
+    import jax.numpy as jnp
+    x = np.random.default_rng(1).integers(0, 16, (8, 300)).astype(np.uint8).view(F4)
+    f = {"sort": lambda a: jnp.sort(a, axis=1),
+         "argsort": lambda a: jnp.argsort(a, axis=1, stable=True),
+         "sort_descending_axis0": lambda a: jnp.sort(a, axis=0, descending=True)}[fn]
+    _same(jax, f, (x,), trn, cpu)
