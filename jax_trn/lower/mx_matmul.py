@@ -2,8 +2,9 @@
 
     out[b, m, n] = sum_k lhs[b, m, k] s_l[b, m, k // 32] rhs[b, n, k] s_r[b, n, k // 32]
 
-lhs [B, M, K] and rhs [B, N, K] are MXFP8 (float8_e4m3fn / float8_e5m2), the scales
-E8M0 (float8_e8m0fnu), FP32 accumulation, the result rounded once to its type.
+lhs [B, M, K] and rhs [B, N, K] are MXFP8 (float8_e4m3fn / float8_e5m2) or MXFP4
+(float4_e2m1fn; the two may mix, §2.2), the scales E8M0 (float8_e8m0fnu), FP32
+accumulation, the result rounded once to its type.
 
 On NeuronCore-v4 (`Target.mx_matmul`, §2.2) the op runs as `nc_matmul_mx` at 4x the
 BF16 rate: K = 512 per matmul, 128 partitions x 4 values packed in one 32-bit element.
@@ -33,8 +34,15 @@ store. It was 463.8 us (3.79x): the first step loaded the whole rhs group before
 the first strip, and the scale rows went one 128-byte row per partition (5% of the
 DMA rate, §3.4), so DMA bandwidth, not TensorE, paced the first ~80 us.
 
-Elsewhere (no MX: Trn1 / Trn2), for K not a multiple of 128, or an odd M, the op runs
-as dequantize + BF16 matmul (mx_dequant.py), whose kernels say so in their names.
+MXFP4: HBM holds FP4 one value per byte, so each FP4 operand is first packed into
+[B, F, K/4] `float4_e2m1fn_x4` words (16-bit: four nibbles) by an mx-pack-fp4 kernel
+(mx_pack.py); the loop nest then loads them by 2-byte `dma_transpose`s, 0.5 byte per
+value. 4096^3 MXFP4 (benchmarks/mx.py): 455.0 us for this kernel (its data loads are
+half MXFP8's) + 2 x 114.9 us packing = 684.9 us, 2.57x BF16.
+
+Elsewhere (no MX: Trn1 / Trn2), for other block scales (nvfp4: E4M3 per 16), K not a
+multiple of 128, or an odd M, the op runs as dequantize + BF16 matmul (mx_dequant.py),
+whose kernels say so in their names and why in their notes (`not_native`).
 """
 from __future__ import annotations
 
