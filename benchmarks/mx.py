@@ -24,6 +24,8 @@ Per system (one process each: the system is fixed when the backend starts), one 
 - nvfp4 matmul:    the same with nvfp4's scales (float8_e4m3fn per 16 values), which no
                    MX mode takes (§2.2): dequantize + BF16 matmul on every generation
   ("dequantize" in the FP4 table: the mx-dequantize kernels of both FP4 programs)
+- mxfp4 sdg / nvfp4 sdg: `scaled_dot_general` of the bf16 [1, Q, Q] operands with
+                   those configs (quantization: one mx_quantize kernel per operand)
 
 Targets (issue 18): mx matmul >= 3.8x bf16 on Trn3; on Trn2 (no MX: dequantize + BF16
 matmul) it runs, and costs <= bf16 + the dequantization. Simulated figures are
@@ -45,12 +47,16 @@ def measure(size: int, sdg_size: int) -> dict:
     import ml_dtypes
     import numpy as np
     from jax import lax
-    from jax._src.cudnn.scaled_matmul_stablehlo import quantize
+    from jax._src.cudnn.scaled_matmul_stablehlo import BlockScaleConfig, quantize
 
     import jax_trn
 
     dev = jax.devices("trn")[0]
     cfg = jax.nn.get_scaled_dot_general_config("mxfp8")
+    nvfp4 = jax.nn.get_scaled_dot_general_config("nvfp4")
+    mxfp4 = BlockScaleConfig(mode="mxfp8", block_size=32, data_type=jnp.float4_e2m1fn,
+                             scale_type=jnp.float8_e8m0fnu, global_scale=None,
+                             infer_only=False)      # JAX 0.10.2 names no MXFP4 config
     rng = np.random.default_rng(0)
     x = jax.device_put(rng.standard_normal((1, size, size)).astype(ml_dtypes.bfloat16), dev)
     xq = jax.device_put(rng.standard_normal((1, sdg_size, sdg_size)).astype(
@@ -75,6 +81,10 @@ def measure(size: int, sdg_size: int) -> dict:
             a, b, sa, sb, preferred_element_type=jnp.bfloat16), (q4, q4, s, s)),
         "nvfp4 matmul": (lambda a, b, sa, sb: jax.nn.scaled_matmul(
             a, b, sa, sb, preferred_element_type=jnp.bfloat16), (q4, q4, s16, s16)),
+        "mxfp4 sdg": (lambda a, b: jax.nn.scaled_dot_general(
+            a, b, dn, preferred_element_type=jnp.bfloat16, configs=[mxfp4] * 3), (xq, xq)),
+        "nvfp4 sdg": (lambda a, b: jax.nn.scaled_dot_general(
+            a, b, dn, preferred_element_type=jnp.bfloat16, configs=[nvfp4] * 3), (xq, xq)),
     }
     out = {"system": jax_trn.get_system().name}
     for name, (fn, args) in programs.items():
@@ -106,7 +116,8 @@ def _fp4_row(r: dict, size: int) -> str:
     deq = r["mxfp4 matmul dequantize"] + r["nvfp4 matmul dequantize"]
     return (f"{r['system']:>18} {bf * 1e6:9.1f} {mx4 * 1e6:10.1f} {bf / mx4:6.2f}x "
             f"{flops / mx4 / 1e12:8.1f} {r['mxfp4 matmul pack'] * 1e6:8.1f} "
-            f"{nv * 1e6:10.1f} {bf / nv:6.2f}x {deq * 1e6:10.1f}")
+            f"{nv * 1e6:10.1f} {bf / nv:6.2f}x {deq * 1e6:10.1f} "
+            f"{r['mxfp4 sdg'] * 1e6:9.1f} {r['nvfp4 sdg'] * 1e6:9.1f}")
 
 
 def main() -> None:
@@ -131,9 +142,11 @@ def main() -> None:
                              env=env, capture_output=True, text=True, check=True)
         rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
         print(_row(rows[-1], opts.size), flush=True)
-    print(f"\nFP4 vs BF16, {opts.size}^3 on one core (simulated; times in us)")
+    print(f"\nFP4 vs BF16, {opts.size}^3 on one core; scaled_dot_general (sdg) at "
+          f"{opts.sdg_size}^3 (simulated; times in us)")
     print(f"{'system':>18} {'bf16':>9} {'mxfp4':>10} {'speedup':>7} {'TFLOP/s':>8} "
-          f"{'pack':>8} {'nvfp4':>10} {'speedup':>7} {'dequantize':>10}")
+          f"{'pack':>8} {'nvfp4':>10} {'speedup':>7} {'dequantize':>10} "
+          f"{'mxfp4 sdg':>9} {'nvfp4 sdg':>9}")
     for r in rows:
         print(_fp4_row(r, opts.size), flush=True)
 

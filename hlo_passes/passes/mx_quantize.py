@@ -20,6 +20,9 @@ whose definition is JAX's, step for step (so the result is bit-exact):
     scale = float32(s << 23), 2**-127 where 0, in x's type
     q     = fp8(clip(r / scale, -MAX, MAX))
 
+nvfp4's quantization (16 values per float8_e4m3fn scale, a global scale) is the
+second pattern (mx_quantize_nv.py): the same op with {block = 16, global_scale}.
+
 Matched in its imported form (after inline-calls and cleanup), operand order as JAX
 emits it; any difference (another block size, scale rule, clip, type) leaves the
 program as it is. Each output may have other users; intermediate values used elsewhere
@@ -32,6 +35,8 @@ import numpy as np
 
 from hlo_passes import ir
 from hlo_passes.graph import BlockGraph, rewrite_blocks
+
+from . import mx_quantize_nv
 
 name = "mx-quantize"
 
@@ -52,24 +57,31 @@ def _rewrite_block(block: ir.Block) -> bool:
     g = BlockGraph(block)
     data = {m[1]: (op, m) for op in block.ops if (m := _data_output(g, op))}
     scales = {u8: op for op in block.ops if (u8 := _scale_output(g, op)) is not None}
-    pairs = [(d, m, scales[u8]) for u8, (d, m) in data.items() if u8 in scales]
+    pairs = [(d, m[0], scales[u8], {"block": BLOCK}) for u8, (d, m) in data.items()
+             if u8 in scales]
+    nv = mx_quantize_nv.pairs(g, block.ops)
+    pairs += [(d, x, s, {"block": mx_quantize_nv.BLOCK, "global_scale": gs})
+              for d, x, gs, s in nv]
     if not pairs:
         return False
-    mapping, new_ops = {}, {}
-    for d, (x, _), s in pairs:
-        op = _quantize_op(x, d, s)
+    # nvfp4's optimization_barrier (which DCE keeps) is the identity inside the one op
+    barriers = {g.producer[s.operands[0]] for *_, s in nv}
+    mapping = {bar.result: bar.operands[0] for bar in barriers}
+    new_ops = {}
+    for d, x, s, attrs in pairs:
+        op = _quantize_op(x, d, s, attrs)
         new_ops[min(d, s, key=g.index.get)] = op
         mapping[d.result], mapping[s.result] = op.results
-    block.ops = [o for old in block.ops for o in ([new_ops[old]] if old in new_ops else [])
-                 + [old]]
+    block.ops = [o for old in block.ops if old not in barriers
+                 for o in ([new_ops[old]] if old in new_ops else []) + [old]]
     block.replace_all_uses(mapping)
     return True
 
 
-def _quantize_op(x: ir.Value, data: ir.Op, scale: ir.Op) -> ir.Op:
+def _quantize_op(x: ir.Value, data: ir.Op, scale: ir.Op, attrs: dict) -> ir.Op:
     q = ir.Value(ir.TensorType(data.result.shape, data.result.dtype))
-    s = ir.Value(ir.TensorType(scale.result.shape, SCALE))
-    return ir.Op("mx_quantize", [x], [q, s], {"block": BLOCK}, loc=data.loc, name=data.name)
+    s = ir.Value(ir.TensorType(scale.result.shape, scale.result.dtype))
+    return ir.Op("mx_quantize", [x], [q, s], attrs, loc=data.loc, name=data.name)
 
 
 # --- the data output: reshape(fp8(clip(r / scale))) -------------------------------------
