@@ -11,19 +11,23 @@ makes them one `mx_quantize` op) and calls it. JAX lowers the
 primitive for cuda / rocm only (and its wrapper through `custom_partitioning`, which on
 several devices emits XLA's `CustomSPMDPartitioning` call); on trn both lower here:
 
-- OCP MX operands (block 32 along K, data float8_e4m3fn / float8_e5m2 / float4_e2m1fn,
-  scales float8_e8m0fnu: the "mxfp8" config, and MXFP4 as
-  `BlockScaleConfig(mode="mxfp8", data_type=float4_e2m1fn, ...)`) become one
+- block-scaled operands the device can dequantize exactly to BF16 (`is_block_scaled`:
+  data float8_e4m3fn / float8_e5m2 / float4_e2m1fn, scales float8_e8m0fnu or
+  float8_e4m3fn, a block dividing K) become one
   `custom_call @trn.mx_matmul(lhs, rhs, lhs_scales, rhs_scales)`, which the importer
-  turns into an `mx_matmul` op (jax_trn/lower/mx_matmul.py: `nc_matmul_mx` on
-  NeuronCore-v4, dequantize + BF16 matmul elsewhere). It carries a Shardy sharding
-  rule (`_sharding_rule`) and partitions like a dot_general: batch / M / N sharded, each
-  core computes its block; K sharded, each core its partial sums and an all_reduce adds
-  them (hlo_passes/mlir_passes.py keeps the rule for Shardy's explicit-reshards pass,
-  which the propagation pipeline would drop, and localize knows mx_matmul's partials
-  are sums).
-- anything else (nvfp4's block 16 with E4M3 scales, other types) lowers to its
-  definition: dequantize (to BF16: exact for these types) and a `dot_general`
+  turns into an `mx_matmul` op (jax_trn/lower/mx_matmul.py). OCP MX (`is_mx`: block 32,
+  E8M0 scales: the "mxfp8" config, and MXFP4, which JAX 0.10.2 names no config for:
+  `BlockScaleConfig(mode="mxfp8", data_type=float4_e2m1fn, block_size=32, ...)`) runs
+  as `nc_matmul_mx` on NeuronCore-v4; everything else (Trn1 / Trn2; nvfp4's block 16
+  with E4M3 scales, which no MX mode takes, §2.2) as dequantize + BF16 matmul, the
+  kernels' notes saying why. The op carries a Shardy sharding rule (`_sharding_rule`)
+  and partitions like a dot_general: batch / M / N sharded, each core computes its
+  block; K sharded, each core its partial sums and an all_reduce adds them
+  (hlo_passes/mlir_passes.py keeps the rule for Shardy's explicit-reshards pass, which
+  the propagation pipeline would drop, and localize knows mx_matmul's partials are
+  sums). nvfp4's global scale is not the primitive's: `scaled_dot_general` divides the
+  operands by it before quantizing and multiplies the FP32 result after, as ordinary ops.
+- anything else lowers to its definition: dequantize (to BF16) and a `dot_general`
   accumulating in FP32, which runs and partitions as ordinary ops.
 """
 from __future__ import annotations
@@ -37,6 +41,7 @@ from hlo_passes.importer import MX_MATMUL_TARGET as MX_TARGET
 MX_BLOCK = 32                                            # OCP MX v1.0 group size, §4
 MX_DATA = ("float8_e4m3fn", "float8_e5m2", "float4_e2m1fn")
 MX_SCALE = ("float8_e8m0fnu",)
+BLOCK_SCALE = ("float8_e8m0fnu", "float8_e4m3fn")        # scales the dequantize path takes
 
 _done = False
 
@@ -60,8 +65,17 @@ def is_mx(lhs, rhs, lhs_scales, rhs_scales) -> bool:
             and all(s.shape[-1] * MX_BLOCK == k for s in (lhs_scales, rhs_scales)))
 
 
+def is_block_scaled(lhs, rhs, lhs_scales, rhs_scales) -> bool:
+    """Operand avals mx_matmul takes: MX data types, E8M0 or E4M3 scales, one block size
+    dividing K for both operands (exact in BF16 once dequantized: mx_dequant.py)."""
+    k, g = lhs.shape[-1], lhs_scales.shape[-1]
+    return (all(str(x.dtype) in MX_DATA for x in (lhs, rhs))
+            and all(str(s.dtype) in BLOCK_SCALE for s in (lhs_scales, rhs_scales))
+            and g > 0 and k % g == 0 and rhs_scales.shape[-1] == g)
+
+
 def _scaled_matmul_lower(ctx, lhs, rhs, lhs_scales, rhs_scales, *, preferred_element_type):
-    if not is_mx(*ctx.avals_in):
+    if not is_block_scaled(*ctx.avals_in):
         return mlir.lower_fun(_reference, multiple_results=True)(
             ctx, lhs, rhs, lhs_scales, rhs_scales,
             preferred_element_type=preferred_element_type)
@@ -74,14 +88,15 @@ def _scaled_matmul_lower(ctx, lhs, rhs, lhs_scales, rhs_scales, *, preferred_ele
 
 
 def _sharding_rule(ctx):
-    """b m (g c), b n (g c), b m g, b n g -> b m n with c = 32 (K is its scale groups g
-    times the block), g a reduction factor: how the op partitions, like a dot_general
-    (a sharded g: partial sums, which Shardy follows with an all_reduce)."""
+    """b m (g c), b n (g c), b m g, b n g -> b m n with c the block (32 for MX: K is its
+    scale groups g times the block), g a reduction factor: how the op partitions, like
+    a dot_general (a sharded g: partial sums, which Shardy follows with an all_reduce)."""
     from jax._src.custom_partitioning_sharding_rule import (
         sdy_sharding_rule_to_mlir, str_to_sdy_sharding_rule)
     if ctx.avals_in[2].shape[-1] > 1:
         rule = str_to_sdy_sharding_rule("b m (g c), b n (g c), b m g, b n g -> b m n",
-                                        reduction_factors=("g",), c=MX_BLOCK)
+                                        reduction_factors=("g",),
+                                        c=ctx.avals_in[0].shape[-1] // ctx.avals_in[2].shape[-1])
     else:       # one block: no compound of a size-1 factor (a Shardy rule)
         rule = str_to_sdy_sharding_rule("b m k, b n k, b m g, b n g -> b m n",
                                         reduction_factors=("k", "g"))

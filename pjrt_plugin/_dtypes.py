@@ -36,3 +36,12 @@ def to_name(pjrt_type: int) -> str:
 
 def to_pjrt(name: str) -> int:
     return _TO_PJRT.get(name, 0)
+
+
+def canonical(array, name: str):
+    """Host data as the device holds it: a float4_e2m1fn value is its byte's low nibble
+    (XLA's CPU client packs nibbles on transfer, dropping the high ones; ml_dtypes would
+    read a stray high bit as the sign). Other types unchanged."""
+    if name == "float4_e2m1fn":
+        array.view("uint8")[...] &= 0xF
+    return array

@@ -143,7 +143,7 @@ def client_buffer_from_host_buffer(a):
     dtype = _dtypes.to_name(a.type)
     dims = read_array(get_ptr(a, "dims"), ctypes.c_int64, a.num_dims)
     device = _target_device(c, a)
-    array = _host_array(a, dtype, dims)
+    array = _dtypes.canonical(_host_array(a, dtype, dims), dtype)
     buffer = c.rt.buffer_from_host(array, device.rt)
     set_ptr(a, "buffer", CBuffer(buffer, c).new_handle())
     set_ptr(a, "done_with_host_buffer", new_event())

@@ -1,4 +1,5 @@
-"""JAX's MX quantization (`jax.nn.scaled_dot_general`'s "mxfp8" mode) -> one op.
+"""JAX's MX quantization (`jax.nn.scaled_dot_general`'s "mxfp8" mode, with FP8 or FP4
+data: MXFP8, MXFP4) -> one op.
 
 `quantize(x, config)` in jax/_src/cudnn/scaled_matmul_stablehlo.py (JAX 0.10.2) is ~35
 elementwise ops per operand; run as such they cost 712 us for a 1024^2 operand on a
@@ -6,7 +7,7 @@ NeuronCore (a reduce over blocks of 32 and a broadcast back dominate). This pass
 that subgraph and replaces its two outputs with one op the backend lowers as a kernel
 (jax_trn/lower/mx_quantize.py):
 
-    %q, %s = mx_quantize(%x)       x: f32 / bf16 [..., K]; q: fp8 [..., K];
+    %q, %s = mx_quantize(%x)       x: f32 / bf16 [..., K]; q: fp8 / fp4 [..., K];
                                    s: float8_e8m0fnu [..., K / 32]
 
 whose definition is JAX's, step for step (so the result is bit-exact):
@@ -18,6 +19,9 @@ whose definition is JAX's, step for step (so the result is bit-exact):
     s     = uint8(e)                                 (wraps: 256 -> 0)
     scale = float32(s << 23), 2**-127 where 0, in x's type
     q     = fp8(clip(r / scale, -MAX, MAX))
+
+nvfp4's quantization (16 values per float8_e4m3fn scale, a global scale) is the
+second pattern (mx_quantize_nv.py): the same op with {block = 16, global_scale}.
 
 Matched in its imported form (after inline-calls and cleanup), operand order as JAX
 emits it; any difference (another block size, scale rule, clip, type) leaves the
@@ -32,10 +36,12 @@ import numpy as np
 from hlo_passes import ir
 from hlo_passes.graph import BlockGraph, rewrite_blocks
 
+from . import mx_quantize_nv
+
 name = "mx-quantize"
 
 BLOCK = 32                              # OCP MX group size
-DATA = ("float8_e4m3fn", "float8_e5m2")
+DATA = ("float8_e4m3fn", "float8_e5m2", "float4_e2m1fn")   # MXFP8, MXFP4
 INPUTS = ("float32", "bfloat16")
 SCALE = "float8_e8m0fnu"
 E8M0_MIN = np.uint32(0x00400000)        # float32 bits of 2**-127, the scale of byte 0
@@ -51,24 +57,31 @@ def _rewrite_block(block: ir.Block) -> bool:
     g = BlockGraph(block)
     data = {m[1]: (op, m) for op in block.ops if (m := _data_output(g, op))}
     scales = {u8: op for op in block.ops if (u8 := _scale_output(g, op)) is not None}
-    pairs = [(d, m, scales[u8]) for u8, (d, m) in data.items() if u8 in scales]
+    pairs = [(d, m[0], scales[u8], {"block": BLOCK}) for u8, (d, m) in data.items()
+             if u8 in scales]
+    nv = mx_quantize_nv.pairs(g, block.ops)
+    pairs += [(d, x, s, {"block": mx_quantize_nv.BLOCK, "global_scale": gs})
+              for d, x, gs, s in nv]
     if not pairs:
         return False
-    mapping, new_ops = {}, {}
-    for d, (x, _), s in pairs:
-        op = _quantize_op(x, d, s)
+    # nvfp4's optimization_barrier (which DCE keeps) is the identity inside the one op
+    barriers = {g.producer[s.operands[0]] for *_, s in nv}
+    mapping = {bar.result: bar.operands[0] for bar in barriers}
+    new_ops = {}
+    for d, x, s, attrs in pairs:
+        op = _quantize_op(x, d, s, attrs)
         new_ops[min(d, s, key=g.index.get)] = op
         mapping[d.result], mapping[s.result] = op.results
-    block.ops = [o for old in block.ops for o in ([new_ops[old]] if old in new_ops else [])
-                 + [old]]
+    block.ops = [o for old in block.ops if old not in barriers
+                 for o in ([new_ops[old]] if old in new_ops else []) + [old]]
     block.replace_all_uses(mapping)
     return True
 
 
-def _quantize_op(x: ir.Value, data: ir.Op, scale: ir.Op) -> ir.Op:
+def _quantize_op(x: ir.Value, data: ir.Op, scale: ir.Op, attrs: dict) -> ir.Op:
     q = ir.Value(ir.TensorType(data.result.shape, data.result.dtype))
-    s = ir.Value(ir.TensorType(scale.result.shape, SCALE))
-    return ir.Op("mx_quantize", [x], [q, s], {"block": BLOCK}, loc=data.loc, name=data.name)
+    s = ir.Value(ir.TensorType(scale.result.shape, scale.result.dtype))
+    return ir.Op("mx_quantize", [x], [q, s], attrs, loc=data.loc, name=data.name)
 
 
 # --- the data output: reshape(fp8(clip(r / scale))) -------------------------------------

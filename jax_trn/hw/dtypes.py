@@ -26,6 +26,7 @@ _DTYPES = {
     "float8_e5m2": np.dtype(ml_dtypes.float8_e5m2),
     "float8_e4m3": np.dtype(ml_dtypes.float8_e4m3),
     "float8_e8m0fnu": np.dtype(ml_dtypes.float8_e8m0fnu),
+    "float4_e2m1fn": np.dtype(ml_dtypes.float4_e2m1fn),
     "float8_e4m3fn_x4": np.dtype(np.uint32),
     "float8_e5m2_x4": np.dtype(np.uint32),
     "float4_e2m1fn_x4": np.dtype(np.uint16),
@@ -52,6 +53,9 @@ DEVICE_TYPES = frozenset({
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
     "float16", "bfloat16", "float32", "float8_e4m3fn", "float8_e5m2", "float8_e4m3",
     "int4", "uint4",
+    "float4_e2m1fn",        # OCP FP4 (§4): one value per byte in HBM and SBUF, as JAX
+                            # hands it over (PJRT type 29); ALUs compute on it in FP32.
+                            # Packed two per byte only as float4_e2m1fn_x4 (mx_matmul)
     "float8_e8m0fnu",       # MX block scales (§2.2, §4): stored, bit-copied and read by
                             # nc_matmul_mx; no ALU reads it and DMA cannot cast it
 })

@@ -6,7 +6,9 @@
   (ml_dtypes `astype`, which is RNE, like XLA's `convert`) or stochastically (§4
   [ROUND]). Float -> int truncates toward zero, saturates at the type's range and maps
   NaN to 0, which is what XLA's `convert` gives on CPU. Int -> int wraps (two's
-  complement), like XLA. Any -> bool is `!= 0`.
+  complement), like XLA. Any -> bool is `!= 0`. float4_e2m1fn (no Inf or NaN) saturates
+  at +-6 as ml_dtypes does, and NaN becomes -0 (code 0x8), as XLA's `convert` gives on
+  CPU for either sign of NaN (ml_dtypes gives +0 for a negative NaN).
 - `round_tf32`: FP32 rounded (RNE) to TF32's 10 mantissa bits, for `precision="tf32"`.
 - `Numerics`: the per-core rounding context, given to a `NeuronCore` by whoever makes
   it (default: RNE, seed 0, strict ranges). Stochastic rounding mirrors
@@ -31,6 +33,8 @@ from . import dtypes as _dt
 __all__ = ["to_fp32", "cast", "round_tf32", "Numerics", "is_int"]
 
 _F32 = np.dtype(np.float32)
+_F4 = np.dtype(_dt.np_dtype("float4_e2m1fn"))
+_F4_NAN = np.uint8(0x8)                         # what XLA makes of NaN in float4_e2m1fn
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32}
 
 
@@ -66,7 +70,10 @@ def _stochastic(x: np.ndarray, dt: np.dtype, rng: np.random.Generator) -> np.nda
     o32 = other.astype(np.float32)
     with np.errstate(invalid="ignore", divide="ignore"):
         p = np.abs(x.astype(np.float64) - y32) / np.abs(o32.astype(np.float64) - y32)
-    take = (y32 != x) & np.isfinite(o32) & np.isfinite(y32) & (rng.random(x.shape) < p)
+    # the other neighbour must lie on x's side: a saturated float4 (no Inf) has none
+    beyond = (np.abs(o32) > np.abs(y32)) == away
+    take = (y32 != x) & np.isfinite(o32) & np.isfinite(y32) & beyond \
+        & (rng.random(x.shape) < p)
     return np.where(take, other, y)
 
 
@@ -81,9 +88,23 @@ def cast(x: np.ndarray, dtype, rounding: str = "rne",
     if dt.kind in "iu" or _dt.is_nibble(dt):
         return _dt.int_astype(x, dt) if is_int(x.dtype) else _float_to_int(x, dt)
     if rounding == "stochastic" and dt.itemsize < 4 and rng is not None:
-        return _stochastic(to_fp32(x), dt, rng)
-    with np.errstate(over="ignore", invalid="ignore"):
-        return x.astype(dt)
+        y = _stochastic(to_fp32(x), dt, rng)
+    else:
+        with np.errstate(over="ignore", invalid="ignore"):
+            y = x.astype(dt)
+    return _float4_nan(x, y) if dt == _F4 else y
+
+
+def _float4_nan(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """NaN -> -0 in a float4_e2m1fn result (XLA's rule; the type has no NaN)."""
+    if is_int(x.dtype):
+        return y
+    nan = np.isnan(x)
+    if not nan.any():
+        return y
+    y = np.array(y, copy=True)
+    y.view(np.uint8)[nan] = _F4_NAN
+    return y
 
 
 def round_tf32(x: np.ndarray) -> np.ndarray:

@@ -12,6 +12,13 @@ DMAed in (a stride-`ratio` pattern) as int32, masked to 4 bits, shifted by 4k an
 in on GpSimd's integer ALU (§2.5); unpacking: the wide element's bits as int32 (a
 same-width integer view of its bytes), shifted right by 4k, masked, sign-extended for
 int4 ((v ^ 8) - 8), DMAed out. int4 <-> uint4 is a wrapping convert.
+
+float4_e2m1fn is stored the same way (one code per byte, hw/dtypes.py) and bitcasts
+like uint4, but its codes move between HBM and the int32 tiles bit for bit (a DMA
+between float4 and int32 would convert values): DMAed as float4 into a byte tile,
+read as uint8 by a widening copy, and back (`_load_codes`, `_store_codes`). Between
+float4 and int4 / uint4 the codes pass through an int32 tile: masked to 4 bits,
+sign-extended for int4.
 """
 from __future__ import annotations
 
@@ -25,7 +32,8 @@ from .errors import LoweringError
 from .layout import flat_tiles
 from .registry import LowerCtx, register_lowering
 
-NIBBLES = ("int4", "uint4")
+NIBBLES = ("int4", "uint4", "float4_e2m1fn")
+F4 = "float4_e2m1fn"
 _SAME_WIDTH_INT = {1: "uint8", 2: "uint16", 4: "int32"}
 
 
@@ -63,6 +71,9 @@ def _nibbles(ctx: LowerCtx, x: DramTensor, out: DramTensor) -> None:
     kb = ctx.kb
     if x.dtype in NIBBLES and out.dtype in NIBBLES:
         for b in flat_tiles(x.size, FMAX, kb.target.partitions):
+            if F4 in (x.dtype, out.dtype):
+                _float4_codes(kb, x, out, b)
+                continue
             tile = kb.tile(b.free, x.dtype)
             kb.dma(sub(tile, b.parts, b.free), _ap(kb, x, b, 1))
             kb.dma(_ap(kb, out, b, 1), sub(tile, b.parts, b.free))    # casts, wrapping
@@ -95,15 +106,53 @@ def _nibbles(ctx: LowerCtx, x: DramTensor, out: DramTensor) -> None:
 
 
 def _nibble_ap(kb, t: DramTensor, block, ratio: int, k: int):
-    """Value k of each wide element of `block` in the nibble tensor `t`."""
+    """Value k of each wide element of `block` in the nibble tensor `t` (a float4
+    tensor's code bytes, through a uint8 view)."""
     return kb.ap(t, block.offset * ratio + k, ((block.pstride * ratio, block.parts),
                                                (ratio, block.free)))
+
+
+def _load_codes(kb, dst: isa.Tile, ap: isa.DramAP) -> None:
+    """int32 tile <- the nibble values of `ap` (float4: its codes, bit for bit)."""
+    if ap.dtype != F4:
+        kb.dma(dst, ap)
+        return
+    raw = kb.tile(dst.free_size, F4)
+    kb.dma(sub(raw, dst.num_partitions, dst.free_size), ap)
+    kb.emit(isa.TensorCopy, dst=dst, engine="gpsimd",
+            src=sub(raw, dst.num_partitions, dst.free_size).with_(dtype="uint8"))
+    kb.release(raw)
+
+
+def _store_codes(kb, ap: isa.DramAP, src: isa.Tile) -> None:
+    """The nibble values of `ap` <- int32 tile `src` (float4: as codes)."""
+    if ap.dtype != F4:
+        kb.dma(ap, src)
+        return
+    raw = sub(kb.tile(src.free_size, "uint8"), src.num_partitions, src.free_size)
+    kb.emit(isa.TensorCopy, dst=raw, src=src, engine="gpsimd")
+    kb.dma(ap, raw.with_(dtype=F4))
+    kb.release(raw)
+
+
+def _float4_codes(kb, x: DramTensor, out: DramTensor, b) -> None:
+    """float4 <-> int4 / uint4 (or float4 itself): the 4-bit codes through int32,
+    sign-extended for an int4 result."""
+    t = sub(kb.tile(b.free, "int32"), b.parts, b.free)
+    _load_codes(kb, t, _ap(kb, x, b, 1))
+    kb.emit(isa.TensorScalar, dst=t, data=t, op0="bitwise_and", operand0=0xF,
+            engine="gpsimd")
+    if out.dtype == "int4":
+        kb.emit(isa.TensorScalar, dst=t, data=t, op0="bitwise_xor", operand0=8,
+                op1="subtract", operand1=8, engine="gpsimd")
+    _store_codes(kb, _ap(kb, out, b, 1), t)
+    kb.release(t)
 
 
 def _pack(kb, narrow: DramTensor, b, ratio: int, acc, part) -> None:
     for k in range(ratio):
         dst = acc if k == 0 else part
-        kb.dma(dst, _nibble_ap(kb, narrow, b, ratio, k))
+        _load_codes(kb, dst, _nibble_ap(kb, narrow, b, ratio, k))
         kb.emit(isa.TensorScalar, dst=dst, data=dst, op0="bitwise_and", operand0=0xF,
                 op1="shift_left", operand1=4 * k, engine="gpsimd")
         if k:
@@ -119,4 +168,4 @@ def _unpack(kb, narrow: DramTensor, b, ratio: int, acc, part) -> None:
         if signed:
             kb.emit(isa.TensorScalar, dst=part, data=part, op0="bitwise_xor", operand0=8,
                     op1="subtract", operand1=8, engine="gpsimd")
-        kb.dma(_nibble_ap(kb, narrow, b, ratio, k), part)
+        _store_codes(kb, _nibble_ap(kb, narrow, b, ratio, k), part)

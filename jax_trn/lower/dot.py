@@ -68,7 +68,12 @@ def matmul_types(lhs: str, rhs: str, precision_config, default: str, ocp_fp8: bo
     ('float32', 'float32', 'native')
     >>> matmul_types("float8_e4m3fn", "float8_e5m2", (), "default", ocp_fp8=False)
     ('bfloat16', 'bfloat16', 'native')
+    >>> matmul_types("float4_e2m1fn", "bfloat16", (), "default")
+    ('bfloat16', 'bfloat16', 'native')
     """
+    # TensorE reads FP4 only inside nc_matmul_mx (§2.2): a plain dot loads it as BF16
+    # (exact: the DMA casts through FP32)
+    lhs, rhs = ("bfloat16" if d == "float4_e2m1fn" else d for d in (lhs, rhs))
     if not ocp_fp8 and "float8_e4m3fn" in (lhs, rhs):
         lhs, rhs = ("bfloat16" if d.startswith("float8") else d for d in (lhs, rhs))
     if not (ir.is_float(lhs) and ir.is_float(rhs)):

@@ -2,8 +2,9 @@
 
     out[b, m, n] = sum_k lhs[b, m, k] s_l[b, m, k // 32] rhs[b, n, k] s_r[b, n, k // 32]
 
-lhs [B, M, K] and rhs [B, N, K] are MXFP8 (float8_e4m3fn / float8_e5m2), the scales
-E8M0 (float8_e8m0fnu), FP32 accumulation, the result rounded once to its type.
+lhs [B, M, K] and rhs [B, N, K] are MXFP8 (float8_e4m3fn / float8_e5m2) or MXFP4
+(float4_e2m1fn; the two may mix, §2.2), the scales E8M0 (float8_e8m0fnu), FP32
+accumulation, the result rounded once to its type.
 
 On NeuronCore-v4 (`Target.mx_matmul`, §2.2) the op runs as `nc_matmul_mx` at 4x the
 BF16 rate: K = 512 per matmul, 128 partitions x 4 values packed in one 32-bit element.
@@ -33,8 +34,15 @@ store. It was 463.8 us (3.79x): the first step loaded the whole rhs group before
 the first strip, and the scale rows went one 128-byte row per partition (5% of the
 DMA rate, §3.4), so DMA bandwidth, not TensorE, paced the first ~80 us.
 
-Elsewhere (no MX: Trn1 / Trn2), for K not a multiple of 128, or an odd M, the op runs
-as dequantize + BF16 matmul (mx_dequant.py), whose kernels say so in their names.
+MXFP4: HBM holds FP4 one value per byte, so each FP4 operand is first packed into
+[B, F, K/4] `float4_e2m1fn_x4` words (16-bit: four nibbles) by an mx-pack-fp4 kernel
+(mx_pack.py); the loop nest then loads them by 2-byte `dma_transpose`s, 0.5 byte per
+value. 4096^3 MXFP4 (benchmarks/mx.py): 455.0 us for this kernel (its data loads are
+half MXFP8's) + 2 x 114.9 us packing = 684.9 us, 2.57x BF16.
+
+Elsewhere (no MX: Trn1 / Trn2), for other block scales (nvfp4: E4M3 per 16), K not a
+multiple of 128, or an odd M, the op runs as dequantize + BF16 matmul (mx_dequant.py),
+whose kernels say so in their names and why in their notes (`not_native`).
 """
 from __future__ import annotations
 
@@ -43,15 +51,20 @@ from dataclasses import dataclass
 
 from jax_trn.hw import isa
 from jax_trn.hw import mx as hw_mx
+from jax_trn.hw.dtypes import itemsize
 from jax_trn.hw.program import DramTensor
 
-from . import mx_dequant, mx_quantize  # noqa: F401 (mx_quantize: registers its lowering)
+from . import mx_dequant, mx_pack, mx_quantize  # noqa: F401 (mx_quantize: registers
+                                                # its lowering)
 from .mx_dequant import free_sbuf
 from .builder import KernelBuilder, sub
 from .layout import tiles
 from .registry import LowerCtx, register_lowering
 
-PACKED = {"float8_e4m3fn": "float8_e4m3fn_x4", "float8_e5m2": "float8_e5m2_x4"}
+PACKED = {"float8_e4m3fn": "float8_e4m3fn_x4", "float8_e5m2": "float8_e5m2_x4",
+          "float4_e2m1fn": "float4_e2m1fn_x4"}
+WORD = {"float8_e4m3fn": "uint32", "float8_e5m2": "uint32",   # SBUF container of one
+        "float4_e2m1fn": "uint16"}                            # x4 element (hw/dtypes.py)
 WORDS = 4                       # K values per packed element (§2.2)
 GROUP = 32                      # K values per E8M0 scale (§4)
 NT = 512                        # moving free size of an FP32-dst MX matmul (§2.2)
@@ -78,17 +91,32 @@ def _mx_matmul_lower(ctx: LowerCtx, lhs: DramTensor, rhs: DramTensor, ls: DramTe
     out = ctx.outs[0]
     (b, m, k), n = lhs.shape, rhs.shape[1]
     ctx.kb.flops += 2 * b * m * n * k
-    if not native(ctx.target, lhs, rhs):
-        return mx_dequant.lower(ctx, lhs, rhs, ls, rs, out)
-    MxEmitter(ctx.kb, (lhs, ls), (rhs, rs), out).run()
+    why = not_native(ctx.target, lhs, rhs, ls, rs)
+    if why:
+        return mx_dequant.lower(ctx, lhs, rhs, ls, rs, out, why)
+    lw, rw = (mx_pack.pack(ctx, x) if x.dtype == "float4_e2m1fn" else x for x in (lhs, rhs))
+    if (lw, rw) != (lhs, rhs):                  # after the pack kernel(s)
+        ctx.next_kernel("mx-matmul")
+    MxEmitter(ctx.kb, (lw, ls, lhs.dtype), (rw, rs, rhs.dtype), out).run()
 
 
-def native(target, lhs: DramTensor, rhs: DramTensor) -> bool:
-    """Runs as nc_matmul_mx: an MX core, MXFP8 data, whole 128-row k-tiles (32
-    partitions, §6.2) and even row tiles (stationary free size, §6.2)."""
+def not_native(target, lhs: DramTensor, rhs: DramTensor, ls: DramTensor, rs: DramTensor
+               ) -> str:
+    """Why the op cannot run as nc_matmul_mx ("" if it can): it needs an MX core,
+    MXFP8 / MXFP4 data with E8M0 scales per 32 values along K (§2.2, §4), whole
+    128-row k-tiles (32 partitions, §6.2) and even row tiles (stationary free size)."""
     k, m = lhs.shape[2], lhs.shape[1]
-    return (target.mx_matmul and lhs.dtype in PACKED and rhs.dtype in PACKED
-            and k % (WORDS * 32) == 0 and m % 2 == 0)
+    block = k // ls.shape[2]
+    if block != GROUP or {ls.dtype, rs.dtype} != {"float8_e8m0fnu"}:
+        return (f"block {block} with {ls.dtype} scales: nc_matmul_mx takes E8M0 scales "
+                f"per {GROUP} values (§2.2, §4)")
+    if not target.mx_matmul:
+        return f"{target.name} has no nc_matmul_mx (MX matmuls are NeuronCore-v4's, §2.2)"
+    if lhs.dtype not in PACKED or rhs.dtype not in PACKED:
+        return f"{lhs.dtype} x {rhs.dtype} data is not MXFP8 / MXFP4 (§2.2)"
+    if k % (WORDS * 32) or m % 2:
+        return f"K = {k} not a multiple of 128 or M = {m} odd (§6.2)"
+    return ""
 
 
 # --- the MX loop nest -------------------------------------------------------------------------
@@ -98,7 +126,7 @@ class Strip:
     """The k-tiles of one operand's F columns, k-tile j at free offset j * width: x4
     data [K/4, F]; scales as 32-bit words, byte j % 4 of word column (j // 4) * width
     + f belonging to k-tile j (read through a stride-4 byte pattern, §3.1)."""
-    data: isa.Tile              # uint32, [128, nk * width]
+    data: isa.Tile              # uint32 (FP8) / uint16 (FP4), [128, nk * width]
     scale: isa.Tile             # uint32, [128, ceil(nk / 4) * width]
     width: int
 
@@ -109,11 +137,13 @@ class Strip:
 
 
 class MxEmitter:
-    """Emits the MX loop nest (module docstring) for out[B, M, N]."""
+    """Emits the MX loop nest (module docstring) for out[B, M, N]. `lhs` / `rhs` are
+    (data, scales, element type); FP4 data is the packed [B, F, K/4] words (mx_pack.py)."""
 
     def __init__(self, kb: KernelBuilder, lhs, rhs, out: DramTensor):
         self.kb, self.lhs, self.rhs, self.out = kb, lhs, rhs, out
-        (self.b, self.m, self.k), self.n = lhs[0].shape, rhs[0].shape[1]
+        (self.b, self.m, _), self.n = lhs[0].shape, rhs[0].shape[1]
+        self.k = lhs[1].shape[2] * GROUP                # (FP4 data comes packed: K / 4)
         self.words, self.pmax = self.k // WORDS, kb.target.partitions
         self.nk = -(-self.words // self.pmax)
         self.nt = min(GROUP_COLS, self.n)
@@ -124,22 +154,23 @@ class MxEmitter:
         self.raw = kb.ring(spreads, RAW_ROWS * self.g, lhs[1].dtype)
         self.nw = -(-self.nk // 4)                        # scale words per column
         self.spread = kb.ring(spreads, RAW_ROWS * self.nw * self.pmax, "uint32")
-        per_strip = self.nk * self.sw * 5                # 4 data bytes + 1 scale byte
-        budget = int(free_sbuf(kb) * SBUF_SHARE) - 2 * self.nk * self.nt * 5 \
+        lb, rb = (itemsize(WORD[op[2]]) + 1 for op in (lhs, rhs))  # word + scale byte
+        per_strip = self.nk * self.sw * lb
+        budget = int(free_sbuf(kb) * SBUF_SHARE) - 2 * self.nk * self.nt * rb \
             - OUT_BUFFERS * self.nt * 4
         strips = -(-self.m // self.sw)
         fit = max(1, min(strips, budget // per_strip))
         self.nstrips = -(-strips // -(-strips // fit))  # balanced blocks of strips
-        self.strips = [self._strip(self.sw) for _ in range(self.nstrips)]
-        self.groups = [self._strip(self.nt) for _ in range(2)]
+        self.strips = [self._strip(self.sw, WORD[lhs[2]]) for _ in range(self.nstrips)]
+        self.groups = [self._strip(self.nt, WORD[rhs[2]]) for _ in range(2)]
         self.acc = kb.ring(kb.target.psum_banks, min(NT, self.nt), "float32", mem="psum")
         self.obuf = kb.ring(OUT_BUFFERS, self.nt, out.dtype)
         nq = kb.target.dma_queues
         self.load_q = itertools.cycle(range(nq - STORE_QUEUES))
         self.store_q = itertools.cycle(range(nq - STORE_QUEUES, nq))
 
-    def _strip(self, width: int) -> Strip:
-        return Strip(self.kb.tile(self.nk * width, "uint32"),
+    def _strip(self, width: int, word: str) -> Strip:
+        return Strip(self.kb.tile(self.nk * width, word),
                      self.kb.tile(self.nw * width, "uint32"), width)
 
     def run(self) -> None:
@@ -197,8 +228,8 @@ class MxEmitter:
         for b0, bn in tiles(nt, NT):
             acc = sub(self.acc.next(), mt, bn)
             for j, (_, kw) in enumerate(tiles(self.words, self.pmax)):
-                s_data, s_scale = self._ktile(strip, j, kw, mt, self.lhs[0].dtype, c0)
-                m_data, m_scale = self._ktile(group, j, kw, bn, self.rhs[0].dtype, b0)
+                s_data, s_scale = self._ktile(strip, j, kw, mt, self.lhs[2], c0)
+                m_data, m_scale = self._ktile(group, j, kw, bn, self.rhs[2], b0)
                 self.kb.emit(isa.NcMatmulMx, dst=acc, stationary=s_data, moving=m_data,
                              stationary_scale=s_scale, moving_scale=m_scale,
                              accumulate=j > 0)
@@ -223,7 +254,7 @@ class MxEmitter:
         row of a partition, written with column stride c), which land group g of
         k-tile j in partition 32 (g // 4) + g % 4 (hw/mx.py), byte j % 4. Columns
         f0.. land at strip column `at`."""
-        data, scales = operand
+        data, scales, elem = operand
         f = data.shape[1]
         # scale rows first: the spread is done by the time the scale transposes,
         # queued after the data's, reach the head of their (FIFO) queues
@@ -231,7 +262,7 @@ class MxEmitter:
                    for c0, ct, c in self._scale_chunks(width)]
         for j, (w0, kw) in enumerate(tiles(self.words, self.pmax)):
             src = self.kb.ap(data, (bi * f + f0) * self.words + w0,
-                             ((self.words, width), (1, kw)), view="uint32")
+                             ((self.words, width), (1, kw)), view=WORD[elem])
             self.kb.emit(isa.DmaTranspose,
                          dst=sub(strip.data, kw, width, at=j * strip.width + at),
                          src=src, dma_queue=next(self.load_q))

@@ -66,8 +66,9 @@ TRANSPOSE_MIN = 16               # strided sort axes at least this long (and wid
 HYBRID_FOLD_BYTES = 48 * 1024     # on-chip words of the fold + HBM path, per partition
 SBUF_SLACK = 16 * 1024           # of the kernel's SBUF kept free when sorting on chip
 FOLD_MIN = 64                    # elements per partition below which lines are not folded
-FLOATS = ("float32", "bfloat16", "float16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3")
-#        (float8 keys widen exactly to FP32 through the DMA, and narrow back exactly)
+FLOATS = ("float32", "bfloat16", "float16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3",
+          "float4_e2m1fn")
+#        (float8 / float4 keys widen exactly to FP32 through the DMA, and narrow back exactly)
 
 
 def word_count(dtype: str) -> int:

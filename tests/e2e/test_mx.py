@@ -1,6 +1,6 @@
 """Block-scaled matmuls from JAX on trn (issue 18): `jax.nn.scaled_matmul` and
-`jax.nn.scaled_dot_general` ("mxfp8"; MXFP4-style data is refused) under jit, grad and
-sharding, against the CPU backend running the same program.
+`jax.nn.scaled_dot_general` ("mxfp8"; FP4 data: MXFP4 and nvfp4 in test_mx_fp4.py) under
+jit, grad and sharding, against the CPU backend running the same program.
 
 JAX 0.10.2 lowers `scaled_matmul` for cuda / rocm only, so the CPU reference gets the
 primitive's definition as its rule for platform "cpu" here (`jax_mx._reference`:
@@ -87,20 +87,6 @@ def test_scaled_matmul_quantized_inputs_bf16_result(jax, trn, cpu, cpu_rule):
     f = lambda *x: jax.nn.scaled_matmul(*x, preferred_element_type=np.dtype("bfloat16"))
     got, want = _both(jax, f, (a, b, sa, sb), trn, cpu)
     _close(got, want, rtol=2 ** -8)
-
-
-def test_mxfp4_style_config_is_refused_by_name(jax, trn, cpu_rule):
-    """MX with FP4 (E2M1) data: the device has no unpacked fp4 type (float4_e2m1fn_x4
-    exists only inside nc_matmul_mx), so the program's own quantization to fp4 fails at
-    compile time, naming the type (a known gap of issue 18)."""
-    from jax._src.cudnn.scaled_matmul_stablehlo import BlockScaleConfig
-    cfg = BlockScaleConfig(mode="mxfp8", block_size=32, data_type=ml_dtypes.float4_e2m1fn,
-                           scale_type=ml_dtypes.float8_e8m0fnu, global_scale=None,
-                           infer_only=False)
-    f = jax.jit(lambda a, b: jax.nn.scaled_dot_general(a, b, DN, configs=[cfg] * 3))
-    a, b = _operands(1, 32, 32, 128, seed=2)
-    with pytest.raises(Exception, match="float4_e2m1fn is not supported"):
-        f(jax.device_put(a, trn), jax.device_put(b, trn))
 
 
 def test_grad(jax, trn, cpu, cpu_rule):

@@ -64,3 +64,28 @@ def _variant(x, clip=448.0, half=0x400000, block=32):
 def test_only_the_definition_is_replaced(knobs, found):
     kinds = _kinds(lambda x: _variant(x, **knobs), np.zeros((4, 256), np.float32))
     assert ("mx_quantize" in kinds) == found, kinds
+
+
+def test_nvfp4_scaled_dot_general_operands():
+    """nvfp4's quantization (mx_quantize_nv.py) is one op per operand, its
+    optimization_barrier gone with it."""
+    cfg = jax.nn.get_scaled_dot_general_config("nvfp4")
+    a, b = np.zeros((2, 64, 128), np.float32), np.zeros((2, 32, 128), np.float32)
+    kinds = _kinds(lambda a, b: jax.nn.scaled_dot_general(a, b, DN, configs=[cfg] * 3), a, b,
+                   platform="trn")
+    assert kinds.count("mx_quantize") == 2 and "mx_matmul" in kinds, kinds
+    assert "optimization_barrier" not in kinds and "reduce" not in kinds, kinds
+
+
+def test_nvfp4_with_a_traced_global_scale_stays():
+    """A global scale that is a runtime value is not the pattern (the op takes a
+    compile-time constant): the program stays as written."""
+    from jax._src.cudnn.scaled_matmul_stablehlo import BlockScaleConfig, quantize
+
+    def f(x, gs):
+        cfg = BlockScaleConfig(mode="nvfp4", block_size=16, data_type=jnp.float4_e2m1fn,
+                               scale_type=jnp.float8_e4m3fn, global_scale=gs,
+                               infer_only=False)
+        return quantize(x, cfg)
+    kinds = _kinds(f, np.zeros((4, 256), np.float32), np.ones((1,), np.float32))
+    assert "mx_quantize" not in kinds and "optimization_barrier" in kinds, kinds

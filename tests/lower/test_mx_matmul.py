@@ -12,6 +12,8 @@ import pytest
 
 from jax_trn.hw.spec import CHIPS
 from tests.lower import runner
+from jax_trn.hw import isa
+from jax_trn.lower.mx_matmul import PACKED
 from tests.lower.irbuild import FnBuilder
 
 
@@ -139,3 +141,112 @@ def test_trn2_dequantize_4096_near_its_dma_floor():
         ns = NeuronCore(spec).run(kernel, {}, execute=False).duration_ns
         assert ns <= 1.4 * floor_ns, (ns, floor_ns)
     assert len(kernels) == 2
+
+
+# --- FP4 data: MXFP4 (nc_matmul_mx on packed words) and nvfp4 (block 16, E4M3 scales) ---------
+
+@pytest.mark.parametrize("dtypes", [("float4_e2m1fn", "float4_e2m1fn"),
+                                    ("float4_e2m1fn", "float8_e4m3fn"),
+                                    ("float8_e5m2", "float4_e2m1fn")])
+@pytest.mark.parametrize("shape", [(1, 64, 32, 128), (2, 128, 96, 512), (1, 130, 600, 640)])
+def test_trn3_mxfp4_runs_nc_matmul_mx_on_packed_words(shape, dtypes):
+    """MXFP4 (and MXFP4 x MXFP8, which the hardware mixes, §2.2): each FP4 operand is
+    packed once into float4_e2m1fn_x4 words (mx-pack-fp4), then the MX loop nest."""
+    lhs, _, ls, _ = _case(*shape, dtype=dtypes[0])
+    _, rhs, _, rs = _case(*shape, dtype=dtypes[1], seed=1)
+    res = _run("trn3", (lhs, rhs, ls, rs))
+    want = _expected(lhs, rhs, ls, rs)
+    np.testing.assert_allclose(res.outputs[0], want, rtol=0, atol=1e-6 * np.abs(want).max())
+    names = [k.name.rsplit(".", 1)[-1] for k in res.program.kernels]
+    assert names.count("mx-pack-fp4") == dtypes.count("float4_e2m1fn"), names
+    mx = [i for k in res.program.kernels for i in k.instructions
+          if type(i).__name__ == "NcMatmulMx"]
+    assert mx and all(i.stationary.dtype == PACKED[dtypes[0]] and
+                      i.moving.dtype == PACKED[dtypes[1]] for i in mx)
+
+
+@pytest.mark.parametrize("chip", ["trn2", "trn1"])
+def test_mxfp4_dequantize_path_says_why(chip):
+    args = _case(1, 64, 96, 256, dtype="float4_e2m1fn", seed=2)
+    res = _run(chip, args)
+    want = _expected(*args)
+    np.testing.assert_allclose(res.outputs[0], want, rtol=0, atol=1e-6 * np.abs(want).max())
+    for k in res.program.kernels:
+        if "mx-" in k.name:
+            assert any("has no nc_matmul_mx" in n for n in k.notes), (k.name, k.notes)
+
+
+def _nvfp4_case(b, m, n, k, seed=0):
+    """FP4 data, one float8_e4m3fn scale per 16 values (nvfp4, without its global scale,
+    which JAX applies outside the primitive)."""
+    rng = np.random.default_rng(seed)
+    lhs, rhs = (rng.standard_normal((b, f, k)).astype(ml_dtypes.float4_e2m1fn)
+                for f in (m, n))
+    ls, rs = ((rng.random((b, f, k // 16)) * 4).astype(ml_dtypes.float8_e4m3fn)
+              for f in (m, n))
+    return lhs, rhs, ls, rs
+
+
+def _expected_blocks(lhs, rhs, ls, rs):
+    bs = lhs.shape[-1] // ls.shape[-1]
+    deq = lambda x, s: x.astype(np.float64) * np.repeat(s.astype(np.float64), bs, axis=-1)
+    return np.einsum("bmk,bnk->bmn", deq(lhs, ls), deq(rhs, rs))
+
+
+@pytest.mark.parametrize("chip", ["trn3", "trn2"])
+@pytest.mark.parametrize("shape", [(1, 64, 32, 128), (2, 96, 130, 256)])
+def test_nvfp4_dequantizes_on_every_generation(chip, shape):
+    """nvfp4 has no MX mode (§2.2, §4: E8M0 scales per 32 only), even on Trn3: each
+    operand dequantized to BF16 (E2M1 x E4M3 is exact in BF16), a BF16 matmul; every
+    kernel notes why."""
+    args = _nvfp4_case(*shape)
+    res = _run(chip, args)
+    want = _expected_blocks(*args)
+    np.testing.assert_allclose(res.outputs[0], want, rtol=0, atol=1e-6 * np.abs(want).max())
+    assert "NcMatmulMx" not in _opcodes(res.program)
+    mx = [k for k in res.program.kernels if "mx-" in k.name]
+    assert [k.name.rsplit(".", 1)[-1] for k in mx] == ["mx-dequantize"] * 2 + ["mx-bf16-matmul"]
+    for k in mx:
+        assert any("block 16 with float8_e4m3fn scales" in n for n in k.notes), k.notes
+
+
+def test_mxfp4_loop_nest_reads_half_a_byte_per_value():
+    """The MX kernel's HBM traffic for FP4 data: the packed words, 0.5 byte per value
+    against FP8's 1 (the byte-per-value storage is paid once, in mx-pack-fp4)."""
+    from jax_trn.lower import lower_module
+    s, spec = 1024, CHIPS["trn3"].core
+
+    def data_bytes(dtype):
+        fb = FnBuilder()
+        args = [fb.arg((1, s, s), dtype) for _ in range(2)]
+        args += [fb.arg((1, s, s // 32), "float8_e8m0fnu") for _ in range(2)]
+        prog = lower_module(fb.ret(fb.op("mx_matmul", args, (1, s, s), "float32")), spec)
+        kernel = next(k for k in prog.kernels if k.name.endswith(("mx-matmul", ".0"))
+                      and any(type(i).__name__ == "NcMatmulMx" for i in k.instructions))
+        return sum(i.hbm_bytes for i in kernel.instructions
+                   if type(i).__name__ == "DmaTranspose" and not isinstance(i.src, isa.Tile))
+
+    assert data_bytes("float4_e2m1fn") * 2 == data_bytes("float8_e4m3fn")
+
+
+def test_trn3_mxfp4_4096_cost():
+    """MXFP4 4096^3 on one Trn3 core (simulated, benchmarks/mx.py): the loop nest no slower
+    than MXFP8's (its data loads are half the bytes); with the two pack kernels (ALU-bound:
+    five integer instructions per word, mx_pack.py) >= 2.5x the BF16 matmul."""
+    from jax_trn.hw.core import NeuronCore
+    from jax_trn.lower import lower_module
+    from tests.lower.test_dot import dot_module
+    s, spec = 4096, CHIPS["trn3"].core
+    times = {}
+    for dtype in ("float4_e2m1fn", "float8_e4m3fn"):
+        fb = FnBuilder()
+        args = [fb.arg((1, s, s), dtype) for _ in range(2)]
+        args += [fb.arg((1, s, s // 32), "float8_e8m0fnu") for _ in range(2)]
+        prog = lower_module(fb.ret(fb.op("mx_matmul", args, (1, s, s), "bfloat16")), spec)
+        times[dtype] = [(k.name.rsplit(".", 1)[-1], NeuronCore(spec).run(
+            k, {}, execute=False).duration_ns) for k in prog.kernels]
+    fp4, fp8 = dict(times["float4_e2m1fn"]), dict(times["float8_e4m3fn"])
+    assert fp4["mx-matmul"] <= fp8["0"], (fp4, fp8)
+    bf16 = _timing_ns(dot_module((s, s), (s, s), dtype="bfloat16"), "trn3")
+    total = sum(t for _, t in times["float4_e2m1fn"])
+    assert bf16 / total >= 2.5, (bf16, times)
