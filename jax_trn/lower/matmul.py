@@ -45,8 +45,9 @@ strides). The moving tiles take the same rows (2p, 2p + 1) per partition. Otherw
 pairs are k-tiles (j, j + 1), read from the ordinary K-major tiles through a pattern
 stepping one k-tile, and an FP8 lhs is transposed on TensorE.
 
-When K is too deep for a strip to fit (`Plan.kb < K`), K is cut in blocks and every
-(row tile, column group) accumulates over the blocks in PSUM, reloading both operands.
+When K is too deep for a strip to fit (`Plan.kb < K`), K is cut in blocks; bunches of
+row tiles (as many as PSUM holds) accumulate over the blocks together, so each rhs block
+is loaded once per bunch and column group, each lhs strip once per column group.
 """
 from __future__ import annotations
 
@@ -238,15 +239,25 @@ class MatmulEmitter:
                 self._drain(accs, base, m0, mt, g0, gn)
 
     def _deep(self, index, base: int) -> None:
-        """K in blocks: both operands reloaded per (row tile, column group, K block)."""
-        for m0, mt in tiles(self.m, self.mt):
+        """K in blocks. Row tiles go in bunches that accumulate in PSUM together (as
+        many as its banks hold, one set left free for draining), so each rhs K block
+        loaded feeds the whole bunch: the rhs is reloaded once per bunch, not per row
+        tile (a vocabulary projection's gradient, K = 32000: 2.6 -> ~0.9 GB moved)."""
+        mtiles = tiles(self.m, self.mt)
+        per = -(-min(self.n, self.plan.group) // self.cols)
+        size = max(1, len(self.acc.tiles) // per - 1)
+        for b0 in range(0, len(mtiles), size):
+            bunch = mtiles[b0:b0 + size]
             for g0, gn in tiles(self.n, self.plan.group):
-                accs = self._accs(mt, gn)
+                accs = [self._accs(mt, gn) for _, mt in bunch]
                 for bi, kblock in enumerate(tiles(self.k, self.plan.kb)):
-                    s = self._finish(self._fetch(self.lhs, index, kblock, m0, mt, self.strips))
                     r = self._finish(self._fetch(self.rhs, index, kblock, g0, gn, self.slices))
-                    self._matmuls(accs, s, r, kblock[1], mt, bi == 0, None)
-                self._drain(accs, base, m0, mt, g0, gn)
+                    for acc, (m0, mt) in zip(accs, bunch):
+                        s = self._finish(self._fetch(self.lhs, index, kblock, m0, mt,
+                                                     self.strips))
+                        self._matmuls(acc, s, r, kblock[1], mt, bi == 0, None)
+                for acc, (m0, mt) in zip(accs, bunch):
+                    self._drain(acc, base, m0, mt, g0, gn)
 
     # --- compute ---------------------------------------------------------------------------
 

@@ -259,13 +259,32 @@ def test_dot_large_k_and_n_blocks():
 def test_dot_deep_k_fallback():
     """A tiny SBUF forces K blocks accumulating across blocks in PSUM."""
     import dataclasses
-    spec = dataclasses.replace(SPEC, sbuf_partition_bytes=SPEC.sbuf_reserved_bytes + 6000)
+    spec = dataclasses.replace(SPEC, sbuf_partition_bytes=SPEC.sbuf_reserved_bytes + 4000)
     x, y = rand((130, 1024), "bfloat16", 18), rand((1024, 70), "bfloat16", 19)
     m = dot_module((130, 1024), (1024, 70), dtype="bfloat16", out_dtype="float32")
     program = lower_module(m, spec)
     from .runner import run_program
     out = run_program(program, [x, y], spec).outputs[0]
     np.testing.assert_allclose(out, dot_ref(x, y), rtol=1e-4, atol=1e-3)
+
+
+def test_deep_k_row_tiles_share_each_rhs_block():
+    """K blocks with M over several row tiles: the row tiles accumulate together, so
+    each rhs K block is read once per column group, not once per row tile."""
+    import dataclasses
+    spec = dataclasses.replace(SPEC, sbuf_partition_bytes=SPEC.sbuf_reserved_bytes + 4000)
+    x, y = rand((640, 1024), "bfloat16", 20), rand((1024, 70), "bfloat16", 21)
+    m = dot_module((640, 1024), (1024, 70), dtype="bfloat16", out_dtype="float32")
+    program = lower_module(m, spec)
+    from .runner import run_program
+    out = run_program(program, [x, y], spec).outputs[0]
+    np.testing.assert_allclose(out, dot_ref(x, y), rtol=1e-4, atol=1e-3)
+    (kernel,) = program.kernels
+    rhs = [i for i in kernel.instructions if type(i).__name__ in ("DmaCopy", "DmaTranspose")
+           and getattr(i.src, "tensor", None) == "arg1"]
+    lhs = [i for i in kernel.instructions if type(i).__name__ in ("DmaCopy", "DmaTranspose")
+           and getattr(i.src, "tensor", None) == "arg0"]
+    assert rhs and len(rhs) * 4 <= len(lhs)      # 5 row tiles share each rhs block
 
 
 # --- structure -------------------------------------------------------------------------------
