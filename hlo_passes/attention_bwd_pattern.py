@@ -37,20 +37,18 @@ from __future__ import annotations
 
 import numpy as np
 
+from hlo_passes import attention_bwd_labels as L
 from hlo_passes import attention_pattern as fwd_pattern
 from hlo_passes import ir
+from hlo_passes.attention_bwd_labels import NoMatch
 from hlo_passes.attention_fold import splat
-from hlo_passes.attention_layout import row_major
+from hlo_passes.attention_layout import view_back
 
 _CONE = frozenset({"multiply", "divide", "add", "subtract", "negate", "convert",
                    "broadcast_in_dim", "reshape", "reduce", "constant", "exponential",
-                   "maximum"})
+                   "maximum", "transpose"})
 SCALE_RTOL = 2.0 ** -8      # the backward's scale may be the forward's rounded to bf16
 SHRINK = 3                  # dims longer than this are evaluated with this many elements
-
-
-class NoMatch(Exception):
-    """Not the joint graph; the message says why (a fusion decision's reason)."""
 
 
 class BwdMatch:
@@ -64,6 +62,8 @@ class BwdMatch:
         self.ops: list[ir.Op] = []       # the backward's ops
         self.scale = 1.0                 # the scale the backward multiplies ds by
         self.shared: set[ir.Op] = set()
+        self.labels: dict = {}           # "q" / "k" / "v": the labels of their dims
+        self.strides: dict = {}          # "do", "dq", "dk", "dv": {label: stride}
 
     @property
     def outputs(self) -> list[ir.Value]:
@@ -72,20 +72,6 @@ class BwdMatch:
 
 def _dims(op: ir.Op, name: str) -> tuple[int, ...]:
     return tuple(op.attrs.get(name, ()))
-
-
-def dot_is(op: ir.Op, lhs_c: int, rhs_c: int) -> bool:
-    """`op` a dot_general with the leading dims batched, contracting lhs dim `lhs_c` and
-    rhs dim `rhs_c` (counted from the first non-batch dim)."""
-    if op is None or op.kind != "dot_general":
-        return False
-    nb = op.operands[0].type.rank - 2
-    batch = tuple(range(nb))
-    return nb >= 0 and op.operands[1].type.rank == nb + 2 and \
-        _dims(op, "lhs_batching_dimensions") == batch and \
-        _dims(op, "rhs_batching_dimensions") == batch and \
-        _dims(op, "lhs_contracting_dimensions") == (nb + lhs_c,) and \
-        _dims(op, "rhs_contracting_dimensions") == (nb + rhs_c,)
 
 
 def candidates(block: ir.Block, producer: dict, users: dict) -> list[BwdMatch]:
@@ -163,73 +149,163 @@ def _stand_in(dv: ir.Op, pi: int, dp: ir.Op, di: int) -> ir.Op | None:
 
 
 def complete(m: BwdMatch, producer: dict, users: dict) -> None:
-    """Finds the backward of `m.fwd`; raises NoMatch with the reason it is not one."""
+    """Finds the backward of `m.fwd` and labels its dims (attention_bwd_labels.py);
+    raises NoMatch with the reason it is not one."""
     f = m.fwd
-    own_output(f, producer)
-    check_layout(f)
-    p = f.pv.operands[0]
-    dv_op, trans = _dv(m, p, users)
-    m.do = do = dv_op.operands[0] if dv_op.operands[1] is p else dv_op.operands[1]
-    dp_op = _only(users, f.v, lambda u: u is not f.pv and dot_is(u, 1, 1) and
-                  u.operands[0] is do, "the dp = do @ v^T dot")
-    ds_final, dq, dk = _dq_dk(f, users)
-    m.dq, m.dk, m.dv = dq, dk, trans or dv_op
-    m.ops = [dv_op, dp_op, dq, dk] + ([trans] if trans else [])
-    ds = _ds_chain(m, ds_final, producer)
+    check_kernel_forms(f)
+    m.labels = {n: set(L.operand_table(f, n).values()) for n in "qkv"}
+    p = probs(f, producer)
+    plab = p_labels(f, p)
+    dv_op = _only(users, p, lambda u: u is not f.pv and u.kind == "dot_general",
+                  "the dv = p^T @ do dot")
+    dp_op, vi, vlab, do_lab = _dp(m, dv_op, p, plab, producer, users)
+    dq, dk, ds_lab, qk_lab = _dq_dk(m, producer, users)
+    ds_final = dq.operands[1 - qk_lab[0]]
+    lab = {"dq": L.result_labels(dq, *_ordered(qk_lab[0], qk_lab[2], ds_lab)),
+           "dk": L.result_labels(dk, *_ordered(qk_lab[1], qk_lab[3], ds_lab))}
+    pi = dv_op.operands.index(p)
+    lab["dv"] = L.result_labels(dv_op, *_ordered(pi, plab, do_lab[1]))
+    dp_lab = L.result_labels(dp_op, *_ordered(vi, vlab, do_lab[0]))
+    m.ops += [dv_op, dp_op, dq, dk]
+    outs = {}
+    for name, op in (("dq", dq), ("dk", dk), ("dv", dv_op)):
+        last, chain, strides = L.output_chain(op, users)
+        m.ops += chain
+        outs[name] = last
+        m.strides[name] = L.strides_of(lab[name], strides, m.labels[name[1]], name)
+    m.dq, m.dk, m.dv = outs["dq"], outs["dk"], outs["dv"]
+    if set(dp_lab) - {None} != set(plab) - {None}:
+        raise NoMatch("dp = do @ v^T is not score-shaped")
+    ds, dslab = _ds_chain(m, ds_final, ds_lab, producer)
     if abs(m.scale - f.scale) > SCALE_RTOL * abs(f.scale):
         raise NoMatch(f"ds is scaled by {m.scale:.6g}, the scores by {f.scale:.6g}")
     cone = _cone(ds, f, dp_op, producer)
     m.ops += cone
-    check_vjp(m, ds, dp_op.result, cone, producer)
+    check_vjp(m, (p, plab), (dp_op.result, dp_lab), (ds, dslab), cone, producer)
     _check_closed(m, users)
 
 
-_OPERAND_AXES = {"q": ("sq", "d"), "k": ("sk", "d"), "v": ("sk", "dv"), "out": ("sq", "dv")}
+def _ordered(i: int, mine: list, other: list) -> tuple[list, list]:
+    """(lhs labels, rhs labels) of a dot whose operand `i` has labels `mine`."""
+    return (mine, other) if i == 0 else (other, mine)
 
 
-def own_output(f: fwd_pattern.Match, producer: dict) -> None:
-    """Makes p @ v's result the forward's output ([b.., Sq, Dv], as the backward reads
-    o): the transposes / reshapes the forward match wrote it through
-    (attention_axes._output) leave the match and stay in the program."""
-    if f.out is f.pv:
-        return
-    chain, op = set(), f.out
-    while op is not f.pv:
-        chain.add(op)
-        op = producer[op.operands[0]]
-    f.ops = [op for op in f.ops if op not in chain]
-    f.out = f.pv
-    sizes = [n for role, n, _ in f.axes if role in ("batch", "group", "sq", "dv")]
-    strides = iter(row_major(sizes))
-    for role, _, st in f.axes:
-        st.pop("out", None)
-        if role in ("batch", "group", "sq", "dv"):
-            st["out"] = next(strides)
-
-
-def check_layout(f: fwd_pattern.Match) -> None:
-    """The layout the backward kernel (jax_trn/lower/attention_bwd.py) reads: q @ k^T
-    and p @ v as dots of [b.., S, D] operands with the batch dims leading, q, k, v and o
-    row-major in that order, no GQA group axis, no bias. The forward matches any layout
-    (`f.axes`, attention_axes.py); until the backward reads strides, other layouts
-    (jax.nn.dot_product_attention's [B, S, N, H]) are near misses and run op by op."""
+def check_kernel_forms(f: fwd_pattern.Match) -> None:
+    """What the backward kernel (jax_trn/lower/attention_bwd.py) has no form for yet."""
     if f.bias is not None:
         raise NoMatch("an additive bias (the backward kernel has none)")
     if any(role == "group" for role, _, _ in f.axes):
         raise NoMatch("grouped (GQA) heads (the backward kernel has no group axis)")
-    if f.out is not f.pv or not dot_is(f.qk, 1, 1) or not dot_is(f.pv, 1, 0) or \
-            f.qk.operands != [f.q, f.k] or f.pv.operands[1] is not f.v:
-        raise NoMatch("not q @ k^T and p @ v on [b.., S, D] operands (the backward "
-                      "kernel reads no other layout yet)")
-    batch = [(n, st) for role, n, st in f.axes if role == "batch"]
-    by_role = {role: (n, st) for role, n, st in f.axes if role != "batch"}
-    for name, value in (("q", f.q), ("k", f.k), ("v", f.v), ("out", f.pv.result)):
-        axes = batch + [by_role[role] for role in _OPERAND_AXES[name]]
-        sizes = tuple(n for n, _ in axes)
-        if tuple(st.get(name, 0) for _, st in axes) != row_major(sizes) or \
-                tuple(value.shape[-2:]) != sizes[-2:]:
-            raise NoMatch(f"{name} is not laid out [b.., S, D] row-major (the backward "
-                          "kernel reads no other layout yet)")
+
+
+def p_labels(f: fwd_pattern.Match, p: ir.Value) -> list:
+    """p's labels as attention_pattern._match_as gives them (("b", j) the p @ v dot's
+    j-th batch dim, ("f", d) p's free dim d, "sk"), None for unit dims."""
+    pi = f.pv.operands.index(p)
+    b, c, _ = L.sides(f.pv, pi)
+    labels = [None if n == 1 else ("f", d) for d, n in enumerate(p.shape)]
+    for j, d in enumerate(b):
+        labels[d] = ("b", j) if p.shape[d] != 1 else None
+    labels[c[0]] = "sk"
+    return labels
+
+
+def _closure(root: ir.Value, users: dict) -> set:
+    """`root` and the values made from it by views (transposes, reshapes, converts)."""
+    out, stack = set(), [root]
+    while stack:
+        v = stack.pop()
+        if v in out:
+            continue
+        out.add(v)
+        stack += [u.result for u in users.get(v, ()) if u.kind in L.VIEWS]
+    return out
+
+
+def _read(m: BwdMatch, value: ir.Value, name: str, producer: dict) -> list:
+    """Labels of a view of the forward's operand `name` (its views join the match)."""
+    root = getattr(m.fwd, name)
+    _, chain, strides = L.view_chain(value, root, producer)
+    m.ops += chain
+    return L.by_stride(value, strides, L.operand_table(m.fwd, name))
+
+
+def _dp(m: BwdMatch, dv_op: ir.Op, p: ir.Value, plab: list, producer: dict,
+        users: dict) -> tuple:
+    """(dp dot, index of v's view in it, [do's labels in dp, in dv]): dp reads a view of
+    v and a view of the do that dv reads; do's dims are labelled by pairing with v's
+    (dp contracts Dv) and p's (dv contracts the query dims)."""
+    f = m.fwd
+    do2 = dv_op.operands[1 - dv_op.operands.index(p)]
+    m.do, chain2, st2 = L.view_chain(do2, None, producer)
+    found = []
+    for v in _closure(f.v, users):
+        for u in users.get(v, ()):
+            if u is f.pv or u.kind != "dot_general" or u is dv_op:
+                continue
+            for vi in (0, 1):
+                if u.operands[vi] is v and L.view_chain(u.operands[1 - vi], None,
+                                                        producer)[0] is m.do:
+                    found.append((u, vi))
+    if len(found) != 1:
+        raise NoMatch(f"{len(found)} candidates for the dp = do @ v^T dot")
+    dp_op, vi = found[0]
+    do1 = dp_op.operands[1 - vi]
+    _, chain1, st1 = L.view_chain(do1, None, producer)
+    vlab = _read(m, dp_op.operands[vi], "v", producer)
+    lab1, lab2 = [None] * do1.type.rank, [None] * do2.type.rank
+    L.pair(dp_op, vi, vlab, lab1)
+    L.pair(dv_op, dv_op.operands.index(p), plab, lab2)
+    table: dict = {}
+    for labs, sts, shape in ((lab1, st1, do1.shape), (lab2, st2, do2.shape)):
+        for lab, s, n in zip(labs, sts, shape):
+            if lab is not None and n != 1:
+                if table.setdefault((s, n), lab) != lab:
+                    raise NoMatch("do's dims do not line up with v's and p's")
+    lab1, lab2 = L.by_stride(do1, st1, table), L.by_stride(do2, st2, table)
+    m.strides["do"] = L.strides_of(lab1, st1, _o_labels(f), "do")
+    m.ops += chain1 + chain2
+    return dp_op, vi, vlab, (lab1, lab2)
+
+
+def _o_labels(f: fwd_pattern.Match) -> set:
+    return {lab for (_, n, st), lab in zip(f.axes, f.axis_labels) if "out" in st and n != 1}
+
+
+def _dq_dk(m: BwdMatch, producer: dict, users: dict) -> tuple:
+    """(dq dot, dk dot, ds' labels, (k index in dq, q index in dk, k's labels, q's)):
+    dq = ds' @ k contracting Sk, dk = ds'^T @ q contracting the query dims, one ds'."""
+    f = m.fwd
+    qk = f.qk
+    reads = {}
+    for name in ("q", "k"):
+        reads[name] = [(u, i) for v in _closure(getattr(f, name), users)
+                       for u in users.get(v, ()) if u is not qk and
+                       u.kind == "dot_general" for i in (0, 1) if u.operands[i] is v]
+    error = NoMatch("no dq = ds @ k and dk = ds^T @ q dots sharing ds")
+    for dq, ki in reads["k"]:
+        for dk, qi in reads["q"]:
+            if dq is dk or dq.operands[1 - ki] is not dk.operands[1 - qi]:
+                continue
+            state = (list(m.ops), dict(m.strides))
+            try:
+                return (dq, dk) + _label_ds(m, dq, ki, dk, qi, producer)
+            except NoMatch as e:
+                m.ops, m.strides = state
+                error = e
+    raise error
+
+
+def _label_ds(m: BwdMatch, dq: ir.Op, ki: int, dk: ir.Op, qi: int, producer: dict):
+    klab = _read(m, dq.operands[ki], "k", producer)
+    qlab = _read(m, dk.operands[qi], "q", producer)
+    ds = dq.operands[1 - ki]
+    dslab = [None] * ds.type.rank
+    L.pair(dq, ki, klab, dslab)
+    L.pair(dk, qi, qlab, dslab)
+    if any(lab is None and n != 1 for lab, n in zip(dslab, ds.shape)):
+        raise NoMatch("ds has a dim neither dq nor dk contracts or batches")
+    return dslab, (ki, qi, klab, qlab)
 
 
 def probs(f: fwd_pattern.Match, producer: dict) -> ir.Value:
@@ -272,80 +348,47 @@ def _only(users: dict, v: ir.Value, pred, what: str) -> ir.Op:
     return found[0]
 
 
-def _dv(m: BwdMatch, p: ir.Value, users: dict) -> tuple[ir.Op, ir.Op | None]:
-    """The dv dot (dot(do, p) then a transpose, or dot(p, do)) reading p."""
-    cands = [u for u in users.get(p, ()) if u is not m.fwd.pv and u.kind == "dot_general"]
-    if len(cands) != 1 or not dot_is(cands[0], 0, 0):
-        raise NoMatch("p is not read by one dv = p^T @ do dot")
-    dv = cands[0]
-    if dv.operands[0] is p:
-        return dv, None
-    nb = p.type.rank - 2
-    t = users.get(dv.result, [])
-    perm = tuple(range(nb)) + (nb + 1, nb)
-    if len(t) == 1 and t[0].kind == "transpose" and tuple(t[0].attrs["permutation"]) == perm:
-        return dv, t[0]
-    raise NoMatch("dv = do^T @ p is not transposed to [.., Sk, Dv]")
-
-
-def _dq_dk(f: fwd_pattern.Match, users: dict) -> tuple[ir.Value, ir.Op, ir.Op]:
-    """(ds', dq dot, dk dot): dot(ds', k) contracting Sk and dot(ds', q) contracting Sq."""
-    qk = f.qk
-    dqs = [u for u in users.get(f.k, ()) if u is not qk and dot_is(u, 1, 0) and
-           u.operands[1] is f.k]
-    for dq in dqs:
-        ds = dq.operands[0]
-        dks = [u for u in users.get(f.q, ()) if u is not qk and dot_is(u, 0, 0) and
-               u.operands == [ds, f.q]]
-        if len(dks) == 1:
-            return ds, dq, dks[0]
-    raise NoMatch("no dq = ds @ k and dk = ds^T @ q dots sharing ds")
-
-
-def _ds_chain(m: BwdMatch, v: ir.Value, producer: dict) -> ir.Value:
-    """`v` before converts, a select(mask, ., 0) and multiplies by a splat (m.scale)."""
+def _ds_chain(m: BwdMatch, v: ir.Value, labels: list, producer: dict) -> tuple:
+    """(ds, its labels): `v` (labelled `labels`) before converts, transposes, unit
+    reshapes, a select(mask, ., 0) and multiplies by a splat (m.scale)."""
     while True:
         op = producer.get(v)
         if op is None:
-            return v
-        if op.kind == "convert":
+            return v, labels
+        if op.kind in ("convert", "transpose", "reshape"):
+            try:
+                labels = view_back(op, labels)
+            except fwd_pattern._NoMatch:
+                return v, labels
             nxt = op.operands[0]
         elif op.kind == "select" and splat(op.operands[2], producer) == 0.0 and \
-                m.fwd.mask is not None and _under_views(op.operands[0], producer) is m.fwd.mask:
+                m.fwd.mask is not None and _is_mask(m, op.operands[0], labels, producer):
             splat(op.operands[2], producer, m)
-            _view_src(op.operands[0], producer, m)
             nxt = op.operands[1]
         elif op.kind == "multiply":
             a, b = op.operands
             ca, cb = splat(a, producer), splat(b, producer)
             if cb is None and ca is None:
-                return v
+                return v, labels
             c, nxt = (cb, a) if cb is not None else (ca, b)
             splat(b if cb is not None else a, producer, m)
             m.scale *= c
         else:
-            return v
+            return v, labels
         m.ops.append(op)
         v = nxt
 
 
-def _under_views(v: ir.Value, producer: dict) -> ir.Value:
-    """`v` before broadcasts / reshapes / converts (as attention_pattern finds the mask)."""
-    op = producer.get(v)
-    while op is not None and op.kind in ("broadcast_in_dim", "reshape", "convert"):
-        v = op.operands[0]
-        op = producer.get(v)
-    return v
-
-
-def _view_src(v: ir.Value, producer: dict, m: BwdMatch | None) -> ir.Op | None:
-    """The op under broadcasts / reshapes / converts of `v` (recorded in `m.ops`)."""
-    op = producer.get(v)
-    while op is not None and op.kind in ("broadcast_in_dim", "reshape", "convert"):
-        if m is not None:
-            m.ops.append(op)
-        op = producer.get(op.operands[0])
-    return op
+def _is_mask(m: BwdMatch, pred: ir.Value, labels: list, producer: dict) -> bool:
+    """`pred` is the forward's mask, found as attention_pattern finds it (its views
+    and `and`s with all-true join the match)."""
+    scratch = fwd_pattern.Match(m.fwd.pv)
+    scratch.ops = []
+    root, _ = fwd_pattern._mask_root(scratch, pred, labels, producer)
+    if root is not m.fwd.mask:
+        return False
+    m.ops += scratch.ops
+    return True
 
 
 def _cone(ds: ir.Value, f: fwd_pattern.Match, dp: ir.Op, producer: dict) -> list[ir.Op]:
@@ -386,14 +429,14 @@ def _check_closed(m: BwdMatch, users: dict) -> None:
 
 # --- the softmax VJP, checked by evaluation -------------------------------------------
 
-def check_vjp(m: BwdMatch, ds: ir.Value, dp: ir.Value, cone: list[ir.Op],
-              producer: dict) -> None:
-    """The cone computes p * (dp - rowsum(dp * p)) on shrunk random data."""
+def check_vjp(m: BwdMatch, p, dp, ds, cone: list[ir.Op], producer: dict) -> None:
+    """The cone computes p * (dp - rowsum(dp * p)) on shrunk random data; p, dp and
+    ds are (value, labels), compared with their dims put in one order by label."""
     f = m.fwd
     x = scores(f, producer)
     rng = np.random.default_rng(0)
     env = {x: rng.standard_normal(_shrunk(x.shape)),
-           dp: rng.standard_normal(_shrunk(dp.shape))}
+           dp[0]: rng.standard_normal(_shrunk(dp[0].shape))}
     order = [op for op in _topo(f.ops, producer) if op is not f.pv] + \
         _topo(cone, producer)
     for op in order:
@@ -403,15 +446,22 @@ def check_vjp(m: BwdMatch, ds: ir.Value, dp: ir.Value, cone: list[ir.Op],
         if any(a is None for a in args) or op.kind not in _CONE:
             continue
         env[op.results[0]] = _eval(op, args)
-    p = env.get(f.pv.operands[0])
-    got = env.get(ds)
-    if p is None or got is None:
+    if env.get(p[0]) is None or env.get(ds[0]) is None:
         raise NoMatch("the softmax VJP could not be evaluated")
-    p = p.reshape(got.shape)
-    dpv = env[dp].reshape(got.shape)
-    want = p * (dpv - (dpv * p).sum(-1, keepdims=True))
+    pv, dpv, got = (_canonical(env[v], labels) for v, labels in (p, dp, ds))
+    if not pv.shape == dpv.shape == got.shape:
+        raise NoMatch("ds, dp and p are not one shape")
+    axis = sorted(set(p[1]) - {None}, key=str).index("sk")
+    want = pv * (dpv - (dpv * pv).sum(axis, keepdims=True))
     if not np.allclose(got, want, rtol=1e-6, atol=1e-9):
         raise NoMatch("ds is not p * (dp - rowsum(dp * p))")
+
+
+def _canonical(a: np.ndarray, labels: list) -> np.ndarray:
+    """`a` without its unit dims, its dims in the order of their labels."""
+    keep = [i for i, lab in enumerate(labels) if lab is not None]
+    a = np.asarray(a).reshape([a.shape[i] for i in keep])
+    return a.transpose(sorted(range(len(keep)), key=lambda j: str(labels[keep[j]])))
 
 
 def _value(v: ir.Value, env: dict, producer: dict):
@@ -473,6 +523,8 @@ def _eval(op: ir.Op, args: list) -> np.ndarray:
         return fn(args[0], axis=dims) if fn is np.max else args[1] + fn(args[0], axis=dims)
     if k == "convert":
         return args[0]
+    if k == "transpose":
+        return np.transpose(args[0], op.attrs["permutation"])
     fn = {"multiply": np.multiply, "divide": np.divide, "add": np.add,
           "subtract": np.subtract, "negate": np.negative, "exponential": np.exp,
           "maximum": np.maximum}[k]

@@ -18,6 +18,7 @@ pattern, gets a decision "attention-bwd: not fused: <why>" in
 from __future__ import annotations
 
 from hlo_passes import attention_bwd_pattern as pattern
+from hlo_passes import attention_layout as layout
 from hlo_passes import attention_pattern as fwd_pattern
 from hlo_passes import ir
 from hlo_passes.fusion_policy import FusionPolicy
@@ -105,7 +106,7 @@ def _rewrite(block: ir.Block, graph: BlockGraph, plans) -> None:
     for m, mask_value, decision in plans:
         *pre, fwd = _fwd_fusion(m, mask_value, decision, graph)
         o, lse = fwd.results
-        bwd = _bwd_fusion(m, fwd.operands, o, lse, decision.reason, graph)
+        bwd = _bwd_fusion(m, fwd, decision.reason, graph)
         first = min((m.dq, m.dk, m.dv), key=lambda op: graph.index[op])
         if m.o_live:
             at.setdefault(m.fwd.out, []).extend(pre + [fwd])
@@ -179,9 +180,9 @@ def _fwd_fusion(m: pattern.BwdMatch, mask_value, decision, graph: BlockGraph) ->
     return pre + [fusion]
 
 
-def _bwd_fusion(m: pattern.BwdMatch, inputs, o: ir.Value, lse: ir.Value, reason: str,
-                graph: BlockGraph) -> ir.Op:
-    f = m.fwd
+def _bwd_fusion(m: pattern.BwdMatch, fwd: ir.Op, reason: str, graph: BlockGraph) -> ir.Op:
+    f, inputs = m.fwd, fwd.operands
+    o, lse = fwd.results
     ops = [op for op in f.ops if op is not f.out] + m.ops
     extra = [o, lse, m.do]
     args, vmap, body = _region(ops, inputs, f, graph, extra)
@@ -190,6 +191,23 @@ def _bwd_fusion(m: pattern.BwdMatch, inputs, o: ir.Value, lse: ir.Value, reason:
     attrs = {"fusion_kind": "attention_bwd",
              "decisions": ("attention-bwd: dq, dk, dv by a flash backward (p recomputed "
                            "per tile from q, k and lse; " + reason + ")",),
-             "attention_scale": f.scale, "attention_mask": f.mask is not None}
+             "attention_scale": f.scale, "attention_mask": f.mask is not None,
+             "attention_layout": bwd_layout(m, fwd.attrs["attention_layout"])}
     return ir.Op("fusion", ins, [ir.Value(v.type) for v in m.outputs], attrs,
                  [ir.Region([ir.Block(args, body)])], loc=m.dq.loc, name=m.dq.name)
+
+
+BWD_OPERANDS = ("do", "dq", "dk", "dv")   # after attention_layout.OPERANDS (o is "out")
+
+
+def bwd_layout(m: pattern.BwdMatch, fwd_layout: tuple) -> tuple:
+    """The backward fusion's `attention_layout`: the forward fusion's (q, k, v, o, mask,
+    bias strides per axis) with the strides of do, dq, dk, dv appended (0 where one
+    has no such axis), axes in the forward's order."""
+    f = m.fwd
+    order = sorted(zip(f.axes, f.axis_labels), key=lambda a: layout.ROLES.index(a[0][0]))
+    out = []
+    for (role, size, strides), (_, lab) in zip(fwd_layout, order):
+        extra = tuple(int(m.strides[name].get(lab, 0)) for name in BWD_OPERANDS)
+        out.append((role, size, tuple(strides) + extra))
+    return tuple(out)

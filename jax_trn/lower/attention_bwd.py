@@ -2,10 +2,14 @@
 flash-attention backward kernel (FlashAttention-2 style): dq, dk, dv of
 o = softmax(mask(q @ k^T * scale)) @ v from q, k, v, o, do and the rows' logsumexp the
 forward kernel wrote (attention.py), the [Sq, Sk] scores and probabilities never
-leaving the chip. q, k, v, o, do are [b.., S, D] row-major, the mask one [Sq, Sk]
-(the pass only fuses those: hlo_passes/attention_bwd_pattern.check_layout).
+leaving the chip. q, k, v, o, do are read and dq, dk, dv written in the program's own
+layout ([B, S, N, H] as jax.nn.dot_product_attention has them, or any other with the
+head dim contiguous): the fusion's `attention_layout` gives each operand's strides for
+the batch axes, Sq, Sk, D and Dv (the forward's, hlo_passes/attention_layout.py, with
+do, dq, dk, dv appended: hlo_passes/passes/attention_bwd_fusion.bwd_layout), so no
+transpose kernel runs before or after. The mask is one compile-time [Sq, Sk].
 
-Per batch index (leading dims flattened), everything of the query side stays in SBUF:
+Per batch index (the batch axes flattened), everything of the query side stays in SBUF:
 Q^T [D, Sq] (by dma_transpose, §3.4, times the scale on GpSimd, as the forward does),
 Q and dO in 128-row tiles (rows on partitions), dO^T [Dv, Sq], -lse and
 Dr = rowsum(dO * O) per row ([P, 1] columns), and an FP32 dQ accumulator; the key side
@@ -58,28 +62,47 @@ STORE_BUFS = 8         # result tiles in flight to HBM (a store takes ~2 us: 1.3
 
 
 def lower_attention_bwd(ctx: LowerCtx, ins: list[DramTensor], scale: float,
-                        masked: bool) -> None:
+                        masked: bool, layout: tuple | None = None) -> None:
     q, k, v, o, lse, do = ins[:6]
-    axes = Axes.canonical(q, k, v)
+    if layout is None:
+        raise Unsupported("attention backward without its attention_layout")
+    axes = Axes(layout)
     mask = _mask(ctx, ins[6], axes) if masked else None
     if masked and mask is None:
         raise Unsupported("attention backward with a mask computed at run time")
     _check(ctx, q, k, v, axes)
-    if max(q.shape[-1], v.shape[-1]) > ctx.target.partitions or do.dtype != q.dtype:
-        raise Unsupported(f"attention backward with D={q.shape[-1]}, Dv={v.shape[-1]} "
-                          f"(<= {ctx.target.partitions}) or do {do.dtype} != {q.dtype}")
+    d, dv = axes.d[0], axes.dv[0]
+    if max(d, dv) > ctx.target.partitions or not do.dtype == o.dtype == q.dtype:
+        raise Unsupported(f"attention backward with D={d}, Dv={dv} (<= "
+                          f"{ctx.target.partitions}) or do / o {do.dtype} / {o.dtype} != "
+                          f"{q.dtype}")
+    if axes.group:
+        raise Unsupported("attention backward with grouped (GQA) heads")
+    if (axes.d[1][7], axes.d[1][8], axes.dv[1][6], axes.dv[1][9]) != (1, 1, 1, 1):
+        raise Unsupported("attention backward with a head dim of do / dq / dk / dv that "
+                          "is not contiguous")
+    if any(out.dtype not in (q.dtype, "float32") for out in ctx.outs):
+        raise Unsupported(f"attention backward writing {[o.dtype for o in ctx.outs]}")
     ctx.kb.notes.append("attention_bwd: flash-attention backward kernel (attention_bwd.py)")
-    _FlashBwd(ctx, (q, k, v, o, lse, do), scale, mask).run()
+    _FlashBwd(ctx, (q, k, v, o, lse, do), scale, mask, axes).run()
+
+
+# operand positions in a backward fusion's attention_layout strides (hlo_passes/passes/
+# attention_bwd_fusion.bwd_layout): the forward's q, k, v, o, mask, bias, then these
+Q, K, V, O, DO, DQ, DK, DV = 0, 1, 2, 3, 6, 7, 8, 9
 
 
 class _FlashBwd:
-    def __init__(self, ctx: LowerCtx, ins, scale: float, mask):
+    def __init__(self, ctx: LowerCtx, ins, scale: float, mask, axes: Axes):
         self.ctx, self.kb, self.scale, self.mask = ctx, ctx.kb, scale, mask
         self.q, self.k, self.v, self.o, self.lse, self.do = ins
         self.dq, self.dk, self.dv = ctx.outs
-        self.sq, self.d = self.q.shape[-2:]
-        self.sk, self.dvn = self.v.shape[-2:]
-        self.batch = math.prod(self.q.shape[:-2])
+        self.sq, self.d = axes.sq[0], axes.d[0]
+        self.sk, self.dvn = axes.sk[0], axes.dv[0]
+        self.rows = {n: axes.sq[1][n] for n in (Q, O, DO, DQ)} | \
+            {n: axes.sk[1][n] for n in (K, V, DK, DV)}      # row strides
+        self.base = axes.offsets(axes.batch, (Q, K, V, O, DO, DQ, DK, DV))
+        self.batch = len(self.base)
         self.pmax = ctx.target.partitions
         self.bank = ctx.target.psum_bank_fp32
         self.nq, self.nk = -(-self.sq // self.pmax), -(-self.sk // self.pmax)
@@ -99,10 +122,13 @@ class _FlashBwd:
         depth = LAG_C + 1               # a job's tiles live from stage A to stage C
         self.pt, self.dst = kb.ring(depth, p, dt), kb.ring(depth, p, dt)
         self.dpd, self.dsT = kb.ring(depth, p, dt), kb.ring(depth, p, dt)
-        self.res = kb.ring(STORE_BUFS, max(self.d, self.dvn), dt)
-        self.group = KEY_GROUP if self.sk % p == 0 else 1
+        self.res = {t: kb.ring(STORE_BUFS, max(self.d, self.dvn), t)
+                    for t in {out.dtype for out in ctx.outs}}
+        rows_contiguous = self.rows[DK] == self.d and self.rows[DV] == self.dvn
+        self.group = KEY_GROUP if self.sk % p == 0 and rows_contiguous else 1
         if self.group > 1:
-            self.kvres = kb.ring(STORE_BUFS, self.group * max(self.d, self.dvn), dt)
+            self.kvres = {t: kb.ring(STORE_BUFS, self.group * max(self.d, self.dvn), t)
+                          for t in {self.dk.dtype, self.dv.dtype}}
         self.s, self.dp = bank_rings(kb, (2, p), (2, p))
         self.tps = bank_rings(kb, (4, p))[0]
         self.dkps, self.dvps = bank_rings(kb, (2, self.d), (2, self.dvn))
@@ -183,10 +209,12 @@ class _FlashBwd:
     def _dma(self, dst, src, cls=isa.DmaCopy) -> None:
         self.kb.emit(cls, dst=dst, src=src, dma_queue=next(self.queues))
 
-    def _load_T(self, t: DramTensor, base: int, rows: int, width: int, dst) -> None:
-        """[rows, width] of `t` at `base` as [width, rows] (dma_transpose, §3.4)."""
+    def _load_T(self, t: DramTensor, base: int, rows: int, stride: int, width: int,
+                dst) -> None:
+        """[rows, width] of `t` at `base`, rows `stride` apart, as [width, rows]
+        (dma_transpose, §3.4)."""
         for r0, rn in tiles(rows, self.bank):
-            src = self.kb.ap(t, base + r0 * width, ((width, rn), (1, width)))
+            src = self.kb.ap(t, base + r0 * stride, ((stride, rn), (1, width)))
             self._dma(sub(dst, width, rn, at=r0), src, isa.DmaTranspose)
 
     def _rows(self, srcT, rows: int, width: int, dst) -> None:
@@ -204,34 +232,36 @@ class _FlashBwd:
         if "qT" in side:
             return
         kb, b, d, dv, p = self.kb, side["b"], self.d, self.dvn, self.pmax
+        base, rows = self.base[b], self.rows
         for name, ring in (("qT", self.qT), ("doT", self.doT), ("qr", self.qr),
                            ("dor", self.dor), ("kT", self.kT), ("vT", self.vT),
                            ("kr", self.kr), ("oT", self.oT), ("stats", self.stats),
                            ("lse", self.lse_in)):
             side[name] = ring.next()
-        self._load_T(self.q, b * self.sq * d, self.sq, d, side["qT"])
-        self._load_T(self.do, b * self.sq * dv, self.sq, dv, side["doT"])
-        self._load_keys_T(self.k, b * self.sk * d, d, side["kT"])
-        self._load_keys_T(self.v, b * self.sk * dv, dv, side["vT"])
-        self._load_T(self.o, b * self.sq * dv, self.sq, dv, side["oT"])
+        self._load_T(self.q, base[0], self.sq, rows[Q], d, side["qT"])
+        self._load_T(self.do, base[4], self.sq, rows[DO], dv, side["doT"])
+        self._load_keys_T(self.k, base[1], rows[K], d, side["kT"])
+        self._load_keys_T(self.v, base[2], rows[V], dv, side["vT"])
+        self._load_T(self.o, base[3], self.sq, rows[O], dv, side["oT"])
         full = self.sq // p
         if full:          # lse [nq, 128] rows -> [128, nq] columns by one dma_transpose
             kb.emit(isa.DmaTranspose, dst=sub(side["lse"], p, full),
                     src=kb.ap(self.lse, b * self.sq, ((p, full), (1, p))),
                     dma_queue=next(self.queues))
 
-    def _load_keys_T(self, t: DramTensor, base: int, width: int, dst) -> None:
+    def _load_keys_T(self, t: DramTensor, base: int, stride: int, width: int,
+                     dst) -> None:
         """K^T / V^T [width, Sk]; with key groups, column k0 + r * g + c of block k0
         holds key k0 + R * c + r (R = self.group, g = 128 / R): one dma_transpose of
         every R-th row per r. dK / dV then come out of PSUM with keys k0 + R * c + r in
         partition r * g + c, so each partition of the store holds R consecutive rows."""
         r_n = self.group
         if r_n == 1:
-            return self._load_T(t, base, self.sk, width, dst)
+            return self._load_T(t, base, self.sk, stride, width, dst)
         g = self.pmax // r_n
         for k0 in range(0, self.sk, self.pmax):
             for r in range(r_n):
-                src = self.kb.ap(t, base + (k0 + r) * width, ((r_n * width, g), (1, width)))
+                src = self.kb.ap(t, base + (k0 + r) * stride, ((r_n * stride, g), (1, width)))
                 self._dma(sub(dst, width, g, at=k0 + r * g), src, isa.DmaTranspose)
 
     def _load(self, side: dict, nxt: dict | None) -> None:
@@ -368,10 +398,11 @@ class _FlashBwd:
             kb.emit(isa.NcMatmul, dst=ps, stationary=job["dsT"], moving=moving)
             kb.emit(isa.TensorTensor, dst=acc, data1=acc, data2=ps, op="add")
         if job.get("dq_last"):
-            res = sub(self.res.next(), qt, d)
+            res = sub(self.res[self.dq.dtype].next(), qt, d)
             kb.emit(isa.TensorScalar, dst=res, data=acc, op0="multiply", operand0=self.scale)
-            self._dma(kb.ap(self.dq, (side["b"] * self.sq + job["q0"]) * d,
-                            ((d, qt), (1, d))), res)
+            rs = self.rows[DQ]
+            self._dma(kb.ap(self.dq, self.base[side["b"]][5] + job["q0"] * rs,
+                            ((rs, qt), (1, d))), res)
 
     # --- stores ------------------------------------------------------------------------
 
@@ -384,7 +415,7 @@ class _FlashBwd:
         r_n, g = self.group, kbn // self.group
         for out, acc, w, scale in ((self.dk, blk["dk"], self.d, self.scale),
                                    (self.dv, blk["dv"], self.dvn, None)):
-            tile = sub((self.kvres if r_n > 1 else self.res).next(), g, r_n * w)
+            tile = sub((self.kvres if r_n > 1 else self.res)[out.dtype].next(), g, r_n * w)
             for r in range(r_n):
                 src = acc.with_(start_partition=acc.start_partition + r * g, num_partitions=g)
                 dst = sub(tile, g, w, at=r * w)
@@ -392,15 +423,22 @@ class _FlashBwd:
                     kb.emit(isa.TensorCopy, dst=dst, src=src)
                 else:
                     kb.emit(isa.Activation, dst=dst, data=src, func="copy", scale=scale)
-            self._dma(kb.ap(out, (b * self.sk + k0) * w, ((r_n * w, g), (1, r_n * w))), tile)
+            rs, at = self._out_rows(out, b)
+            self._dma(kb.ap(out, at + k0 * rs, ((r_n * rs, g), (1, r_n * w))), tile)
 
     def _zero_block(self, b: int, k0: int, kbn: int) -> None:
         """dk, dv of a key block no query sees: zeros."""
         kb = self.kb
         for out, w in ((self.dk, self.d), (self.dv, self.dvn)):
-            z = sub(self.res.next(), kbn, w)
+            z = sub(self.res[out.dtype].next(), kbn, w)
             kb.emit(isa.Memset, dst=z, value=0.0, engine="gpsimd")
-            self._dma(kb.ap(out, (b * self.sk + k0) * w, ((w, kbn), (1, w))), z)
+            rs, at = self._out_rows(out, b)
+            self._dma(kb.ap(out, at + k0 * rs, ((rs, kbn), (1, w))), z)
+
+    def _out_rows(self, out: DramTensor, b: int) -> tuple[int, int]:
+        """(row stride, offset of batch index `b`) of dk or dv."""
+        n = DK if out is self.dk else DV
+        return self.rows[n], self.base[b][(Q, K, V, O, DO, DQ, DK, DV).index(n)]
 
 
 def bank_rings(kb, *specs: tuple[int, int]) -> list[Ring]:
