@@ -350,7 +350,7 @@ def _only(users: dict, v: ir.Value, pred, what: str) -> ir.Op:
 
 def _ds_chain(m: BwdMatch, v: ir.Value, labels: list, producer: dict) -> tuple:
     """(ds, its labels): `v` (labelled `labels`) before converts, transposes, unit
-    reshapes, a select(mask, ., 0) and multiplies by a splat (m.scale)."""
+    reshapes, a select(mask, ., 0) and multiplies or divides by a splat (m.scale)."""
     while True:
         op = producer.get(v)
         if op is None:
@@ -365,14 +365,16 @@ def _ds_chain(m: BwdMatch, v: ir.Value, labels: list, producer: dict) -> tuple:
                 m.fwd.mask is not None and _is_mask(m, op.operands[0], labels, producer):
             splat(op.operands[2], producer, m)
             nxt = op.operands[1]
-        elif op.kind == "multiply":
+        elif op.kind in ("multiply", "divide"):
             a, b = op.operands
             ca, cb = splat(a, producer), splat(b, producer)
+            if op.kind == "divide":
+                ca = None
             if cb is None and ca is None:
                 return v, labels
             c, nxt = (cb, a) if cb is not None else (ca, b)
             splat(b if cb is not None else a, producer, m)
-            m.scale *= c
+            m.scale *= c if op.kind == "multiply" else 1.0 / c
         else:
             return v, labels
         m.ops.append(op)
@@ -434,6 +436,10 @@ def check_vjp(m: BwdMatch, p, dp, ds, cone: list[ir.Op], producer: dict) -> None
     ds are (value, labels), compared with their dims put in one order by label."""
     f = m.fwd
     x = scores(f, producer)
+    inner = set(f.ops)
+    while producer.get(x) in inner and producer[x].kind in ("transpose", "convert",
+                                                             "reshape"):
+        x = producer[x].operands[0]     # the row max may reduce x before its views
     rng = np.random.default_rng(0)
     env = {x: rng.standard_normal(_shrunk(x.shape)),
            dp[0]: rng.standard_normal(_shrunk(dp[0].shape))}

@@ -165,8 +165,12 @@ def _fwd_fusion(m: pattern.BwdMatch, mask_value, decision, graph: BlockGraph) ->
     *pre, fusion = _attention_op(f, mask_value, decision, graph)
     body = fusion.regions[0].block.ops
     ret = body.pop()
-    stats = [next(op.result for op in body if op.kind == "reduce" and
-                  op.regions[0].block.ops[0].kind == kind) for kind in ("maximum", "add")]
+    reds = [next(op for op in body if op.kind == "reduce" and
+                 op.regions[0].block.ops[0].kind == kind) for kind in ("maximum", "add")]
+    stats = [op.result for op in reds]
+    if stats[0].type.shape != stats[1].type.shape:
+        body.append(_max_like_sum(body, reds))
+        stats[0] = body[-1].result
     rtype = ir.TensorType(stats[1].type.shape, "float32")
     for i, v in enumerate(stats):           # a 16-bit softmax: statistics in f32
         if v.dtype != "float32":
@@ -178,6 +182,20 @@ def _fwd_fusion(m: pattern.BwdMatch, mask_value, decision, graph: BlockGraph) ->
     fusion.results.append(ir.Value(rtype))
     fusion.attrs["decisions"] = (decision.reason + "; writes row logsumexp",)
     return pre + [fusion]
+
+
+def _max_like_sum(body: list[ir.Op], reds: list[ir.Op]) -> ir.Op:
+    """The row max in the layout of the row sum (XLA may reduce the max before a
+    transpose, the sum after): the max's broadcast that exp subtracts, reduced over
+    the sum's key dim (an [Sq, Sk] pass, in the region only: the kernel has its own)."""
+    exp = next(op for op in body if op.kind == "exponential")
+    sub = next(op for op in body if exp.operands[0] in op.results)
+    vmap = {reds[0].operands[0]: sub.operands[1]}
+    red = clone(reds[0], vmap)
+    red.attrs["dimensions"] = reds[1].attrs["dimensions"]
+    red.results[0] = ir.Value(ir.TensorType(reds[1].result.type.shape,
+                                            reds[0].result.dtype))
+    return red
 
 
 def _bwd_fusion(m: pattern.BwdMatch, fwd: ir.Op, reason: str, graph: BlockGraph) -> ir.Op:

@@ -258,3 +258,34 @@ def test_grad_of_library_attention_fuses():
     assert module.main.body.ops[-1].operands == list(bwd.results)
     assert bwd.attrs["attention_mask"]
     verify(module)
+
+
+def test_row_max_reduced_before_a_transpose_gives_lse_in_the_sums_layout():
+    """Non-causal jax.nn.dot_product_attention: XLA reduces the row max before a
+    transpose and the row sum after it; the forward fusion's logsumexp is computed in
+    the sum's layout (was: add of [1, 2, 64, 1] and [1, 1, 2, 64], refused by the
+    verifier), and the softmax VJP is evaluated from the scores before the transpose
+    (was: a near miss, "the softmax VJP could not be evaluated")."""
+    def loss(q, k, v):
+        return jax.nn.dot_product_attention(q, k, v).astype(jnp.float32).sum()
+    arg = jnp.zeros((1, 64, 2, 32), jnp.bfloat16)
+    module = hlo_passes.compile_to_ir(artifact_of(jax.grad(loss, argnums=(0, 1, 2)),
+                                                  arg, arg, arg))
+    (fwd,), (bwd,) = _fusions(module, "attention"), _fusions(module, "attention_bwd")
+    assert DECISIONS not in module.attrs
+    assert fwd.results[1].type.shape == (1, 1, 2, 64)
+    verify(module)
+
+
+def test_scale_by_division_on_the_scores_fuses():
+    """s / sqrt(d) on f32 scores: the backward divides ds by the same constant."""
+    def loss(q, k, v):
+        s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+        p = jax.nn.softmax(s / np.sqrt(32.0), axis=-1).astype(q.dtype)
+        return jnp.einsum("bhqk,bkhd->bqhd", p, v).astype(jnp.float32).sum()
+    arg = jnp.zeros((1, 64, 2, 32), jnp.bfloat16)
+    module = hlo_passes.compile_to_ir(artifact_of(jax.grad(loss, argnums=(0, 1, 2)),
+                                                  arg, arg, arg))
+    (bwd,) = _fusions(module, "attention_bwd")
+    assert abs(bwd.attrs["attention_scale"] - 32 ** -0.5) < 1e-6
+    assert DECISIONS not in module.attrs

@@ -1,0 +1,137 @@
+"""Gradients of attention as libraries write it, on trn against the CPU backend:
+jax.nn.dot_product_attention ([B, T, N, H], causal or not), einsum-written attention in
+[B, S, H, D] and [B, H, S, D], flax linen's MultiHeadDotProductAttention. Each fused
+case is checked to run as the flash backward kernel (its kernel notes) with dq, dk, dv
+read / written in the program's layout (no transpose kernel); the forms the backward
+kernel has no form for yet (GQA, an additive bias, a runtime mask) are checked to be
+recorded near misses that still match CPU op by op. Tolerances: bf16 inputs, f32
+accumulation (tests/conftest.assert_close "bfloat16")."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.conftest import assert_close
+from tests.e2e.test_attention_bwd import BWD_NOTE, _args, _fused, _notes, _run
+
+SHAPE = (1, 256, 2, 64)         # [B, T, N, H]
+
+
+def _grad(f, n=3):
+    import jax
+    import jax.numpy as jnp
+
+    def loss(*a):
+        *a, w = a
+        return (f(*a).astype(jnp.float32) * w).sum()
+    return jax.grad(loss, argnums=tuple(range(n)))
+
+
+def _check(jax, trn, cpu, f, shapes, fused=True, seed=0):
+    """Runs grad(f) on trn and cpu; checks the kernels (fused or not) and the values."""
+    import ml_dtypes  # noqa: F401
+    args = _args(shapes, seed)
+    out, ref, kernels = _run(jax, trn, cpu, _grad(f, len(shapes) - 1), args)
+    assert _fused(kernels)[1] == fused, _notes(kernels)
+    if fused:
+        assert not [k for k in kernels if "transpose" in k.name], [k.name for k in kernels]
+    for a, b in zip(out, ref):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert_close(a, b, "bfloat16")
+    return kernels
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_dot_product_attention_grad(jax, trn, cpu, causal):
+    def f(q, k, v):
+        return jax.nn.dot_product_attention(q, k, v, is_causal=causal)
+    _check(jax, trn, cpu, f, [SHAPE] * 4)
+
+
+def test_dot_product_attention_grad_cross_lengths(jax, trn, cpu):
+    """Sq 200 against Sk 384: a partial q-tile; keys strided in [B, T, N, H]."""
+    def f(q, k, v):
+        return jax.nn.dot_product_attention(q, k, v)
+    _check(jax, trn, cpu, f, [(1, 200, 2, 64), (1, 384, 2, 64), (1, 384, 2, 64),
+                              (1, 200, 2, 64)], seed=1)
+
+
+def test_einsum_attention_bshd_grad(jax, trn, cpu):
+    """[B, S, H, D] einsums, f32 scores, a scale by division (sqrt(d))."""
+    import jax.numpy as jnp
+
+    def f(q, k, v):
+        s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+        p = jax.nn.softmax(s / np.sqrt(q.shape[-1]), axis=-1).astype(q.dtype)
+        return jnp.einsum("bhqk,bkhd->bqhd", p, v)
+    _check(jax, trn, cpu, f, [SHAPE] * 4, seed=2)
+
+
+def test_einsum_attention_bhsd_grad(jax, trn, cpu):
+    """[B, H, S, D] einsums, q scaled, a -1e9 causal fill, bf16 softmax."""
+    import jax.numpy as jnp
+
+    def f(q, k, v):
+        s = jnp.einsum("bhqd,bhkd->bhqk", q * 0.125, k)
+        n = s.shape[-1]
+        s = jnp.where(jnp.tril(jnp.ones((n, n), bool)), s, -1e9)
+        return jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(s, axis=-1), v)
+    _check(jax, trn, cpu, f, [(1, 2, 256, 64)] * 4, seed=3)
+
+
+def test_flax_linen_attention_grads(jax, trn, cpu):
+    """Gradients of flax linen MultiHeadDotProductAttention's parameters and input."""
+    nn = pytest.importorskip("flax.linen")
+    import jax.numpy as jnp
+    import ml_dtypes  # noqa: F401
+    layer = nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=128,
+                                            dtype=jnp.bfloat16)
+    x = _args([(1, 256, 128)], 4)[0]
+    with jax.default_device(cpu):
+        params = jax.tree_util.tree_map(np.asarray, layer.init(jax.random.PRNGKey(0), x))
+
+    def f(p, x):
+        return jax.grad(lambda p, x: layer.apply(p, x).astype(jnp.float32).sum(),
+                        argnums=(0, 1))(p, x)
+    out, ref, kernels = _run(jax, trn, cpu, f, [params, x])
+    assert _fused(kernels) == (True, True), _notes(kernels)
+    paths = [jax.tree_util.keystr(k) for k, _ in
+             jax.tree_util.tree_leaves_with_path((params, x))]
+    got = {path: (a.astype(np.float32), b.astype(np.float32))
+           for path, a, b in zip(paths, out, ref)}
+    for path, (a, b) in got.items():
+        if "key" in path and "bias" in path:
+            # softmax is invariant to q . bias_k (the same for every key): the exact
+            # gradient is 0, both backends give rounding noise of a 256-term sum
+            noise = 0.02 * np.abs(got[path.replace("bias", "kernel")][1]).max()
+            assert np.abs(a).max() < noise and np.abs(b).max() < noise
+            continue
+        scale = max(1.0, float(np.abs(b).max()))
+        assert_close(a / scale, b / scale, "bfloat16")
+
+
+@pytest.mark.parametrize("form", ["gqa", "bias", "mask"])
+def test_forms_without_a_backward_kernel_are_recorded_and_match(jax, trn, cpu, form):
+    """GQA (4 q heads, 2 kv heads), an additive bias, a runtime mask: the backward
+    kernel has no form for them yet; the pass records why and the program runs op by
+    op, matching CPU."""
+    import hlo_passes
+    from hlo_passes.passes.attention_bwd_fusion import DECISIONS
+    from tests.hlo_passes.helpers import artifact_of
+    b, t, n, h = 1, 128, 2, 32
+    shapes = {"gqa": [(b, t, 2 * n, h), (b, t, n, h), (b, t, n, h), (b, t, 2 * n, h)],
+              "bias": [(b, t, n, h)] * 3 + [(b, n, t, t), (b, t, n, h)],
+              "mask": [(b, t, n, h)] * 4}[form]
+    reason = {"gqa": "grouped (GQA) heads", "bias": "an additive bias",
+              "mask": "a mask computed at run time"}[form]
+    mask = np.tril(np.ones((t, t), bool)) | (np.arange(t) < 8)
+
+    def f(q, k, v, *bias):
+        if form == "mask":      # a mask that depends on the input: computed at run time
+            keep = (q[:, :, :, :1] > -10).transpose(0, 2, 1, 3)
+            return jax.nn.dot_product_attention(q, k, v, mask=keep & mask)
+        return jax.nn.dot_product_attention(q, k, v, *bias, is_causal=form == "gqa")
+    args = _args(shapes, 5)
+    module = hlo_passes.compile_to_ir(artifact_of(_grad(f, len(shapes) - 1), *args))
+    assert any(reason in note for note in module.attrs[DECISIONS]), module.attrs[DECISIONS]
+    _check(jax, trn, cpu, f, shapes, fused=False, seed=5)
