@@ -194,8 +194,6 @@ def check_kernel_forms(f: fwd_pattern.Match) -> None:
     """What the backward kernel (jax_trn/lower/attention_bwd.py) has no form for yet."""
     if f.bias is not None:
         raise NoMatch("an additive bias (the backward kernel has none)")
-    if any(role == "group" for role, _, _ in f.axes):
-        raise NoMatch("grouped (GQA) heads (the backward kernel has no group axis)")
 
 
 def p_labels(f: fwd_pattern.Match, p: ir.Value) -> list:

@@ -76,8 +76,6 @@ def lower_attention_bwd(ctx: LowerCtx, ins: list[DramTensor], scale: float,
         raise Unsupported(f"attention backward with D={d}, Dv={dv} (<= "
                           f"{ctx.target.partitions}) or do / o {do.dtype} / {o.dtype} != "
                           f"{q.dtype}")
-    if axes.group:
-        raise Unsupported("attention backward with grouped (GQA) heads")
     if (axes.d[1][7], axes.d[1][8], axes.dv[1][6], axes.dv[1][9]) != (1, 1, 1, 1):
         raise Unsupported("attention backward with a head dim of do / dq / dk / dv that "
                           "is not contiguous")
@@ -101,7 +99,11 @@ class _FlashBwd:
         self.sk, self.dvn = axes.sk[0], axes.dv[0]
         self.rows = {n: axes.sq[1][n] for n in (Q, O, DO, DQ)} | \
             {n: axes.sk[1][n] for n in (K, V, DK, DV)}      # row strides
-        self.base = axes.offsets(axes.batch, (Q, K, V, O, DO, DQ, DK, DV))
+        ops = (Q, K, V, O, DO, DQ, DK, DV)
+        groups = axes.offsets(axes.group, ops)      # GQA: k, v, dk, dv strides 0
+        self.ngroups = len(groups)
+        self.base = [tuple(map(sum, zip(b, g))) for b in axes.offsets(axes.batch, ops)
+                     for g in groups]               # per unit (batch index, group)
         self.batch = len(self.base)
         self.pmax = ctx.target.partitions
         self.bank = ctx.target.psum_bank_fp32
@@ -133,6 +135,9 @@ class _FlashBwd:
         self.tps = bank_rings(kb, (4, p))[0]
         self.dkps, self.dvps = bank_rings(kb, (2, self.d), (2, self.dvn))
         self._dq_accumulators()
+        if self.ngroups > 1:        # dK, dV summed over a batch index's groups (FP32)
+            self.kvacc = {"dk": kb.tile(self.nk * self.d, "float32"),
+                          "dv": kb.tile(self.nk * self.dvn, "float32")}
         self.masks: dict[bytes, isa.Tile] = {}
         self.ident: isa.Tile | None = None
         self.copy_engines = itertools.cycle(("scalar", "vector"))
@@ -415,6 +420,10 @@ class _FlashBwd:
         r_n, g = self.group, kbn // self.group
         for out, acc, w, scale in ((self.dk, blk["dk"], self.d, self.scale),
                                    (self.dv, blk["dv"], self.dvn, None)):
+            if self.ngroups > 1:
+                acc = self._group_sum(b, blk, out, acc, w)
+                if acc is None:
+                    continue
             tile = sub((self.kvres if r_n > 1 else self.res)[out.dtype].next(), g, r_n * w)
             for r in range(r_n):
                 src = acc.with_(start_partition=acc.start_partition + r * g, num_partitions=g)
@@ -425,6 +434,18 @@ class _FlashBwd:
                     kb.emit(isa.Activation, dst=dst, data=src, func="copy", scale=scale)
             rs, at = self._out_rows(out, b)
             self._dma(kb.ap(out, at + k0 * rs, ((r_n * rs, g), (1, r_n * w))), tile)
+
+    def _group_sum(self, u: int, blk: dict, out: DramTensor, acc, w: int):
+        """Block j's dK / dV of unit `u` added into the batch index's FP32 sum (GQA:
+        the q heads of a group share k, v); the sum after the last group, else None."""
+        g = u % self.ngroups
+        total = sub(self.kvacc["dk" if out is self.dk else "dv"], blk["kbn"], w,
+                    at=blk["j"] * w)
+        if g == 0:
+            self.kb.emit(isa.TensorCopy, dst=total, src=acc)
+        else:
+            self.kb.emit(isa.TensorTensor, dst=total, data1=total, data2=acc, op="add")
+        return total if g == self.ngroups - 1 else None
 
     def _zero_block(self, b: int, k0: int, kbn: int) -> None:
         """dk, dv of a key block no query sees: zeros."""

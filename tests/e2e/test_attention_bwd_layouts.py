@@ -1,9 +1,10 @@
 """Gradients of attention as libraries write it, on trn against the CPU backend:
-jax.nn.dot_product_attention ([B, T, N, H], causal or not), einsum-written attention in
+jax.nn.dot_product_attention ([B, T, N, H], causal or not, GQA / MQA), gemma-style
+grouped einsums, einsum-written attention in
 [B, S, H, D] and [B, H, S, D], flax linen's MultiHeadDotProductAttention. Each fused
 case is checked to run as the flash backward kernel (its kernel notes) with dq, dk, dv
 read / written in the program's layout (no transpose kernel); the forms the backward
-kernel has no form for yet (GQA, an additive bias, a runtime mask) are checked to be
+kernel has no form for yet (an additive bias, a runtime mask) are checked to be
 recorded near misses that still match CPU op by op. Tolerances: bf16 inputs, f32
 accumulation (tests/conftest.assert_close "bfloat16")."""
 from __future__ import annotations
@@ -54,6 +55,34 @@ def test_dot_product_attention_grad_cross_lengths(jax, trn, cpu):
         return jax.nn.dot_product_attention(q, k, v)
     _check(jax, trn, cpu, f, [(1, 200, 2, 64), (1, 384, 2, 64), (1, 384, 2, 64),
                               (1, 200, 2, 64)], seed=1)
+
+
+@pytest.mark.parametrize("heads", [(4, 2), (4, 1)])
+def test_dot_product_attention_gqa_grad(jax, trn, cpu, heads):
+    """GQA (4 q heads on 2 kv heads) and MQA (1 kv head): dk, dv summed over each kv
+    head's group of q heads (was: a near miss, "grouped (GQA) heads")."""
+    n, kv = heads
+
+    def f(q, k, v):
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True)
+    t, h = 256, 64
+    _check(jax, trn, cpu, f, [(1, t, n, h), (1, t, kv, h), (1, t, kv, h), (1, t, n, h)],
+           seed=6)
+
+
+def test_grouped_einsum_gqa_grad(jax, trn, cpu):
+    """GQA as gemma writes it: q viewed [B, T, K, G, H] against k [B, S, K, H]."""
+    import jax.numpy as jnp
+
+    def f(q, k, v):
+        b, t, n, h = q.shape
+        kv = k.shape[2]
+        qg = q.reshape(b, t, kv, n // kv, h)
+        s = jnp.einsum("btkgh,bskh->bkgts", qg, k) * h ** -0.5
+        p = jax.nn.softmax(s.astype(jnp.float32), axis=-1).astype(q.dtype)
+        return jnp.einsum("bkgts,bskh->btkgh", p, v).reshape(b, t, n, h)
+    _check(jax, trn, cpu, f, [(1, 256, 4, 64), (1, 256, 2, 64), (1, 256, 2, 64),
+                              (1, 256, 4, 64)], seed=7)
 
 
 def test_einsum_attention_bshd_grad(jax, trn, cpu):
@@ -110,27 +139,24 @@ def test_flax_linen_attention_grads(jax, trn, cpu):
         assert_close(a / scale, b / scale, "bfloat16")
 
 
-@pytest.mark.parametrize("form", ["gqa", "bias", "mask"])
+@pytest.mark.parametrize("form", ["bias", "mask"])
 def test_forms_without_a_backward_kernel_are_recorded_and_match(jax, trn, cpu, form):
-    """GQA (4 q heads, 2 kv heads), an additive bias, a runtime mask: the backward
-    kernel has no form for them yet; the pass records why and the program runs op by
-    op, matching CPU."""
+    """An additive bias, a runtime mask: the backward kernel has no form for them yet;
+    the pass records why and the program runs op by op, matching CPU."""
     import hlo_passes
     from hlo_passes.passes.attention_bwd_fusion import DECISIONS
     from tests.hlo_passes.helpers import artifact_of
     b, t, n, h = 1, 128, 2, 32
-    shapes = {"gqa": [(b, t, 2 * n, h), (b, t, n, h), (b, t, n, h), (b, t, 2 * n, h)],
-              "bias": [(b, t, n, h)] * 3 + [(b, n, t, t), (b, t, n, h)],
+    shapes = {"bias": [(b, t, n, h)] * 3 + [(b, n, t, t), (b, t, n, h)],
               "mask": [(b, t, n, h)] * 4}[form]
-    reason = {"gqa": "grouped (GQA) heads", "bias": "an additive bias",
-              "mask": "a mask computed at run time"}[form]
+    reason = {"bias": "an additive bias", "mask": "a mask computed at run time"}[form]
     mask = np.tril(np.ones((t, t), bool)) | (np.arange(t) < 8)
 
     def f(q, k, v, *bias):
         if form == "mask":      # a mask that depends on the input: computed at run time
             keep = (q[:, :, :, :1] > -10).transpose(0, 2, 1, 3)
             return jax.nn.dot_product_attention(q, k, v, mask=keep & mask)
-        return jax.nn.dot_product_attention(q, k, v, *bias, is_causal=form == "gqa")
+        return jax.nn.dot_product_attention(q, k, v, *bias)
     args = _args(shapes, 5)
     module = hlo_passes.compile_to_ir(artifact_of(_grad(f, len(shapes) - 1), *args))
     assert any(reason in note for note in module.attrs[DECISIONS]), module.attrs[DECISIONS]

@@ -289,3 +289,22 @@ def test_scale_by_division_on_the_scores_fuses():
     (bwd,) = _fusions(module, "attention_bwd")
     assert abs(bwd.attrs["attention_scale"] - 32 ** -0.5) < 1e-6
     assert DECISIONS not in module.attrs
+
+
+def test_gqa_backward_sums_dk_dv_over_the_group():
+    """dot_product_attention with 4 q heads on 2 kv heads: the group axis has q, o,
+    do, dq strides and none for k, v, dk, dv (their dot contracts it: the sum over
+    the group's q heads); was a near miss, "grouped (GQA) heads"."""
+    def loss(q, k, v):
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True).astype(
+            jnp.float32).sum()
+    q, kv = jnp.zeros((1, 64, 4, 32), jnp.bfloat16), jnp.zeros((1, 64, 2, 32), jnp.bfloat16)
+    module = hlo_passes.compile_to_ir(artifact_of(jax.grad(loss, argnums=(0, 1, 2)),
+                                                  q, kv, kv))
+    (bwd,) = _fusions(module, "attention_bwd")
+    assert DECISIONS not in module.attrs
+    st = _strides(bwd)          # q k v o mask bias do dq dk dv (o: the forward's own)
+    assert st["batch"][:3] + st["batch"][4:] == (64, 32, 32, 0, 0, 64, 64, 32, 32)
+    assert st["group"][:3] + st["group"][4:] == (32, 0, 0, 0, 0, 32, 32, 0, 0)
+    assert [r.type.shape for r in bwd.results] == [(1, 64, 4, 32), (1, 64, 2, 32),
+                                                   (1, 64, 2, 32)]
