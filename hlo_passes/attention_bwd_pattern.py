@@ -1,54 +1,51 @@
 """The joint forward + backward attention graph that `jax.grad` makes of
-`softmax(mask(q @ k^T * scale)) @ v`: what the attention-bwd-fusion pass
+`softmax(mask(q @ k^T * scale + bias)) @ v`: what the attention-bwd-fusion pass
 (passes/attention_bwd_fusion.py) replaces by a flash forward that also writes the rows'
 logsumexp and one flash backward kernel.
 
-The forward is attention_pattern.py's pattern (its `o` may be dead: `jax.grad` of a
-loss that does not need it). Its probabilities `p` (f32, or rounded to the p @ v dtype)
-and the softmax's inner values are also used by the backward, as JAX's autodiff writes
-it (names are the values; `[b]` the leading batch dims, nb of them):
+The forward is attention_pattern.py's pattern in any layout (its `o` may be dead:
+`jax.grad` of a loss that does not need it). Its probabilities `p` (f32, or rounded to
+the p @ v dtype) and the softmax's inner values are also used by the backward, as JAX's
+autodiff writes it (names are the values; each dot may batch, contract and keep its
+dims in any order, its operands and result may be views):
 
-    dv = dot_general(do, p)   contracting Sq, then transpose(.., Sk, Dv)   [b, Sk, Dv]
-         (or dot_general(p, do) contracting Sq)
-    dp = dot_general(do, v)   contracting Dv                               [b, Sq, Sk]
+    dv = dot_general(p, do)   contracting the query dims (Sq and GQA groups)
+    dp = dot_general(do, v)   contracting Dv (do: a view of dv's do)
     ds = softmax VJP of dp    any graph of elementwise ops, row reductions and views
                               over dp and the forward's values that computes
                               p * (dp - rowsum(dp * p)) (checked by evaluation, below)
-    ds' = convert / select(mask, ds, 0) / multiply(ds, scale), in any order
-    dq = dot_general(ds', k)  contracting Sk                               [b, Sq, D]
-    dk = dot_general(ds', q)  contracting Sq                               [b, Sk, D]
+    ds' = convert / transpose / unit reshape / select(mask, ds, 0) / ds * c, ds / c
+    dq = dot_general(ds', k)  contracting Sk
+    dk = dot_general(ds', q)  contracting the query dims (GQA: dk summed over groups)
+
+Every dim of these dots is labelled with the forward's labels (attention_bwd_labels.py):
+q, k, v views by their strides in the forward's buffers, p as the forward labels it,
+do and ds' by pairing with them; dq, dk, dv must come out with exactly q's, k's, v's
+labels, and their strides (through the views after each dot) go to the kernel, which
+reads and writes in the program's layout.
 
 The softmax VJP takes several forms (the quotient rule of `e / l` when JAX's softmax is
 differentiated op by op, `p * (dp - sum(p * dp))` from its custom JVP); rather than
 matching each, its ops are collected (the cone of `ds` down to dp and the forward's
 values) and evaluated with numpy on random scores and `dp` with every dim shrunk to at
-most 3 elements: the cone must compute p * (dp - rowsum(dp * p)) there.
+most 3 elements, p, dp and ds put in one dim order by their labels: the cone must
+compute p * (dp - rowsum(dp * p)) there.
 
 Every value made inside the joint graph is used only inside it, but for `o`, dq, dk, dv
-and views / converts (which the regions clone).
-
-The forward matches any layout (attention_axes.py); the backward kernel reads q, k, v, o
-as [b.., S, D] row-major and one compile-time [Sq, Sk] mask, so other layouts, GQA
-groups, biases and runtime / per-head masks are near misses (`check_layout`,
-`check_mask`). The forward's output is p @ v's result (`own_output`): transposes after
-it stay in the program.
+and views / converts (which the regions clone): a gradient of the bias (ds itself, used
+outside) is a near miss.
 """
 from __future__ import annotations
-
-import numpy as np
 
 from hlo_passes import attention_bwd_labels as L
 from hlo_passes import attention_pattern as fwd_pattern
 from hlo_passes import ir
 from hlo_passes.attention_bwd_labels import NoMatch
+from hlo_passes.attention_bwd_vjp import CONE, check_vjp
 from hlo_passes.attention_fold import splat
 from hlo_passes.attention_layout import view_back
 
-_CONE = frozenset({"multiply", "divide", "add", "subtract", "negate", "convert",
-                   "broadcast_in_dim", "reshape", "reduce", "constant", "exponential",
-                   "maximum", "transpose"})
 SCALE_RTOL = 2.0 ** -8      # the backward's scale may be the forward's rounded to bf16
-SHRINK = 3                  # dims longer than this are evaluated with this many elements
 
 
 class BwdMatch:
@@ -152,7 +149,6 @@ def complete(m: BwdMatch, producer: dict, users: dict) -> None:
     """Finds the backward of `m.fwd` and labels its dims (attention_bwd_labels.py);
     raises NoMatch with the reason it is not one."""
     f = m.fwd
-    check_kernel_forms(f)
     m.labels = {n: set(L.operand_table(f, n).values()) for n in "qkv"}
     p = probs(f, producer)
     plab = p_labels(f, p)
@@ -181,19 +177,14 @@ def complete(m: BwdMatch, producer: dict, users: dict) -> None:
         raise NoMatch(f"ds is scaled by {m.scale:.6g}, the scores by {f.scale:.6g}")
     cone = _cone(ds, f, dp_op, producer)
     m.ops += cone
-    check_vjp(m, (p, plab), (dp_op.result, dp_lab), (ds, dslab), cone, producer)
+    check_vjp(f, scores(f, producer), (p, plab), (dp_op.result, dp_lab), (ds, dslab),
+              cone, producer)
     _check_closed(m, users)
 
 
 def _ordered(i: int, mine: list, other: list) -> tuple[list, list]:
     """(lhs labels, rhs labels) of a dot whose operand `i` has labels `mine`."""
     return (mine, other) if i == 0 else (other, mine)
-
-
-def check_kernel_forms(f: fwd_pattern.Match) -> None:
-    """What the backward kernel (jax_trn/lower/attention_bwd.py) has no form for yet."""
-    if f.bias is not None:
-        raise NoMatch("an additive bias (the backward kernel has none)")
 
 
 def p_labels(f: fwd_pattern.Match, p: ir.Value) -> list:
@@ -318,21 +309,6 @@ def probs(f: fwd_pattern.Match, producer: dict) -> ir.Value:
     raise NoMatch("p @ v reads no softmax")
 
 
-def check_mask(f: fwd_pattern.Match, value) -> None:
-    """The mask the backward kernel reads: known at compile time (`value`, folded and
-    without the batch dims it does not vary along: attention_fusion._folded_mask), one
-    [Sq, Sk] for every batch index."""
-    if f.mask is None:
-        return
-    if value is None:
-        raise NoMatch("a mask computed at run time (the backward kernel needs a "
-                      "compile-time one)")
-    roles = dict(zip(f.axis_labels, (role for role, _, _ in f.axes)))
-    kept = [roles.get(lab) for lab, n in zip(f.mask_labels, value.shape) if n != 1]
-    if kept != ["sq", "sk"]:
-        raise NoMatch("a mask that is not one [Sq, Sk] for every batch index")
-
-
 def scores(f: fwd_pattern.Match, producer: dict) -> ir.Value:
     """The value the softmax subtracts its row max from (the masked, scaled scores)."""
     exp = producer[f.probs.operands[0]]
@@ -402,7 +378,7 @@ def _cone(ds: ir.Value, f: fwd_pattern.Match, dp: ir.Op, producer: dict) -> list
             if op is None:
                 raise NoMatch("ds depends on a value outside the attention")
             continue
-        if op.kind not in _CONE or (op.kind == "reduce" and len(op.operands) != 2):
+        if op.kind not in CONE or (op.kind == "reduce" and len(op.operands) != 2):
             raise NoMatch(f"the softmax VJP uses {op.kind}")
         seen.add(op)
         out.append(op)
@@ -425,112 +401,3 @@ def _check_closed(m: BwdMatch, users: dict) -> None:
                 if v in made or op.kind not in fwd_pattern.SHAREABLE:
                     raise NoMatch(f"%{v.name} ({op.kind}) is also used outside")
                 m.shared.add(op)
-
-
-# --- the softmax VJP, checked by evaluation -------------------------------------------
-
-def check_vjp(m: BwdMatch, p, dp, ds, cone: list[ir.Op], producer: dict) -> None:
-    """The cone computes p * (dp - rowsum(dp * p)) on shrunk random data; p, dp and
-    ds are (value, labels), compared with their dims put in one order by label."""
-    f = m.fwd
-    x = scores(f, producer)
-    inner = set(f.ops)
-    while producer.get(x) in inner and producer[x].kind in ("transpose", "convert",
-                                                             "reshape"):
-        x = producer[x].operands[0]     # the row max may reduce x before its views
-    rng = np.random.default_rng(0)
-    env = {x: rng.standard_normal(_shrunk(x.shape)),
-           dp[0]: rng.standard_normal(_shrunk(dp[0].shape))}
-    order = [op for op in _topo(f.ops, producer) if op is not f.pv] + \
-        _topo(cone, producer)
-    for op in order:
-        if op.results[0] in env or op.kind == "dot_general":
-            continue
-        args = [_value(a, env, producer) for a in op.operands]
-        if any(a is None for a in args) or op.kind not in _CONE:
-            continue
-        env[op.results[0]] = _eval(op, args)
-    if env.get(p[0]) is None or env.get(ds[0]) is None:
-        raise NoMatch("the softmax VJP could not be evaluated")
-    pv, dpv, got = (_canonical(env[v], labels) for v, labels in (p, dp, ds))
-    if not pv.shape == dpv.shape == got.shape:
-        raise NoMatch("ds, dp and p are not one shape")
-    axis = sorted(set(p[1]) - {None}, key=str).index("sk")
-    want = pv * (dpv - (dpv * pv).sum(axis, keepdims=True))
-    if not np.allclose(got, want, rtol=1e-6, atol=1e-9):
-        raise NoMatch("ds is not p * (dp - rowsum(dp * p))")
-
-
-def _canonical(a: np.ndarray, labels: list) -> np.ndarray:
-    """`a` without its unit dims, its dims in the order of their labels."""
-    keep = [i for i, lab in enumerate(labels) if lab is not None]
-    a = np.asarray(a).reshape([a.shape[i] for i in keep])
-    return a.transpose(sorted(range(len(keep)), key=lambda j: str(labels[keep[j]])))
-
-
-def _value(v: ir.Value, env: dict, producer: dict):
-    """`v` from `env`, or evaluated if it is a constant."""
-    if v not in env:
-        op = producer.get(v)
-        if op is None or op.kind != "constant":
-            return None
-        env[v] = _eval(op, [])
-    return env[v]
-
-
-def _topo(ops, producer: dict) -> list[ir.Op]:
-    """`ops` with every op after the ops of the list that produce its operands."""
-    ops, done, out = list(dict.fromkeys(ops)), set(), []
-    inside = set(ops)
-
-    def visit(op):
-        if op in done:
-            return
-        done.add(op)
-        for a in op.operands:
-            prod = producer.get(a)
-            if prod in inside:
-                visit(prod)
-        out.append(op)
-    for op in ops:
-        visit(op)
-    return out
-
-
-def _shrunk(shape) -> tuple[int, ...]:
-    return tuple(min(n, SHRINK) for n in shape)
-
-
-def _eval(op: ir.Op, args: list) -> np.ndarray:
-    shape = _shrunk(op.results[0].shape)
-    k = op.kind
-    if k == "constant":
-        value = np.asarray(op.attrs["value"], np.float64)
-        if value.size and np.all(value == value.reshape(-1)[0]):
-            return np.full(shape, value.reshape(-1)[0])
-        raise NoMatch("a non-splat constant in the softmax VJP")
-    if k == "broadcast_in_dim":
-        view = [1] * len(shape)
-        for i, d in enumerate(op.attrs["broadcast_dimensions"]):
-            view[d] = args[0].shape[i]
-        return np.broadcast_to(args[0].reshape(view), shape)
-    if k == "reshape":
-        if args[0].size != int(np.prod(shape)):
-            raise NoMatch("a reshape that is not of unit dims")
-        return args[0].reshape(shape)
-    if k == "reduce":
-        body = op.regions[0].block.ops[0].kind if op.regions else ""
-        fn = {"add": np.sum, "maximum": np.max}.get(body)
-        if fn is None:
-            raise NoMatch(f"a reduce of {body}")
-        dims = tuple(op.attrs["dimensions"])
-        return fn(args[0], axis=dims) if fn is np.max else args[1] + fn(args[0], axis=dims)
-    if k == "convert":
-        return args[0]
-    if k == "transpose":
-        return np.transpose(args[0], op.attrs["permutation"])
-    fn = {"multiply": np.multiply, "divide": np.divide, "add": np.add,
-          "subtract": np.subtract, "negate": np.negative, "exponential": np.exp,
-          "maximum": np.maximum}[k]
-    with np.errstate(all="ignore"):
-        return fn(*args)

@@ -1,11 +1,13 @@
 """Replaces each joint forward + backward attention graph (hlo_passes/
 attention_bwd_pattern.py) by two fusions, so no [Sq, Sk] tensor reaches memory:
 
-    %o, %lse = fusion(%q, %k, %v[, %mask]) {fusion_kind="attention", ...}
-        the forward, which also returns the rows' logsumexp (f32 [b.., Sq]): its region
-        is the forward's ops plus lse = rowmax + log(rowsum)
-    %dq, %dk, %dv = fusion(%q, %k, %v, %o, %lse, %do[, %mask])
-                      {fusion_kind="attention_bwd", attention_scale=.., attention_mask=..}
+    %o, %lse = fusion(%q, %k, %v[, %mask][, %bias]) {fusion_kind="attention", ...}
+        the forward (attention_fusion.py's, in the program's layout), which also returns
+        the rows' logsumexp (f32, one row per batch x group x Sq): its region is the
+        forward's ops plus lse = rowmax + log(rowsum)
+    %dq, %dk, %dv = fusion(%q, %k, %v, %o, %lse, %do[, %mask][, %bias])
+                      {fusion_kind="attention_bwd", attention_scale=.., attention_mask=..,
+                       attention_layout=(the forward's + do, dq, dk, dv strides)}
         the backward, lowered as one flash backward kernel (jax_trn/lower/attention_bwd.py);
         its region recomputes the forward's values from q, k (o and lse unused) and holds
         the backward's ops, for a backend that runs the ops one by one
@@ -68,7 +70,6 @@ def _fuse_block(block: ir.Block, policy: FusionPolicy, notes: list[str]) -> bool
         mask_value = _folded_mask(f, graph.producer)
         try:
             pattern.complete(m, graph.producer, graph.users)
-            pattern.check_mask(f, mask_value)
             _check_order(m, graph)
         except pattern.NoMatch as e:
             notes.append(f"attention-bwd: not fused{where}: {e}")
@@ -143,6 +144,8 @@ def _region(ops, inputs: list[ir.Value], f: fwd_pattern.Match, graph: BlockGraph
                               loc=f.out.loc))
             mask = body[-1].result
         vmap[f.mask] = mask
+    if f.bias is not None:
+        vmap[f.bias] = args[len(inputs) - 1]
     ea = [ir.Value(v.type) for v in extra_args]
     vmap.update(zip(extra_args, ea))
     inside = {v for op in ops for v in op.results}

@@ -3,9 +3,9 @@ jax.nn.dot_product_attention ([B, T, N, H], causal or not, GQA / MQA), gemma-sty
 grouped einsums, einsum-written attention in
 [B, S, H, D] and [B, H, S, D], flax linen's MultiHeadDotProductAttention. Each fused
 case is checked to run as the flash backward kernel (its kernel notes) with dq, dk, dv
-read / written in the program's layout (no transpose kernel); the forms the backward
-kernel has no form for yet (an additive bias, a runtime mask) are checked to be
-recorded near misses that still match CPU op by op. Tolerances: bf16 inputs, f32
+read / written in the program's layout (no transpose kernel), runtime masks and biases
+included; a gradient the kernel does not write (the bias's) is checked to be a
+recorded near miss that still matches CPU op by op. Tolerances: bf16 inputs, f32
 accumulation (tests/conftest.assert_close "bfloat16")."""
 from __future__ import annotations
 
@@ -29,10 +29,11 @@ def _grad(f, n=3):
 
 
 def _check(jax, trn, cpu, f, shapes, fused=True, seed=0):
-    """Runs grad(f) on trn and cpu; checks the kernels (fused or not) and the values."""
+    """Runs grad(f) (w.r.t. q, k, v) on trn and cpu; checks the kernels (fused or
+    not) and the values."""
     import ml_dtypes  # noqa: F401
     args = _args(shapes, seed)
-    out, ref, kernels = _run(jax, trn, cpu, _grad(f, len(shapes) - 1), args)
+    out, ref, kernels = _run(jax, trn, cpu, _grad(f), args)
     assert _fused(kernels)[1] == fused, _notes(kernels)
     if fused:
         assert not [k for k in kernels if "transpose" in k.name], [k.name for k in kernels]
@@ -139,25 +140,44 @@ def test_flax_linen_attention_grads(jax, trn, cpu):
         assert_close(a / scale, b / scale, "bfloat16")
 
 
-@pytest.mark.parametrize("form", ["bias", "mask"])
-def test_forms_without_a_backward_kernel_are_recorded_and_match(jax, trn, cpu, form):
-    """An additive bias, a runtime mask: the backward kernel has no form for them yet;
-    the pass records why and the program runs op by op, matching CPU."""
+@pytest.mark.parametrize("form", ["bias", "mask", "both"])
+def test_runtime_mask_and_bias_grads(jax, trn, cpu, form):
+    """A runtime additive bias [B, N, T, S], a runtime boolean mask (computed from the
+    input: a padded key tail, and query rows that see no key, whose softmax is uniform
+    with the library's finite fill), or both: the backward kernel adds them to the
+    recomputed scores per block and zeroes ds where the mask is false, as the program's
+    select does (was: a near miss, "an additive bias" / "a mask computed at run
+    time")."""
+    import jax.numpy as jnp
+    b, t, n, h = 1, 256, 2, 64
+    shapes = [(b, t, n, h)] * 3 + [(b, n, t, t)] * (form != "mask") + [(b, t, n, h)]
+    pad = np.arange(t) < 200
+
+    def f(q, k, v, *bias):
+        mask = None
+        if form != "bias":      # depends on the input: computed at run time
+            mask = (q[:, None, :, 0, :1] < 2.0) & pad   # ~2% of rows see no key
+        return jax.nn.dot_product_attention(q, k, v, *bias, mask=mask)
+    _check(jax, trn, cpu, f, shapes, seed=5)
+
+
+def test_bias_gradient_is_a_recorded_near_miss(jax, trn, cpu):
+    """jax.grad with respect to the bias too: its gradient is ds itself, an [S, S]
+    tensor the backward kernel does not write; the pass says so, the program runs op
+    by op and matches CPU."""
+    import ml_dtypes  # noqa: F401
     import hlo_passes
     from hlo_passes.passes.attention_bwd_fusion import DECISIONS
     from tests.hlo_passes.helpers import artifact_of
-    b, t, n, h = 1, 128, 2, 32
-    shapes = {"bias": [(b, t, n, h)] * 3 + [(b, n, t, t), (b, t, n, h)],
-              "mask": [(b, t, n, h)] * 4}[form]
-    reason = {"bias": "an additive bias", "mask": "a mask computed at run time"}[form]
-    mask = np.tril(np.ones((t, t), bool)) | (np.arange(t) < 8)
 
-    def f(q, k, v, *bias):
-        if form == "mask":      # a mask that depends on the input: computed at run time
-            keep = (q[:, :, :, :1] > -10).transpose(0, 2, 1, 3)
-            return jax.nn.dot_product_attention(q, k, v, mask=keep & mask)
-        return jax.nn.dot_product_attention(q, k, v, *bias)
-    args = _args(shapes, 5)
-    module = hlo_passes.compile_to_ir(artifact_of(_grad(f, len(shapes) - 1), *args))
-    assert any(reason in note for note in module.attrs[DECISIONS]), module.attrs[DECISIONS]
-    _check(jax, trn, cpu, f, shapes, fused=False, seed=5)
+    def f(q, k, v, bias):
+        return jax.nn.dot_product_attention(q, k, v, bias)
+    shapes = [(1, 128, 2, 32)] * 3 + [(1, 2, 128, 128), (1, 128, 2, 32)]
+    args = _args(shapes, 8)
+    module = hlo_passes.compile_to_ir(artifact_of(_grad(f, 4), *args))
+    assert any("also used outside" in note for note in module.attrs[DECISIONS]), \
+        module.attrs[DECISIONS]
+    out, ref, kernels = _run(jax, trn, cpu, _grad(f, 4), args)
+    assert not _fused(kernels)[1], _notes(kernels)
+    for a, b in zip(out, ref):
+        assert_close(a, b, "bfloat16")

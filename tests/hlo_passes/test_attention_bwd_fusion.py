@@ -207,7 +207,9 @@ def test_library_layout_fuses_with_its_strides():
     verify(module)
 
 
-def test_a_runtime_mask_is_a_near_miss_with_its_reason():
+def test_a_runtime_mask_fuses():
+    """A mask that is an input of the program: the backward fusion reads it (operand
+    6, strides of the forward's mask); was a near miss, "a mask computed at run time"."""
     def f(q, k, v, mask, do):
         def attn(q, k, v):
             s = jnp.einsum("bhqd,bhkd->bhqk", q, k) * SCALE
@@ -218,14 +220,15 @@ def test_a_runtime_mask_is_a_near_miss_with_its_reason():
         return (o,) + vjp(do)
     mask = jnp.ones((64, 64), bool)
     module = hlo_passes.compile_to_ir(artifact_of(f, ARG, ARG, ARG, mask, ARG))
-    assert not _fusions(module, "attention_bwd")
-    (note,) = module.attrs[DECISIONS]
-    assert note.endswith("a mask computed at run time (the backward kernel needs a "
-                         "compile-time one)")
+    (bwd,) = _fusions(module, "attention_bwd")
+    assert bwd.operands[6] is module.main.args[3]
+    assert _strides(bwd)["sq"][4] == 64 and _strides(bwd)["sk"][4] == 1
+    assert DECISIONS not in module.attrs
 
 
-def test_a_mask_varying_along_batch_is_a_near_miss():
-    """A compile-time mask that differs per head: the backward kernel reads one."""
+def test_a_mask_varying_along_batch_fuses_with_its_batch_stride():
+    """A compile-time mask that differs per head is stored with its head dim (the
+    kernel reads it per head, as a runtime mask); was a near miss."""
     def f(q, k, v, do):
         def attn(q, k, v):
             s = jnp.einsum("bhqd,bhkd->bhqk", q, k) * SCALE
@@ -237,9 +240,24 @@ def test_a_mask_varying_along_batch_is_a_near_miss():
         o, vjp = jax.vjp(attn, q, k, v)
         return (o,) + vjp(do)
     module = _compile(f)
+    (bwd,) = _fusions(module, "attention_bwd")
+    assert bwd.operands[6].type.shape == (2, 64, 64)
+    assert _strides(bwd)["batch"][4] == 64 * 64
+    assert DECISIONS not in module.attrs
+
+
+def test_a_bias_gradient_is_a_near_miss():
+    """jax.grad w.r.t. the bias too: its gradient is ds, which the kernel does not
+    write; the decision names the value used outside."""
+    def loss(q, k, v, bias):
+        return jax.nn.dot_product_attention(q, k, v, bias).astype(jnp.float32).sum()
+    arg = jnp.zeros((1, 64, 2, 32), jnp.bfloat16)
+    bias = jnp.zeros((1, 2, 64, 64), jnp.bfloat16)
+    module = hlo_passes.compile_to_ir(artifact_of(jax.grad(loss, argnums=(0, 1, 2, 3)),
+                                                  arg, arg, arg, bias))
     assert not _fusions(module, "attention_bwd")
     (note,) = module.attrs[DECISIONS]
-    assert note.endswith("a mask that is not one [Sq, Sk] for every batch index")
+    assert "is also used outside" in note
 
 
 def test_grad_of_library_attention_fuses():
