@@ -61,6 +61,7 @@ class BwdMatch:
         self.shared: set[ir.Op] = set()
         self.labels: dict = {}           # "q" / "k" / "v": the labels of their dims
         self.strides: dict = {}          # "do", "dq", "dk", "dv": {label: stride}
+        self.mask_ops: set[ir.Op] = set()   # computing from the mask only (mask_ops)
 
     @property
     def outputs(self) -> list[ir.Value]:
@@ -392,12 +393,38 @@ def _check_closed(m: BwdMatch, users: dict) -> None:
     other users; a view of an inner value (p's convert) used outside is not allowed."""
     inner = set(m.fwd.ops) | set(m.ops)
     outs = {m.fwd.out, m.dq, m.dk, m.dv}
-    made = fwd_pattern.inner_made(inner)
+    m.mask_ops = mask_ops(m.fwd.mask, inner)
+    made = fwd_pattern.inner_made(inner - m.mask_ops)
     for op in inner:
         if op in outs:
             continue
         for v in op.results:
             if any(u not in inner for u in users.get(v, ())):
-                if v in made or op.kind not in fwd_pattern.SHAREABLE:
+                if v in made or (op.kind not in fwd_pattern.SHAREABLE and
+                                 op not in m.mask_ops):
                     raise NoMatch(f"%{v.name} ({op.kind}) is also used outside")
                 m.shared.add(op)
+
+
+MASK_KINDS = frozenset({"broadcast_in_dim", "reshape", "transpose", "convert", "and",
+                        "compare", "constant"})
+
+
+def mask_ops(mask: ir.Value | None, inner: set) -> set:
+    """The ops of `inner` that compute from the mask and constants only (its views, an
+    `and` with all-true, a bool round trip): the layers of a model share them (one mask
+    broadcast to every layer's scores), so they stay in the program for their other
+    users and are cloned into the regions, like views."""
+    if mask is None:
+        return set()
+    producer = {v: op for op in inner for v in op.results}
+    memo: dict = {}
+
+    def derived(op) -> bool:
+        if op not in memo:
+            memo[op] = False
+            memo[op] = op.kind in MASK_KINDS and all(
+                v is mask or (v in producer and derived(producer[v])) or
+                (v not in producer and v.type.size <= 64) for v in op.operands)
+        return memo[op]
+    return {op for op in inner if derived(op)}

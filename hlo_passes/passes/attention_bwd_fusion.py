@@ -75,7 +75,8 @@ def _fuse_block(block: ir.Block, policy: FusionPolicy, notes: list[str]) -> bool
             notes.append(f"attention-bwd: not fused{where}: {e}")
             continue
         members = set(f.ops) | set(m.ops)
-        if any(op.kind not in fwd_pattern.SHAREABLE for op in members & used):
+        if any(op.kind not in fwd_pattern.SHAREABLE and op not in m.mask_ops
+               for op in members & used):
             notes.append(f"attention-bwd: not fused{where}: overlaps another attention")
             continue
         decision = policy.attention(f.probs, f.scale, f.mask is not None, mask_value)
@@ -117,7 +118,7 @@ def _rewrite(block: ir.Block, graph: BlockGraph, plans) -> None:
             at.setdefault(first, []).extend(pre + [fwd, bwd])
         mapping.update(zip(m.outputs, bwd.results))
         members.update(op for op in (*m.fwd.ops, *m.ops)
-                       if op.kind not in fwd_pattern.SHAREABLE)
+                       if op.kind not in fwd_pattern.SHAREABLE and op not in m.mask_ops)
     ops = []
     for op in block.ops:
         ops.extend(at.get(op, ()))

@@ -125,8 +125,12 @@ def test_flax_linen_attention_grads(jax, trn, cpu):
                         argnums=(0, 1))(p, x)
     out, ref, kernels = _run(jax, trn, cpu, f, [params, x])
     assert _fused(kernels) == (True, True), _notes(kernels)
-    paths = [jax.tree_util.keystr(k) for k, _ in
-             jax.tree_util.tree_leaves_with_path((params, x))]
+    _compare_grads(jax, (params, x), out, ref)
+
+
+def _compare_grads(jax, tree, out, ref) -> None:
+    """Gradients of a flax model against CPU, each scaled by its largest value."""
+    paths = [jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_leaves_with_path(tree)]
     got = {path: (a.astype(np.float32), b.astype(np.float32))
            for path, a, b in zip(paths, out, ref)}
     for path, (a, b) in got.items():
@@ -181,3 +185,49 @@ def test_bias_gradient_is_a_recorded_near_miss(jax, trn, cpu):
     assert not _fused(kernels)[1], _notes(kernels)
     for a, b in zip(out, ref):
         assert_close(a, b, "bfloat16")
+
+
+def _two_layer_linen(jax):
+    """Two flax linen attention layers sharing one causal mask (nn.make_causal_mask:
+    one broadcast, `and`ed with all-true, read by both layers' scores)."""
+    nn = pytest.importorskip("flax.linen")
+    import jax.numpy as jnp
+
+    class TwoLayers(nn.Module):
+        @nn.compact
+        def __call__(self, tokens, x):
+            mask = nn.make_causal_mask(tokens)
+            for _ in range(2):
+                x = x + nn.MultiHeadDotProductAttention(
+                    num_heads=2, qkv_features=128, dtype=jnp.bfloat16)(x, x, mask=mask)
+            return x
+    return TwoLayers()
+
+
+def test_layers_sharing_a_mask_both_fuse(jax, trn, cpu):
+    """The mask ops two layers share stay in the program for the other layer (they are
+    cloned into each region): both layers' backward fuse (was: a near miss, "%v
+    (broadcast_in_dim) is also used outside", as in benchmarks/models.py's lm row)."""
+    import jax.numpy as jnp
+    import ml_dtypes  # noqa: F401
+    import hlo_passes
+    from hlo_passes.passes.attention_bwd_fusion import DECISIONS
+    from tests.hlo_passes.helpers import artifact_of
+    model = _two_layer_linen(jax)
+    tokens = np.ones((1, 256), np.int32)
+    x = _args([(1, 256, 128)], 9)[0]
+    with jax.default_device(cpu):
+        params = jax.tree_util.tree_map(np.asarray, model.init(jax.random.PRNGKey(0),
+                                                               tokens, x))
+
+    def f(p, x):
+        return jax.grad(lambda p, x: model.apply(p, tokens, x).astype(jnp.float32).sum(),
+                        argnums=(0, 1))(p, x)
+    module = hlo_passes.compile_to_ir(artifact_of(f, params, x))
+    assert DECISIONS not in module.attrs, module.attrs[DECISIONS]
+    assert [op.attrs["fusion_kind"] for op in module.main.body.ops if op.kind == "fusion"
+            and op.attrs["fusion_kind"] == "attention_bwd"] == ["attention_bwd"] * 2
+    out, ref, kernels = _run(jax, trn, cpu, f, [params, x])
+    notes = _notes(kernels)
+    assert sum(n.startswith(BWD_NOTE) for n in notes) == 2, notes
+    _compare_grads(jax, (params, x), out, ref)
