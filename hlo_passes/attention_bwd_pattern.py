@@ -43,7 +43,7 @@ from hlo_passes import ir
 from hlo_passes.attention_bwd_labels import NoMatch
 from hlo_passes.attention_bwd_vjp import CONE, check_vjp
 from hlo_passes.attention_fold import splat
-from hlo_passes.attention_layout import view_back
+from hlo_passes.attention_layout import forward_strides, row_major, view_back
 
 SCALE_RTOL = 2.0 ** -8      # the backward's scale may be the forward's rounded to bf16
 
@@ -181,6 +181,39 @@ def complete(m: BwdMatch, producer: dict, users: dict) -> None:
     check_vjp(f, scores(f, producer), (p, plab), (dp_op.result, dp_lab), (ds, dslab),
               cone, producer)
     _check_closed(m, users)
+    for name in ("q", "k", "v"):
+        _rebase(m, name, producer, users)
+
+
+def _rebase(m: BwdMatch, name: str, producer: dict, users: dict) -> None:
+    """The forward's operand `name` read further back, through the transposes /
+    reshapes that only the joint graph uses (the forward stopped at a view the
+    backward's dots also read: jax.nn.dot_product_attention's q reshape, a copy
+    kernel of its own otherwise); its axes' strides follow."""
+    f, inner = m.fwd, set(m.fwd.ops) | set(m.ops)
+    old = v = getattr(f, name)
+    chain = []
+    while producer.get(v) is not None and producer[v].kind in ("transpose", "reshape") \
+            and users.get(v) and all(u in inner for u in users[v]):
+        chain.append(producer[v])
+        v = producer[v].operands[0]
+    while chain:
+        try:
+            strides = row_major(v.shape)
+            for op in reversed(chain):
+                strides = forward_strides(op, strides)
+            break
+        except fwd_pattern._NoMatch:
+            v = chain.pop().result
+    if not chain:
+        return
+    by_old = {(s, n): new for s, n, new in zip(row_major(old.shape), old.shape, strides)
+              if n != 1}
+    for _, n, st in f.axes:
+        if name in st and n != 1:
+            st[name] = by_old[(st[name], n)]
+    f.ops += chain
+    setattr(f, name, v)
 
 
 def _ordered(i: int, mine: list, other: list) -> tuple[list, list]:

@@ -275,6 +275,10 @@ def test_grad_of_library_attention_fuses():
     assert DECISIONS not in module.attrs
     assert module.main.body.ops[-1].operands == list(bwd.results)
     assert bwd.attrs["attention_mask"]
+    # q is read in place through its unit reshape, which the qk and dk dots both read
+    # (was: the fusions read the reshape's result, a copy kernel of its own)
+    assert bwd.operands[:3] == module.main.args[:3]
+    assert not [op for op in module.main.body.ops if op.kind == "reshape"]
     verify(module)
 
 
