@@ -1,56 +1,51 @@
 """The joint forward + backward attention graph that `jax.grad` makes of
-`softmax(mask(q @ k^T * scale)) @ v`: what the attention-bwd-fusion pass
+`softmax(mask(q @ k^T * scale + bias)) @ v`: what the attention-bwd-fusion pass
 (passes/attention_bwd_fusion.py) replaces by a flash forward that also writes the rows'
 logsumexp and one flash backward kernel.
 
-The forward is attention_pattern.py's pattern (its `o` may be dead: `jax.grad` of a
-loss that does not need it). Its probabilities `p` (f32, or rounded to the p @ v dtype)
-and the softmax's inner values are also used by the backward, as JAX's autodiff writes
-it (names are the values; `[b]` the leading batch dims, nb of them):
+The forward is attention_pattern.py's pattern in any layout (its `o` may be dead:
+`jax.grad` of a loss that does not need it). Its probabilities `p` (f32, or rounded to
+the p @ v dtype) and the softmax's inner values are also used by the backward, as JAX's
+autodiff writes it (names are the values; each dot may batch, contract and keep its
+dims in any order, its operands and result may be views):
 
-    dv = dot_general(do, p)   contracting Sq, then transpose(.., Sk, Dv)   [b, Sk, Dv]
-         (or dot_general(p, do) contracting Sq)
-    dp = dot_general(do, v)   contracting Dv                               [b, Sq, Sk]
+    dv = dot_general(p, do)   contracting the query dims (Sq and GQA groups)
+    dp = dot_general(do, v)   contracting Dv (do: a view of dv's do)
     ds = softmax VJP of dp    any graph of elementwise ops, row reductions and views
                               over dp and the forward's values that computes
                               p * (dp - rowsum(dp * p)) (checked by evaluation, below)
-    ds' = convert / select(mask, ds, 0) / multiply(ds, scale), in any order
-    dq = dot_general(ds', k)  contracting Sk                               [b, Sq, D]
-    dk = dot_general(ds', q)  contracting Sq                               [b, Sk, D]
+    ds' = convert / transpose / unit reshape / select(mask, ds, 0) / ds * c, ds / c
+    dq = dot_general(ds', k)  contracting Sk
+    dk = dot_general(ds', q)  contracting the query dims (GQA: dk summed over groups)
+
+Every dim of these dots is labelled with the forward's labels (attention_bwd_labels.py):
+q, k, v views by their strides in the forward's buffers, p as the forward labels it,
+do and ds' by pairing with them; dq, dk, dv must come out with exactly q's, k's, v's
+labels, and their strides (through the views after each dot) go to the kernel, which
+reads and writes in the program's layout.
 
 The softmax VJP takes several forms (the quotient rule of `e / l` when JAX's softmax is
 differentiated op by op, `p * (dp - sum(p * dp))` from its custom JVP); rather than
 matching each, its ops are collected (the cone of `ds` down to dp and the forward's
 values) and evaluated with numpy on random scores and `dp` with every dim shrunk to at
-most 3 elements: the cone must compute p * (dp - rowsum(dp * p)) there.
+most 3 elements, p, dp and ds put in one dim order by their labels: the cone must
+compute p * (dp - rowsum(dp * p)) there.
 
 Every value made inside the joint graph is used only inside it, but for `o`, dq, dk, dv
-and views / converts (which the regions clone).
-
-The forward matches any layout (attention_axes.py); the backward kernel reads q, k, v, o
-as [b.., S, D] row-major and one compile-time [Sq, Sk] mask, so other layouts, GQA
-groups, biases and runtime / per-head masks are near misses (`check_layout`,
-`check_mask`). The forward's output is p @ v's result (`own_output`): transposes after
-it stay in the program.
+and views / converts (which the regions clone): a gradient of the bias (ds itself, used
+outside) is a near miss.
 """
 from __future__ import annotations
 
-import numpy as np
-
+from hlo_passes import attention_bwd_labels as L
 from hlo_passes import attention_pattern as fwd_pattern
 from hlo_passes import ir
+from hlo_passes.attention_bwd_labels import NoMatch
+from hlo_passes.attention_bwd_vjp import CONE, check_vjp
 from hlo_passes.attention_fold import splat
-from hlo_passes.attention_layout import row_major
+from hlo_passes.attention_layout import forward_strides, row_major, view_back
 
-_CONE = frozenset({"multiply", "divide", "add", "subtract", "negate", "convert",
-                   "broadcast_in_dim", "reshape", "reduce", "constant", "exponential",
-                   "maximum"})
 SCALE_RTOL = 2.0 ** -8      # the backward's scale may be the forward's rounded to bf16
-SHRINK = 3                  # dims longer than this are evaluated with this many elements
-
-
-class NoMatch(Exception):
-    """Not the joint graph; the message says why (a fusion decision's reason)."""
 
 
 class BwdMatch:
@@ -64,6 +59,9 @@ class BwdMatch:
         self.ops: list[ir.Op] = []       # the backward's ops
         self.scale = 1.0                 # the scale the backward multiplies ds by
         self.shared: set[ir.Op] = set()
+        self.labels: dict = {}           # "q" / "k" / "v": the labels of their dims
+        self.strides: dict = {}          # "do", "dq", "dk", "dv": {label: stride}
+        self.mask_ops: set[ir.Op] = set()   # computing from the mask only (mask_ops)
 
     @property
     def outputs(self) -> list[ir.Value]:
@@ -72,20 +70,6 @@ class BwdMatch:
 
 def _dims(op: ir.Op, name: str) -> tuple[int, ...]:
     return tuple(op.attrs.get(name, ()))
-
-
-def dot_is(op: ir.Op, lhs_c: int, rhs_c: int) -> bool:
-    """`op` a dot_general with the leading dims batched, contracting lhs dim `lhs_c` and
-    rhs dim `rhs_c` (counted from the first non-batch dim)."""
-    if op is None or op.kind != "dot_general":
-        return False
-    nb = op.operands[0].type.rank - 2
-    batch = tuple(range(nb))
-    return nb >= 0 and op.operands[1].type.rank == nb + 2 and \
-        _dims(op, "lhs_batching_dimensions") == batch and \
-        _dims(op, "rhs_batching_dimensions") == batch and \
-        _dims(op, "lhs_contracting_dimensions") == (nb + lhs_c,) and \
-        _dims(op, "rhs_contracting_dimensions") == (nb + rhs_c,)
 
 
 def candidates(block: ir.Block, producer: dict, users: dict) -> list[BwdMatch]:
@@ -163,73 +147,188 @@ def _stand_in(dv: ir.Op, pi: int, dp: ir.Op, di: int) -> ir.Op | None:
 
 
 def complete(m: BwdMatch, producer: dict, users: dict) -> None:
-    """Finds the backward of `m.fwd`; raises NoMatch with the reason it is not one."""
+    """Finds the backward of `m.fwd` and labels its dims (attention_bwd_labels.py);
+    raises NoMatch with the reason it is not one."""
     f = m.fwd
-    own_output(f, producer)
-    check_layout(f)
-    p = f.pv.operands[0]
-    dv_op, trans = _dv(m, p, users)
-    m.do = do = dv_op.operands[0] if dv_op.operands[1] is p else dv_op.operands[1]
-    dp_op = _only(users, f.v, lambda u: u is not f.pv and dot_is(u, 1, 1) and
-                  u.operands[0] is do, "the dp = do @ v^T dot")
-    ds_final, dq, dk = _dq_dk(f, users)
-    m.dq, m.dk, m.dv = dq, dk, trans or dv_op
-    m.ops = [dv_op, dp_op, dq, dk] + ([trans] if trans else [])
-    ds = _ds_chain(m, ds_final, producer)
+    m.labels = {n: set(L.operand_table(f, n).values()) for n in "qkv"}
+    p = probs(f, producer)
+    plab = p_labels(f, p)
+    dv_op = _only(users, p, lambda u: u is not f.pv and u.kind == "dot_general",
+                  "the dv = p^T @ do dot")
+    dp_op, vi, vlab, do_lab = _dp(m, dv_op, p, plab, producer, users)
+    dq, dk, ds_lab, qk_lab = _dq_dk(m, producer, users)
+    ds_final = dq.operands[1 - qk_lab[0]]
+    lab = {"dq": L.result_labels(dq, *_ordered(qk_lab[0], qk_lab[2], ds_lab)),
+           "dk": L.result_labels(dk, *_ordered(qk_lab[1], qk_lab[3], ds_lab))}
+    pi = dv_op.operands.index(p)
+    lab["dv"] = L.result_labels(dv_op, *_ordered(pi, plab, do_lab[1]))
+    dp_lab = L.result_labels(dp_op, *_ordered(vi, vlab, do_lab[0]))
+    m.ops += [dv_op, dp_op, dq, dk]
+    outs = {}
+    for name, op in (("dq", dq), ("dk", dk), ("dv", dv_op)):
+        last, chain, strides = L.output_chain(op, users)
+        m.ops += chain
+        outs[name] = last
+        m.strides[name] = L.strides_of(lab[name], strides, m.labels[name[1]], name)
+    m.dq, m.dk, m.dv = outs["dq"], outs["dk"], outs["dv"]
+    if set(dp_lab) - {None} != set(plab) - {None}:
+        raise NoMatch("dp = do @ v^T is not score-shaped")
+    ds, dslab = _ds_chain(m, ds_final, ds_lab, producer)
     if abs(m.scale - f.scale) > SCALE_RTOL * abs(f.scale):
         raise NoMatch(f"ds is scaled by {m.scale:.6g}, the scores by {f.scale:.6g}")
     cone = _cone(ds, f, dp_op, producer)
     m.ops += cone
-    check_vjp(m, ds, dp_op.result, cone, producer)
+    check_vjp(f, scores(f, producer), (p, plab), (dp_op.result, dp_lab), (ds, dslab),
+              cone, producer)
     _check_closed(m, users)
+    for name in ("q", "k", "v"):
+        _rebase(m, name, producer, users)
 
 
-_OPERAND_AXES = {"q": ("sq", "d"), "k": ("sk", "d"), "v": ("sk", "dv"), "out": ("sq", "dv")}
-
-
-def own_output(f: fwd_pattern.Match, producer: dict) -> None:
-    """Makes p @ v's result the forward's output ([b.., Sq, Dv], as the backward reads
-    o): the transposes / reshapes the forward match wrote it through
-    (attention_axes._output) leave the match and stay in the program."""
-    if f.out is f.pv:
+def _rebase(m: BwdMatch, name: str, producer: dict, users: dict) -> None:
+    """The forward's operand `name` read further back, through the transposes /
+    reshapes that only the joint graph uses (the forward stopped at a view the
+    backward's dots also read: jax.nn.dot_product_attention's q reshape, a copy
+    kernel of its own otherwise); its axes' strides follow."""
+    f, inner = m.fwd, set(m.fwd.ops) | set(m.ops)
+    old = v = getattr(f, name)
+    chain = []
+    while producer.get(v) is not None and producer[v].kind in ("transpose", "reshape") \
+            and users.get(v) and all(u in inner for u in users[v]):
+        chain.append(producer[v])
+        v = producer[v].operands[0]
+    while chain:
+        try:
+            strides = row_major(v.shape)
+            for op in reversed(chain):
+                strides = forward_strides(op, strides)
+            break
+        except fwd_pattern._NoMatch:
+            v = chain.pop().result
+    if not chain:
         return
-    chain, op = set(), f.out
-    while op is not f.pv:
-        chain.add(op)
-        op = producer[op.operands[0]]
-    f.ops = [op for op in f.ops if op not in chain]
-    f.out = f.pv
-    sizes = [n for role, n, _ in f.axes if role in ("batch", "group", "sq", "dv")]
-    strides = iter(row_major(sizes))
-    for role, _, st in f.axes:
-        st.pop("out", None)
-        if role in ("batch", "group", "sq", "dv"):
-            st["out"] = next(strides)
+    by_old = {(s, n): new for s, n, new in zip(row_major(old.shape), old.shape, strides)
+              if n != 1}
+    for _, n, st in f.axes:
+        if name in st and n != 1:
+            st[name] = by_old[(st[name], n)]
+    f.ops += chain
+    setattr(f, name, v)
 
 
-def check_layout(f: fwd_pattern.Match) -> None:
-    """The layout the backward kernel (jax_trn/lower/attention_bwd.py) reads: q @ k^T
-    and p @ v as dots of [b.., S, D] operands with the batch dims leading, q, k, v and o
-    row-major in that order, no GQA group axis, no bias. The forward matches any layout
-    (`f.axes`, attention_axes.py); until the backward reads strides, other layouts
-    (jax.nn.dot_product_attention's [B, S, N, H]) are near misses and run op by op."""
-    if f.bias is not None:
-        raise NoMatch("an additive bias (the backward kernel has none)")
-    if any(role == "group" for role, _, _ in f.axes):
-        raise NoMatch("grouped (GQA) heads (the backward kernel has no group axis)")
-    if f.out is not f.pv or not dot_is(f.qk, 1, 1) or not dot_is(f.pv, 1, 0) or \
-            f.qk.operands != [f.q, f.k] or f.pv.operands[1] is not f.v:
-        raise NoMatch("not q @ k^T and p @ v on [b.., S, D] operands (the backward "
-                      "kernel reads no other layout yet)")
-    batch = [(n, st) for role, n, st in f.axes if role == "batch"]
-    by_role = {role: (n, st) for role, n, st in f.axes if role != "batch"}
-    for name, value in (("q", f.q), ("k", f.k), ("v", f.v), ("out", f.pv.result)):
-        axes = batch + [by_role[role] for role in _OPERAND_AXES[name]]
-        sizes = tuple(n for n, _ in axes)
-        if tuple(st.get(name, 0) for _, st in axes) != row_major(sizes) or \
-                tuple(value.shape[-2:]) != sizes[-2:]:
-            raise NoMatch(f"{name} is not laid out [b.., S, D] row-major (the backward "
-                          "kernel reads no other layout yet)")
+def _ordered(i: int, mine: list, other: list) -> tuple[list, list]:
+    """(lhs labels, rhs labels) of a dot whose operand `i` has labels `mine`."""
+    return (mine, other) if i == 0 else (other, mine)
+
+
+def p_labels(f: fwd_pattern.Match, p: ir.Value) -> list:
+    """p's labels as attention_pattern._match_as gives them (("b", j) the p @ v dot's
+    j-th batch dim, ("f", d) p's free dim d, "sk"), None for unit dims."""
+    pi = f.pv.operands.index(p)
+    b, c, _ = L.sides(f.pv, pi)
+    labels = [None if n == 1 else ("f", d) for d, n in enumerate(p.shape)]
+    for j, d in enumerate(b):
+        labels[d] = ("b", j) if p.shape[d] != 1 else None
+    labels[c[0]] = "sk"
+    return labels
+
+
+def _closure(root: ir.Value, users: dict) -> set:
+    """`root` and the values made from it by views (transposes, reshapes, converts)."""
+    out, stack = set(), [root]
+    while stack:
+        v = stack.pop()
+        if v in out:
+            continue
+        out.add(v)
+        stack += [u.result for u in users.get(v, ()) if u.kind in L.VIEWS]
+    return out
+
+
+def _read(m: BwdMatch, value: ir.Value, name: str, producer: dict) -> list:
+    """Labels of a view of the forward's operand `name` (its views join the match)."""
+    root = getattr(m.fwd, name)
+    _, chain, strides = L.view_chain(value, root, producer)
+    m.ops += chain
+    return L.by_stride(value, strides, L.operand_table(m.fwd, name))
+
+
+def _dp(m: BwdMatch, dv_op: ir.Op, p: ir.Value, plab: list, producer: dict,
+        users: dict) -> tuple:
+    """(dp dot, index of v's view in it, [do's labels in dp, in dv]): dp reads a view of
+    v and a view of the do that dv reads; do's dims are labelled by pairing with v's
+    (dp contracts Dv) and p's (dv contracts the query dims)."""
+    f = m.fwd
+    do2 = dv_op.operands[1 - dv_op.operands.index(p)]
+    m.do, chain2, st2 = L.view_chain(do2, None, producer)
+    found = []
+    for v in _closure(f.v, users):
+        for u in users.get(v, ()):
+            if u is f.pv or u.kind != "dot_general" or u is dv_op:
+                continue
+            for vi in (0, 1):
+                if u.operands[vi] is v and L.view_chain(u.operands[1 - vi], None,
+                                                        producer)[0] is m.do:
+                    found.append((u, vi))
+    if len(found) != 1:
+        raise NoMatch(f"{len(found)} candidates for the dp = do @ v^T dot")
+    dp_op, vi = found[0]
+    do1 = dp_op.operands[1 - vi]
+    _, chain1, st1 = L.view_chain(do1, None, producer)
+    vlab = _read(m, dp_op.operands[vi], "v", producer)
+    lab1, lab2 = [None] * do1.type.rank, [None] * do2.type.rank
+    L.pair(dp_op, vi, vlab, lab1)
+    L.pair(dv_op, dv_op.operands.index(p), plab, lab2)
+    table: dict = {}
+    for labs, sts, shape in ((lab1, st1, do1.shape), (lab2, st2, do2.shape)):
+        for lab, s, n in zip(labs, sts, shape):
+            if lab is not None and n != 1:
+                if table.setdefault((s, n), lab) != lab:
+                    raise NoMatch("do's dims do not line up with v's and p's")
+    lab1, lab2 = L.by_stride(do1, st1, table), L.by_stride(do2, st2, table)
+    m.strides["do"] = L.strides_of(lab1, st1, _o_labels(f), "do")
+    m.ops += chain1 + chain2
+    return dp_op, vi, vlab, (lab1, lab2)
+
+
+def _o_labels(f: fwd_pattern.Match) -> set:
+    return {lab for (_, n, st), lab in zip(f.axes, f.axis_labels) if "out" in st and n != 1}
+
+
+def _dq_dk(m: BwdMatch, producer: dict, users: dict) -> tuple:
+    """(dq dot, dk dot, ds' labels, (k index in dq, q index in dk, k's labels, q's)):
+    dq = ds' @ k contracting Sk, dk = ds'^T @ q contracting the query dims, one ds'."""
+    f = m.fwd
+    qk = f.qk
+    reads = {}
+    for name in ("q", "k"):
+        reads[name] = [(u, i) for v in _closure(getattr(f, name), users)
+                       for u in users.get(v, ()) if u is not qk and
+                       u.kind == "dot_general" for i in (0, 1) if u.operands[i] is v]
+    error = NoMatch("no dq = ds @ k and dk = ds^T @ q dots sharing ds")
+    for dq, ki in reads["k"]:
+        for dk, qi in reads["q"]:
+            if dq is dk or dq.operands[1 - ki] is not dk.operands[1 - qi]:
+                continue
+            state = (list(m.ops), dict(m.strides))
+            try:
+                return (dq, dk) + _label_ds(m, dq, ki, dk, qi, producer)
+            except NoMatch as e:
+                m.ops, m.strides = state
+                error = e
+    raise error
+
+
+def _label_ds(m: BwdMatch, dq: ir.Op, ki: int, dk: ir.Op, qi: int, producer: dict):
+    klab = _read(m, dq.operands[ki], "k", producer)
+    qlab = _read(m, dk.operands[qi], "q", producer)
+    ds = dq.operands[1 - ki]
+    dslab = [None] * ds.type.rank
+    L.pair(dq, ki, klab, dslab)
+    L.pair(dk, qi, qlab, dslab)
+    if any(lab is None and n != 1 for lab, n in zip(dslab, ds.shape)):
+        raise NoMatch("ds has a dim neither dq nor dk contracts or batches")
+    return dslab, (ki, qi, klab, qlab)
 
 
 def probs(f: fwd_pattern.Match, producer: dict) -> ir.Value:
@@ -242,21 +341,6 @@ def probs(f: fwd_pattern.Match, producer: dict) -> ir.Value:
         if op is f.probs:
             return v
     raise NoMatch("p @ v reads no softmax")
-
-
-def check_mask(f: fwd_pattern.Match, value) -> None:
-    """The mask the backward kernel reads: known at compile time (`value`, folded and
-    without the batch dims it does not vary along: attention_fusion._folded_mask), one
-    [Sq, Sk] for every batch index."""
-    if f.mask is None:
-        return
-    if value is None:
-        raise NoMatch("a mask computed at run time (the backward kernel needs a "
-                      "compile-time one)")
-    roles = dict(zip(f.axis_labels, (role for role, _, _ in f.axes)))
-    kept = [roles.get(lab) for lab, n in zip(f.mask_labels, value.shape) if n != 1]
-    if kept != ["sq", "sk"]:
-        raise NoMatch("a mask that is not one [Sq, Sk] for every batch index")
 
 
 def scores(f: fwd_pattern.Match, producer: dict) -> ir.Value:
@@ -272,80 +356,49 @@ def _only(users: dict, v: ir.Value, pred, what: str) -> ir.Op:
     return found[0]
 
 
-def _dv(m: BwdMatch, p: ir.Value, users: dict) -> tuple[ir.Op, ir.Op | None]:
-    """The dv dot (dot(do, p) then a transpose, or dot(p, do)) reading p."""
-    cands = [u for u in users.get(p, ()) if u is not m.fwd.pv and u.kind == "dot_general"]
-    if len(cands) != 1 or not dot_is(cands[0], 0, 0):
-        raise NoMatch("p is not read by one dv = p^T @ do dot")
-    dv = cands[0]
-    if dv.operands[0] is p:
-        return dv, None
-    nb = p.type.rank - 2
-    t = users.get(dv.result, [])
-    perm = tuple(range(nb)) + (nb + 1, nb)
-    if len(t) == 1 and t[0].kind == "transpose" and tuple(t[0].attrs["permutation"]) == perm:
-        return dv, t[0]
-    raise NoMatch("dv = do^T @ p is not transposed to [.., Sk, Dv]")
-
-
-def _dq_dk(f: fwd_pattern.Match, users: dict) -> tuple[ir.Value, ir.Op, ir.Op]:
-    """(ds', dq dot, dk dot): dot(ds', k) contracting Sk and dot(ds', q) contracting Sq."""
-    qk = f.qk
-    dqs = [u for u in users.get(f.k, ()) if u is not qk and dot_is(u, 1, 0) and
-           u.operands[1] is f.k]
-    for dq in dqs:
-        ds = dq.operands[0]
-        dks = [u for u in users.get(f.q, ()) if u is not qk and dot_is(u, 0, 0) and
-               u.operands == [ds, f.q]]
-        if len(dks) == 1:
-            return ds, dq, dks[0]
-    raise NoMatch("no dq = ds @ k and dk = ds^T @ q dots sharing ds")
-
-
-def _ds_chain(m: BwdMatch, v: ir.Value, producer: dict) -> ir.Value:
-    """`v` before converts, a select(mask, ., 0) and multiplies by a splat (m.scale)."""
+def _ds_chain(m: BwdMatch, v: ir.Value, labels: list, producer: dict) -> tuple:
+    """(ds, its labels): `v` (labelled `labels`) before converts, transposes, unit
+    reshapes, a select(mask, ., 0) and multiplies or divides by a splat (m.scale)."""
     while True:
         op = producer.get(v)
         if op is None:
-            return v
-        if op.kind == "convert":
+            return v, labels
+        if op.kind in ("convert", "transpose", "reshape"):
+            try:
+                labels = view_back(op, labels)
+            except fwd_pattern._NoMatch:
+                return v, labels
             nxt = op.operands[0]
         elif op.kind == "select" and splat(op.operands[2], producer) == 0.0 and \
-                m.fwd.mask is not None and _under_views(op.operands[0], producer) is m.fwd.mask:
+                m.fwd.mask is not None and _is_mask(m, op.operands[0], labels, producer):
             splat(op.operands[2], producer, m)
-            _view_src(op.operands[0], producer, m)
             nxt = op.operands[1]
-        elif op.kind == "multiply":
+        elif op.kind in ("multiply", "divide"):
             a, b = op.operands
             ca, cb = splat(a, producer), splat(b, producer)
+            if op.kind == "divide":
+                ca = None
             if cb is None and ca is None:
-                return v
+                return v, labels
             c, nxt = (cb, a) if cb is not None else (ca, b)
             splat(b if cb is not None else a, producer, m)
-            m.scale *= c
+            m.scale *= c if op.kind == "multiply" else 1.0 / c
         else:
-            return v
+            return v, labels
         m.ops.append(op)
         v = nxt
 
 
-def _under_views(v: ir.Value, producer: dict) -> ir.Value:
-    """`v` before broadcasts / reshapes / converts (as attention_pattern finds the mask)."""
-    op = producer.get(v)
-    while op is not None and op.kind in ("broadcast_in_dim", "reshape", "convert"):
-        v = op.operands[0]
-        op = producer.get(v)
-    return v
-
-
-def _view_src(v: ir.Value, producer: dict, m: BwdMatch | None) -> ir.Op | None:
-    """The op under broadcasts / reshapes / converts of `v` (recorded in `m.ops`)."""
-    op = producer.get(v)
-    while op is not None and op.kind in ("broadcast_in_dim", "reshape", "convert"):
-        if m is not None:
-            m.ops.append(op)
-        op = producer.get(op.operands[0])
-    return op
+def _is_mask(m: BwdMatch, pred: ir.Value, labels: list, producer: dict) -> bool:
+    """`pred` is the forward's mask, found as attention_pattern finds it (its views
+    and `and`s with all-true join the match)."""
+    scratch = fwd_pattern.Match(m.fwd.pv)
+    scratch.ops = []
+    root, _ = fwd_pattern._mask_root(scratch, pred, labels, producer)
+    if root is not m.fwd.mask:
+        return False
+    m.ops += scratch.ops
+    return True
 
 
 def _cone(ds: ir.Value, f: fwd_pattern.Match, dp: ir.Op, producer: dict) -> list[ir.Op]:
@@ -359,7 +412,7 @@ def _cone(ds: ir.Value, f: fwd_pattern.Match, dp: ir.Op, producer: dict) -> list
             if op is None:
                 raise NoMatch("ds depends on a value outside the attention")
             continue
-        if op.kind not in _CONE or (op.kind == "reduce" and len(op.operands) != 2):
+        if op.kind not in CONE or (op.kind == "reduce" and len(op.operands) != 2):
             raise NoMatch(f"the softmax VJP uses {op.kind}")
         seen.add(op)
         out.append(op)
@@ -373,108 +426,38 @@ def _check_closed(m: BwdMatch, users: dict) -> None:
     other users; a view of an inner value (p's convert) used outside is not allowed."""
     inner = set(m.fwd.ops) | set(m.ops)
     outs = {m.fwd.out, m.dq, m.dk, m.dv}
-    made = fwd_pattern.inner_made(inner)
+    m.mask_ops = mask_ops(m.fwd.mask, inner)
+    made = fwd_pattern.inner_made(inner - m.mask_ops)
     for op in inner:
         if op in outs:
             continue
         for v in op.results:
             if any(u not in inner for u in users.get(v, ())):
-                if v in made or op.kind not in fwd_pattern.SHAREABLE:
+                if v in made or (op.kind not in fwd_pattern.SHAREABLE and
+                                 op not in m.mask_ops):
                     raise NoMatch(f"%{v.name} ({op.kind}) is also used outside")
                 m.shared.add(op)
 
 
-# --- the softmax VJP, checked by evaluation -------------------------------------------
-
-def check_vjp(m: BwdMatch, ds: ir.Value, dp: ir.Value, cone: list[ir.Op],
-              producer: dict) -> None:
-    """The cone computes p * (dp - rowsum(dp * p)) on shrunk random data."""
-    f = m.fwd
-    x = scores(f, producer)
-    rng = np.random.default_rng(0)
-    env = {x: rng.standard_normal(_shrunk(x.shape)),
-           dp: rng.standard_normal(_shrunk(dp.shape))}
-    order = [op for op in _topo(f.ops, producer) if op is not f.pv] + \
-        _topo(cone, producer)
-    for op in order:
-        if op.results[0] in env or op.kind == "dot_general":
-            continue
-        args = [_value(a, env, producer) for a in op.operands]
-        if any(a is None for a in args) or op.kind not in _CONE:
-            continue
-        env[op.results[0]] = _eval(op, args)
-    p = env.get(f.pv.operands[0])
-    got = env.get(ds)
-    if p is None or got is None:
-        raise NoMatch("the softmax VJP could not be evaluated")
-    p = p.reshape(got.shape)
-    dpv = env[dp].reshape(got.shape)
-    want = p * (dpv - (dpv * p).sum(-1, keepdims=True))
-    if not np.allclose(got, want, rtol=1e-6, atol=1e-9):
-        raise NoMatch("ds is not p * (dp - rowsum(dp * p))")
+MASK_KINDS = frozenset({"broadcast_in_dim", "reshape", "transpose", "convert", "and",
+                        "compare", "constant"})
 
 
-def _value(v: ir.Value, env: dict, producer: dict):
-    """`v` from `env`, or evaluated if it is a constant."""
-    if v not in env:
-        op = producer.get(v)
-        if op is None or op.kind != "constant":
-            return None
-        env[v] = _eval(op, [])
-    return env[v]
+def mask_ops(mask: ir.Value | None, inner: set) -> set:
+    """The ops of `inner` that compute from the mask and constants only (its views, an
+    `and` with all-true, a bool round trip): the layers of a model share them (one mask
+    broadcast to every layer's scores), so they stay in the program for their other
+    users and are cloned into the regions, like views."""
+    if mask is None:
+        return set()
+    producer = {v: op for op in inner for v in op.results}
+    memo: dict = {}
 
-
-def _topo(ops, producer: dict) -> list[ir.Op]:
-    """`ops` with every op after the ops of the list that produce its operands."""
-    ops, done, out = list(dict.fromkeys(ops)), set(), []
-    inside = set(ops)
-
-    def visit(op):
-        if op in done:
-            return
-        done.add(op)
-        for a in op.operands:
-            prod = producer.get(a)
-            if prod in inside:
-                visit(prod)
-        out.append(op)
-    for op in ops:
-        visit(op)
-    return out
-
-
-def _shrunk(shape) -> tuple[int, ...]:
-    return tuple(min(n, SHRINK) for n in shape)
-
-
-def _eval(op: ir.Op, args: list) -> np.ndarray:
-    shape = _shrunk(op.results[0].shape)
-    k = op.kind
-    if k == "constant":
-        value = np.asarray(op.attrs["value"], np.float64)
-        if value.size and np.all(value == value.reshape(-1)[0]):
-            return np.full(shape, value.reshape(-1)[0])
-        raise NoMatch("a non-splat constant in the softmax VJP")
-    if k == "broadcast_in_dim":
-        view = [1] * len(shape)
-        for i, d in enumerate(op.attrs["broadcast_dimensions"]):
-            view[d] = args[0].shape[i]
-        return np.broadcast_to(args[0].reshape(view), shape)
-    if k == "reshape":
-        if args[0].size != int(np.prod(shape)):
-            raise NoMatch("a reshape that is not of unit dims")
-        return args[0].reshape(shape)
-    if k == "reduce":
-        body = op.regions[0].block.ops[0].kind if op.regions else ""
-        fn = {"add": np.sum, "maximum": np.max}.get(body)
-        if fn is None:
-            raise NoMatch(f"a reduce of {body}")
-        dims = tuple(op.attrs["dimensions"])
-        return fn(args[0], axis=dims) if fn is np.max else args[1] + fn(args[0], axis=dims)
-    if k == "convert":
-        return args[0]
-    fn = {"multiply": np.multiply, "divide": np.divide, "add": np.add,
-          "subtract": np.subtract, "negate": np.negative, "exponential": np.exp,
-          "maximum": np.maximum}[k]
-    with np.errstate(all="ignore"):
-        return fn(*args)
+    def derived(op) -> bool:
+        if op not in memo:
+            memo[op] = False
+            memo[op] = op.kind in MASK_KINDS and all(
+                v is mask or (v in producer and derived(producer[v])) or
+                (v not in producer and v.type.size <= 64) for v in op.operands)
+        return memo[op]
+    return {op for op in inner if derived(op)}

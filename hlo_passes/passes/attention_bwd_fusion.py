@@ -1,11 +1,13 @@
 """Replaces each joint forward + backward attention graph (hlo_passes/
 attention_bwd_pattern.py) by two fusions, so no [Sq, Sk] tensor reaches memory:
 
-    %o, %lse = fusion(%q, %k, %v[, %mask]) {fusion_kind="attention", ...}
-        the forward, which also returns the rows' logsumexp (f32 [b.., Sq]): its region
-        is the forward's ops plus lse = rowmax + log(rowsum)
-    %dq, %dk, %dv = fusion(%q, %k, %v, %o, %lse, %do[, %mask])
-                      {fusion_kind="attention_bwd", attention_scale=.., attention_mask=..}
+    %o, %lse = fusion(%q, %k, %v[, %mask][, %bias]) {fusion_kind="attention", ...}
+        the forward (attention_fusion.py's, in the program's layout), which also returns
+        the rows' logsumexp (f32, one row per batch x group x Sq): its region is the
+        forward's ops plus lse = rowmax + log(rowsum)
+    %dq, %dk, %dv = fusion(%q, %k, %v, %o, %lse, %do[, %mask][, %bias])
+                      {fusion_kind="attention_bwd", attention_scale=.., attention_mask=..,
+                       attention_layout=(the forward's + do, dq, dk, dv strides)}
         the backward, lowered as one flash backward kernel (jax_trn/lower/attention_bwd.py);
         its region recomputes the forward's values from q, k (o and lse unused) and holds
         the backward's ops, for a backend that runs the ops one by one
@@ -18,6 +20,7 @@ pattern, gets a decision "attention-bwd: not fused: <why>" in
 from __future__ import annotations
 
 from hlo_passes import attention_bwd_pattern as pattern
+from hlo_passes import attention_layout as layout
 from hlo_passes import attention_pattern as fwd_pattern
 from hlo_passes import ir
 from hlo_passes.fusion_policy import FusionPolicy
@@ -67,13 +70,13 @@ def _fuse_block(block: ir.Block, policy: FusionPolicy, notes: list[str]) -> bool
         mask_value = _folded_mask(f, graph.producer)
         try:
             pattern.complete(m, graph.producer, graph.users)
-            pattern.check_mask(f, mask_value)
             _check_order(m, graph)
         except pattern.NoMatch as e:
             notes.append(f"attention-bwd: not fused{where}: {e}")
             continue
         members = set(f.ops) | set(m.ops)
-        if any(op.kind not in fwd_pattern.SHAREABLE for op in members & used):
+        if any(op.kind not in fwd_pattern.SHAREABLE and op not in m.mask_ops
+               for op in members & used):
             notes.append(f"attention-bwd: not fused{where}: overlaps another attention")
             continue
         decision = policy.attention(f.probs, f.scale, f.mask is not None, mask_value)
@@ -105,7 +108,7 @@ def _rewrite(block: ir.Block, graph: BlockGraph, plans) -> None:
     for m, mask_value, decision in plans:
         *pre, fwd = _fwd_fusion(m, mask_value, decision, graph)
         o, lse = fwd.results
-        bwd = _bwd_fusion(m, fwd.operands, o, lse, decision.reason, graph)
+        bwd = _bwd_fusion(m, fwd, decision.reason, graph)
         first = min((m.dq, m.dk, m.dv), key=lambda op: graph.index[op])
         if m.o_live:
             at.setdefault(m.fwd.out, []).extend(pre + [fwd])
@@ -115,7 +118,7 @@ def _rewrite(block: ir.Block, graph: BlockGraph, plans) -> None:
             at.setdefault(first, []).extend(pre + [fwd, bwd])
         mapping.update(zip(m.outputs, bwd.results))
         members.update(op for op in (*m.fwd.ops, *m.ops)
-                       if op.kind not in fwd_pattern.SHAREABLE)
+                       if op.kind not in fwd_pattern.SHAREABLE and op not in m.mask_ops)
     ops = []
     for op in block.ops:
         ops.extend(at.get(op, ()))
@@ -142,6 +145,8 @@ def _region(ops, inputs: list[ir.Value], f: fwd_pattern.Match, graph: BlockGraph
                               loc=f.out.loc))
             mask = body[-1].result
         vmap[f.mask] = mask
+    if f.bias is not None:
+        vmap[f.bias] = args[len(inputs) - 1]
     ea = [ir.Value(v.type) for v in extra_args]
     vmap.update(zip(extra_args, ea))
     inside = {v for op in ops for v in op.results}
@@ -164,8 +169,12 @@ def _fwd_fusion(m: pattern.BwdMatch, mask_value, decision, graph: BlockGraph) ->
     *pre, fusion = _attention_op(f, mask_value, decision, graph)
     body = fusion.regions[0].block.ops
     ret = body.pop()
-    stats = [next(op.result for op in body if op.kind == "reduce" and
-                  op.regions[0].block.ops[0].kind == kind) for kind in ("maximum", "add")]
+    reds = [next(op for op in body if op.kind == "reduce" and
+                 op.regions[0].block.ops[0].kind == kind) for kind in ("maximum", "add")]
+    stats = [op.result for op in reds]
+    if stats[0].type.shape != stats[1].type.shape:
+        body.append(_max_like_sum(body, reds))
+        stats[0] = body[-1].result
     rtype = ir.TensorType(stats[1].type.shape, "float32")
     for i, v in enumerate(stats):           # a 16-bit softmax: statistics in f32
         if v.dtype != "float32":
@@ -179,9 +188,23 @@ def _fwd_fusion(m: pattern.BwdMatch, mask_value, decision, graph: BlockGraph) ->
     return pre + [fusion]
 
 
-def _bwd_fusion(m: pattern.BwdMatch, inputs, o: ir.Value, lse: ir.Value, reason: str,
-                graph: BlockGraph) -> ir.Op:
-    f = m.fwd
+def _max_like_sum(body: list[ir.Op], reds: list[ir.Op]) -> ir.Op:
+    """The row max in the layout of the row sum (XLA may reduce the max before a
+    transpose, the sum after): the max's broadcast that exp subtracts, reduced over
+    the sum's key dim (an [Sq, Sk] pass, in the region only: the kernel has its own)."""
+    exp = next(op for op in body if op.kind == "exponential")
+    sub = next(op for op in body if exp.operands[0] in op.results)
+    vmap = {reds[0].operands[0]: sub.operands[1]}
+    red = clone(reds[0], vmap)
+    red.attrs["dimensions"] = reds[1].attrs["dimensions"]
+    red.results[0] = ir.Value(ir.TensorType(reds[1].result.type.shape,
+                                            reds[0].result.dtype))
+    return red
+
+
+def _bwd_fusion(m: pattern.BwdMatch, fwd: ir.Op, reason: str, graph: BlockGraph) -> ir.Op:
+    f, inputs = m.fwd, fwd.operands
+    o, lse = fwd.results
     ops = [op for op in f.ops if op is not f.out] + m.ops
     extra = [o, lse, m.do]
     args, vmap, body = _region(ops, inputs, f, graph, extra)
@@ -190,6 +213,23 @@ def _bwd_fusion(m: pattern.BwdMatch, inputs, o: ir.Value, lse: ir.Value, reason:
     attrs = {"fusion_kind": "attention_bwd",
              "decisions": ("attention-bwd: dq, dk, dv by a flash backward (p recomputed "
                            "per tile from q, k and lse; " + reason + ")",),
-             "attention_scale": f.scale, "attention_mask": f.mask is not None}
+             "attention_scale": f.scale, "attention_mask": f.mask is not None,
+             "attention_layout": bwd_layout(m, fwd.attrs["attention_layout"])}
     return ir.Op("fusion", ins, [ir.Value(v.type) for v in m.outputs], attrs,
                  [ir.Region([ir.Block(args, body)])], loc=m.dq.loc, name=m.dq.name)
+
+
+BWD_OPERANDS = ("do", "dq", "dk", "dv")   # after attention_layout.OPERANDS (o is "out")
+
+
+def bwd_layout(m: pattern.BwdMatch, fwd_layout: tuple) -> tuple:
+    """The backward fusion's `attention_layout`: the forward fusion's (q, k, v, o, mask,
+    bias strides per axis) with the strides of do, dq, dk, dv appended (0 where one
+    has no such axis), axes in the forward's order."""
+    f = m.fwd
+    order = sorted(zip(f.axes, f.axis_labels), key=lambda a: layout.ROLES.index(a[0][0]))
+    out = []
+    for (role, size, strides), (_, lab) in zip(fwd_layout, order):
+        extra = tuple(int(m.strides[name].get(lab, 0)) for name in BWD_OPERANDS)
+        out.append((role, size, tuple(strides) + extra))
+    return tuple(out)

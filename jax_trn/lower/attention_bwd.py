@@ -2,17 +2,23 @@
 flash-attention backward kernel (FlashAttention-2 style): dq, dk, dv of
 o = softmax(mask(q @ k^T * scale)) @ v from q, k, v, o, do and the rows' logsumexp the
 forward kernel wrote (attention.py), the [Sq, Sk] scores and probabilities never
-leaving the chip. q, k, v, o, do are [b.., S, D] row-major, the mask one [Sq, Sk]
-(the pass only fuses those: hlo_passes/attention_bwd_pattern.check_layout).
+leaving the chip. q, k, v, o, do are read and dq, dk, dv written in the program's own
+layout ([B, S, N, H] as jax.nn.dot_product_attention has them, or any other with the
+head dim contiguous): the fusion's `attention_layout` gives each operand's strides for
+the batch axes, Sq, Sk, D and Dv (the forward's, hlo_passes/attention_layout.py, with
+do, dq, dk, dv appended: hlo_passes/passes/attention_bwd_fusion.bwd_layout), so no
+transpose kernel runs before or after.
 
-Per batch index (leading dims flattened), everything of the query side stays in SBUF:
+Per unit (a batch index and a GQA group: the axes flattened), everything of the query side stays in SBUF:
 Q^T [D, Sq] (by dma_transpose, §3.4, times the scale on GpSimd, as the forward does),
 Q and dO in 128-row tiles (rows on partitions), dO^T [Dv, Sq], -lse and
 Dr = rowsum(dO * O) per row ([P, 1] columns), and an FP32 dQ accumulator; the key side
-likewise (K^T, K rows, V^T). Then for each 128-key block j, for each 128-row q-tile i
-with an unmasked entry in block (i, j) (the mask is a compile-time constant: fully
-masked blocks are skipped, partially masked ones get the forward's additive bias
-by one more TensorE pass, S += I @ bias):
+likewise (K^T, K rows, V^T of the unit's kv head). Then for each 128-key block j, for
+each 128-row q-tile i with an unmasked entry in block (i, j) (a compile-time mask the
+same for every unit: fully masked blocks are skipped, partially masked ones get the
+forward's additive bias by one more TensorE pass, S += I @ bias; a runtime mask, a
+mask that varies per head, or a runtime bias: their block is read per job and added
+the same way, and dS is multiplied by the mask, as the program's select(mask, ds, 0)):
 
   A  S = (scale Q_i) K_j^T (+ the mask bias) and dP = dO_i V_j^T on TensorE (PSUM,
      FP32); P = exp(S - lse_i) and dP - Dr_i on ScalarE (the row statistics are the
@@ -23,7 +29,8 @@ by one more TensorE pass, S += I @ bias):
      through a PSUM ring added into an SBUF FP32 accumulator
 
 After the last i of block j, dK_j * scale and dV_j are rounded and DMAed out (two keys
-per partition: 512-byte descriptors, `_store_kv`); after the last j of q-tile i,
+per partition when their rows are contiguous: 512-byte descriptors, `_store_kv`; GQA:
+summed over the groups of a batch index in FP32 SBUF first); after the last j of q-tile i,
 dQ_i * scale. Stages are emitted software-pipelined (each engine runs its queue in
 program order, §2.1): A(n), B(n - 2), C(n - 3), so TensorE has the next scores while
 ScalarE / VectorE compute a pair's P and dS. The next batch index's inputs are DMAed
@@ -31,26 +38,26 @@ while this one computes.
 
 Numerics: FP32 scores; P, dP - Dr and dS rounded to the 16-bit dtype (the program
 rounds p and ds before its matmuls), FP32 accumulation; the scale is applied to dq / dk
-in FP32 at the end (the program multiplies the rounded ds by it). Non-16-bit operands, D or Dv > 128, a
-fully masked q row or a mask computed at run time raise Unsupported: the region's ops
-then run one by one.
+in FP32 at the end (the program multiplies the rounded ds by it). Non-16-bit operands,
+D or Dv > 128, a head dim that is not contiguous or a fully masked q row of a
+compile-time mask raise Unsupported: the region's ops then run one by one. (A row a
+runtime mask leaves no key: `_unseen_rows`.)
 """
 from __future__ import annotations
 
 import itertools
-import math
 
 from jax_trn.hw import isa
 from jax_trn.hw.program import DramTensor
 
-from .attention import NEG, _check, _mask
+from .attention import _check, _mask
+from .attention_bwd_masks import MaskTiles
 from .attention_layout import Axes
 from .builder import Ring, sub
 from .layout import tiles
 from .registry import LowerCtx
 from .translate import Unsupported
 
-MASK_CACHE = 16         # distinct partially-masked blocks kept as bias tiles
 LAG_B, LAG_C = 2, 3     # stage B of job n - 2 and C of n - 3 follow stage A of job n
 KEY_GROUP = 2          # keys per partition in the dk / dv stores (_store_kv; 2 measured
                        # faster than 1 and 4: S1024 208 / 180 / 198 us, S2048 543 / 537 / 577)
@@ -58,28 +65,54 @@ STORE_BUFS = 8         # result tiles in flight to HBM (a store takes ~2 us: 1.3
 
 
 def lower_attention_bwd(ctx: LowerCtx, ins: list[DramTensor], scale: float,
-                        masked: bool) -> None:
+                        masked: bool, layout: tuple | None = None) -> None:
     q, k, v, o, lse, do = ins[:6]
-    axes = Axes.canonical(q, k, v)
+    if layout is None:
+        raise Unsupported("attention backward without its attention_layout")
+    axes = Axes(layout)
     mask = _mask(ctx, ins[6], axes) if masked else None
-    if masked and mask is None:
-        raise Unsupported("attention backward with a mask computed at run time")
+    runtime = {"mask": ins[6] if masked and mask is None else None,
+               "bias": ins[6 + masked] if len(ins) > 6 + masked else None}
     _check(ctx, q, k, v, axes)
-    if max(q.shape[-1], v.shape[-1]) > ctx.target.partitions or do.dtype != q.dtype:
-        raise Unsupported(f"attention backward with D={q.shape[-1]}, Dv={v.shape[-1]} "
-                          f"(<= {ctx.target.partitions}) or do {do.dtype} != {q.dtype}")
+    d, dv = axes.d[0], axes.dv[0]
+    if max(d, dv) > ctx.target.partitions or not do.dtype == o.dtype == q.dtype:
+        raise Unsupported(f"attention backward with D={d}, Dv={dv} (<= "
+                          f"{ctx.target.partitions}) or do / o {do.dtype} / {o.dtype} != "
+                          f"{q.dtype}")
+    if (axes.d[1][7], axes.d[1][8], axes.dv[1][6], axes.dv[1][9]) != (1, 1, 1, 1):
+        raise Unsupported("attention backward with a head dim of do / dq / dk / dv that "
+                          "is not contiguous")
+    if any(out.dtype not in (q.dtype, "float32") for out in ctx.outs):
+        raise Unsupported(f"attention backward writing {[o.dtype for o in ctx.outs]}")
     ctx.kb.notes.append("attention_bwd: flash-attention backward kernel (attention_bwd.py)")
-    _FlashBwd(ctx, (q, k, v, o, lse, do), scale, mask).run()
+    _FlashBwd(ctx, (q, k, v, o, lse, do), scale, mask, axes, runtime).run()
 
 
-class _FlashBwd:
-    def __init__(self, ctx: LowerCtx, ins, scale: float, mask):
+# operand positions in a backward fusion's attention_layout strides (hlo_passes/passes/
+# attention_bwd_fusion.bwd_layout): the forward's q, k, v, o, mask, bias, then these
+Q, K, V, O, MASK, BIAS, DO, DQ, DK, DV = range(10)
+UNIT = (Q, K, V, O, DO, DQ, DK, DV, MASK, BIAS)     # the order of a unit's offsets
+
+
+class _FlashBwd(MaskTiles):
+    def __init__(self, ctx: LowerCtx, ins, scale: float, mask, axes: Axes, runtime: dict):
         self.ctx, self.kb, self.scale, self.mask = ctx, ctx.kb, scale, mask
+        self.rt_mask, self.rt_bias = runtime["mask"], runtime["bias"]
+        self.runtime = self.rt_mask is not None or self.rt_bias is not None
+        self.rt_strides = {n: (axes.sq[1][n], axes.sk[1][n]) for n in (MASK, BIAS)}
         self.q, self.k, self.v, self.o, self.lse, self.do = ins
         self.dq, self.dk, self.dv = ctx.outs
-        self.sq, self.d = self.q.shape[-2:]
-        self.sk, self.dvn = self.v.shape[-2:]
-        self.batch = math.prod(self.q.shape[:-2])
+        self.sq, self.d = axes.sq[0], axes.d[0]
+        self.sk, self.dvn = axes.sk[0], axes.dv[0]
+        self.rows = {n: axes.sq[1][n] for n in (Q, O, DO, DQ)} | \
+            {n: axes.sk[1][n] for n in (K, V, DK, DV)}      # row strides
+        ops = UNIT
+        groups = axes.offsets(axes.group, ops)      # GQA: k, v, dk, dv strides 0
+        self.ngroups = len(groups)
+        self.base = [tuple(map(sum, zip(b, g))) for b in axes.offsets(axes.batch, ops)
+                     for g in groups]               # per unit (batch index, group)
+        self.unit_pos = {n: i for i, n in enumerate(UNIT)}      # in a `base` tuple
+        self.batch = len(self.base)
         self.pmax = ctx.target.partitions
         self.bank = ctx.target.psum_bank_fp32
         self.nq, self.nk = -(-self.sq // self.pmax), -(-self.sk // self.pmax)
@@ -99,14 +132,25 @@ class _FlashBwd:
         depth = LAG_C + 1               # a job's tiles live from stage A to stage C
         self.pt, self.dst = kb.ring(depth, p, dt), kb.ring(depth, p, dt)
         self.dpd, self.dsT = kb.ring(depth, p, dt), kb.ring(depth, p, dt)
-        self.res = kb.ring(STORE_BUFS, max(self.d, self.dvn), dt)
-        self.group = KEY_GROUP if self.sk % p == 0 else 1
+        self.res = {t: kb.ring(STORE_BUFS, max(self.d, self.dvn), t)
+                    for t in {out.dtype for out in ctx.outs}}
+        rows_contiguous = self.rows[DK] == self.d and self.rows[DV] == self.dvn
+        self.group = KEY_GROUP if self.sk % p == 0 and rows_contiguous and \
+            not self.runtime else 1             # runtime bias tiles in key order
+        if self.runtime:
+            self.rt_total, self.rt_part = kb.ring(depth, p, dt), kb.ring(depth, p, dt)
+            self.rt_bool, self.keep = kb.ring(depth, p, "bool"), kb.ring(depth, p, dt)
+            self.rowf = kb.ring(4, 1, "float32")
         if self.group > 1:
-            self.kvres = kb.ring(STORE_BUFS, self.group * max(self.d, self.dvn), dt)
+            self.kvres = {t: kb.ring(STORE_BUFS, self.group * max(self.d, self.dvn), t)
+                          for t in {self.dk.dtype, self.dv.dtype}}
         self.s, self.dp = bank_rings(kb, (2, p), (2, p))
         self.tps = bank_rings(kb, (4, p))[0]
         self.dkps, self.dvps = bank_rings(kb, (2, self.d), (2, self.dvn))
         self._dq_accumulators()
+        if self.ngroups > 1:        # dK, dV summed over a batch index's groups (FP32)
+            self.kvacc = {"dk": kb.tile(self.nk * self.d, "float32"),
+                          "dv": kb.tile(self.nk * self.dvn, "float32")}
         self.masks: dict[bytes, isa.Tile] = {}
         self.ident: isa.Tile | None = None
         self.copy_engines = itertools.cycle(("scalar", "vector"))
@@ -183,10 +227,12 @@ class _FlashBwd:
     def _dma(self, dst, src, cls=isa.DmaCopy) -> None:
         self.kb.emit(cls, dst=dst, src=src, dma_queue=next(self.queues))
 
-    def _load_T(self, t: DramTensor, base: int, rows: int, width: int, dst) -> None:
-        """[rows, width] of `t` at `base` as [width, rows] (dma_transpose, §3.4)."""
+    def _load_T(self, t: DramTensor, base: int, rows: int, stride: int, width: int,
+                dst) -> None:
+        """[rows, width] of `t` at `base`, rows `stride` apart, as [width, rows]
+        (dma_transpose, §3.4)."""
         for r0, rn in tiles(rows, self.bank):
-            src = self.kb.ap(t, base + r0 * width, ((width, rn), (1, width)))
+            src = self.kb.ap(t, base + r0 * stride, ((stride, rn), (1, width)))
             self._dma(sub(dst, width, rn, at=r0), src, isa.DmaTranspose)
 
     def _rows(self, srcT, rows: int, width: int, dst) -> None:
@@ -204,34 +250,36 @@ class _FlashBwd:
         if "qT" in side:
             return
         kb, b, d, dv, p = self.kb, side["b"], self.d, self.dvn, self.pmax
+        base, rows = self.base[b], self.rows
         for name, ring in (("qT", self.qT), ("doT", self.doT), ("qr", self.qr),
                            ("dor", self.dor), ("kT", self.kT), ("vT", self.vT),
                            ("kr", self.kr), ("oT", self.oT), ("stats", self.stats),
                            ("lse", self.lse_in)):
             side[name] = ring.next()
-        self._load_T(self.q, b * self.sq * d, self.sq, d, side["qT"])
-        self._load_T(self.do, b * self.sq * dv, self.sq, dv, side["doT"])
-        self._load_keys_T(self.k, b * self.sk * d, d, side["kT"])
-        self._load_keys_T(self.v, b * self.sk * dv, dv, side["vT"])
-        self._load_T(self.o, b * self.sq * dv, self.sq, dv, side["oT"])
+        self._load_T(self.q, base[UNIT.index(Q)], self.sq, rows[Q], d, side["qT"])
+        self._load_T(self.do, base[UNIT.index(DO)], self.sq, rows[DO], dv, side["doT"])
+        self._load_keys_T(self.k, base[UNIT.index(K)], rows[K], d, side["kT"])
+        self._load_keys_T(self.v, base[UNIT.index(V)], rows[V], dv, side["vT"])
+        self._load_T(self.o, base[UNIT.index(O)], self.sq, rows[O], dv, side["oT"])
         full = self.sq // p
         if full:          # lse [nq, 128] rows -> [128, nq] columns by one dma_transpose
             kb.emit(isa.DmaTranspose, dst=sub(side["lse"], p, full),
                     src=kb.ap(self.lse, b * self.sq, ((p, full), (1, p))),
                     dma_queue=next(self.queues))
 
-    def _load_keys_T(self, t: DramTensor, base: int, width: int, dst) -> None:
+    def _load_keys_T(self, t: DramTensor, base: int, stride: int, width: int,
+                     dst) -> None:
         """K^T / V^T [width, Sk]; with key groups, column k0 + r * g + c of block k0
         holds key k0 + R * c + r (R = self.group, g = 128 / R): one dma_transpose of
         every R-th row per r. dK / dV then come out of PSUM with keys k0 + R * c + r in
         partition r * g + c, so each partition of the store holds R consecutive rows."""
         r_n = self.group
         if r_n == 1:
-            return self._load_T(t, base, self.sk, width, dst)
+            return self._load_T(t, base, self.sk, stride, width, dst)
         g = self.pmax // r_n
         for k0 in range(0, self.sk, self.pmax):
             for r in range(r_n):
-                src = self.kb.ap(t, base + (k0 + r) * width, ((r_n * width, g), (1, width)))
+                src = self.kb.ap(t, base + (k0 + r) * stride, ((r_n * stride, g), (1, width)))
                 self._dma(sub(dst, width, g, at=k0 + r * g), src, isa.DmaTranspose)
 
     def _load(self, side: dict, nxt: dict | None) -> None:
@@ -268,6 +316,8 @@ class _FlashBwd:
                 self._dma(neg, kb.ap(self.lse, b * self.sq + q0, ((1, qt), (1, 1))))
                 kb.emit(isa.TensorScalar, dst=neg, data=neg, op0="multiply",
                         operand0=-1.0, engine="gpsimd")
+            if self.rt_mask is not None:
+                self._unseen_rows(side, i, qt, neg)
             ps = sub(self.tps.next(), qt, 1)
             kb.emit(isa.NcMatmul, dst=ps, stationary=sub(prod, dv, qt, at=q0),
                     moving=sub(self.ones, dv, 1))
@@ -286,28 +336,6 @@ class _FlashBwd:
                          channel_multiplier=1, cmp_op="is_equal")
         return self.ident
 
-    def _bias(self, q0: int, qt: int, k0: int, kbn: int) -> isa.Tile:
-        """The additive bias (0 / NEG, attention.py's) of a partially masked block, its
-        columns in the key order of _load_keys_T (cached by content)."""
-        key = self.mask[1][q0:q0 + qt, k0:k0 + kbn].tobytes() + bytes((qt, kbn % 256))
-        tile = self.masks.get(key)
-        if tile is None:
-            keep = len(self.masks) < MASK_CACHE
-            tile = self.kb.tile(kbn, self.dtype, parts=qt) if keep else \
-                sub(self.dsT.next(), qt, kbn)
-            sk, r_n = self.mask[1].shape[1], self.group
-            nat = sub(self.dsT.next(), qt, kbn) if r_n > 1 else tile
-            self._dma(nat, self.kb.ap(self.mask[0], q0 * sk + k0, ((sk, qt), (1, kbn))))
-            if r_n > 1:     # columns in the key order of _load_keys_T: (r, c) <- R c + r
-                g = kbn // r_n
-                self.kb.emit(isa.TensorCopy, dst=tile.with_(free=(r_n, g)),
-                             src=nat.with_(free=(r_n, g), strides=(1, r_n)), engine="gpsimd")
-            self.kb.emit(isa.TensorScalar, dst=tile, data=tile, op0="multiply",
-                         operand0=-NEG, op1="add", operand1=NEG, engine="gpsimd")
-            if keep:
-                self.masks[key] = tile
-        return tile
-
     # --- stages ------------------------------------------------------------------------
 
     def _stage_a(self, job: dict) -> None:
@@ -322,6 +350,11 @@ class _FlashBwd:
         if job["state"] == "partial":       # S += I @ bias: the mask as one TensorE pass
             kb.emit(isa.NcMatmul, dst=s, stationary=sub(self._identity(), qt, qt),
                     moving=self._bias(q0, qt, k0, kbn), accumulate=True)
+        keep = None
+        if self.runtime:                    # S += I @ (runtime mask bias + bias)
+            total, keep = self._runtime_bias(job)
+            kb.emit(isa.NcMatmul, dst=s, stationary=sub(self._identity(), qt, qt),
+                    moving=total, accumulate=True)
         kb.emit(isa.NcMatmul, dst=dp, stationary=sub(side["doT"], self.dvn, qt, at=q0),
                 moving=sub(side["vT"], self.dvn, kbn, at=k0))
         neg, dr = self._stat(side, job["i"], qt)
@@ -331,7 +364,9 @@ class _FlashBwd:
         kb.emit(isa.Activation, dst=dpd, data=dp, func="copy", bias=dr)  # one pass each
         ds = sub(self.dst.next(), qt, kbn)
         kb.emit(isa.TensorTensor, dst=ds, data1=dpd, data2=p, op="multiply")
-        job["p"], job["ds"] = p, ds
+        if keep is not None:        # the program's select(mask, ds, 0): a row with no
+            kb.emit(isa.TensorTensor, dst=ds, data1=ds, data2=keep, op="multiply")
+        job["p"], job["ds"] = p, ds     # key left has p = 1 / Sk (finite fill) but ds 0
 
     def _stage_b(self, job: dict) -> None:
         """dV_j += P^T dO_i, dK_j += dS^T Q_i (PSUM across i); dS^T to SBUF."""
@@ -368,10 +403,11 @@ class _FlashBwd:
             kb.emit(isa.NcMatmul, dst=ps, stationary=job["dsT"], moving=moving)
             kb.emit(isa.TensorTensor, dst=acc, data1=acc, data2=ps, op="add")
         if job.get("dq_last"):
-            res = sub(self.res.next(), qt, d)
+            res = sub(self.res[self.dq.dtype].next(), qt, d)
             kb.emit(isa.TensorScalar, dst=res, data=acc, op0="multiply", operand0=self.scale)
-            self._dma(kb.ap(self.dq, (side["b"] * self.sq + job["q0"]) * d,
-                            ((d, qt), (1, d))), res)
+            rs = self.rows[DQ]
+            self._dma(kb.ap(self.dq, self.base[side["b"]][UNIT.index(DQ)] + job["q0"] * rs,
+                            ((rs, qt), (1, d))), res)
 
     # --- stores ------------------------------------------------------------------------
 
@@ -384,7 +420,11 @@ class _FlashBwd:
         r_n, g = self.group, kbn // self.group
         for out, acc, w, scale in ((self.dk, blk["dk"], self.d, self.scale),
                                    (self.dv, blk["dv"], self.dvn, None)):
-            tile = sub((self.kvres if r_n > 1 else self.res).next(), g, r_n * w)
+            if self.ngroups > 1:
+                acc = self._group_sum(b, blk, out, acc, w)
+                if acc is None:
+                    continue
+            tile = sub((self.kvres if r_n > 1 else self.res)[out.dtype].next(), g, r_n * w)
             for r in range(r_n):
                 src = acc.with_(start_partition=acc.start_partition + r * g, num_partitions=g)
                 dst = sub(tile, g, w, at=r * w)
@@ -392,15 +432,34 @@ class _FlashBwd:
                     kb.emit(isa.TensorCopy, dst=dst, src=src)
                 else:
                     kb.emit(isa.Activation, dst=dst, data=src, func="copy", scale=scale)
-            self._dma(kb.ap(out, (b * self.sk + k0) * w, ((r_n * w, g), (1, r_n * w))), tile)
+            rs, at = self._out_rows(out, b)
+            self._dma(kb.ap(out, at + k0 * rs, ((r_n * rs, g), (1, r_n * w))), tile)
+
+    def _group_sum(self, u: int, blk: dict, out: DramTensor, acc, w: int):
+        """Block j's dK / dV of unit `u` added into the batch index's FP32 sum (GQA:
+        the q heads of a group share k, v); the sum after the last group, else None."""
+        g = u % self.ngroups
+        total = sub(self.kvacc["dk" if out is self.dk else "dv"], blk["kbn"], w,
+                    at=blk["j"] * w)
+        if g == 0:
+            self.kb.emit(isa.TensorCopy, dst=total, src=acc)
+        else:
+            self.kb.emit(isa.TensorTensor, dst=total, data1=total, data2=acc, op="add")
+        return total if g == self.ngroups - 1 else None
 
     def _zero_block(self, b: int, k0: int, kbn: int) -> None:
         """dk, dv of a key block no query sees: zeros."""
         kb = self.kb
         for out, w in ((self.dk, self.d), (self.dv, self.dvn)):
-            z = sub(self.res.next(), kbn, w)
+            z = sub(self.res[out.dtype].next(), kbn, w)
             kb.emit(isa.Memset, dst=z, value=0.0, engine="gpsimd")
-            self._dma(kb.ap(out, (b * self.sk + k0) * w, ((w, kbn), (1, w))), z)
+            rs, at = self._out_rows(out, b)
+            self._dma(kb.ap(out, at + k0 * rs, ((rs, kbn), (1, w))), z)
+
+    def _out_rows(self, out: DramTensor, b: int) -> tuple[int, int]:
+        """(row stride, offset of batch index `b`) of dk or dv."""
+        n = DK if out is self.dk else DV
+        return self.rows[n], self.base[b][UNIT.index(n)]
 
 
 def bank_rings(kb, *specs: tuple[int, int]) -> list[Ring]:

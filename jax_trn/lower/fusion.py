@@ -79,7 +79,8 @@ def _fusion_lower(ctx: LowerCtx, *ins: DramTensor, fusion_kind: str = "loop",
                                **{k.removeprefix("attention_"): v for k, v in attention.items()})
     if fusion_kind == "attention_bwd":
         from .attention_bwd import lower_attention_bwd
-        return lower_attention_bwd(ctx, list(ins), attention_scale, attention_mask)
+        return lower_attention_bwd(ctx, list(ins), attention_scale, attention_mask,
+                                   attention.get("attention_layout"))
     plan = translate(ctx.op, list(ins), ctx.outs)
     plan.region = fold(plan.region)
     if fusion_kind == "reduction":

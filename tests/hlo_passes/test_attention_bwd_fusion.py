@@ -167,37 +167,49 @@ def test_a_backward_masked_by_another_mask_is_not_fused():
     assert note.startswith("attention-bwd: not fused at ")
 
 
-def test_output_written_through_views_is_left_to_them():
-    """The forward match writes o through the transposes after p @ v (attention_axes);
-    the backward reads o as [b.., Sq, Dv]: the forward fusion returns p @ v's result
-    and the transpose stays (was: not fused, "not q @ k^T and p @ v on [b.., S, D]")."""
+def test_output_written_through_views_is_the_programs_layout():
+    """The forward fusion writes o through the transposes after p @ v (attention_axes)
+    and the backward reads it with the forward's strides: no transpose is left (was:
+    the fusion returned p @ v's [b.., Sq, Dv] and the transpose stayed)."""
     def f(q, k, v):
         return causal(q, k, v).transpose(0, 2, 1, 3)
     do = jnp.zeros((1, 64, 2, 32), jnp.bfloat16)
     module = hlo_passes.compile_to_ir(artifact_of(_vjp(f), ARG, ARG, ARG, do))
     (fwd,), (bwd,) = _fusions(module, "attention"), _fusions(module, "attention_bwd")
-    assert fwd.results[0].type.shape == (1, 2, 64, 32)
+    assert fwd.results[0].type.shape == (1, 64, 2, 32)
     assert bwd.operands[3] is fwd.results[0]
-    assert [u for u in module.main.body.ops if u.kind == "transpose" and
-            u.operands[0] is fwd.results[0]]
+    assert not [u for u in module.main.body.ops if u.kind == "transpose"]
     assert DECISIONS not in module.attrs
     verify(module)
 
 
-def test_library_layout_is_a_near_miss_with_its_reason():
-    """jax.nn.dot_product_attention's [B, S, N, H]: the forward matches any layout, the
-    backward kernel reads [b.., S, D] only: not fused, and the decision says why."""
+def _strides(fusion) -> dict:
+    """{role: strides} of a fusion's attention_layout (one axis per role here)."""
+    return {role: strides for role, _, strides in fusion.attrs["attention_layout"]}
+
+
+def test_library_layout_fuses_with_its_strides():
+    """jax.nn.dot_product_attention's [B, S, N, H] vjp: one backward fusion reading q,
+    k, v, o, do and writing dq, dk, dv in that layout (was: a near miss, "the backward
+    kernel reads no other layout yet")."""
     def f(q, k, v):
         return jax.nn.dot_product_attention(q, k, v, is_causal=True)
     arg = jnp.zeros((1, 64, 2, 32), jnp.bfloat16)
     module = hlo_passes.compile_to_ir(artifact_of(_vjp(f), *(arg,) * 4))
-    assert not _fusions(module, "attention_bwd")
-    (note,) = module.attrs[DECISIONS]
-    assert note.endswith("(the backward kernel reads no other layout yet)")
+    (bwd,) = _fusions(module, "attention_bwd")
+    assert DECISIONS not in module.attrs
+    assert [r.type.shape for r in bwd.results] == [(1, 64, 2, 32)] * 3
+    st = _strides(bwd)          # q k v o mask bias do dq dk dv
+    assert st["batch"] == (32, 32, 32, 32, 0, 0, 32, 32, 32, 32)
+    assert st["sq"] == (64, 0, 0, 64, 64, 0, 64, 64, 0, 0)
+    assert st["sk"] == (0, 64, 64, 0, 1, 0, 0, 0, 64, 64)
+    assert not [u for u in module.main.body.ops if u.kind == "transpose"]
     verify(module)
 
 
-def test_a_runtime_mask_is_a_near_miss_with_its_reason():
+def test_a_runtime_mask_fuses():
+    """A mask that is an input of the program: the backward fusion reads it (operand
+    6, strides of the forward's mask); was a near miss, "a mask computed at run time"."""
     def f(q, k, v, mask, do):
         def attn(q, k, v):
             s = jnp.einsum("bhqd,bhkd->bhqk", q, k) * SCALE
@@ -208,14 +220,15 @@ def test_a_runtime_mask_is_a_near_miss_with_its_reason():
         return (o,) + vjp(do)
     mask = jnp.ones((64, 64), bool)
     module = hlo_passes.compile_to_ir(artifact_of(f, ARG, ARG, ARG, mask, ARG))
-    assert not _fusions(module, "attention_bwd")
-    (note,) = module.attrs[DECISIONS]
-    assert note.endswith("a mask computed at run time (the backward kernel needs a "
-                         "compile-time one)")
+    (bwd,) = _fusions(module, "attention_bwd")
+    assert bwd.operands[6] is module.main.args[3]
+    assert _strides(bwd)["sq"][4] == 64 and _strides(bwd)["sk"][4] == 1
+    assert DECISIONS not in module.attrs
 
 
-def test_a_mask_varying_along_batch_is_a_near_miss():
-    """A compile-time mask that differs per head: the backward kernel reads one."""
+def test_a_mask_varying_along_batch_fuses_with_its_batch_stride():
+    """A compile-time mask that differs per head is stored with its head dim (the
+    kernel reads it per head, as a runtime mask); was a near miss."""
     def f(q, k, v, do):
         def attn(q, k, v):
             s = jnp.einsum("bhqd,bhkd->bhqk", q, k) * SCALE
@@ -227,21 +240,93 @@ def test_a_mask_varying_along_batch_is_a_near_miss():
         o, vjp = jax.vjp(attn, q, k, v)
         return (o,) + vjp(do)
     module = _compile(f)
+    (bwd,) = _fusions(module, "attention_bwd")
+    assert bwd.operands[6].type.shape == (2, 64, 64)
+    assert _strides(bwd)["batch"][4] == 64 * 64
+    assert DECISIONS not in module.attrs
+
+
+def test_a_bias_gradient_is_a_near_miss():
+    """jax.grad w.r.t. the bias too: its gradient is ds, which the kernel does not
+    write; the decision names the value used outside."""
+    def loss(q, k, v, bias):
+        return jax.nn.dot_product_attention(q, k, v, bias).astype(jnp.float32).sum()
+    arg = jnp.zeros((1, 64, 2, 32), jnp.bfloat16)
+    bias = jnp.zeros((1, 2, 64, 64), jnp.bfloat16)
+    module = hlo_passes.compile_to_ir(artifact_of(jax.grad(loss, argnums=(0, 1, 2, 3)),
+                                                  arg, arg, arg, bias))
     assert not _fusions(module, "attention_bwd")
     (note,) = module.attrs[DECISIONS]
-    assert note.endswith("a mask that is not one [Sq, Sk] for every batch index")
+    assert "is also used outside" in note
 
 
-def test_grad_of_library_attention_records_why_it_is_not_fused():
-    """jax.grad of dot_product_attention: o is dead and the dv dot batches along
-    non-leading dims; the stand-in p @ v is found in that layout, so the graph gets a
-    decision (was: none, the forward never matched)."""
+def test_grad_of_library_attention_fuses():
+    """jax.grad of dot_product_attention: o is dead, the dots batch along non-leading
+    dims, 5-D unit group dims, f32 dq / dk dots, the quotient-rule softmax VJP: dq, dk
+    and dv come from one backward fusion (was: a near miss, "the backward kernel reads
+    no other layout yet")."""
     def loss(q, k, v):
         return jax.nn.dot_product_attention(q, k, v, is_causal=True).astype(
             jnp.float32).sum()
     arg = jnp.zeros((1, 64, 2, 32), jnp.bfloat16)
     module = hlo_passes.compile_to_ir(artifact_of(jax.grad(loss, argnums=(0, 1, 2)),
                                                   arg, arg, arg))
-    assert not _fusions(module, "attention_bwd")
-    (note,) = module.attrs[DECISIONS]
-    assert note.endswith("(the backward kernel reads no other layout yet)")
+    (bwd,) = _fusions(module, "attention_bwd")
+    assert DECISIONS not in module.attrs
+    assert module.main.body.ops[-1].operands == list(bwd.results)
+    assert bwd.attrs["attention_mask"]
+    # q is read in place through its unit reshape, which the qk and dk dots both read
+    # (was: the fusions read the reshape's result, a copy kernel of its own)
+    assert bwd.operands[:3] == module.main.args[:3]
+    assert not [op for op in module.main.body.ops if op.kind == "reshape"]
+    verify(module)
+
+
+def test_row_max_reduced_before_a_transpose_gives_lse_in_the_sums_layout():
+    """Non-causal jax.nn.dot_product_attention: XLA reduces the row max before a
+    transpose and the row sum after it; the forward fusion's logsumexp is computed in
+    the sum's layout (was: add of [1, 2, 64, 1] and [1, 1, 2, 64], refused by the
+    verifier), and the softmax VJP is evaluated from the scores before the transpose
+    (was: a near miss, "the softmax VJP could not be evaluated")."""
+    def loss(q, k, v):
+        return jax.nn.dot_product_attention(q, k, v).astype(jnp.float32).sum()
+    arg = jnp.zeros((1, 64, 2, 32), jnp.bfloat16)
+    module = hlo_passes.compile_to_ir(artifact_of(jax.grad(loss, argnums=(0, 1, 2)),
+                                                  arg, arg, arg))
+    (fwd,), (bwd,) = _fusions(module, "attention"), _fusions(module, "attention_bwd")
+    assert DECISIONS not in module.attrs
+    assert fwd.results[1].type.shape == (1, 1, 2, 64)
+    verify(module)
+
+
+def test_scale_by_division_on_the_scores_fuses():
+    """s / sqrt(d) on f32 scores: the backward divides ds by the same constant."""
+    def loss(q, k, v):
+        s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+        p = jax.nn.softmax(s / np.sqrt(32.0), axis=-1).astype(q.dtype)
+        return jnp.einsum("bhqk,bkhd->bqhd", p, v).astype(jnp.float32).sum()
+    arg = jnp.zeros((1, 64, 2, 32), jnp.bfloat16)
+    module = hlo_passes.compile_to_ir(artifact_of(jax.grad(loss, argnums=(0, 1, 2)),
+                                                  arg, arg, arg))
+    (bwd,) = _fusions(module, "attention_bwd")
+    assert abs(bwd.attrs["attention_scale"] - 32 ** -0.5) < 1e-6
+    assert DECISIONS not in module.attrs
+
+
+def test_gqa_backward_sums_dk_dv_over_the_group():
+    """dot_product_attention with 4 q heads on 2 kv heads: the group axis has q, o,
+    do, dq strides and none for k, v, dk, dv (their dot contracts it: the sum over
+    the group's q heads); was a near miss, "grouped (GQA) heads"."""
+    def loss(q, k, v):
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True).astype(
+            jnp.float32).sum()
+    q, kv = jnp.zeros((1, 64, 4, 32), jnp.bfloat16), jnp.zeros((1, 64, 2, 32), jnp.bfloat16)
+    module = hlo_passes.compile_to_ir(artifact_of(jax.grad(loss, argnums=(0, 1, 2)),
+                                                  q, kv, kv))
+    (bwd,) = _fusions(module, "attention_bwd")
+    assert DECISIONS not in module.attrs
+    st = _strides(bwd)          # q k v o mask bias do dq dk dv (o: the forward's own)
+    assert st["batch"][:3] + st["batch"][4:] == (64, 32, 32, 0, 0, 64, 64, 32, 32)
+    assert st["group"][:3] + st["group"][4:] == (32, 0, 0, 0, 0, 32, 32, 0, 0)
+    assert [r.type.shape for r in bwd.results] == [(1, 64, 4, 32), (1, 64, 2, 32),
+                                                   (1, 64, 2, 32)]
