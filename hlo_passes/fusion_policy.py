@@ -315,8 +315,7 @@ def _merge(view, out) -> list[tuple[int, int]]:
     for i in keep:
         if last is not None and view[last][0] == view[i][0] * view[i][1] and \
                 out[last][0] == out[i][0] * out[i][1]:
-            s, n = merged[-1]
-            merged[-1] = (view[i][0], n * view[i][1])
+            merged[-1] = (view[i][0], merged[-1][1] * view[i][1])
         else:
             merged.append(view[i])
         last = i
