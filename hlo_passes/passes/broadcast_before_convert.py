@@ -15,10 +15,8 @@ reshape between them (convert -> reshape -> broadcast) is swapped first, to a fi
 """
 from __future__ import annotations
 
-from collections import defaultdict
-
 from hlo_passes import ir
-from hlo_passes.graph import rewrite_blocks, used_values
+from hlo_passes.graph import BlockGraph, rewrite_blocks
 
 name = "broadcast-before-convert"
 
@@ -34,11 +32,8 @@ def run(module: ir.Module) -> bool:
 
 
 def _rewrite_block(block: ir.Block) -> bool:
-    users: dict = defaultdict(list)
-    for op in block.ops:
-        for v in used_values(op):
-            users[v].append(op)
-    producer = {v: op for op in block.ops for v in op.results}
+    graph = BlockGraph(block)
+    users, producer = graph.users, graph.producer
     out, mapping = [], {}
     for op in block.ops:
         conv = producer.get(op.operands[0]) if op.kind in VIEWS else None

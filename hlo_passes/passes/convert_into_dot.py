@@ -21,10 +21,8 @@ Runs after the attention passes, whose matchers look through converts.
 """
 from __future__ import annotations
 
-from collections import defaultdict
-
 from hlo_passes import ir
-from hlo_passes.graph import rewrite_blocks, used_values
+from hlo_passes.graph import BlockGraph, rewrite_blocks
 
 name = "convert-into-dot"
 
@@ -37,11 +35,8 @@ def run(module: ir.Module) -> bool:
 
 
 def _rewrite_block(block: ir.Block) -> bool:
-    users: dict = defaultdict(list)
-    for op in block.ops:
-        for v in used_values(op):
-            users[v].append(op)
-    producer = {v: op for op in block.ops for v in op.results}
+    graph = BlockGraph(block)
+    users, producer = graph.users, graph.producer
     args = set(block.args)
     changed = False
     for i, op in enumerate(block.ops):

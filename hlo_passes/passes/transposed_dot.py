@@ -9,10 +9,8 @@ Only when the transpose is the dot's only user, so no dot is computed twice.
 """
 from __future__ import annotations
 
-from collections import defaultdict
-
 from hlo_passes import ir
-from hlo_passes.graph import rewrite_blocks, used_values
+from hlo_passes.graph import BlockGraph, rewrite_blocks
 
 name = "transposed-dot"
 
@@ -25,11 +23,8 @@ def run(module: ir.Module) -> bool:
 
 
 def _rewrite_block(block: ir.Block) -> bool:
-    users: dict = defaultdict(list)
-    for op in block.ops:
-        for v in used_values(op):
-            users[v].append(op)
-    producer = {v: op for op in block.ops for v in op.results}
+    graph = BlockGraph(block)
+    users, producer = graph.users, graph.producer
     swapped: dict[ir.Op, ir.Op] = {}
     for op in block.ops:
         dot = producer.get(op.operands[0]) if op.kind == "transpose" else None
