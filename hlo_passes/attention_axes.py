@@ -15,8 +15,7 @@ from collections import defaultdict
 
 from hlo_passes import ir
 from hlo_passes.attention_fold import splat
-from hlo_passes.attention_layout import (NoMatch, backward_strides, forward_strides,
-                                         row_major)
+from hlo_passes.attention_layout import NoMatch, forward_strides, row_major, user_views
 
 
 def build(m, qk: ir.Op, labels: list, pi: int, producer: dict, users: dict) -> None:
@@ -147,22 +146,6 @@ def _upcast(op: ir.Op) -> bool:
 def _output(m, users: dict) -> tuple[int, ...]:
     """Strides of p @ v's dims in the buffer of the last transpose / reshape after it
     (which becomes `m.out`)."""
-    chain, v = [], m.pv.result
-    while True:
-        us = users.get(v, ())
-        if len(us) != 1 or us[0].kind not in ("transpose", "reshape"):
-            break
-        chain.append(us[0])
-        v = us[0].result
-    while True:
-        try:
-            strides = row_major(v.shape)
-            for op in reversed(chain):
-                strides = backward_strides(op, strides)
-            break
-        except NoMatch:
-            chain.pop()
-            v = chain[-1].result if chain else m.pv.result
-    m.out = chain[-1] if chain else m.pv
+    m.out, chain, strides = user_views(m.pv, users, ("transpose", "reshape"))
     m.ops.extend(chain)
     return strides

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from hlo_passes import ir
 from hlo_passes.attention_layout import NoMatch as _LayoutMiss
-from hlo_passes.attention_layout import backward_strides, forward_strides, row_major
+from hlo_passes.attention_layout import forward_strides, row_major, user_views
 
 VIEWS = frozenset({"transpose", "reshape", "convert"})
 
@@ -109,23 +109,7 @@ def operand_table(f, name: str) -> dict:
 def output_chain(op: ir.Op, users: dict) -> tuple[ir.Op, list, tuple]:
     """(last op, views after `op`, strides of `op`'s result dims in the last one's
     buffer): transposes, reshapes and converts with one user each."""
-    chain, v = [], op.result
-    while True:
-        us = users.get(v, ())
-        if len(us) != 1 or us[0].kind not in VIEWS:
-            break
-        chain.append(us[0])
-        v = us[0].result
-    while True:
-        try:
-            strides = row_major(v.shape)
-            for c in reversed(chain):
-                if c.kind != "convert":
-                    strides = backward_strides(c, strides)
-            return (chain[-1] if chain else op), chain, strides
-        except _LayoutMiss:
-            chain.pop()
-            v = chain[-1].result if chain else op.result
+    return user_views(op, users, VIEWS)
 
 
 def strides_of(labels: list, strides, want: set, what: str) -> dict:

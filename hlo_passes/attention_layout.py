@@ -140,6 +140,29 @@ def backward_strides(op: ir.Op, strides) -> tuple[int, ...]:
     return out
 
 
+def user_views(op: ir.Op, users: dict, kinds) -> tuple[ir.Op, list, tuple[int, ...]]:
+    """(last op, the views of `kinds` after `op`, each the only user of the one
+    before, strides of `op`'s result dims in the last one's buffer; converts move no
+    dims). The chain is cut back to the longest prefix whose strides follow."""
+    chain, v = [], op.result
+    while True:
+        us = users.get(v, ())
+        if len(us) != 1 or us[0].kind not in kinds:
+            break
+        chain.append(us[0])
+        v = us[0].result
+    while True:
+        try:
+            strides = row_major(v.shape)
+            for c in reversed(chain):
+                if c.kind != "convert":
+                    strides = backward_strides(c, strides)
+            return (chain[-1] if chain else op), chain, strides
+        except NoMatch:
+            chain.pop()
+            v = chain[-1].result if chain else op.result
+
+
 def strides_by_label(labels: list, strides) -> dict:
     """{label: stride} of the labelled dims."""
     return {lab: s for lab, s in zip(labels, strides) if lab is not None}
