@@ -29,7 +29,10 @@ dumps and `disabled` use):
     convert-into-dot     f32 -> bf16 converts read by dots only -> the  }
                          dots' operand loads (DMA casts)                }
     broadcast-before-convert  broadcast(convert(x)) -> convert(broadcast(x)) }
+    pads-to-concat       a sum of zero-padded disjoint pieces -> concatenate }
     fusion               loop / reduction / matmul-epilogue regions     }
+    compose-views        chains of layout ops left outside fusions ->   }
+                         one strided view (trn.view)                    }
     dce                  what the rewrites above left without users     }
 
 Everything is a parameter; nothing here reads the environment (the caller's options
@@ -49,6 +52,7 @@ from hlo_passes.passes import (
     broadcast_before_convert,
     combine_all_reduce,
     complex_planes,
+    compose_views,
     convert_into_dot,
     cse,
     dce,
@@ -56,6 +60,7 @@ from hlo_passes.passes import (
     inline_calls,
     localize,
     mx_quantize,
+    pads_to_concat,
     rank0_windows,
     simplify,
     split_reductions,
@@ -82,7 +87,7 @@ def _cleanup() -> list:
 def _fusion(policy: FusionPolicy) -> list:
     return [mx_quantize, degenerate_reduce, transposed_dot, AttentionBwdFusion(policy),
             AttentionFusion(policy), convert_into_dot, broadcast_before_convert,
-            Fusion(policy), dce]
+            pads_to_concat, Fusion(policy), compose_views, dce]
 
 
 def pass_names() -> tuple[str, ...]:

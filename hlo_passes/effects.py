@@ -10,7 +10,7 @@ SIDE_EFFECT_KINDS = frozenset({
         "rng", "optimization_barrier", "func.call", "host_callback",
 })
 # Ops of other dialects that are known to be pure.
-PURE_FOREIGN_KINDS = frozenset({"sdy.sharding_constraint", "sdy.reshard"})
+PURE_FOREIGN_KINDS = frozenset({"sdy.sharding_constraint", "sdy.reshard", "trn.view"})
 TERMINATORS = frozenset({"return", "func.return", "sdy.return"})
 
 

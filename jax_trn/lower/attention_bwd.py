@@ -118,12 +118,15 @@ class _FlashBwd(MaskTiles):
         self.nq, self.nk = -(-self.sq // self.pmax), -(-self.sk // self.pmax)
         self.dtype = self.q.dtype
         kb, dt, p = self.kb, self.dtype, self.pmax
-        # two of each per-batch tile: the next batch index loads while this one ends
+        # two of each per-batch tile: the next batch index loads while this one ends;
+        # the row tiles stages B and C read, as many as batch indices they span
+        self.rows_depth = rows = self._rows_depth()
         self.qT, self.doT = kb.ring(2, self.sq, dt), kb.ring(2, self.sq, dt)
-        self.qr, self.dor = kb.ring(2, self.nq * self.d, dt), kb.ring(2, self.nq * self.dvn, dt)
+        self.qr = kb.ring(rows, self.nq * self.d, dt)
+        self.dor = kb.ring(rows, self.nq * self.dvn, dt)
         self.stats = kb.ring(2, 2 * self.nq, "float32")     # -lse, -Dr per q-tile
         self.kT, self.vT = kb.ring(2, self.sk, dt), kb.ring(2, self.sk, dt)
-        self.kr = kb.ring(2, self.nk * self.d, dt)
+        self.kr = kb.ring(rows, self.nk * self.d, dt)
         self.oT = kb.ring(2, self.sq, dt)
         self.prod = kb.ring(1, self.sq, "float32")
         self.lse_in = kb.ring(2, self.nq, "float32")
@@ -168,8 +171,19 @@ class _FlashBwd(MaskTiles):
         if self.dq_psum:
             self.dqacc = kb.tile(banks * self.bank, "float32", mem="psum")
         else:
-            self.dqacc = kb.ring(2, self.nq * self.d, "float32")
+            self.dqacc = kb.ring(self.rows_depth, self.nq * self.d, "float32")
             self.dqps = bank_rings(kb, (4, self.d))[0]
+
+    def _rows_depth(self) -> int:
+        """Slots of the per-batch tiles stages B and C read (q, dO and K rows, dQ in
+        SBUF). Batch index b's are written by its first job's stage A and read until its
+        last job's stage C, LAG_C jobs after that job's stage A; b + D takes b's slot
+        at its first job, (D - 1) * J jobs after b's last (J jobs per batch index). So
+        D = 1 + ceil(LAG_C / J), at least 2: 4 when a causal S = 128 makes
+        one job per head (two slots let head b + 2 overwrite head b's rows)."""
+        jobs = sum(self._state(q0, qt, k0, kbn) != "skip"
+                   for k0, kbn in tiles(self.sk, self.pmax) for q0, qt in tiles(self.sq, self.pmax))
+        return max(2, 1 + -(-LAG_C // max(1, jobs)))
 
     def _dq_slot(self, side: dict, i: int, qt: int) -> isa.Tile:
         if self.dq_psum:

@@ -35,6 +35,7 @@ from .builder import KernelBuilder, sub
 from .layout import merge_axes, row_major
 from .matmul_plan import GROUP_COLS
 from .regions import IN_DEPTH, STEP_DEPTH, Evaluator, assign_slots
+from .spread import spreader
 from .target import Target
 from .tileops import ACTIVATION, Src
 from .translate import FusionPlan, Unsupported
@@ -103,6 +104,7 @@ class Epilogue:
         self.outs = [(vid, out, kb.ring(2, group, out.dtype)) for vid, out in
                      self.region.outputs]
         self.evac = None if self.direct else kb.ring(2, chunk, self.dot_dtype)
+        self.spread = spreader(kb)
 
     def close(self) -> None:
         self.ev.close()
@@ -116,8 +118,10 @@ class Epilogue:
         tiles = [(vid, out, sub(ring.next(), mt, gn)) for vid, out, ring in self.outs]
         for c0, ct, acc in accs:
             pins = {vid: sub(t, mt, ct, at=c0) for vid, _, t in tiles}
+            first = len(self.kb.instrs)
             self.ev.compute(srcs, mt, ct, at=c0, dsts=pins,
                             preset={self.dot: self._dot_src(acc)})
+            self.spread.after_tile(first)        # engines of the chunk's steps (spread.py)
         for _, out, t in tiles:
             self.kb.dma(self.kb.ap(out, base + m0 * self.n + g0, ((self.n, mt), (1, gn))), t)
 

@@ -125,6 +125,13 @@ def _extent(x: DramTensor, dims: tuple[int, ...]) -> int:
     return n
 
 
+@register_lowering("trn.view")
+def _view_lower(ctx: LowerCtx, x: DramTensor, *, axes, offset) -> None:
+    """A chain of layout ops composed into one strided view of `x`
+    (hlo_passes/passes/compose_views.py)."""
+    relayout(ctx.kb, View.of(ctx.outs[0]), View(x, tuple(tuple(a) for a in axes), offset))
+
+
 @register_lowering("broadcast_in_dim")
 def _broadcast_in_dim_lower(ctx: LowerCtx, x: DramTensor, *, broadcast_dimensions) -> None:
     out = ctx.outs[0]
@@ -227,14 +234,16 @@ ROW_SWAP_TYPES = frozenset({"bfloat16", "float16", "float32"})   # engine copies
 
 
 def _is_row_swap(d: Axes, s: Axes, dtype: str, pmax: int) -> bool:
-    """dst [.., B, A, R] from src [.., A, B, R] (both contiguous), R short."""
+    """dst [.., B, A, R] (contiguous) from src [.., A, B, R] (B's rows of R contiguous,
+    A's at any pitch of at least B * R: a slice of wider rows, e.g. q out of a fused
+    q/k/v projection's [S, 3 * H * D]), R short."""
     if len(d) < 3 or dtype not in ROW_SWAP_TYPES:
         return False
     (db, nb), (da, na), (dr, r) = d[-3:]
     (sb, _), (sa, _), (sr, _) = s[-3:]
     isz = ir.np_dtype(dtype).itemsize
     if not (dr == sr == 1 and r * isz < RUN_BYTES and da == r and db == na * r
-            and sb == r and sa == nb * r and max(na, nb) >= pmax):
+            and sb == r and sa >= nb * r and max(na, nb) >= pmax):
         return False
     g, c = _row_swap_blocks(na, nb, r, isz, pmax)
     return min(g, c) * r * isz >= RUN_BYTES // 2     # else the copies buy little
