@@ -35,7 +35,7 @@ from .builder import KernelBuilder, sub
 from .layout import merge_axes, row_major
 from .matmul_plan import GROUP_COLS
 from .regions import IN_DEPTH, STEP_DEPTH, Evaluator, assign_slots
-from .spread import spreader
+from .spread import ListSpreader
 from .target import Target
 from .tileops import ACTIVATION, Src
 from .translate import FusionPlan, Unsupported
@@ -104,7 +104,7 @@ class Epilogue:
         self.outs = [(vid, out, kb.ring(2, group, out.dtype)) for vid, out in
                      self.region.outputs]
         self.evac = None if self.direct else kb.ring(2, chunk, self.dot_dtype)
-        self.spread = spreader(kb)
+        self.spread = ListSpreader(kb, kb.target.core)
 
     def close(self) -> None:
         self.ev.close()

@@ -1,26 +1,32 @@
-"""Spreading a tiled elementwise loop over VectorE, GpSimd and ScalarE.
+"""Spreading tiled elementwise work over VectorE, GpSimd and ScalarE.
 
-Lowering rules put float elementwise work on VectorE (`tileops.engine_for`) and
-transcendental functions on ScalarE. A long fused chain (a GELU epilogue and its
-backward's residuals, a LayerNorm, an optimizer update) then keeps VectorE busy while
-the other two engines idle. Yet the same instructions run elsewhere in the same FP32
-arithmetic (semantics.py has one function per instruction, whatever its engine):
+Lowering rules put float elementwise work on VectorE (`tileops.engine_for`). In a long
+fused chain each tile's steps depend on one another, so moving single instructions to
+another engine only lengthens the chain; but consecutive tiles are independent. GpSimd
+runs every float tensor_tensor / tensor_scalar / select / copy / memset VectorE does,
+in the same FP32 arithmetic (§2.3, §2.5), so a whole tile's VectorE work can go to
+GpSimd while VectorE works on the next tile (ScalarE keeps its activations).
 
-- GpSimd runs every float tensor_tensor / tensor_scalar / select / copy / memset
-  VectorE does, on SBUF operands only (it cannot touch PSUM, §2.5, §6.2);
-- ScalarE runs tensor_scalar (on Trn1/Trn2 with multiply/add operators only, §6.2)
-  and tensor_copy, on SBUF or PSUM (§2.4, §6.2).
+`Spreader.after_tile` looks at the instructions one tile emitted and moves its VectorE
+ones to GpSimd when all of them can move (GpSimd cannot touch PSUM, §6.2) and the tile
+would finish earlier there. The estimate keeps three running loads: VectorE's,
+GpSimd's, and the SBUF port the two share (`costs.shares_gpsimd_port`: on NC-v2 they
+cannot access SBUF together; from NC-v3 VectorE's fast modes use GpSimd's bus, §2.3,
+§2.6), each instruction costing its cycles on the engine (§6.3) over its clock (§1.2);
+a tile finishes at the later of its engine's and the port's load. GpSimd pays its
+start-up per instruction and has no fast modes, so BF16 chains rarely move; FP32 ones
+split. The core model (`hw.core`) times the result, port included.
 
-`Spreader.after_tile` schedules the compute instructions one tile emitted, in order, as
-a list scheduler would: each goes to the engine where it would finish first, given
-each engine's running load, when its inputs are ready (the finish of the instruction
-in the tile that wrote them, plus the ~100-cycle static overhead of waiting on another
-engine, §2.6) and the SBUF port VectorE and GpSimd share (`costs.shares_gpsimd_port`:
-on NC-v2 they cannot access SBUF together; from NC-v3 VectorE's fast modes use GpSimd's
-bus, §2.3, §2.6). Each instruction costs its cycles on the engine (§6.3) over the
-engine's clock (§1.2). Ties keep the rule's engine. The estimate sees one kernel's
-tiles only; the core model (`hw.core`) times the result, semaphores and port included.
-Results are unchanged: only engines move.
+Matmul epilogues (`ListSpreader`): the first step of a drained chunk reads PSUM, which
+GpSimd cannot, so a chunk never moves whole. There each instruction is scheduled as a
+list scheduler would: it goes to the engine (VectorE; GpSimd for SBUF-only float work;
+ScalarE for tensor_scalar with the operators it has, §6.2, and copies, §2.4) where it
+would finish first, given the engines' running loads, when its inputs are ready (the
+instruction that wrote them in this chunk or the last WINDOW ones, plus the ~100-cycle
+wait on another engine, §2.6) and the shared port. In elementwise loops the same
+instruction-level choice measured worse than whole tiles (the hops between engines
+stall a pipeline two tiles deep: an AdamW update 1127 -> 1268 us), so loops keep tiles
+whole.
 """
 from __future__ import annotations
 
@@ -32,23 +38,20 @@ from jax_trn.hw.operands import IsaError
 from jax_trn.hw.spec import CoreSpec
 from jax_trn.hw.sync import accesses
 
-__all__ = ["Spreader", "spreader"]
+__all__ = ["ListSpreader", "Spreader", "spreader"]
 
-_TO_GPSIMD = (isa.TensorTensor, isa.TensorScalar, isa.Select, isa.TensorCopy, isa.Memset)
-_TO_SCALAR = (isa.TensorScalar, isa.TensorCopy)
+_MOVABLE = (isa.TensorTensor, isa.TensorScalar, isa.Select, isa.TensorCopy, isa.Memset)
 _FLOATS = ("float32", "bfloat16", "float16")
-_ENGINES = ("vector", "gpsimd", "scalar")
-WINDOW = 3      # earlier tiles whose buffers a tile may reuse (ring depths are 2-3)
 
 
 def _tiles(ins: isa.Instr) -> list[isa.Tile]:
     return [v for v in ins.__dict__.values() if isinstance(v, isa.Tile)]
 
 
-def _float_work(ins: isa.Instr, mems: tuple[str, ...]) -> bool:
-    tiles = _tiles(ins)
-    return (all(t.mem in mems and t.dtype in _FLOATS + ("bool",) for t in tiles)
-            and any(t.dtype in _FLOATS for t in tiles))
+def _movable(ins: isa.Instr) -> bool:
+    return (type(ins) in _MOVABLE
+            and all(t.mem == "sbuf" and t.dtype in _FLOATS + ("bool",) for t in _tiles(ins))
+            and any(t.dtype in _FLOATS for t in _tiles(ins)))
 
 
 def spreader(kb) -> "Spreader":
@@ -57,8 +60,57 @@ def spreader(kb) -> "Spreader":
 
 
 class Spreader:
-    """Per-kernel state: when each engine, and the VectorE/GpSimd SBUF port, is next
-    free (ns, in the estimate's own time)."""
+    """Per-kernel state: the running VectorE and GpSimd loads (ns) of spread tiles."""
+
+    def __init__(self, kb, spec: CoreSpec):
+        self.kb, self.spec = kb, spec
+        self.load = {"vector": 0.0, "gpsimd": 0.0}
+        self.port = 0.0         # time the two engines' shared SBUF port is held
+
+    def _ns(self, ins: isa.Instr, engine: str) -> float:
+        if ins.engine != engine:
+            ins = dataclasses.replace(ins, engine=engine)
+        return ins.cycles(self.spec) / self.spec.clock(engine)
+
+    def after_tile(self, first: int) -> None:
+        """Decides the engine of the VectorE instructions emitted since index `first`."""
+        instrs = self.kb.instrs
+        idx = [i for i in range(first, len(instrs)) if getattr(instrs[i], "engine", "") == "vector"]
+        if not idx:
+            return
+        moved = {"vector": [instrs[i] for i in idx]}
+        if all(_movable(instrs[i]) for i in idx):
+            moved["gpsimd"] = [dataclasses.replace(instrs[i], engine="gpsimd") for i in idx]
+        cost = {e: sum(self._ns(x, e) for x in moved[e]) for e in moved}
+        port = {e: sum(self._ns(x, e) for x in moved[e] if shares_gpsimd_port(x, self.spec))
+                for e in moved}
+
+        def finish(e):
+            return max(self.load[e] + cost[e], self.port + port[e])
+        best = min(moved, key=lambda e: (finish(e), e != "vector"))
+        self.load[best] += cost[best]
+        self.port += port[best]
+        if best == "gpsimd":
+            for i, x in zip(idx, moved["gpsimd"]):
+                instrs[i] = x
+
+
+_TO_GPSIMD = _MOVABLE
+_TO_SCALAR = (isa.TensorScalar, isa.TensorCopy)
+_ENGINES = ("vector", "gpsimd", "scalar")
+WINDOW = 3      # earlier tiles whose buffers a tile may reuse (ring depths are 2-3)
+
+
+def _float_work(ins: isa.Instr, mems: tuple[str, ...]) -> bool:
+    tiles = _tiles(ins)
+    return (all(t.mem in mems and t.dtype in _FLOATS + ("bool",) for t in tiles)
+            and any(t.dtype in _FLOATS for t in tiles))
+
+
+class ListSpreader:
+    """Instruction-level spreading for matmul epilogues (see the module docstring):
+    when each engine, and the VectorE/GpSimd SBUF port, is next free (ns, in the
+    estimate's own time), and the last WINDOW tiles' accesses."""
 
     def __init__(self, kb, spec: CoreSpec):
         self.kb, self.spec = kb, spec
