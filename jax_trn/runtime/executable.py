@@ -74,6 +74,10 @@ class Executable:
         # Timelines computed once (`replay`): {device ids of a call: DeviceTimeline each}.
         self.replayable = replay.replayable(program)
         self._timelines: dict[tuple[int, ...], tuple[replay.DeviceTimeline, ...]] = {}
+        # {device ids: (the records of a replayed call, their profiler Execution)}: a
+        # call that takes the recorded path has the recorded timeline, so it shares one
+        # Execution (immutable once made) instead of building one per call.
+        self._replayed: dict[tuple[int, ...], tuple[list, profiler.Execution | None]] = {}
         self.fingerprint = hashlib.sha256(program.text.encode() + name.encode()).hexdigest()[:32]
         self.deleted = False
         self._lock = threading.Lock()
@@ -245,7 +249,8 @@ class Executable:
         cached = self._timelines.get(key) if self.replayable else None
         if cached is not None:
             try:
-                return results, self._replay(devices, prepared, cached), ()
+                self._replay(devices, prepared, cached)
+                return results, self._replayed[key][0], ()
             except replay.Diverged:          # a new path: time the call from the start
                 for _, dram in prepared:
                     self._clear(dram)
@@ -254,17 +259,19 @@ class Executable:
         for dev, (_, dram) in zip(devices, prepared):
             with dev.execution_lock:
                 recorded.append(self._run_device(dev, dram, hbms[dev.chip]))
+        records = [r for t in recorded for r in t.records]
         if self.replayable and sum(len(t.plan) for t in recorded) <= MAX_REPLAY_STEPS:
             self._timelines[key] = tuple(recorded)
-        return results, [r for t in recorded for r in t.records], ()
+            self._replayed[key] = (records, None)
+        return results, records, ()
 
-    def _replay(self, devices, prepared, timelines) -> list:
-        records = []
+    def _replay(self, devices, prepared, timelines) -> None:
+        """The numerics of a call along its recorded path, device by device (raises
+        replay.Diverged if it leaves it)."""
         for dev, (_, dram), timeline in zip(devices, prepared, timelines):
             with dev.execution_lock:
-                records.extend(replay.replay(timeline, self.program.steps, dev.core_model,
-                                             dram, self.settings.max_while_iterations))
-        return records
+                replay.replay(timeline, self.program.steps, dev.core_model, dram,
+                              self.settings.max_while_iterations)
 
     def _clear(self, dram) -> None:
         """Outputs and temporaries back to zeros, as a call finds them."""
@@ -303,10 +310,17 @@ class Executable:
         return [outs for outs, _ in prepared], records, collectives
 
     def _execution(self, kernels, devices, collectives=()) -> profiler.Execution:
+        key = (devices[0].id,) if len(devices) == 1 else tuple(d.id for d in devices)
+        shared = self._replayed.get(key)
+        if shared is not None and shared[0] is kernels and shared[1] is not None:
+            return shared[1]             # a replayed call: the recorded call's Execution
         if self._dtype is None:        # a walk over every instruction: once
             self._dtype = compute_dtype(self.program)
-        return make_execution(self.name, self.program, devices[0].system,
-                              [d.id for d in devices], kernels, collectives, self._dtype)
+        ex = make_execution(self.name, self.program, devices[0].system,
+                            [d.id for d in devices], kernels, collectives, self._dtype)
+        if shared is not None and shared[0] is kernels:
+            self._replayed[key] = (kernels, ex)
+        return ex
 
     def _check_args(self, device: Device, args: list[Buffer], values: bool = True) -> None:
         """Count, types, devices and liveness of one device's arguments; `values`: the
