@@ -216,3 +216,39 @@ def test_bf16_fast_mode_tiles_stay_on_vector():
     res = run(binary("multiply", (1024, 1024), "bfloat16"), x, x)
     assert {i.engine for k in res.program.kernels for i in k.instructions
             if type(i).__name__ == "TensorTensor"} == {"vector"}
+
+
+def test_a_gelu_epilogue_spreads_over_three_engines(monkeypatch):
+    """spread.ListSpreader: a matmul epilogue's chunk cannot move whole (its first step
+    reads PSUM), so its instructions are list-scheduled over VectorE, GpSimd and
+    ScalarE (tensor_scalar multiply / add, §6.2): the same bits, sooner than VectorE
+    alone. The program is jax.nn.gelu's forward and gradient as value_and_grad
+    leaves them next to a dot."""
+    import jax
+    import ml_dtypes
+    import hlo_passes
+    from jax_trn.lower import lower_module, spread
+    from tests.hlo_passes.helpers import artifact_of
+    from .runner import SPEC, run_program
+
+    def f(x, w):
+        y, vjp = jax.vjp(jax.nn.gelu, x @ w)
+        return y, vjp(y)[0]
+    rng = np.random.default_rng(0)
+    x, w = ((rng.standard_normal(s) * 0.1).astype(ml_dtypes.bfloat16)
+            for s in ((256, 256), (256, 1024)))
+    code = artifact_of(f, x, w)
+
+    def go():
+        program = lower_module(hlo_passes.compile_to_ir(code, fuse=True), SPEC)
+        return program, run_program(program, [x, w])
+    program, spread_run = go()
+    (kernel,) = [k for k in program.kernels if "dot_general" in k.name]
+    engines = {i.engine for i in kernel.instructions
+               if type(i).__name__ in ("TensorTensor", "TensorScalar")}
+    assert {"vector", "scalar"} <= engines
+    monkeypatch.setattr(spread.ListSpreader, "after_tile", lambda self, first: None)
+    _, alone = go()
+    for a, b in zip(spread_run.outputs, alone.outputs):
+        np.testing.assert_array_equal(a, b)
+    assert spread_run.ns < alone.ns
