@@ -34,7 +34,8 @@ import itertools
 
 from hlo_passes import ir
 from hlo_passes.effects import TERMINATORS
-from hlo_passes.fusion_policy import FusionPolicy, is_root, region_shape, root_kind
+from hlo_passes.fusion_policy import (ELEMENTWISE, VIEWS, FusionPolicy, is_root, region_shape,
+                                     root_kind)
 from hlo_passes.graph import BlockGraph, clone, control_blocks, free_values
 from hlo_passes.passes import dce
 
@@ -89,6 +90,18 @@ class _Region:
 
     def settled(self, op: ir.Op) -> bool:
         return op in self.owner
+
+    def full_inputs(self) -> int:
+        made = {v for m in self.members for v in m.results}
+        return len({v for m in self.members for v in m.operands
+                    if v not in made and tuple(v.type.shape) == self.shape
+                    and self._from_memory(v)})
+
+    def _from_memory(self, v: ir.Value) -> bool:
+        """Whether `v` is read from HBM whatever is decided later: a block argument
+        or the result of an op in another region or of a kind no region takes in."""
+        p = self.graph.producer.get(v)
+        return p is None or p in self.owner or p.kind not in ELEMENTWISE | VIEWS
 
 
 class _BlockFusion:

@@ -84,3 +84,10 @@ def test_transformer_block_gradient_matches_cpu(jax, trn, cpu):
                  for d in (trn, cpu))
     for g, c in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_allclose(g, c, rtol=0.1, atol=0.05 * np.abs(c).max())
+
+
+def test_composed_transposes_match_cpu(jax, trn, cpu):
+    x = np.random.default_rng(3).standard_normal((4, 8, 16)).astype(np.float32)
+    f = lambda x: jax.numpy.transpose(jax.numpy.transpose(x, (1, 2, 0)), (1, 0, 2)) * 2.0  # noqa: E731
+    got, want = (np.asarray(_run(jax, f, (x,), d)) for d in (trn, cpu))
+    np.testing.assert_array_equal(got, want)

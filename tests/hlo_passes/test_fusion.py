@@ -335,3 +335,33 @@ def test_policy_fuses_broadcasts_read_as_rows_or_columns(src, out, dims, why):
         def settled(self, op):
             return False
     assert FusionPolicy().should_fuse(bcast, exp, Region()) == FusionDecision(True, why)
+
+
+UPDATE = """
+  func.func @main(%g: tensor<16x32xbf16>, %x: tensor<16x8xbf16>, %p: tensor<32x8xf32>,
+                  %m: tensor<32x8xf32>, %v: tensor<32x8xf32>) -> tensor<32x8xf32> {
+    %d = stablehlo.dot_general %g, %x, contracting_dims = [0] x [0] : (tensor<16x32xbf16>, tensor<16x8xbf16>) -> tensor<32x8xbf16>
+    %df = stablehlo.convert %d : (tensor<32x8xbf16>) -> tensor<32x8xf32>
+    %a = stablehlo.add %m, %df : tensor<32x8xf32>
+    %s = stablehlo.multiply %df, %df : tensor<32x8xf32>
+    %b = stablehlo.add %v, %s : tensor<32x8xf32>
+    %q = stablehlo.sqrt %b : tensor<32x8xf32>
+    %r = stablehlo.divide %a, %q : tensor<32x8xf32>
+    %u = stablehlo.subtract %p, %r : tensor<32x8xf32>
+    return %u : tensor<32x8xf32>
+  }"""
+
+
+def test_an_optimizer_update_is_not_a_matmul_epilogue():
+    """An update reading params and two moments (AdamW's shape) stays out of the
+    gradient's matmul: streamed through its SBUF they made it DMA-bound."""
+    _, m = run(UPDATE)
+    assert kinds(m.main.body) == ["dot_general", "fusion", "func.return"]
+    (f,) = fusions(m)
+    assert f.attrs["fusion_kind"] == "loop"
+    assert decision(f, "dot_general").startswith("forbidden: the epilogue reads 3 "
+                                                 "full-size inputs")
+    _, m = run(UPDATE.replace("%u = stablehlo.subtract %p, %r", "%u = stablehlo.negate %r")
+               .replace("%b = stablehlo.add %v, %s", "%b = stablehlo.abs %s"))
+    (f,) = fusions(m)
+    assert f.attrs["fusion_kind"] == "matmul_epilogue"

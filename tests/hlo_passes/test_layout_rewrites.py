@@ -88,3 +88,23 @@ def test_reshape_of_a_strided_view():
     got = np.array([[[sum(st * i for st, i in zip((a[0] for a in axes), (i, j, k)))
                       for k in range(4)] for j in range(2)] for i in range(3)])
     assert np.array_equal(got, want)
+
+
+def test_gradient_of_a_transposed_weight_has_no_transpose():
+    """simplify composes transpose(transpose(x)): JAX's gradient of x @ E.T (flax
+    `Embed.attend`) is a dot and two transposes; composed away, the dot is the gradient."""
+    def f(e, x):
+        return jax.grad(lambda e: jnp.dot(x, e.astype(jnp.bfloat16).T).astype(
+            jnp.float32).sum())(e)
+    got = _ir(f, jnp.ones((512, 128)), jnp.ones((4, 64, 128), jnp.bfloat16))
+    assert "transpose" not in got
+
+
+def test_transposes_compose():
+    f = lambda x: jnp.transpose(jnp.transpose(x, (1, 2, 0)), (2, 0, 1)) + 1.0   # noqa: E731
+    g = lambda x: jnp.transpose(jnp.transpose(x, (1, 2, 0)), (1, 0, 2)) + 1.0   # noqa: E731
+    x = jnp.ones((2, 3, 4))
+    assert _ir(f, x).count("transpose") == 0
+    ops = _ops(g, x)
+    (t,) = [op for op in ops if op.kind == "transpose"]
+    assert tuple(t.attrs["permutation"]) == (2, 1, 0)
