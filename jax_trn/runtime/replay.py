@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from jax_trn.hw.program import Case, Collective, HostCallback, Kernel, While, walk_steps
+from jax_trn.hw.program import Case, Collective, HostCallback, Kernel, Loop, While, walk_steps
 
 from . import callbacks, interrupts
 
@@ -106,6 +106,11 @@ class _Walk:
                     index = len(step.branches) - 1
                 self._decide(index)
                 self.steps(step.branches[index])
+            elif isinstance(step, Loop):          # a static trip count: no decisions
+                self.steps(step.enter)
+                for _ in range(step.trips):
+                    self.steps(step.body)
+                self.steps(step.exit)
             elif isinstance(step, HostCallback):
                 self._entry(HOST)
                 callbacks.run(step, self.dram, self.dram, True)
