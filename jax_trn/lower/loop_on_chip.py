@@ -273,9 +273,31 @@ def _plan(kernel: Kernel, carry: DramTensor, copy: Kernel | None, base: int) -> 
                 or b.start_partition != a.start_partition or ap.dtype != b.dtype
                 or (ap.offset, ap.pattern) != (load.src.offset, load.src.pattern)):
             return "its store does not write back what its load read, in the same layout"
+    hazard = _hazard(kernel, loads[0], stores[0] if stores else None)
+    if hazard:
+        return hazard
     tile = dataclasses.replace(a, offset=base)
     return {"carry": carry, "load": load, "store": store, "drop": {loads[0], *stores},
             "tile": tile, "end": base + a.free_size * _dt.itemsize(a.dtype)}
+
+
+def _hazard(kernel: Kernel, load: int, store: int | None) -> str | None:
+    """Why moving the load to before the first trip, or reading the store's source at
+    the trip's end, could change what the kernel computes: the load waits for earlier
+    instructions (which may have used its tile's memory), or an instruction waits for
+    the store or follows it on its queue (which may reuse the source's memory)."""
+    ins = kernel.instructions
+    if ins[load].waits:
+        return "its load waits for other instructions"
+    if store is None:
+        return None
+    q = ins[store].queue
+    position = sum(1 for i in ins[:store + 1] if i.queue == q)
+    if any(wq == q and n >= position for i in ins for wq, n in i.waits):
+        return "an instruction waits for its store"
+    if any(i.queue == q for i in ins[store + 1:]):
+        return "its store is not the last instruction of its DMA queue"
+    return None
 
 
 def _extent(t: Tile) -> tuple[int, int]:
