@@ -1,5 +1,10 @@
 """Control flow between kernels: `while`, `case` (lax.cond / lax.switch), surviving calls.
 
+A `while` with a static trip count whose body is kernels only becomes a loop on chip
+(`hw.program.Loop`, built by loop_on_chip.py: counter in registers, carries resident in
+SBUF where they fit); the others stay host-driven `While` steps, described below, with
+the reason in their notes.
+
 Each region is lowered like the function body (fusion ops, splat constants, ...) into a
 nested step list, giving `hw.program.While` / `Case` steps; the runtime's control path
 runs them between kernels, reading the predicate / branch index from HBM after the

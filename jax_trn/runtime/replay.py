@@ -13,7 +13,7 @@ numerics: each kernel's instructions replayed in the recorded order
 (`NeuronCore.replay`, the order a full run applies them in, so results are
 bit-identical, even those of a kernel with a missing semaphore), each predicate or
 branch index read from HBM as the control path does and compared with the recorded
-decision. If every decision matches, the call took the recorded path and its timeline
+decision (a loop on chip, `hw.program.Loop`, makes no decision: its trip count is static). If every decision matches, the call took the recorded path and its timeline
 is the recorded one: the records are reused (the same objects). If one differs (a loop
 ran another number of trips, another branch was taken) the path is new: the walk stops,
 the outputs and temporaries are cleared and the call is simulated in full, and its

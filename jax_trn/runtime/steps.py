@@ -3,7 +3,8 @@
 `StepRunner` runs a step list on one NeuronCore: kernels back to back on the core's
 engines, loops and conditionals decided on the control path between kernels (the
 predicate / branch index read from HBM after the kernel that wrote it, `control_ns`),
-collectives handed to `spmd.drive` (the runner is a generator that stops at each), and
+loops on chip trip after trip with the sequencers' back edge between trips
+(`on_chip`), collectives handed to `spmd.drive` (the runner is a generator that stops at each), and
 host callbacks (`callbacks`): for the device itself here, or through `spmd.drive` when
 one device calls the host for all. `run_kernels` runs a program without collectives on
 one device. Every kernel instance and callback becomes a profiler record.
