@@ -164,14 +164,35 @@ class _Residency:
 
 def _resident(name, kernels, carried, counter, sbuf_bytes) -> _Residency:
     """Keeps the carries of a one-kernel body in SBUF where it can (module doc)."""
-    copies = [k for k in kernels if _dram_copy(k) is not None]
     compute = [k for k in kernels if _dram_copy(k) is None]
     if len(compute) != 1:
         return _Residency(kernels, notes=[
             f"on chip; carries stay in HBM: the body is {len(compute)} kernels, not one"])
     kernel = compute[0]
+    plans, notes, base = _plans(kernels, kernel, carried, counter, sbuf_bytes)
+    if not plans:
+        return _Residency(kernels, notes=["on chip; no carry resident in SBUF"] + notes,
+                          end=kernel.sbuf_bytes)
+    try:
+        body = _rewrite(kernel, plans, base)
+    except _Partial as e:
+        return _Residency(kernels, end=kernel.sbuf_bytes, notes=[
+            f"on chip; no carry resident in SBUF: tile {e.args[0]} overlaps a carry's "
+            f"tile in part"] + notes)
+    folded = {id(p["copy"]) for p in plans if p["copy"] is not None}
+    res = _Residency([body if k is kernel else k for k in kernels if id(k) not in folded],
+                     end=base)
+    for p in plans:
+        _enter_exit(res, name, p)
+    res.notes = [f"on chip; resident in SBUF: {', '.join(res.names)}"] + notes
+    return res
+
+
+def _plans(kernels, kernel, carried, counter, sbuf_bytes):
+    """(the carries `kernel` keeps resident, notes on the others, the SBUF end)."""
+    copies = [k for k in kernels if _dram_copy(k) is not None]
     base = _round_up(kernel.sbuf_bytes)
-    plans, notes, copies_left = [], [], list(copies)
+    plans, notes = [], []
     for c in carried:
         if c is counter:
             continue
@@ -182,42 +203,30 @@ def _resident(name, kernels, carried, counter, sbuf_bytes) -> _Residency:
         if not isinstance(plan, str) and any(
                 names & set(k.dram) for k in kernels if k is not kernel and k is not copy):
             plan = "another body kernel reads or writes it"
+        if not isinstance(plan, str) and plan["end"] > sbuf_bytes:
+            plan = (f"it needs SBUF up to {plan['end']} B/partition, the kernel may use "
+                    f"{sbuf_bytes}")
         if isinstance(plan, str):
             if c.name in kernel.dram:
                 notes.append(f"carry {c.name} stays in HBM: {plan}")
             continue
-        if plan["end"] > sbuf_bytes:
-            notes.append(f"carry {c.name} stays in HBM: it needs SBUF up to "
-                         f"{plan['end']} B/partition, the kernel may use {sbuf_bytes}")
-            continue
-        plans.append(plan)
+        plans.append({**plan, "copy": copy})
         base = _round_up(plan["end"])
-        if copy is not None:
-            copies_left.remove(copy)
-    if not plans:
-        return _Residency(kernels, notes=["on chip; no carry resident in SBUF"] + notes,
-                          end=kernel.sbuf_bytes)
-    try:
-        body = _rewrite(kernel, plans, base)
-    except _Partial as e:
-        return _Residency(kernels, end=kernel.sbuf_bytes, notes=[
-            f"on chip; no carry resident in SBUF: tile {e.args[0]} overlaps a carry's "
-            f"tile in part"] + notes)
-    folded = {id(k) for k in copies} - {id(k) for k in copies_left}
-    res = _Residency([body if k is kernel else k for k in kernels if id(k) not in folded],
-                     end=base)
-    for p in plans:
-        res.enter.append(dataclasses.replace(p["load"], name=f"{name}/enter/dma_copy",
-                                             waits=(), dst=p["tile"]))
-        res.enter_dram[p["carry"].name] = p["carry"]
-        if p["store"] is not None:
-            res.exit.append(dataclasses.replace(
-                p["store"], name=f"{name}/exit/dma_copy", waits=(), src=p["tile"],
-                dst=dataclasses.replace(p["store"].dst, tensor=p["carry"].name)))
-            res.exit_dram[p["carry"].name] = p["carry"]
-        res.names.append(p["carry"].name)
-    res.notes = [f"on chip; resident in SBUF: {', '.join(res.names)}"] + notes
-    return res
+    return plans, notes, base
+
+
+def _enter_exit(res: _Residency, name: str, p: dict) -> None:
+    """The load of resident carry `p` into the enter kernel, its store into the exit."""
+    c = p["carry"]
+    res.enter.append(dataclasses.replace(p["load"], name=f"{name}/enter/dma_copy",
+                                         waits=(), dst=p["tile"]))
+    res.enter_dram[c.name] = c
+    if p["store"] is not None:
+        res.exit.append(dataclasses.replace(
+            p["store"], name=f"{name}/exit/dma_copy", waits=(), src=p["tile"],
+            dst=dataclasses.replace(p["store"].dst, tensor=c.name)))
+        res.exit_dram[c.name] = c
+    res.names.append(c.name)
 
 
 def _round_up(n: int) -> int:
