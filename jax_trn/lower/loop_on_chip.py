@@ -30,7 +30,8 @@ import numpy as np
 
 from hlo_passes import ir
 from jax_trn.hw import dtypes as _dt
-from jax_trn.hw.isa import DmaCopy, DramAP, Memset, TensorCopy, Tile
+from jax_trn.hw.isa import (Activation, DmaCopy, DramAP, Memset, TensorCopy, TensorScalar,
+                            TensorTensor, Tile)
 from jax_trn.hw.program import DramTensor, Kernel, Loop
 
 __all__ = ["Counted", "counted", "build"]
@@ -350,9 +351,10 @@ class _Partial(Exception):
 def _rewrite(kernel: Kernel, plans: list[dict], end: int) -> Kernel:
     """The per-trip body kernel: loads and stores of the resident carries removed (the
     semaphore counts of their DMA queues renumbered), their tiles moved to the resident
-    regions, and a copy of each carry's new value into its region at the trip's end,
-    after every other instruction of the trip (a barrier on every other queue; VectorE,
-    which runs the copy, runs its own queue in order)."""
+    regions, and each carry's new value written in place into its region (`_in_place`)
+    or copied there at the trip's end, after every other instruction of the trip (a
+    barrier on every other queue; VectorE, which runs the copy, runs its own queue in
+    order)."""
     drop = set().union(*(p["drop"] for p in plans))
     kept, shift = [], {}            # shift[q]: per kept-or-dropped count -> kept count
     for i, ins in enumerate(kernel.instructions):
@@ -379,6 +381,8 @@ def _rewrite(kernel: Kernel, plans: list[dict], end: int) -> Kernel:
             continue
         if _within(src, p["tile"]) is not False:
             raise _Partial(src)
+        if _in_place(new, src, p["tile"]):
+            continue
         new.append(TensorCopy(name=f"{kernel.name}/carry", waits=barrier, dst=p["tile"],
                               src=src, engine="vector"))
     dram = {n: t for n, t in kernel.dram.items()
@@ -386,3 +390,28 @@ def _rewrite(kernel: Kernel, plans: list[dict], end: int) -> Kernel:
                    for v in vars(ins).values())}
     return dataclasses.replace(kernel, instructions=new, dram=dram, sbuf_bytes=end,
                                notes=list(kernel.notes))
+
+
+_ELEMENTWISE = (TensorScalar, TensorTensor, TensorCopy, Activation)
+
+
+def _in_place(instrs: list, src: Tile, tile: Tile) -> bool:
+    """Makes the one instruction that computes a carry's new value (`src`) write it
+    straight into its resident `tile`, when that is the same computation: the
+    instruction is elementwise, reads the carry only as the whole `tile`, and no other
+    instruction touches `src` or `tile` (so no copy is needed at the trip's end)."""
+    writers = [i for i, ins in enumerate(instrs) if src in ins.outputs()]
+    if len(writers) != 1:
+        return False
+    k, w = writers[0], instrs[writers[0]]
+    if type(w) not in _ELEMENTWISE or w.outputs() != [src] \
+            or getattr(w, "reduce_res", None) is not None:
+        return False
+    for i, ins in enumerate(instrs):
+        for t in ins.tiles():
+            if i != k and (_within(t, src) is not False or _within(t, tile) is not False):
+                return False
+            if i == k and t is not w.dst and _within(t, tile) is not False and t != tile:
+                return False
+    instrs[k] = dataclasses.replace(w, dst=tile)
+    return True

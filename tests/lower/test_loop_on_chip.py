@@ -51,13 +51,22 @@ def test_resident_carry_moves_its_load_and_store_out_of_the_body():
     loop = _loop([_body()])
     assert isinstance(loop, Loop) and loop.resident == ["c"]
     body = loop.body[0].instructions
-    assert [i.name for i in body] == ["ldw", "mul", "body/carry"]
+    assert [i.name for i in body] == ["ldw", "mul"]
     assert body[1].waits == (("dma0", 1),)              # 2 loads on dma0 -> 1 left
-    assert body[1].data.offset == 192                    # A moved to the resident region
-    assert isinstance(body[2], TensorCopy) and body[2].dst.offset == 192
-    assert dict(body[2].waits) == {"dma0": 1}     # after the whole trip (vector: in order)
+    assert body[1].data.offset == body[1].dst.offset == 192   # in place, resident region
     assert [i.name for i in loop.enter[0].instructions] == ["w.1/enter/dma_copy"]
     assert loop.exit[0].instructions[0].dst.tensor == "c"
+
+
+def test_carry_read_twice_is_copied_into_its_region_at_the_trips_end():
+    peek = TensorScalar(name="peek", dst=_tile(64), data=_tile(0), op0="add", operand0=1.0,
+                        waits=(("dma0", 2),))
+    loop = _loop([_body(extra=(peek,))])
+    body = loop.body[0].instructions
+    assert [i.name for i in body] == ["ldw", "mul", "peek", "body/carry"]
+    assert body[1].dst.offset == 128 and body[2].data.offset == 192
+    assert isinstance(body[3], TensorCopy) and body[3].dst.offset == 192
+    assert dict(body[3].waits) == {"dma0": 1}     # after the whole trip (vector: in order)
 
 
 def test_store_into_a_temporary_then_copied_is_folded():
@@ -103,10 +112,12 @@ def _run(core, kernels, dram):
         core.run(k, dram)
 
 
-def test_loop_computes_what_the_kernels_it_came_from_compute():
+@pytest.mark.parametrize("extra", [(), (TensorScalar(
+    name="peek", dst=_tile(64), data=_tile(0), op0="add", operand0=1.0, waits=(("dma0", 2),)),)])
+def test_loop_computes_what_the_kernels_it_came_from_compute(extra):
     rng = np.random.default_rng(0)
     c0, w = rng.normal(size=C.size).astype(np.float32), rng.normal(size=W.size).astype(np.float32)
-    body = _body()
+    body = _body(extra=extra)
     ref = {"c": c0.copy(), "w": w.copy(), "n": np.zeros(1, np.int32)}
     core = NeuronCore(NC_V3)
     for _ in range(3):
