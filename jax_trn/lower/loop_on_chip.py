@@ -123,9 +123,9 @@ def build(name: str, count: Counted, carried: list[DramTensor], body: list,
     if any(counter.name in k.dram for k in kernels):
         return "a body kernel reads the counter's buffer"
     res = _resident(name, kernels, carried, counter, sbuf_bytes)
-    exit_ = Kernel(f"{name}/exit", res.exit + _write_counter(name, counter, count.final,
-                                                            res.end),
-                   {**res.exit_dram, counter.name: counter}, sbuf_bytes=res.end + 4,
+    at = res.end if res.names else 0        # the counter's tile: after resident carries
+    exit_ = Kernel(f"{name}/exit", res.exit + _write_counter(name, counter, count.final, at),
+                   {**res.exit_dram, counter.name: counter}, sbuf_bytes=at + 4,
                    ops=list(ops))
     enter = [Kernel(f"{name}/enter", res.enter, res.enter_dram, sbuf_bytes=res.end,
                     ops=list(ops))] if res.enter else []
@@ -204,7 +204,7 @@ def _plans(kernels, kernel, carried, counter, sbuf_bytes):
         if not isinstance(plan, str) and any(
                 names & set(k.dram) for k in kernels if k is not kernel and k is not copy):
             plan = "another body kernel reads or writes it"
-        if not isinstance(plan, str) and plan["end"] > sbuf_bytes:
+        if not isinstance(plan, str) and plan["end"] + _ALIGN > sbuf_bytes:  # + the counter
             plan = (f"it needs SBUF up to {plan['end']} B/partition, the kernel may use "
                     f"{sbuf_bytes}")
         if isinstance(plan, str):

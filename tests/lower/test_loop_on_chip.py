@@ -96,8 +96,11 @@ def test_carry_read_by_another_kernel_stays_in_hbm():
 
 
 def test_too_little_sbuf_keeps_the_carry_in_hbm():
-    loop = loc.build("w.1", loc.Counted(0, 0, 3, 1), [N, C], [_body()], 200, ["op"])
+    loop = loc.build("w.1", loc.Counted(0, 0, 3, 1), [N, C], [_body()], 300, ["op"])
     assert loop.resident == [] and any("needs SBUF up to 256" in n for n in loop.notes)
+    assert loop.exit[0].instructions[0].dst.offset == 0     # the counter's tile
+    full = loc.build("w.1", loc.Counted(0, 0, 3, 1), [N, C], [_body()], 320, ["op"])
+    assert full.resident == ["c"] and full.exit[0].sbuf_bytes <= 320
 
 
 def test_counted_trip_counts():
