@@ -12,6 +12,9 @@ data, loaded once per executable), and its `steps`, run in order. A step is
                                    stop if false, else run `body` and repeat
     Case(index, branches, ...)     read the int32 `index` from HBM, run branch `index`
                                    (out of range: the last branch, as stablehlo.case)
+    Loop(trips, enter, body, exit) a counted loop on chip: `enter` kernels once, then
+                                   `body` kernels `trips` times, the trip counter in
+                                   the sequencers' registers, then `exit` kernels
 
     Collective(kind, ...)          a collective across the program's devices (SPMD):
                                    every device waits for its group, the topology's
@@ -36,6 +39,7 @@ import numpy as np
 
 from . import dtypes as _dt
 from .isa import Instr
+from .isa_control import back_edge
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,7 @@ class While:
     body: list[Step]
     carried: list[DramTensor]                  # the loop-carried values, in order
     ops: list[str] = field(default_factory=list)    # the source op: "while at f.py:3"
+    notes: list[str] = field(default_factory=list)  # why it is not an on-chip `Loop`
 
 
 @dataclass
@@ -98,6 +103,36 @@ class Case:
     branches: list[list[Step]]
     results: list[DramTensor]
     ops: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Loop:
+    """A loop run on chip (a stablehlo.while with a static trip count): the trip
+    counter lives in a register of each engine's sequencer, which runs the body's
+    instructions `trips` times with a back edge per trip (`control`, isa_control.py);
+    no predicate is computed or read from HBM. `enter` kernels run once before the
+    first trip (they load the SBUF-resident carries, `resident`), `exit` kernels once
+    after the last (they store those carries back to HBM and write the counter's final
+    value). The body's kernels read and write the resident carries in SBUF and the
+    other carries in HBM, in place. `notes` say what was kept resident and why not."""
+    name: str                                  # "while.4"
+    trips: int
+    enter: list[Kernel]
+    body: list[Kernel]
+    exit: list[Kernel]
+    carried: list[DramTensor]                  # the loop-carried values, in order
+    counter: str = "counter"                   # the register holding the trip counter
+    counter_carry: int = 0                     # the carried value the counter is
+    start: int = 0                             # its value before the first trip ...
+    step: int = 1                              # ... its increment per trip
+    resident: list[str] = field(default_factory=list)   # carries kept in SBUF
+    ops: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def control(self) -> tuple:
+        """The back edge every sequencer runs after each trip (isa_control.py)."""
+        return back_edge(self.counter, self.step, self.start + self.trips * self.step)
 
 
 @dataclass
@@ -136,7 +171,7 @@ class HostCallback:
     ops: list[str] = field(default_factory=list)
 
 
-Step = Kernel | While | Case | Collective | HostCallback
+Step = Kernel | While | Case | Loop | Collective | HostCallback
 
 
 def walk_steps(steps: list[Step]) -> Iterator[Step]:
@@ -149,6 +184,8 @@ def walk_steps(steps: list[Step]) -> Iterator[Step]:
         elif isinstance(step, Case):
             for branch in step.branches:
                 yield from walk_steps(branch)
+        elif isinstance(step, Loop):
+            yield from walk_steps(step.enter + step.body + step.exit)
 
 
 def walk_kernels(steps: list[Step]) -> Iterator[Kernel]:
@@ -157,6 +194,8 @@ def walk_kernels(steps: list[Step]) -> Iterator[Kernel]:
 
 
 def has_control_flow(steps: list[Step]) -> bool:
+    """Whether `steps` decide anything from data (a while's predicate, a case's index);
+    a `Loop`'s trip count is static, so it is no control flow in this sense."""
     return any(isinstance(s, (While, Case)) for s in steps)
 
 
@@ -196,12 +235,28 @@ class Program:
 
     @property
     def control_flow(self) -> bool:
-        """True if the steps include a loop or a conditional."""
+        """True if the steps include a data-decided loop or a conditional (a static
+        on-chip `Loop` needs no data: timing-only runs time it without numerics)."""
         return has_control_flow(self.steps)
 
     @property
     def flops(self) -> int:
-        """Static FLOPs: each kernel counted once (one trip of every loop body, every
-        branch of every conditional). What a call executed is the execution record's
+        """Static FLOPs: each kernel counted once (one trip of every host-driven loop
+        body, every branch of every conditional), an on-chip `Loop`'s body once per
+        trip (its trip count is static). What a call executed is the execution record's
         `flops` (`profiler.Execution.flops`), which counts every kernel instance."""
-        return sum(k.flops for k in self.kernels)
+        return _static_flops(self.steps)
+
+
+def _static_flops(steps: list[Step]) -> int:
+    total = 0
+    for s in steps:
+        if isinstance(s, Loop):
+            total += _static_flops(s.enter + s.exit) + s.trips * _static_flops(s.body)
+        elif isinstance(s, While):
+            total += _static_flops(s.cond + s.body)
+        elif isinstance(s, Case):
+            total += sum(_static_flops(b) for b in s.branches)
+        elif isinstance(s, Kernel):
+            total += s.flops
+    return total

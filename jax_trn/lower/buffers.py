@@ -20,8 +20,8 @@ reads a temporary before writing it.
 """
 from __future__ import annotations
 
-from jax_trn.hw.program import (Case, Collective, DramTensor, HostCallback, Kernel, Step,
-                                While, walk_steps)
+from jax_trn.hw.program import (Case, Collective, DramTensor, HostCallback, Kernel, Loop,
+                                Step, While, walk_steps)
 
 __all__ = ["assign"]
 
@@ -74,6 +74,8 @@ def _named(step: Step) -> set[str]:
             names.update(s.dram)
         elif isinstance(s, While):
             names.update(t.name for t in (s.pred, *s.carried))
+        elif isinstance(s, Loop):
+            names.update(t.name for t in s.carried)
         elif isinstance(s, Case):
             names.update(t.name for t in (s.index, *s.results))
         elif isinstance(s, (Collective, HostCallback)):

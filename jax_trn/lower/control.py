@@ -1,5 +1,10 @@
 """Control flow between kernels: `while`, `case` (lax.cond / lax.switch), surviving calls.
 
+A `while` with a static trip count whose body is kernels only becomes a loop on chip
+(`hw.program.Loop`, built by loop_on_chip.py: counter in registers, carries resident in
+SBUF where they fit); the others stay host-driven `While` steps, described below, with
+the reason in their notes.
+
 Each region is lowered like the function body (fusion ops, splat constants, ...) into a
 nested step list, giving `hw.program.While` / `Case` steps; the runtime's control path
 runs them between kernels, reading the predicate / branch index from HBM after the
@@ -38,8 +43,9 @@ from collections.abc import Iterable
 
 from hlo_passes import ir
 from hlo_passes.effects import has_side_effects
-from jax_trn.hw.program import Case, DramTensor, While
+from jax_trn.hw.program import Case, DramTensor, Loop, While
 
+from . import loop_on_chip
 from .driver import StepCtx
 from .errors import LoweringError
 from .registry import RuleKind, register_step
@@ -85,8 +91,26 @@ def lower_while(ctx: StepCtx, op: ir.Op, claims: dict[int, DramTensor]) -> None:
         cond_steps, pred, body_steps = _regions(ctx, op, carried)
     finally:
         active -= entered
-    ctx.append(While(name, cond_steps, pred, body_steps, carried, [_label(op)]))
+    loop = _on_chip(ctx, op, name, carried, body_steps)
+    if isinstance(loop, Loop):
+        ctx.append(loop)
+    else:
+        ctx.append(While(name, cond_steps, pred, body_steps, carried, [_label(op)],
+                         notes=[f"host-driven loop: {loop}"]))
     ctx.bind(op.results, carried)
+
+
+def _on_chip(ctx: StepCtx, op: ir.Op, name: str, carried: list[DramTensor],
+             body_steps: list) -> Loop | str:
+    """The while as a `Loop` run on chip (loop_on_chip.py), or why it cannot be one."""
+    def known(v):
+        t = ctx.location(v)
+        return ctx.constant(t) if t is not None else None
+    count = loop_on_chip.counted(op, known, ctx.is_hoisted)
+    if isinstance(count, str):
+        return count
+    return loop_on_chip.build(name, count, carried, body_steps, ctx.target.sbuf_bytes,
+                              [_label(op)])
 
 
 def _regions(ctx: StepCtx, op: ir.Op, carried: list[DramTensor]):

@@ -180,6 +180,11 @@ class StepCtx:
             if id(v) in self._pending:
                 self._fill(self._pending.pop(id(v)))
 
+    @property
+    def target(self) -> Target:
+        """What the compiler may assume about the core (SBUF bytes, ...)."""
+        return self._target
+
     # --- the walk -----------------------------------------------------------------------
 
     @property

@@ -17,8 +17,8 @@ from collections import Counter
 
 import numpy as np
 
-from jax_trn.hw.program import (Case, Collective, DramTensor, HostCallback, Kernel, While,
-                                walk_kernels, walk_steps)
+from jax_trn.hw.program import (Case, Collective, DramTensor, HostCallback, Kernel, Loop,
+                                While, walk_kernels, walk_steps)
 
 ENGINE_ORDER = ("dma", "tensor", "vector", "scalar", "gpsimd")
 
@@ -56,10 +56,13 @@ def format_steps(steps, indent: str = "") -> list[str]:
             carried = ", ".join(t.name for t in step.carried)
             lines.append(f"{indent}while {step.name} (carried {carried})  "
                          f"[{'; '.join(step.ops)}]")
+            lines += [f"{indent}  // {n}" for n in step.notes]
             lines.append(f"{indent}  cond -> pred {step.pred.name}:")
             lines += format_steps(step.cond, indent + "    ")
             lines.append(f"{indent}  body:")
             lines += format_steps(step.body, indent + "    ")
+        elif isinstance(step, Loop):
+            lines += _format_loop(step, indent)
         elif isinstance(step, Case):
             results = ", ".join(t.name for t in step.results)
             lines.append(f"{indent}case {step.name} (index {step.index.name}) -> "
@@ -71,6 +74,18 @@ def format_steps(steps, indent: str = "") -> list[str]:
             lines.append(f"{indent}{format_collective(step)}")
         elif isinstance(step, HostCallback):
             lines.append(f"{indent}{format_host_callback(step)}")
+    return lines
+
+
+def _format_loop(step: Loop, indent: str) -> list[str]:
+    """An on-chip loop: its trip count, resident carries, notes and kernels."""
+    carried = ", ".join(t.name for t in step.carried)
+    lines = [f"{indent}loop on chip {step.name} ({step.trips} trips, carried {carried}; "
+             f"resident {', '.join(step.resident) or 'none'})  [{'; '.join(step.ops)}]"]
+    lines += [f"{indent}  // {n}" for n in step.notes]
+    for part, kernels in (("enter", step.enter), ("body", step.body), ("exit", step.exit)):
+        lines.append(f"{indent}  {part}:")
+        lines += format_steps(kernels, indent + "    ")
     return lines
 
 
@@ -98,7 +113,7 @@ def format_collective(step: Collective) -> str:
 
 def format_program(params, outputs, temps, steps, constants: dict[str, np.ndarray]) -> str:
     kernels = list(walk_kernels(steps))
-    loops = sum(isinstance(s, While) for s in walk_steps(steps))
+    loops = sum(isinstance(s, (While, Loop)) for s in walk_steps(steps))
     cases = sum(isinstance(s, Case) for s in walk_steps(steps))
     colls = sum(isinstance(s, Collective) for s in walk_steps(steps))
     calls = sum(isinstance(s, HostCallback) for s in walk_steps(steps))

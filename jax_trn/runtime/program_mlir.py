@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import Counter
 
 from jax_trn.hw.isa import DmaCopy, DramAP
-from jax_trn.hw.program import Case, Collective, HostCallback, Kernel, While
+from jax_trn.hw.program import Case, Collective, HostCallback, Kernel, Loop, While
 
 _MLIR_TYPES = {
     "float32": "f32", "bfloat16": "bf16", "float16": "f16", "float8_e4m3fn": "f8E4M3FN",
@@ -112,6 +112,8 @@ class _Emitter:
                 lines += self.loop(step, env, indent)
             elif isinstance(step, Case):
                 lines += self.case(step, env, indent)
+            elif isinstance(step, Loop):
+                lines += self.on_chip(step, env, indent)
             elif isinstance(step, Collective):
                 lines += self.collective(step, env, indent)
             elif isinstance(step, HostCallback):
@@ -205,6 +207,41 @@ class _Emitter:
         lines += self._op('"stablehlo.while"', inits, types, types, regions, step, env,
                           step.carried, indent)
         return lines
+
+    def on_chip(self, step: Loop, env, indent: str) -> list[str]:
+        """An on-chip loop: its enter kernels, a `stablehlo.while` counting its trips
+        (counter < limit, counter + step: the sequencers' registers) around its body
+        kernels, its exit kernels."""
+        lines = self.steps(step.enter, env, indent)
+        types = [self.ttype(t) for t in step.carried]
+        inits = [self.value(t, env, indent, lines) for t in step.carried]
+        counter = step.carried[step.counter_carry]
+        limit = step.start + step.trips * step.step
+        regions = []
+        for what in ("cond", "body"):
+            inner, i2 = dict(env), indent + "  "
+            args = [self.fresh() for _ in step.carried]
+            inner.update((t.name, a) for t, a in zip(step.carried, args))
+            region = [f"{indent}^bb0({', '.join(f'{a}: {ty}' for a, ty in zip(args, types))}):"]
+            const, res = self.fresh(), self.fresh()
+            region.append(f"{i2}{const} = stablehlo.constant dense<"
+                          f"{limit if what == 'cond' else step.step}> : tensor<i32>")
+            if what == "cond":
+                region.append(f"{i2}{res} = stablehlo.compare  LT, {inner[counter.name]}, "
+                              f"{const},  SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>")
+                region.append(f'{i2}"stablehlo.return"({res}) : (tensor<i1>) -> ()')
+            else:
+                region += self.steps(step.body, inner, i2)
+                region.append(f"{i2}{res} = stablehlo.add {inner[counter.name]}, {const} "
+                              f": tensor<i32>")
+                inner[counter.name] = res
+                outs = [self.value(t, inner, i2, region) for t in step.carried]
+                region.append(f'{i2}"stablehlo.return"({", ".join(outs)}) : '
+                              f'({", ".join(types)}) -> ()')
+            regions.append(region)
+        lines += self._op('"stablehlo.while"', inits, types, types, regions, step, env,
+                          step.carried, indent)
+        return lines + self.steps(step.exit, env, indent)
 
     def case(self, step: Case, env, indent: str) -> list[str]:
         lines: list[str] = []

@@ -13,7 +13,7 @@ numerics: each kernel's instructions replayed in the recorded order
 (`NeuronCore.replay`, the order a full run applies them in, so results are
 bit-identical, even those of a kernel with a missing semaphore), each predicate or
 branch index read from HBM as the control path does and compared with the recorded
-decision. If every decision matches, the call took the recorded path and its timeline
+decision (a loop on chip, `hw.program.Loop`, makes no decision: its trip count is static). If every decision matches, the call took the recorded path and its timeline
 is the recorded one: the records are reused (the same objects). If one differs (a loop
 ran another number of trips, another branch was taken) the path is new: the walk stops,
 the outputs and temporaries are cleared and the call is simulated in full, and its
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from jax_trn.hw.program import Case, Collective, HostCallback, Kernel, While, walk_steps
+from jax_trn.hw.program import Case, Collective, HostCallback, Kernel, Loop, While, walk_steps
 
 from . import callbacks, interrupts
 
@@ -106,6 +106,11 @@ class _Walk:
                     index = len(step.branches) - 1
                 self._decide(index)
                 self.steps(step.branches[index])
+            elif isinstance(step, Loop):          # a static trip count: no decisions
+                self.steps(step.enter)
+                for _ in range(step.trips):
+                    self.steps(step.body)
+                self.steps(step.exit)
             elif isinstance(step, HostCallback):
                 self._entry(HOST)
                 callbacks.run(step, self.dram, self.dram, True)

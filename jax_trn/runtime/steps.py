@@ -3,7 +3,8 @@
 `StepRunner` runs a step list on one NeuronCore: kernels back to back on the core's
 engines, loops and conditionals decided on the control path between kernels (the
 predicate / branch index read from HBM after the kernel that wrote it, `control_ns`),
-collectives handed to `spmd.drive` (the runner is a generator that stops at each), and
+loops on chip trip after trip with the sequencers' back edge between trips
+(`on_chip`), collectives handed to `spmd.drive` (the runner is a generator that stops at each), and
 host callbacks (`callbacks`): for the device itself here, or through `spmd.drive` when
 one device calls the host for all. `run_kernels` runs a program without collectives on
 one device. Every kernel instance and callback becomes a profiler record.
@@ -15,7 +16,8 @@ import numpy as np
 from jax_trn import profiler
 from jax_trn.config import Options
 from jax_trn.hw.isa import DramAP
-from jax_trn.hw.program import Case, Collective, HostCallback, Kernel, While, walk_steps
+from jax_trn.hw.isa_control import back_edge_ns
+from jax_trn.hw.program import Case, Collective, HostCallback, Kernel, Loop, While, walk_steps
 
 from . import callbacks, interrupts, replay, spmd
 
@@ -101,6 +103,8 @@ class StepRunner:
                 t = yield from self.loop(step, t, context)
             elif isinstance(step, Case):
                 t = yield from self.case(step, t, context)
+            elif isinstance(step, Loop):
+                t = self.on_chip(step, t, context)
             elif isinstance(step, Collective):
                 nxt = steps[i + 1] if i + 1 < len(steps) else None
                 overlaps = isinstance(nxt, Kernel) and not self._depends(nxt, *_names(step))
@@ -176,6 +180,9 @@ class StepRunner:
             if isinstance(step, While):
                 names |= {step.pred.name} | {c.name for c in step.carried}
                 inner = step.cond + step.body
+            elif isinstance(step, Loop):
+                names |= {c.name for c in step.carried}
+                inner = step.enter + step.body + step.exit
             else:
                 names |= {step.index.name} | {r.name for r in step.results}
                 inner = [s for b in step.branches for s in b]
@@ -216,6 +223,31 @@ class StepRunner:
                     f"jax_trn_max_while_iterations) if the loop is meant to run longer")
             t = yield from self.steps(step.body, t, f"{context}{step.name}[{trip}]/")
             trip += 1
+
+    def on_chip(self, step: Loop, t: float, context: str) -> float:
+        """A loop on chip: its enter kernels, then its body kernels trip after trip,
+        each trip followed by the sequencers' back edge (`isa_control`: the counter
+        add and branch run on the registers, no control-path decision), then its exit
+        kernels. The trip count is static, so a timing-only run times it too."""
+        if step.trips > self.limit:
+            raise ExecutionError(
+                f"{step.name} ({'; '.join(step.ops)}) ran {self.limit} iterations of its "
+                f"{step.trips}; raise JAX_TRN_MAX_WHILE_ITERATIONS (or the compiler option "
+                f"jax_trn_max_while_iterations) if the loop is meant to run longer")
+        for kernel in step.enter:
+            t = self.kernel(kernel, t, context)
+        control = step.control
+        edge_ns = back_edge_ns(control, self.core.spec)
+        regs, trip = {step.counter: step.start}, 0
+        while control[1].taken(regs):
+            for kernel in step.body:
+                t = self.kernel(kernel, t, f"{context}{step.name}[{trip}]/")
+            control[0].apply(regs)
+            t += edge_ns
+            trip += 1
+        for kernel in step.exit:
+            t = self.kernel(kernel, t, context)
+        return t
 
     def case(self, step: Case, t: float, context: str):
         t += self.control_ns

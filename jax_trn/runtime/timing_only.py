@@ -11,12 +11,14 @@ What it assumes, and so cannot know:
   - every device reaches each collective at the same time as the representative (no
     skew: SPMD devices run identical kernels; cores sharing a chip's HBM are priced as
     sharing it, `Hbm(sharers=...)`);
-  - values: loops and conditionals are decided on the representative's numerics, run on
-    all-zero arguments (exact for trip counts that do not depend on the data: fori_loop,
-    scan); collectives then give each device what a collective of identical inputs
+  - values: host-driven loops and conditionals are decided on the representative's
+    numerics, run on all-zero arguments (exact for trip counts that do not depend on
+    the data); a data-dependent trip count cannot be known here. Loops on chip
+    (`hw.program.Loop`: fori_loop and scan with static bounds) have a static trip
+    count and need no numerics; collectives then give each device what a collective of identical inputs
     gives (a sum over a group of g is g times the operand, a gather g copies, ...), and
     host callbacks call nothing (their results are zeros);
-  - a program without loops or conditionals computes no numerics at all.
+  - a program without host-driven loops or conditionals computes no numerics at all.
 """
 from __future__ import annotations
 

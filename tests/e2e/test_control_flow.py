@@ -173,27 +173,65 @@ def _loop(lax, n):
     return lambda x: lax.fori_loop(0, n, lambda i, c: c * 2 + 1, x)
 
 
-def test_time_grows_linearly_with_trips(jax, trn, lax):
-    """Every trip costs the same: its kernels plus one control-path decision."""
+def _trip_times(jax, trn, f) -> dict[int, float]:
     import jax_trn
-    from jax_trn.runtime.executable import control_ns
     x = jax.device_put(np.ones((64, 64), np.float32), trn)
     times = {}
     for n in (2, 3, 10):            # (n = 1 differs: its bound and step CSE to one constant)
         with jax_trn.profile() as prof:
-            jax.block_until_ready(jax.jit(_loop(lax, n))(x))
-        times[n] = prof.executions[-1].span_ns
+            jax.block_until_ready(jax.jit(f(n))(x))
+        times[n] = prof.executions[-1]
+    return times
+
+
+def test_time_grows_linearly_with_trips(jax, trn, lax):
+    """Every trip of a loop on chip costs the same: its body kernel plus the sequencers'
+    back edge, less than one host-driven control decision."""
+    from jax_trn.runtime.executable import control_ns
+    ex = _trip_times(jax, trn, lambda n: _loop(lax, n))
+    times = {n: e.span_ns for n, e in ex.items()}
     trip = times[3] - times[2]
-    assert trip > control_ns(prof.executions[-1].chip_spec.core) > 1000
+    assert 0 < trip < control_ns(ex[3].chip_spec.core)
+    assert times[10] - times[2] == pytest.approx(8 * trip, rel=1e-6), times
+
+
+def test_host_driven_trip_pays_a_control_decision(jax, trn, lax):
+    """A loop whose trip count is data stays host-driven: each trip pays its kernels
+    plus one control-path decision (the predicate read from HBM)."""
+    from jax_trn.runtime.executable import control_ns
+    ex = _trip_times(jax, trn, lambda n: _data_loop(lax, n))
+    times = {n: e.span_ns for n, e in ex.items()}
+    trip = times[3] - times[2]
+    assert trip > control_ns(ex[3].chip_spec.core) > 1000
     assert times[10] - times[2] == pytest.approx(8 * trip, rel=1e-6), times
     assert times[10] / times[2] > 3
+
+
+def _data_loop(lax, n):
+    """A loop whose limit is data (n for x = ones): host-driven (loop_on_chip.counted)."""
+    def f(x):
+        limit = x[0, 0].astype("int32") + (n - 1)
+        return lax.while_loop(lambda c: c[0] < limit, lambda c: (c[0] + 1, c[1] * 2 + 1),
+                              (0, x))[1]
+    return f
+
+
+def test_on_chip_loop_records_each_trip_and_no_condition(jax, trn, lax):
+    import jax_trn
+    x = jax.device_put(np.ones((8, 8), np.float32), trn)
+    with jax_trn.profile() as prof:
+        jax.block_until_ready(jax.jit(_loop(lax, 3))(x))
+    ex = prof.executions[-1]
+    body = [k for k in ex.kernels if "]/" in k.context]
+    assert sorted(k.context.split("[")[1].split("]")[0] for k in body) == ["0", "1", "2"]
+    assert not [k for k in ex.kernels if ".cond/" in k.context]
 
 
 def test_profile_records_repeated_kernels(jax, trn, lax):
     import jax_trn
     x = jax.device_put(np.ones((8, 8), np.float32), trn)
     with jax_trn.profile() as prof:
-        jax.block_until_ready(jax.jit(_loop(lax, 3))(x))
+        jax.block_until_ready(jax.jit(_data_loop(lax, 3))(x))
     ex = prof.executions[-1]
     body = [k for k in ex.kernels if "]/" in k.context and ".cond" not in k.context]
     trips = sorted({k.context.split("[")[1].split("]")[0] for k in body})
