@@ -63,6 +63,7 @@ from jax_trn.hw import isa
 from jax_trn.hw.program import DramTensor
 
 from .attention_layout import Axes, heads_per_dma, unit_blocks
+from .attention_outer import MASK_K, OuterMask
 from .builder import Ring, sub
 from .layout import tiles
 from .registry import LowerCtx
@@ -79,12 +80,14 @@ MASK_ROWS_BYTES = 48 * 1024     # a runtime mask's rows kept in SBUF per partiti
 
 def lower_attention(ctx: LowerCtx, ins: list[DramTensor], scale: float, masked: bool,
                     bias: bool = False, fill: float = -np.inf,
-                    layout: tuple | None = None) -> None:
+                    layout: tuple | None = None, mask_outer: bool = False) -> None:
     q, k, v = ins[:3]
     axes = Axes(layout) if layout is not None else Axes.canonical(q, k, v)
-    mask = _mask(ctx, ins[3], axes) if masked else None
-    extra = {"bias": ins[3 + masked] if bias else None,
-             "mask": ins[3] if masked and mask is None else None}
+    outer = masked and mask_outer       # the mask as rows & columns (attention_outer.py)
+    mask = _mask(ctx, ins[3], axes) if masked and not outer else None
+    extra = {"bias": ins[3 + masked + outer] if bias else None,
+             "mask": ins[3] if masked and mask is None and not outer else None,
+             "outer": ins[3:5] if outer else None}
     _check(ctx, q, k, v, axes)
     ctx.kb.notes.append("attention: flash-attention kernel (attention.py)")
     _Flash(ctx, (q, k, v), ctx.outs[0], scale, mask, axes, extra, fill).run()
@@ -125,6 +128,7 @@ class _Flash:
         self.rt_mask, self.rt_bias = extra["mask"], extra["bias"]
         self.sq, self.d = axes.sq[0], axes.d[0]
         self.sk, self.dv = axes.sk[0], axes.dv[0]
+        self.dvx = self.dv + (extra["outer"] is not None)  # + the key weights' column
         self.batch = math.prod(n for n, _ in axes.batch + axes.group)
         self.pdtype = self._p_dtype()
         target = ctx.target
@@ -133,7 +137,7 @@ class _Flash:
         kb, nkt = self.kb, -(-self.sk // self.pmax)
         self._plan_units()
         self.kT = kb.ring(2, self.sk, q.dtype)
-        self.vb = kb.ring(2, nkt * self.v_heads * self.dv, v.dtype)
+        self.vb = kb.ring(2, nkt * self.v_heads * self.dvx, v.dtype)
         self.stage: dict = {}
         if self.out_heads > 1:
             self.stage_ring = kb.ring(2 * -(-self.sq // self.pmax),
@@ -141,12 +145,12 @@ class _Flash:
         self.qT = kb.ring(3, self.pmax, q.dtype)
         self.s = kb.ring(2, self.chunk, "float32", mem="psum")
         self.p = kb.ring(3, self.chunk, self.pdtype)
-        two_in_bank = 2 * self.dv * 4 <= target.psum_bank_bytes     # two FP32 rows of Dv
+        two_in_bank = 2 * self.dvx * 4 <= target.psum_bank_bytes    # two FP32 rows of Dv
         self.t = kb.ring(3 if two_in_bank else 2, self.bank, "float32", mem="psum")
         self.pt = kb.ring(6, self.bank, self.pdtype)
-        self.o = _ring_in_bank(kb, 2, self.dv) if two_in_bank else \
-            kb.ring(2, self.dv, "float32", mem="psum")
-        self.osb = kb.ring(2, self.dv, "float32")
+        self.o = _ring_in_bank(kb, 2, self.dvx) if two_in_bank else \
+            kb.ring(2, self.dvx, "float32", mem="psum")
+        self.osb = kb.ring(2, self.dvx, "float32")
         self.res = kb.ring(2, self.dv, out.dtype)
         self.small = kb.ring(16, 1, "float32")
         self.biases: dict[bytes, isa.Tile] = {}
@@ -154,6 +158,7 @@ class _Flash:
         self.copy_engines = itertools.cycle(("vector", "scalar"))
         self.queues = itertools.cycle(range(target.dma_queues))
         kb.flops += 2 * self.batch * self.sq * self.sk * (self.d + self.dv)
+        self.outer = OuterMask(self, *extra["outer"]) if extra["outer"] else None
         self.runtime = self.rt_mask is not None or self.rt_bias is not None
         if self.runtime:
             self.rt_jobs = 0
@@ -204,11 +209,13 @@ class _Flash:
         groups = ax.offsets(ax.group, (0, 3, 4, 5))
         self.units = []
         kvs = ax.offsets(ax.batch, (1, 2, 0, 3, 4, 5))
+        cols = [o[0] for o in ax.offsets(ax.batch, (MASK_K,))] if self.dvx > self.dv \
+            else [0] * len(kvs)
         for b, (ko, vo, qo, oo, mo, bo) in enumerate(kvs):
             for gq, go, gm, gb in groups:
                 self.units.append({"n": len(self.units), "kv": b, "k": ko, "v": vo,
                                    "q": qo + gq, "out": oo + go, "mask": mo + gm,
-                                   "bias": bo + gb})
+                                   "bias": bo + gb, "mask_k": cols[b]})
         nkt, nqt = -(-self.sk // self.pmax), -(-self.sq // self.pmax)
         limit = heads_per_dma(nkt, self.dv, 2, HEADS_BYTES)
         vblocks = unit_blocks([kv[1] for kv in kvs], self.dv, limit)
@@ -269,10 +276,15 @@ class _Flash:
         width = b["vsize"] * self.dv
         if b["vslot"] == 0:
             self.vblock = self.vb.next()
+            if self.outer is not None:
+                self.meanv = self.outer.load_v(self.vblock, b, width, b["vsize"])
             for j, (r0, rn) in enumerate(tiles(self.sk, self.pmax)):
+                if self.outer is not None:
+                    break
                 src = self.kb.ap(self.v, b["v"] + r0 * vs, ((vs, rn), (1, width)))
                 self._dma(sub(self.vblock, rn, width, at=j * width), src)
-        return kT, self.vblock, b["vslot"] * self.dv, width
+        return (kT, self.vblock, b["vslot"] * self.dvx, b["vsize"] * self.dvx,
+                self.meanv if self.outer is not None else None)
 
     def _load_q(self, job: dict) -> isa.Tile:
         tile = job["tile"]
@@ -418,6 +430,10 @@ class _Flash:
             kb.emit(isa.Activation, dst=alpha, data=old, func="exp", scale=-1.0, bias=negm)
             job["alpha"] = alpha
         p = sub(self.p.next(), qt, width)
+        if self.outer is not None:      # l comes from P @ [V w | w] (attention_outer.py)
+            kb.emit(isa.Activation, dst=p, data=s, func="exp", bias=negm)
+            job["p"] = p
+            return
         rs = sub(self.small.next(), qt, 1)
         kb.emit(isa.Activation, dst=p, data=s, func="exp", bias=negm, reduce_res=rs)
         if job["first"]:
@@ -459,11 +475,11 @@ class _Flash:
     def _stage_b(self, job: dict) -> None:
         kb, tile = self.kb, job["tile"]
         qt, pts = tile["qt"], job["pts"]
-        _, vb, at, step = job["kv"]
-        o = sub(self.o.next(), qt, self.dv)
+        _, vb, at, step, _ = job["kv"]
+        o = sub(self.o.next(), qt, self.dvx)
         for i, (pt, bk0, bkn) in enumerate(pts):
             kb.emit(isa.NcMatmul, dst=o, stationary=pt,
-                    moving=sub(vb, bkn, self.dv, at=(bk0 // self.pmax) * step + at),
+                    moving=sub(vb, bkn, self.dvx, at=(bk0 // self.pmax) * step + at),
                     accumulate=i > 0)
         acc = o
         if not job["first"]:
@@ -471,7 +487,7 @@ class _Flash:
             kb.emit(isa.ScalarTensorTensor, dst=acc, data=acc, op0="multiply",
                     operand0=job["alpha"], op1="add", operand1=o)
         elif not job["last"]:
-            acc = sub(self.osb.next(), qt, self.dv)
+            acc = sub(self.osb.next(), qt, self.dvx)
             kb.emit(isa.TensorCopy, dst=acc, src=o)
         tile["o"] = acc
         if job["last"]:
@@ -488,7 +504,10 @@ class _Flash:
             if slot == 0:
                 self.stage[q0] = self.stage_ring.next()
             res = sub(self.stage[q0], qt, self.dv, at=slot * self.dv)
-        kb.emit(isa.TensorScalar, dst=res, data=acc, op0="divide", operand0=job["l"])
+        if self.outer is not None:
+            self.outer.result(job, acc, res)
+        else:
+            kb.emit(isa.TensorScalar, dst=res, data=acc, op0="divide", operand0=job["l"])
         if self.rt_mask is not None and self.fill == -np.inf:
             self._nan_rows(res, tile)
         if slot == size - 1:

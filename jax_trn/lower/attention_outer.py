@@ -1,0 +1,139 @@
+"""The flash kernel's (attention.py) runtime padding mask given as two vectors,
+mask[i, j] = rows[i] & cols[j] (flax's `make_attention_mask(valid_q, valid_k)`, found by
+hlo_passes/attention_outer.py), applied with no per-tile [Sq, Sk] work:
+
+- keys: softmax with masked keys is exp(s_ij - m) w_j / sum_j exp(s_ij - m) w_j with
+  w_j = cols[j] in {0, 1}, for any row shift m. So V's rows are multiplied by w_j once
+  per load (GpSimd, keys on partitions: a per-partition scalar), and V gets one more
+  column holding w_j, so that P @ [V w | w] accumulates the masked row sums l beside
+  O in PSUM (the online-softmax rescale by alpha covers both). The row max m is taken
+  over every key (masked ones too): exact in real arithmetic, and in FP32 unless a
+  masked key's score exceeds every unmasked one of its row by more than ~87 (exp
+  underflows; such a row then gets the uniform result below instead of its softmax).
+- query rows with rows[i] = 0, or with no unmasked key (l = 0), see only the fill: with
+  a finite fill their softmax is uniform over every key, so the result is the mean of
+  V (one ones-matmul pass over V per head, before the weighting); with a -inf fill NaN,
+  as XLA computes them. res = (O / l - meanV) * ok + meanV, ok = rows[i] * (l > 0).
+
+Versus the mask read whole: no [Sq, Sk] bool kernel before the attention (33 us on
+linen_attn), no GpSimd bias build per job, no bias pass (identity matmul on TensorE or an
+add on VectorE) per score block.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from jax_trn.hw import isa
+
+from .builder import sub
+from .layout import tiles
+from .translate import Unsupported
+
+MASK_K = 6          # the key vector's strides in `attention_layout` (after q .. bias)
+
+
+class OuterMask:
+    """State of one kernel's outer mask: the vectors' tensors, the cached row flags
+    per q-tile and key weights per batch offset."""
+
+    def __init__(self, flash, rows, cols):
+        axes = flash.axes
+        if any(len(s) <= MASK_K or s[MASK_K] for _, s in axes.group):
+            raise Unsupported("attention: a key mask that varies across the heads "
+                              "sharing a k / v head")
+        self.f, self.rows, self.cols = flash, rows, cols
+        kb, pmax = flash.kb, flash.pmax
+        self.nkt = -(-flash.sk // pmax)
+        self.ones = kb.tile(pmax, flash.v.dtype)
+        kb.emit(isa.Memset, dst=self.ones, value=1.0, engine="gpsimd")
+        self.weights: dict = {}
+        self.flags: dict = {}
+        self.meanv = kb.ring(2, flash.v_heads * flash.dv, "float32")
+        self.tmp = kb.ring(2, flash.dv, "float32")
+
+    # --- at each V load ---------------------------------------------------------------
+
+    def load_v(self, vblock: isa.Tile, b: dict, width: int, vsize: int) -> isa.Tile:
+        """V of the run of `vsize` heads at `b` into `vblock` ([keys, vsize, Dv + 1] per
+        key tile): the ones column, the heads' mean of V (before weighting), then V and
+        the ones weighted by the key vector. Returns the run's meanV [P, vsize * Dv]."""
+        f, kb = self.f, self.f.kb
+        dv, dvx, vs = f.dv, f.dvx, f.axes.sk[1][2]
+        row = vsize * dvx
+        for j, (r0, rn) in enumerate(tiles(f.sk, f.pmax)):
+            blk = sub(vblock, rn, row, at=j * row)
+            dst = blk.with_(free=(vsize, dv), strides=(dvx, 1))
+            src = kb.ap(f.v, b["v"] + r0 * vs, ((vs, rn), (1, width)))
+            f._dma(dst, src)
+            one = blk.with_(offset=blk.offset + dv * 2, free=(vsize, 1), strides=(dvx, 1))
+            kb.emit(isa.Memset, dst=one, value=1.0, engine="gpsimd")
+        meanv = self.meanv.next()
+        for h in range(vsize):
+            self._mean(vblock, row, h, sub(meanv, f.pmax, dv, at=h * dv))
+        w = self._weights(b["mask_k"])
+        for j, (r0, rn) in enumerate(tiles(f.sk, f.pmax)):
+            blk = sub(vblock, rn, row, at=j * row)
+            kb.emit(isa.TensorScalar, dst=blk, data=blk, op0="multiply",
+                    operand0=sub(w, rn, 1, at=j), engine="gpsimd")
+        return meanv
+
+    def _mean(self, vblock: isa.Tile, row: int, h: int, dst: isa.Tile) -> None:
+        """dst = the mean over keys of head h's V, on every partition (ones^T V)."""
+        f, kb = self.f, self.f.kb
+        acc = sub(f.o.next(), f.pmax, f.dvx)
+        for j, (r0, rn) in enumerate(tiles(f.sk, f.pmax)):
+            kb.emit(isa.NcMatmul, dst=acc, stationary=sub(self.ones, rn, f.pmax),
+                    moving=sub(vblock, rn, f.dvx, at=j * row + h * f.dvx),
+                    accumulate=j > 0)
+        kb.emit(isa.TensorScalar, dst=dst, data=sub(acc, f.pmax, f.dv), op0="multiply",
+                operand0=1.0 / f.sk, engine="scalar")
+
+    def _weights(self, at: int) -> isa.Tile:
+        """The key vector as FP32 [P, key tiles] (key r0 + p at [p, j]), once per
+        offset."""
+        w = self.weights.get(at)
+        if w is None:
+            f = self.f
+            w = f.kb.tile(self.nkt, "float32")
+            cs = f.axes.sk[1][MASK_K]
+            for j, (r0, rn) in enumerate(tiles(f.sk, f.pmax)):
+                f._dma(sub(w, rn, 1, at=j), f.kb.ap(self.cols, at + r0 * cs,
+                                                    ((cs, rn), (1, 1))))
+            self.weights[at] = w
+        return w
+
+    # --- at each result ---------------------------------------------------------------
+
+    def result(self, job: dict, acc: isa.Tile, res: isa.Tile) -> None:
+        """res = O / l where the row sees a key, else meanV (finite fill) or NaN."""
+        f, kb, tile = self.f, self.f.kb, job["tile"]
+        qt, dv = tile["qt"], f.dv
+        small = f.small
+        l = sub(acc, qt, 1, at=dv)
+        ok = sub(small.next(), qt, 1)
+        kb.emit(isa.TensorScalar, dst=ok, data=l, op0="is_gt", operand0=0.0,
+                op1="multiply", operand1=self._flags(job["b"]["mask"], tile["q0"], qt))
+        safe = sub(small.next(), qt, 1)
+        kb.emit(isa.TensorScalar, dst=safe, data=l, op0="max", operand0=1e-30)
+        t = sub(self.tmp.next(), qt, dv)
+        meanv = sub(job["kv"][4], qt, dv, at=job["kv"][2] // f.dvx * dv)
+        kb.emit(isa.TensorScalar, dst=t, data=sub(acc, qt, dv), op0="divide",
+                operand0=safe)
+        kb.emit(isa.TensorTensor, dst=t, data1=t, data2=meanv, op="subtract")
+        if f.fill == -np.inf:           # 0 / ok: NaN where the row sees no key
+            kb.emit(isa.TensorScalar, dst=ok, data=ok, op0="divide", operand0=0.0,
+                    reverse0=True, op1="add", operand1=1.0)
+        kb.emit(isa.ScalarTensorTensor, dst=res, data=t, op0="multiply", operand0=ok,
+                op1="add", operand1=meanv)
+
+    def _flags(self, at: int, q0: int, qt: int) -> isa.Tile:
+        """The query vector's rows [q0, q0 + qt) as FP32 [qt, 1], once per offset."""
+        key = (at, q0)
+        flag = self.flags.get(key)
+        if flag is None:
+            f = self.f
+            rs = f.axes.sq[1][4]
+            flag = f.kb.tile(1, "float32", parts=qt)
+            f._dma(flag, f.kb.ap(self.rows, at + q0 * rs, ((rs, qt), (1, 1))))
+            self.flags[key] = flag
+        return flag
