@@ -476,6 +476,8 @@ class _Flash:
         kb, tile = self.kb, job["tile"]
         qt, pts = tile["qt"], job["pts"]
         _, vb, at, step, _ = job["kv"]
+        if self.outer is not None:
+            self.outer.prepare(vb)
         o = sub(self.o.next(), qt, self.dvx)
         for i, (pt, bk0, bkn) in enumerate(pts):
             kb.emit(isa.NcMatmul, dst=o, stationary=pt,

@@ -47,45 +47,66 @@ class OuterMask:
         self.ones = kb.tile(pmax, flash.v.dtype)
         kb.emit(isa.Memset, dst=self.ones, value=1.0, engine="gpsimd")
         self.weights: dict = {}
+        self.pending: dict = {}         # V loads not yet prepared, by SBUF offset
         self.flags: dict = {}
         self.meanv = kb.ring(2, flash.v_heads * flash.dv, "float32")
+        self.stage = kb.ring(2, self.nkt * flash.v_heads * flash.dv, flash.v.dtype)
+        for vb in flash.vb.tiles:       # the weights' columns start finite (x * 0 + w)
+            cols = self.nkt * flash.v_heads
+            kb.emit(isa.Memset, dst=vb.with_(offset=vb.offset + flash.dv * 2, free=(cols, 1),
+                                             strides=(flash.dvx, 1)), value=1.0,
+                    engine="gpsimd")
         self.tmp = kb.ring(2, flash.dv, "float32")
 
     # --- at each V load ---------------------------------------------------------------
 
     def load_v(self, vblock: isa.Tile, b: dict, width: int, vsize: int) -> isa.Tile:
-        """V of the run of `vsize` heads at `b` into `vblock` ([keys, vsize, Dv + 1] per
-        key tile): the ones column, the heads' mean of V (before weighting), then V and
-        the ones weighted by the key vector. Returns the run's meanV [P, vsize * Dv]."""
+        """DMAs V of the run of `vsize` heads at `b` (rows of vsize * Dv, as without the
+        mask) into a staging tile; the rest (`prepare`) waits for the run's first
+        P @ V, so no engine queue stalls on the load while earlier jobs could run.
+        Returns the tile that will hold the run's meanV [P, vsize * Dv]."""
         f, kb = self.f, self.f.kb
-        dv, dvx, vs = f.dv, f.dvx, f.axes.sk[1][2]
-        row = vsize * dvx
+        vs = f.axes.sk[1][2]
+        stage = self.stage.next()
         for j, (r0, rn) in enumerate(tiles(f.sk, f.pmax)):
-            blk = sub(vblock, rn, row, at=j * row)
-            dst = blk.with_(free=(vsize, dv), strides=(dvx, 1))
-            src = kb.ap(f.v, b["v"] + r0 * vs, ((vs, rn), (1, width)))
-            f._dma(dst, src)
-            one = blk.with_(offset=blk.offset + dv * 2, free=(vsize, 1), strides=(dvx, 1))
-            kb.emit(isa.Memset, dst=one, value=1.0, engine="gpsimd")
+            f._dma(sub(stage, rn, width, at=j * width),
+                   kb.ap(f.v, b["v"] + r0 * vs, ((vs, rn), (1, width))))
         meanv = self.meanv.next()
-        for h in range(vsize):
-            self._mean(vblock, row, h, sub(meanv, f.pmax, dv, at=h * dv))
-        w = self._weights(b["mask_k"])
-        for j, (r0, rn) in enumerate(tiles(f.sk, f.pmax)):
-            blk = sub(vblock, rn, row, at=j * row)
-            kb.emit(isa.TensorScalar, dst=blk, data=blk, op0="multiply",
-                    operand0=sub(w, rn, 1, at=j), engine="gpsimd")
+        self.pending[vblock.offset] = (stage, vsize, meanv, b["mask_k"])
         return meanv
 
-    def _mean(self, vblock: isa.Tile, row: int, h: int, dst: isa.Tile) -> None:
+    def prepare(self, vblock: isa.Tile) -> None:
+        """Once per V load, before its first use: the heads' mean of V, then V' =
+        [V w | w] per head and key tile ([keys, vsize, Dv + 1], GpSimd: the ones
+        column set, V weighted by the key vector as it is copied in)."""
+        job = self.pending.pop(vblock.offset, None)
+        if job is None:
+            return
+        f, kb = self.f, self.f.kb
+        stage, vsize, meanv, at = job
+        dv, dvx = f.dv, f.dvx
+        width, row = vsize * dv, vsize * dvx
+        for h in range(vsize):
+            self._mean(stage, width, h, sub(meanv, f.pmax, dv, at=h * dv))
+        w = self._weights(at)
+        for j, (r0, rn) in enumerate(tiles(f.sk, f.pmax)):
+            blk = sub(vblock, rn, row, at=j * row)
+            one = blk.with_(offset=blk.offset + dv * 2, free=(vsize, 1), strides=(dvx, 1))
+            kb.emit(isa.TensorScalar, dst=one, data=one, op0="multiply", operand0=0.0,
+                    op1="add", operand1=sub(w, rn, 1, at=j), engine="gpsimd")
+            kb.emit(isa.TensorScalar, dst=blk.with_(free=(vsize, dv), strides=(dvx, 1)),
+                    data=sub(stage, rn, (vsize, dv), at=j * width), op0="multiply",
+                    operand0=sub(w, rn, 1, at=j), engine="gpsimd")
+
+    def _mean(self, stage: isa.Tile, width: int, h: int, dst: isa.Tile) -> None:
         """dst = the mean over keys of head h's V, on every partition (ones^T V)."""
         f, kb = self.f, self.f.kb
-        acc = sub(f.o.next(), f.pmax, f.dvx)
+        acc = sub(f.o.next(), f.pmax, f.dv)
         for j, (r0, rn) in enumerate(tiles(f.sk, f.pmax)):
             kb.emit(isa.NcMatmul, dst=acc, stationary=sub(self.ones, rn, f.pmax),
-                    moving=sub(vblock, rn, f.dvx, at=j * row + h * f.dvx),
+                    moving=sub(stage, rn, f.dv, at=j * width + h * f.dv),
                     accumulate=j > 0)
-        kb.emit(isa.TensorScalar, dst=dst, data=sub(acc, f.pmax, f.dv), op0="multiply",
+        kb.emit(isa.TensorScalar, dst=dst, data=acc, op0="multiply",
                 operand0=1.0 / f.sk, engine="scalar")
 
     def _weights(self, at: int) -> isa.Tile:
