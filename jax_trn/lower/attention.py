@@ -39,7 +39,11 @@ its fully masked blocks; its partially masked blocks get the cached additive bia
 A runtime mask (an input of the program: padding) or an additive bias is read per
 chunk (the mask's rows of a q-tile once, as bool), turned into an additive bias on
 GpSimd, and added to S by one identity matmul per block (TensorE) or, one chunk in
-VECTOR_EVERY, on VectorE (the two engines balanced).
+VECTOR_EVERY, on VectorE (the two engines balanced). A runtime mask that is the outer
+`and` of a query and a key vector (flax's make_attention_mask; the fusion then has the
+two vectors as operands, `mask_outer`) costs no per-block work: the key vector weights
+V's rows and gives P @ V a column of masked row sums, the query vector selects each
+row's result (attention_outer.py).
 
 Numerics: FP32 scores and softmax, P rounded to the dtype of the p @ v operand (as the
 program does), FP32 accumulation; unlike the unfused program the scores are not

@@ -110,3 +110,25 @@ def test_nnx_multi_head_attention_with_padding(jax, trn, cpu):
     out, ref, notes = _run(jax, trn, cpu, f, (state, x, vq, vk))
     assert _outer_flash(notes) == 1, notes
     assert_close(out, ref, "bfloat16")
+
+
+def test_outer_mask_with_ragged_tiles_and_a_bias(jax, trn, cpu):
+    """S = 200 (a partial q-tile and key tile), an additive bias under a -inf fill:
+    the vectors still cover every row and key."""
+    import jax.numpy as jnp
+    s_len = 200
+    vq = np.arange(s_len)[None] < np.array([[190], [77]])
+    vk = np.arange(s_len)[None] < np.array([[150], [199]])
+    bias = _rand((B, N, s_len, s_len), 9)
+
+    def f(q, k, v, vq, vk, bias):
+        s = jnp.einsum("bqnh,bknh->bnqk", q, k) * 0.125 + bias
+        s = jnp.where(vq[:, None, :, None] & vk[:, None, None, :], s, -jnp.inf)
+        p = jax.nn.softmax(s.astype(jnp.float32), axis=-1).astype(q.dtype)
+        return jnp.einsum("bnqk,bknh->bqnh", p, v)
+    args = [_rand((B, s_len, N, H), i) for i in range(3)] + [vq, vk, bias]
+    out, ref, notes = _run(jax, trn, cpu, f, args)
+    assert len(notes) == 1 and _outer_flash(notes) == 1, notes
+    assert np.array_equal(np.isnan(out), np.isnan(ref))
+    keep = ~np.isnan(ref)
+    assert_close(out[keep], ref[keep], "bfloat16")
