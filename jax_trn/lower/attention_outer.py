@@ -13,7 +13,7 @@ hlo_passes/attention_outer.py), applied with no per-tile [Sq, Sk] work:
 - query rows with rows[i] = 0, or with no unmasked key (l = 0), see only the fill: with
   a finite fill their softmax is uniform over every key, so the result is the mean of
   V (one ones-matmul pass over V per head, before the weighting); with a -inf fill NaN,
-  as XLA computes them. res = (O / l - meanV) * ok + meanV, ok = rows[i] * (l > 0).
+  as XLA computes them. res = O * (ok / l) + meanV * (1 - ok), ok = rows[i] * (l > 0).
 
 Versus the mask read whole: no [Sq, Sk] bool kernel before the attention (33 us on
 linen_attn), no GpSimd bias build per job, no bias pass (identity matmul on TensorE or an
@@ -126,7 +126,9 @@ class OuterMask:
     # --- at each result ---------------------------------------------------------------
 
     def result(self, job: dict, acc: isa.Tile, res: isa.Tile) -> None:
-        """res = O / l where the row sees a key, else meanV (finite fill) or NaN."""
+        """res = O / l where the row sees a key, else meanV (finite fill) or NaN:
+        res = O * (ok / l) + meanV * (1 - ok), two [qt, Dv] passes on VectorE (on
+        GpSimd, measured slower: its queue also scales Q, which the scores wait for)."""
         f, kb, tile = self.f, self.f.kb, job["tile"]
         qt, dv = tile["qt"], f.dv
         small = f.small
@@ -134,18 +136,22 @@ class OuterMask:
         ok = sub(small.next(), qt, 1)
         kb.emit(isa.TensorScalar, dst=ok, data=l, op0="is_gt", operand0=0.0,
                 op1="multiply", operand1=self._flags(job["b"]["mask"], tile["q0"], qt))
-        safe = sub(small.next(), qt, 1)
-        kb.emit(isa.TensorScalar, dst=safe, data=l, op0="max", operand0=1e-30)
-        t = sub(self.tmp.next(), qt, dv)
+        r = sub(small.next(), qt, 1)        # ok / max(l, tiny)
+        kb.emit(isa.TensorScalar, dst=r, data=l, op0="max", operand0=1e-30, op1="divide",
+                operand1=ok, reverse1=True)
+        c = sub(small.next(), qt, 1)        # 1 - ok; 0 / ok - 1 + 1 with a -inf fill: NaN
+        if f.fill == -np.inf:
+            kb.emit(isa.TensorScalar, dst=c, data=ok, op0="divide", operand0=0.0,
+                    reverse0=True, op1="subtract", operand1=ok)
+            kb.emit(isa.TensorScalar, dst=c, data=c, op0="add", operand0=1.0)
+        else:
+            kb.emit(isa.TensorScalar, dst=c, data=ok, op0="subtract", operand0=1.0,
+                    reverse0=True)
         meanv = sub(job["kv"][4], qt, dv, at=job["kv"][2] // f.dvx * dv)
-        kb.emit(isa.TensorScalar, dst=t, data=sub(acc, qt, dv), op0="divide",
-                operand0=safe)
-        kb.emit(isa.TensorTensor, dst=t, data1=t, data2=meanv, op="subtract")
-        if f.fill == -np.inf:           # 0 / ok: NaN where the row sees no key
-            kb.emit(isa.TensorScalar, dst=ok, data=ok, op0="divide", operand0=0.0,
-                    reverse0=True, op1="add", operand1=1.0)
-        kb.emit(isa.ScalarTensorTensor, dst=res, data=t, op0="multiply", operand0=ok,
-                op1="add", operand1=meanv)
+        t = sub(self.tmp.next(), qt, dv)
+        kb.emit(isa.TensorScalar, dst=t, data=meanv, op0="multiply", operand0=c)
+        kb.emit(isa.ScalarTensorTensor, dst=res, data=sub(acc, qt, dv), op0="multiply",
+                operand0=r, op1="add", operand1=t)
 
     def _flags(self, at: int, q0: int, qt: int) -> isa.Tile:
         """The query vector's rows [q0, q0 + qt) as FP32 [qt, 1], once per offset."""
