@@ -46,7 +46,9 @@ class OuterMask:
         self.nkt = -(-flash.sk // pmax)
         self.ones = kb.tile(pmax, flash.v.dtype)
         kb.emit(isa.Memset, dst=self.ones, value=1.0, engine="gpsimd")
-        self.weights: dict = {}
+        self.weights: dict = {}         # key vector offset -> its tile
+        self.weight_ring = kb.ring(3, self.nkt, "float32")
+        self.flag_ring = kb.ring(2 * -(-flash.sq // pmax) + 1, 1, "float32")
         self.pending: dict = {}         # V loads not yet prepared, by SBUF offset
         self.flags: dict = {}
         self.meanv = kb.ring(2, flash.v_heads * flash.dv, "float32")
@@ -111,17 +113,26 @@ class OuterMask:
 
     def _weights(self, at: int) -> isa.Tile:
         """The key vector as FP32 [P, key tiles] (key r0 + p at [p, j]), once per
-        offset."""
-        w = self.weights.get(at)
-        if w is None:
-            f = self.f
-            w = f.kb.tile(self.nkt, "float32")
-            cs = f.axes.sk[1][MASK_K]
+        offset while it stays in its ring (units come batch by batch)."""
+        w = self._cached(self.weights, self.weight_ring, at)
+        if w[1]:
+            f, cs = self.f, self.f.axes.sk[1][MASK_K]
             for j, (r0, rn) in enumerate(tiles(f.sk, f.pmax)):
-                f._dma(sub(w, rn, 1, at=j), f.kb.ap(self.cols, at + r0 * cs,
-                                                    ((cs, rn), (1, 1))))
-            self.weights[at] = w
-        return w
+                f._dma(sub(w[0], rn, 1, at=j), f.kb.ap(self.cols, at + r0 * cs,
+                                                       ((cs, rn), (1, 1))))
+        return w[0]
+
+    @staticmethod
+    def _cached(cache: dict, ring, key) -> tuple[isa.Tile, bool]:
+        """(the tile cached for `key`, False), or (the ring's next tile, True) with the
+        key it held forgotten."""
+        if key in cache:
+            return cache[key], False
+        tile = ring.next()
+        for old in [k for k, t in cache.items() if t is tile]:
+            del cache[old]
+        cache[key] = tile
+        return tile, True
 
     # --- at each result ---------------------------------------------------------------
 
@@ -154,13 +165,11 @@ class OuterMask:
                 operand0=r, op1="add", operand1=t)
 
     def _flags(self, at: int, q0: int, qt: int) -> isa.Tile:
-        """The query vector's rows [q0, q0 + qt) as FP32 [qt, 1], once per offset."""
-        key = (at, q0)
-        flag = self.flags.get(key)
-        if flag is None:
+        """The query vector's rows [q0, q0 + qt) as FP32 [qt, 1], once per offset
+        while they stay in their ring."""
+        flag, new = self._cached(self.flags, self.flag_ring, (at, q0))
+        if new:
             f = self.f
             rs = f.axes.sq[1][4]
-            flag = f.kb.tile(1, "float32", parts=qt)
-            f._dma(flag, f.kb.ap(self.rows, at + q0 * rs, ((rs, qt), (1, 1))))
-            self.flags[key] = flag
-        return flag
+            f._dma(sub(flag, qt, 1), f.kb.ap(self.rows, at + q0 * rs, ((rs, qt), (1, 1))))
+        return sub(flag, qt, 1)
