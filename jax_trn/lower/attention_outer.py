@@ -4,12 +4,15 @@ hlo_passes/attention_outer.py), applied with no per-tile [Sq, Sk] work:
 
 - keys: softmax with masked keys is exp(s_ij - m) w_j / sum_j exp(s_ij - m) w_j with
   w_j = cols[j] in {0, 1}, for any row shift m. So V's rows are multiplied by w_j once
-  per load (GpSimd, keys on partitions: a per-partition scalar), and V gets one more
-  column holding w_j, so that P @ [V w | w] accumulates the masked row sums l beside
-  O in PSUM (the online-softmax rescale by alpha covers both). The row max m is taken
-  over every key (masked ones too): exact in real arithmetic, and in FP32 unless a
-  masked key's score exceeds every unmasked one of its row by more than ~87 (exp
-  underflows; such a row then gets the uniform result below instead of its softmax).
+  per load, as GpSimd copies them from the load's staging tile (keys on partitions: a
+  per-partition scalar), and V gets one more column holding w_j, so that
+  P @ [V w | w] accumulates the masked row sums l beside O in PSUM (the online-softmax
+  rescale by alpha covers both). The row max m is taken over every key (masked ones
+  too): exact in real arithmetic and in FP32, except where exp underflows: unmasked
+  keys whose score is more than ~87 below the row's max over all keys lose their
+  weight, and a row whose unmasked keys all do gets the uniform result below. Masked
+  scores that far above every unmasked one are not what padding gives (padded tokens
+  are ordinary activations), but the kernel cannot check it.
 - query rows with rows[i] = 0, or with no unmasked key (l = 0), see only the fill: with
   a finite fill their softmax is uniform over every key, so the result is the mean of
   V (one ones-matmul pass over V per head, before the weighting); with a -inf fill NaN,
