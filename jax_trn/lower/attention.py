@@ -404,6 +404,8 @@ class _Flash(MaskBiases):
             kb.emit(isa.NcMatmul, dst=o, stationary=pt,
                     moving=sub(vb, bkn, self.dvx, at=(bk0 // self.pmax) * step + at),
                     accumulate=i > 0)
+        if self.outer is not None and job["last"]:
+            self.outer.correct(job, o)
         acc = o
         if not job["first"]:
             acc = tile["o"]

@@ -15,8 +15,12 @@ hlo_passes/attention_outer.py), applied with no per-tile [Sq, Sk] work:
   are ordinary activations), but the kernel cannot check it.
 - query rows with rows[i] = 0, or with no unmasked key (l = 0), see only the fill: with
   a finite fill their softmax is uniform over every key, so the result is the mean of
-  V (one ones-matmul pass over V per head, before the weighting); with a -inf fill NaN,
-  as XLA computes them. res = O * (ok / l) + meanV * (1 - ok), ok = rows[i] * (l > 0).
+  V; with a -inf fill NaN, as XLA computes them. One more matmul per q-tile (K = 1,
+  TensorE) adds c_i * [meanV | 1] to the last chunk's [O | l] in PSUM, c_i = BIG
+  (1e30) where rows[i] = 0, TINY (1e-30) elsewhere (NaN / 0 with a -inf fill), so that
+  res = O / l is meanV for padded rows (BIG swamps O and l), O / l for the others (TINY
+  is lost against any l the FP32 exp did not underflow), meanV where l = 0 (TINY / TINY),
+  and the result is one VectorE divide. meanV [1, Dv] per head: ones^T V (TensorE).
 
 Versus the mask read whole: no [Sq, Sk] bool kernel before the attention (33 us on
 linen_attn), no GpSimd bias build per job, no bias pass (identity matmul on TensorE or an
@@ -27,11 +31,13 @@ from __future__ import annotations
 import numpy as np
 
 from jax_trn.hw import isa
+from jax_trn.hw.dtypes import itemsize as _itemsize
 
-from .builder import sub
+from .builder import Ring, sub
 from .layout import tiles
 from .translate import Unsupported
 
+BIG, TINY = 1e30, 1e-30     # c_i of padded / other rows (module docstring)
 MASK_K = 6          # the key vector's strides in `attention_layout` (after q .. bias)
 
 
@@ -50,18 +56,25 @@ class OuterMask:
         self.ones = kb.tile(pmax, flash.v.dtype)
         kb.emit(isa.Memset, dst=self.ones, value=1.0, engine="gpsimd")
         self.weights: dict = {}         # key vector offset -> its tile
+        self.cdtype = "bfloat16" if flash.v.dtype == "bfloat16" else "float32"
         self.weight_ring = kb.ring(3, self.nkt, "float32")
-        self.flag_ring = kb.ring(2 * -(-flash.sq // pmax) + 1, 1, "float32")
+        self.flag_ring = Ring([kb.tile(pmax, self.cdtype, parts=1)
+                               for _ in range(2 * -(-flash.sq // pmax) + 1)])
+        self.flag_f32 = kb.tile(pmax, "float32", parts=1)
         self.pending: dict = {}         # V loads not yet prepared, by SBUF offset
         self.flags: dict = {}
-        self.meanv = kb.ring(2, flash.v_heads * flash.dv, "float32")
+        self.meanv = Ring([kb.tile(flash.v_heads * flash.dvx, self.cdtype, parts=1)
+                           for _ in range(2)])
+        for t in self.meanv.tiles:      # [meanV | 1] per head: the ones set once
+            kb.emit(isa.Memset, dst=t.with_(offset=t.offset + flash.dv * _itemsize(
+                self.cdtype), free=(flash.v_heads, 1), strides=(flash.dvx, 1)), value=1.0,
+                engine="gpsimd")
         self.stage = kb.ring(2, self.nkt * flash.v_heads * flash.dv, flash.v.dtype)
         for vb in flash.vb.tiles:       # the weights' columns start finite (x * 0 + w)
             cols = self.nkt * flash.v_heads
             kb.emit(isa.Memset, dst=vb.with_(offset=vb.offset + flash.dv * 2, free=(cols, 1),
                                              strides=(flash.dvx, 1)), value=1.0,
                     engine="gpsimd")
-        self.tmp = kb.ring(2, flash.dv, "float32")
 
     # --- at each V load ---------------------------------------------------------------
 
@@ -69,7 +82,7 @@ class OuterMask:
         """DMAs V of the run of `vsize` heads at `b` (rows of vsize * Dv, as without the
         mask) into a staging tile; the rest (`prepare`) waits for the run's first
         P @ V, so no engine queue stalls on the load while earlier jobs could run.
-        Returns the tile that will hold the run's meanV [P, vsize * Dv]."""
+        Returns the tile that will hold the run's [meanV | 1] rows [1, vsize x Dv+1]."""
         f, kb = self.f, self.f.kb
         vs = f.axes.sk[1][2]
         stage = self.stage.next()
@@ -92,7 +105,7 @@ class OuterMask:
         dv, dvx = f.dv, f.dvx
         width, row = vsize * dv, vsize * dvx
         for h in range(vsize):
-            self._mean(stage, width, h, sub(meanv, f.pmax, dv, at=h * dv))
+            self._mean(stage, width, h, sub(meanv, 1, dv, at=h * dvx))
         w = self._weights(at)
         for j, (r0, rn) in enumerate(tiles(f.sk, f.pmax)):
             blk = sub(vblock, rn, row, at=j * row)
@@ -104,11 +117,11 @@ class OuterMask:
                     operand0=sub(w, rn, 1, at=j), engine="gpsimd")
 
     def _mean(self, stage: isa.Tile, width: int, h: int, dst: isa.Tile) -> None:
-        """dst = the mean over keys of head h's V, on every partition (ones^T V)."""
+        """dst [1, Dv] = the mean over keys of head h's V (ones^T V)."""
         f, kb = self.f, self.f.kb
-        acc = sub(f.o.next(), f.pmax, f.dv)
+        acc = sub(f.o.next(), 1, f.dv)
         for j, (r0, rn) in enumerate(tiles(f.sk, f.pmax)):
-            kb.emit(isa.NcMatmul, dst=acc, stationary=sub(self.ones, rn, f.pmax),
+            kb.emit(isa.NcMatmul, dst=acc, stationary=sub(self.ones, rn, 1),
                     moving=sub(stage, rn, f.dv, at=j * width + h * f.dv),
                     accumulate=j > 0)
         kb.emit(isa.TensorScalar, dst=dst, data=acc, op0="multiply",
@@ -139,40 +152,35 @@ class OuterMask:
 
     # --- at each result ---------------------------------------------------------------
 
+    def correct(self, job: dict, o: isa.Tile) -> None:
+        """[O | l] += c_i * [meanV | 1] on the last chunk's PSUM accumulator."""
+        tile = job["tile"]
+        kv = job["kv"]
+        self.f.kb.emit(isa.NcMatmul, dst=o, stationary=self._flags(
+            job["b"]["mask"], tile["q0"], tile["qt"]),
+            moving=sub(kv[4], 1, self.f.dvx, at=kv[2]), accumulate=True)
+
     def result(self, job: dict, acc: isa.Tile, res: isa.Tile) -> None:
-        """res = O / l where the row sees a key, else meanV (finite fill) or NaN:
-        res = O * (ok / l) + meanV * (1 - ok), two [qt, Dv] passes on VectorE (on
-        GpSimd, measured slower: its queue also scales Q, which the scores wait for)."""
-        f, kb, tile = self.f, self.f.kb, job["tile"]
-        qt, dv = tile["qt"], f.dv
-        small = f.small
-        l = sub(acc, qt, 1, at=dv)
-        ok = sub(small.next(), qt, 1)
-        kb.emit(isa.TensorScalar, dst=ok, data=l, op0="is_gt", operand0=0.0,
-                op1="multiply", operand1=self._flags(job["b"]["mask"], tile["q0"], qt))
-        r = sub(small.next(), qt, 1)        # ok / max(l, tiny)
-        kb.emit(isa.TensorScalar, dst=r, data=l, op0="max", operand0=1e-30, op1="divide",
-                operand1=ok, reverse1=True)
-        c = sub(small.next(), qt, 1)        # 1 - ok; 0 / ok - 1 + 1 with a -inf fill: NaN
-        if f.fill == -np.inf:
-            kb.emit(isa.TensorScalar, dst=c, data=ok, op0="divide", operand0=0.0,
-                    reverse0=True, op1="subtract", operand1=ok)
-            kb.emit(isa.TensorScalar, dst=c, data=c, op0="add", operand0=1.0)
-        else:
-            kb.emit(isa.TensorScalar, dst=c, data=ok, op0="subtract", operand0=1.0,
-                    reverse0=True)
-        meanv = sub(job["kv"][4], qt, dv, at=job["kv"][2] // f.dvx * dv)
-        t = sub(self.tmp.next(), qt, dv)
-        kb.emit(isa.TensorScalar, dst=t, data=meanv, op0="multiply", operand0=c)
-        kb.emit(isa.ScalarTensorTensor, dst=res, data=sub(acc, qt, dv), op0="multiply",
-                operand0=r, op1="add", operand1=t)
+        """res = O / l (see the module docstring for padded rows)."""
+        qt = job["tile"]["qt"]
+        self.f.kb.emit(isa.TensorScalar, dst=res, data=sub(acc, qt, self.f.dv),
+                       op0="divide", operand0=sub(acc, qt, 1, at=self.f.dv))
 
     def _flags(self, at: int, q0: int, qt: int) -> isa.Tile:
-        """The query vector's rows [q0, q0 + qt) as FP32 [qt, 1], once per offset
-        while they stay in their ring."""
-        flag, new = self._cached(self.flags, self.flag_ring, (at, q0))
+        """c [1, qt] of the query rows [q0, q0 + qt): BIG where rows[i] = 0 else TINY
+        (NaN / 0 with a -inf fill), once per offset while it stays in its ring."""
+        c, new = self._cached(self.flags, self.flag_ring, (at, q0))
+        c = sub(c, 1, qt)
         if new:
-            f = self.f
+            f, kb = self.f, self.f.kb
             rs = f.axes.sq[1][4]
-            f._dma(sub(flag, qt, 1), f.kb.ap(self.rows, at + q0 * rs, ((rs, qt), (1, 1))))
-        return sub(flag, qt, 1)
+            r = sub(self.flag_f32, 1, qt)
+            f._dma(r, kb.ap(self.rows, at + q0 * rs, ((rs * qt, 1), (rs, qt))))
+            if f.fill == -np.inf:
+                kb.emit(isa.TensorScalar, dst=c, data=r, op0="divide", operand0=0.0,
+                        reverse0=True)
+            else:
+                kb.emit(isa.TensorScalar, dst=r, data=r, op0="multiply", operand0=-BIG,
+                        op1="add", operand1=BIG)
+                kb.emit(isa.TensorScalar, dst=c, data=r, op0="max", operand0=TINY)
+        return c
