@@ -75,22 +75,23 @@ def _hand_written(jax, fill):
     return f
 
 
-@pytest.mark.parametrize("fill", [-1e9, -np.inf])
-def test_hand_written_outer_mask(jax, trn, cpu, fill):
+@pytest.mark.parametrize("fill, dtype", [(-1e9, "bfloat16"), (-np.inf, "bfloat16"),
+                                         (-1e9, "float16")])
+def test_hand_written_outer_mask(jax, trn, cpu, fill, dtype):
     """vq[:, None] & vk[None, :] in the scores' layout, an f32 softmax; a batch with
     every key padded: uniform rows with -1e9 (mean of v), NaN rows with -inf, as on
-    CPU."""
+    CPU; float16 (the padded rows' mean added in FP32, not bf16)."""
     vq, vk = _valid()
     vk = vk.copy()
     vk[1] = False                                           # batch 1: no key at all
-    args = [_rand((B, S, N, H), i) for i in range(3)] + [vq, vk]
+    args = [_rand((B, S, N, H), i, dtype) for i in range(3)] + [vq, vk]
     out, ref, notes = _run(jax, trn, cpu, _hand_written(jax, fill), args)
     assert len(notes) == 1 and _outer_flash(notes) == 1, notes
     assert np.array_equal(np.isnan(out), np.isnan(ref))
     if fill == -np.inf:
         assert np.isnan(ref).any()
     keep = ~np.isnan(ref)
-    assert_close(out[keep], ref[keep], "bfloat16")
+    assert_close(out[keep], ref[keep], dtype)
 
 
 def test_nnx_multi_head_attention_with_padding(jax, trn, cpu):
