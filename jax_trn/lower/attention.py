@@ -409,8 +409,13 @@ class _Flash(MaskBiases):
         acc = o
         if not job["first"]:
             acc = tile["o"]
-            kb.emit(isa.ScalarTensorTensor, dst=acc, data=acc, op0="multiply",
-                    operand0=job["alpha"], op1="add", operand1=o)
+            if self.outer is not None:      # two passes, N/2 + N cycles < STT's 2N
+                kb.emit(isa.TensorScalar, dst=acc, data=acc, op0="multiply",
+                        operand0=job["alpha"])
+                kb.emit(isa.TensorTensor, dst=acc, data1=acc, data2=o, op="add")
+            else:
+                kb.emit(isa.ScalarTensorTensor, dst=acc, data=acc, op0="multiply",
+                        operand0=job["alpha"], op1="add", operand1=o)
         elif not job["last"]:
             acc = sub(self.osb.next(), qt, self.dvx)
             kb.emit(isa.TensorCopy, dst=acc, src=o)
