@@ -198,6 +198,8 @@ class _Flash(MaskBiases):
                     kv[b["kv"]] = self._load_kv(b)
                 job["kv"] = kv[b["kv"]]
                 self._scores(job)
+                if self.outer is not None:
+                    self.outer.flush()
                 self._rowmax(job)
                 self._softmax(job)
             if 0 <= n - 1 < len(jobs):

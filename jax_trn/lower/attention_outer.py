@@ -38,6 +38,8 @@ from .layout import tiles
 from .translate import Unsupported
 
 BIG, TINY = 1e30, 1e-30     # c_i of padded / other rows (module docstring)
+V_LOADS_PER_JOB = 2  # deferred V tile loads emitted per job (measured: 1, 2, 3, 4, 5:
+                     # linen_attn 790.2, 784.1, 785.3, 787.8, 795.8 us)
 MASK_K = 6          # the key vector's strides in `attention_layout` (after q .. bias)
 
 
@@ -58,9 +60,17 @@ class OuterMask:
         self.weights: dict = {}         # key vector offset -> its tile
         self.cdtype = "bfloat16" if flash.v.dtype == "bfloat16" else "float32"
         self.weight_ring = kb.ring(3, self.nkt, "float32")
+        if self.nkt > pmax:
+            raise Unsupported(f"attention: an outer mask over {flash.sk} keys (<= "
+                              f"{pmax * pmax}: one transpose of the key vector)")
+        self.wrows = Ring([kb.tile(pmax, flash.v.dtype, parts=self.nkt) for _ in range(3)])
+        self.turn: dict = {}            # weights tile offset -> its rows, not yet turned
+        for t in self.wrows.tiles:      # a partial last key tile: defined padding
+            kb.emit(isa.Memset, dst=t, value=0.0, engine="gpsimd")
         self.flag_ring = Ring([kb.tile(pmax, self.cdtype, parts=1)
                                for _ in range(2 * -(-flash.sq // pmax) + 1)])
         self.flag_f32 = kb.tile(pmax, "float32", parts=1)
+        self.loads: list = []           # V loads to emit after the next Q load
         self.pending: dict = {}         # V loads not yet prepared, by SBUF offset
         self.flags: dict = {}
         self.meanv = Ring([kb.tile(flash.v_heads * flash.dvx, self.cdtype, parts=1)
@@ -85,13 +95,22 @@ class OuterMask:
         Returns the tile that will hold the run's [meanV | 1] rows [1, vsize x Dv+1]."""
         f, kb = self.f, self.f.kb
         vs = f.axes.sk[1][2]
+        self._load_weights(b["mask_k"])
         stage = self.stage.next()
         for j, (r0, rn) in enumerate(tiles(f.sk, f.pmax)):
-            f._dma(sub(stage, rn, width, at=j * width),
-                   kb.ap(f.v, b["v"] + r0 * vs, ((vs, rn), (1, width))))
+            self.loads.append((sub(stage, rn, width, at=j * width),
+                               kb.ap(f.v, b["v"] + r0 * vs, ((vs, rn), (1, width)))))
         meanv = self.meanv.next()
         self.pending[vblock.offset] = (stage, vsize, meanv, b["mask_k"])
         return meanv
+
+    def flush(self, n: int = V_LOADS_PER_JOB) -> None:
+        """`n` of the V loads `load_v` deferred (all with n=None), emitted after a
+        job's Q load: a run's V (up to 2 MB) spread over the first jobs instead of
+        queued at once ahead of the next q-tiles' Q (whose scores then waited ~13 us)."""
+        for dst, src in self.loads[:n]:
+            self.f._dma(dst, src)
+        self.loads = self.loads[len(self.loads) if n is None else n:]
 
     def prepare(self, vblock: isa.Tile) -> None:
         """Once per V load, before its first use: the heads' mean of V, then V' =
@@ -100,6 +119,7 @@ class OuterMask:
         job = self.pending.pop(vblock.offset, None)
         if job is None:
             return
+        self.flush(None)                # every V load emitted before its first read
         f, kb = self.f, self.f.kb
         stage, vsize, meanv, at = job
         dv, dvx = f.dv, f.dvx
@@ -127,16 +147,38 @@ class OuterMask:
         kb.emit(isa.TensorScalar, dst=dst, data=acc, op0="multiply",
                 operand0=1.0 / f.sk, engine="scalar")
 
+    def _load_weights(self, at: int) -> None:
+        """DMAs the key vector at `at` as rows [key tiles, P] (one 128-byte descriptor
+        per tile: one per key would hold a DMA queue ~12 us), at the V load; `_weights`
+        turns it later."""
+        w, new = self._cached(self.weights, self.weight_ring, at)
+        if not new:
+            return
+        f, kb = self.f, self.f.kb
+        cs, pmax = f.axes.sk[1][MASK_K], f.pmax
+        rows = self.wrows.next()
+        full, rem = divmod(f.sk, pmax)
+        if full:
+            f._dma(sub(rows, full, pmax),
+                   kb.ap(self.cols, at, ((cs * pmax, full), (cs, pmax))))
+        if rem:
+            f._dma(rows.with_(start_partition=full, num_partitions=1, free=(rem,)),
+                   kb.ap(self.cols, at + full * pmax * cs, ((cs * rem, 1), (cs, rem))))
+        self.turn[w.offset] = rows
+
     def _weights(self, at: int) -> isa.Tile:
         """The key vector as FP32 [P, key tiles] (key r0 + p at [p, j]), once per
-        offset while it stays in its ring (units come batch by batch)."""
-        w = self._cached(self.weights, self.weight_ring, at)
-        if w[1]:
-            f, cs = self.f, self.f.axes.sk[1][MASK_K]
-            for j, (r0, rn) in enumerate(tiles(f.sk, f.pmax)):
-                f._dma(sub(w[0], rn, 1, at=j), f.kb.ap(self.cols, at + r0 * cs,
-                                                       ((cs, rn), (1, 1))))
-        return w[0]
+        offset while it stays in its ring (units come batch by batch): its rows turned
+        by one TensorE transpose the first time."""
+        self._load_weights(at)
+        w = self.weights[at]
+        rows = self.turn.pop(w.offset, None)
+        if rows is not None:
+            f = self.f
+            t = sub(f.t.next(), f.pmax, self.nkt)
+            f.kb.emit(isa.NcTranspose, dst=t, data=sub(rows, self.nkt, f.pmax))
+            f.kb.emit(isa.TensorCopy, dst=w, src=t)
+        return w
 
     @staticmethod
     def _cached(cache: dict, ring, key) -> tuple[isa.Tile, bool]:
