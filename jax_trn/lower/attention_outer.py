@@ -38,8 +38,8 @@ from .layout import tiles
 from .translate import Unsupported
 
 BIG, TINY = 1e30, 1e-30     # c_i of padded / other rows (module docstring)
-V_LOADS_PER_JOB = 2  # deferred V tile loads emitted per job (measured: 1, 2, 3, 4, 5:
-                     # linen_attn 790.2, 784.1, 785.3, 787.8, 795.8 us)
+V_LOADS_PER_JOB = 2  # deferred V tile loads emitted per job (measured, linen_attn:
+                     # 1 or 2: 791.6 us, 3: 796.4, all at once: 797.4)
 MASK_K = 6          # the key vector's strides in `attention_layout` (after q .. bias)
 
 
@@ -60,13 +60,6 @@ class OuterMask:
         self.weights: dict = {}         # key vector offset -> its tile
         self.cdtype = "bfloat16" if flash.v.dtype == "bfloat16" else "float32"
         self.weight_ring = kb.ring(3, self.nkt, "float32")
-        if self.nkt > pmax:
-            raise Unsupported(f"attention: an outer mask over {flash.sk} keys (<= "
-                              f"{pmax * pmax}: one transpose of the key vector)")
-        self.wrows = Ring([kb.tile(pmax, flash.v.dtype, parts=self.nkt) for _ in range(3)])
-        self.turn: dict = {}            # weights tile offset -> its rows, not yet turned
-        for t in self.wrows.tiles:      # a partial last key tile: defined padding
-            kb.emit(isa.Memset, dst=t, value=0.0, engine="gpsimd")
         self.flag_ring = Ring([kb.tile(pmax, self.cdtype, parts=1)
                                for _ in range(2 * -(-flash.sq // pmax) + 1)])
         self.flag_f32 = kb.tile(pmax, "float32", parts=1)
@@ -89,13 +82,13 @@ class OuterMask:
     # --- at each V load ---------------------------------------------------------------
 
     def load_v(self, vblock: isa.Tile, b: dict, width: int, vsize: int) -> isa.Tile:
-        """DMAs V of the run of `vsize` heads at `b` (rows of vsize * Dv, as without the
-        mask) into a staging tile; the rest (`prepare`) waits for the run's first
-        P @ V, so no engine queue stalls on the load while earlier jobs could run.
+        """Queues the DMAs of V of the run of `vsize` heads at `b` (rows of vsize * Dv,
+        as without the mask) into a staging tile (`flush` emits them, a few per job);
+        the rest (`prepare`) waits for the run's first P @ V, so no engine queue
+        stalls on the load while earlier jobs could run.
         Returns the tile that will hold the run's [meanV | 1] rows [1, vsize x Dv+1]."""
         f, kb = self.f, self.f.kb
         vs = f.axes.sk[1][2]
-        self._load_weights(b["mask_k"])
         stage = self.stage.next()
         for j, (r0, rn) in enumerate(tiles(f.sk, f.pmax)):
             self.loads.append((sub(stage, rn, width, at=j * width),
@@ -147,37 +140,17 @@ class OuterMask:
         kb.emit(isa.TensorScalar, dst=dst, data=acc, op0="multiply",
                 operand0=1.0 / f.sk, engine="scalar")
 
-    def _load_weights(self, at: int) -> None:
-        """DMAs the key vector at `at` as rows [key tiles, P] (one 128-byte descriptor
-        per tile: one per key would hold a DMA queue ~12 us), at the V load; `_weights`
-        turns it later."""
-        w, new = self._cached(self.weights, self.weight_ring, at)
-        if not new:
-            return
-        f, kb = self.f, self.f.kb
-        cs, pmax = f.axes.sk[1][MASK_K], f.pmax
-        rows = self.wrows.next()
-        full, rem = divmod(f.sk, pmax)
-        if full:
-            f._dma(sub(rows, full, pmax),
-                   kb.ap(self.cols, at, ((cs * pmax, full), (cs, pmax))))
-        if rem:
-            f._dma(rows.with_(start_partition=full, num_partitions=1, free=(rem,)),
-                   kb.ap(self.cols, at + full * pmax * cs, ((cs * rem, 1), (cs, rem))))
-        self.turn[w.offset] = rows
-
     def _weights(self, at: int) -> isa.Tile:
         """The key vector as FP32 [P, key tiles] (key r0 + p at [p, j]), once per
-        offset while it stays in its ring (units come batch by batch): its rows turned
-        by one TensorE transpose the first time."""
-        self._load_weights(at)
-        w = self.weights[at]
-        rows = self.turn.pop(w.offset, None)
-        if rows is not None:
-            f = self.f
-            t = sub(f.t.next(), f.pmax, self.nkt)
-            f.kb.emit(isa.NcTranspose, dst=t, data=sub(rows, self.nkt, f.pmax))
-            f.kb.emit(isa.TensorCopy, dst=w, src=t)
+        offset while it stays in its ring (units come batch by batch); loaded at the
+        run's first P @ V (measured better than at the V load, or as [key tiles, P]
+        rows turned by TensorE: both wait on DMA queues the Q loads need)."""
+        w, new = self._cached(self.weights, self.weight_ring, at)
+        if new:
+            f, cs = self.f, self.f.axes.sk[1][MASK_K]
+            for j, (r0, rn) in enumerate(tiles(f.sk, f.pmax)):
+                f._dma(sub(w, rn, 1, at=j), f.kb.ap(self.cols, at + r0 * cs,
+                                                    ((cs, rn), (1, 1))))
         return w
 
     @staticmethod
