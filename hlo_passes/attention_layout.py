@@ -168,10 +168,11 @@ def strides_by_label(labels: list, strides) -> dict:
     return {lab: s for lab, s in zip(labels, strides) if lab is not None}
 
 
-def layout(axes: list[tuple[str, int, dict]]) -> tuple:
+def layout(axes: list[tuple[str, int, dict]], operands: tuple = OPERANDS) -> tuple:
     """The fusion's `attention_layout` attribute: one (role, size, strides) per axis,
-    strides in the order of OPERANDS (0 where an operand has no such axis, or is
-    broadcast along it), roles in ROLES order (batch axes outermost first)."""
+    strides in the order of `operands` (OPERANDS, + "mask_k" for a mask given as row
+    and column vectors; 0 where an operand has no such axis, or is broadcast along it),
+    roles in ROLES order (batch axes outermost first)."""
     axes = sorted(axes, key=lambda a: ROLES.index(a[0]))
-    return tuple((role, size, tuple(int(s.get(o, 0)) for o in OPERANDS))
+    return tuple((role, size, tuple(int(s.get(o, 0)) for o in operands))
                  for role, size, s in axes)

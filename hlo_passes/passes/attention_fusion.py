@@ -32,6 +32,7 @@ from hlo_passes import attention_pattern as pattern
 from hlo_passes import ir
 from hlo_passes.fusion_policy import FusionDecision, FusionPolicy
 from hlo_passes.graph import BlockGraph, clone, control_blocks, free_values, used_values
+from hlo_passes.attention_outer import OUTER_NOTE, OuterMask, outer_mask
 
 name = "attention-fusion"
 
@@ -67,7 +68,8 @@ def _fuse_block(block: ir.Block, policy: FusionPolicy) -> bool:
         # the policy names the scores by the shape of `out`'s first operand: p's
         decision = policy.attention(m.probs, m.scale, m.mask is not None, mask_value)
         if decision.ok:
-            replaced[m.out] = _attention_op(m, mask_value, decision, graph)
+            outer = outer_mask(m, graph.producer) if mask_value is None else None
+            replaced[m.out] = _attention_op(m, mask_value, decision, graph, outer)
             members.update(op for op in m.ops if op.kind not in pattern.SHAREABLE)
         else:
             near.append((m.pv, decision.reason))
@@ -126,15 +128,19 @@ def _block_args(inputs: list[ir.Value], vmap: dict) -> list[ir.Value]:
 
 
 def _attention_op(m: pattern.Match, mask_value, decision: FusionDecision,
-                  graph: BlockGraph) -> list[ir.Op]:
+                  graph: BlockGraph, outer: "OuterMask | None" = None) -> list[ir.Op]:
     """[mask constant,] fusion: the pattern's ops cloned into an isolated region whose
-    inputs are q, k, v [and the mask]; constants it uses are cloned in."""
-    pre, inputs = _inputs(m, mask_value)
+    inputs are q, k, v [and the mask, or its row and column vectors]; constants it
+    uses are cloned in."""
+    pre, inputs = _inputs(m, mask_value, outer)
     vmap = {v: ir.Value(v.type) for v in inputs}
     body: list[ir.Op] = []
     if m.bias is not None:
         vmap[m.bias] = vmap[inputs[-1]]
-    if m.mask is not None:
+    if outer is not None:                   # the mask computed in the region
+        for op in sorted(set(outer.ops), key=lambda o: graph.index[o]):
+            body.append(clone(op, vmap))
+    elif m.mask is not None:
         mask_arg = vmap[inputs[3]]
         if mask_arg.type != m.mask.type:
             bcast = ir.Op("broadcast_in_dim", [mask_arg], [ir.Value(m.mask.type)],
@@ -150,19 +156,26 @@ def _attention_op(m: pattern.Match, mask_value, decision: FusionDecision,
         body.append(clone(op, vmap))
     body.append(ir.Op("return", [vmap[m.out.result]], [], loc=m.out.loc))
     args = _block_args(inputs, vmap)
-    attrs = {"fusion_kind": "attention", "decisions": (decision.reason,),
+    reason = decision.reason if outer is None else decision.reason + OUTER_NOTE
+    attrs = {"fusion_kind": "attention", "decisions": (reason,),
              "attention_scale": m.scale, "attention_mask": m.mask is not None,
              "attention_bias": m.bias is not None, "attention_fill": float(m.fill),
-             "attention_layout": _layout(m, inputs)}
+             "attention_layout": _layout(m, inputs, outer)}
+    if outer is not None:
+        attrs["attention_mask_outer"] = True
     fusion = ir.Op("fusion", inputs, [ir.Value(m.out.result.type)], attrs,
                    [ir.Region([ir.Block(args, body)])], loc=m.out.loc, name=m.out.name)
     return pre + [fusion]
 
 
-def _inputs(m: pattern.Match, mask_value) -> tuple[list[ir.Op], list[ir.Value]]:
-    """([the folded mask's constant op], [q, k, v, mask, bias]) of the fusion."""
+def _inputs(m: pattern.Match, mask_value,
+            outer: "OuterMask | None" = None) -> tuple[list[ir.Op], list[ir.Value]]:
+    """([the folded mask's constant op], [q, k, v, mask (or its rows, its columns),
+    bias]) of the fusion."""
     pre, inputs = [], [m.q, m.k, m.v]
-    if m.mask is not None:
+    if outer is not None:
+        inputs += [outer.rows, outer.cols]
+    elif m.mask is not None:
         mask = m.mask
         if mask_value is not None:
             mtype = ir.TensorType(tuple(mask_value.shape), "bool")
@@ -192,18 +205,29 @@ def _folded_mask(m: pattern.Match, producer: dict):
     return np.ascontiguousarray(value)
 
 
-def _layout(m: pattern.Match, inputs: list[ir.Value]) -> tuple:
-    """The `attention_layout` attribute, the mask's strides those of the operand."""
+def _layout(m: pattern.Match, inputs: list[ir.Value],
+            outer: "OuterMask | None" = None) -> tuple:
+    """The `attention_layout` attribute, the mask's strides those of the operand (of an
+    outer mask: "mask" those of its row vector, "mask_k" those of its column vector)."""
     axes = [(role, size, dict(s)) for role, size, s in m.axes]
+    if outer is not None:
+        _side_strides(m, axes, "mask", outer.row_labels, outer.rows.type.shape)
+        _side_strides(m, axes, "mask_k", outer.col_labels, outer.cols.type.shape)
+        return layout.layout(axes, layout.OPERANDS + ("mask_k",))
     if m.mask is not None:
-        shape = inputs[3].type.shape
-        strides = dict(zip(m.mask_labels, layout.row_major(shape)))
-        sizes = dict(zip(m.mask_labels, shape))
-        for (_, _, s), lab in zip(axes, m.axis_labels):
-            s.pop("mask", None)
-            if sizes.get(lab, 1) != 1:
-                s["mask"] = strides[lab]
+        _side_strides(m, axes, "mask", m.mask_labels, inputs[3].type.shape)
     return layout.layout(axes)
+
+
+def _side_strides(m: pattern.Match, axes: list, key: str, labels: list, shape) -> None:
+    """Strides `key` of a side operand of `shape` whose dims have `labels`: those of
+    its row-major buffer along the axes it does not broadcast."""
+    strides = dict(zip(labels, layout.row_major(shape)))
+    sizes = dict(zip(labels, shape))
+    for (_, _, s), lab in zip(axes, m.axis_labels):
+        s.pop(key, None)
+        if sizes.get(lab, 1) != 1:
+            s[key] = strides[lab]
 
 
 def _clone_constant(v: ir.Value, graph: BlockGraph, vmap: dict, body: list) -> None:

@@ -39,7 +39,11 @@ its fully masked blocks; its partially masked blocks get the cached additive bia
 A runtime mask (an input of the program: padding) or an additive bias is read per
 chunk (the mask's rows of a q-tile once, as bool), turned into an additive bias on
 GpSimd, and added to S by one identity matmul per block (TensorE) or, one chunk in
-VECTOR_EVERY, on VectorE (the two engines balanced).
+VECTOR_EVERY, on VectorE (the two engines balanced). A runtime mask that is the outer
+`and` of a query and a key vector (flax's make_attention_mask; the fusion then has the
+two vectors as operands, `mask_outer`) costs no per-block work: the key vector weights
+V's rows and gives P @ V a column of masked row sums, the query vector selects each
+row's result (attention_outer.py).
 
 Numerics: FP32 scores and softmax, P rounded to the dtype of the p @ v operand (as the
 program does), FP32 accumulation; unlike the unfused program the scores are not
@@ -63,6 +67,9 @@ from jax_trn.hw import isa
 from jax_trn.hw.program import DramTensor
 
 from .attention_layout import Axes, heads_per_dma, unit_blocks
+from .attention_masks import NEG  # noqa: F401  (attention_bwd_masks.py reads it here)
+from .attention_masks import MASK_ROWS_BYTES, MaskBiases
+from .attention_outer import MASK_K, OuterMask
 from .builder import Ring, sub
 from .layout import tiles
 from .registry import LowerCtx
@@ -70,21 +77,20 @@ from .translate import Unsupported
 
 CHUNK_BANKS = 2         # keys per softmax chunk: two PSUM banks of FP32 (§3.2); one
                         # score matmul per bank (512 keys, §2.2)
-NEG = -3.0e38           # additive bias of a masked score
-BIAS_CACHE = 16         # distinct partially-masked blocks kept as bias tiles
 VECTOR_EVERY = 4
 HEADS_BYTES = 32 * 1024         # SBUF per partition for V / results of adjacent heads
-MASK_ROWS_BYTES = 48 * 1024     # a runtime mask's rows kept in SBUF per partition
 
 
 def lower_attention(ctx: LowerCtx, ins: list[DramTensor], scale: float, masked: bool,
                     bias: bool = False, fill: float = -np.inf,
-                    layout: tuple | None = None) -> None:
+                    layout: tuple | None = None, mask_outer: bool = False) -> None:
     q, k, v = ins[:3]
     axes = Axes(layout) if layout is not None else Axes.canonical(q, k, v)
-    mask = _mask(ctx, ins[3], axes) if masked else None
-    extra = {"bias": ins[3 + masked] if bias else None,
-             "mask": ins[3] if masked and mask is None else None}
+    outer = masked and mask_outer       # the mask as rows & columns (attention_outer.py)
+    mask = _mask(ctx, ins[3], axes) if masked and not outer else None
+    extra = {"bias": ins[3 + masked + outer] if bias else None,
+             "mask": ins[3] if masked and mask is None and not outer else None,
+             "outer": ins[3:5] if outer else None}
     _check(ctx, q, k, v, axes)
     ctx.kb.notes.append("attention: flash-attention kernel (attention.py)")
     _Flash(ctx, (q, k, v), ctx.outs[0], scale, mask, axes, extra, fill).run()
@@ -115,7 +121,7 @@ def _check(ctx: LowerCtx, q: DramTensor, k: DramTensor, v: DramTensor, axes) -> 
         raise Unsupported("attention with a head dim that is not contiguous")
 
 
-class _Flash:
+class _Flash(MaskBiases):
     def __init__(self, ctx: LowerCtx, qkv, out, scale: float, mask, axes: Axes,
                  extra: dict, fill: float):
         self.ctx, self.kb = ctx, ctx.kb
@@ -125,6 +131,7 @@ class _Flash:
         self.rt_mask, self.rt_bias = extra["mask"], extra["bias"]
         self.sq, self.d = axes.sq[0], axes.d[0]
         self.sk, self.dv = axes.sk[0], axes.dv[0]
+        self.dvx = self.dv + (extra["outer"] is not None)  # + the key weights' column
         self.batch = math.prod(n for n, _ in axes.batch + axes.group)
         self.pdtype = self._p_dtype()
         target = ctx.target
@@ -133,7 +140,7 @@ class _Flash:
         kb, nkt = self.kb, -(-self.sk // self.pmax)
         self._plan_units()
         self.kT = kb.ring(2, self.sk, q.dtype)
-        self.vb = kb.ring(2, nkt * self.v_heads * self.dv, v.dtype)
+        self.vb = kb.ring(2, nkt * self.v_heads * self.dvx, v.dtype)
         self.stage: dict = {}
         if self.out_heads > 1:
             self.stage_ring = kb.ring(2 * -(-self.sq // self.pmax),
@@ -141,12 +148,12 @@ class _Flash:
         self.qT = kb.ring(3, self.pmax, q.dtype)
         self.s = kb.ring(2, self.chunk, "float32", mem="psum")
         self.p = kb.ring(3, self.chunk, self.pdtype)
-        two_in_bank = 2 * self.dv * 4 <= target.psum_bank_bytes     # two FP32 rows of Dv
+        two_in_bank = 2 * self.dvx * 4 <= target.psum_bank_bytes    # two FP32 rows of Dv
         self.t = kb.ring(3 if two_in_bank else 2, self.bank, "float32", mem="psum")
         self.pt = kb.ring(6, self.bank, self.pdtype)
-        self.o = _ring_in_bank(kb, 2, self.dv) if two_in_bank else \
-            kb.ring(2, self.dv, "float32", mem="psum")
-        self.osb = kb.ring(2, self.dv, "float32")
+        self.o = _ring_in_bank(kb, 2, self.dvx) if two_in_bank else \
+            kb.ring(2, self.dvx, "float32", mem="psum")
+        self.osb = kb.ring(2, self.dvx, "float32")
         self.res = kb.ring(2, self.dv, out.dtype)
         self.small = kb.ring(16, 1, "float32")
         self.biases: dict[bytes, isa.Tile] = {}
@@ -154,6 +161,7 @@ class _Flash:
         self.copy_engines = itertools.cycle(("vector", "scalar"))
         self.queues = itertools.cycle(range(target.dma_queues))
         kb.flops += 2 * self.batch * self.sq * self.sk * (self.d + self.dv)
+        self.outer = OuterMask(self, *extra["outer"]) if extra["outer"] else None
         self.runtime = self.rt_mask is not None or self.rt_bias is not None
         if self.runtime:
             self.rt_jobs = 0
@@ -190,6 +198,8 @@ class _Flash:
                     kv[b["kv"]] = self._load_kv(b)
                 job["kv"] = kv[b["kv"]]
                 self._scores(job)
+                if self.outer is not None:
+                    self.outer.flush()
                 self._rowmax(job)
                 self._softmax(job)
             if 0 <= n - 1 < len(jobs):
@@ -204,11 +214,13 @@ class _Flash:
         groups = ax.offsets(ax.group, (0, 3, 4, 5))
         self.units = []
         kvs = ax.offsets(ax.batch, (1, 2, 0, 3, 4, 5))
+        cols = [o[0] for o in ax.offsets(ax.batch, (MASK_K,))] if self.dvx > self.dv \
+            else [0] * len(kvs)
         for b, (ko, vo, qo, oo, mo, bo) in enumerate(kvs):
             for gq, go, gm, gb in groups:
                 self.units.append({"n": len(self.units), "kv": b, "k": ko, "v": vo,
                                    "q": qo + gq, "out": oo + go, "mask": mo + gm,
-                                   "bias": bo + gb})
+                                   "bias": bo + gb, "mask_k": cols[b]})
         nkt, nqt = -(-self.sk // self.pmax), -(-self.sq // self.pmax)
         limit = heads_per_dma(nkt, self.dv, 2, HEADS_BYTES)
         vblocks = unit_blocks([kv[1] for kv in kvs], self.dv, limit)
@@ -269,10 +281,15 @@ class _Flash:
         width = b["vsize"] * self.dv
         if b["vslot"] == 0:
             self.vblock = self.vb.next()
+            if self.outer is not None:
+                self.meanv = self.outer.load_v(self.vblock, b, width, b["vsize"])
             for j, (r0, rn) in enumerate(tiles(self.sk, self.pmax)):
+                if self.outer is not None:
+                    break
                 src = self.kb.ap(self.v, b["v"] + r0 * vs, ((vs, rn), (1, width)))
                 self._dma(sub(self.vblock, rn, width, at=j * width), src)
-        return kT, self.vblock, b["vslot"] * self.dv, width
+        return (kT, self.vblock, b["vslot"] * self.dvx, b["vsize"] * self.dvx,
+                self.meanv if self.outer is not None else None)
 
     def _load_q(self, job: dict) -> isa.Tile:
         tile = job["tile"]
@@ -284,88 +301,6 @@ class _Flash:
         self.kb.emit(isa.TensorScalar, dst=qT, data=qT, op0="multiply",
                      operand0=self.scale, engine="gpsimd")
         return qT
-
-    def _bias(self, q0: int, qt: int, k0: int, kbn: int) -> isa.Tile:
-        """The additive mask bias of a partially masked block (cached by content)."""
-        key = self.mask[1][q0:q0 + qt, k0:k0 + kbn].tobytes() + bytes((qt, kbn % 256))
-        tile = self.biases.get(key)
-        if tile is not None:
-            return tile
-        tile = self.kb.tile(kbn, self.q.dtype, parts=qt) if len(self.biases) < BIAS_CACHE \
-            else sub(self.pt.next(), qt, kbn)
-        rows, cols = self.axes.sq[1][4], self.axes.sk[1][4]
-        self._dma(tile, self.kb.ap(self.mask[0], q0 * rows + k0 * cols,
-                                   ((rows, qt), (cols, kbn))))
-        self.kb.emit(isa.TensorScalar, dst=tile, data=tile, op0="multiply",
-                     operand0=-NEG, op1="add", operand1=NEG, engine="gpsimd")
-        if len(self.biases) < BIAS_CACHE:
-            self.biases[key] = tile
-        return tile
-
-    def _runtime_bias(self, job: dict, width: int) -> isa.Tile:
-        """The additive bias of a job from the runtime mask (0 / NEG) and the runtime
-        bias, in the matmul dtype: the mask rows of a q-tile loaded once (bool, whole
-        key range, kept while the next unit uses the same rows: heads broadcast), the
-        bias chunk DMAed, both combined on GpSimd; TensorE adds it to S (one more pass
-        per block; one job in VECTOR_EVERY adds it on VectorE instead)."""
-        kb, tile, b = self.kb, job["tile"], job["b"]
-        qt, k0 = tile["qt"], job["blocks"][0][0]
-        total = sub(self.rt_sum.next(), qt, width)
-        if self.rt_mask is not None:
-            rows = self._mask_rows(b["mask"], tile["q0"], qt)
-            kb.emit(isa.TensorScalar, dst=total, data=sub(rows, qt, width, at=k0),
-                    op0="multiply", operand0=-NEG, op1="add", operand1=NEG,
-                    engine="gpsimd")
-        if self.rt_bias is not None:
-            rows, cols = self.axes.sq[1][5], self.axes.sk[1][5]
-            part = total if self.rt_mask is None else sub(self.rt_tiles.next(), qt, width)
-            self._dma(part, kb.ap(self.rt_bias, b["bias"] + tile["q0"] * rows + k0 * cols,
-                                  ((rows, qt), (cols, width))))
-            if part is not total:
-                kb.emit(isa.TensorTensor, dst=total, data1=total, data2=part, op="add",
-                        engine="gpsimd")
-        return total
-
-    def _mask_rows(self, base: int, q0: int, qt: int) -> isa.Tile:
-        """The runtime mask's rows [q0, q0 + qt) over every key (bool), cached per
-        q-tile while they fit (MASK_ROWS_BYTES per partition), else reloaded."""
-        rows, cols = self.axes.sq[1][4], self.axes.sk[1][4]
-        at = base + q0 * rows
-        cached = self.mask_rows.get(q0)
-        if cached is not None and cached[1] == at:
-            return cached[0]
-        if cached is not None:
-            tile = cached[0]
-        elif -(-self.sq // self.pmax) * self.sk <= MASK_ROWS_BYTES:
-            tile = self.kb.tile(self.sk, "bool")
-        else:
-            tile = self.mask_ring.next()
-        self._dma(sub(tile, qt, self.sk),
-                  self.kb.ap(self.rt_mask, at, ((rows, qt), (cols, self.sk))))
-        self.mask_rows[q0] = (tile, at)
-        return tile
-
-    def _nan_rows(self, res: isa.Tile, tile: dict) -> None:
-        """Rows with no unmasked key (-m >= -NEG / 2) become NaN, as softmax of a row
-        of -inf is: res += 0 / (1 - flag)."""
-        flag = sub(self.small.next(), tile["qt"], 1)
-        self.kb.emit(isa.TensorScalar, dst=flag, data=tile["negm"], op0="is_ge",
-                     operand0=-NEG / 2, op1="subtract", operand1=1.0, reverse1=True)
-        self.kb.emit(isa.TensorScalar, dst=flag, data=flag, op0="divide", operand0=0.0,
-                     reverse0=True)
-        self.kb.emit(isa.TensorScalar, dst=res, data=res, op0="add", operand0=flag)
-
-    def _identity(self) -> isa.Tile:
-        """I [128, 128] in the matmul dtype, built once on GpSimd (affine_select p == f)."""
-        if self.ident is None:
-            self.ident = self.kb.tile(self.pmax, self.q.dtype)
-            self.kb.emit(isa.Memset, dst=self.ident, value=1.0, engine="gpsimd")
-            self.kb.emit(isa.AffineSelect, dst=self.ident, on_true_tile=self.ident,
-                         on_false_value=0.0, pattern=((-1, self.pmax),), channel_multiplier=1,
-                         cmp_op="is_equal")
-        return self.ident
-
-    # --- stage A: scores and softmax ------------------------------------------------------
 
     def _scores(self, job: dict) -> None:
         kb, tile = self.kb, job["tile"]
@@ -418,6 +353,10 @@ class _Flash:
             kb.emit(isa.Activation, dst=alpha, data=old, func="exp", scale=-1.0, bias=negm)
             job["alpha"] = alpha
         p = sub(self.p.next(), qt, width)
+        if self.outer is not None:      # l comes from P @ [V w | w] (attention_outer.py)
+            kb.emit(isa.Activation, dst=p, data=s, func="exp", bias=negm)
+            job["p"] = p
+            return
         rs = sub(self.small.next(), qt, 1)
         kb.emit(isa.Activation, dst=p, data=s, func="exp", bias=negm, reduce_res=rs)
         if job["first"]:
@@ -459,19 +398,28 @@ class _Flash:
     def _stage_b(self, job: dict) -> None:
         kb, tile = self.kb, job["tile"]
         qt, pts = tile["qt"], job["pts"]
-        _, vb, at, step = job["kv"]
-        o = sub(self.o.next(), qt, self.dv)
+        _, vb, at, step, _ = job["kv"]
+        if self.outer is not None:
+            self.outer.prepare(vb)
+        o = sub(self.o.next(), qt, self.dvx)
         for i, (pt, bk0, bkn) in enumerate(pts):
             kb.emit(isa.NcMatmul, dst=o, stationary=pt,
-                    moving=sub(vb, bkn, self.dv, at=(bk0 // self.pmax) * step + at),
+                    moving=sub(vb, bkn, self.dvx, at=(bk0 // self.pmax) * step + at),
                     accumulate=i > 0)
+        if self.outer is not None and job["last"]:
+            self.outer.correct(job, o)
         acc = o
         if not job["first"]:
             acc = tile["o"]
-            kb.emit(isa.ScalarTensorTensor, dst=acc, data=acc, op0="multiply",
-                    operand0=job["alpha"], op1="add", operand1=o)
+            if self.outer is not None:      # two passes, N/2 + N cycles < STT's 2N
+                kb.emit(isa.TensorScalar, dst=acc, data=acc, op0="multiply",
+                        operand0=job["alpha"])
+                kb.emit(isa.TensorTensor, dst=acc, data1=acc, data2=o, op="add")
+            else:
+                kb.emit(isa.ScalarTensorTensor, dst=acc, data=acc, op0="multiply",
+                        operand0=job["alpha"], op1="add", operand1=o)
         elif not job["last"]:
-            acc = sub(self.osb.next(), qt, self.dv)
+            acc = sub(self.osb.next(), qt, self.dvx)
             kb.emit(isa.TensorCopy, dst=acc, src=o)
         tile["o"] = acc
         if job["last"]:
@@ -488,7 +436,10 @@ class _Flash:
             if slot == 0:
                 self.stage[q0] = self.stage_ring.next()
             res = sub(self.stage[q0], qt, self.dv, at=slot * self.dv)
-        kb.emit(isa.TensorScalar, dst=res, data=acc, op0="divide", operand0=job["l"])
+        if self.outer is not None:
+            self.outer.result(job, acc, res)
+        else:
+            kb.emit(isa.TensorScalar, dst=res, data=acc, op0="divide", operand0=job["l"])
         if self.rt_mask is not None and self.fill == -np.inf:
             self._nan_rows(res, tile)
         if slot == size - 1:

@@ -109,8 +109,10 @@ def test_linen_attention_divides_by_sqrt_d_and_keeps_a_runtime_mask():
     op = _attention(module)
     assert op.attrs["attention_scale"] == pytest.approx(H ** -0.5, rel=1e-2)
     assert op.attrs["attention_fill"] == float(jnp.finfo(jnp.bfloat16).min)
-    mask = op.operands[3]                      # the boolean `and`, not its float round trip
-    assert mask.type.dtype == "bool" and mask.type.shape == (B, S, S)
+    rows, cols = op.operands[3:5]   # make_attention_mask's `and` as its two vectors,
+    assert op.attrs["attention_mask_outer"]                     # not its float round trip
+    assert rows.type.dtype == cols.type.dtype == "bool"
+    assert rows.type.shape == cols.type.shape == (B, S)
     assert "compare" not in [o.kind for o in module.main.body.ops]
     assert _axes(op)["batch"][0][1]["mask"] == 0               # broadcast over heads
 

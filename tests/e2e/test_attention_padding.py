@@ -1,0 +1,135 @@
+"""Padding masks made as the outer `and` of a query vector and a key vector (flax's
+`nn.make_attention_mask(valid_q, valid_k)`, hand-written `vq[:, None] & vk[None, :]`):
+on trn against the CPU backend, each run as the one flash kernel that takes the two
+vectors (hlo_passes/attention_outer.py, jax_trn/lower/attention_outer.py), no [S, S]
+mask kernel before it. Padded query rows (uniform over every key with a finite fill,
+NaN with -inf) and a batch whose keys are all padding included."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.conftest import assert_close
+
+B, S, N, H = 2, 256, 4, 64
+FLASH = "attention: flash-attention kernel (attention.py)"
+OUTER = "mask = rows & columns"
+
+
+def _rand(shape, seed, dtype="bfloat16"):
+    import ml_dtypes  # noqa: F401
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal(shape).astype(np.float32).astype(np.dtype(dtype))
+
+
+def _run(jax, trn, cpu, f, args):
+    """(trn result, cpu result, [kernels' notes])."""
+    import jax_trn
+    g = jax.jit(f)
+    with jax_trn.profile() as prof:
+        out = g(*jax.device_put(args, trn))
+        out.block_until_ready()
+    ref = g(*jax.device_put(args, cpu))
+    notes = [k.kernel.notes for k in prof.executions[-1].kernels]
+    return np.asarray(out, np.float32), np.asarray(ref, np.float32), notes
+
+
+def _outer_flash(notes) -> int:
+    return sum(FLASH in n and any(OUTER in d for d in n) for n in notes)
+
+
+def _valid():
+    vq = np.arange(S)[None] < np.array([[200], [130]])     # per-batch padding
+    vk = np.arange(S)[None] < np.array([[170], [256]])
+    return vq, vk
+
+
+def test_linen_attention_with_query_and_key_padding(jax, trn, cpu):
+    """linen MHA, make_attention_mask(valid_q, valid_k) with different vectors per
+    batch: one kernel for the attention, which takes the vectors."""
+    import flax.linen as nn
+    import jax.numpy as jnp
+    layer = nn.MultiHeadDotProductAttention(num_heads=N, qkv_features=N * H,
+                                            dtype=jnp.bfloat16)
+    x = _rand((B, S, N * H), 4)
+    params = jax.jit(layer.init, backend="cpu")(jax.random.key(0), x, x)
+    vq, vk = _valid()
+
+    def f(params, x, vq, vk):
+        return layer.apply(params, x, x, mask=nn.make_attention_mask(vq, vk))
+    out, ref, notes = _run(jax, trn, cpu, f, (params, x, vq, vk))
+    assert _outer_flash(notes) == 1, notes
+    assert len(notes) == 5, notes           # q, k, v, out projections + attention
+    assert_close(out, ref, "bfloat16")
+
+
+def _hand_written(jax, fill):
+    import jax.numpy as jnp
+
+    def f(q, k, v, vq, vk):
+        s = jnp.einsum("bqnh,bknh->bnqk", q, k) / np.sqrt(H).astype(np.float32)
+        mask = vq[:, None, :, None] & vk[:, None, None, :]
+        s = jnp.where(mask, s, fill)
+        p = jax.nn.softmax(s.astype(jnp.float32), axis=-1).astype(q.dtype)
+        return jnp.einsum("bnqk,bknh->bqnh", p, v)
+    return f
+
+
+@pytest.mark.parametrize("fill, dtype", [(-1e9, "bfloat16"), (-np.inf, "bfloat16"),
+                                         (-1e9, "float16")])
+def test_hand_written_outer_mask(jax, trn, cpu, fill, dtype):
+    """vq[:, None] & vk[None, :] in the scores' layout, an f32 softmax; a batch with
+    every key padded: uniform rows with -1e9 (mean of v), NaN rows with -inf, as on
+    CPU; float16 (the padded rows' mean added in FP32, not bf16)."""
+    vq, vk = _valid()
+    vk = vk.copy()
+    vk[1] = False                                           # batch 1: no key at all
+    args = [_rand((B, S, N, H), i, dtype) for i in range(3)] + [vq, vk]
+    out, ref, notes = _run(jax, trn, cpu, _hand_written(jax, fill), args)
+    assert len(notes) == 1 and _outer_flash(notes) == 1, notes
+    assert np.array_equal(np.isnan(out), np.isnan(ref))
+    if fill == -np.inf:
+        assert np.isnan(ref).any()
+    keep = ~np.isnan(ref)
+    assert_close(out[keep], ref[keep], dtype)
+
+
+def test_nnx_multi_head_attention_with_padding(jax, trn, cpu):
+    """flax.nnx MultiHeadAttention with make_attention_mask: the same one kernel."""
+    nnx = pytest.importorskip("flax.nnx")
+    import jax.numpy as jnp
+    layer = nnx.MultiHeadAttention(num_heads=N, in_features=N * H, qkv_features=N * H,
+                                   dtype=jnp.bfloat16, decode=False, rngs=nnx.Rngs(0))
+    graphdef, state = nnx.split(layer)
+    state = jax.device_put(state, cpu)
+    x = _rand((B, S, N * H), 5)
+    vq, vk = _valid()
+
+    def f(state, x, vq, vk):
+        model = nnx.merge(graphdef, state)
+        return model(x, mask=nnx.make_attention_mask(vq, vk))
+    out, ref, notes = _run(jax, trn, cpu, f, (state, x, vq, vk))
+    assert _outer_flash(notes) == 1, notes
+    assert_close(out, ref, "bfloat16")
+
+
+def test_outer_mask_with_ragged_tiles_and_a_bias(jax, trn, cpu):
+    """S = 200 (a partial q-tile and key tile), an additive bias under a -inf fill:
+    the vectors still cover every row and key."""
+    import jax.numpy as jnp
+    s_len = 200
+    vq = np.arange(s_len)[None] < np.array([[190], [77]])
+    vk = np.arange(s_len)[None] < np.array([[150], [199]])
+    bias = _rand((B, N, s_len, s_len), 9)
+
+    def f(q, k, v, vq, vk, bias):
+        s = jnp.einsum("bqnh,bknh->bnqk", q, k) * 0.125 + bias
+        s = jnp.where(vq[:, None, :, None] & vk[:, None, None, :], s, -jnp.inf)
+        p = jax.nn.softmax(s.astype(jnp.float32), axis=-1).astype(q.dtype)
+        return jnp.einsum("bnqk,bknh->bqnh", p, v)
+    args = [_rand((B, s_len, N, H), i) for i in range(3)] + [vq, vk, bias]
+    out, ref, notes = _run(jax, trn, cpu, f, args)
+    assert len(notes) == 1 and _outer_flash(notes) == 1, notes
+    assert np.array_equal(np.isnan(out), np.isnan(ref))
+    keep = ~np.isnan(ref)
+    assert_close(out[keep], ref[keep], "bfloat16")
