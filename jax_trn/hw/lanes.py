@@ -104,19 +104,17 @@ class LaneSchedule:
         self.lanes = lanes
 
     def run(self) -> None:
-        """Apply every instruction: lane 1 on the worker thread, lane 0 here."""
+        """Apply every instruction: lane 1 on the worker thread, lane 0 here (which also
+        runs lane 1's next instruction itself rather than wait, when none is in flight:
+        a worker the OS does not schedule, on a loaded machine, costs no more than
+        running sequentially)."""
         state = _State()
         state.errstate = np.geterr()       # the caller's (a thread's own, numpy 2)
-        done = threading.Event()
-        _worker().put((self.lanes[1], state, done))
-        try:
-            _run_lane(self.lanes[0], 0, state)
-        finally:
-            if state.error is None and state.done[0] < len(self.lanes[0]):
-                state.fail(0, None)            # interrupted: release the worker
-            done.wait()
-        if state.error is not None and state.error[1] is not None:
-            raise state.error[1]
+        _worker().put((self.lanes[1], state))
+        _run_lane0(self.lanes[0], self.lanes[1], state)
+        if state.error is not None:
+            state.finished.wait()          # no lane-1 instruction in flight any more
+            raise state.error
 
 
 def lane_schedule(kernel, order, plan) -> LaneSchedule | None:
@@ -168,46 +166,101 @@ _LANE1 = frozenset(getattr(_isa, name) for name in (
 # --- running ----------------------------------------------------------------------------
 
 class _State:
-    """Each lane's completed count, what each waits for, and the first failure."""
-    __slots__ = ("done", "want", "cond", "error", "errstate")
+    """Each lane's completed count, lane 1's next unclaimed instruction, what each lane
+    waits for, and the first failure."""
+    __slots__ = ("done", "next1", "want", "lock", "cond", "error", "errstate", "finished")
 
     def __init__(self):
         self.done = [0, 0]
-        self.want = [0, 0]
+        self.next1 = 0               # lane 1's instructions are claimed in order
+        self.want: list = [None, None]     # per thread: (lane, count) it waits for
+        self.lock = threading.Lock()
         self.cond = threading.Condition()
-        self.error = None            # (lane, exception or None)
+        self.error: BaseException | None = None
         self.errstate: dict = {}
+        self.finished = threading.Event()    # the worker is done with this run
 
-    def fail(self, lane: int, exc) -> None:
+    def fail(self, exc: BaseException) -> None:
         with self.cond:
             if self.error is None:
-                self.error = (lane, exc)
+                self.error = exc
             self.cond.notify_all()
 
-    def wait(self, lane: int, need: int) -> bool:
-        """Until the other lane completed `need` instructions; False on a failure."""
-        other = 1 - lane
-        self.want[lane] = need            # before looking: see `_run_lane`'s notify
+    def complete(self, lane: int, count: int) -> None:
+        """Lane `lane` has completed `count` instructions; wake whoever waits for that.
+        (A waiter sets `want` before it looks at `done`, and this looks at `want`
+        after setting `done`: one of the two sees the other.)"""
+        self.done[lane] = count
+        for want in self.want:
+            if want is not None and want[0] == lane and count >= want[1]:
+                with self.cond:
+                    self.cond.notify_all()
+                return
+
+    def wait(self, waiter: int, lane: int, need: int) -> bool:
+        """Thread `waiter` (0: the caller, 1: the worker) waits until lane `lane`
+        completed `need` instructions; False on a failure."""
+        self.want[waiter] = (lane, need)
         with self.cond:
-            while self.done[other] < need and self.error is None:
+            while self.done[lane] < need and self.error is None:
                 self.cond.wait(0.05)
-        self.want[lane] = 0
+        self.want[waiter] = None
         return self.error is None
 
+    def claim(self, limit: int) -> int | None:
+        """Lane 1's next instruction if below `limit` and none is in flight (either
+        thread may run lane 1's instructions, one at a time, in order), else None (or
+        -1: one is in flight)."""
+        with self.lock:
+            j = self.next1
+            if j >= limit or self.error is not None:
+                return None
+            if j != self.done[1]:
+                return -1
+            self.next1 = j + 1
+            return j
 
-def _run_lane(lane: list, me: int, state: _State) -> None:
-    done, want, other = state.done, state.want, 1 - me
+
+def _run_lane0(lane0: list, lane1: list, state: _State) -> None:
     try:
-        for count, (step, need) in enumerate(lane, 1):
-            if done[other] < need and not state.wait(me, need):
+        for count, (step, need) in enumerate(lane0, 1):
+            if state.done[1] < need and not _help(lane1, need, state):
                 return
             step()
-            done[me] = count
-            if want[other] and count >= want[other]:
-                with state.cond:
-                    state.cond.notify_all()
-    except BaseException as e:           # noqa: BLE001 - handed to the caller
-        state.fail(me, e)
+            state.complete(0, count)
+        _help(lane1, len(lane1), state)
+    except BaseException as e:           # noqa: BLE001 - re-raised by `run`
+        state.fail(e)
+
+
+def _help(lane1: list, need: int, state: _State) -> bool:
+    """Until lane 1 completed `need` instructions: run its next one here when none is
+    in flight (its own wait is met: it precedes ours in the order), else wait for the
+    one in flight. False on a failure."""
+    while state.done[1] < need:
+        j = state.claim(need)
+        if j is not None and j >= 0:
+            lane1[j][0]()
+            state.complete(1, j + 1)
+        elif not state.wait(0, 1, state.done[1] + 1):
+            return False
+    return state.error is None
+
+
+def _run_lane1(lane1: list, state: _State) -> None:
+    try:
+        while (j := state.claim(len(lane1))) is not None:
+            if j < 0:                        # lane 0 is running one of ours
+                if not state.wait(1, 1, state.done[1] + 1):
+                    return
+                continue
+            step, need = lane1[j]
+            if state.done[0] < need and not state.wait(1, 0, need):
+                return
+            step()
+            state.complete(1, j + 1)
+    except BaseException as e:           # noqa: BLE001 - re-raised by `run`
+        state.fail(e)
 
 
 _queue: queue.SimpleQueue | None = None
@@ -227,9 +280,9 @@ def _worker() -> queue.SimpleQueue:
 
 def _serve(jobs: queue.SimpleQueue) -> None:
     while True:
-        lane, state, done = jobs.get()
+        lane, state = jobs.get()
         try:
             with np.errstate(**state.errstate):
-                _run_lane(lane, 1, state)
+                _run_lane1(lane, state)
         finally:
-            done.set()
+            state.finished.set()

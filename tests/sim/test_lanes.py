@@ -5,6 +5,8 @@ state reach the caller as they would sequentially."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 import warnings
 
 import ml_dtypes
@@ -103,6 +105,49 @@ def test_random_kernels_replay_alike_on_two_lanes(every_kernel, seed):
     assert none is None and schedule is not None and schedule.lanes[1]
     for a, b in zip(ref, got):
         np.testing.assert_array_equal(a, b)
+
+
+class _Worker:
+    """Stands in for lane 1's thread: `absent` never runs (the caller must run lane 1
+    itself), else a thread that naps before each instruction (the caller runs some)."""
+
+    def __init__(self, absent: bool):
+        self.absent = absent
+
+    def put(self, job):
+        lane, state = job
+        if self.absent:
+            state.finished.set()
+            return
+        rng = np.random.default_rng(len(lane))
+
+        def nap(step):
+            def run():
+                time.sleep(float(rng.uniform(0, 3e-4)))
+                step()
+            return run
+        sleepy = [(nap(step), need) for step, need in lane]
+
+        def serve():
+            with np.errstate(**state.errstate):
+                lanes._run_lane1(sleepy, state)
+            state.finished.set()
+        threading.Thread(target=serve, daemon=True).start()
+
+
+@pytest.mark.parametrize("absent", [True, False], ids=["no-worker", "slow-worker"])
+def test_the_caller_runs_lane_1_when_the_worker_lags(every_kernel, monkeypatch, absent):
+    """On a loaded machine the worker may not be scheduled: the caller then runs lane 1's
+    next instruction itself (one at a time, in order), with the same results."""
+    monkeypatch.setattr(lanes, "_worker", lambda: _Worker(absent))
+    for seed in range(4):
+        rng = np.random.default_rng(100 + seed)
+        kernel = Kernel(f"k{seed}", [_random_instr(rng) for _ in range(120)], {})
+        order = tuple(int(i) for i in rng.permutation(120))
+        (ref, _), (got, schedule) = _replay_both(kernel, order, seed)
+        assert schedule is not None and schedule.lanes[1]
+        for a, b in zip(ref, got):
+            np.testing.assert_array_equal(a, b)
 
 
 def test_lanes_are_balanced_and_cover_the_order(every_kernel):
