@@ -28,6 +28,7 @@ BLAS thread, so the two lanes use two cores, never more.
 """
 from __future__ import annotations
 
+import os
 import queue
 import threading
 
@@ -276,6 +277,16 @@ def _worker() -> queue.SimpleQueue:
             threading.Thread(target=_serve, args=(_queue,), name="jax-trn-lane1",
                              daemon=True).start()
     return _queue
+
+
+def _forget_worker() -> None:
+    """A forked child has no worker thread: it starts its own on first use."""
+    global _queue
+    _queue = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_worker)
 
 
 def _serve(jobs: queue.SimpleQueue) -> None:

@@ -5,6 +5,7 @@ state reach the caller as they would sequentially."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 import warnings
@@ -244,3 +245,15 @@ def test_op_corpus_on_two_lanes(jax, trn, every_kernel, name):
 @pytest.mark.parametrize("name", ["matmul_bf16", "flax_train_step"])
 def test_pinned_corpus_on_two_lanes(jax, every_kernel, name):
     assert fingerprint_one(jax, name) == json.loads(PINNED.read_text())[name]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.filterwarnings("ignore:os.fork")
+def test_a_forked_child_starts_its_own_worker():
+    """The worker thread does not survive fork: a child that kept the parent's queue
+    would hand lane 1 to nobody (and wait forever on an error)."""
+    lanes._worker()
+    pid = os.fork()
+    if pid == 0:                                    # the child
+        os._exit(0 if lanes._queue is None else 1)
+    assert os.waitpid(pid, 0)[1] == 0
