@@ -13,7 +13,12 @@ every instruction under stochastic rounding (whose random stream is keyed per
 instruction), run their semantics function.
 
 `ENABLED = False` turns plans off (the interpreter alone): tests/sim/test_plan.py runs
-the op corpus both ways and asserts the results are identical.
+the op corpus both ways and asserts the results are identical. `PlanCache.lanes` gives
+`NeuronCore.replay` the two-thread schedule of a plan (lanes.py).
+
+A matmul into FP32 PSUM writes its product through `np.matmul(..., out=)` (and adds
+the accumulator with `np.add(..., out=)`, operands in the interpreter's order): the
+same BLAS call writing the PSUM view instead of a fresh array, one copy fewer.
 """
 from __future__ import annotations
 
