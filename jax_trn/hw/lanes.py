@@ -46,6 +46,7 @@ _ON_CHIP = ("sbuf", "psum")
 _MM_FLOPS_PER_S = 1.0e11      # one core's FP32 GEMM on the tiles TensorE multiplies
 _CALL_S = 6e-6                # Python cost of one replayed instruction
 _BYTE_S = 2.5e-10             # numpy cost per byte an elementwise instruction touches
+_BYTE_FACTOR = {_isa.DmaTranspose: 5.0}      # the interpreter's gather (measured)
 
 
 def _lane1(ins) -> bool:
@@ -59,7 +60,7 @@ def _cost(ins, regions) -> float:
     if type(ins) is _isa.NcMatmul:
         return 2.0 * ins.rows * ins.m * ins.n / _MM_FLOPS_PER_S + _CALL_S
     nbytes = sum((r[2] - r[1]) * (r[4] - r[3]) for r in regions)
-    return _CALL_S + nbytes * _BYTE_S
+    return _CALL_S + nbytes * _BYTE_S * _BYTE_FACTOR.get(type(ins), 1.0)
 
 
 class _Pages:
@@ -132,11 +133,9 @@ def lane_schedule(kernel, order, plan) -> LaneSchedule | None:
         if type(ins) not in _STATIC:
             return None             # an instruction whose bytes we cannot name
         reads, writes = accesses(ins)
-        reads = [r for r in reads if r[0] in _ON_CHIP]
-        writes = [r for r in writes if r[0] in _ON_CHIP]
-        kr = [k for r in reads for k in _Pages.keys(r)]
-        kw = [k for r in writes for k in _Pages.keys(r)]
         cost = _cost(ins, reads + writes)
+        kr = [k for r in reads if r[0] in _ON_CHIP for k in _Pages.keys(r)]
+        kw = [k for r in writes if r[0] in _ON_CHIP for k in _Pages.keys(r)]
         choice = None
         for lane in ((0, 1) if _lane1(ins) else (0,)):
             need, ready = pages.conflicts(kr, kw, 1 - lane)
