@@ -113,10 +113,16 @@ class NeuronCore:
         """The numerics of `kernel` alone, against DRAM arrays `dram`: its instructions
         take effect in `order` (a `KernelRun.order` of an earlier `run` of the same
         kernel), which is what `run` does when its timeline is that run's. No timing,
-        no validation (the earlier run did both); the timeline state is untouched."""
+        no validation (the earlier run did both); the timeline state is untouched.
+        Kernels with enough matmul work run on two host threads (lanes.py), with the
+        same results."""
         self.dram = dram
-        plan, at, name = self.plans.get(kernel, self), self.numerics.at, kernel.name
         try:
+            lanes = self.plans.lanes(kernel, order, self)
+            if lanes is not None:            # matmuls on a second thread (lanes.py)
+                lanes.run()
+                return
+            plan, at, name = self.plans.get(kernel, self), self.numerics.at, kernel.name
             for index in order:
                 at(name, index)
                 plan[index]()

@@ -13,7 +13,12 @@ every instruction under stochastic rounding (whose random stream is keyed per
 instruction), run their semantics function.
 
 `ENABLED = False` turns plans off (the interpreter alone): tests/sim/test_plan.py runs
-the op corpus both ways and asserts the results are identical.
+the op corpus both ways and asserts the results are identical. `PlanCache.lanes` gives
+`NeuronCore.replay` the two-thread schedule of a plan (lanes.py).
+
+A matmul into FP32 PSUM writes its product through `np.matmul(..., out=)` (and adds
+the accumulator with `np.add(..., out=)`, operands in the interpreter's order): the
+same BLAS call writing the PSUM view instead of a fresh array, one copy fewer.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ import numpy as np
 
 from . import alu as _alu
 from . import dtypes as _dt
+from . import lanes as _lanes
 from . import semantics as _sem
 from .memory import dram_read, dram_write
 from .numerics import is_int, to_fp32
@@ -48,6 +54,7 @@ class PlanCache:
     def __init__(self, size: int = 4096):
         self.size = size
         self._plans: OrderedDict[int, tuple] = OrderedDict()
+        self._lanes: dict[int, tuple] = {}      # id(kernel) -> (plan, order, schedule)
 
     def get(self, kernel, core) -> list:
         got = self._plans.get(id(kernel))
@@ -59,8 +66,22 @@ class PlanCache:
         self._plans[id(kernel)] = (kernel, len(kernel.instructions), core.numerics,
                                    ENABLED, plan)
         if len(self._plans) > self.size:
-            self._plans.popitem(last=False)
+            dropped = self._plans.popitem(last=False)[0]
+            self._lanes.pop(dropped, None)
         return plan
+
+    def lanes(self, kernel, order, core):
+        """The two-lane schedule (lanes.py) of `kernel`'s plan in `order`, or None to
+        run it sequentially; worked out once per kernel and order."""
+        plan = self.get(kernel, core)
+        got = self._lanes.get(id(kernel))
+        if (got is not None and got[0] is plan and got[3] == _lanes.ENABLED
+                and (got[1] is order or got[1] == order)):
+            return got[2]
+        schedule = (_lanes.lane_schedule(kernel, order, plan)
+                    if core.numerics.rounding == "rne" else None)
+        self._lanes[id(kernel)] = (plan, order, schedule, _lanes.ENABLED)
+        return schedule
 
 
 def _instr_plan(ins, core, fallback: bool):
@@ -71,12 +92,15 @@ def _instr_plan(ins, core, fallback: bool):
     marks = [(core.mem(t)._flags(t), ins.matmul_output) for t in ins.outputs()
              if isinstance(t, Tile) and t.mem == "psum" and core.mem(t).by_matmul is not None]
     check = ins.matmul_output and getattr(ins, "accumulate", False)
+    if check and core.spec.psum_accumulate_any:
+        check = False                  # `semantics._check_accumulate` allows it
     if not marks and not check:
         return body
+    written = core.mem(ins.dst)._flags(ins.dst) if check else None
 
     def run():
-        if check:
-            _sem._check_accumulate(ins, core)
+        if check and not written.all():
+            _sem._check_accumulate(ins, core)      # raises its error
         body()
         for flags, value in marks:
             flags[...] = value
@@ -273,6 +297,18 @@ def _nc_matmul(ins, core):
     rows = ins.rows
     st = core.mem(ins.stationary).view(ins.stationary)
     mv = core.mem(ins.moving).view(ins.moving)
+    out = _matmul_out(ins, core.mem(ins.dst).view(ins.dst))
+    if out is not None:                  # FP32 PSUM the product can be written into
+        if ins.accumulate:
+            def run():
+                product = np.matmul(to_fp32(st).reshape(rows, -1).T,
+                                    to_fp32(mv).reshape(rows, -1))
+                np.add(product, out, out=out)        # `result += acc`, then stored
+        else:
+            def run():
+                np.matmul(to_fp32(st).reshape(rows, -1).T, to_fp32(mv).reshape(rows, -1),
+                          out=out)
+        return run
     acc = core.mem(ins.dst).view(ins.dst) if ins.accumulate else None
     store = _storer(core, ins.dst)
 
@@ -282,6 +318,20 @@ def _nc_matmul(ins, core):
             result += to_fp32(acc).reshape(result.shape)
         store(result)
     return run
+
+
+def _matmul_out(ins, view: np.ndarray) -> np.ndarray | None:
+    """The [M, N] FP32 view of a matmul's PSUM `view` that `np.matmul(..., out=)` can
+    write through BLAS as it writes a fresh array (rows of unit-stride elements, M and N
+    >= 2: a general matrix product, not a vector one), or None."""
+    m, n = ins.m, ins.n
+    if view.dtype != _F32 or m < 2 or n < 2:
+        return None
+    out = view.reshape(m, n)
+    if not np.may_share_memory(out, view):    # reshape copied: not a view
+        return None
+    s0, s1 = out.strides
+    return out if s1 == 4 and s0 % 4 == 0 and s0 >= 4 * n else None
 
 
 def _nc_transpose(ins, core):

@@ -1,0 +1,259 @@
+"""Two-lane replay (hw/lanes.py) gives what sequential replay gives, bit for bit: random
+kernels whose tiles overlap in every way (so that a missed conflict changes the
+result), the op corpus and the pinned corpus through jit; errors and numpy's error
+state reach the caller as they would sequentially."""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import warnings
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from jax_trn.hw import CHIPS, Kernel, NeuronCore, Numerics, Tile, lanes
+from jax_trn.hw import isa
+from jax_trn.hw.operands import DramAP, IsaError
+
+from .pinned_corpus import PINNED, fingerprint_one
+
+BF16 = ml_dtypes.bfloat16
+
+
+@pytest.fixture
+def every_kernel():
+    """Lanes for every kernel, however little work it has."""
+    saved = lanes.MIN_WORK_S
+    lanes.MIN_WORK_S = 0.0
+    try:
+        yield
+    finally:
+        lanes.MIN_WORK_S = saved
+
+
+def _sbuf(rng, parts, free, dtype):
+    offset = int(rng.choice([0, 128, 256, 512, 640, 1024, 1536]))
+    return Tile("sbuf", 0, parts, offset, (free,), dtype)
+
+
+def _psum(rng, free=128):
+    return Tile("psum", 0, 64, int(rng.choice([0, 256, 512, 1024, 2048])), (free,), "float32")
+
+
+def _random_instr(rng):
+    kind = rng.integers(0, 7)
+    if kind <= 2:                                  # matmuls: lane 1's bread and butter
+        return isa.NcMatmul(dst=_psum(rng), stationary=_sbuf(rng, 128, 64, "bfloat16"),
+                            moving=_sbuf(rng, 128, 128, "bfloat16"),
+                            accumulate=bool(rng.integers(0, 2)))
+    if kind == 3:
+        return isa.TensorCopy(dst=_sbuf(rng, 64, 128, str(rng.choice(["bfloat16", "float32"]))),
+                              src=_psum(rng))
+    if kind == 4:
+        return isa.TensorTensor(dst=_sbuf(rng, 64, 128, "bfloat16"),
+                                data1=_sbuf(rng, 64, 128, "bfloat16"), data2=_psum(rng),
+                                op=str(rng.choice(["add", "multiply", "max"])))
+    if kind == 5:
+        return isa.Activation(dst=_sbuf(rng, 64, 64, "float32"),
+                              data=_sbuf(rng, 64, 64, "bfloat16"), func="tanh")
+    if rng.integers(0, 2):
+        return isa.DmaCopy(dst=_sbuf(rng, 128, 64, "bfloat16"),
+                           src=DramAP("x", int(rng.integers(0, 512)), ((64, 128), (1, 64)),
+                                      "bfloat16"))
+    return isa.DmaCopy(dst=DramAP("y", 0, ((64, 64), (1, 64)), "float32"),
+                       src=_sbuf(rng, 64, 64, "float32"))
+
+
+def _core(seed):
+    core = NeuronCore(CHIPS["trn3"].core, numerics=Numerics())
+    rng = np.random.default_rng(seed)
+    core.sbuf.data[:, :4096] = rng.normal(size=(128, 2048)).astype(BF16).view(np.uint8)
+    core.psum.data[:, :4096] = rng.normal(size=(128, 1024)).astype(np.float32).view(np.uint8)
+    dram = {"x": rng.normal(size=64 * 128 + 1024).astype(BF16),
+            "y": np.zeros(64 * 64, np.float32)}
+    return core, dram
+
+
+def _state(core, dram):
+    return (core.sbuf.data[:, :4096].copy(), core.psum.data[:, :4096].copy(),
+            core.psum.by_matmul[:, :4096].copy(), dram["y"].copy())
+
+
+def _replay_both(kernel, order, seed):
+    out = []
+    for enabled in (False, True):
+        lanes.ENABLED = enabled
+        try:
+            core, dram = _core(seed)
+            with np.errstate(all="ignore"):
+                core.replay(kernel, order, dram)
+            scheduled = core.plans.lanes(kernel, order, core)
+        finally:
+            lanes.ENABLED = True
+        out.append((_state(core, dram), scheduled))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_kernels_replay_alike_on_two_lanes(every_kernel, seed):
+    rng = np.random.default_rng(seed)
+    kernel = Kernel(f"k{seed}", [_random_instr(rng) for _ in range(120)], {})
+    order = tuple(int(i) for i in rng.permutation(120))      # any recorded order
+    (ref, none), (got, schedule) = _replay_both(kernel, order, seed)
+    assert none is None and schedule is not None and schedule.lanes[1]
+    for a, b in zip(ref, got):
+        np.testing.assert_array_equal(a, b)
+
+
+class _Worker:
+    """Stands in for lane 1's thread: `absent` never runs (the caller must run lane 1
+    itself), else a thread that naps before each instruction (the caller runs some)."""
+
+    def __init__(self, absent: bool):
+        self.absent = absent
+
+    def put(self, job):
+        lane, state = job
+        if self.absent:
+            state.finished.set()
+            return
+        rng = np.random.default_rng(len(lane))
+
+        def nap(step):
+            def run():
+                time.sleep(float(rng.uniform(0, 3e-4)))
+                step()
+            return run
+        sleepy = [(nap(step), need) for step, need in lane]
+
+        def serve():
+            with np.errstate(**state.errstate):
+                lanes._run_lane1(sleepy, state)
+            state.finished.set()
+        threading.Thread(target=serve, daemon=True).start()
+
+
+@pytest.mark.parametrize("absent", [True, False], ids=["no-worker", "slow-worker"])
+def test_the_caller_runs_lane_1_when_the_worker_lags(every_kernel, monkeypatch, absent):
+    """On a loaded machine the worker may not be scheduled: the caller then runs lane 1's
+    next instruction itself (one at a time, in order), with the same results."""
+    monkeypatch.setattr(lanes, "_worker", lambda: _Worker(absent))
+    for seed in range(4):
+        rng = np.random.default_rng(100 + seed)
+        kernel = Kernel(f"k{seed}", [_random_instr(rng) for _ in range(120)], {})
+        order = tuple(int(i) for i in rng.permutation(120))
+        (ref, _), (got, schedule) = _replay_both(kernel, order, seed)
+        assert schedule is not None and schedule.lanes[1]
+        for a, b in zip(ref, got):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_lanes_are_balanced_and_cover_the_order(every_kernel):
+    rng = np.random.default_rng(7)
+    kernel = Kernel("k", [_random_instr(rng) for _ in range(200)], {})
+    core, _ = _core(0)
+    schedule = core.plans.lanes(kernel, tuple(range(200)), core)
+    assert sum(len(lane) for lane in schedule.lanes) == 200
+    assert len(schedule.lanes[1]) >= 20
+    plan_by_id = {id(step): i for i, step in enumerate(core.plans.get(kernel, core))}
+    for step, _ in schedule.lanes[1]:
+        assert lanes._lane1(kernel.instructions[plan_by_id[id(step)]])   # on-chip only
+
+
+def test_small_kernels_run_sequentially():
+    rng = np.random.default_rng(1)
+    kernel = Kernel("k", [_random_instr(rng) for _ in range(4)], {})
+    core, _ = _core(0)
+    assert core.plans.lanes(kernel, (0, 1, 2, 3), core) is None
+
+
+def test_an_error_on_a_lane_reaches_the_caller(every_kernel):
+    """trn2: accumulating onto PSUM a non-matmul wrote is an IsaError, raised by the
+    replay whichever lane ran it; the worker serves the next replay afterwards."""
+    core = NeuronCore(CHIPS["trn2"].core, numerics=Numerics())
+    st = Tile("sbuf", 0, 128, 0, (64,), "bfloat16")
+    mv = Tile("sbuf", 0, 128, 1024, (128,), "bfloat16")
+    dst = Tile("psum", 0, 64, 0, (128,), "float32")
+    mms = [isa.NcMatmul(dst=dst.with_(offset=o), stationary=st, moving=mv)
+           for o in (2048, 4096, 6144)]
+    bad = isa.NcMatmul(dst=dst, stationary=st, moving=mv, accumulate=True)
+    kernel = Kernel("bad", [isa.Memset(dst=dst, value=1.0), *mms, bad], {})
+    assert core.plans.lanes(kernel, (0, 1, 2, 3, 4), core) is not None
+    with pytest.raises(IsaError, match="did not write"):
+        core.replay(kernel, (0, 1, 2, 3, 4), {})
+    good = Kernel("good", mms, {})
+    core.replay(good, (0, 1, 2), {})
+    assert all(core.psum.by_matmul[:64, o:o + 512].all() for o in (2048, 4096, 6144))
+
+
+def test_a_failing_lane_1_releases_lane_0():
+    """Lane 0 waiting for a lane-1 instruction that raised stops and re-raises it."""
+    ran = []
+
+    def boom():
+        raise ValueError("lane 1 failed")
+    schedule = lanes.LaneSchedule(([(lambda: ran.append(0), 1)], [(boom, 0)]))
+    with pytest.raises(ValueError, match="lane 1 failed"):
+        schedule.run()
+    assert ran == []
+    lanes.LaneSchedule(([(lambda: ran.append(0), 1)], [(lambda: ran.append(1), 0)])).run()
+    assert ran == [1, 0]
+
+
+def test_lane_1_keeps_the_callers_numpy_error_state(every_kernel):
+    """The worker thread computes under the caller's np.errstate (numpy 2 keeps it per
+    thread): an overflow the caller ignores warns nowhere."""
+    core = NeuronCore(CHIPS["trn3"].core, numerics=Numerics())
+    big = np.full((128, 64), 3e38, np.float32)
+    st = Tile("sbuf", 0, 128, 0, (64,), "float32")
+    core.sbuf.data[:, :256] = big.view(np.uint8)
+    mms = [isa.NcMatmul(dst=Tile("psum", 0, 64, o, (64,), "float32"), stationary=st,
+                        moving=st) for o in (0, 2048, 4096, 6144)]
+    kernel = Kernel("over", mms, {})
+    schedule = core.plans.lanes(kernel, (0, 1, 2, 3), core)
+    assert schedule is not None and schedule.lanes[1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with np.errstate(all="ignore"):
+            core.replay(kernel, (0, 1, 2, 3), {})
+    assert np.isinf(core.psum.data[:64, :256].view(np.float32)).all()
+
+
+CORPUS = ["matmul", "reduce", "cast", "where"]
+
+
+@pytest.mark.parametrize("name", CORPUS)
+def test_op_corpus_on_two_lanes(jax, trn, every_kernel, name):
+    from .test_plan import CORPUS_OPS
+    x = jax.device_put(np.random.default_rng(3).normal(size=(96, 80)).astype(np.float32), trn)
+    f = jax.jit(CORPUS_OPS[name](jax.numpy))
+    f(x)                                        # compiled and timed: replays follow
+    got = [np.asarray(a) for a in jax.tree.leaves(f(x))]
+    lanes.ENABLED = False
+    try:
+        ref = [np.asarray(a) for a in jax.tree.leaves(f(x))]
+    finally:
+        lanes.ENABLED = True
+    for a, b in zip(got, ref):
+        np.testing.assert_array_equal(np.atleast_1d(a).view(np.uint8),
+                                      np.atleast_1d(b).view(np.uint8))
+
+
+@pytest.mark.parametrize("name", ["matmul_bf16", "flax_train_step"])
+def test_pinned_corpus_on_two_lanes(jax, every_kernel, name):
+    assert fingerprint_one(jax, name) == json.loads(PINNED.read_text())[name]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.filterwarnings("ignore:os.fork")
+def test_a_forked_child_starts_its_own_worker():
+    """The worker thread does not survive fork: a child that kept the parent's queue
+    would hand lane 1 to nobody (and wait forever on an error)."""
+    lanes._worker()
+    pid = os.fork()
+    if pid == 0:                                    # the child
+        os._exit(0 if lanes._queue is None else 1)
+    assert os.waitpid(pid, 0)[1] == 0
