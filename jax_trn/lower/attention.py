@@ -67,7 +67,7 @@ from jax_trn.hw import isa
 from jax_trn.hw.program import DramTensor
 
 from .attention_layout import Axes, heads_per_dma, unit_blocks
-from .attention_masks import NEG  # noqa: F401  (attention_bwd_masks.py reads it here)
+from .attention_masks import NEG, mask_bias  # noqa: F401  (attention_bwd_masks reads them)
 from .attention_masks import MASK_ROWS_BYTES, MaskBiases
 from .attention_outer import MASK_K, OuterMask
 from .builder import Ring, sub
@@ -79,6 +79,7 @@ CHUNK_BANKS = 2         # keys per softmax chunk: two PSUM banks of FP32 (§3.2)
                         # score matmul per bank (512 keys, §2.2)
 VECTOR_EVERY = 4
 HEADS_BYTES = 32 * 1024         # SBUF per partition for V / results of adjacent heads
+LAG_B = 2               # stage B of job n - 2 follows stage A of job n (`_Flash.run`)
 
 
 def lower_attention(ctx: LowerCtx, ins: list[DramTensor], scale: float, masked: bool,
@@ -92,6 +93,9 @@ def lower_attention(ctx: LowerCtx, ins: list[DramTensor], scale: float, masked: 
              "mask": ins[3] if masked and mask is None and not outer else None,
              "outer": ins[3:5] if outer else None}
     _check(ctx, q, k, v, axes)
+    if extra["mask"] is not None and q.dtype != "bfloat16":
+        raise Unsupported(f"attention with a runtime mask on {q.dtype} (its -3e38 bias "
+                          "needs bfloat16's range)")
     ctx.kb.notes.append("attention: flash-attention kernel (attention.py)")
     _Flash(ctx, (q, k, v), ctx.outs[0], scale, mask, axes, extra, fill).run()
 
@@ -140,7 +144,7 @@ class _Flash(MaskBiases):
         kb, nkt = self.kb, -(-self.sk // self.pmax)
         self._plan_units()
         self.kT = kb.ring(2, self.sk, q.dtype)
-        self.vb = kb.ring(2, nkt * self.v_heads * self.dvx, v.dtype)
+        self.vb = kb.ring(self._v_depth(), nkt * self.v_heads * self.dvx, v.dtype)
         self.stage: dict = {}
         if self.out_heads > 1:
             self.stage_ring = kb.ring(2 * -(-self.sq // self.pmax),
@@ -190,7 +194,7 @@ class _Flash(MaskBiases):
         one batch index (all its groups) share its K^T and V."""
         jobs = [job for unit in self.units for job in self._jobs(unit)]
         kv: dict = {}
-        for n in range(len(jobs) + 2):
+        for n in range(len(jobs) + LAG_B):
             if n < len(jobs):
                 job = jobs[n]
                 b = job["b"]
@@ -204,8 +208,8 @@ class _Flash(MaskBiases):
                 self._softmax(job)
             if 0 <= n - 1 < len(jobs):
                 self._transposes(jobs[n - 1])
-            if 0 <= n - 2 < len(jobs):
-                self._stage_b(jobs[n - 2])
+            if 0 <= n - LAG_B < len(jobs):
+                self._stage_b(jobs[n - LAG_B])
 
     def _plan_units(self) -> None:
         """The units (batch index x group index) in job order, with the runs of
@@ -230,7 +234,15 @@ class _Flash(MaskBiases):
             u["oslot"], u["osize"] = slot, size
             u["vslot"], u["vsize"] = vblocks[u["kv"]]
         self.v_heads = max(size for _, size in vblocks)
+        self.v_run = min(size for _, size in vblocks) * len(groups)     # units per V tile
         self.out_heads = max(size for _, size in oblocks)
+
+    def _v_depth(self) -> int:
+        """Slots of the V ring: a V tile is loaded from its run's first stage A on and
+        read by stage B until LAG_B jobs after the run's last job (`pipeline_slots`).
+        With one job per head (Sq <= 128, one key chunk) two slots let head u + 2's V
+        overwrite head u's before its P @ V."""
+        return pipeline_slots(len(self._jobs(self.units[0])) * self.v_run, LAG_B)
 
     def _jobs(self, b: dict) -> list[dict]:
         """One job per (q-tile, key chunk): the chunk's 128-key blocks and flags."""
@@ -257,9 +269,9 @@ class _Flash(MaskBiases):
             state = "full" if blk.all() else ("skip" if not blk.any() else "partial")
             blocks.append((k0, kbn, state))
         if self.mask is not None and not self.mask[1][q0:q0 + qt].any(axis=1).all():
-            if self.fill == -np.inf:
-                raise Unsupported("attention with a fully masked query row (softmax "
-                                  "of -inf)")
+            if self.fill == -np.inf or self.q.dtype != "bfloat16":
+                raise Unsupported(f"attention on {self.q.dtype} with a fully masked query "
+                                  "row (softmax of -inf, or uniform: needs NEG = -3e38)")
             blocks = [(k0, kbn, "partial" if s == "skip" else s) for k0, kbn, s in blocks]
         live = [i for i, blk in enumerate(blocks) if blk[2] != "skip"]
         return [(k0, kbn, "full" if s == "full" else "partial")
@@ -460,6 +472,17 @@ class _Flash(MaskBiases):
         kb.emit(isa.TensorTensor, dst=lse, data1=lse, data2=tile["negm"], op="subtract")
         base = job["b"]["n"] * self.sq + tile["q0"]
         self._dma(kb.ap(self.ctx.outs[1], base, ((1, qt), (1, 1))), lse)
+
+
+def pipeline_slots(jobs: int, lag: int) -> int:
+    """Slots of a ring holding one tile per run of `jobs` consecutive jobs of a software
+    pipeline, written from the run's first stage A on and read until the stage `lag`
+    jobs behind A reaches the run's last job. The run d later writes the same slot at
+    its first job, (d - 1) * jobs + 1 jobs after that last job, and in program order a
+    job's stage A comes before the lagging stage of an earlier one: so d - 1 >= lag /
+    jobs, d = 1 + ceil(lag / jobs), at least 2 (the next run loads while this one
+    computes)."""
+    return max(2, 1 + -(-lag // max(1, jobs)))
 
 
 def _ring_in_bank(kb, depth: int, free: int) -> Ring:

@@ -50,7 +50,7 @@ import itertools
 from jax_trn.hw import isa
 from jax_trn.hw.program import DramTensor
 
-from .attention import _check, _mask
+from .attention import _check, _mask, pipeline_slots
 from .attention_bwd_masks import MaskTiles
 from .attention_layout import Axes
 from .builder import Ring, sub
@@ -82,6 +82,9 @@ def lower_attention_bwd(ctx: LowerCtx, ins: list[DramTensor], scale: float,
     if (axes.d[1][7], axes.d[1][8], axes.dv[1][6], axes.dv[1][9]) != (1, 1, 1, 1):
         raise Unsupported("attention backward with a head dim of do / dq / dk / dv that "
                           "is not contiguous")
+    if runtime["mask"] is not None and q.dtype != "bfloat16":
+        raise Unsupported(f"attention backward with a runtime mask on {q.dtype} (its "
+                          "-3e38 bias needs bfloat16's range)")
     if any(out.dtype not in (q.dtype, "float32") for out in ctx.outs):
         raise Unsupported(f"attention backward writing {[o.dtype for o in ctx.outs]}")
     ctx.kb.notes.append("attention_bwd: flash-attention backward kernel (attention_bwd.py)")
@@ -177,13 +180,12 @@ class _FlashBwd(MaskTiles):
     def _rows_depth(self) -> int:
         """Slots of the per-batch tiles stages B and C read (q, dO and K rows, dQ in
         SBUF). Batch index b's are written by its first job's stage A and read until its
-        last job's stage C, LAG_C jobs after that job's stage A; b + D takes b's slot
-        at its first job, (D - 1) * J jobs after b's last (J jobs per batch index). So
-        D = 1 + ceil(LAG_C / J), at least 2: 4 when a causal S = 128 makes
-        one job per head (two slots let head b + 2 overwrite head b's rows)."""
+        last job's stage C, LAG_C jobs later (`attention.pipeline_slots`): 4 when a
+        causal S = 128 makes one job per head (two slots let head b + 2 overwrite head
+        b's rows)."""
         jobs = sum(self._state(q0, qt, k0, kbn) != "skip"
                    for k0, kbn in tiles(self.sk, self.pmax) for q0, qt in tiles(self.sq, self.pmax))
-        return max(2, 1 + -(-LAG_C // max(1, jobs)))
+        return pipeline_slots(jobs, LAG_C)
 
     def _dq_slot(self, side: dict, i: int, qt: int) -> isa.Tile:
         if self.dq_psum:

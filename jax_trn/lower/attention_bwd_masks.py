@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from jax_trn.hw import isa
 
-from .attention import NEG
+from .attention import NEG, mask_bias
 from .builder import sub
 
 MASK_CACHE = 16         # distinct partially-masked blocks kept as bias tiles
@@ -33,8 +33,9 @@ class MaskTiles:
                 g = kbn // r_n
                 self.kb.emit(isa.TensorCopy, dst=tile.with_(free=(r_n, g)),
                              src=nat.with_(free=(r_n, g), strides=(1, r_n)), engine="gpsimd")
+            neg = mask_bias(self.dtype)
             self.kb.emit(isa.TensorScalar, dst=tile, data=tile, op0="multiply",
-                         operand0=-NEG, op1="add", operand1=NEG, engine="gpsimd")
+                         operand0=-neg, op1="add", operand1=neg, engine="gpsimd")
             if keep:
                 self.masks[key] = tile
         return tile

@@ -9,9 +9,18 @@ from jax_trn.hw import isa
 
 from .builder import sub
 
-NEG = -3.0e38           # additive bias of a masked score
+NEG = -3.0e38           # additive bias of a masked score (bf16; f16: `mask_bias`)
+F16_NEG = -65504.0      # float16's largest finite magnitude: -3e38 would round to -inf
+                        # there, and I @ bias then gives 0 * -inf = NaN for every score
 BIAS_CACHE = 16         # distinct partially-masked blocks kept as bias tiles
 MASK_ROWS_BYTES = 48 * 1024     # a runtime mask's rows kept in SBUF per partition
+
+
+def mask_bias(dtype: str) -> float:
+    """The additive bias of a masked score in the matmul dtype: finite there (S += I @
+    bias multiplies it by I's zeros) and, added to FP32 scores, far enough below any
+    unmasked one that exp gives 0."""
+    return NEG if dtype == "bfloat16" else F16_NEG
 
 
 class MaskBiases:
@@ -28,8 +37,9 @@ class MaskBiases:
         rows, cols = self.axes.sq[1][4], self.axes.sk[1][4]
         self._dma(tile, self.kb.ap(self.mask[0], q0 * rows + k0 * cols,
                                    ((rows, qt), (cols, kbn))))
+        neg = mask_bias(self.q.dtype)
         self.kb.emit(isa.TensorScalar, dst=tile, data=tile, op0="multiply",
-                     operand0=-NEG, op1="add", operand1=NEG, engine="gpsimd")
+                     operand0=-neg, op1="add", operand1=neg, engine="gpsimd")
         if len(self.biases) < BIAS_CACHE:
             self.biases[key] = tile
         return tile

@@ -74,6 +74,28 @@ def test_causal_vjp_matches_cpu_and_runs_flash_kernels(jax, trn, cpu, shape):
         assert_close(a, b, "bfloat16")
 
 
+# One q-tile and one key block per head: one job per head in both kernels' pipelines.
+ONE_JOB_PER_HEAD = [(1, 3, 128, 32), (1, 4, 128, 32), (1, 8, 128, 32), (2, 3, 128, 64),
+                    (3, 1, 128, 32), (4, 2, 128, 128), (2, 3, 100, 32)]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("shape", ONE_JOB_PER_HEAD)
+def test_one_job_per_head_vjp_matches_cpu(jax, trn, cpu, shape, dtype):
+    """Sq <= 128 with more than two heads (or batch indices): the forward's P @ V of
+    head u read head u + 2's V (two V slots for a lag of two jobs), so o was wrong and,
+    through Dr = rowsum(dO * o), the backward's dq and dk (not dv); float16 was NaN
+    (the -3e38 mask bias is -inf in float16)."""
+    import ml_dtypes  # noqa: F401
+    out, ref, kernels = _run(jax, trn, cpu, _vjp(causal_attention),
+                             _args([shape] * 4, 9, dtype))
+    assert _fused(kernels) == (True, True), _notes(kernels)
+    for a, b in zip(out, ref):      # o, dq, dk, dv
+        assert a.dtype == b.dtype
+        scale = max(1.0, float(np.abs(b.astype(np.float32)).max()))
+        assert_close(a.astype(np.float32) / scale, b.astype(np.float32) / scale, dtype)
+
+
 def test_grad_of_a_loss_without_o_fuses(jax, trn, cpu):
     """jax.grad of sum(o * w): o itself is dead in the program; the forward fusion
     still makes it (the backward's rowsum(do * o) needs it)."""
@@ -198,3 +220,39 @@ def test_a_mask_per_head_reads_each_heads_mask_and_matches_cpu(jax, trn, cpu):
     assert _fused(kernels) == (True, True), _notes(kernels)
     for a, b in zip(out, ref):
         assert_close(a, b, "bfloat16")
+
+
+def _masked_by(fill):
+    def attn(q, k, v, m):
+        import jax
+        import jax.numpy as jnp
+        s = jnp.einsum("bhqd,bhkd->bhqk", q, k).astype(jnp.float32) * 0.125
+        s = jnp.where(m, s, jnp.finfo(jnp.float32).min if fill == "min" else fill)
+        p = jax.nn.softmax(s, axis=-1).astype(q.dtype)
+        return jnp.einsum("bhqk,bhkd->bhqd", p, v)
+    return attn
+
+
+@pytest.mark.parametrize("const", [False, True])
+def test_float16_masks_without_a_finite_bias_fall_back(jax, trn, cpu, const):
+    """float16 has no finite -3e38: a runtime mask (a padding mask: an input; forward
+    and backward), or a compile-time mask with a row that sees no key (the forward:
+    uniform softmax under a finite fill, which a -65504 bias cannot give) runs op by
+    op, not NaN (before: the -inf bias times I's zeros made every score NaN)."""
+    shape = (1, 2, 128, 32)
+    mask = np.random.default_rng(10).random((1, 1, 128, 128)) < 0.6
+    mask[..., 3, :] = False                   # a row with no key: uniform over every key
+    attn = _masked_by("min")
+    if const:
+        f, args = (lambda q, k, v: attn(q, k, v, mask)), _args([shape] * 3, 11, "float16")
+    else:
+        def f(q, k, v, do, m):
+            return _vjp(lambda q, k, v: attn(q, k, v, m))(q, k, v, do)
+        args = _args([shape] * 4, 11, "float16") + [mask]
+    out, ref, kernels = _run(jax, trn, cpu, f, args)
+    assert _fused(kernels) == (False, False), _notes(kernels)
+    assert any(n.startswith("fallback: attention") for n in _notes(kernels))
+    for a, b in zip(out, ref):
+        assert not np.isnan(a.astype(np.float32)).any()
+        scale = max(1.0, float(np.abs(b.astype(np.float32)).max()))
+        assert_close(a.astype(np.float32) / scale, b.astype(np.float32) / scale, "float16")

@@ -117,3 +117,54 @@ def test_ten_thousand_instructions_get_their_semaphores():
                                src=t, dma_queue=(i + 8) % 16)]
     out = insert_semaphores(instrs)
     assert len(out) == 10000 and out[1].waits == (("dma0", 1),)
+
+
+def _issued_out_of_order(kernel, order) -> list[tuple[int, int]]:
+    """(i, j), i before j in program order on different queues, whose accesses
+    (`sync.accesses`) conflict but which the run issued j first (its `order`)."""
+    from jax_trn.hw.sync import accesses
+    pos = {index: n for n, index in enumerate(order)}
+    acc = [accesses(ins) for ins in kernel.instructions]
+    queues = [ins.queue for ins in kernel.instructions]
+
+    def hit(a, b):
+        return a[0] == b[0] and a[1] < b[2] and b[1] < a[2] and a[3] < b[4] and b[3] < a[4]
+    bad = []
+    for j, (rj, wj) in enumerate(acc):
+        for i in range(j):
+            if queues[i] == queues[j] or pos[i] < pos[j]:
+                continue
+            ri, wi = acc[i]
+            if any(hit(w, x) for w in wi for x in rj + wj) or \
+                    any(hit(r, w) for r in ri for w in wj):
+                bad.append((i, j))
+    return bad
+
+
+def test_attention_kernels_issue_conflicting_instructions_in_program_order(jax, trn):
+    """The flash-attention forward and backward kernels (DMA transposes, PSUM
+    accumulation and rings shared by TensorE transposes and matmuls, five queues): every
+    conflicting pair the waits order is issued in program order, so the timeline
+    applies their effects as the program would. Without the waits it is not."""
+    import dataclasses
+
+    import jax_trn
+    from tests.e2e.test_attention import causal_attention
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal((1, 4, 128, 32)).astype("bfloat16") for _ in range(4)]
+
+    def f(q, k, v, do):
+        o, vjp = jax.vjp(causal_attention, q, k, v)
+        return (o,) + vjp(do)
+    with jax_trn.profile() as prof:
+        jax.block_until_ready(jax.jit(f)(*jax.device_put(args, trn)))
+    kernels = [r.kernel for r in prof.executions[-1].kernels
+               if any("flash-attention" in n for n in r.kernel.notes)]
+    assert len(kernels) == 2, [r.kernel.name for r in prof.executions[-1].kernels]
+    for kernel in kernels:
+        run = core().run(kernel, {}, execute=False)
+        assert _issued_out_of_order(kernel, run.order) == [], kernel.name
+    stripped = dataclasses.replace(kernels[1], instructions=[
+        dataclasses.replace(i, waits=()) for i in kernels[1].instructions])
+    run = core().run(stripped, {}, execute=False)
+    assert _issued_out_of_order(stripped, run.order)
