@@ -8,6 +8,7 @@ from __future__ import annotations
 from jax_trn.hw import isa
 
 from .attention import NEG, mask_bias
+from .attention_masks import clamp_bias
 from .builder import sub
 
 MASK_CACHE = 16         # distinct partially-masked blocks kept as bias tiles
@@ -68,6 +69,7 @@ class MaskTiles:
             if part is not total:
                 kb.emit(isa.TensorTensor, dst=total, data1=total, data2=part, op="add",
                         engine="gpsimd")
+            clamp_bias(kb, total)
         return total, keep
 
     def _unseen_rows(self, side: dict, i: int, qt: int, neg) -> None:

@@ -23,6 +23,16 @@ def mask_bias(dtype: str) -> float:
     return NEG if dtype == "bfloat16" else F16_NEG
 
 
+def clamp_bias(kb, total: isa.Tile) -> None:
+    """A runtime bias (plus the mask's) raised to at least the masked-score bias: a
+    `-inf` entry (`bias=jnp.where(m, 0, -jnp.inf)`) would make I @ bias 0 * -inf =
+    NaN for every score of its row block (and NEG + NEG overflows to -inf); clamped,
+    it weighs nothing after exp, as -inf does. A row whose every key is -inf gets
+    the mean of V here where XLA gives NaN (the clamped scores are all equal)."""
+    kb.emit(isa.TensorScalar, dst=total, data=total, op0="max",
+            operand0=mask_bias(total.dtype), engine="gpsimd")
+
+
 class MaskBiases:
     """Methods of `_Flash` that build mask biases (they use its kb, axes, rings)."""
 
@@ -66,6 +76,7 @@ class MaskBiases:
             if part is not total:
                 kb.emit(isa.TensorTensor, dst=total, data1=total, data2=part, op="add",
                         engine="gpsimd")
+            clamp_bias(kb, total)
         return total
 
     def _mask_rows(self, base: int, q0: int, qt: int) -> isa.Tile:

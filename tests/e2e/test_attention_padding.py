@@ -133,3 +133,29 @@ def test_outer_mask_with_ragged_tiles_and_a_bias(jax, trn, cpu):
     assert np.array_equal(np.isnan(out), np.isnan(ref))
     keep = ~np.isnan(ref)
     assert_close(out[keep], ref[keep], "bfloat16")
+
+
+def test_an_additive_bias_of_zeros_and_minus_inf(jax, trn, cpu):
+    """`dot_product_attention(bias=where(m, 0, -inf))`: the bias is added to the scores
+    as I @ bias on TensorE, where a -inf made 0 * -inf = NaN for the whole row block
+    (the forward was all NaN); clamped to the masked-score bias, forward and gradient
+    match CPU (every query row sees at least one key here). (float16: JAX's CPU
+    backend refuses this dot_product_attention's precision.)"""
+    import jax.numpy as jnp
+    dtype = "bfloat16"
+    import ml_dtypes  # noqa: F401
+    rng = np.random.default_rng(4)
+    q, k, v = (_rand((1, 128, 2, 32), s, dtype) for s in (1, 2, 3))
+    bias = np.where(rng.random((1, 2, 128, 128)) < 0.5, 0, -np.inf).astype(np.dtype(dtype))
+    bias[..., 0] = 0
+    f = lambda q, k, v, b: jax.nn.dot_product_attention(q, k, v, bias=b)    # noqa: E731
+    out, ref, notes = _run(jax, trn, cpu, f, (q, k, v, bias))
+    assert any(FLASH in n for n in notes)
+    assert not np.isnan(np.asarray(out, np.float32)).any()
+    assert_close(out, ref, dtype)
+    loss = lambda q, k, v, b: f(q, k, v, b).astype(jnp.float32).sum()      # noqa: E731
+    g = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+    got, want = (g(*jax.device_put((q, k, v, bias), d)) for d in (trn, cpu))
+    for a, b in zip(got, want):
+        assert not np.isnan(np.asarray(a, np.float32)).any()
+        assert_close(np.asarray(a, np.float32), np.asarray(b, np.float32), dtype)
