@@ -27,6 +27,11 @@ only what crosses a collective is alive for all devices at once. Results that on
 collectives write (`shareable`) are bound as one read-only array per group where the
 group's members get the same bits (an all_gather's, an all_reduce's: `spmd.execute`).
 
+A follower replays on its leader's core object: every core of a generation computes in
+one shared SBUF/PSUM (`Device.core_model`) with the process's one `Numerics`, so the
+leader's compiled plans (`hw.plan`, views of that SBUF) are the follower's too; a plan
+per kernel per class, not per device (1152 devices' plans held ~0.5 GB).
+
 Numerics still run device by device (each follower replays its kernels); vectorizing
 them over a leading device axis is the next step (issue 14, point 4).
 """
@@ -111,8 +116,8 @@ def _run_batched(prog, devices, drams, hbms, settings, lead):
             core.begin(hbms[dev.chip])
             runner = _Leader(core, *args, chip_spec=dev.system.chip)
         else:
-            runner = _Follower(runners[lead[p]], dev.core_model, *args,
-                               chip_spec=dev.system.chip)
+            leader = runners[lead[p]]
+            runner = _Follower(leader, leader.core, *args, chip_spec=dev.system.chip)
         runner.shared, runner.frees = True, frees
         runners.append(runner)
     order = [p for p in range(len(devices)) if lead[p] == p]
