@@ -46,6 +46,7 @@ from jax_trn.hw import dtypes as _dt
 from jax_trn.hw.program import Collective, HostCallback, Kernel, host_callbacks, walk_steps
 
 from . import replay, spmd
+from .spmd_memo import Memo
 from .dram import Dram
 from .steps import StepRunner, _names
 
@@ -53,8 +54,11 @@ __all__ = ["ENABLED", "run", "run_full", "leaders"]
 
 # Off: every device timed in full (the reference the tests compare against).
 ENABLED = True
-# How calls ran: "batched", "diverged" (then run in full), "full" (nothing to share).
+# How calls ran: "batched", "diverged" (then run in full), "full" (nothing to share);
+# "memo_hits": follower kernels whose outputs `spmd_memo` gave (their inputs matched).
 COUNTS: Counter = Counter()
+# Off: followers replay every kernel (no `spmd_memo`).
+MEMO = True
 
 
 def run(prog, devices, drams: list[dict], hbms, settings, temps: bool = True):
@@ -108,6 +112,7 @@ def run_full(prog, devices, drams, hbms, settings):
 
 def _run_batched(prog, devices, drams, hbms, settings, lead):
     frees = _frees(prog)
+    memo = Memo(prog, _Toucher()) if MEMO else None
     runners: list[StepRunner] = []
     for p, (dev, dram) in enumerate(zip(devices, drams)):
         args = (dram, dev.id, dev.chip, True, prog.steps, settings.max_while_iterations)
@@ -118,7 +123,7 @@ def _run_batched(prog, devices, drams, hbms, settings, lead):
         else:
             leader = runners[lead[p]]
             runner = _Follower(leader, leader.core, *args, chip_spec=dev.system.chip)
-        runner.shared, runner.frees = True, frees
+        runner.shared, runner.frees, runner.memo = True, frees, memo
         runners.append(runner)
     order = [p for p in range(len(devices)) if lead[p] == p]
     order += [p for p in range(len(devices)) if lead[p] != p]
@@ -182,6 +187,7 @@ class _Toucher(StepRunner):
 class _Freeing(StepRunner):
     """Drops each temporary after its last top-level step (see module doc)."""
     frees: dict = {}
+    memo: Memo | None = None
 
     def wait_for(self, step, t: float) -> float:
         self._free(self.frees.get(id(step), ()))
@@ -212,6 +218,12 @@ class _Leader(_Freeing):
         if issued is not None:
             self.issued.append(issued)
         super().issue(step, issued)
+
+    def kernel(self, kernel, t: float, context: str) -> float:
+        if self.memo is None or context or not self.memo.wants(kernel):
+            return super().kernel(kernel, t, context)
+        return self.memo.record(kernel, self.dram, lambda: super(_Leader, self).kernel(
+                kernel, t, context))
 
 
 class _Expected(list):
@@ -246,7 +258,10 @@ class _Follower(_Freeing):
         rec = self.leader.records[len(self.records)]
         if recorded is not kernel or rec.start_ns != t or rec.context != context:
             raise replay.Diverged(f"{kernel.name} left the leader's timeline")
-        self.core.replay(kernel, order, self.dram)
+        if self.memo is not None and not context and self.memo.apply(kernel, self.dram):
+            COUNTS["memo_hits"] += 1
+        else:
+            self.core.replay(kernel, order, self.dram)
         self.records.append(profiler.KernelRecord(
                 rec.name, self.device_id, rec.start_ns, rec.end_ns, rec.busy_ns, rec.flops,
                 rec.hbm_bytes, rec.ops, rec.events, chip=self.chip, core=rec.core,
