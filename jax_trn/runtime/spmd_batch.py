@@ -50,7 +50,7 @@ from .spmd_memo import Memo
 from .dram import Dram
 from .steps import StepRunner, _names
 
-__all__ = ["ENABLED", "run", "run_full", "leaders"]
+__all__ = ["ENABLED", "run", "run_full", "leaders", "adopt"]
 
 # Off: every device timed in full (the reference the tests compare against).
 ENABLED = True
@@ -70,14 +70,29 @@ def run(prog, devices, drams: list[dict], hbms, settings, temps: bool = True):
             or all(lead[p] == p for p in range(len(devices)))):
         COUNTS["full"] += 1
         return run_full(prog, devices, drams, hbms(), settings)
+    memo = Memo(prog, _Toucher()) if MEMO else None
     try:
-        got = _run_batched(prog, devices, drams, hbms(), settings, lead)
+        got = _run_batched(prog, devices, drams, hbms(), settings, lead, memo)
         COUNTS["batched"] += 1
         return got
     except replay.Diverged:
         COUNTS["diverged"] += 1
+        if memo is not None:
+            memo.restore()
         _reset(prog, drams)
         return run_full(prog, devices, drams, hbms(), settings)
+
+
+def adopt(prog, outputs, drams) -> None:
+    """Output buffers (`outputs[p]`, partition p's, in `prog.outputs` order) whose
+    DRAM tensor `spmd_memo` bound to a shared read-only array take that array as their
+    host data: one host copy of a replicated result, not one per device. (A call's
+    own output arrays are writable; only `spmd_memo` binds read-only outputs.)"""
+    for outs, dram in zip(outputs, drams):
+        for buf, t in zip(outs, prog.outputs):
+            got = dram.get(t.name)
+            if got is not None and not got.flags.writeable and buf.data is not None:
+                buf.data = got.view(buf.data.dtype)
 
 
 def leaders(devices) -> list[int]:
@@ -110,9 +125,8 @@ def run_full(prog, devices, drams, hbms, settings):
     return [r for run in runners for r in run.records], collectives
 
 
-def _run_batched(prog, devices, drams, hbms, settings, lead):
+def _run_batched(prog, devices, drams, hbms, settings, lead, memo):
     frees = _frees(prog)
-    memo = Memo(prog, _Toucher()) if MEMO else None
     runners: list[StepRunner] = []
     for p, (dev, dram) in enumerate(zip(devices, drams)):
         args = (dram, dev.id, dev.chip, True, prog.steps, settings.max_while_iterations)

@@ -18,8 +18,10 @@ from then on, at the cost of one comparison.
 A temporary only this kernel writes, made fresh by it (not yet in DRAM), is bound as one
 read-only array shared by every device (the first leader's too), so the next kernel's
 comparison is an identity test (`frozen`), and memory is one array, not one per device.
-Anything else it writes (a program output, a temporary other steps write too) is copied
-into the device's own array. Kernels in loops and conditionals are always replayed
+So is a program output only this kernel writes (its zeros before the kernel compared
+as an input), on followers: `outputs_bound` hands the array to the output buffer
+(`adopt`), so 1152 devices' replicated results are one host array. Anything else it
+writes (a temporary other steps write too) is copied into the device's own array. Kernels in loops and conditionals are always replayed
 (their temporaries carry values between trips).
 """
 from __future__ import annotations
@@ -47,6 +49,8 @@ class Memo:
     def __init__(self, prog, toucher):
         self._touches = toucher._touches
         self.single = _single_writer_temps(prog, toucher)
+        self.outputs = frozenset(t.name for t in prog.outputs)
+        self.replaced: list[tuple[dict, str, np.ndarray]] = []   # outputs bound: originals
         self.entries: dict[int, _Entry | None] = {}
         self.frozen: dict[int, np.ndarray] = {}
         self.hits = 0
@@ -63,9 +67,9 @@ class Memo:
         got = run()
         outputs = []
         for n in sorted(written):
-            bind = n in fresh and n in self.single
+            bind = n in self.single and (n in fresh or n in self.outputs)
             value = self._snap(dram[n]) if not bind else self._freeze(dram[n])
-            if bind:
+            if bind and n in fresh:
                 dram[n] = value
             outputs.append((n, value, bind))
         self.entries[id(kernel)] = _Entry(fresh, inputs, tuple(outputs))
@@ -82,12 +86,21 @@ class Memo:
             self.entries[id(kernel)] = None
             return False
         for n, value, bind in entry.outputs:
-            if bind:
+            if bind and n in self.outputs:
+                self.replaced.append((dram, n, dram[n]))
+                dram[n] = value
+            elif bind:
                 dram[n] = value
             else:
                 dram[n][...] = value
         self.hits += 1
         return True
+
+    def restore(self) -> None:
+        """The outputs' own arrays back in their DRAMs (a diverged call reruns)."""
+        for dram, n, original in reversed(self.replaced):
+            dram[n] = original
+        self.replaced = []
 
     def _snap(self, a: np.ndarray) -> np.ndarray:
         return a if id(a) in self.frozen and self.frozen[id(a)] is a else a.copy()
@@ -112,8 +125,8 @@ def _same(a: np.ndarray, want: np.ndarray) -> bool:
 
 
 def _single_writer_temps(prog, toucher) -> frozenset:
-    """The temporaries exactly one step of the whole program writes, that step a
-    top-level kernel."""
+    """The temporaries and outputs exactly one step of the whole program writes, that
+    step a top-level kernel."""
     writers: dict[str, int] = {}
     top = {id(s) for s in prog.steps if isinstance(s, Kernel)}
     ok: set[str] = set()
@@ -123,5 +136,5 @@ def _single_writer_temps(prog, toucher) -> frozenset:
                 writers[n] = writers.get(n, 0) + 1
                 if id(step) in top:
                     ok.add(n)
-    temps = {t.name for t in prog.temps}
-    return frozenset(n for n in ok & temps if writers[n] == 1)
+    names = {t.name for t in prog.temps} | {t.name for t in prog.outputs}
+    return frozenset(n for n in ok & names if writers[n] == 1)

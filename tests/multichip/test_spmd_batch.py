@@ -95,6 +95,27 @@ def test_temporaries_sharing_a_slot_start_from_zeros_after_a_free():
     assert dram["b"].tolist() == [0, 0]
 
 
+def test_a_slot_is_made_as_long_as_its_tenant_and_grows_keeping_its_bytes():
+    """Dram: a slot is as long as the tenant that makes it (not its largest tenant);
+    a longer tenant grows it, its bytes kept and the live tenants still views of one
+    array: the bytes a full-size slot would hold."""
+    from types import SimpleNamespace as T
+
+    import numpy as np
+
+    from jax_trn.runtime.dram import Dram
+    temps = [T(name="a", size=2, dtype="float32", nbytes=8),
+             T(name="b", size=8, dtype="float32", nbytes=32)]
+    dram = Dram({}, T(temps=temps, slot_bytes=[32], temp_slot={"a": 0, "b": 0}))
+    dram["a"][:] = 3
+    assert dram.slots[0].nbytes == 8
+    b = dram["b"]
+    assert dram.slots[0].nbytes == 32 and np.shares_memory(dram["a"], b)
+    assert b.tolist() == [3, 3, 0, 0, 0, 0, 0, 0]
+    dram["a"][:] = 5
+    assert b[:2].tolist() == [5, 5]
+
+
 def test_a_temporary_is_freed_at_the_step_after_its_last_use():
     from types import SimpleNamespace as T
     from jax_trn.runtime import spmd_batch

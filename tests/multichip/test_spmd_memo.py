@@ -26,7 +26,8 @@ def _setup():
     """k1: t = x + 1 (t a temporary only k1 writes); k2: out = t * 2 (out an output)."""
     k1, k2 = Kernel("k1", [], {}), Kernel("k2", [], {})
     temps = [T(name="t", size=4, dtype="float32")]
-    prog = T(steps=[k1, k2], temps=temps, slot_bytes=None, temp_slot={})
+    prog = T(steps=[k1, k2], temps=temps, slot_bytes=None, temp_slot={},
+             outputs=[T(name="out", size=4, dtype="float32")])
     touches = {"k1": (frozenset({"x", "t"}), frozenset({"t"})),
                "k2": (frozenset({"t", "out"}), frozenset({"out"}))}
     memo = Memo(prog, _Toucher(touches))
@@ -47,7 +48,24 @@ def test_matching_inputs_give_the_recorded_outputs_and_share_single_writer_temps
     assert memo.apply(k1, other) and memo.apply(k2, other)
     assert other["out"].tolist() == [4, 6, 8, 10]
     assert other["t"] is lead["t"] and not other["t"].flags.writeable  # one shared array
-    assert other["out"] is not lead["out"]                            # outputs: copies
+    # an output only k2 writes: one read-only array for the followers, which their
+    # output buffers adopt; the leader keeps its own (the buffer it writes)
+    assert lead["out"].flags.writeable and not other["out"].flags.writeable
+    bufs = [[T(data=np.zeros(4, np.float32))], [T(data=np.zeros(4, np.float32))]]
+    from jax_trn.runtime.spmd_batch import adopt
+    adopt(T(outputs=[T(name="out")]), bufs, [lead, other])
+    assert bufs[0][0].data.tolist() == [0] * 4               # leader's: its own array
+    assert bufs[1][0].data is not None and bufs[1][0].data.tolist() == [4, 6, 8, 10]
+
+
+def test_a_diverged_call_gets_its_own_output_arrays_back():
+    memo, k1, k2, dram, run = _setup()
+    lead, other = dram([1, 2, 3, 4]), dram([1, 2, 3, 4])
+    own = other["out"]
+    run(lead)
+    assert memo.apply(k1, other) and memo.apply(k2, other) and other["out"] is not own
+    memo.restore()
+    assert other["out"] is own
 
 
 def test_other_inputs_drop_the_entry_and_the_kernel_is_replayed():
