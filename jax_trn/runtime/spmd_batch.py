@@ -26,6 +26,9 @@ next step, so a device's kernel temporaries are gone before the next device runs
 only what crosses a collective is alive for all devices at once. Results that only
 collectives write (`shareable`) are bound as one read-only array per group where the
 group's members get the same bits (an all_gather's, an all_reduce's: `spmd.execute`).
+A follower's kernel whose inputs hold the first leader's bits takes its recorded
+outputs instead of replaying (`spmd_memo`); a replicated result it writes is one
+read-only array that the followers' output buffers adopt (`adopt`).
 
 A follower replays on its leader's core object: every core of a generation computes in
 one shared SBUF/PSUM (`Device.core_model`) with the process's one `Numerics`, so the
