@@ -21,8 +21,10 @@ comparison is an identity test (`frozen`), and memory is one array, not one per 
 So is a program output only this kernel writes (its zeros before the kernel compared
 as an input), on followers: `outputs_bound` hands the array to the output buffer
 (`adopt`), so 1152 devices' replicated results are one host array. Anything else it
-writes (a temporary other steps write too) is copied into the device's own array. Kernels in loops and conditionals are always replayed
-(their temporaries carry values between trips).
+writes (a temporary other steps write too) is copied into the device's own array.
+Kernels nested in loops and conditionals are always replayed (their temporaries carry
+values between trips; an on-chip loop's kernels keep carries in SBUF): only the steps
+of the program's own list are recorded (`wants`).
 """
 from __future__ import annotations
 
@@ -49,6 +51,7 @@ class Memo:
     def __init__(self, prog, toucher):
         self._touches = toucher._touches
         self.single = _single_writer_temps(prog, toucher)
+        self.top = frozenset(id(s) for s in prog.steps if isinstance(s, Kernel))
         self.outputs = frozenset(t.name for t in prog.outputs)
         self.replaced: list[tuple[dict, str, np.ndarray]] = []   # outputs bound: originals
         self.entries: dict[int, _Entry | None] = {}
@@ -56,7 +59,10 @@ class Memo:
         self.hits = 0
 
     def wants(self, kernel) -> bool:
-        return id(kernel) not in self.entries
+        """Whether `kernel` is a step of the program's own list (not one nested in a
+        loop, a conditional or an on-chip loop, whose kernels may keep state in SBUF
+        from one to the next) not recorded yet."""
+        return id(kernel) in self.top and id(kernel) not in self.entries
 
     def record(self, kernel, dram, run):
         """`run()` (the leader's timed kernel) with its inputs and outputs recorded;
@@ -78,7 +84,7 @@ class Memo:
     def apply(self, kernel, dram) -> bool:
         """The recorded outputs into `dram` if its inputs are the recorded bits (True);
         False (and the entry dropped) if not: replay the kernel."""
-        entry = self.entries.get(id(kernel))
+        entry = self.entries.get(id(kernel)) if id(kernel) in self.top else None
         if entry is None:
             return False
         if any(n in dram for n in entry.fresh) or not all(

@@ -90,3 +90,12 @@ def test_a_written_temporary_already_made_is_not_fresh():
     other = dram([1, 2, 3, 4])
     other["t"][:] = 9
     assert not memo.apply(k1, other)
+
+
+def test_only_the_programs_own_steps_are_recorded():
+    """A kernel nested in a loop (or an on-chip loop's enter / body / exit, which keep
+    carries in SBUF between kernels) is always replayed."""
+    memo, k1, k2, dram, run = _setup()
+    nested = Kernel("k3", [], {})
+    assert memo.wants(k1) and not memo.wants(nested)
+    assert not memo.apply(nested, dram([1, 2, 3, 4]))
