@@ -120,3 +120,32 @@ def block(d: int = 1024, s: int = 1024):
     args = jax.tree.map(lambda a: (rng.standard_normal(a.shape) * 0.05).astype(
         ml_dtypes.bfloat16), specs)
     return jax.jit(f), args
+
+
+def dp_mlp(devices: int, sizes=(128, 256, 256, 128, 10), per_device: int = 8, seed: int = 0):
+    """A data-parallel MLP training step (ReLU layers, softmax cross-entropy over
+    `take_along_axis`, plain SGD at 0.1): (step(params, x, y) -> (params, loss),
+    (params, x, y)) with a global batch of `per_device` rows per device. Place params
+    replicated and x, y sharded on their first axis. The default sizes (~132K
+    parameters) are issue 14's 1152-device measure (simspeed.py's dp1152 row);
+    tests/multichip runs a small one on a few chips."""
+    import jax
+    import jax.numpy as jnp
+    rng = np.random.default_rng(seed)
+    params = [(rng.standard_normal((a, b)).astype(np.float32) * a ** -0.5,
+               np.zeros(b, np.float32)) for a, b in zip(sizes[:-1], sizes[1:])]
+    x = rng.standard_normal((per_device * devices, sizes[0])).astype(np.float32)
+    y = rng.integers(0, sizes[-1], per_device * devices).astype(np.int32)
+
+    def loss_fn(params, x, y):
+        for w, b in params[:-1]:
+            x = jax.nn.relu(x @ w + b)
+        w, b = params[-1]
+        logits = x @ w + b
+        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], 1))
+
+    @jax.jit
+    def step(params, x, y):
+        loss, g = jax.value_and_grad(loss_fn)(params, x, y)
+        return jax.tree.map(lambda p, g: p - 0.1 * g, params, g), loss
+    return step, (params, x, y)

@@ -101,9 +101,12 @@ def buffer_is_on_cpu(a):
 @entry("PJRT_Buffer_UnsafePointer")
 def buffer_unsafe_pointer(a):
     """The address of the buffer's bytes: the host array that stands for its simulated
-    HBM. Stable for the buffer's life, distinct between live buffers; JAX compares
-    them (`Array.unsafe_buffer_pointer`, e.g. to see that a no-op convert copied
-    nothing). Nothing may be read or written through it: the simulator owns it."""
+    HBM. Stable for the buffer's life, distinct between live buffers of one device;
+    JAX compares them (`Array.unsafe_buffer_pointer`, e.g. to see that a no-op convert
+    copied nothing). Buffers on different devices may share one read-only host array
+    (a replicated argument or result: `buffer.HostShare`, `spmd_batch.adopt`), so
+    their pointers may be equal. Nothing may be read or written through it: the
+    simulator owns it."""
     b = _buf(a)
     if b.rt.data is None:
         raise PjrtError(Code.FAILED_PRECONDITION,

@@ -61,10 +61,27 @@ class Dram(dict):
             i = self.temp_slot[name]
             slot = self.slots.get(i)
             if slot is None:
-                slot = self.slots[i] = np.zeros(self.slot_bytes[i], np.uint8)
+                slot = self.slots[i] = np.zeros(t.nbytes, np.uint8)
+            elif slot.size < t.nbytes:
+                slot = self._grow(i, t.nbytes)
             value = slot[:t.nbytes].view(dtype)
         self[name] = value
         return value
+
+    def _grow(self, i: int, nbytes: int) -> np.ndarray:
+        """Slot `i` made `nbytes` long, its bytes kept and its live tenants re-bound
+        to the new array (still views of one array). A slot is made as long as the
+        tenant that makes it, not as its largest tenant: 1152 devices' small
+        temporaries crossing a collective each held a whole slot (1.3 GB in the
+        dp1152 step). The bytes are those a full-size slot would hold: every byte ever
+        written lies within some tenant, copied on growth; the others are zeros."""
+        old = self.slots[i]
+        slot = self.slots[i] = np.zeros(nbytes, np.uint8)
+        slot[:old.size] = old
+        for name, t in self.temps.items():
+            if self.temp_slot.get(name) == i and dict.__contains__(self, name):
+                self[name] = slot[:t.nbytes].view(_dt.np_dtype(t.dtype))
+        return slot
 
     def free(self, name: str) -> None:
         """Drops temporary `name` (its last use is over), and its slot's memory."""

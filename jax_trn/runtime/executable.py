@@ -307,7 +307,9 @@ class Executable:
             records, collectives = spmd_batch.run(
                     self.program, devices, [dram for _, dram in prepared],
                     lambda: self._hbms(devices), self.settings)
-        return [outs for outs, _ in prepared], records, collectives
+        outputs = [outs for outs, _ in prepared]
+        spmd_batch.adopt(self.program, outputs, [dram for _, dram in prepared])
+        return outputs, records, collectives
 
     def _execution(self, kernels, devices, collectives=()) -> profiler.Execution:
         key = (devices[0].id,) if len(devices) == 1 else tuple(d.id for d in devices)

@@ -26,6 +26,14 @@ next step, so a device's kernel temporaries are gone before the next device runs
 only what crosses a collective is alive for all devices at once. Results that only
 collectives write (`shareable`) are bound as one read-only array per group where the
 group's members get the same bits (an all_gather's, an all_reduce's: `spmd.execute`).
+A follower's kernel whose inputs hold the first leader's bits takes its recorded
+outputs instead of replaying (`spmd_memo`); a replicated result it writes is one
+read-only array that the followers' output buffers adopt (`adopt`).
+
+A follower replays on its leader's core object: every core of a generation computes in
+one shared SBUF/PSUM (`Device.core_model`) with the process's one `Numerics`, so the
+leader's compiled plans (`hw.plan`, views of that SBUF) are the follower's too; a plan
+per kernel per class, not per device (1152 devices' plans held ~0.5 GB).
 
 Numerics still run device by device (each follower replays its kernels); vectorizing
 them over a leading device axis is the next step (issue 14, point 4).
@@ -41,15 +49,19 @@ from jax_trn.hw import dtypes as _dt
 from jax_trn.hw.program import Collective, HostCallback, Kernel, host_callbacks, walk_steps
 
 from . import replay, spmd
+from .spmd_memo import Memo
 from .dram import Dram
 from .steps import StepRunner, _names
 
-__all__ = ["ENABLED", "run", "run_full", "leaders"]
+__all__ = ["ENABLED", "run", "run_full", "leaders", "adopt"]
 
 # Off: every device timed in full (the reference the tests compare against).
 ENABLED = True
-# How calls ran: "batched", "diverged" (then run in full), "full" (nothing to share).
+# How calls ran: "batched", "diverged" (then run in full), "full" (nothing to share);
+# "memo_hits": follower kernels whose outputs `spmd_memo` gave (their inputs matched).
 COUNTS: Counter = Counter()
+# Off: followers replay every kernel (no `spmd_memo`).
+MEMO = True
 
 
 def run(prog, devices, drams: list[dict], hbms, settings, temps: bool = True):
@@ -61,14 +73,29 @@ def run(prog, devices, drams: list[dict], hbms, settings, temps: bool = True):
             or all(lead[p] == p for p in range(len(devices)))):
         COUNTS["full"] += 1
         return run_full(prog, devices, drams, hbms(), settings)
+    memo = Memo(prog, _Toucher()) if MEMO else None
     try:
-        got = _run_batched(prog, devices, drams, hbms(), settings, lead)
+        got = _run_batched(prog, devices, drams, hbms(), settings, lead, memo)
         COUNTS["batched"] += 1
         return got
     except replay.Diverged:
         COUNTS["diverged"] += 1
+        if memo is not None:
+            memo.restore()
         _reset(prog, drams)
         return run_full(prog, devices, drams, hbms(), settings)
+
+
+def adopt(prog, outputs, drams) -> None:
+    """Output buffers (`outputs[p]`, partition p's, in `prog.outputs` order) whose
+    DRAM tensor `spmd_memo` bound to a shared read-only array take that array as their
+    host data: one host copy of a replicated result, not one per device. (A call's
+    own output arrays are writable; only `spmd_memo` binds read-only outputs.)"""
+    for outs, dram in zip(outputs, drams):
+        for buf, t in zip(outs, prog.outputs):
+            got = dram.get(t.name)
+            if got is not None and not got.flags.writeable and buf.data is not None:
+                buf.data = got.view(buf.data.dtype)
 
 
 def leaders(devices) -> list[int]:
@@ -101,7 +128,7 @@ def run_full(prog, devices, drams, hbms, settings):
     return [r for run in runners for r in run.records], collectives
 
 
-def _run_batched(prog, devices, drams, hbms, settings, lead):
+def _run_batched(prog, devices, drams, hbms, settings, lead, memo):
     frees = _frees(prog)
     runners: list[StepRunner] = []
     for p, (dev, dram) in enumerate(zip(devices, drams)):
@@ -111,9 +138,9 @@ def _run_batched(prog, devices, drams, hbms, settings, lead):
             core.begin(hbms[dev.chip])
             runner = _Leader(core, *args, chip_spec=dev.system.chip)
         else:
-            runner = _Follower(runners[lead[p]], dev.core_model, *args,
-                               chip_spec=dev.system.chip)
-        runner.shared, runner.frees = True, frees
+            leader = runners[lead[p]]
+            runner = _Follower(leader, leader.core, *args, chip_spec=dev.system.chip)
+        runner.shared, runner.frees, runner.memo = True, frees, memo
         runners.append(runner)
     order = [p for p in range(len(devices)) if lead[p] == p]
     order += [p for p in range(len(devices)) if lead[p] != p]
@@ -177,6 +204,7 @@ class _Toucher(StepRunner):
 class _Freeing(StepRunner):
     """Drops each temporary after its last top-level step (see module doc)."""
     frees: dict = {}
+    memo: Memo | None = None
 
     def wait_for(self, step, t: float) -> float:
         self._free(self.frees.get(id(step), ()))
@@ -207,6 +235,12 @@ class _Leader(_Freeing):
         if issued is not None:
             self.issued.append(issued)
         super().issue(step, issued)
+
+    def kernel(self, kernel, t: float, context: str) -> float:
+        if self.memo is None or context or not self.memo.wants(kernel):
+            return super().kernel(kernel, t, context)
+        return self.memo.record(kernel, self.dram, lambda: super(_Leader, self).kernel(
+                kernel, t, context))
 
 
 class _Expected(list):
@@ -241,7 +275,10 @@ class _Follower(_Freeing):
         rec = self.leader.records[len(self.records)]
         if recorded is not kernel or rec.start_ns != t or rec.context != context:
             raise replay.Diverged(f"{kernel.name} left the leader's timeline")
-        self.core.replay(kernel, order, self.dram)
+        if self.memo is not None and not context and self.memo.apply(kernel, self.dram):
+            COUNTS["memo_hits"] += 1
+        else:
+            self.core.replay(kernel, order, self.dram)
         self.records.append(profiler.KernelRecord(
                 rec.name, self.device_id, rec.start_ns, rec.end_ns, rec.busy_ns, rec.flops,
                 rec.hbm_bytes, rec.ops, rec.events, chip=self.chip, core=rec.core,

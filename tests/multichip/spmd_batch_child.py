@@ -8,9 +8,13 @@ class of chips), and prints their fingerprints (timelines, collectives, results)
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+from workloads import dp_mlp  # noqa: E402  (the DP MLP step simspeed.py's dp1152 row runs)
 
 
 def _system(name: str):
@@ -29,25 +33,8 @@ def programs(jax):
     n = len(devs)
     mesh = jax.make_mesh((n,), ("d",), devices=devs)
     rep, batch = NamedSharding(mesh, P()), NamedSharding(mesh, P("d"))
-    rng = np.random.default_rng(0)
-    sizes = [32, 64, 10]
-    params = [(rng.standard_normal((a, b)).astype(np.float32) * a ** -0.5,
-               np.zeros(b, np.float32)) for a, b in zip(sizes[:-1], sizes[1:])]
-    x = rng.standard_normal((4 * n, sizes[0])).astype(np.float32)
-    y = rng.integers(0, sizes[-1], 4 * n).astype(np.int32)
-
-    def loss_fn(params, x, y):
-        for w, b in params[:-1]:
-            x = jax.nn.relu(x @ w + b)
-        w, b = params[-1]
-        logits = x @ w + b
-        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], 1))
-
-    @jax.jit
-    def dp_step(params, x, y):
-        loss, g = jax.value_and_grad(loss_fn)(params, x, y)
-        return jax.tree.map(lambda p, g: p - 0.1 * g, params, g), loss
-
+    dp_step, (params, x, y) = dp_mlp(n, sizes=(32, 64, 10), per_device=4)
+    rng = np.random.default_rng(1)
     yield ("dp_step", dp_step, (jax.device_put(params, rep), jax.device_put(x, batch),
                                 jax.device_put(y, batch)))
 

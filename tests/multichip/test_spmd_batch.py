@@ -24,13 +24,23 @@ def fingerprints() -> dict:
 @pytest.mark.parametrize("name", ["dp_step", "scan_psum", "grouped"])
 def test_batched_call_is_bit_identical_to_every_device_timed(fingerprints, name):
     full, batched = fingerprints[name]["full"], fingerprints[name]["batched"]
-    assert batched["counts"] == {"batched": 1} and full["counts"] == {"full": 1}
+    assert batched["counts"].pop("batched") == 1 and full["counts"] == {"full": 1}
+    assert set(batched["counts"]) <= {"memo_hits"}
     for key in ("simulated_time_s", "events", "n_events", "collectives", "results"):
         assert batched[key] == full[key], key
 
 
+def test_kernels_after_an_all_gather_and_an_all_reduce_run_once(fingerprints):
+    """In the DP step, the loss over the gathered logits and the update of the
+    replicated parameters see the same bits on every device: followers take their
+    outputs from `spmd_memo` (and the results above are still bit-identical)."""
+    counts = fingerprints["dp_step"]["batched"]["counts"]
+    assert counts.get("memo_hits", 0) >= 10 * 24    # >= 10 kernels on 24 followers
+
+
 def test_devices_leaving_the_shared_path_are_simulated_in_full(fingerprints):
     full, batched = fingerprints["uneven_while"]["full"], fingerprints["uneven_while"]["batched"]
+    batched["counts"].pop("memo_hits", None)   # kernels before the divergence
     assert batched["counts"] == {"diverged": 1}
     for key in ("simulated_time_s", "events", "collectives", "results"):
         assert batched[key] == full[key], key
@@ -83,6 +93,27 @@ def test_temporaries_sharing_a_slot_start_from_zeros_after_a_free():
     dram.free("a")
     dram.pop("b")
     assert dram["b"].tolist() == [0, 0]
+
+
+def test_a_slot_is_made_as_long_as_its_tenant_and_grows_keeping_its_bytes():
+    """Dram: a slot is as long as the tenant that makes it (not its largest tenant);
+    a longer tenant grows it, its bytes kept and the live tenants still views of one
+    array: the bytes a full-size slot would hold."""
+    from types import SimpleNamespace as T
+
+    import numpy as np
+
+    from jax_trn.runtime.dram import Dram
+    temps = [T(name="a", size=2, dtype="float32", nbytes=8),
+             T(name="b", size=8, dtype="float32", nbytes=32)]
+    dram = Dram({}, T(temps=temps, slot_bytes=[32], temp_slot={"a": 0, "b": 0}))
+    dram["a"][:] = 3
+    assert dram.slots[0].nbytes == 8
+    b = dram["b"]
+    assert dram.slots[0].nbytes == 32 and np.shares_memory(dram["a"], b)
+    assert b.tolist() == [3, 3, 0, 0, 0, 0, 0, 0]
+    dram["a"][:] = 5
+    assert b[:2].tolist() == [5, 5]
 
 
 def test_a_temporary_is_freed_at_the_step_after_its_last_use():
