@@ -73,15 +73,20 @@ class PlanCache:
     def lanes(self, kernel, order, core):
         """The two-lane schedule (lanes.py) of `kernel`'s plan in `order`, or None to
         run it sequentially; worked out once per kernel and order."""
+        return self.replay_plan(kernel, order, core)[1]
+
+    def replay_plan(self, kernel, order, core) -> tuple:
+        """(`kernel`'s plan, its two-lane schedule in `order` or None): what
+        `NeuronCore.replay` runs, in one lookup per call."""
         plan = self.get(kernel, core)
         got = self._lanes.get(id(kernel))
         if (got is not None and got[0] is plan and got[3] == _lanes.ENABLED
                 and (got[1] is order or got[1] == order)):
-            return got[2]
+            return plan, got[2]
         schedule = (_lanes.lane_schedule(kernel, order, plan)
                     if core.numerics.rounding == "rne" else None)
         self._lanes[id(kernel)] = (plan, order, schedule, _lanes.ENABLED)
-        return schedule
+        return plan, schedule
 
 
 def _instr_plan(ins, core, fallback: bool):
