@@ -90,7 +90,8 @@ def _pieces(op: ir.Op, graph: BlockGraph):
     if len(axes) != 1:
         return None
     axis = axes.pop()
-    spans = sorted((p.attrs["edge_padding_low"][axis], p.operands[0]) for p in pads)
+    spans = sorted(((p.attrs["edge_padding_low"][axis], p.operands[0]) for p in pads),
+                   key=lambda span: span[0])
     ends = [lo + v.shape[axis] for lo, v in spans]
     if any(lo < end for (lo, _), end in zip(spans[1:], ends)):
         return None                    # overlapping pieces really add

@@ -108,3 +108,18 @@ def test_transposes_compose():
     ops = _ops(g, x)
     (t,) = [op for op in ops if op.kind == "transpose"]
     assert tuple(t.attrs["permutation"]) == (2, 1, 0)
+
+
+def test_two_pieces_at_the_same_place_still_add():
+    from tests.hlo_passes.helpers import from_text
+    from hlo_passes.passes import pads_to_concat
+    m = from_text("""
+  func.func @main(%a: tensor<1x4xf32>, %b: tensor<1x4xf32>) -> tensor<2x4xf32> {
+    %z = stablehlo.constant dense<0.0> : tensor<f32>
+    %pa = stablehlo.pad %a, %z, low = [0, 0], high = [1, 0], interior = [0, 0] : (tensor<1x4xf32>, tensor<f32>) -> tensor<2x4xf32>
+    %pb = stablehlo.pad %b, %z, low = [0, 0], high = [1, 0], interior = [0, 0] : (tensor<1x4xf32>, tensor<f32>) -> tensor<2x4xf32>
+    %s = stablehlo.add %pa, %pb : tensor<2x4xf32>
+    return %s : tensor<2x4xf32>
+  }""")
+    assert not pads_to_concat.run(m)
+    assert kinds(m.main.body).count("pad") == 2
