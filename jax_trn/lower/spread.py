@@ -48,10 +48,16 @@ def _tiles(ins: isa.Instr) -> list[isa.Tile]:
     return [v for v in ins.__dict__.values() if isinstance(v, isa.Tile)]
 
 
+def _float_work(ins: isa.Instr, mems: tuple[str, ...]) -> bool:
+    """Float work (bool masks allowed) whose tiles are all in `mems`."""
+    tiles = _tiles(ins)
+    return (all(t.mem in mems and t.dtype in _FLOATS + ("bool",) for t in tiles)
+            and any(t.dtype in _FLOATS for t in tiles))
+
+
 def _movable(ins: isa.Instr) -> bool:
-    return (type(ins) in _MOVABLE
-            and all(t.mem == "sbuf" and t.dtype in _FLOATS + ("bool",) for t in _tiles(ins))
-            and any(t.dtype in _FLOATS for t in _tiles(ins)))
+    """Whether GpSimd can run `ins` as VectorE does (SBUF operands only, §2.5)."""
+    return type(ins) in _MOVABLE and _float_work(ins, ("sbuf",))
 
 
 def spreader(kb) -> "Spreader":
@@ -95,16 +101,9 @@ class Spreader:
                 instrs[i] = x
 
 
-_TO_GPSIMD = _MOVABLE
 _TO_SCALAR = (isa.TensorScalar, isa.TensorCopy)
 _ENGINES = ("vector", "gpsimd", "scalar")
 WINDOW = 3      # earlier tiles whose buffers a tile may reuse (ring depths are 2-3)
-
-
-def _float_work(ins: isa.Instr, mems: tuple[str, ...]) -> bool:
-    tiles = _tiles(ins)
-    return (all(t.mem in mems and t.dtype in _FLOATS + ("bool",) for t in tiles)
-            and any(t.dtype in _FLOATS for t in tiles))
 
 
 class ListSpreader:
@@ -124,7 +123,7 @@ class ListSpreader:
         out = {ins.engine: ins}
         if ins.engine != "vector":
             return out
-        if type(ins) in _TO_GPSIMD and _float_work(ins, ("sbuf",)):
+        if _movable(ins):
             out["gpsimd"] = dataclasses.replace(ins, engine="gpsimd")
         if type(ins) in _TO_SCALAR and _float_work(ins, ("sbuf", "psum")):
             try:
