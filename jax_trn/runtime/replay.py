@@ -61,15 +61,14 @@ class DeviceTimeline:
     plan: tuple
 
 
-def replay(timeline: DeviceTimeline, steps, core, dram, limit: int) -> list:
+def replay(timeline: DeviceTimeline, steps, core, dram, limit: int) -> None:
     """The numerics of one device's call of `steps` against `dram`, along the recorded
-    path; its records. Raises Diverged (having run part of the numerics) if the call
-    leaves the path."""
+    path (its records are the timeline's: the executable keeps them). Raises Diverged
+    (having run part of the numerics) if the call leaves the path."""
     walk = _Walk(timeline.plan, core, dram, limit)
     walk.steps(steps)
     if walk.next < len(timeline.plan):
         raise Diverged("the call ended before the recorded path")
-    return list(timeline.records)
 
 
 class _Walk:

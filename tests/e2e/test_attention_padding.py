@@ -10,28 +10,10 @@ import numpy as np
 import pytest
 
 from tests.conftest import assert_close
+from tests.e2e.test_attention_forms import FLASH, _rand, _run
 
 B, S, N, H = 2, 256, 4, 64
-FLASH = "attention: flash-attention kernel (attention.py)"
 OUTER = "mask = rows & columns"
-
-
-def _rand(shape, seed, dtype="bfloat16"):
-    import ml_dtypes  # noqa: F401
-    rng = np.random.default_rng(seed)
-    return rng.standard_normal(shape).astype(np.float32).astype(np.dtype(dtype))
-
-
-def _run(jax, trn, cpu, f, args):
-    """(trn result, cpu result, [kernels' notes])."""
-    import jax_trn
-    g = jax.jit(f)
-    with jax_trn.profile() as prof:
-        out = g(*jax.device_put(args, trn))
-        out.block_until_ready()
-    ref = g(*jax.device_put(args, cpu))
-    notes = [k.kernel.notes for k in prof.executions[-1].kernels]
-    return np.asarray(out, np.float32), np.asarray(ref, np.float32), notes
 
 
 def _outer_flash(notes) -> int:
@@ -51,7 +33,7 @@ def test_linen_attention_with_query_and_key_padding(jax, trn, cpu):
     import jax.numpy as jnp
     layer = nn.MultiHeadDotProductAttention(num_heads=N, qkv_features=N * H,
                                             dtype=jnp.bfloat16)
-    x = _rand((B, S, N * H), 4)
+    x = _rand((B, S, N * H), 4, "bfloat16")
     params = jax.jit(layer.init, backend="cpu")(jax.random.key(0), x, x)
     vq, vk = _valid()
 
@@ -102,7 +84,7 @@ def test_nnx_multi_head_attention_with_padding(jax, trn, cpu):
                                    dtype=jnp.bfloat16, decode=False, rngs=nnx.Rngs(0))
     graphdef, state = nnx.split(layer)
     state = jax.device_put(state, cpu)
-    x = _rand((B, S, N * H), 5)
+    x = _rand((B, S, N * H), 5, "bfloat16")
     vq, vk = _valid()
 
     def f(state, x, vq, vk):
@@ -120,14 +102,14 @@ def test_outer_mask_with_ragged_tiles_and_a_bias(jax, trn, cpu):
     s_len = 200
     vq = np.arange(s_len)[None] < np.array([[190], [77]])
     vk = np.arange(s_len)[None] < np.array([[150], [199]])
-    bias = _rand((B, N, s_len, s_len), 9)
+    bias = _rand((B, N, s_len, s_len), 9, "bfloat16")
 
     def f(q, k, v, vq, vk, bias):
         s = jnp.einsum("bqnh,bknh->bnqk", q, k) * 0.125 + bias
         s = jnp.where(vq[:, None, :, None] & vk[:, None, None, :], s, -jnp.inf)
         p = jax.nn.softmax(s.astype(jnp.float32), axis=-1).astype(q.dtype)
         return jnp.einsum("bnqk,bknh->bqnh", p, v)
-    args = [_rand((B, s_len, N, H), i) for i in range(3)] + [vq, vk, bias]
+    args = [_rand((B, s_len, N, H), i, "bfloat16") for i in range(3)] + [vq, vk, bias]
     out, ref, notes = _run(jax, trn, cpu, f, args)
     assert len(notes) == 1 and _outer_flash(notes) == 1, notes
     assert np.array_equal(np.isnan(out), np.isnan(ref))

@@ -7,17 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.e2e.test_control_flow import jnp, lax  # noqa: F401  (fixtures)
 from tests.e2e.test_ops import _rand, check
-
-
-@pytest.fixture(scope="module")
-def lax(jax):
-    return jax.lax
-
-
-@pytest.fixture(scope="module")
-def jnp(jax):
-    return jax.numpy
 
 
 def _program(jax, f, *args):

@@ -256,30 +256,30 @@ def test_dot_large_k_and_n_blocks():
     np.testing.assert_allclose(out, dot_ref(x, y), rtol=1e-4, atol=1e-3)
 
 
-def test_dot_deep_k_fallback():
-    """A tiny SBUF forces K blocks accumulating across blocks in PSUM."""
+def _deep_k(rows: int, seeds: tuple[int, int]):
+    """A [rows, 1024] x [1024, 70] bf16 dot on a core with 4000 bytes of SBUF per
+    partition, which forces K blocks accumulating across blocks in PSUM: its program,
+    checked against numpy."""
     import dataclasses
-    spec = dataclasses.replace(SPEC, sbuf_partition_bytes=SPEC.sbuf_reserved_bytes + 4000)
-    x, y = rand((130, 1024), "bfloat16", 18), rand((1024, 70), "bfloat16", 19)
-    m = dot_module((130, 1024), (1024, 70), dtype="bfloat16", out_dtype="float32")
-    program = lower_module(m, spec)
     from .runner import run_program
+    spec = dataclasses.replace(SPEC, sbuf_partition_bytes=SPEC.sbuf_reserved_bytes + 4000)
+    x, y = rand((rows, 1024), "bfloat16", seeds[0]), rand((1024, 70), "bfloat16", seeds[1])
+    m = dot_module((rows, 1024), (1024, 70), dtype="bfloat16", out_dtype="float32")
+    program = lower_module(m, spec)
     out = run_program(program, [x, y], spec).outputs[0]
     np.testing.assert_allclose(out, dot_ref(x, y), rtol=1e-4, atol=1e-3)
+    return program
+
+
+def test_dot_deep_k_fallback():
+    """A tiny SBUF forces K blocks accumulating across blocks in PSUM."""
+    _deep_k(130, (18, 19))
 
 
 def test_deep_k_row_tiles_share_each_rhs_block():
     """K blocks with M over several row tiles: the row tiles accumulate together, so
     each rhs K block is read once per column group, not once per row tile."""
-    import dataclasses
-    spec = dataclasses.replace(SPEC, sbuf_partition_bytes=SPEC.sbuf_reserved_bytes + 4000)
-    x, y = rand((640, 1024), "bfloat16", 20), rand((1024, 70), "bfloat16", 21)
-    m = dot_module((640, 1024), (1024, 70), dtype="bfloat16", out_dtype="float32")
-    program = lower_module(m, spec)
-    from .runner import run_program
-    out = run_program(program, [x, y], spec).outputs[0]
-    np.testing.assert_allclose(out, dot_ref(x, y), rtol=1e-4, atol=1e-3)
-    (kernel,) = program.kernels
+    (kernel,) = _deep_k(640, (20, 21)).kernels
     rhs = [i for i in kernel.instructions if type(i).__name__ in ("DmaCopy", "DmaTranspose")
            and getattr(i.src, "tensor", None) == "arg1"]
     lhs = [i for i in kernel.instructions if type(i).__name__ in ("DmaCopy", "DmaTranspose")

@@ -227,19 +227,8 @@ CORPUS = ["matmul", "reduce", "cast", "where"]
 
 @pytest.mark.parametrize("name", CORPUS)
 def test_op_corpus_on_two_lanes(jax, trn, every_kernel, name):
-    from .test_plan import CORPUS_OPS
-    x = jax.device_put(np.random.default_rng(3).normal(size=(96, 80)).astype(np.float32), trn)
-    f = jax.jit(CORPUS_OPS[name](jax.numpy))
-    f(x)                                        # compiled and timed: replays follow
-    got = [np.asarray(a) for a in jax.tree.leaves(f(x))]
-    lanes.ENABLED = False
-    try:
-        ref = [np.asarray(a) for a in jax.tree.leaves(f(x))]
-    finally:
-        lanes.ENABLED = True
-    for a, b in zip(got, ref):
-        np.testing.assert_array_equal(np.atleast_1d(a).view(np.uint8),
-                                      np.atleast_1d(b).view(np.uint8))
+    from .test_plan import assert_same_bits_without
+    assert_same_bits_without(jax, trn, name, lanes, warm=True)  # replays run on lanes
 
 
 @pytest.mark.parametrize("name", ["matmul_bf16", "flax_train_step"])
