@@ -55,6 +55,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Callable
 
+from jax_trn.hw import dtypes as hw_dtypes
 from jax_trn.hw import isa
 from jax_trn.hw.program import DramTensor
 
@@ -66,7 +67,8 @@ from .target import Target
 TRANSPOSE_BANKS = 3         # PSUM banks (of the target's 8) for TensorE transposes when
                             # an operand is transposed there; the rest accumulate
 STORE_QUEUE_SHARE = 4       # 1/4 of the DMA queues carry result stores
-BUNCH = 2                   # row tiles of the first column group computed together
+BUNCH = 2                   # row tiles of the first column group computed together (x the
+                            # rhs DMA cast's byte ratio: `_cast_ratio`)
 
 
 # --- loads ---------------------------------------------------------------------------------
@@ -216,7 +218,8 @@ class MatmulEmitter:
         each rhs k-tile then feeds that many matmuls as it arrives (the first group's
         rhs is the only load nothing hides). One set of PSUM banks stays free."""
         per = -(-min(self.n, self.plan.group) // self.cols)
-        return max(1, min(len(mtiles), BUNCH, len(self.acc.tiles) // per - 1))
+        return max(1, min(len(mtiles), BUNCH * _cast_ratio(self.rhs),
+                          len(self.acc.tiles) // per - 1))
 
     def _bunched(self, strips, r: KMajor, mtiles, base: int, g0: int, gn: int) -> None:
         accs = [self._accs(mt, gn) for _, mt in mtiles]
@@ -392,6 +395,16 @@ class MatmulEmitter:
         for g, (j, _) in enumerate(group):
             self.kb.emit(isa.TensorCopy, dst=dst.tile(j, kt, fc, at=c0),
                          src=sub(bank, kt, fc, at=g * fc), engine=self.kb.evac_engine())
+
+
+def _cast_ratio(op: Operand) -> int:
+    """DRAM bytes per SBUF byte of an operand the DMA casts (§3.4: casts go through
+    FP32), e.g. 2 for FP32 weights of a BF16 layer. Its k-tiles arrive that much more
+    slowly, so the first column group computes that many times more row tiles on each:
+    flax linen's bf16 projections with f32 parameters ([2048, 1024] x [1024, 1024],
+    trn2) 77.0 -> 74.6 us; BF16 weights (the 2048^3 GEMM, the transformer block) keep
+    BUNCH, where 3 measured slower (227.7 -> 229.7 us)."""
+    return max(1, hw_dtypes.itemsize(op.t.dtype) // hw_dtypes.itemsize(op.dtype))
 
 
 def _moving_cols(target: Target, group: int, plain: bool) -> int:

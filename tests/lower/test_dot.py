@@ -350,3 +350,29 @@ def test_dot_kmajor_lhs_loads_the_block_per_k_tile():
              if type(i).__name__ == "DmaCopy" and getattr(i.src, "tensor", None)
              == res.program.params[0].name]
     assert len(loads) == 3 and {i.dst.free_size for i in loads} == {384}
+
+
+def test_dma_cast_rhs_bunches_more_row_tiles():
+    """FP32 weights of a bf16 layer arrive DMA-cast (convert-into-dot), twice the bytes
+    per k-tile: the first column group computes 3 row tiles per arriving rhs k-tile,
+    not 2, before its first PSUM drain; bf16 weights keep 2. Same results."""
+    def first_drain_accs(rdtype):
+        b = FnBuilder()
+        x, w = b.arg((512, 256), "bfloat16"), b.arg((256, 1024), rdtype)
+        r = b.op("dot_general", [x, w], [512, 1024], "bfloat16",
+                 lhs_batching_dimensions=(), rhs_batching_dimensions=(),
+                 lhs_contracting_dimensions=(1,), rhs_contracting_dimensions=(0,),
+                 operand_types=("bfloat16", "bfloat16"))
+        xv, wv = rand((512, 256), "bfloat16", 50), rand((256, 1024), rdtype, 51)
+        res = run(b.ret(r), xv, wv)
+        ref = dot_ref(xv.astype(np.float32), wv.astype(BF16).astype(np.float32))
+        np.testing.assert_allclose(res.outputs[0].astype(np.float32), ref, rtol=2e-2, atol=0.5)
+        accs = set()
+        for i in (i for k in res.program.kernels for i in k.instructions):
+            if type(i).__name__ != "NcMatmul":
+                if accs and i.engine in ("vector", "scalar"):
+                    return len(accs)
+                continue
+            accs.add(i.dst.offset)
+    assert first_drain_accs("bfloat16") == 2 * 2       # 2 row tiles x 2 column banks
+    assert first_drain_accs("float32") == 3 * 2
