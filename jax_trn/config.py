@@ -76,6 +76,13 @@ PRECISIONS = {"default": "default", "bfloat16": "default", "high": "high",
               "tensorfloat32": "high", "highest": "highest", "float32": "highest"}
 
 
+def _threads(value: Any) -> int:
+    n = _integer(1)(value)
+    if n > 2:
+        raise ValueError("expected 1 or 2")
+    return n
+
+
 def _precision(value: Any) -> str:
     try:
         return PRECISIONS[str(value).strip().lower()]
@@ -165,6 +172,10 @@ SETTINGS: tuple[Setting, ...] = (
             "force a collective algorithm instead of the size rule", compile_time=True),
     Setting("max_while_iterations", _integer(1),
             "trip count at which a while loop is stopped as a runaway", compile_time=True),
+    Setting("simulator_threads", _threads,
+            "threads for kernel numerics: 2 lets a worker thread take part of each "
+            "kernel (results bit-identical); 1 runs them in order, for a machine whose "
+            "second core is busy"),
 )
 _BY_FIELD = {s.field: s for s in SETTINGS}
 
@@ -182,6 +193,7 @@ class Options:
     strict_activation_ranges: bool = True
     collective_algorithm: str | None = None
     max_while_iterations: int = 10000
+    simulator_threads: int = 2
 
     def replace(self, **changes) -> "Options":
         """A copy with `changes` (field name -> value, validated like configure())."""

@@ -43,7 +43,8 @@ def test_values_are_parsed(fresh, tmp_path):
                          "JAX_TRN_STOCHASTIC_ROUNDING_SEED": "42",
                          "JAX_TRN_STRICT_ACTIVATION_RANGES": "0",
                          "JAX_TRN_COLLECTIVE_ALGORITHM": "ring",
-                         "JAX_TRN_MAX_WHILE_ITERATIONS": "5"})
+                         "JAX_TRN_MAX_WHILE_ITERATIONS": "5",
+                         "JAX_TRN_SIMULATOR_THREADS": "1"})
     assert o.system is systems.SYSTEMS["trn1.2xlarge"]
     assert o.matmul_precision == "high"
     assert o.dump == str(tmp_path / "dumps") and (tmp_path / "dumps").is_dir()
@@ -52,11 +53,13 @@ def test_values_are_parsed(fresh, tmp_path):
     assert not o.strict_activation_ranges
     assert o.collective_algorithm == "ring"
     assert o.max_while_iterations == 5
+    assert o.simulator_threads == 1
 
 
 @pytest.mark.parametrize("var, value, says", [
     ("JAX_TRN_MAX_WHILE_ITERATIONS", "lots", "integer >= 1"),
     ("JAX_TRN_MAX_WHILE_ITERATIONS", "0", "integer >= 1"),
+    ("JAX_TRN_SIMULATOR_THREADS", "3", "1 or 2"),
     ("JAX_TRN_STOCHASTIC_ROUNDING_SEED", "-3", "integer >= 0"),
     ("JAX_TRN_STOCHASTIC_ROUNDING", "maybe", "expected one of 1, true"),
     ("JAX_TRN_MATMUL_PRECISION", "fp64", "default, bfloat16, high"),

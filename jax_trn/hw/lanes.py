@@ -21,7 +21,8 @@ instruction computes what it computes sequentially: the results are bit-identica
 (tests/sim/test_lanes.py runs kernels both ways). Lane 1 holds only `NcMatmul`
 (no DRAM, no random stream); the schedule is used only under RNE rounding. Kernels
 with little matmul work run sequentially (`MIN_WORK_S`): the thread handoff would
-cost more than it gives. `ENABLED = False` turns lanes off.
+cost more than it gives. Users turn lanes off with JAX_TRN_SIMULATOR_THREADS=1
+(a core's `Numerics.lanes`); `ENABLED = False` turns them off process-wide (tests).
 
 The worker runs BLAS on the thread the caller's `blas.one_thread` has limited to one
 BLAS thread, so the two lanes use two cores, never more.

@@ -118,15 +118,19 @@ def round_tf32(x: np.ndarray) -> np.ndarray:
 
 class Numerics:
     """Rounding context of one core: RNE, or stochastic with a reproducible stream;
-    and whether activation functions honour their published input ranges."""
-    __slots__ = ("rounding", "seed", "strict_ranges", "_key", "_rng")
+    whether activation functions honour their published input ranges; and whether
+    replay may split a kernel's numerics over two threads (`lanes`, hw/lanes.py: the
+    same bits either way, so it is a simulator setting, not a hardware one)."""
+    __slots__ = ("rounding", "seed", "strict_ranges", "lanes", "_key", "_rng")
 
-    def __init__(self, rounding: str = "rne", seed: int = 0, strict_ranges: bool = True):
+    def __init__(self, rounding: str = "rne", seed: int = 0, strict_ranges: bool = True,
+                 lanes: bool = True):
         if rounding not in ("rne", "stochastic"):
             raise ValueError(f"unknown rounding mode {rounding!r}")
         self.rounding = rounding
         self.seed = seed
         self.strict_ranges = strict_ranges
+        self.lanes = lanes
         self._key: tuple[int, ...] = (seed,)
         self._rng: np.random.Generator | None = None
 

@@ -80,12 +80,13 @@ class PlanCache:
         `NeuronCore.replay` runs, in one lookup per call."""
         plan = self.get(kernel, core)
         got = self._lanes.get(id(kernel))
-        if (got is not None and got[0] is plan and got[3] == _lanes.ENABLED
+        on = _lanes.ENABLED and core.numerics.lanes
+        if (got is not None and got[0] is plan and got[3] == on
                 and (got[1] is order or got[1] == order)):
             return plan, got[2]
         schedule = (_lanes.lane_schedule(kernel, order, plan)
-                    if core.numerics.rounding == "rne" else None)
-        self._lanes[id(kernel)] = (plan, order, schedule, _lanes.ENABLED)
+                    if on and core.numerics.rounding == "rne" else None)
+        self._lanes[id(kernel)] = (plan, order, schedule, on)
         return plan, schedule
 
 

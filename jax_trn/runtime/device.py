@@ -146,6 +146,8 @@ def make_devices(system: System, numerics: Numerics | None = None) -> list[Devic
 
 def core_numerics(options) -> Numerics:
     """The rounding context of every NeuronCore of a client with `options`
-    (`jax_trn.config.Options`: stochastic rounding, its seed, strict activation ranges)."""
+    (`jax_trn.config.Options`: stochastic rounding, its seed, strict activation ranges,
+    numerics on one or two threads)."""
     return Numerics("stochastic" if options.stochastic_rounding else "rne",
-                    options.stochastic_rounding_seed, options.strict_activation_ranges)
+                    options.stochastic_rounding_seed, options.strict_activation_ranges,
+                    lanes=options.simulator_threads > 1)

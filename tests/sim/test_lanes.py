@@ -189,6 +189,25 @@ def test_an_error_on_a_lane_reaches_the_caller(every_kernel):
     assert all(core.psum.by_matmul[:64, o:o + 512].all() for o in (2048, 4096, 6144))
 
 
+def test_one_simulator_thread_runs_every_kernel_in_order(every_kernel):
+    """JAX_TRN_SIMULATOR_THREADS=1 (Numerics(lanes=False), runtime/device.py): the same
+    kernel that gets two lanes by default runs sequentially, with the same bits."""
+    st = Tile("sbuf", 0, 128, 0, (64,), "bfloat16")
+    mv = Tile("sbuf", 0, 128, 1024, (128,), "bfloat16")
+    mms = [isa.NcMatmul(dst=Tile("psum", 0, 64, o, (128,), "float32"), stationary=st,
+                        moving=mv) for o in (0, 2048, 4096, 6144)]
+    kernel = Kernel("mm", mms, {})
+    outs = []
+    for on in (True, False):
+        core = NeuronCore(CHIPS["trn2"].core, numerics=Numerics(lanes=on))
+        core.sbuf.data[:, :2048] = np.random.default_rng(3).integers(
+            0, 64, (128, 2048), dtype=np.uint8)
+        assert (core.plans.lanes(kernel, (0, 1, 2, 3), core) is None) is (not on)
+        core.replay(kernel, (0, 1, 2, 3), {})
+        outs.append(core.psum.data.copy())
+    np.testing.assert_array_equal(*outs)
+
+
 def test_a_failing_lane_1_releases_lane_0():
     """Lane 0 waiting for a lane-1 instruction that raised stops and re-raises it."""
     ran = []

@@ -154,15 +154,18 @@ def test_activation_ranges_can_be_turned_off(func, x):
 
 def test_runtime_cores_take_their_numerics_from_the_options(monkeypatch):
     """What the runtime does: each device's core gets the Numerics of the options
-    (JAX_TRN_STOCHASTIC_ROUNDING=1, _SEED=5, JAX_TRN_STRICT_ACTIVATION_RANGES=0)."""
+    (JAX_TRN_STOCHASTIC_ROUNDING=1, _SEED=5, JAX_TRN_STRICT_ACTIVATION_RANGES=0,
+    JAX_TRN_SIMULATOR_THREADS=1)."""
     from jax_trn import config, systems
     from jax_trn.runtime.device import core_numerics, make_devices
     options = config.resolve(environ={"JAX_TRN_STOCHASTIC_ROUNDING": "1",
                                       "JAX_TRN_STOCHASTIC_ROUNDING_SEED": "5",
-                                      "JAX_TRN_STRICT_ACTIVATION_RANGES": "0"})
+                                      "JAX_TRN_STRICT_ACTIVATION_RANGES": "0",
+                                      "JAX_TRN_SIMULATOR_THREADS": "1"})
     n = core_numerics(options)
-    assert (n.rounding, n.seed, n.strict_ranges) == ("stochastic", 5, False)
+    assert (n.rounding, n.seed, n.strict_ranges, n.lanes) == ("stochastic", 5, False, False)
     assert core_numerics(config.Options()).rounding == "rne"
+    assert core_numerics(config.Options()).lanes
     x = np.full((1, 4096), 1 + 2 ** -9, np.float32)
     s, d = tile(x.shape), tile(x.shape, "bfloat16")
     outs = [run1(isa.TensorCopy(dst=d, src=s), {s: x},
