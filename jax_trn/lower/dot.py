@@ -193,11 +193,14 @@ def lower_dot(ctx: LowerCtx, lhs: DramTensor, rhs: DramTensor, out: DramTensor,
     pairs = double_row(lop, rop, precision, target)
     lop, rop = with_dma_transpose(lop, target, pairs), with_dma_transpose(rop, target)
     reserved = epilogue.sbuf_bytes(target) if epilogue is not None else 0
-    plan = make_plan(lop, rop, out.dtype, _free_sbuf(ctx.kb), target, reserved)
+    # SBUF sums (matmul_plan.make_plan) need PSUM free of a fused epilogue, and are not
+    # offered to FP8 double_row pairs, whose K blocks keep their own pairing rules
+    sums = epilogue is None and not pairs
+    plan = make_plan(lop, rop, out.dtype, _free_sbuf(ctx.kb), target, reserved, sums)
     if interleaved(lop, pairs) and plan.kb % (2 * target.partitions):
         # K blocks of an odd number of k-tiles cannot hold 16-bit pairs: TensorE transposes.
         lop = dataclasses.replace(lop, via_dma=False)
-        plan = make_plan(lop, rop, out.dtype, _free_sbuf(ctx.kb), target, reserved)
+        plan = make_plan(lop, rop, out.dtype, _free_sbuf(ctx.kb), target, reserved, sums)
     MatmulEmitter(ctx.kb, lop, rop, out, plan, precision, epilogue, pairs).run()
 
 

@@ -45,9 +45,12 @@ strides). The moving tiles take the same rows (2p, 2p + 1) per partition. Otherw
 pairs are k-tiles (j, j + 1), read from the ordinary K-major tiles through a pattern
 stepping one k-tile, and an FP8 lhs is transposed on TensorE.
 
-When K is too deep for a strip to fit (`Plan.kb < K`), K is cut in blocks; bunches of
-row tiles (as many as PSUM holds) accumulate over the blocks together, so each rhs block
-is loaded once per bunch and column group, each lhs strip once per column group.
+When K is too deep for a strip to fit (`Plan.kb < K`), K is cut in blocks. If every
+row tile's FP32 sums fit in SBUF (`Plan.sbuf_acc`, no fused epilogue), each block's
+product is added into them (VectorE) and each operand is loaded once per column group;
+otherwise bunches of row tiles (as many as PSUM holds) accumulate over the blocks
+together, so each rhs block is loaded once per bunch and column group, each lhs strip
+once per column group.
 """
 from __future__ import annotations
 
@@ -159,6 +162,8 @@ class MatmulEmitter:
             kb.ring(2 if deep else -(-plan.mb // self.mt), nk * self.mt, lhs.dtype)
         self.slices = kb.ring(2, nk * plan.group, rhs.dtype)
         self.obuf = kb.ring(2, plan.group, out.dtype) if epilogue is None else None
+        self.sums = (kb.tile(-(-self.m // self.mt) * plan.group, "float32")
+                     if plan.sbuf_acc else None)
         tbanks = TRANSPOSE_BANKS if self.stage else 0
         self.tps = kb.ring(tbanks, self.bank, "float32", mem="psum") if tbanks else None
         per_acc = -(-self.cols // self.bank)            # banks one accumulator spans
@@ -171,13 +176,16 @@ class MatmulEmitter:
         batch = [n for _, n in self.lhs.batch]
         for flat, index in enumerate(itertools.product(*map(range, batch))):
             base = flat * self.m * self.n
+            if self.plan.sbuf_acc:
+                self._deep_sums(index, base)
+                continue
             if self.plan.kb < self.k:
                 self._deep(index, base)
                 continue
             for mb0, mbn in tiles(self.m, self.plan.mb):
                 self._mblock(index, base, mb0, mbn)
         rings = [self.strips, self.slices, self.acc, *self.stage.values()]
-        self.kb.release(*rings, *(r for r in (self.tps, self.obuf) if r))
+        self.kb.release(*rings, *(r for r in (self.tps, self.obuf, self.sums) if r))
         if self.epilogue is not None:
             self.epilogue.close()
 
@@ -261,6 +269,40 @@ class MatmulEmitter:
                         self._matmuls(acc, s, r, kblock[1], mt, bi == 0, None)
                 for acc, (m0, mt) in zip(accs, bunch):
                     self._drain(acc, base, m0, mt, g0, gn)
+
+    def _deep_sums(self, index, base: int) -> None:
+        """K in blocks, every row tile's FP32 sums in SBUF (`Plan.sbuf_acc`): per column
+        group, each rhs K block is loaded once and feeds every row tile; a row tile's
+        block product (PSUM) is copied into its sums (first block), added to them
+        (VectorE, FP32), or added and cast into the result (last block). Each operand
+        is read once per column group."""
+        mtiles, kblocks = tiles(self.m, self.mt), tiles(self.k, self.plan.kb)
+        for g0, gn in tiles(self.n, self.plan.group):
+            for bi, kblock in enumerate(kblocks):
+                r = self._finish(self._fetch(self.rhs, index, kblock, g0, gn, self.slices))
+                for i, (m0, mt) in enumerate(mtiles):
+                    s = self._finish(self._fetch(self.lhs, index, kblock, m0, mt,
+                                                 self.strips))
+                    accs = self._accs(mt, gn)
+                    self._matmuls(accs, s, r, kblock[1], mt, True, None)
+                    self._sum(accs, sub(self.sums, mt, gn, at=i * self.plan.group),
+                              bi, len(kblocks), (base, m0, mt, g0, gn))
+
+    def _sum(self, accs, sums: isa.Tile, bi: int, blocks: int, where) -> None:
+        base, m0, mt, g0, gn = where
+        last = bi == blocks - 1
+        otile = sub(self.obuf.next(), mt, gn) if last else None
+        for c0, ct, acc in ((c0 + b0, bn, sub(acc, mt, bn, at=b0)) for c0, ct, acc in accs
+                            for b0, bn in tiles(ct, self.bank)):
+            part = sub(sums, mt, ct, at=c0)
+            dst = sub(otile, mt, ct, at=c0) if last else part
+            if bi == 0:
+                self.kb.emit(isa.TensorCopy, dst=dst, src=acc, engine=self.kb.evac_engine())
+            else:
+                self.kb.emit(isa.TensorTensor, dst=dst, data1=part, data2=acc, op="add")
+        if last:
+            ap = self.kb.ap(self.out, base + m0 * self.n + g0, ((self.n, mt), (1, gn)))
+            self._dma(ap, otile, self.store_q)
 
     # --- compute ---------------------------------------------------------------------------
 

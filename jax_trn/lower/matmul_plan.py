@@ -48,6 +48,8 @@ class Plan:
     mb: int                     # M rows whose stationary strips stay resident
     kb: int                     # K rows per block (all of K unless it is too deep)
     group: int                  # N columns accumulated together
+    sbuf_acc: bool = False      # K blocks summed into FP32 accumulators in SBUF for every
+                                # row tile (each operand read once per column group)
 
 
 def _plan_bytes(lhs: Operand, rhs: Operand, out_dtype: str, plan: Plan, k: int,
@@ -57,6 +59,8 @@ def _plan_bytes(lhs: Operand, rhs: Operand, out_dtype: str, plan: Plan, k: int,
     strips = -(-plan.mb // mt) if plan.kb == k else 2
     total = strips * nk * mt * li + 2 * nk * plan.group * ri
     total += 2 * plan.group * hw_dtypes.itemsize(out_dtype)
+    if plan.sbuf_acc:           # the FP32 sums of every row tile's column group
+        total += 4 * -(-lhs.f[1] // mt) * plan.group
     total += sum((LOOKAHEAD + 1) * plan.kb * hw_dtypes.itemsize(op.dtype)
                  for op in (lhs, rhs) if op.pe_transposed)
     return total
@@ -128,6 +132,7 @@ def _dma_cost(lhs: Operand, rhs: Operand, out_dtype: str, plan: Plan, target: Ta
             return eff(plan.kb * hw_dtypes.itemsize(op.dtype))
         return eff(width * hw_dtypes.itemsize(op.t.dtype))
     reloads = -(-m // plan.mb) if plan.kb == k else -(-m // mt)
+    reloads = 1 if plan.sbuf_acc else reloads
     cost = m * k * hw_dtypes.itemsize(lhs.t.dtype) / load(lhs, min(m, mt))
     cost *= 1 if plan.kb == k else -(-n // plan.group)
     cost += reloads * k * n * hw_dtypes.itemsize(rhs.t.dtype) / load(rhs, plan.group)
@@ -135,11 +140,25 @@ def _dma_cost(lhs: Operand, rhs: Operand, out_dtype: str, plan: Plan, target: Ta
         plan.group * hw_dtypes.itemsize(out_dtype))
 
 
+def _sbuf_acc_candidates(m: int, k: int, n: int, target: Target):
+    """K blocks of 8 k-tiles down to 1 (long blocks: fewer SBUF additions), for each
+    column group, with the sums of all M rows in SBUF (`Plan.sbuf_acc`)."""
+    kt = target.partitions
+    for group in dict.fromkeys(min(n, g) for g in GROUP_COLS):
+        for depth in (8, 4, 2, 1):
+            if depth * kt < k:
+                yield Plan(target.stationary_max, depth * kt, group, sbuf_acc=True)
+
+
 def make_plan(lhs: Operand, rhs: Operand, out_dtype: str, sbuf_bytes: int, target: Target,
-              reserved: int = 0) -> Plan:
+              reserved: int = 0, sbuf_acc: bool = False) -> Plan:
     """The plan that fits the SBUF share of a matmul kernel (of `sbuf_bytes` free per
     partition, after `reserved` bytes per partition: a fused epilogue's buffers) with
-    the least DMA cost on `target`; K blocks only when all of K fits nowhere."""
+    the least DMA cost on `target`; K blocks only when all of K fits nowhere. Then, if
+    `sbuf_acc` (no fused epilogue: it reads PSUM), the K blocks may sum in SBUF instead
+    of PSUM when that moves fewer bytes: PSUM holds a few row tiles' sums, so the
+    bunched plan reads the rhs once per bunch (a vocabulary gradient [4092, 32000] x
+    [32000, 1024] bf16 moved 860 MB, DMA-bound at 4.8 ms on trn2)."""
     budget = int(sbuf_bytes * SBUF_SHARE) - reserved
     k = lhs.k[1]
     fits = [p for p in _candidates(lhs.f[1], k, rhs.f[1], target)
@@ -147,6 +166,8 @@ def make_plan(lhs: Operand, rhs: Operand, out_dtype: str, sbuf_bytes: int, targe
     whole = [p for p in fits if p.kb == k]
     if whole:
         return min(whole, key=lambda p: _dma_cost(lhs, rhs, out_dtype, p, target))
-    if fits:
-        return fits[0]
+    acc = [p for p in _sbuf_acc_candidates(lhs.f[1], k, rhs.f[1], target)
+           if _plan_bytes(lhs, rhs, out_dtype, p, k, target) <= budget] if sbuf_acc else []
+    if fits or acc:
+        return min(fits[:1] + acc, key=lambda p: _dma_cost(lhs, rhs, out_dtype, p, target))
     raise LoweringError("dot_general tiles do not fit in SBUF")

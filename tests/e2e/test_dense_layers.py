@@ -79,3 +79,23 @@ def test_flax_dense_general_layer_matches_cpu(jax, trn, cpu):
     assert len(names) == 1, names
     np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32),
                                rtol=1e-2, atol=5e-2)
+
+
+def test_vocabulary_gradient_with_deep_k_matches_cpu(jax, trn, cpu):
+    """The input gradient of tied-embedding logits (`x @ E.T`, flax `Embed.attend`),
+    taken with jax.vjp for a random cotangent: dlogits [T, V] @ E [V, D] contracts over a
+    32000-word vocabulary, too deep for whole-K strips: K blocks summed in FP32 in SBUF
+    (matmul_plan `sbuf_acc`), each operand read once. Same values as CPU to the bf16
+    rounding of the result (both accumulate in FP32)."""
+    import jax.numpy as jnp
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((1024, 512)).astype(jnp.bfloat16)
+    emb = (rng.standard_normal((32000, 512)) * 0.05).astype(jnp.bfloat16)
+    ct = rng.standard_normal((1024, 32000)).astype(jnp.bfloat16)
+
+    def dx(x, emb, ct):
+        return jax.vjp(lambda x: x @ emb.T, x)[1](ct)[0]
+    f = jax.jit(dx)
+    got = np.asarray(f(*(jax.device_put(a, trn) for a in (x, emb, ct)))).astype(np.float32)
+    want = np.asarray(f(*(jax.device_put(a, cpu) for a in (x, emb, ct)))).astype(np.float32)
+    np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)

@@ -258,7 +258,8 @@ def test_dot_large_k_and_n_blocks():
 
 def _deep_k(rows: int, seeds: tuple[int, int]):
     """A [rows, 1024] x [1024, 70] bf16 dot on a core with 4000 bytes of SBUF per
-    partition, which forces K blocks accumulating across blocks in PSUM: its program,
+    partition, which forces K blocks: summed in SBUF while every row tile's FP32 sums
+    fit there (rows <= ~1400), else accumulated across blocks in PSUM. Its program,
     checked against numpy."""
     import dataclasses
     from .runner import run_program
@@ -271,20 +272,31 @@ def _deep_k(rows: int, seeds: tuple[int, int]):
     return program
 
 
-def test_dot_deep_k_fallback():
-    """A tiny SBUF forces K blocks accumulating across blocks in PSUM."""
-    _deep_k(130, (18, 19))
+def _loads(kernel, arg: str) -> list:
+    return [i for i in kernel.instructions if type(i).__name__ in ("DmaCopy", "DmaTranspose")
+            and getattr(i.src, "tensor", None) == arg]
+
+
+def test_deep_k_sums_in_sbuf_read_each_operand_once():
+    """K blocks whose row tiles' FP32 sums fit in SBUF (`Plan.sbuf_acc`): every rhs K
+    block and lhs strip is loaded once; each row tile's block product is copied into
+    its sums, then added (VectorE) for each later block, the last add casting into the
+    result."""
+    (kernel,) = _deep_k(640, (20, 21)).kernels
+    kinds = Counter(type(i).__name__ for i in kernel.instructions)
+    assert len(_loads(kernel, "arg1")) == 8             # each rhs k-tile once
+    assert len(_loads(kernel, "arg0")) == 5 * 8         # 5 row tiles x 8 k-tiles, once
+    adds = kinds["TensorTensor"]
+    assert adds > 0 and adds % 5 == 0 and kinds["TensorCopy"] == 5
 
 
 def test_deep_k_row_tiles_share_each_rhs_block():
-    """K blocks with M over several row tiles: the row tiles accumulate together, so
-    each rhs K block is read once per column group, not once per row tile."""
-    (kernel,) = _deep_k(640, (20, 21)).kernels
-    rhs = [i for i in kernel.instructions if type(i).__name__ in ("DmaCopy", "DmaTranspose")
-           and getattr(i.src, "tensor", None) == "arg1"]
-    lhs = [i for i in kernel.instructions if type(i).__name__ in ("DmaCopy", "DmaTranspose")
-           and getattr(i.src, "tensor", None) == "arg0"]
-    assert rhs and len(rhs) * 4 <= len(lhs)      # 5 row tiles share each rhs block
+    """K blocks with M too large for SBUF sums: the row tiles accumulate together in
+    PSUM, so each rhs K block is read once per bunch, not once per row tile."""
+    (kernel,) = _deep_k(1700, (20, 21)).kernels
+    rhs, lhs = _loads(kernel, "arg1"), _loads(kernel, "arg0")
+    kinds = Counter(type(i).__name__ for i in kernel.instructions)
+    assert kinds["TensorTensor"] == 0 and rhs and len(rhs) * 4 <= len(lhs)
 
 
 # --- structure -------------------------------------------------------------------------------
