@@ -139,6 +139,7 @@ class MatmulEmitter:
         self.double_row = double_row    # see `double_row()`
         self.interleaved = interleaved(lhs, double_row)
         self.first_block = True
+        self.resident = None            # (batch index, rhs slice) of a single column group
         self.m, self.k, self.n = lhs.f[1], lhs.k[1], rhs.f[1]
         target = kb.target
         self.kt, self.mt = target.partitions, target.stationary_max   # k-tile, row tile
@@ -201,7 +202,7 @@ class MatmulEmitter:
             fetched.append(self._fetch(self.lhs, index, whole, *mt, self.strips))
             strips.append(self._finish(fetched[-1]))
         for gi, (g0, gn) in enumerate(tiles(self.n, self.plan.group)):
-            r = self._finish(self._fetch(self.rhs, index, whole, g0, gn, self.slices))
+            r = self._rhs(index, g0, gn)
             if gi == 0 and bunch > 1:
                 self._bunched(strips, r, mtiles[:bunch], base, g0, gn)
             for i, (m0, mt) in enumerate(mtiles):
@@ -243,11 +244,22 @@ class MatmulEmitter:
         block = self._fetch(self.lhs, index, (0, self.k), mb0, mbn, self.strips).dst
         strips = [KMajor(sub(block.base, self.kt, 1, at=m0 - mb0), mbn) for m0, _ in mtiles]
         for g0, gn in tiles(self.n, self.plan.group):
-            r = self._finish(self._fetch(self.rhs, index, (0, self.k), g0, gn, self.slices))
+            r = self._rhs(index, g0, gn)
             for i, (m0, mt) in enumerate(mtiles):
                 accs = self._accs(mt, gn)
                 self._matmuls(accs, strips[i], r, self.k, mt, True, None)
                 self._drain(accs, base, m0, mt, g0, gn)
+
+    def _rhs(self, index, g0: int, gn: int) -> KMajor:
+        """The rhs slice R[K, g0:g0+gn], loaded; with one column group the same slice
+        serves every M block, so it stays resident and is loaded once per batch index
+        (a vocabulary gradient [32000, 4092] x [4092, 1024] read it 31 times)."""
+        if self.n <= self.plan.group and self.resident is not None \
+                and self.resident[0] == index:
+            return self.resident[1]
+        r = self._finish(self._fetch(self.rhs, index, (0, self.k), g0, gn, self.slices))
+        self.resident = (index, r) if self.n <= self.plan.group else None
+        return r
 
     def _deep(self, index, base: int) -> None:
         """K in blocks. Row tiles go in bunches that accumulate in PSUM together (as

@@ -132,7 +132,8 @@ def _dma_cost(lhs: Operand, rhs: Operand, out_dtype: str, plan: Plan, target: Ta
             return eff(plan.kb * hw_dtypes.itemsize(op.dtype))
         return eff(width * hw_dtypes.itemsize(op.t.dtype))
     reloads = -(-m // plan.mb) if plan.kb == k else -(-m // mt)
-    reloads = 1 if plan.sbuf_acc else reloads
+    # SBUF sums, or one column group: the rhs is loaded once (matmul.py `_rhs`)
+    reloads = 1 if plan.sbuf_acc or (plan.kb == k and n <= plan.group) else reloads
     cost = m * k * hw_dtypes.itemsize(lhs.t.dtype) / load(lhs, min(m, mt))
     cost *= 1 if plan.kb == k else -(-n // plan.group)
     cost += reloads * k * n * hw_dtypes.itemsize(rhs.t.dtype) / load(rhs, plan.group)

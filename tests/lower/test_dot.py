@@ -388,3 +388,21 @@ def test_dma_cast_rhs_bunches_more_row_tiles():
             accs.add(i.dst.offset)
     assert first_drain_accs("bfloat16") == 2 * 2       # 2 row tiles x 2 column banks
     assert first_drain_accs("float32") == 3 * 2
+
+
+@pytest.mark.parametrize("lc", [(0,), (1,)])
+def test_one_column_group_loads_the_rhs_once(lc):
+    """N within one column group and M over several blocks (a small SBUF): the rhs slice
+    stays resident across the M blocks, loaded once (it was reloaded per block), for a
+    K-major lhs (whole-block loads) and a row-major one (strips)."""
+    import dataclasses
+    from .runner import run_program
+    spec = dataclasses.replace(SPEC, sbuf_partition_bytes=SPEC.sbuf_reserved_bytes + 12000)
+    ls = (256, 2048) if lc == (0,) else (2048, 256)
+    x, y = rand(ls, "bfloat16", 60), rand((256, 512), "bfloat16", 61)
+    m = dot_module(ls, (256, 512), lc=lc, dtype="bfloat16", out_dtype="float32")
+    program = lower_module(m, spec)
+    out = run_program(program, [x, y], spec).outputs[0]
+    np.testing.assert_allclose(out, dot_ref(x, y, lc=lc), rtol=1e-4, atol=1e-3)
+    (kernel,) = program.kernels
+    assert len(_loads(kernel, "arg1")) == 2      # its 2 k-tiles (before: 2 per M block)
