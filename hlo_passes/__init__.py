@@ -26,6 +26,7 @@ dumps and `disabled` use):
     attention-bwd-fusion softmax(q k^T) v with its gradient -> fusions  }
                          "attention" (+ logsumexp) and "attention_bwd"  }
     attention-fusion     softmax(q k^T) v -> fusion "attention"         }
+    dot-operand-transpose  dot(a, transpose(b)) -> dot(a, b), other dims }
     convert-into-dot     f32 -> bf16 converts read by dots only -> the  }
                          dots' operand loads (DMA casts)                }
     broadcast-before-convert  broadcast(convert(x)) -> convert(broadcast(x)) }
@@ -57,6 +58,7 @@ from hlo_passes.passes import (
     cse,
     dce,
     degenerate_reduce,
+    dot_operand_transpose,
     inline_calls,
     localize,
     mx_quantize,
@@ -86,7 +88,8 @@ def _cleanup() -> list:
 
 def _fusion(policy: FusionPolicy) -> list:
     return [mx_quantize, degenerate_reduce, transposed_dot, AttentionBwdFusion(policy),
-            AttentionFusion(policy), convert_into_dot, broadcast_before_convert,
+            AttentionFusion(policy), dot_operand_transpose, convert_into_dot,
+            broadcast_before_convert,
             pads_to_concat, Fusion(policy), compose_views, dce]
 
 

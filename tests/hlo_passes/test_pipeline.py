@@ -48,9 +48,9 @@ def test_default_pipeline_ends_with_the_fusion_passes():
     module = from_text(TEXT)
     pipeline = hlo_passes.default_pipeline()
     assert pipeline.run(module)
-    assert [r.name for r in pipeline.log][-10:] == [
+    assert [r.name for r in pipeline.log][-11:] == [
             "degenerate-reduce", "transposed-dot", "attention-bwd-fusion", "attention-fusion",
-            "convert-into-dot", "broadcast-before-convert", "pads-to-concat", "fusion",
+            "dot-operand-transpose", "convert-into-dot", "broadcast-before-convert", "pads-to-concat", "fusion",
             "compose-views", "dce"]
     assert kinds(module.main.body) == ["fusion", "func.return"]
     (fusion,) = module.main.body.ops[:1]
@@ -94,7 +94,7 @@ def test_pass_names_are_every_name_that_can_be_disabled():
                      "split-reductions", "simplify", "cse", "dce", "combine-all-reduce", "mx-quantize",
                      "degenerate-reduce",
                      "transposed-dot", "attention-bwd-fusion",
-                     "attention-fusion", "convert-into-dot", "broadcast-before-convert",
+                     "attention-fusion", "dot-operand-transpose", "convert-into-dot", "broadcast-before-convert",
                      "pads-to-concat", "fusion", "compose-views")
     pipeline = hlo_passes.default_pipeline(disabled=names)
     module = from_text(TEXT)
