@@ -32,7 +32,9 @@ through tile i's matmuls so their PSUM evacuation hides behind TensorE work. Loa
 stores use separate DMA queues (a prefetch never waits behind a store). The kernel's
 first column group computes its first few row tiles together, k outer, so each rhs
 k-tile feeds several matmuls as it arrives. A K-major lhs ([K, M], M contiguous) loads
-the whole block per k-tile (rows of mb elements rather than 128).
+the whole block per k-tile (rows of mb elements rather than 128), its DMAs alternating
+with the first rhs slice's k-tile by k-tile, and the bunch doubled (two loads per
+k-step). With one column group the rhs slice stays resident across M blocks.
 
 The plan (block rows, column group; matmul_plan.py) is the one that fits SBUF with the
 least DMA cost (bytes over descriptor efficiency, §3.4). FP8 x FP8 on v3+ runs `double_row` (§2.2):
@@ -222,12 +224,12 @@ class MatmulEmitter:
                 self._matmuls(accs, strips[i], r, self.k, mt, True, midway)
                 self._drain(accs, base, m0, mt, g0, gn)
 
-    def _bunch_size(self, mtiles) -> int:
+    def _bunch_size(self, mtiles, loads: int = 1) -> int:
         """Row tiles the kernel's first column group computes together, k-steps outer:
         each rhs k-tile then feeds that many matmuls as it arrives (the first group's
         rhs is the only load nothing hides). One set of PSUM banks stays free."""
         per = -(-min(self.n, self.plan.group) // self.cols)
-        return max(1, min(len(mtiles), BUNCH * _cast_ratio(self.rhs),
+        return max(1, min(len(mtiles), BUNCH * _cast_ratio(self.rhs) * loads,
                           len(self.acc.tiles) // per - 1))
 
     def _bunched(self, strips, r: KMajor, mtiles, base: int, g0: int, gn: int) -> None:
@@ -241,21 +243,39 @@ class MatmulEmitter:
 
     def _wide_mblock(self, index, base: int, mb0: int, mbn: int, mtiles) -> None:
         """The block's lhs [K, mbn] in one DMA per k-tile; strip i is a view into it."""
-        block = self._fetch(self.lhs, index, (0, self.k), mb0, mbn, self.strips).dst
+        g0, gn = tiles(self.n, self.plan.group)[0]
+        both = self._plain(self.rhs) and not self._resident(index)
+        if both:
+            block, first = self._fetch_both(index, mb0, mbn, g0, gn)
+            self.resident = (index, first) if self.n <= self.plan.group else None
+        else:
+            block = self._fetch(self.lhs, index, (0, self.k), mb0, mbn, self.strips).dst
         strips = [KMajor(sub(block.base, self.kt, 1, at=m0 - mb0), mbn) for m0, _ in mtiles]
-        for g0, gn in tiles(self.n, self.plan.group):
-            r = self._rhs(index, g0, gn)
+        bunch = self._bunch_size(mtiles, 2) if both else 1
+        for gi, (g0, gn) in enumerate(tiles(self.n, self.plan.group)):
+            r = first if both and gi == 0 else self._rhs(index, g0, gn)
+            if gi == 0 and bunch > 1:   # k outer: each arriving k-tile pair feeds the bunch
+                self._bunched(strips, r, mtiles[:bunch], base, g0, gn)
             for i, (m0, mt) in enumerate(mtiles):
+                if gi == 0 and i < bunch and bunch > 1:
+                    continue
                 accs = self._accs(mt, gn)
                 self._matmuls(accs, strips[i], r, self.k, mt, True, None)
                 self._drain(accs, base, m0, mt, g0, gn)
+
+    def _resident(self, index) -> bool:
+        return (self.n <= self.plan.group and self.resident is not None
+                and self.resident[0] == index)
+
+    def _plain(self, op: Operand) -> bool:
+        """Loaded k-tile by k-tile as it lies (`_plain_dmas`)."""
+        return not (op.transposed or op.via_dma or self.interleaved)
 
     def _rhs(self, index, g0: int, gn: int) -> KMajor:
         """The rhs slice R[K, g0:g0+gn], loaded; with one column group the same slice
         serves every M block, so it stays resident and is loaded once per batch index
         (a vocabulary gradient [32000, 4092] x [4092, 1024] read it 31 times)."""
-        if self.n <= self.plan.group and self.resident is not None \
-                and self.resident[0] == index:
+        if self._resident(index):
             return self.resident[1]
         r = self._finish(self._fetch(self.rhs, index, (0, self.k), g0, gn, self.slices))
         self.resident = (index, r) if self.n <= self.plan.group else None
@@ -414,10 +434,32 @@ class MatmulEmitter:
                 self._dma(rows, self.kb.ap(op.t, base + c0 * op.f[0], src))
                 load.staged.append((rows, c0, fc))
             return load
-        for j, (k0, kt) in enumerate(tiles(kblock[1], pmax)):
-            src = self.kb.ap(op.t, base + k0 * op.k[0], ((op.k[0], kt), (op.f[0], fsize)))
-            self._dma(load.dst.tile(j, kt, fsize), src)
+        for emit in self._plain_dmas(op, load, base, kblock, fsize):
+            emit()
         return load
+
+    def _plain_dmas(self, op: Operand, load: _Load, base: int, kblock, fsize: int) -> list:
+        """The DMAs of a K-major operand's k-tiles, one closure each, in K order."""
+        def dma(j: int, k0: int, kt: int):
+            src = self.kb.ap(op.t, base + k0 * op.k[0], ((op.k[0], kt), (op.f[0], fsize)))
+            return lambda: self._dma(load.dst.tile(j, kt, fsize), src)
+        return [dma(j, k0, kt) for j, (k0, kt) in enumerate(tiles(kblock[1], self.kt))]
+
+    def _fetch_both(self, index, mb0: int, mbn: int, g0: int, gn: int) -> tuple:
+        """A wide lhs block and its first rhs slice with their k-tiles' DMAs alternating,
+        so the first matmul waits for one k-tile of each, not for the whole lhs block
+        (flax's weight gradients, [4092, 1024]^T x [4092, 1024]: 30 us before the first
+        matmul). Both operands must load plainly (no transpose, no pairs)."""
+        loads = []
+        for op, f0, fsize, ring in ((self.lhs, mb0, mbn, self.strips),
+                                    (self.rhs, g0, gn, self.slices)):
+            load = _Load(KMajor(ring.next(), fsize))
+            base = op.batch_offset(index) + f0 * op.f[0]
+            loads.append((load, self._plain_dmas(op, load, base, (0, self.k), fsize)))
+        for pair in itertools.zip_longest(loads[0][1], loads[1][1]):
+            for emit in pair:
+                emit()
+        return loads[0][0].dst, loads[1][0].dst
 
     def _dma(self, dst, src, queues=None) -> None:
         self.kb.emit(isa.DmaCopy, dst=dst, src=src, dma_queue=next(queues or self.load_q))

@@ -406,3 +406,20 @@ def test_one_column_group_loads_the_rhs_once(lc):
     np.testing.assert_allclose(out, dot_ref(x, y, lc=lc), rtol=1e-4, atol=1e-3)
     (kernel,) = program.kernels
     assert len(_loads(kernel, "arg1")) == 2      # its 2 k-tiles (before: 2 per M block)
+
+
+def test_k_major_lhs_starts_after_one_k_tile_of_each_operand():
+    """A K-major lhs ([K, M], loaded as whole blocks: flax's weight gradients x^T dy):
+    its k-tile DMAs alternate with the rhs's, so the first matmul waits for one k-tile
+    of each, not for the whole lhs block; the first k-step then feeds 3 row tiles (two
+    loads per k-step double the bunch; PSUM holds 3 with one set free)."""
+    x, y = rand((512, 512), "bfloat16", 70), rand((512, 1024), "bfloat16", 71)
+    res = run(dot_module((512, 512), (512, 1024), lc=(0,), dtype="bfloat16",
+                         out_dtype="float32"), x, y)
+    np.testing.assert_allclose(res.outputs[0], dot_ref(x, y, lc=(0,)), rtol=1e-4, atol=1e-3)
+    ins = res.program.kernels[0].instructions
+    first = next(i for i, x in enumerate(ins) if type(x).__name__ == "NcMatmul")
+    srcs = [x.src.tensor for x in ins[:first] if type(x).__name__ == "DmaCopy"]
+    assert srcs[:2] == ["arg0", "arg1"] and srcs[2:4] == ["arg0", "arg1"]
+    step = [x for x in ins if type(x).__name__ == "NcMatmul"][:6]
+    assert len({x.stationary.offset for x in step}) == 3       # 3 row tiles per k-step
