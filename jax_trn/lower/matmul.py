@@ -57,7 +57,6 @@ once per column group.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
 from typing import Callable
 
 from jax_trn.hw import dtypes as hw_dtypes
@@ -66,6 +65,7 @@ from jax_trn.hw.program import DramTensor
 
 from .builder import KernelBuilder, sub
 from .layout import tiles
+from .matmul_loads import KMajor, Loads
 from .matmul_plan import LOOKAHEAD, Operand, Plan, interleaved
 from .target import Target
 
@@ -76,61 +76,9 @@ BUNCH = 2                   # row tiles of the first column group computed toget
                             # rhs DMA cast's byte ratio: `_cast_ratio`)
 
 
-# --- loads ---------------------------------------------------------------------------------
-
-@dataclass
-class KMajor:
-    """Operand tiles with K on partitions: k-tile j is [kt, width] at element j*stride."""
-    base: isa.Tile
-    stride: int
-
-    def tile(self, j: int, kt: int, free: int, at: int = 0) -> isa.Tile:
-        return sub(self.base, kt, free, at=j * self.stride + at)
-
-    def pair(self, j: int, free: int, at: int = 0) -> isa.Tile:
-        """k-tiles j and j + 1 (columns [at, at + free)) as one [P, 2, free] double_row
-        operand (§2.2): contiguous in a stationary strip (stride == free), else through
-        an access pattern stepping `stride` between the two (§3.1)."""
-        view = sub(self.base, self.base.num_partitions, self.stride + free,
-                   at=j * self.stride + at)
-        if self.stride == free:
-            return view.with_(free=(2, free))
-        return view.with_(free=(2, free), strides=(self.stride, 1))
-
-
-@dataclass
-class WordPairs(KMajor):
-    """A stationary strip transposed as 16-bit words of 1-byte elements: the pair
-    (k-tiles j, j + 1) is [P, M] words, i.e. bytes [P, M, 2] holding rows 2p, 2p + 1 of
-    the 256-row block; double_row reads it as [P, 2, M] with element strides (1, 2).
-    The moving tiles of such a matmul hold the same rows (`MatmulEmitter._fetch`)."""
-
-    def tile(self, j: int, kt: int, free: int, at: int = 0) -> isa.Tile:
-        raise AssertionError("a word-pair strip has no single k-tiles")
-
-    def words(self, j: int, free: int) -> isa.Tile:
-        """The pair's SBUF region as [P, free] 16-bit words (the dma_transpose target)."""
-        return self._bytes(j, free).with_(free=(free,), dtype="uint16")
-
-    def pair(self, j: int, free: int, at: int = 0) -> isa.Tile:
-        assert at == 0, "a word-pair strip is read whole"
-        return self._bytes(j, free).with_(free=(2, free), strides=(1, 2))
-
-    def _bytes(self, j: int, free: int) -> isa.Tile:
-        assert self.stride == free, "k-tiles are not adjacent"
-        return sub(self.base, self.base.num_partitions, 2 * free, at=j * self.stride)
-
-
-@dataclass
-class _Load:
-    """A K-major load in flight: its DMAs are issued; transposes still to emit."""
-    dst: KMajor
-    staged: list[tuple[isa.Tile, int, int]] = field(default_factory=list)  # rows, c0, fc
-
-
 # --- the emitter -----------------------------------------------------------------------------
 
-class MatmulEmitter:
+class MatmulEmitter(Loads):
     """Emits the loop nest of one canonical matmul (see the module docstring)."""
 
     def __init__(self, kb: KernelBuilder, lhs: Operand, rhs: Operand, out: DramTensor,
@@ -393,106 +341,6 @@ class MatmulEmitter:
         ap = self.kb.ap(self.out, base + m0 * self.n + g0, ((self.n, mt), (1, gn)))
         self._dma(ap, otile, self.store_q)
 
-    # --- K-major loads -----------------------------------------------------------------------
-
-    def _fetch(self, op: Operand, index, kblock, f0: int, fsize: int, ring) -> _Load:
-        """Issues the DMAs of op[kblock, f0:f0+fsize] as K-major tiles."""
-        words = self.interleaved and op is self.lhs
-        load = _Load((WordPairs if words else KMajor)(ring.next(), fsize))
-        base = op.batch_offset(index) + kblock[0] * op.k[0] + f0 * op.f[0]
-        pmax = self.kt
-        if words:
-            # One 16-bit dma_transpose per 256-row block: [fsize, 128 words] -> [128, fsize].
-            for q, k0 in enumerate(range(0, kblock[1], 2 * pmax)):
-                src = self.kb.ap(op.t, (base + k0) // 2, ((op.f[0] // 2, fsize), (1, pmax)),
-                                 view="uint16")
-                self.kb.emit(isa.DmaTranspose, dst=load.dst.words(2 * q, fsize), src=src,
-                             dma_queue=next(self.load_q))
-            return load
-        if self.interleaved and op is self.rhs:
-            # Rows (2p, 2p + 1) of each 256-row block on partition p, as the stationary
-            # holds them; each row's `fsize` columns one DMA run, as plain k-tiles.
-            for q, k0 in enumerate(range(0, kblock[1], 2 * pmax)):
-                src = self.kb.ap(op.t, base + k0 * op.k[0],
-                                 ((2 * op.k[0], pmax), (op.k[0], 2), (op.f[0], fsize)))
-                self._dma(sub(load.dst.base, pmax, (2, fsize), at=2 * q * fsize), src)
-            return load
-        if op.via_dma:
-            for j, (k0, kt) in enumerate(tiles(kblock[1], pmax)):
-                src = self.kb.ap(op.t, base + k0 * op.k[0], ((op.f[0], fsize), (op.k[0], kt)))
-                self.kb.emit(isa.DmaTranspose, dst=load.dst.tile(j, kt, fsize), src=src,
-                             dma_queue=next(self.load_q))
-            return load
-        if op.transposed:
-            stage = self.stage[id(op)]
-            for c0, fc in tiles(fsize, pmax):
-                if len(load.staged) == len(stage.tiles):
-                    # The ring wraps onto a chunk not transposed yet: transpose it first.
-                    self._transpose_staged(load.staged.pop(0), load.dst)
-                rows = sub(stage.next(), fc, kblock[1])
-                src = ((op.f[0], fc), (op.k[0], kblock[1]))
-                self._dma(rows, self.kb.ap(op.t, base + c0 * op.f[0], src))
-                load.staged.append((rows, c0, fc))
-            return load
-        for emit in self._plain_dmas(op, load, base, kblock, fsize):
-            emit()
-        return load
-
-    def _plain_dmas(self, op: Operand, load: _Load, base: int, kblock, fsize: int) -> list:
-        """The DMAs of a K-major operand's k-tiles, one closure each, in K order."""
-        def dma(j: int, k0: int, kt: int):
-            src = self.kb.ap(op.t, base + k0 * op.k[0], ((op.k[0], kt), (op.f[0], fsize)))
-            return lambda: self._dma(load.dst.tile(j, kt, fsize), src)
-        return [dma(j, k0, kt) for j, (k0, kt) in enumerate(tiles(kblock[1], self.kt))]
-
-    def _fetch_both(self, index, mb0: int, mbn: int, g0: int, gn: int) -> tuple:
-        """A wide lhs block and its first rhs slice with their k-tiles' DMAs alternating,
-        so the first matmul waits for one k-tile of each, not for the whole lhs block
-        (flax's weight gradients, [4092, 1024]^T x [4092, 1024]: 30 us before the first
-        matmul). Both operands must load plainly (no transpose, no pairs)."""
-        loads = []
-        for op, f0, fsize, ring in ((self.lhs, mb0, mbn, self.strips),
-                                    (self.rhs, g0, gn, self.slices)):
-            load = _Load(KMajor(ring.next(), fsize))
-            base = op.batch_offset(index) + f0 * op.f[0]
-            loads.append((load, self._plain_dmas(op, load, base, (0, self.k), fsize)))
-        for pair in itertools.zip_longest(loads[0][1], loads[1][1]):
-            for emit in pair:
-                emit()
-        return loads[0][0].dst, loads[1][0].dst
-
-    def _dma(self, dst, src, queues=None) -> None:
-        self.kb.emit(isa.DmaCopy, dst=dst, src=src, dma_queue=next(queues or self.load_q))
-
-    def _finish(self, load: _Load) -> KMajor:
-        """Emits the TensorE transposes of a staged load (none for a direct one)."""
-        for staged in load.staged:
-            self._transpose_staged(staged, load.dst)
-        load.staged.clear()
-        return load.dst
-
-    def _transpose_staged(self, staged: tuple[isa.Tile, int, int], dst: KMajor) -> None:
-        rows, c0, fc = staged
-        for group in _runs(tiles(rows.free_size, self.kt), self.bank // fc):
-            self._transpose(rows, group, fc, c0, dst)
-
-    def _transpose(self, rows: isa.Tile, group, fc: int, c0: int, dst: KMajor) -> None:
-        """Transposes k-tiles of `rows` [fc, K] into one PSUM bank, then copies them to
-        `dst`: with one copy when they are adjacent there (a full-width strip)."""
-        bank = self.tps.next()
-        kt = group[0][1][1]
-        for g, (_, (k0, _)) in enumerate(group):
-            self.kb.emit(isa.NcTranspose, dst=sub(bank, kt, fc, at=g * fc),
-                         data=sub(rows, fc, kt, at=k0))
-        if dst.stride == fc:
-            self.kb.emit(isa.TensorCopy, dst=dst.tile(group[0][0], kt, len(group) * fc),
-                         src=sub(bank, kt, len(group) * fc), engine=self.kb.evac_engine())
-            return
-        for g, (j, _) in enumerate(group):
-            self.kb.emit(isa.TensorCopy, dst=dst.tile(j, kt, fc, at=c0),
-                         src=sub(bank, kt, fc, at=g * fc), engine=self.kb.evac_engine())
-
-
 def _cast_ratio(op: Operand) -> int:
     """DRAM bytes per SBUF byte of an operand the DMA casts (§3.4: casts go through
     FP32), e.g. 2 for FP32 weights of a BF16 layer. Its k-tiles arrive that much more
@@ -517,14 +365,3 @@ def _moving_cols(target: Target, group: int, plain: bool) -> int:
     if target.matmul_spans_banks and plain:
         return max(target.psum_bank_fp32, min(target.moving_max, group))
     return target.psum_bank_fp32
-
-
-def _runs(ktiles: list[tuple[int, int]], size: int) -> list[list]:
-    """Consecutive (j, (k0, kt)) runs of equal kt, at most `size` long."""
-    out: list[list] = []
-    for j, kt in enumerate(ktiles):
-        if out and len(out[-1]) < size and out[-1][-1][1][1] == kt[1]:
-            out[-1].append((j, kt))
-        else:
-            out.append([(j, kt)])
-    return out
