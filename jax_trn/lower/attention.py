@@ -66,7 +66,7 @@ import numpy as np
 from jax_trn.hw import isa
 from jax_trn.hw.program import DramTensor
 
-from .attention_layout import Axes, heads_per_dma, unit_blocks
+from .attention_layout import Axes, LseRows, heads_per_dma, unit_blocks
 from .attention_masks import NEG, mask_bias  # noqa: F401  (attention_bwd_masks reads them)
 from .attention_masks import MASK_ROWS_BYTES, MaskBiases
 from .attention_outer import MASK_K, OuterMask
@@ -166,6 +166,7 @@ class _Flash(MaskBiases):
         self.queues = itertools.cycle(range(target.dma_queues))
         kb.flops += 2 * self.batch * self.sq * self.sk * (self.d + self.dv)
         self.outer = OuterMask(self, *extra["outer"]) if extra["outer"] else None
+        self.lse = LseRows(kb, ctx.outs[1], self._dma) if len(ctx.outs) > 1 else None
         self.runtime = self.rt_mask is not None or self.rt_bias is not None
         if self.runtime:
             self.rt_jobs = 0
@@ -210,6 +211,8 @@ class _Flash(MaskBiases):
                 self._transposes(jobs[n - 1])
             if 0 <= n - LAG_B < len(jobs):
                 self._stage_b(jobs[n - LAG_B])
+        if self.lse is not None:
+            self.lse.flush()
 
     def _plan_units(self) -> None:
         """The units (batch index x group index) in job order, with the runs of
@@ -459,19 +462,19 @@ class _Flash(MaskBiases):
             base = b["out"] - slot * self.dv + q0 * os
             src = res if size == 1 else sub(self.stage[q0], qt, size * self.dv)
             self._dma(kb.ap(self.out, base, ((os, qt), (1, size * self.dv))), src)
-        if len(self.ctx.outs) > 1:
+        if self.lse is not None:
             self._lse(job)
 
     def _lse(self, job: dict) -> None:
         """The rows' logsumexp m + ln(l) (f32 [units, Sq], the fusion's second result
-        when the gradient is taken: attention_bwd.py recomputes p from it)."""
+        when the gradient is taken: attention_bwd.py recomputes p from it), stored as
+        rows by `LseRows`."""
         kb, tile = self.kb, job["tile"]
         qt = tile["qt"]
-        lse = sub(self.small.next(), qt, 1)
+        lse = self.lse.column(job["b"]["n"] * self.sq + tile["q0"], qt)
         kb.emit(isa.Activation, dst=lse, data=job["l"], func="log")
         kb.emit(isa.TensorTensor, dst=lse, data1=lse, data2=tile["negm"], op="subtract")
-        base = job["b"]["n"] * self.sq + tile["q0"]
-        self._dma(kb.ap(self.ctx.outs[1], base, ((1, qt), (1, 1))), lse)
+        self.lse.after()
 
 
 def pipeline_slots(jobs: int, lag: int) -> int:

@@ -9,7 +9,10 @@ from __future__ import annotations
 import itertools
 import math
 
+from jax_trn.hw import isa
 from jax_trn.hw.program import DramTensor
+
+from .builder import sub
 
 
 class Axes:
@@ -60,3 +63,53 @@ def heads_per_dma(rows: int, width: int, itemsize: int, budget: int) -> int:
     bytes per partition (at most 8, at least 1)."""
     per_head = 2 * rows * width * itemsize
     return max(1, min(8, budget // max(1, per_head)))
+
+
+class LseRows:
+    """The rows' logsumexp (f32 [units, Sq], the forward's second result when the
+    gradient is taken) stored as rows: each q-tile's [qt, 1] column goes into column c
+    of an FP32 [P, P] SBUF tile; every P columns (and at the end) one SBUF -> SBUF
+    dma_transpose (§3.4, not limited by descriptor size) makes them rows, stored as
+    runs of 512-byte rows. A [qt, 1] store per q-tile has 4-byte descriptors: at
+    4 / 2500 of the DMA rate (§3.4) each held the queues like a 320 KB transfer
+    (LM row, D64: 448 of them, the forward kernel 911 us, DMA-bound)."""
+
+    def __init__(self, kb, out: DramTensor, dma):
+        self.kb, self.out, self.dma = kb, out, dma
+        self.p = kb.target.partitions
+        self.cols = kb.ring(2, self.p, "float32")
+        for t in self.cols.tiles:       # a tail tile's rows past qt are transposed too
+            kb.emit(isa.Memset, dst=t, value=0.0, engine="gpsimd")
+        self.rows = kb.ring(2, self.p, "float32")
+        self.tile, self.pending = None, []      # (DRAM offset, rows) per column
+
+    def column(self, offset: int, qt: int) -> isa.Tile:
+        """The [qt, 1] column to write the lse of rows [offset, offset + qt) into."""
+        if self.tile is None:
+            self.tile = self.cols.next()
+        col = sub(self.tile, qt, 1, at=len(self.pending))
+        self.pending.append((offset, qt))
+        return col
+
+    def after(self) -> None:
+        """Stores the columns once the tile is full."""
+        if len(self.pending) == self.p:
+            self.flush()
+
+    def flush(self) -> None:
+        n, p = len(self.pending), self.p
+        if not n:
+            return
+        rows = sub(self.rows.next(), n, p)
+        self.dma(rows, sub(self.tile, p, n), isa.DmaTranspose)
+        i = 0
+        while i < n:
+            at, qt = self.pending[i]
+            run = 1
+            while qt == p and i + run < n and self.pending[i + run] == (at + run * p, p):
+                run += 1
+            src = rows.with_(start_partition=rows.start_partition + i, num_partitions=run,
+                             free=(qt,))
+            self.dma(self.kb.ap(self.out, at, ((p, run), (1, qt))), src)
+            i += run
+        self.tile, self.pending = None, []
