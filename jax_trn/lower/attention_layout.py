@@ -68,32 +68,34 @@ def heads_per_dma(rows: int, width: int, itemsize: int, budget: int) -> int:
 
 class LseRows:
     """The rows' logsumexp (f32 [units, Sq], the forward's second result when the
-    gradient is taken) stored as rows: each q-tile's [qt, 1] column goes into column c
-    of an FP32 [P, P] SBUF tile; every P columns (and at the end) one SBUF -> SBUF
-    dma_transpose (§3.4, not limited by descriptor size) makes them rows, stored as
-    runs of 512-byte rows. A [qt, 1] store per q-tile has 4-byte descriptors: at
-    4 / 2500 of the DMA rate (§3.4) each held the queues like a 320 KB transfer
-    (LM row, D64: 448 of them, the forward kernel 911 us, DMA-bound)."""
+    gradient is taken) computed and stored per P q-tiles: each q-tile's last chunk
+    writes its row sums l and negated row max -m straight into column c of two FP32
+    [P, P] SBUF tiles (`reserve`); every P columns (and at the end) lse = ln(l) - (-m)
+    is two instructions over [P, c], one SBUF -> SBUF dma_transpose (§3.4, not limited
+    by descriptor size) makes the columns rows, stored as runs of 512-byte rows. Before,
+    each q-tile had its own log, subtract and [qt, 1] store: 4-byte descriptors, at
+    4 / 2500 of the DMA rate (§3.4) each held the queues like a 320 KB transfer (LM row,
+    D64: 448 of them, the forward kernel 911 us, DMA-bound)."""
 
     def __init__(self, kb, out: DramTensor, dma):
         self.kb, self.out, self.dma = kb, out, dma
         self.p = kb.target.partitions
-        self.cols = kb.ring(2, self.p, "float32")
-        for t in self.cols.tiles:       # a tail tile's rows past qt are transposed too
-            kb.emit(isa.Memset, dst=t, value=0.0, engine="gpsimd")
-        self.rows = kb.ring(2, self.p, "float32")
-        self.tile, self.pending = None, []      # (DRAM offset, rows) per column
+        self.l, self.negm = kb.ring(2, self.p, "float32"), kb.ring(2, self.p, "float32")
+        for t in self.l.tiles + self.negm.tiles:    # a tail tile's rows past qt are
+            kb.emit(isa.Memset, dst=t, value=1.0, engine="gpsimd")  # computed too
+        self.lse, self.rows = kb.ring(2, self.p, "float32"), kb.ring(2, self.p, "float32")
+        self.tiles, self.pending = None, []     # (DRAM offset, rows) per column
 
-    def column(self, offset: int, qt: int) -> isa.Tile:
-        """The [qt, 1] column to write the lse of rows [offset, offset + qt) into."""
-        if self.tile is None:
-            self.tile = self.cols.next()
-        col = sub(self.tile, qt, 1, at=len(self.pending))
+    def reserve(self, offset: int, qt: int) -> tuple[isa.Tile, isa.Tile]:
+        """The [qt, 1] columns (l, -m) of rows [offset, offset + qt)."""
+        if self.tiles is None:
+            self.tiles = self.l.next(), self.negm.next()
+        at = len(self.pending)
         self.pending.append((offset, qt))
-        return col
+        return tuple(sub(t, qt, 1, at=at) for t in self.tiles)
 
     def after(self) -> None:
-        """Stores the columns once the tile is full."""
+        """Stores the columns once the tiles are full (their l and -m written)."""
         if len(self.pending) == self.p:
             self.flush()
 
@@ -101,8 +103,12 @@ class LseRows:
         n, p = len(self.pending), self.p
         if not n:
             return
+        kb, (l, negm) = self.kb, (sub(t, p, n) for t in self.tiles)
+        lse = sub(self.lse.next(), p, n)
+        kb.emit(isa.Activation, dst=lse, data=l, func="log")
+        kb.emit(isa.TensorTensor, dst=lse, data1=lse, data2=negm, op="subtract")
         rows = sub(self.rows.next(), n, p)
-        self.dma(rows, sub(self.tile, p, n), isa.DmaTranspose)
+        self.dma(rows, lse, isa.DmaTranspose)
         i = 0
         while i < n:
             at, qt = self.pending[i]
@@ -113,7 +119,7 @@ class LseRows:
                              free=(qt,))
             self.dma(self.kb.ap(self.out, at, ((p, run), (1, qt))), src)
             i += run
-        self.tile, self.pending = None, []
+        self.tiles, self.pending = None, []
 
 
 class HeadStores:
