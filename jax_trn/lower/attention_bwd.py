@@ -436,11 +436,8 @@ class _FlashBwd(MaskTiles):
             res = heads.tile(b, i, qt) or sub(self.res[self.dq.dtype].next(), qt, d)
             kb.emit(isa.TensorScalar, dst=res, data=acc, op0="multiply", operand0=self.scale)
             rs = self.rows[DQ]
-            at = self.base[b][UNIT.index(DQ)] + job["q0"] * rs
-            if heads.blocks[b][1] == 1:
-                self._dma(kb.ap(self.dq, at, ((rs, qt), (1, d))), res)
-            else:
-                heads.store(b, i, self.dq, at, rs, qt)
+            heads.store(b, i, self.dq, self.base[b][UNIT.index(DQ)] + job["q0"] * rs, rs,
+                        qt, res)
 
     # --- stores ------------------------------------------------------------------------
 
@@ -469,8 +466,8 @@ class _FlashBwd(MaskTiles):
                 else:
                     kb.emit(isa.Activation, dst=dst, data=src, func="copy", scale=scale)
             rs, at = self._out_rows(out, b)
-            if staged is not None:
-                heads.store(b, blk["j"], out, at + k0 * rs, rs, kbn)
+            if heads is not None:
+                heads.store(b, blk["j"], out, at + k0 * rs, rs, kbn, tile)
             else:
                 self._dma(kb.ap(out, at + k0 * rs, ((r_n * rs, g), (1, r_n * w))), tile)
 

@@ -147,11 +147,13 @@ class HeadStores:
         return sub(self.stage[i], rows, self.width, at=slot * self.width)
 
     def store(self, unit: int, i: int, out: DramTensor, at: int, stride: int,
-              rows: int) -> None:
-        """After unit `unit` wrote its tile i (its rows at `at`, `stride` apart): the
-        run's store once its last unit has."""
+              rows: int, tile: isa.Tile) -> None:
+        """After unit `unit` wrote its tile i (`tile`; its rows at `at`, `stride`
+        apart): the run's store once its last unit has (a run of one: `tile`'s)."""
         slot, size = self.blocks[unit]
-        if slot == size - 1:
+        if size == 1:
+            self.dma(self.kb.ap(out, at, ((stride, rows), (1, self.width))), tile)
+        elif slot == size - 1:
             w = size * self.width
             self.dma(self.kb.ap(out, at - slot * self.width, ((stride, rows), (1, w))),
                      sub(self.stage[i], rows, w))
