@@ -66,7 +66,7 @@ import numpy as np
 from jax_trn.hw import isa
 from jax_trn.hw.program import DramTensor
 
-from .attention_layout import Axes, heads_per_dma, unit_blocks
+from .attention_layout import Axes, LseRows, heads_per_dma, unit_blocks
 from .attention_masks import NEG, mask_bias  # noqa: F401  (attention_bwd_masks reads them)
 from .attention_masks import MASK_ROWS_BYTES, MaskBiases
 from .attention_outer import MASK_K, OuterMask
@@ -166,6 +166,8 @@ class _Flash(MaskBiases):
         self.queues = itertools.cycle(range(target.dma_queues))
         kb.flops += 2 * self.batch * self.sq * self.sk * (self.d + self.dv)
         self.outer = OuterMask(self, *extra["outer"]) if extra["outer"] else None
+        self.lse = LseRows(kb, ctx.outs[1], self._dma) if len(ctx.outs) > 1 and \
+            extra["outer"] is None else None
         self.runtime = self.rt_mask is not None or self.rt_bias is not None
         if self.runtime:
             self.rt_jobs = 0
@@ -210,6 +212,8 @@ class _Flash(MaskBiases):
                 self._transposes(jobs[n - 1])
             if 0 <= n - LAG_B < len(jobs):
                 self._stage_b(jobs[n - LAG_B])
+        if self.lse is not None:
+            self.lse.flush()
 
     def _plan_units(self) -> None:
         """The units (batch index x group index) in job order, with the runs of
@@ -348,7 +352,11 @@ class _Flash(MaskBiases):
         """-m (VectorE): the chunk's negated row max, combined with the running one."""
         kb, tile = self.kb, job["tile"]
         qt = tile["qt"]
-        negm = sub(self.small.next(), qt, 1)
+        if job["last"] and self.lse is not None:   # the lse's columns (LseRows)
+            job["lse"] = self.lse.reserve(job["b"]["n"] * self.sq + tile["q0"], qt)
+            negm = job["lse"][1]
+        else:
+            negm = sub(self.small.next(), qt, 1)
         kb.emit(isa.TensorReduce, dst=negm, data=job["s"], op="max", negate=True)
         job["old"] = tile.get("negm")
         if not job["first"]:
@@ -369,16 +377,19 @@ class _Flash(MaskBiases):
             kb.emit(isa.Activation, dst=p, data=s, func="exp", bias=negm)
             job["p"] = p
             return
-        rs = sub(self.small.next(), qt, 1)
+        last_l = job["lse"][0] if "lse" in job else None
+        rs = last_l if job["first"] and last_l is not None else sub(self.small.next(), qt, 1)
         kb.emit(isa.Activation, dst=p, data=s, func="exp", bias=negm, reduce_res=rs)
         if job["first"]:
             tile["l"] = rs
         else:
-            lsum = sub(self.small.next(), qt, 1)
+            lsum = last_l if last_l is not None else sub(self.small.next(), qt, 1)
             kb.emit(isa.ScalarTensorTensor, dst=lsum, data=tile["l"], op0="multiply",
                     operand0=job["alpha"], op1="add", operand1=rs)
             tile["l"] = lsum
         job["p"], job["l"] = p, tile["l"]
+        if last_l is not None:
+            self.lse.after()
 
     # --- stage B: P^T, P @ V, output ---------------------------------------------------------
 
@@ -459,19 +470,6 @@ class _Flash(MaskBiases):
             base = b["out"] - slot * self.dv + q0 * os
             src = res if size == 1 else sub(self.stage[q0], qt, size * self.dv)
             self._dma(kb.ap(self.out, base, ((os, qt), (1, size * self.dv))), src)
-        if len(self.ctx.outs) > 1:
-            self._lse(job)
-
-    def _lse(self, job: dict) -> None:
-        """The rows' logsumexp m + ln(l) (f32 [units, Sq], the fusion's second result
-        when the gradient is taken: attention_bwd.py recomputes p from it)."""
-        kb, tile = self.kb, job["tile"]
-        qt = tile["qt"]
-        lse = sub(self.small.next(), qt, 1)
-        kb.emit(isa.Activation, dst=lse, data=job["l"], func="log")
-        kb.emit(isa.TensorTensor, dst=lse, data1=lse, data2=tile["negm"], op="subtract")
-        base = job["b"]["n"] * self.sq + tile["q0"]
-        self._dma(kb.ap(self.ctx.outs[1], base, ((1, qt), (1, 1))), lse)
 
 
 def pipeline_slots(jobs: int, lag: int) -> int:

@@ -52,7 +52,7 @@ from jax_trn.hw.program import DramTensor
 
 from .attention import _check, _mask, pipeline_slots
 from .attention_bwd_masks import MaskTiles
-from .attention_layout import Axes
+from .attention_layout import Axes, HeadStores
 from .builder import Ring, sub
 from .layout import tiles
 from .registry import LowerCtx
@@ -62,6 +62,7 @@ LAG_B, LAG_C = 2, 3     # stage B of job n - 2 and C of n - 3 follow stage A of 
 KEY_GROUP = 2          # keys per partition in the dk / dv stores (_store_kv; 2 measured
                        # faster than 1 and 4: S1024 208 / 180 / 198 us, S2048 543 / 537 / 577)
 STORE_BUFS = 8         # result tiles in flight to HBM (a store takes ~2 us: 1.3 us fixed, §2.6)
+HEADS_BYTES = 16 * 1024     # SBUF per partition for each of dq / dk / dv of adjacent heads
 
 
 def lower_attention_bwd(ctx: LowerCtx, ins: list[DramTensor], scale: float,
@@ -147,6 +148,7 @@ class _FlashBwd(MaskTiles):
             self.rt_total, self.rt_part = kb.ring(depth, p, dt), kb.ring(depth, p, dt)
             self.rt_bool, self.keep = kb.ring(depth, p, "bool"), kb.ring(depth, p, dt)
             self.rowf = kb.ring(4, 1, "float32")
+        self._head_stores()
         if self.group > 1:
             self.kvres = {t: kb.ring(STORE_BUFS, self.group * max(self.d, self.dvn), t)
                           for t in {self.dk.dtype, self.dv.dtype}}
@@ -162,6 +164,17 @@ class _FlashBwd(MaskTiles):
         self.copy_engines = itertools.cycle(("scalar", "vector"))
         self.queues = itertools.cycle(range(ctx.target.dma_queues))
         kb.flops += 2 * self.batch * self.sq * self.sk * 2 * (self.d + self.dvn)
+
+    def _head_stores(self) -> None:
+        """dq (any layout) and dk / dv (one group per kv head, one key per partition)
+        of runs of adjacent heads staged and stored together (`HeadStores`)."""
+        at = {n: [b[self.unit_pos[n]] for b in self.base] for n in (DQ, DK, DV)}
+        self.heads = {DQ: HeadStores(self.kb, at[DQ], self.d, self.nq, self.dq.dtype,
+                                     HEADS_BYTES, self._dma)}
+        if self.ngroups == 1 and self.group == 1:
+            for n, out, w in ((DK, self.dk, self.d), (DV, self.dv, self.dvn)):
+                self.heads[n] = HeadStores(self.kb, at[n], w, self.nk, out.dtype,
+                                           HEADS_BYTES, self._dma)
 
     def _dq_accumulators(self) -> None:
         """dQ accumulates in PSUM (tile i in bank i // per_bank) when the banks left
@@ -282,6 +295,11 @@ class _FlashBwd(MaskTiles):
             kb.emit(isa.DmaTranspose, dst=sub(side["lse"], p, full),
                     src=kb.ap(self.lse, b * self.sq, ((p, full), (1, p))),
                     dma_queue=next(self.queues))
+        tail = self.sq - full * p
+        if tail:          # the last q-tile's [1, tail] row -> a [tail, 1] column
+            kb.emit(isa.DmaTranspose, dst=sub(side["lse"], tail, 1, at=full),
+                    src=kb.ap(self.lse, b * self.sq + full * p, ((tail, 1), (1, tail))),
+                    dma_queue=next(self.queues))
 
     def _load_keys_T(self, t: DramTensor, base: int, stride: int, width: int,
                      dst) -> None:
@@ -325,13 +343,8 @@ class _FlashBwd(MaskTiles):
                 data2=sub(side["doT"], dv, self.sq), op="multiply")
         for i, (q0, qt) in enumerate(tiles(self.sq, p)):
             neg, dr = self._stat(side, i, qt)
-            if i < full:
-                kb.emit(isa.TensorScalar, dst=neg, data=sub(lse, qt, 1, at=i),
-                        op0="multiply", operand0=-1.0, engine="gpsimd")
-            else:
-                self._dma(neg, kb.ap(self.lse, b * self.sq + q0, ((1, qt), (1, 1))))
-                kb.emit(isa.TensorScalar, dst=neg, data=neg, op0="multiply",
-                        operand0=-1.0, engine="gpsimd")
+            kb.emit(isa.TensorScalar, dst=neg, data=sub(lse, qt, 1, at=i),
+                    op0="multiply", operand0=-1.0, engine="gpsimd")
             if self.rt_mask is not None:
                 self._unseen_rows(side, i, qt, neg)
             ps = sub(self.tps.next(), qt, 1)
@@ -419,11 +432,12 @@ class _FlashBwd(MaskTiles):
             kb.emit(isa.NcMatmul, dst=ps, stationary=job["dsT"], moving=moving)
             kb.emit(isa.TensorTensor, dst=acc, data1=acc, data2=ps, op="add")
         if job.get("dq_last"):
-            res = sub(self.res[self.dq.dtype].next(), qt, d)
+            b, heads = side["b"], self.heads[DQ]
+            res = heads.tile(b, i, qt) or sub(self.res[self.dq.dtype].next(), qt, d)
             kb.emit(isa.TensorScalar, dst=res, data=acc, op0="multiply", operand0=self.scale)
             rs = self.rows[DQ]
-            self._dma(kb.ap(self.dq, self.base[side["b"]][UNIT.index(DQ)] + job["q0"] * rs,
-                            ((rs, qt), (1, d))), res)
+            heads.store(b, i, self.dq, self.base[b][UNIT.index(DQ)] + job["q0"] * rs, rs,
+                        qt, res)
 
     # --- stores ------------------------------------------------------------------------
 
@@ -434,13 +448,16 @@ class _FlashBwd(MaskTiles):
         descriptors are R x longer (R x the DMA efficiency below 2.5 KB, §3.4)."""
         kb, k0, kbn = self.kb, blk["k0"], blk["kbn"]
         r_n, g = self.group, kbn // self.group
-        for out, acc, w, scale in ((self.dk, blk["dk"], self.d, self.scale),
-                                   (self.dv, blk["dv"], self.dvn, None)):
+        for n, out, acc, w, scale in ((DK, self.dk, blk["dk"], self.d, self.scale),
+                                      (DV, self.dv, blk["dv"], self.dvn, None)):
             if self.ngroups > 1:
                 acc = self._group_sum(b, blk, out, acc, w)
                 if acc is None:
                     continue
-            tile = sub((self.kvres if r_n > 1 else self.res)[out.dtype].next(), g, r_n * w)
+            heads = self.heads.get(n)
+            staged = heads.tile(b, blk["j"], kbn) if heads is not None else None
+            tile = staged or sub((self.kvres if r_n > 1 else self.res)[out.dtype].next(),
+                                 g, r_n * w)
             for r in range(r_n):
                 src = acc.with_(start_partition=acc.start_partition + r * g, num_partitions=g)
                 dst = sub(tile, g, w, at=r * w)
@@ -449,7 +466,10 @@ class _FlashBwd(MaskTiles):
                 else:
                     kb.emit(isa.Activation, dst=dst, data=src, func="copy", scale=scale)
             rs, at = self._out_rows(out, b)
-            self._dma(kb.ap(out, at + k0 * rs, ((r_n * rs, g), (1, r_n * w))), tile)
+            if heads is not None:
+                heads.store(b, blk["j"], out, at + k0 * rs, rs, kbn, tile)
+            else:
+                self._dma(kb.ap(out, at + k0 * rs, ((r_n * rs, g), (1, r_n * w))), tile)
 
     def _group_sum(self, u: int, blk: dict, out: DramTensor, acc, w: int):
         """Block j's dK / dV of unit `u` added into the batch index's FP32 sum (GQA:
