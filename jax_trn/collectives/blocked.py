@@ -94,7 +94,7 @@ def _pieces(at: int, size: int, chunk: int, c0: int, c1: int) -> list[tuple]:
     first, last = -(-at // chunk), end // chunk          # whole slots [first, last)
     if first < last:
         out.append((True, first * chunk - at, last * chunk - at, first, last, 0, c1 - c0))
-    for q in sorted({at // chunk, last} - set(range(first, last))):
+    for q in sorted(q for q in {at // chunk, last} if not first <= q < last):   # partial
         lo, hi = max(at, q * chunk + c0), min(end, q * chunk + c1)
         if lo < hi:
             out.append((False, lo - at, hi - at, q, q + 1, lo - q * chunk - c0,
