@@ -52,9 +52,9 @@ def all_reduce(plan: Plan, xs: list, op: str, sources: int, chunk: int,
         _load(store[:rows * plan.slots].reshape(rows, plan.slots, c1 - c0), flats, chunk, c0)
         indirect.run(comp, store, op, sources)
         if each is None and comp.shared:
-            one[:, :, c0:c1] = store[comp.final[::n]]
+            one[:, :, c0:c1] = np.take(store, comp.final[::n], axis=0)
             continue
-        got = store[comp.final]
+        got = np.take(store, comp.final, axis=0)
         if each is None and _same_rows(got.reshape((groups, n) + got.shape[1:])):
             one[:, :, c0:c1] = got[::n]
             continue
