@@ -18,7 +18,7 @@ from jax_trn.hw import numerics as _num
 
 from .plan import Plan, Xfer
 
-__all__ = ["execute", "combine"]
+__all__ = ["execute", "combine", "local_reduce"]
 
 
 def combine(a: np.ndarray, b: np.ndarray, op: str) -> np.ndarray:
@@ -50,12 +50,16 @@ def execute(plan: Plan, buf: np.ndarray, op: str, sources: int) -> np.ndarray:
 
 
 def _local_reduce(buf, st, op, sources):
-    """Sum (or max/min) the sources in k order: FP32 over batches of `sources`
-    (dma_compute, §3.4), the running partial rounded to the element type between
-    batches and counted as one of the next batch's sources."""
     rows = st.rank[:, None]
     parts = [buf[rows, _slots(st.sstarts[:, k], st.length)] for k in range(st.sstarts.shape[1])]
-    if op in ("max", "min") or buf.dtype.kind == "b":
+    return local_reduce(parts, op, sources, buf.dtype)
+
+
+def local_reduce(parts: list, op: str, sources: int, dtype) -> np.ndarray:
+    """Sum (or max/min) `parts` in k order: FP32 over batches of `sources`
+    (dma_compute, §3.4), the running partial rounded to the element type between
+    batches and counted as one of the next batch's sources."""
+    if op in ("max", "min") or np.dtype(dtype).kind == "b":
         acc = parts[0]
         for x in parts[1:]:
             acc = combine(acc, x, op)
@@ -67,5 +71,5 @@ def _local_reduce(buf, st, op, sources):
         s = _num.to_fp32(acc) if acc is not None else np.zeros(batch[0].shape, np.float32)
         for x in batch:
             s = s + _num.to_fp32(x)
-        acc = _num.cast(s, buf.dtype)
+        acc = _num.cast(s, dtype)
     return acc

@@ -86,3 +86,34 @@ def test_a_message_of_parts_is_its_concatenation(algorithm, dtype, monkeypatch):
     assert got_t == want_t
     for d in parts:
         assert got[d].shape == want[d].shape and got[d].tobytes() == want[d].tobytes()
+
+
+@pytest.mark.parametrize("sizes,chunk,c0,width", [([1, 10, 700, 33, 2], 37, 0, 5),
+                                                  ([1, 10, 700, 33, 2], 37, 30, 7),
+                                                  ([250], 50, 13, 1), ([3, 3, 3], 100, 0, 100),
+                                                  ([64, 128, 5], 16, 4, 12)])
+def test_load_places_each_part_by_its_message_offset(sizes, chunk, c0, width):
+    """blocked._load's rectangular pieces put element e of the concatenated message in
+    slot e // chunk, column e % chunk, for parts that start and end mid-slot."""
+    rng = np.random.default_rng(5)
+    flats = [[rng.standard_normal(k).astype(np.float32) for k in sizes] for _ in range(3)]
+    slots = -(-sum(sizes) // chunk)
+    buf = np.zeros((3, slots, width), np.float32)
+    blocked._load(buf, flats, chunk, c0)
+    for r, parts in enumerate(flats):
+        whole = np.zeros(slots * chunk, np.float32)
+        whole[:sum(sizes)] = np.concatenate(parts)
+        assert buf[r].tobytes() == whole.reshape(slots, chunk)[:, c0:c0 + width].tobytes()
+
+
+def test_copies_are_ids_and_results_are_shared_only_when_the_plan_says_so():
+    """indirect.compile_plan: a copy step moves no data (no scratch cells in the store),
+    and `shared` holds when every rank's final slots are its group's first rank's."""
+    from jax_trn.collectives import indirect
+    from jax_trn.collectives.plan import LocalReduce, Plan, Xfer
+    two = np.array([0, 1])
+    gather = [LocalReduce(two, np.array([0, 0]), np.array([[0, 2], [0, 2]]), 1, "sum"),
+              Xfer(two, np.array([0, 0]), two[::-1], np.array([1, 1]), 1, False, "swap")]
+    comp = indirect.compile_plan(Plan(gather, 2, 3, np.zeros(2, int), 1, "t"), 2, 1)
+    assert comp.cells == 2 * 2 + 1 + 2 and not comp.shared      # rows [a0, a1], [a1, a0]
+    assert comp.final.tolist() == [[5, 6], [6, 5]]

@@ -82,6 +82,12 @@ def test_bits_decide_not_values():
     assert not memo.apply(k1, dram([-0.0, 1, 2, 3]))   # -0.0 == 0.0, other bits
 
 
+def test_the_same_nan_bits_match():
+    memo, k1, _, dram, run = _setup()
+    run(dram([np.nan, 1, 2, 3]))
+    assert memo.apply(k1, dram([np.nan, 1, 2, 3]))     # nan != nan, same bits
+
+
 def test_a_written_temporary_already_made_is_not_fresh():
     """The recorded outputs assume the kernel wrote into fresh zeros; a device whose
     temporary already holds something replays it."""
