@@ -60,6 +60,7 @@ from hlo_passes.passes import (
     inline_calls,
     localize,
     mx_quantize,
+    onehot_contract,
     pads_to_concat,
     rank0_windows,
     simplify,
@@ -85,7 +86,7 @@ def _cleanup() -> list:
 
 
 def _fusion(policy: FusionPolicy) -> list:
-    return [mx_quantize, degenerate_reduce, transposed_dot, AttentionBwdFusion(policy),
+    return [mx_quantize, onehot_contract, degenerate_reduce, transposed_dot, AttentionBwdFusion(policy),
             AttentionFusion(policy), convert_into_dot, broadcast_before_convert,
             pads_to_concat, Fusion(policy), compose_views, dce]
 
