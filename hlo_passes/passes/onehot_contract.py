@@ -9,7 +9,9 @@ times X becomes X gathered at the label, so the labels are never read per elemen
 `y[t]` pushes the gather through the elementwise graph of `y`: a value constant along
 `d` (a broadcast of a per-row value) is that value, an elementwise op is computed on
 the gathered operands, anything else is gathered (one DmaGather of N elements,
-lower/gather.py). A `y` constant along `d` sums to `V * y` without a pass. So
+lower/gather.py). `sum(y)` distributes over y's linear graph (`row_sum`): a value
+constant along `d` sums to `V * y` without a pass, x - max - logsumexp to one plain
+row sum of x. So
 optax.softmax_cross_entropy's label term (sum(labels * log_softmax)) becomes a gather
 and a plain row sum, and its gradient's row sum (sum(labels * g)) a per-row product:
 two passes over the [N, V] logits fewer, and the f32 labels are left with one
@@ -249,11 +251,38 @@ class _Builder:
             total = self.emit(link.kind, [total], link.result.dtype)
         return self.ops
 
-    def row_sum(self, y: ir.Value) -> ir.Value:
-        """sum(y) along d: V * y for a per-row y, else a reduce."""
+    def row_sum(self, y: ir.Value, dtype: str | None = None) -> ir.Value:
+        """sum(y) along d in `dtype` (y's by default), distributed over y's linear
+        graph: sum(u - w) = sum(u) - sum(w), sum(c) = V * c and sum(c * u) = c * sum(u)
+        for c per-row, negates and float converts; what is left is summed by a reduce
+        (x - max - logsumexp: one plain row sum of x, not three ops per element)."""
+        dtype = dtype or y.dtype
+        p = self.producer.get(y)
         if _row_const(y, self.d, self.producer) is not None:
-            return self.emit("multiply", [self.row(y), self.const(self.size, y.dtype)],
-                             y.dtype)
+            return self.emit("multiply", [self.row(y, dtype), self.const(self.size, dtype)],
+                             dtype)
+        if p is not None and (p.kind in ("add", "subtract") or p.kind == "negate"
+                              or _linear(p)) and self.cloned < MAX_CLONED:
+            self.cloned += 1
+            args = [self.row_sum(o, dtype) for o in p.operands]
+            return args[0] if p.kind == "convert" else self.emit(p.kind, args, dtype)
+        if p is not None and p.kind == "multiply" and self.cloned < MAX_CLONED:
+            for c, u in (p.operands, p.operands[::-1]):
+                if _row_const(c, self.d, self.producer) is not None:
+                    self.cloned += 1
+                    return self.emit("multiply", [self.row(c, dtype),
+                                                  self.row_sum(u, dtype)], dtype)
+        if y.dtype != dtype:
+            y = self._full_convert(y, dtype)
+        return self.reduce_sum(y)
+
+    def _full_convert(self, y: ir.Value, dtype: str) -> ir.Value:
+        op = ir.Op("convert", [y], [ir.Value(ir.TensorType(y.shape, dtype))],
+                   loc=self.op.loc, name=self.op.name)
+        self.ops.append(op)
+        return op.result
+
+    def reduce_sum(self, y: ir.Value) -> ir.Value:
         zero = self.emit("constant", [], y.dtype, (), value=np.zeros((), ir.np_dtype(y.dtype)))
         scalar = ir.TensorType((), y.dtype)
         lhs, rhs, res = ir.Value(scalar), ir.Value(scalar), ir.Value(scalar)
