@@ -49,3 +49,40 @@ def test_value_and_grad_match_cpu(jax, trn, cpu, name, dtype):
     tol = 1e-5 if dtype == "float32" else 2e-2
     np.testing.assert_allclose(v, v_ref, rtol=tol, atol=tol)
     np.testing.assert_allclose(g, g_ref, rtol=tol, atol=tol * np.abs(g_ref).max())
+
+
+def _instrs(jax, f, *args):
+    import jax_trn
+    with jax_trn.profile() as prof:
+        out = jax.block_until_ready(f(*args))
+    return out, [i for k in prof.executions[-1].kernels for i in k.kernel.instructions]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_sum_exp_minus_row_max_is_one_activation(jax, trn, cpu, dtype):
+    """sum(exp(x - m)) along rows: ScalarE Activations with bias -m and reduce_res,
+    no VectorE TensorReduce over the elements (lower/folding_reduce.py)."""
+    import jax.numpy as jnp
+    rng = np.random.default_rng(1)
+    x = jnp.asarray(rng.standard_normal((300, 2100)), getattr(jnp, dtype))
+    f = jax.jit(lambda x: jnp.sum(jnp.exp(x - x.max(-1, keepdims=True)).astype(
+        jnp.float32), -1))
+    got, instrs = _instrs(jax, f, jax.device_put(x, trn))
+    folded = [i for i in instrs if getattr(i, "reduce_res", None) is not None]
+    assert folded and all(i.func == "exp" and i.bias is not None for i in folded)
+    assert not [i for i in instrs if type(i).__name__ == "TensorReduce"
+                and i.data.free_size > 1 and i.data.num_partitions > 1
+                and i.op == "add"]
+    want = np.asarray(f(jax.device_put(x, cpu)))
+    tol = 1e-6 if dtype == "float32" else 1e-2
+    np.testing.assert_allclose(np.asarray(got), want, rtol=tol)
+
+
+def test_other_sums_of_exp_are_not_folded(jax, trn, cpu):
+    import jax.numpy as jnp
+    x = np.random.default_rng(2).standard_normal((130, 700)).astype(np.float32)
+    f = jax.jit(lambda x: jnp.sum(jnp.exp(x) - x.max(-1, keepdims=True), -1))
+    got, instrs = _instrs(jax, f, jax.device_put(x, trn))
+    assert not [i for i in instrs if getattr(i, "reduce_res", None) is not None]
+    np.testing.assert_allclose(np.asarray(got), np.asarray(f(jax.device_put(x, cpu))),
+                               rtol=1e-5)

@@ -1,0 +1,104 @@
+"""Reduction folds: a fused reduce whose per-element work one instruction can do with
+its own add-reduction, so the elements are never reduced by a separate TensorReduce.
+
+- sum(exp(x - m)) along the free axis, m one value per row (softmax's and
+  logsumexp's denominator): one ScalarE Activation per box, `exp` with bias -m and
+  `reduce_res` (§2.4; costs max(MIN_II, N) + MIN_II, §6.3), where the region would run
+  a VectorE subtract, a ScalarE exp, a convert and a VectorE TensorReduce. The
+  Activation works in FP32 inside (no rounding of x - m or of exp to a 16-bit input
+  type before the sum): for f32 the same values, for bf16 / f16 slightly more exact
+  than the op-by-op region (within the CPU backend's tolerances).
+
+`fold_source(source)` returns the source to reduce from: an `ExpSumSource` wrapping a
+`RegionSource` whose region is exactly that pattern (and stores nothing else), or the
+source itself. Only the rows tiling (reduce.py `_rows`) asks for `sum_box`; the other
+tilings load the region's values as before.
+"""
+from __future__ import annotations
+
+from jax_trn.hw import isa
+
+from .builder import sub
+from .regions import IotaTensor
+
+NOTE = ("decision: reduce: sum(exp(x - m)) folded into one Activation(exp, bias=-m, "
+        "reduce_res) per box (folding_reduce.py)")
+
+
+def fold_source(source):
+    """An `ExpSumSource` for a region summing exp(x - m) (see module doc), else `source`."""
+    match = _exp_sum(source)
+    return source if match is None else ExpSumSource(source, *match)
+
+
+def _exp_sum(source):
+    """(x input, m input) of a region computing [convert](exp(x - m)) as the reduced
+    value, with no other outputs; None otherwise."""
+    region = getattr(source, "region", None)
+    if region is None or region.outputs:
+        return None
+    n, steps = len(region.inputs), region.steps
+    kinds = [s.kind for s in steps]
+    if kinds not in (["subtract", "exponential"], ["subtract", "exponential", "convert"]):
+        return None
+    sub_, exp_ = steps[0], steps[1]
+    if exp_.args != (n,) or source.vid != n + len(steps) - 1 or any(
+            not _is_float(region.dtype(v)) for v in range(n + len(steps))):
+        return None
+    if len(steps) == 3 and steps[2].args != (n + 1,):
+        return None
+    x, m = sub_.args
+    if x >= n or m >= n or x == m:
+        return None
+    inp = region.inputs[x]
+    if inp.t is None or isinstance(inp.t, IotaTensor) or inp.is_scalar:
+        return None
+    return x, m
+
+
+def _is_float(dtype: str) -> bool:
+    return dtype.startswith(("float", "bfloat"))
+
+
+class ExpSumSource:
+    """A `RegionSource` of sum(exp(x - m)) that can also sum a box in one Activation."""
+
+    def __init__(self, base, x: int, m: int):
+        self.base, self.x, self.m = base, x, m
+        self.kb, self.dtype, self.views, self.chunk = base.kb, base.dtype, base.views, \
+            base.chunk
+        self.bias = self.kb.ring(2, 1, "float32")
+        self.scratch = self.kb.ring(2, base.chunk, "bfloat16")
+        self.kb.notes.append(NOTE)
+
+    def load(self, boxes) -> isa.Tile:
+        return self.base.load(boxes)
+
+    def sum_box(self, boxes, dst: isa.Tile) -> None:
+        """dst[p] = sum over the box's free axis of exp(x - m[p])."""
+        parts = boxes[0][1][0][1]
+        free = _free(boxes[0])
+        loaded = self.base.ev.load(boxes[1:])
+        x, m = loaded[self.x], loaded[self.m]
+        if not m.scalar:                    # m varies along the row: the region's way
+            self.base.kb.emit(isa.TensorReduce, dst=dst, data=self.load(boxes), op="add")
+            return
+        negm = sub(self.bias.next(), parts, 1)
+        if m.tile is None:
+            self.kb.emit(isa.Memset, dst=negm, value=-float(m.imm))
+        else:
+            self.kb.emit(isa.TensorScalar, dst=negm, data=sub(m.tile, parts, 1),
+                         op0="multiply", operand0=-1.0)
+        self.kb.emit(isa.Activation, dst=sub(self.scratch.next(), parts, free),
+                     data=sub(x.tile, parts, free), func="exp", bias=negm, reduce_res=dst)
+
+    def close(self) -> None:
+        self.kb.release(self.bias, self.scratch)
+        self.base.close()
+
+
+def _free(box) -> int:
+    n = 1
+    for _, k in box[1][1:]:
+        n *= k
+    return n
