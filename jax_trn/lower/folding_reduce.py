@@ -9,6 +9,9 @@ its own add-reduction, so the elements are never reduced by a separate TensorRed
   type before the sum): for f32 the same values, for bf16 / f16 slightly more exact
   than the op-by-op region (within the CPU backend's tolerances).
 
+- sum(convert(x)) of a 16-bit float x to FP32: the TensorReduce reads x itself (it
+  widens to FP32 before adding, §2.3), no TensorCopy per box; the same values.
+
 `fold_source(source)` returns the source to reduce from: an `ExpSumSource` wrapping a
 `RegionSource` whose region is exactly that pattern (and stores nothing else), or the
 source itself. Only the rows tiling (reduce.py `_rows`) asks for `sum_box`; the other
@@ -26,9 +29,29 @@ NOTE = ("decision: reduce: sum(exp(x - m)) folded into one Activation(exp, bias=
 
 
 def fold_source(source):
-    """An `ExpSumSource` for a region summing exp(x - m) (see module doc), else `source`."""
+    """An `ExpSumSource` for a region summing exp(x - m), a `WidenSumSource` for one
+    summing a widened x (see module doc), else `source`."""
     match = _exp_sum(source)
-    return source if match is None else ExpSumSource(source, *match)
+    if match is not None:
+        return ExpSumSource(source, *match)
+    x = _widened(source)
+    return source if x is None else WidenSumSource(source, x)
+
+
+def _widened(source) -> int | None:
+    """The input of a region whose only step widens it to the reduced float32."""
+    region = getattr(source, "region", None)
+    if region is None or region.outputs or len(region.steps) != 1:
+        return None
+    step, n = region.steps[0], len(region.inputs)
+    if step.kind != "convert" or step.dtype != "float32" or source.vid != n:
+        return None
+    x = step.args[0]
+    inp = region.inputs[x]
+    if inp.t is None or isinstance(inp.t, IotaTensor) or inp.is_scalar \
+            or inp.dtype not in ("bfloat16", "float16"):
+        return None
+    return x
 
 
 def _exp_sum(source):
@@ -102,3 +125,23 @@ def _free(box) -> int:
     for _, k in box[1][1:]:
         n *= k
     return n
+
+
+class WidenSumSource:
+    """A `RegionSource` of sum(convert(x, float32)): boxes summed from x itself."""
+
+    def __init__(self, base, x: int):
+        self.base, self.x = base, x
+        self.kb, self.dtype, self.views, self.chunk = base.kb, base.dtype, base.views, \
+            base.chunk
+
+    def load(self, boxes) -> isa.Tile:
+        return self.base.load(boxes)
+
+    def sum_box(self, boxes, dst: isa.Tile) -> None:
+        parts, free = boxes[0][1][0][1], _free(boxes[0])
+        x = self.base.ev.load(boxes[1:])[self.x]
+        self.kb.emit(isa.TensorReduce, dst=dst, data=sub(x.tile, parts, free), op="add")
+
+    def close(self) -> None:
+        self.base.close()

@@ -86,3 +86,14 @@ def test_other_sums_of_exp_are_not_folded(jax, trn, cpu):
     assert not [i for i in instrs if getattr(i, "reduce_res", None) is not None]
     np.testing.assert_allclose(np.asarray(got), np.asarray(f(jax.device_put(x, cpu))),
                                rtol=1e-5)
+
+
+def test_sum_of_widened_bf16_reads_it_directly(jax, trn, cpu):
+    """sum(x.astype(f32)) of bf16 rows: the TensorReduce widens, no TensorCopy."""
+    import jax.numpy as jnp
+    x = jnp.asarray(np.random.default_rng(3).standard_normal((260, 3000)), jnp.bfloat16)
+    f = jax.jit(lambda x: x.astype(jnp.float32).sum(-1))
+    got, instrs = _instrs(jax, f, jax.device_put(x, trn))
+    assert not [i for i in instrs if type(i).__name__ == "TensorCopy"]
+    np.testing.assert_allclose(np.asarray(got), np.asarray(f(jax.device_put(x, cpu))),
+                               rtol=1e-5, atol=1e-4)
