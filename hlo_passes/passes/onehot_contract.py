@@ -24,12 +24,14 @@ the one-hot, and a `y` whose gathered graph would exceed `MAX_CLONED` ops.
 """
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 
 from hlo_passes import ir
 from hlo_passes.fusion_policy import ELEMENTWISE
-from hlo_passes.graph import BlockGraph, rewrite_blocks
-from hlo_passes.passes import dce
+from hlo_passes.effects import has_side_effects
+from hlo_passes.graph import BlockGraph, rewrite_blocks, used_values
 
 name = "onehot-contract"
 MAX_CLONED = 32      # gathered ops per rewrite: beyond that, y's graph is not elementwise
@@ -37,17 +39,12 @@ DECISION = "onehot-contract: sum(onehot(t) * y) over the label axis as y[t]"
 
 
 def run(module: ir.Module) -> bool:
-    """Rewrites, then drops the dead label products: the fusion pass counts every user,
-    and a dead one would keep the [N, V] labels materialized."""
-    changed = rewrite_blocks(module, _rewrite_block)
-    if changed:
-        dce.run(module)
-    return changed
+    return rewrite_blocks(module, _rewrite_block)
 
 
 def _rewrite_block(block: ir.Block) -> bool:
     graph = BlockGraph(block)
-    ops, mapping = [], {}
+    ops, mapping, seeds = [], {}, []
     for op in block.ops:
         new = _contract(op, graph.producer)
         if new is None:
@@ -55,10 +52,30 @@ def _rewrite_block(block: ir.Block) -> bool:
             continue
         ops.extend(new)
         mapping[op.result] = new[-1].result
+        seeds.extend(op.operands)
     if mapping:
         block.ops = ops
         block.replace_all_uses(mapping)
+        _drop_dead(block, seeds)
     return bool(mapping)
+
+
+def _drop_dead(block: ir.Block, seeds: list[ir.Value]) -> None:
+    """Removes the ops only the replaced reduces used (the label products): the fusion
+    pass counts every user, and a dead one would keep the [N, V] labels materialized.
+    Local, so a pipeline without `dce` keeps everything else."""
+    graph = BlockGraph(block)
+    uses = Counter(v for op in block.ops for v in used_values(op))
+    dead: set[ir.Op] = set()
+    while seeds:
+        op = graph.producer.get(seeds.pop())
+        if op is None or op in dead or has_side_effects(op) \
+                or any(uses[r] for r in op.results):
+            continue
+        dead.add(op)
+        uses.subtract(used_values(op))
+        seeds.extend(op.operands)
+    block.ops = [op for op in block.ops if op not in dead]
 
 
 # --- matching ------------------------------------------------------------------------------
