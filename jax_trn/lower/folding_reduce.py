@@ -26,6 +26,8 @@ from .regions import IotaTensor
 
 NOTE = ("decision: reduce: sum(exp(x - m)) folded into one Activation(exp, bias=-m, "
         "reduce_res) per box (folding_reduce.py)")
+WIDEN_NOTE = ("decision: reduce: sum(convert(x, float32)) reads x directly (the "
+              "TensorReduce widens; folding_reduce.py)")
 
 
 def fold_source(source):
@@ -68,7 +70,7 @@ def _exp_sum(source):
     if exp_.args != (n,) or source.vid != n + len(steps) - 1 or any(
             not _is_float(region.dtype(v)) for v in range(n + len(steps))):
         return None
-    if len(steps) == 3 and steps[2].args != (n + 1,):
+    if len(steps) == 3 and (steps[2].args != (n + 1,) or steps[2].dtype != "float32"):
         return None
     x, m = sub_.args
     if x >= n or m >= n or x == m:
@@ -92,13 +94,14 @@ class ExpSumSource:
             base.chunk
         self.bias = self.kb.ring(2, 1, "float32")
         self.scratch = self.kb.ring(2, base.chunk, "bfloat16")
-        self.kb.notes.append(NOTE)
+        self.note = NOTE
 
     def load(self, boxes) -> isa.Tile:
         return self.base.load(boxes)
 
     def sum_box(self, boxes, dst: isa.Tile) -> None:
         """dst[p] = sum over the box's free axis of exp(x - m[p])."""
+        _note(self)
         parts = boxes[0][1][0][1]
         free = _free(boxes[0])
         loaded = self.base.ev.load(boxes[1:])
@@ -120,6 +123,13 @@ class ExpSumSource:
         self.base.close()
 
 
+def _note(source) -> None:
+    """The fold's kernel note, once, when a box is first summed by it (the rows tiling;
+    other tilings load the region's values and say nothing)."""
+    if source.note not in source.kb.notes:
+        source.kb.notes.append(source.note)
+
+
 def _free(box) -> int:
     n = 1
     for _, k in box[1][1:]:
@@ -134,11 +144,13 @@ class WidenSumSource:
         self.base, self.x = base, x
         self.kb, self.dtype, self.views, self.chunk = base.kb, base.dtype, base.views, \
             base.chunk
+        self.note = WIDEN_NOTE
 
     def load(self, boxes) -> isa.Tile:
         return self.base.load(boxes)
 
     def sum_box(self, boxes, dst: isa.Tile) -> None:
+        _note(self)
         parts, free = boxes[0][1][0][1], _free(boxes[0])
         x = self.base.ev.load(boxes[1:])[self.x]
         self.kb.emit(isa.TensorReduce, dst=dst, data=sub(x.tile, parts, free), op="add")

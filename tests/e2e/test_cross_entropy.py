@@ -97,3 +97,17 @@ def test_sum_of_widened_bf16_reads_it_directly(jax, trn, cpu):
     assert not [i for i in instrs if type(i).__name__ == "TensorCopy"]
     np.testing.assert_allclose(np.asarray(got), np.asarray(f(jax.device_put(x, cpu))),
                                rtol=1e-5, atol=1e-4)
+
+
+def test_folds_are_noted(jax, trn):
+    """Each fold says so in its kernel's notes (as fusion decisions do)."""
+    import jax.numpy as jnp
+    import jax_trn
+    x = jnp.asarray(np.random.default_rng(4).standard_normal((130, 700)), jnp.bfloat16)
+    f = jax.jit(lambda x: (jnp.exp(x - x.max(-1, keepdims=True)).astype(jnp.float32).sum(-1),
+                           x.astype(jnp.float32).sum(-1)))
+    with jax_trn.profile() as prof:
+        jax.block_until_ready(f(jax.device_put(x, trn)))
+    notes = [n for k in prof.executions[-1].kernels for n in k.kernel.notes]
+    assert any("Activation(exp, bias=-m, reduce_res)" in n for n in notes)
+    assert any("reads x directly" in n for n in notes)
