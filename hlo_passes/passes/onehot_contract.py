@@ -11,8 +11,7 @@ times X becomes X gathered at the label, so the labels are never read per elemen
 the gathered operands, anything else is gathered (one DmaGather of N elements,
 lower/gather.py). `sum(y)` distributes over y's linear graph (`row_sum`): a value
 constant along `d` sums to `V * y` without a pass, x - max - logsumexp to one plain
-row sum of x. So
-optax.softmax_cross_entropy's label term (sum(labels * log_softmax)) becomes a gather
+row sum of x. So optax.softmax_cross_entropy's label term (sum(labels * log_softmax)) becomes a gather
 and a plain row sum, and its gradient's row sum (sum(labels * g)) a per-row product:
 two passes over the [N, V] logits fewer, and the f32 labels are left with one
 elementwise user, which the fusion pass fuses (no [N, V] labels written). The gather
@@ -29,8 +28,8 @@ from collections import Counter
 import numpy as np
 
 from hlo_passes import ir
-from hlo_passes.fusion_policy import ELEMENTWISE
 from hlo_passes.effects import has_side_effects
+from hlo_passes.fusion_policy import ELEMENTWISE
 from hlo_passes.graph import BlockGraph, rewrite_blocks, used_values
 
 name = "onehot-contract"
