@@ -21,6 +21,7 @@ dumps and `disabled` use):
     fix(simplify, cse, dce)   cleanup, repeated until nothing changes
     combine-all-reduce   independent all_reduces -> one variadic all_reduce per bucket
     mx-quantize          JAX's MX quantization -> one mx_quantize op   } fuse=True
+    onehot-contract      sum(onehot(t) * y) -> y gathered at t (+ b*sum(y)) }
     degenerate-reduce    reduce over extent-1 dims -> reshape          }
     transposed-dot       transpose(dot(a, b)) -> dot(b, a)              } only
     attention-bwd-fusion softmax(q k^T) v with its gradient -> fusions  }
@@ -62,6 +63,7 @@ from hlo_passes.passes import (
     inline_calls,
     localize,
     mx_quantize,
+    onehot_contract,
     pads_to_concat,
     rank0_windows,
     simplify,
@@ -87,9 +89,9 @@ def _cleanup() -> list:
 
 
 def _fusion(policy: FusionPolicy) -> list:
-    return [mx_quantize, degenerate_reduce, transposed_dot, AttentionBwdFusion(policy),
-            AttentionFusion(policy), dot_operand_transpose, convert_into_dot,
-            broadcast_before_convert,
+    return [mx_quantize, onehot_contract, degenerate_reduce, transposed_dot,
+            AttentionBwdFusion(policy), AttentionFusion(policy), dot_operand_transpose,
+            convert_into_dot, broadcast_before_convert,
             pads_to_concat, Fusion(policy), compose_views, dce]
 
 

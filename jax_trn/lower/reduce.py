@@ -42,6 +42,7 @@ from jax_trn.hw.program import DramTensor
 
 from .builder import KernelBuilder, sub
 from .errors import LoweringError
+from .folding_reduce import fold_source
 from .intdigits import fp32_exact
 from .layout import (View, box_offset, box_pattern, box_size, box_tiles, flat_tiles,
                      line_tiles, merge_axes, row_major, tiles)
@@ -298,7 +299,14 @@ def _rows(r: _Reducer, kept, outs, red) -> None:
         parts = box_pattern(kept[0], kbox)[-1][1]
         acc = sub(r.accs.next(), parts, 1)
         for i, rbox in enumerate(box_tiles([n for _, n in red[0]], r.source.chunk)):
-            data = r.load(_boxes(kept, red, kbox, rbox, True))
+            boxes = _boxes(kept, red, kbox, rbox, True)
+            if hasattr(r.source, "sum_box"):        # a fold (folding_reduce.py)
+                part = acc if i == 0 else sub(r.parts.next(), parts, 1)
+                r.source.sum_box(boxes, part)
+                if i:
+                    r.combine(acc, part)
+                continue
+            data = r.load(boxes)
             if i == 0:
                 r.reduce_free(data, acc)
             else:
@@ -400,6 +408,8 @@ def emit_reduce(kb: KernelBuilder, source, shape, out: DramTensor, alu: str, ini
     """Reduces `source` (index space `shape`) over `dimensions` into `out`; `init` is a
     DramTensor, an immediate, or None (a known identity). `exact`: the caller knows
     FP32 reduces its integers exactly (None: judged from the dtype, `fp32_exact`)."""
+    if alu == "add" and init is None:
+        source = fold_source(source)
     r = _Reducer(kb, source, out, alu, init, math.prod(shape[d] for d in dimensions),
                  exact)
     views = source.views

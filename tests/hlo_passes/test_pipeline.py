@@ -92,7 +92,7 @@ def test_pass_names_are_every_name_that_can_be_disabled():
     names = hlo_passes.pass_names()
     assert names == ("inline-calls", "localize", "complex-planes", "rank0-windows",
                      "split-reductions", "simplify", "cse", "dce", "combine-all-reduce", "mx-quantize",
-                     "degenerate-reduce",
+                     "onehot-contract", "degenerate-reduce",
                      "transposed-dot", "attention-bwd-fusion",
                      "attention-fusion", "dot-operand-transpose", "convert-into-dot", "broadcast-before-convert",
                      "pads-to-concat", "fusion", "compose-views")
