@@ -1,12 +1,15 @@
 """Folding steps of a region into fewer instructions (trainium-hardware.md §2.3-2.4, §6.2).
 
     act(x * a + b), act(x * a), act(x + b), act(x - b)  -> Activation(x, scale=a, bias=b)
+    act(x - m), act(x + m)       (m per row)            -> Activation(x, bias=-m or m)
     (x <op0> a) <op1> b                                 -> TensorScalar(op0, a, op1, b)
     (x <op0> a) <op1> y          (x, y tiles)           -> ScalarTensorTensor
     convert(f(...)) narrowing                           -> f writing the narrow type
     g(convert(x)) widening                              -> g reading x directly
 
-In the Activation fold `a` and `b` are immediates (constant steps). In the two ALU folds
+In the first Activation fold `a` and `b` are immediates (constant steps); in the second
+`m` is a per-row value (below), negated into a [P, 1] FP32 tile per box (exact), so
+softmax's exp(x - max) is one ScalarE instruction. In the two ALU folds
 `a` and `b` are immediates or per-row values (`_per_row`: a scalar input, a column
 broadcast along the last axis, or a step computed from those), which the tiling usually
 loads as [P, 1] tiles (regions.py), the TensorScalar operand; when a box gives a full
@@ -68,6 +71,9 @@ def fold(region: Region) -> Region:
         if step.kind in ACTIVATION:
             steps[j] = _into_activation(steps, j, n, uses, outputs)
     rows = _per_row(region, steps)
+    for j, step in enumerate(steps):
+        if step.kind in ACTIVATION and step.kind != "sign":
+            steps[j] = _into_activation_row(steps, j, n, uses, outputs, rows)
     for j, step in enumerate(steps):
         if step.kind in OUTER_ALU:
             steps[j] = _into_tensor_scalar(steps, j, n, uses, outputs, rows)
@@ -161,6 +167,23 @@ def _into_activation(steps, j: int, n: int, uses, outputs) -> Step:
     steps[x - n] = _folded(inner)
     attrs = {"func": step.kind, "scale": scale, "bias": bias}
     return Step("activation", (data,), step.dtype, attrs)
+
+
+def _into_activation_row(steps, j: int, n: int, uses, outputs, rows) -> Step:
+    """act(x - m), act(x + m), m per-row: one Activation with bias -m or m ("activation_row")."""
+    step = steps[j]
+    (x,) = step.args
+    if not ir.is_float(step.dtype) or not _single_use(x, n, uses, outputs, steps):
+        return step
+    inner = steps[x - n]
+    found = _row_operand(steps, inner, n, rows)
+    if inner.kind not in ("add", "subtract") or found is None or \
+            not isinstance(found[1], tuple) or found[0] in rows or \
+            inner.kind == "subtract" and found[2] or inner.dtype != step.dtype:
+        return step             # (op by op, the intermediate is in `step`'s type)
+    steps[x - n] = _folded(inner)
+    attrs = {"func": step.kind, "negate": inner.kind == "subtract"}
+    return Step("activation_row", (found[0], found[1][1]), step.dtype, attrs)
 
 
 def _operands(found: list, args: list) -> list:
@@ -264,7 +287,8 @@ def _readers_take_any(steps, vid: int) -> bool:
     """Every reader of `vid` is one instruction (reads any float type, §2.3-2.4)."""
     readers = [s for s in steps if vid in s.args]
     return bool(readers) and all(
-        s.kind in ONE_INSTRUCTION | {"activation", "tensor_scalar", "scalar_tensor_tensor"}
+        s.kind in ONE_INSTRUCTION | {"activation", "activation_row", "tensor_scalar",
+                                     "scalar_tensor_tensor"}
         for s in readers)
 
 

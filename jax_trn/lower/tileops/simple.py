@@ -11,7 +11,7 @@ from hlo_passes import ir
 from jax_trn.hw import isa
 
 from .core import (ACTIVATION, ALU, BOOL_ALU, COMPARE, Src, TileRule, binary, engine_for,
-                   rules)
+                   fill_scalar, rules)
 
 
 def _alu(kb, dst, srcs, step):
@@ -107,6 +107,27 @@ def _folded_activation(kb, dst, srcs, step):
                    func=ACTIVATION[step.attrs["func"]], scale=step.attrs["scale"], bias=bias)
 
 
+def _folded_activation_row(kb, dst, srcs, step):
+    """func(x - m) / func(x + m), m per partition: one Activation, its bias -m (made
+    exactly in the [P, 1] FP32 scratch srcs[2]) or m, §2.4; else op by op."""
+    x, m, row = srcs[0], srcs[1], srcs[2]
+    func = ACTIVATION[step.attrs["func"]]
+    if not m.scalar or x.scalar:
+        binary(kb, dst, x, m, "subtract" if step.attrs["negate"] else "add", "vector")
+        return kb.emit(isa.Activation, dst=dst, data=dst, func=func)
+    bias = m.operand
+    if step.attrs["negate"]:
+        if m.imm is not None:
+            bias = -m.imm
+        else:
+            kb.emit(isa.TensorScalar, dst=row.tile, data=m.tile, op0="multiply",
+                    operand0=-1.0)
+            bias = row.tile
+    if not isinstance(bias, isa.Tile):
+        bias = fill_scalar(kb, row.tile, bias)
+    return kb.emit(isa.Activation, dst=dst, data=x.tile, func=func, bias=bias)
+
+
 def _folded_tensor_scalar(kb, dst, srcs, step):
     """(x <op0> a) <op1> b: folding.py. An operand is an immediate or srcs[k]
     (`folding.Arg`); one TensorScalar when every value operand is per-partition, else
@@ -160,4 +181,5 @@ RULES: dict[str, TileRule] = {
     **rules(_clamp, ["clamp"]), **rules(_folded_activation, ["activation"]),
     **rules(_folded_tensor_scalar, ["tensor_scalar"]),
     **rules(_folded_stt, ["scalar_tensor_tensor"]),
+    "activation_row": TileRule(_folded_activation_row, row_scratch=1),
 }

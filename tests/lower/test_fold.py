@@ -1,0 +1,120 @@
+"""Folds of folding.py beyond act(x*a+b): per-row TensorScalar operands, one
+ScalarTensorTensor for (x op a) op y, converts into their neighbours. Each test checks
+the instruction count drops and the result against the op-by-op lowering."""
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+
+from jax_trn.hw import isa
+
+from .runner import run_program
+from .test_elementwise import make
+from .test_fusion import both, ty
+
+
+def _mix(program) -> Counter:
+    return Counter(type(i).__name__ for k in program.kernels for i in k.instructions
+                   if not isinstance(i, isa.DmaCopy))
+
+
+def _run(text, *args):
+    fused, plain = both(text)
+    f, p = run_program(fused, list(args)), run_program(plain, list(args))
+    return fused, f.outputs[0], p.outputs[0]
+
+
+def _program(params: str, body: str, result: str) -> str:
+    return f"func.func @main({params}) -> {result} {{\n{body}\n}}"
+
+
+def test_scaled_sum_of_two_tiles_is_one_scalar_tensor_tensor():
+    t, s = ty((256, 1024), "float32"), ty((), "float32")
+    text = _program(f"%x: {t}, %y: {t}", f"""
+        %c = stablehlo.constant dense<0.9> : {s}
+        %b = stablehlo.broadcast_in_dim %c, dims = [] : ({s}) -> {t}
+        %0 = stablehlo.multiply %b, %x : {t}
+        %1 = stablehlo.add %0, %y : {t}
+        return %1 : {t}""", t)
+    x, y = make((256, 1024), "float32", role=0), make((256, 1024), "float32", role=1)
+    fused, out, plain = _run(text, x, y)
+    ins = [i for k in fused.kernels for i in k.instructions]
+    assert any(isinstance(i, isa.ScalarTensorTensor) for i in ins)
+    # VectorE runs it as one instruction; GpSimd (spread.py) as TS + TT
+    assert all(i.engine == "gpsimd" for i in ins if isinstance(i, isa.TensorTensor))
+    np.testing.assert_array_equal(out, plain)              # FP32 inside either way
+
+
+def test_per_row_statistics_are_tensor_scalar_operands():
+    t, r = ty((256, 512), "float32"), ty((256,), "float32")
+    text = _program(f"%x: {t}, %m: {r}, %s: {r}", f"""
+        %bm = stablehlo.broadcast_in_dim %m, dims = [0] : ({r}) -> {t}
+        %bs = stablehlo.broadcast_in_dim %s, dims = [0] : ({r}) -> {t}
+        %0 = stablehlo.subtract %x, %bm : {t}
+        %1 = stablehlo.multiply %0, %bs : {t}
+        return %1 : {t}""", t)
+    x, m, s = (make(shape, "float32", role=i) for i, shape in
+               enumerate([(256, 512), (256,), (256,)]))
+    fused, out, plain = _run(text, x, m, s)
+    ts = [i for k in fused.kernels for i in k.instructions if isinstance(i, isa.TensorScalar)]
+    assert len(ts) == 2 and all(i.op1 == "multiply" for i in ts)     # one per tile
+    assert _mix(fused)["TensorTensor"] == 0
+    np.testing.assert_array_equal(out, plain)
+
+
+def test_per_row_operand_that_is_a_full_tile_runs_op_by_op():
+    """m broadcast along the last axis only, the free side spanning two axes: the
+    operand is a full tile there, and the folded step runs as the unfolded ones."""
+    t, r = ty((4, 8, 16), "float32"), ty((4, 8), "float32")
+    text = _program(f"%x: {t}, %m: {r}", f"""
+        %bm = stablehlo.broadcast_in_dim %m, dims = [0, 1] : ({r}) -> {t}
+        %c = stablehlo.constant dense<3.0> : {ty((), "float32")}
+        %b = stablehlo.broadcast_in_dim %c, dims = [] : ({ty((), "float32")}) -> {t}
+        %0 = stablehlo.subtract %x, %bm : {t}
+        %1 = stablehlo.multiply %0, %b : {t}
+        return %1 : {t}""", t)
+    x, m = make((4, 8, 16), "float32", role=0), make((4, 8), "float32", role=1)
+    _, out, plain = _run(text, x, m)
+    np.testing.assert_array_equal(out, plain)
+
+
+def test_narrowing_convert_is_the_producers_destination_type():
+    t, b = ty((256, 512), "float32"), ty((256, 512), "bfloat16")
+    text = _program(f"%x: {t}, %y: {t}", f"""
+        %0 = stablehlo.multiply %x, %y : {t}
+        %1 = stablehlo.convert %0 : ({t}) -> {b}
+        return %1 : {b}""", b)
+    x, y = make((256, 512), "float32", role=0), make((256, 512), "float32", role=1)
+    fused, out, plain = _run(text, x, y)
+    assert _mix(fused)["TensorCopy"] == 0
+    np.testing.assert_array_equal(out.view(np.uint16), plain.view(np.uint16))
+
+
+def test_widening_convert_is_read_directly():
+    t, b = ty((256, 512), "float32"), ty((256, 512), "bfloat16")
+    text = _program(f"%x: {b}, %y: {t}", f"""
+        %0 = stablehlo.convert %x : ({b}) -> {t}
+        %1 = stablehlo.multiply %0, %y : {t}
+        return %1 : {t}""", t)
+    x, y = make((256, 512), "bfloat16", role=0), make((256, 512), "float32", role=1)
+    fused, out, plain = _run(text, x, y)
+    assert _mix(fused)["TensorCopy"] == 0
+    np.testing.assert_array_equal(out, plain)
+
+
+def test_exp_of_x_minus_row_max_is_one_activation():
+    t, r = ty((256, 512), "float32"), ty((256,), "float32")
+    text = _program(f"%x: {t}, %m: {r}", f"""
+        %bm = stablehlo.broadcast_in_dim %m, dims = [0] : ({r}) -> {t}
+        %0 = stablehlo.subtract %x, %bm : {t}
+        %1 = stablehlo.exponential %0 : {t}
+        return %1 : {t}""", t)
+    x, m = make((256, 512), "float32", role=0), make((256,), "float32", role=1)
+    fused, out, plain = _run(text, x, m)
+    acts = [i for k in fused.kernels for i in k.instructions if isinstance(i, isa.Activation)]
+    assert len(acts) == 2 and all(a.bias is not None and a.bias.free == (1,) for a in acts)
+    full = [i for k in fused.kernels for i in k.instructions
+            if isinstance(i, (isa.TensorScalar, isa.TensorTensor)) and i.dst.free_size > 1]
+    assert not full                                        # only the [P, 1] negation
+    np.testing.assert_array_equal(out, plain)              # x + (-m) == x - m in FP32
