@@ -7,9 +7,15 @@ from collections import Counter
 
 import numpy as np
 
-from jax_trn.hw import isa
+import pytest
 
-from .runner import run_program
+from jax_trn.hw import isa
+from jax_trn.lower.builder import KernelBuilder
+from jax_trn.lower.folding import Arg
+from jax_trn.lower.target import Target
+from jax_trn.lower.tileops import TILE_OPS, Src, Step
+
+from .runner import SPEC, run_program
 from .test_elementwise import make
 from .test_fusion import both, ty
 
@@ -63,20 +69,29 @@ def test_per_row_statistics_are_tensor_scalar_operands():
     np.testing.assert_array_equal(out, plain)
 
 
-def test_per_row_operand_that_is_a_full_tile_runs_op_by_op():
-    """m broadcast along the last axis only, the free side spanning two axes: the
-    operand is a full tile there, and the folded step runs as the unfolded ones."""
-    t, r = ty((4, 8, 16), "float32"), ty((4, 8), "float32")
-    text = _program(f"%x: {t}, %m: {r}", f"""
-        %bm = stablehlo.broadcast_in_dim %m, dims = [0, 1] : ({r}) -> {t}
-        %c = stablehlo.constant dense<3.0> : {ty((), "float32")}
-        %b = stablehlo.broadcast_in_dim %c, dims = [] : ({ty((), "float32")}) -> {t}
-        %0 = stablehlo.subtract %x, %bm : {t}
-        %1 = stablehlo.multiply %0, %b : {t}
-        return %1 : {t}""", t)
-    x, m = make((4, 8, 16), "float32", role=0), make((4, 8), "float32", role=1)
-    _, out, plain = _run(text, x, m)
-    np.testing.assert_array_equal(out, plain)
+@pytest.mark.parametrize("kind", ["tensor_scalar", "scalar_tensor_tensor", "activation_row"])
+def test_folded_steps_run_op_by_op_when_a_box_gives_full_tiles(kind):
+    """A per-row operand is a [P, 1] tile under the row tiling; where a box gives a full
+    tile instead, the folded step emits the unfolded instructions (same numerics)."""
+    kb = KernelBuilder("k", Target.of(SPEC))
+    x, m, y, dst = (kb.tile(64, "float32") for _ in range(4))
+    srcs = [Src.of(x), Src.of(m)]
+    step = {"tensor_scalar": Step(kind, (0, 1), "float32", {"ops": (
+                ("subtract", Arg(1), False), ("multiply", 3.0, False))}),
+            "scalar_tensor_tensor": Step(kind, (0, 2, 1), "float32", {
+                "op0": "subtract", "operand0": Arg(2), "reverse0": False,
+                "op1": "multiply", "reverse1": False}),
+            "activation_row": Step(kind, (0, 1), "float32", {"func": "exponential",
+                                                             "negate": True})}[kind]
+    if kind == "scalar_tensor_tensor":
+        srcs = [Src.of(x), Src.of(y), Src.of(m)]
+    if kind == "activation_row":
+        srcs.append(Src.of(kb.tile(1, "float32"), scalar=True))
+    TILE_OPS[kind].emit(kb, dst, srcs, step)
+    first, second = kb.instrs
+    assert isinstance(first, isa.TensorTensor) and first.op == "subtract"
+    assert first.data2 == m and first.dst == dst
+    assert second.dst == dst and type(second) is not isa.ScalarTensorTensor
 
 
 def test_narrowing_convert_is_the_producers_destination_type():
