@@ -133,3 +133,23 @@ def test_exp_of_x_minus_row_max_is_one_activation():
             if isinstance(i, (isa.TensorScalar, isa.TensorTensor)) and i.dst.free_size > 1]
     assert not full                                        # only the [P, 1] negation
     np.testing.assert_array_equal(out, plain)              # x + (-m) == x - m in FP32
+
+
+def test_matmul_epilogue_reads_psum_straight_into_scalar_tensor_tensor():
+    a, b, o = ty((128, 64), "float32"), ty((64, 256), "float32"), ty((128, 256), "float32")
+    s = ty((), "float32")
+    text = _program(f"%a: {a}, %b: {b}, %y: {o}", f"""
+        %d = stablehlo.dot_general %a, %b, contracting_dims = [1] x [0] : ({a}, {b}) -> {o}
+        %c = stablehlo.constant dense<0.5> : {s}
+        %bc = stablehlo.broadcast_in_dim %c, dims = [] : ({s}) -> {o}
+        %0 = stablehlo.multiply %d, %bc : {o}
+        %1 = stablehlo.add %0, %y : {o}
+        return %1 : {o}""", o)
+    args = [make(shape, "float32", role=i) for i, shape in
+            enumerate([(128, 64), (64, 256), (128, 256)])]
+    fused, out, plain = _run(text, *args)
+    (kernel,) = fused.kernels
+    assert any("read from PSUM by scalar_tensor_tensor" in n for n in kernel.notes)
+    stt = [i for i in kernel.instructions if isinstance(i, isa.ScalarTensorTensor)]
+    assert stt and all(i.data.mem == "psum" for i in stt)
+    np.testing.assert_allclose(out, plain, rtol=1e-6)
