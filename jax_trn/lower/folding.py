@@ -263,10 +263,14 @@ def _fold_converts(region: Region, steps, uses, outputs) -> list:
         elif not _narrows(src, step.dtype) and n + j not in outputs and \
                 _readers_take_any(steps, n + j):
             steps[j], alias[n + j] = _folded(step), x
+    def resolve(vid: int) -> int:           # convert(convert(x)): both folded
+        while vid in alias:
+            vid = alias[vid]
+        return vid
     for j, step in enumerate(steps):
         if any(a in alias for a in step.args):
-            steps[j] = replace(step, args=tuple(alias.get(a, a) for a in step.args))
-    return [(alias.get(vid, vid), t) for vid, t in region.outputs]
+            steps[j] = replace(step, args=tuple(resolve(a) for a in step.args))
+    return [(resolve(vid), t) for vid, t in region.outputs]
 
 
 def _narrows(src: str, dst: str) -> bool:

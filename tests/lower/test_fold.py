@@ -153,3 +153,19 @@ def test_matmul_epilogue_reads_psum_straight_into_scalar_tensor_tensor():
     stt = [i for i in kernel.instructions if isinstance(i, isa.ScalarTensorTensor)]
     assert stt and all(i.data.mem == "psum" for i in stt)
     np.testing.assert_allclose(out, plain, rtol=1e-6)
+
+
+def test_rounding_to_bf16_and_back_keeps_the_rounding():
+    """convert(convert(x * y, bf16), f32) * z: the narrowing convert becomes the
+    multiply's bf16 destination, the widening one is read directly by the next multiply."""
+    t, b = ty((256, 512), "float32"), ty((256, 512), "bfloat16")
+    text = _program(f"%x: {t}, %y: {t}, %z: {t}", f"""
+        %0 = stablehlo.multiply %x, %y : {t}
+        %1 = stablehlo.convert %0 : ({t}) -> {b}
+        %2 = stablehlo.convert %1 : ({b}) -> {t}
+        %3 = stablehlo.multiply %2, %z : {t}
+        return %3 : {t}""", t)
+    args = [make((256, 512), "float32", role=i) for i in range(3)]
+    fused, out, plain = _run(text, *args)
+    assert _mix(fused)["TensorCopy"] == 0
+    np.testing.assert_array_equal(out, plain)
