@@ -5,7 +5,9 @@ fused chain each tile's steps depend on one another, so moving single instructio
 another engine only lengthens the chain; but consecutive tiles are independent. GpSimd
 runs every float tensor_tensor / tensor_scalar / select / copy / memset VectorE does,
 in the same FP32 arithmetic (§2.3, §2.5), so a whole tile's VectorE work can go to
-GpSimd while VectorE works on the next tile (ScalarE keeps its activations).
+GpSimd while VectorE works on the next tile (ScalarE keeps its activations). A
+scalar_tensor_tensor (folding.py; VectorE only, §6.2) moves as its tensor_scalar and
+tensor_tensor when its destination is FP32 (the same FP32 intermediate).
 
 `Spreader.after_tile` looks at the instructions one tile emitted and moves its VectorE
 ones to GpSimd when all of them can move (GpSimd cannot touch PSUM, §6.2) and the tile
