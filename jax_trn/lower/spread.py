@@ -69,8 +69,8 @@ def _on_gpsimd(ins: isa.Instr) -> list[isa.Instr] | None:
     if _movable(ins):
         return [dataclasses.replace(ins, engine="gpsimd")]
     if not isinstance(ins, isa.ScalarTensorTensor) or ins.dst.dtype != "float32" or \
-            not _float_work(ins, ("sbuf",)):
-        return None
+            not _float_work(ins, ("sbuf",)) or _overlap(_area(ins.dst), _area(ins.operand1)):
+        return None             # (the tensor_scalar would overwrite operand1 first)
     first = isa.TensorScalar(dst=ins.dst, data=ins.data, op0=ins.op0, operand0=ins.operand0,
                              reverse0=ins.reverse0, engine="gpsimd")
     a, b = (ins.operand1, ins.dst) if ins.reverse1 else (ins.dst, ins.operand1)
@@ -197,6 +197,11 @@ class ListSpreader:
                         or any(_overlap(a, b) for a in r0 for b in writes)):
                     out.append((end, engine))
         return out
+
+
+def _area(t: isa.Tile) -> tuple:
+    """A tile's (space, p0, p1, lo, hi), as `sync.accesses` gives regions."""
+    return (t.mem, t.start_partition, t.start_partition + t.num_partitions, *t.byte_range)
 
 
 def _overlap(a: tuple, b: tuple) -> bool:

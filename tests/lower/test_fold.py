@@ -10,10 +10,13 @@ import numpy as np
 import pytest
 
 from jax_trn.hw import isa
+from jax_trn.lower import lower_module
 from jax_trn.lower.builder import KernelBuilder
 from jax_trn.lower.folding import Arg
 from jax_trn.lower.target import Target
 from jax_trn.lower.tileops import TILE_OPS, Src, Step
+
+from tests.hlo_passes.helpers import from_text
 
 from .runner import SPEC, run_program
 from .test_elementwise import make
@@ -169,3 +172,16 @@ def test_rounding_to_bf16_and_back_keeps_the_rounding():
     fused, out, plain = _run(text, *args)
     assert _mix(fused)["TensorCopy"] == 0
     np.testing.assert_array_equal(out, plain)
+
+
+def test_in_place_scalar_tensor_tensor_stays_whole_on_gpsimd():
+    """ceil's sequence (tileops/mathops.py) has a scalar_tensor_tensor whose operand1 is
+    its destination; spread.py must not split it into a tensor_scalar that overwrites
+    operand1 before the tensor_tensor reads it (FP32 tiles move to GpSimd)."""
+    t = ty((256, 384), "float32")
+    text = _program(f"%x: {t}", f"""
+        %0 = stablehlo.ceil %x : {t}
+        return %0 : {t}""", t)
+    x = (make((256, 384), "float32", role=0) * 8).astype(np.float32)
+    (out,) = run_program(lower_module(from_text(text), SPEC), [x]).outputs
+    np.testing.assert_array_equal(out, np.ceil(x))
