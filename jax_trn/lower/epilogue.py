@@ -43,7 +43,8 @@ from .translate import FusionPlan, Unsupported
 GROUP_MAX = max(GROUP_COLS)       # the widest matmul column group (matmul_plan.py)
 PSUM_SAFE = frozenset({"add", "subtract", "multiply", "divide", "maximum", "minimum",
                        "compare", "convert", "negate", "abs", "activation",
-                       "tensor_scalar", *ACTIVATION})
+                       "tensor_scalar", "scalar_tensor_tensor", "activation_row",
+                       *ACTIVATION})
 
 
 class Epilogue:

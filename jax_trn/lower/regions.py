@@ -33,7 +33,8 @@ from jax_trn.hw.program import DramTensor
 from .builder import KernelBuilder, Ring, sub
 from .layout import Axes, row_major
 from .tileops import (NEEDS_FULL_TILES, NO_INSTRUCTION, TILE_OPS, Src, Step, expand,
-                      fill_scalar, scratch, scratch_dtype, scratch_width)
+                      fill_scalar, row_scratch, scratch, scratch_dtype,
+                      scratch_width)
 
 FMAX = 2048          # elements per partition of one elementwise tile
 IN_DEPTH, STEP_DEPTH = 3, 2
@@ -282,11 +283,14 @@ class Evaluator:
 
     def _scratch(self, step: Step, args: list[Src], parts: int, free: int,
                  slot: str) -> list[Src]:
-        """The scratch tiles a multi-instruction op takes after its operands."""
+        """The scratch tiles a multi-instruction op takes after its operands, then its
+        [parts, 1] FP32 ones (`tileops.row_scratch`)."""
         dtype = scratch_dtype(args[0].dtype)
         width = self.scratch_width
         return [Src.of(self._buffer((slot, "scratch", k), free, dtype, parts, width))
-                for k in range(scratch(step.kind))]
+                for k in range(scratch(step.kind))] + \
+            [Src.of(self._buffer(("sslot", "row", k), 1, "float32", parts, 4), scalar=True)
+             for k in range(row_scratch(step.kind))]
 
     def _const(self, value: float, parts: int) -> Src:
         """A [P, 1] FP32 tile of `value`, written once per kernel (an Activation bias

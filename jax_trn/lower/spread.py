@@ -5,7 +5,9 @@ fused chain each tile's steps depend on one another, so moving single instructio
 another engine only lengthens the chain; but consecutive tiles are independent. GpSimd
 runs every float tensor_tensor / tensor_scalar / select / copy / memset VectorE does,
 in the same FP32 arithmetic (§2.3, §2.5), so a whole tile's VectorE work can go to
-GpSimd while VectorE works on the next tile (ScalarE keeps its activations).
+GpSimd while VectorE works on the next tile (ScalarE keeps its activations). A
+scalar_tensor_tensor (folding.py; VectorE only, §6.2) moves as its tensor_scalar and
+tensor_tensor when its destination is FP32 (the same FP32 intermediate).
 
 `Spreader.after_tile` looks at the instructions one tile emitted and moves its VectorE
 ones to GpSimd when all of them can move (GpSimd cannot touch PSUM, §6.2) and the tile
@@ -60,6 +62,22 @@ def _movable(ins: isa.Instr) -> bool:
     return type(ins) in _MOVABLE and _float_work(ins, ("sbuf",))
 
 
+def _on_gpsimd(ins: isa.Instr) -> list[isa.Instr] | None:
+    """`ins` as GpSimd runs it, or None when it cannot. A scalar_tensor_tensor (VectorE
+    only, §6.2) becomes its tensor_scalar and tensor_tensor, the intermediate in its FP32
+    destination: the same FP32 arithmetic as the one instruction (§2.3, §2.5)."""
+    if _movable(ins):
+        return [dataclasses.replace(ins, engine="gpsimd")]
+    if not isinstance(ins, isa.ScalarTensorTensor) or ins.dst.dtype != "float32" or \
+            not _float_work(ins, ("sbuf",)) or _overlap(_area(ins.dst), _area(ins.operand1)):
+        return None             # (the tensor_scalar would overwrite operand1 first)
+    first = isa.TensorScalar(dst=ins.dst, data=ins.data, op0=ins.op0, operand0=ins.operand0,
+                             reverse0=ins.reverse0, engine="gpsimd")
+    a, b = (ins.operand1, ins.dst) if ins.reverse1 else (ins.dst, ins.operand1)
+    return [first, isa.TensorTensor(dst=ins.dst, data1=a, data2=b, op=ins.op1,
+                                    engine="gpsimd")]
+
+
 def spreader(kb) -> "Spreader":
     """A Spreader for `kb`'s kernel, pricing instructions with its target's cost model."""
     return Spreader(kb, kb.target.core)
@@ -85,8 +103,9 @@ class Spreader:
         if not idx:
             return
         moved = {"vector": [instrs[i] for i in idx]}
-        if all(_movable(instrs[i]) for i in idx):
-            moved["gpsimd"] = [dataclasses.replace(instrs[i], engine="gpsimd") for i in idx]
+        on_gpsimd = [_on_gpsimd(instrs[i]) for i in idx]
+        if all(x is not None for x in on_gpsimd):
+            moved["gpsimd"] = [y for x in on_gpsimd for y in x]
         cost = {e: sum(self._ns(x, e) for x in moved[e]) for e in moved}
         port = {e: sum(self._ns(x, e) for x in moved[e] if shares_gpsimd_port(x, self.spec))
                 for e in moved}
@@ -97,8 +116,9 @@ class Spreader:
         self.load[best] += cost[best]
         self.port += port[best]
         if best == "gpsimd":
-            for i, x in zip(idx, moved["gpsimd"]):
-                instrs[i] = x
+            swap = dict(zip(idx, on_gpsimd))
+            instrs[first:] = [y for i in range(first, len(instrs))
+                              for y in swap.get(i, [instrs[i]])]
 
 
 _TO_SCALAR = (isa.TensorScalar, isa.TensorCopy)
@@ -177,6 +197,11 @@ class ListSpreader:
                         or any(_overlap(a, b) for a in r0 for b in writes)):
                     out.append((end, engine))
         return out
+
+
+def _area(t: isa.Tile) -> tuple:
+    """A tile's (space, p0, p1, lo, hi), as `sync.accesses` gives regions."""
+    return (t.mem, t.start_partition, t.start_partition + t.num_partitions, *t.byte_range)
 
 
 def _overlap(a: tuple, b: tuple) -> bool:

@@ -3,6 +3,7 @@
     TILE_OPS[kind].emit(kb, dst, srcs, step)    # the instruction(s) computing `step`
     TILE_OPS[kind].scratch                      # scratch tiles it takes after `srcs`
     TILE_OPS[kind].width                        # bytes per element of each (4, or 8)
+    TILE_OPS[kind].row_scratch                  # [P, 1] FP32 scratch tiles after those
 
 Modules: core (Step, Src, TileRule, instruction helpers), simple (one-instruction ops),
 ranged (log, log1p, sqrt, rsqrt: ScalarE functions kept inside their input ranges),
@@ -48,3 +49,9 @@ def scratch_width(kind: str) -> int:
     """Bytes per element of each scratch tile a step of `kind` takes (4 by default)."""
     rule = TILE_OPS.get(kind)
     return rule.width if rule is not None else 4
+
+
+def row_scratch(kind: str) -> int:
+    """[P, 1] FP32 scratch tiles a step of `kind` takes after its full-width ones."""
+    rule = TILE_OPS.get(kind)
+    return rule.row_scratch if rule is not None else 0

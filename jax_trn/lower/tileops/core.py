@@ -75,10 +75,12 @@ class TileRule:
     """How one step kind is emitted: `emit(kb, dst, srcs, step)`. A multi-instruction
     op takes `scratch` extra [parts, free] tiles after its operands (the Evaluator
     appends them, regions.py): FP32 for float work, the operand's type for integers,
-    `width` bytes per element (8 for ops that view them as 64-bit integers)."""
+    `width` bytes per element (8 for ops that view them as 64-bit integers); then
+    `row_scratch` [parts, 1] FP32 tiles (a per-partition value it derives)."""
     emit: Emit
     scratch: int = 0
     width: int = 4
+    row_scratch: int = 0
 
 
 def rules(emit: Emit, kinds, scratch: int = 0) -> dict[str, TileRule]:

@@ -11,7 +11,7 @@ from hlo_passes import ir
 from jax_trn.hw import isa
 
 from .core import (ACTIVATION, ALU, BOOL_ALU, COMPARE, Src, TileRule, binary, engine_for,
-                   rules)
+                   fill_scalar, rules)
 
 
 def _alu(kb, dst, srcs, step):
@@ -107,11 +107,70 @@ def _folded_activation(kb, dst, srcs, step):
                    func=ACTIVATION[step.attrs["func"]], scale=step.attrs["scale"], bias=bias)
 
 
+def _folded_activation_row(kb, dst, srcs, step):
+    """func(x - m) / func(x + m), m per partition: one Activation, its bias -m (made
+    exactly in the [P, 1] FP32 scratch srcs[2]) or m, §2.4; else op by op."""
+    x, m, row = srcs[0], srcs[1], srcs[2]
+    func = ACTIVATION[step.attrs["func"]]
+    if not m.scalar or x.scalar:
+        binary(kb, dst, x, m, "subtract" if step.attrs["negate"] else "add", "vector")
+        return kb.emit(isa.Activation, dst=dst, data=dst, func=func)
+    bias = m.operand
+    if step.attrs["negate"]:
+        if m.imm is not None:
+            bias = -m.imm
+        else:
+            kb.emit(isa.TensorScalar, dst=row.tile, data=m.tile, op0="multiply",
+                    operand0=-1.0)
+            bias = row.tile
+    if not isinstance(bias, isa.Tile):
+        bias = fill_scalar(kb, row.tile, bias)
+    return kb.emit(isa.Activation, dst=dst, data=x.tile, func=func, bias=bias)
+
+
 def _folded_tensor_scalar(kb, dst, srcs, step):
-    """(x <op0> a) <op1> b: folding.py."""
+    """(x <op0> a) <op1> b: folding.py. An operand is an immediate or srcs[k]
+    (`folding.Arg`); one TensorScalar when every value operand is per-partition, else
+    op by op like the unfolded steps (folding.py folds those only at equal types)."""
     (op0, a, r0), (op1, b, r1) = step.attrs["ops"]
-    return kb.emit(isa.TensorScalar, dst=dst, data=srcs[0].tile, op0=op0, operand0=a,
-                   reverse0=r0, op1=op1, operand1=b, reverse1=r1)
+    x, a, b = srcs[0], _operand(srcs, a, x_dtype(srcs)), _operand(srcs, b, x_dtype(srcs))
+    if _one_instruction(x, a, b):
+        return kb.emit(isa.TensorScalar, dst=dst, data=x.tile, op0=op0, operand0=a.operand,
+                       reverse0=r0, op1=op1, operand1=b.operand, reverse1=r1)
+    _op_by_op(kb, dst, x, a, op0, r0)
+    return _op_by_op(kb, dst, Src.of(dst), b, op1, r1)
+
+
+def _folded_stt(kb, dst, srcs, step):
+    """(x <op0> a) <op1> y (reversed: y <op1> ...): folding.py; one ScalarTensorTensor
+    when x and y are tiles and a per-partition, else op by op."""
+    x, y, at = srcs[0], srcs[1], step.attrs
+    a = _operand(srcs, at["operand0"], x_dtype(srcs))
+    if not x.scalar and not y.scalar and a.scalar and "sbuf" in (x.tile.mem, y.tile.mem):
+        return kb.emit(isa.ScalarTensorTensor, dst=dst, data=x.tile, op0=at["op0"],
+                       operand0=a.operand, reverse0=at["reverse0"], op1=at["op1"],
+                       operand1=y.tile, reverse1=at["reverse1"])
+    _op_by_op(kb, dst, x, a, at["op0"], at["reverse0"])
+    return _op_by_op(kb, dst, y, Src.of(dst), at["op1"], not at["reverse1"])
+
+
+def x_dtype(srcs) -> str:
+    return srcs[0].dtype
+
+
+def _operand(srcs, value, dtype: str) -> Src:
+    """A folded step's operand as a Src: srcs[k] for `Arg(k)`, else the immediate."""
+    index = getattr(value, "index", None)
+    return srcs[index] if index is not None else Src.immediate(value, dtype)
+
+
+def _one_instruction(x: Src, *operands: Src) -> bool:
+    return all(o.scalar for o in operands)
+
+
+def _op_by_op(kb, dst, x: Src, a: Src, op: str, reverse: bool):
+    """dst = x <op> a (a <op> x when reversed), as the unfolded step would run."""
+    return binary(kb, dst, *((a, x) if reverse else (x, a)), op, "vector")
 
 
 # `sign` is not here: a float sign needs a fix-up for -0 (mathops.py).
@@ -121,4 +180,6 @@ RULES: dict[str, TileRule] = {
     **rules(_not, ["not"]), **rules(_convert, ["convert"]), **rules(_select, ["select"]),
     **rules(_clamp, ["clamp"]), **rules(_folded_activation, ["activation"]),
     **rules(_folded_tensor_scalar, ["tensor_scalar"]),
+    **rules(_folded_stt, ["scalar_tensor_tensor"]),
+    "activation_row": TileRule(_folded_activation_row, row_scratch=1),
 }
