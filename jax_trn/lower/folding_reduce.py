@@ -40,6 +40,14 @@ def fold_source(source):
     return source if x is None else WidenSumSource(source, x)
 
 
+def sums_exp(region, vid: int, alu: str) -> bool:
+    """Whether a reduction of `region`'s value `vid` is the sum(exp(x - m)) this module
+    folds: fusion.py then leaves the region unfolded by folding.py (whose per-row
+    `activation_row` would otherwise take the exp and hide the pattern)."""
+    from types import SimpleNamespace
+    return alu == "add" and _exp_sum(SimpleNamespace(region=region, vid=vid)) is not None
+
+
 def _widened(source) -> int | None:
     """The input of a region whose only step widens it to the reduced float32."""
     region = getattr(source, "region", None)

@@ -26,6 +26,7 @@ from .dot import lower_dot
 from .elementwise import emit_loop, free_size
 from .epilogue import Epilogue
 from .folding import fold
+from .folding_reduce import sums_exp
 from .reduce import RegionSource, emit_reduce, is_identity
 from .regions import FMAX
 from .registry import LowerCtx, register_lowering
@@ -82,7 +83,9 @@ def _fusion_lower(ctx: LowerCtx, *ins: DramTensor, fusion_kind: str = "loop",
         return lower_attention_bwd(ctx, list(ins), attention_scale, attention_mask,
                                    attention.get("attention_layout"))
     plan = translate(ctx.op, list(ins), ctx.outs)
-    plan.region = fold(plan.region)
+    root = plan.reduce if fusion_kind == "reduction" else None
+    if root is None or not sums_exp(plan.region, root.vid, root.alu):
+        plan.region = fold(plan.region)     # (a summed exp(x - m): folding_reduce.py's)
     if fusion_kind == "reduction":
         _reduction(ctx, plan)
     elif fusion_kind == "matmul_epilogue":
