@@ -27,7 +27,8 @@ Converts (§2.3-2.4: engines read any type, compute in FP32 and cast on write): 
 convert that does not widen, of a one-instruction step used only by it, becomes that
 step's destination type (one rounding of the same FP32 value: identical results); a
 widening float convert (exact) read only by one-instruction steps is read by them
-directly. Either way the TensorCopy goes.
+directly; a compare converted to a float type writes 1.0 / 0.0 in it. Either way the
+TensorCopy goes.
 
 Numerics: the folded intermediate stays FP32 inside the engine instead of being
 rounded to its IR type between the two ops. For float32 nothing changes (the engine
@@ -254,6 +255,10 @@ def _fold_converts(region: Region, steps, uses, outputs) -> list:
             continue
         (x,) = step.args
         src = region.dtype(x) if x < n else steps[x - n].dtype
+        if src == "bool" and _compare_only_for(steps, x, n, uses, outputs, step.dtype):
+            steps[x - n] = replace(steps[x - n], dtype=step.dtype)   # writes 1.0 / 0.0
+            steps[j], alias[n + j] = _folded(step), x
+            continue
         if src not in _ENGINE_FLOATS or step.dtype not in _ENGINE_FLOATS or \
                 n + j not in outputs and not uses.get(n + j):
             continue
@@ -271,6 +276,14 @@ def _fold_converts(region: Region, steps, uses, outputs) -> list:
         if any(a in alias for a in step.args):
             steps[j] = replace(step, args=tuple(resolve(a) for a in step.args))
     return [(resolve(vid), t) for vid, t in region.outputs]
+
+
+def _compare_only_for(steps, x: int, n: int, uses, outputs, dtype: str) -> bool:
+    """`x` a compare read only by its convert to the float `dtype`: the compare's
+    instruction writes 1.0 / 0.0 in that type itself (engines cast on write, §2.3),
+    no TensorCopy of the bool (one-hot labels: `convert(iota == t)`)."""
+    return (x >= n and steps[x - n].kind == "compare" and uses.get(x) == 1
+            and x not in outputs and dtype in _ENGINE_FLOATS)
 
 
 def _narrows(src: str, dst: str) -> bool:

@@ -121,6 +121,26 @@ def test_widening_convert_is_read_directly():
     np.testing.assert_array_equal(out, plain)
 
 
+@pytest.mark.parametrize("dtype", ["int32", "float32"])
+def test_a_compare_converted_to_float_writes_the_float(dtype):
+    """One-hot labels as jax.nn.one_hot writes them, convert(x == y) to f32, times a
+    scale: the compare writes 1.0 / 0.0 in float32 itself (no TensorCopy of the bool),
+    same values."""
+    t, f = ty((256, 512), dtype), ty((256, 512), "float32")
+    bl = "tensor<256x512xi1>"
+    text = _program(f"%x: {t}, %y: {t}, %s: {f}", f"""
+        %0 = stablehlo.compare EQ, %x, %y : ({t}, {t}) -> {bl}
+        %1 = stablehlo.convert %0 : ({bl}) -> {f}
+        %2 = stablehlo.multiply %1, %s : {f}
+        return %2 : {f}""", f)
+    rng = np.random.default_rng(4)
+    x = rng.integers(0, 3, (256, 512)).astype(dtype)
+    y = rng.integers(0, 3, (256, 512)).astype(dtype)
+    fused, out, plain = _run(text, x, y, make((256, 512), "float32", role=2))
+    assert _mix(fused)["TensorCopy"] == 0
+    np.testing.assert_array_equal(out, plain)
+
+
 def test_exp_of_x_minus_row_max_is_one_activation():
     t, r = ty((256, 512), "float32"), ty((256,), "float32")
     text = _program(f"%x: {t}, %m: {r}", f"""
