@@ -22,10 +22,15 @@ constant, so fully masked causal blocks are never computed) is cut into chunks o
      chunk out = O / l, DMAed out.
 
 Stages are emitted software-pipelined (each engine runs its queue in program order,
-§2.1): A(n+2), the transposes (and their copies) of n+1, then the rest of B(n), so
-TensorE computes scores two chunks ahead while VectorE / ScalarE run the softmax; S
-and the PSUM accumulators are double-buffered. (Other orders measured slower: the
-copies of n+1 before the softmax of n+2 delay the next row max.)
+§2.1): A(n+4), the transposes (and their copies) of n+2, then the rest of B(n), so
+TensorE transposes P two chunks after its scores: the chain S -> row max (VectorE) ->
+exp (ScalarE) of a chunk is longer than one chunk's TensorE work (LM row, D64: ~1.1 us
+against ~0.8), and with a lag of one TensorE waited on it at every transpose (forward
+683 -> 587 us with lags (2, 4); (1, 2) (2, 3) (2, 5) (3, 5) (2, 6) measured 683, 658,
+601, 623, 602). S and the PSUM accumulators are double-buffered; the SBUF rings
+between the stages (P, P^T, the [P, 1] statistics) are sized from the lags. (Other
+orders measured slower: the copies of n+1 before the softmax of n+2 delay the next row
+max.)
 
 Layouts: q, k, v and the result stay in the program's layout ([B, S, N, H] as
 jax.nn.dot_product_attention has them, or anything else with the head dim contiguous);
@@ -79,7 +84,9 @@ CHUNK_BANKS = 2         # keys per softmax chunk: two PSUM banks of FP32 (§3.2)
                         # score matmul per bank (512 keys, §2.2)
 VECTOR_EVERY = 4
 HEADS_BYTES = 32 * 1024         # SBUF per partition for V / results of adjacent heads
-LAG_B = 2               # stage B of job n - 2 follows stage A of job n (`_Flash.run`)
+LAG_T, LAG_B = 2, 4     # the P^T of job n - 2 and stage B of n - 4 follow stage A of
+                        # job n (`_Flash.run`; the rings of P, P^T and the row
+                        # statistics are sized from them)
 
 
 def lower_attention(ctx: LowerCtx, ins: list[DramTensor], scale: float, masked: bool,
@@ -151,15 +158,15 @@ class _Flash(MaskBiases):
                                       self.out_heads * self.dv, out.dtype)
         self.qT = kb.ring(3, self.pmax, q.dtype)
         self.s = kb.ring(2, self.chunk, "float32", mem="psum")
-        self.p = kb.ring(3, self.chunk, self.pdtype)
+        self.p = kb.ring(LAG_T + 2, self.chunk, self.pdtype)
         two_in_bank = 2 * self.dvx * 4 <= target.psum_bank_bytes    # two FP32 rows of Dv
         self.t = kb.ring(3 if two_in_bank else 2, self.bank, "float32", mem="psum")
-        self.pt = kb.ring(6, self.bank, self.pdtype)
+        self.pt = kb.ring(2 * (LAG_B - LAG_T + 1), self.bank, self.pdtype)
         self.o = _ring_in_bank(kb, 2, self.dvx) if two_in_bank else \
             kb.ring(2, self.dvx, "float32", mem="psum")
         self.osb = kb.ring(2, self.dvx, "float32")
         self.res = kb.ring(2, self.dv, out.dtype)
-        self.small = kb.ring(16, 1, "float32")
+        self.small = kb.ring(5 * (LAG_B + 1) + 1, 1, "float32")
         self.biases: dict[bytes, isa.Tile] = {}
         self.ident: isa.Tile | None = None
         self.copy_engines = itertools.cycle(("vector", "scalar"))
@@ -191,8 +198,9 @@ class _Flash(MaskBiases):
     # --- driver ------------------------------------------------------------------------
 
     def run(self) -> None:
-        """Emits the jobs software-pipelined: TensorE runs S(n+2), P^T(n+1), PV(n), so
-        each softmax has two TensorE slots to finish and each P^T copy one. Jobs of
+        """Emits the jobs software-pipelined: TensorE runs S(n + LAG_B), P^T(n + LAG_B -
+        LAG_T), PV(n), so each softmax has LAG_T TensorE slots to finish and each P^T
+        copy LAG_B - LAG_T. Jobs of
         one batch index (all its groups) share its K^T and V."""
         jobs = [job for unit in self.units for job in self._jobs(unit)]
         kv: dict = {}
@@ -208,8 +216,8 @@ class _Flash(MaskBiases):
                     self.outer.flush()
                 self._rowmax(job)
                 self._softmax(job)
-            if 0 <= n - 1 < len(jobs):
-                self._transposes(jobs[n - 1])
+            if 0 <= n - LAG_T < len(jobs):
+                self._transposes(jobs[n - LAG_T])
             if 0 <= n - LAG_B < len(jobs):
                 self._stage_b(jobs[n - LAG_B])
         if self.lse is not None:
