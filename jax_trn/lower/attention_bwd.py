@@ -340,12 +340,16 @@ class _FlashBwd(MaskTiles):
 
     def _row_stats(self, side: dict) -> None:
         """-lse and -Dr = -rowsum(dO * O) per q-tile ([qt, 1] FP32 columns); Dr as
-        (dO^T * O^T)^T @ 1 on TensorE."""
+        (dO^T * O^T)^T @ 1 on TensorE. The product [Dv, Sq] runs on GpSimd: on VectorE
+        (2N cycles, FP32 out, §6.3: ~2.1 us at S1023) it sat in VectorE's queue behind
+        the previous unit's dS and TensorE waited on it at every unit's first Dr matmul
+        (LM row backward, 64 units: 1029 -> 974 us; preparing the unit's rows and
+        statistics 4 to 12 jobs ahead measured 985-988 us, not better)."""
         kb, b, dv, p = self.kb, side["b"], self.dvn, self.pmax
         full, lse = self.sq // p, side["lse"]
         prod = sub(self.prod.next(), dv, self.sq)
         kb.emit(isa.TensorTensor, dst=prod, data1=sub(side["oT"], dv, self.sq),
-                data2=sub(side["doT"], dv, self.sq), op="multiply")
+                data2=sub(side["doT"], dv, self.sq), op="multiply", engine="gpsimd")
         for i, (q0, qt) in enumerate(tiles(self.sq, p)):
             neg, dr = self._stat(side, i, qt)
             kb.emit(isa.TensorScalar, dst=neg, data=sub(lse, qt, 1, at=i),
