@@ -4,7 +4,7 @@ out = softmax(mask(q @ k^T * scale)) @ v, the [Sq, Sk] scores never leaving the 
 Per batch index (all leading dims flattened), K^T [D, Sk] comes by dma_transpose (§3.4)
 and V [Sk, Dv] in 128-row k-tiles (K on partitions, as TensorE needs, §2.2); both are
 prefetched during the previous batch index. Per q-tile of 128 rows, Q^T [D, 128] comes
-by dma_transpose and is multiplied by the scale on GpSimd. The live key range of the
+by dma_transpose and is multiplied by the scale on GpSimd, Q_AHEAD jobs ahead. The live key range of the
 q-tile (blocks of 128 keys with any unmasked entry; the mask is a compile-time
 constant, so fully masked causal blocks are never computed) is cut into chunks of up to
 1024 keys (two PSUM banks of FP32, §3.2), and each chunk runs two stages:
@@ -22,10 +22,15 @@ constant, so fully masked causal blocks are never computed) is cut into chunks o
      chunk out = O / l, DMAed out.
 
 Stages are emitted software-pipelined (each engine runs its queue in program order,
-§2.1): A(n+2), the transposes (and their copies) of n+1, then the rest of B(n), so
-TensorE computes scores two chunks ahead while VectorE / ScalarE run the softmax; S
-and the PSUM accumulators are double-buffered. (Other orders measured slower: the
-copies of n+1 before the softmax of n+2 delay the next row max.)
+§2.1): A(n+4), the transposes (and their copies) of n+2, then the rest of B(n), so
+TensorE transposes P two chunks after its scores: the chain S -> row max (VectorE) ->
+exp (ScalarE) of a chunk is longer than one chunk's TensorE work (LM row, D64: ~1.1 us
+against ~0.8), and with a lag of one TensorE waited on it at every transpose (forward
+683 -> 587 us with lags (2, 4); (1, 2) (2, 3) (2, 5) (3, 5) (2, 6) measured 683, 658,
+601, 623, 602). S and the PSUM accumulators are double-buffered; the SBUF rings
+between the stages (P, P^T, the [P, 1] statistics) are sized from the lags. (Other
+orders measured slower: the copies of n+1 before the softmax of n+2 delay the next row
+max.)
 
 Layouts: q, k, v and the result stay in the program's layout ([B, S, N, H] as
 jax.nn.dot_product_attention has them, or anything else with the head dim contiguous);
@@ -78,8 +83,14 @@ from .translate import Unsupported
 CHUNK_BANKS = 2         # keys per softmax chunk: two PSUM banks of FP32 (§3.2); one
                         # score matmul per bank (512 keys, §2.2)
 VECTOR_EVERY = 4
+Q_AHEAD = 4             # Q^T (dma_transpose, then scaled on GpSimd) of the q-tiles of the
+                        # next 4 jobs loaded before a job's scores: loaded at the job's own
+                        # stage A, TensorE waited on it (LM row forward: 587 -> 571 us;
+                        # 1, 2, 6 ahead: 586, 580, 569)
 HEADS_BYTES = 32 * 1024         # SBUF per partition for V / results of adjacent heads
-LAG_B = 2               # stage B of job n - 2 follows stage A of job n (`_Flash.run`)
+LAG_T, LAG_B = 2, 4     # the P^T of job n - 2 and stage B of n - 4 follow stage A of
+                        # job n (`_Flash.run`; the rings of P, P^T and the row
+                        # statistics are sized from them)
 
 
 def lower_attention(ctx: LowerCtx, ins: list[DramTensor], scale: float, masked: bool,
@@ -149,17 +160,17 @@ class _Flash(MaskBiases):
         if self.out_heads > 1:
             self.stage_ring = kb.ring(2 * -(-self.sq // self.pmax),
                                       self.out_heads * self.dv, out.dtype)
-        self.qT = kb.ring(3, self.pmax, q.dtype)
+        self.qT = kb.ring(Q_AHEAD + 2, self.pmax, q.dtype)
         self.s = kb.ring(2, self.chunk, "float32", mem="psum")
-        self.p = kb.ring(3, self.chunk, self.pdtype)
+        self.p = kb.ring(LAG_T + 2, self.chunk, self.pdtype)
         two_in_bank = 2 * self.dvx * 4 <= target.psum_bank_bytes    # two FP32 rows of Dv
         self.t = kb.ring(3 if two_in_bank else 2, self.bank, "float32", mem="psum")
-        self.pt = kb.ring(6, self.bank, self.pdtype)
+        self.pt = kb.ring(2 * (LAG_B - LAG_T + 1), self.bank, self.pdtype)
         self.o = _ring_in_bank(kb, 2, self.dvx) if two_in_bank else \
             kb.ring(2, self.dvx, "float32", mem="psum")
         self.osb = kb.ring(2, self.dvx, "float32")
         self.res = kb.ring(2, self.dv, out.dtype)
-        self.small = kb.ring(16, 1, "float32")
+        self.small = kb.ring(5 * (LAG_B + 1) + 1, 1, "float32")
         self.biases: dict[bytes, isa.Tile] = {}
         self.ident: isa.Tile | None = None
         self.copy_engines = itertools.cycle(("vector", "scalar"))
@@ -191,8 +202,9 @@ class _Flash(MaskBiases):
     # --- driver ------------------------------------------------------------------------
 
     def run(self) -> None:
-        """Emits the jobs software-pipelined: TensorE runs S(n+2), P^T(n+1), PV(n), so
-        each softmax has two TensorE slots to finish and each P^T copy one. Jobs of
+        """Emits the jobs software-pipelined: TensorE runs S(n + LAG_B), P^T(n + LAG_B -
+        LAG_T), PV(n), so each softmax has LAG_T TensorE slots to finish and each P^T
+        copy LAG_B - LAG_T. Jobs of
         one batch index (all its groups) share its K^T and V."""
         jobs = [job for unit in self.units for job in self._jobs(unit)]
         kv: dict = {}
@@ -203,13 +215,16 @@ class _Flash(MaskBiases):
                 if b["kv"] not in kv:
                     kv[b["kv"]] = self._load_kv(b)
                 job["kv"] = kv[b["kv"]]
+                for ahead in jobs[n:n + Q_AHEAD + 1]:
+                    if ahead["first"] and "qT" not in ahead["tile"]:
+                        ahead["tile"]["qT"] = self._load_q(ahead)
                 self._scores(job)
                 if self.outer is not None:
                     self.outer.flush()
                 self._rowmax(job)
                 self._softmax(job)
-            if 0 <= n - 1 < len(jobs):
-                self._transposes(jobs[n - 1])
+            if 0 <= n - LAG_T < len(jobs):
+                self._transposes(jobs[n - LAG_T])
             if 0 <= n - LAG_B < len(jobs):
                 self._stage_b(jobs[n - LAG_B])
         if self.lse is not None:
@@ -321,8 +336,6 @@ class _Flash(MaskBiases):
     def _scores(self, job: dict) -> None:
         kb, tile = self.kb, job["tile"]
         qt = tile["qt"]
-        if job["first"]:
-            tile["qT"] = self._load_q(job)
         kT = job["kv"][0]
         k0 = job["blocks"][0][0]
         width = sum(n for _, n, _ in job["blocks"])

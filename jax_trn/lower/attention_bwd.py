@@ -32,9 +32,13 @@ After the last i of block j, dK_j * scale and dV_j are rounded and DMAed out (tw
 per partition when their rows are contiguous: 512-byte descriptors, `_store_kv`; GQA:
 summed over the groups of a batch index in FP32 SBUF first); after the last j of q-tile i,
 dQ_i * scale. Stages are emitted software-pipelined (each engine runs its queue in
-program order, §2.1): A(n), B(n - 2), C(n - 3), so TensorE has the next scores while
-ScalarE / VectorE compute a pair's P and dS. The next batch index's inputs are DMAed
-while this one computes.
+program order, §2.1): A(n), B(n - 3), C(n - 6), so TensorE has the next scores while
+ScalarE / VectorE compute a pair's P and dS, and dS^T's PSUM -> SBUF copy (VectorE,
+queued behind later jobs' dS) has three jobs of TensorE work to finish before dQ reads
+it. Lags (B, C) measured on the LM row's backward (B4 S1023 N16 H64 causal bf16, us):
+(2, 3) 1313, (3, 4) 1302, (1, 5) 1312, (2, 4) 1073, (2, 5) 1045, (3, 5) 1061, (3, 6)
+1029, (3, 7) 1032, (4, 7) 1065: C trailing B by one job, TensorE waited at each dQ. The next batch index's inputs are DMAed while this one
+computes.
 
 Numerics: FP32 scores; P, dP - Dr and dS rounded to the 16-bit dtype (the program
 rounds p and ds before its matmuls), FP32 accumulation; the scale is applied to dq / dk
@@ -58,7 +62,8 @@ from .layout import tiles
 from .registry import LowerCtx
 from .translate import Unsupported
 
-LAG_B, LAG_C = 2, 3     # stage B of job n - 2 and C of n - 3 follow stage A of job n
+LAG_B, LAG_C = 3, 6     # stage B of job n - 3 and C of n - 6 follow stage A of job n
+                        # (rings between the stages are sized from them)
 KEY_GROUP = 2          # keys per partition in the dk / dv stores (_store_kv; 2 measured
                        # faster than 1 and 4: S1024 208 / 180 / 198 us, S2048 543 / 537 / 577)
 STORE_BUFS = 8         # result tiles in flight to HBM (a store takes ~2 us: 1.3 us fixed, §2.6)
@@ -335,12 +340,16 @@ class _FlashBwd(MaskTiles):
 
     def _row_stats(self, side: dict) -> None:
         """-lse and -Dr = -rowsum(dO * O) per q-tile ([qt, 1] FP32 columns); Dr as
-        (dO^T * O^T)^T @ 1 on TensorE."""
+        (dO^T * O^T)^T @ 1 on TensorE. The product [Dv, Sq] runs on GpSimd: on VectorE
+        (2N cycles, FP32 out, §6.3: ~2.1 us at S1023) it sat in VectorE's queue behind
+        the previous unit's dS and TensorE waited on it at every unit's first Dr matmul
+        (LM row backward, 64 units: 1029 -> 974 us; preparing the unit's rows and
+        statistics 4 to 12 jobs ahead measured 985-988 us, not better)."""
         kb, b, dv, p = self.kb, side["b"], self.dvn, self.pmax
         full, lse = self.sq // p, side["lse"]
         prod = sub(self.prod.next(), dv, self.sq)
         kb.emit(isa.TensorTensor, dst=prod, data1=sub(side["oT"], dv, self.sq),
-                data2=sub(side["doT"], dv, self.sq), op="multiply")
+                data2=sub(side["doT"], dv, self.sq), op="multiply", engine="gpsimd")
         for i, (q0, qt) in enumerate(tiles(self.sq, p)):
             neg, dr = self._stat(side, i, qt)
             kb.emit(isa.TensorScalar, dst=neg, data=sub(lse, qt, 1, at=i),

@@ -141,3 +141,22 @@ def test_an_additive_bias_of_zeros_and_minus_inf(jax, trn, cpu):
     for a, b in zip(got, want):
         assert not np.isnan(np.asarray(a, np.float32)).any()
         assert_close(np.asarray(a, np.float32), np.asarray(b, np.float32), dtype)
+
+
+@pytest.mark.parametrize("s", [96, 200])
+def test_outer_mask_short_rows_every_batch_and_head(jax, trn, cpu, s):
+    """Few jobs per V run (S <= 2 q-tiles, one key chunk, B6 N4 H64: runs of 4 heads
+    with their own key vectors): the kernel's pipeline stage B reads a run's staged V,
+    mean and key weights several runs after their loads were queued, so a staging
+    ring shallower than the pipeline gives a batch another's V. Each (batch, head)
+    checked on its own."""
+    b = 6
+    rng = np.random.default_rng(5)
+    vq = np.arange(s)[None] < rng.integers(s // 2, s + 1, (b, 1))
+    vk = np.arange(s)[None] < rng.integers(1, s + 1, (b, 1))
+    args = [_rand((b, s, N, H), 20 + i, "bfloat16") for i in range(3)] + [vq, vk]
+    out, ref, notes = _run(jax, trn, cpu, _hand_written(jax, -1e9), args)
+    assert _outer_flash(notes) == 1, notes
+    for i in range(b):
+        for n in range(N):
+            assert_close(out[i, :, n], ref[i, :, n], "bfloat16")
