@@ -38,6 +38,7 @@ from .tileops import (NEEDS_FULL_TILES, NO_INSTRUCTION, TILE_OPS, Src, Step, exp
 
 FMAX = 2048          # elements per partition of one elementwise tile
 IN_DEPTH, STEP_DEPTH = 3, 2
+IOTA_MARGIN = 16 * 1024   # SBUF bytes per partition left free after a kept iota box
 SCRATCH_BYTES = 4    # scratch tiles of multi-instruction ops: FP32 / 32-bit ints, or wider
 Box = tuple[int, Axes]          # (element offset, ((pstride, parts), *free axes))
 
@@ -150,12 +151,14 @@ class Evaluator:
         self.cache: dict[int, tuple[Box, Src]] = {}
         self.turn: dict[tuple, isa.Tile] = {}
         self.consts: dict[tuple, isa.Tile] = {}
+        self.iotas: dict[tuple, isa.Tile] = {}      # generated iota boxes kept (`_iota_tile`)
+        self.kept: list[isa.Tile] = []
         self.globals = {i: self._load_global(inp) for i, inp in enumerate(region.inputs)
                         if inp.is_scalar and region.size > 1}
 
     def close(self) -> None:
         self.kb.release(*self.rings.values(), *(s.tile for s in self.globals.values()),
-                        *self.consts.values())
+                        *self.consts.values(), *self.kept)
 
     def _ring(self, key: tuple, depth: int, free: int, dtype: str) -> Ring:
         if key not in self.rings:
@@ -210,11 +213,35 @@ class Evaluator:
             self.kb.emit(isa.Iota, dst=tile, pattern=((1, 1),), offset=offset,
                          channel_multiplier=pattern[0][0])
             return Src.of(tile, scalar=True)
-        ring = self._ring(("in", i), IN_DEPTH, self.in_free, inp.dtype)
-        tile = sub(ring.next(), parts, tuple(free) or 1)
+        key = (i, offset, axes, parts, pattern[0][0])
+        if key in self.iotas:
+            return Src.of(self.iotas[key])
+        tile = self._iota_tile(inp, math.prod(free))
+        kept = tile is not None
+        if not kept:
+            ring = self._ring(("in", i), IN_DEPTH, self.in_free, inp.dtype)
+            tile = ring.next()
+        tile = sub(tile, parts, tuple(free) or 1)
         self.kb.emit(isa.Iota, dst=tile, pattern=axes, offset=offset,
                      channel_multiplier=pattern[0][0])
-        return Src.of(sub(tile, free=math.prod(free)))
+        src = Src.of(sub(tile, free=math.prod(free)))
+        if kept:
+            self.iotas[key] = src.tile
+        return src
+
+    def _iota_tile(self, inp: Input, size: int) -> isa.Tile | None:
+        """A tile of its own for a generated iota box, kept for the region's later boxes
+        with the same values (an iota varies along few axes: one-hot labels' column
+        indices repeat for every 128 rows, and GpSimd, sharing VectorE's SBUF port,
+        paid one iota per box: 965 us of an LM's cross-entropy gradient); None when
+        SBUF above the kernel's live tiles is short of IOTA_MARGIN after it."""
+        top = max((off + n for off, n in self.kb.sbuf.live.items()), default=0)
+        need = size * hw_dtypes.itemsize(inp.dtype)
+        if self.kb.sbuf.capacity - top - need < IOTA_MARGIN:
+            return None
+        tile = self.kb.tile(size, inp.dtype)
+        self.kept.append(tile)
+        return tile
 
     # --- compute ---------------------------------------------------------------------------
 

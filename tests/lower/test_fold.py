@@ -205,3 +205,26 @@ def test_in_place_scalar_tensor_tensor_stays_whole_on_gpsimd():
     x = (make((256, 384), "float32", role=0) * 8).astype(np.float32)
     (out,) = run_program(lower_module(from_text(text), SPEC), [x]).outputs
     np.testing.assert_array_equal(out, np.ceil(x))
+
+
+def test_a_generated_iota_box_is_kept_for_the_next_rows():
+    """One-hot labels, convert(iota == t) over [384, 16384]: rows are cut in column
+    chunks, and each chunk's iota values repeat for every 128 rows, so its box is
+    generated once and kept (regions._iota_tile), not once per row tile (3x the iotas
+    before); same values as the unfused program."""
+    rows, cols = 384, 16384
+    t, f = ty((rows, 1), "int32"), ty((rows, cols), "float32")
+    i = ty((rows, cols), "int32")
+    bl = f"tensor<{rows}x{cols}xi1>"
+    text = _program(f"%t: {t}", f"""
+        %0 = stablehlo.iota dim = 1 : {i}
+        %1 = stablehlo.broadcast_in_dim %t, dims = [0, 1] : ({t}) -> {i}
+        %2 = stablehlo.compare EQ, %0, %1 : ({i}, {i}) -> {bl}
+        %3 = stablehlo.convert %2 : ({bl}) -> {f}
+        return %3 : {f}""", f)
+    labels = np.random.default_rng(5).integers(0, cols, (rows, 1)).astype(np.int32)
+    fused, out, plain = _run(text, labels)
+    mix = _mix(fused)
+    assert 1 < mix["Iota"] * 3 == mix["TensorScalar"], mix      # one per chunk, not per box
+    np.testing.assert_array_equal(out, plain)
+    np.testing.assert_array_equal(out, (np.arange(cols)[None] == labels).astype(np.float32))
