@@ -123,22 +123,27 @@ def _affine_onehot(v: ir.Value, d: int, producer: dict):
     a = b = None
     p = producer.get(v)
     if p is not None and p.kind == "add":
-        for x, c in (p.operands, p.operands[::-1]):
-            if _row_const(c, d, producer) is not None:
-                b, v = c, x
-                break
-        else:
+        split = _row_const_operand(p, d, producer)
+        if split is None:
             return None
+        v, b = split
         p = producer.get(v)
     if p is not None and p.kind == "multiply":
-        for x, c in (p.operands, p.operands[::-1]):
-            if _row_const(c, d, producer) is not None:
-                a, v = c, x
-                break
-        else:
+        split = _row_const_operand(p, d, producer)
+        if split is None:
             return None
+        v, a = split
     t = _onehot(v, d, producer)
     return None if t is None else (t, a, b)
+
+
+def _row_const_operand(p: ir.Op, d: int, producer: dict):
+    """(other operand, the operand constant along `d`) of a binary op, the first
+    operand taken as the constant only if the second is not; None if neither is."""
+    for x, c in (p.operands, p.operands[::-1]):
+        if _row_const(c, d, producer) is not None:
+            return x, c
+    return None
 
 
 def _onehot(v: ir.Value, d: int, producer: dict) -> ir.Value | None:

@@ -193,15 +193,15 @@ class MatmulEmitter(Loads):
         """The block's lhs [K, mbn] in one DMA per k-tile; strip i is a view into it."""
         g0, gn = tiles(self.n, self.plan.group)[0]
         both = self._plain(self.rhs) and not self._resident(index)
+        first = None
         if both:
             block, first = self._fetch_both(index, mb0, mbn, g0, gn)
-            self.resident = (index, first) if self.n <= self.plan.group else None
         else:
             block = self._fetch(self.lhs, index, (0, self.k), mb0, mbn, self.strips).dst
         strips = [KMajor(sub(block.base, self.kt, 1, at=m0 - mb0), mbn) for m0, _ in mtiles]
         bunch = self._bunch_size(mtiles, 2) if both else 1
         for gi, (g0, gn) in enumerate(tiles(self.n, self.plan.group)):
-            r = first if both and gi == 0 else self._rhs(index, g0, gn)
+            r = self._rhs(index, g0, gn, first if gi == 0 else None)
             if gi == 0 and bunch > 1:   # k outer: each arriving k-tile pair feeds the bunch
                 self._bunched(strips, r, mtiles[:bunch], base, g0, gn)
             for i, (m0, mt) in enumerate(mtiles):
@@ -219,13 +219,15 @@ class MatmulEmitter(Loads):
         """Loaded k-tile by k-tile as it lies (`_plain_dmas`)."""
         return not (op.transposed or op.via_dma or self.interleaved)
 
-    def _rhs(self, index, g0: int, gn: int) -> KMajor:
-        """The rhs slice R[K, g0:g0+gn], loaded; with one column group the same slice
-        serves every M block, so it stays resident and is loaded once per batch index
-        (a vocabulary gradient [32000, 4092] x [4092, 1024] read it 31 times)."""
+    def _rhs(self, index, g0: int, gn: int, loaded: KMajor | None = None) -> KMajor:
+        """The rhs slice R[K, g0:g0+gn], loaded (or `loaded`, fetched by the caller);
+        with one column group the same slice serves every M block, so it stays resident
+        and is loaded once per batch index (a vocabulary gradient [32000, 4092] x
+        [4092, 1024] read it 31 times)."""
         if self._resident(index):
             return self.resident[1]
-        r = self._finish(self._fetch(self.rhs, index, (0, self.k), g0, gn, self.slices))
+        r = loaded if loaded is not None else self._finish(
+            self._fetch(self.rhs, index, (0, self.k), g0, gn, self.slices))
         self.resident = (index, r) if self.n <= self.plan.group else None
         return r
 
@@ -272,8 +274,7 @@ class MatmulEmitter(Loads):
         base, m0, mt, g0, gn = where
         last = bi == blocks - 1
         otile = sub(self.obuf.next(), mt, gn) if last else None
-        for c0, ct, acc in ((c0 + b0, bn, sub(acc, mt, bn, at=b0)) for c0, ct, acc in accs
-                            for b0, bn in tiles(ct, self.bank)):
+        for c0, ct, acc in self._banks(accs, mt):
             part = sub(sums, mt, ct, at=c0)
             dst = sub(otile, mt, ct, at=c0) if last else part
             if bi == 0:
@@ -281,8 +282,7 @@ class MatmulEmitter(Loads):
             else:
                 self.kb.emit(isa.TensorTensor, dst=dst, data1=part, data2=acc, op="add")
         if last:
-            ap = self.kb.ap(self.out, base + m0 * self.n + g0, ((self.n, mt), (1, gn)))
-            self._dma(ap, otile, self.store_q)
+            self._store(otile, base, m0, mt, g0, gn)
 
     # --- compute ---------------------------------------------------------------------------
 
@@ -330,16 +330,26 @@ class MatmulEmitter(Loads):
         fused epilogue's version of it, epilogue.py)."""
         # One bank per evacuation copy, the engines alternating (a wider accumulator is
         # evacuated in bank-wide pieces, as the epilogue's steps expect them).
-        accs = [(c0 + b0, bn, sub(acc, mt, bn, at=b0)) for c0, ct, acc in accs
-                for b0, bn in tiles(ct, self.bank)]
+        accs = self._banks(accs, mt)
         if self.epilogue is not None:
             return self.epilogue.drain(accs, base, m0, mt, g0, gn)
         otile = sub(self.obuf.next(), mt, gn)
         for c0, ct, acc in accs:
             self.kb.emit(isa.TensorCopy, dst=sub(otile, mt, ct, at=c0), src=acc,
                          engine=self.kb.evac_engine())
+        self._store(otile, base, m0, mt, g0, gn)
+
+    def _banks(self, accs, mt: int) -> list[tuple[int, int, isa.Tile]]:
+        """`accs` as (column, width, PSUM tile) pieces of at most one bank each."""
+        return [(c0 + b0, bn, sub(acc, mt, bn, at=b0)) for c0, ct, acc in accs
+                for b0, bn in tiles(ct, self.bank)]
+
+    def _store(self, otile: isa.Tile, base: int, m0: int, mt: int, g0: int, gn: int
+               ) -> None:
+        """One DMA of the finished [mt, gn] block to the result."""
         ap = self.kb.ap(self.out, base + m0 * self.n + g0, ((self.n, mt), (1, gn)))
         self._dma(ap, otile, self.store_q)
+
 
 def _cast_ratio(op: Operand) -> int:
     """DRAM bytes per SBUF byte of an operand the DMA casts (§3.4: casts go through

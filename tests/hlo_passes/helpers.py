@@ -67,3 +67,13 @@ def kinds(block: ir.Block) -> list[str]:
 
 def all_kinds(module: ir.Module) -> list[str]:
     return [op.kind for fn in module.functions.values() for op in ir.walk(fn.body)]
+
+
+def on_trn_and_cpu(trn, cpu, f, *args):
+    """jax.jit(f)(*args) on the trn device and on CPU, float32 matmuls at HIGHEST (the
+    conformance rule for comparing them tightly): (trn result, CPU result) as numpy."""
+    import numpy as np
+    g = jax.jit(f)
+    with jax.default_matmul_precision("highest"):
+        return tuple(np.asarray(g(*(jax.device_put(a, dev) for a in args)))
+                     for dev in (trn, cpu))

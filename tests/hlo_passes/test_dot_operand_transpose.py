@@ -12,7 +12,7 @@ import hlo_passes
 from hlo_passes.passes import dot_operand_transpose
 from hlo_passes.verifier import verify
 
-from .helpers import artifact_of, from_text, kinds
+from .helpers import artifact_of, from_text, kinds, on_trn_and_cpu
 
 TEXT = """
   func.func @main(%x: tensor<4x3xf32>, %e: tensor<5x3xf32>) -> tensor<4x5xf32> {
@@ -72,10 +72,7 @@ def test_folded_transposes_match_cpu(jax, trn, cpu, f):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((96, 160)).astype(np.float32)
     e = rng.standard_normal((200, 160)).astype(np.float32)
-    g = jax.jit(f)
-    with jax.default_matmul_precision("highest"):
-        out = np.asarray(g(jax.device_put(x, trn), jax.device_put(e, trn)))
-        ref = np.asarray(g(jax.device_put(x, cpu), jax.device_put(e, cpu)))
+    out, ref = on_trn_and_cpu(trn, cpu, f, x, e)
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-3)
 
 

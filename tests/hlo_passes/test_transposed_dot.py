@@ -3,7 +3,6 @@ free dims into the dot itself: (a @ b).T = b.T @ a.T, operands swapped, no trans
 kernel."""
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -12,7 +11,7 @@ import hlo_passes
 from hlo_passes.passes import transposed_dot
 from hlo_passes.verifier import verify
 
-from .helpers import artifact_of, from_text, kinds
+from .helpers import artifact_of, from_text, kinds, on_trn_and_cpu
 
 TEXT = """
   func.func @main(%a: tensor<4x3xf32>, %b: tensor<3x5xf32>) -> tensor<5x4xf32> {
@@ -51,10 +50,7 @@ def test_transposed_matmul_matches_cpu(jax, trn, cpu, f):
     rng = np.random.default_rng(0)
     a = rng.standard_normal((96, 160)).astype(np.float32)
     b = rng.standard_normal((160, 72)).astype(np.float32)
-    g = jax.jit(f)
-    with jax.default_matmul_precision("highest"):
-        out = np.asarray(g(jax.device_put(a, trn), jax.device_put(b, trn)))
-        ref = np.asarray(g(jax.device_put(a, cpu), jax.device_put(b, cpu)))
+    out, ref = on_trn_and_cpu(trn, cpu, f, a, b)
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-4)
 
 
