@@ -26,7 +26,11 @@ The rules, in the order they are checked:
               users, no reduce, no other dot, at most   -> fused: matmul epilogue
               MAX_EPILOGUE_INPUTS other full-size inputs
     transpose                                           -> forbidden: changes layout
-    reduce (as a producer)                              -> forbidden: needs the whole
+    reduce along the trailing axes, row ops and views   -> fused in a "loop" region:
+      of a row shape (hlo_passes/fusion_rows.py)           a row fusion, whole rows on
+                                                           chip; a member also read
+                                                           later is written out too
+    reduce (as a producer), otherwise                   -> forbidden: needs the whole
                                                            reduction first
     anything else                                       -> forbidden: not fusible
 
@@ -39,12 +43,14 @@ is the hook a target can pass to steer duplication.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from typing import Callable, Protocol
 
 import numpy as np
 
 from hlo_passes import ir
+from hlo_passes.fusion_rows import MAX_ROW, reduce_rows, row_axes, row_view
 from hlo_passes.verifier import ELEMENTWISE as _ELEMENTWISE
 
 ELEMENTWISE = _ELEMENTWISE | {"abs", "is_finite", "convert", "compare", "select", "clamp"}
@@ -54,7 +60,7 @@ FUSIBLE_USERS = ELEMENTWISE | VIEWS | {"reduce"}
 TRANSCENDENTAL = frozenset({
         "exponential", "exponential_minus_one", "log", "log_plus_one", "logistic",
         "tanh", "sqrt", "rsqrt", "cbrt", "sine", "cosine", "tan", "atan2", "power"})
-KINDS = ("loop", "reduction", "matmul_epilogue", "attention")
+KINDS = ("loop", "reduction", "matmul_epilogue", "attention", "rows")
 # Most full-size inputs besides the dot's value a matmul epilogue takes: a residual add
 # or a gate; an AdamW update (params, two moments) fused into the gradient's matmul made
 # it DMA-bound: LM embedding gradient 3.4 ms + 5.9 ms apart, 15.0 ms fused.
@@ -66,10 +72,11 @@ class FusionDecision:
     ok: bool
     reason: str
     duplicate: bool = False         # fuse a copy; the original stays for other users
+    rows: int = 0                   # a row op: the region's trailing row axes (fusion_rows)
 
     @classmethod
-    def allow(cls, reason: str, duplicate: bool = False) -> "FusionDecision":
-        return cls(True, reason, duplicate)
+    def allow(cls, reason: str, duplicate: bool = False, rows: int = 0) -> "FusionDecision":
+        return cls(True, reason, duplicate, rows)
 
     @classmethod
     def forbid(cls, reason: str) -> "FusionDecision":
@@ -82,6 +89,7 @@ class RegionView(Protocol):
     kind: str                       # "loop" | "reduction" | "matmul_epilogue"
     size: int                       # ops in the region so far
     dup_cost: float                 # summed cost of duplicated elementwise ops
+    rows: int                       # trailing row axes once a row op joined, else 0
 
     def outside_users(self, op: ir.Op) -> list[ir.Op]: ...
 
@@ -93,6 +101,11 @@ class RegionView(Protocol):
 
     def full_inputs(self) -> int:
         """Distinct values of the region's full shape its members read from outside."""
+        ...
+
+    def after_root(self, op: ir.Op) -> bool:
+        """True if `op` runs after the region's kernel: it is in another region (grown
+        earlier, so rooted later) or comes after the root in program order."""
         ...
 
 
@@ -138,10 +151,12 @@ class FusionPolicy:
     """The default rules (module docstring); override methods or pass `cost`."""
 
     def __init__(self, max_ops: int = 256, max_dup_users: int = 3, dup_budget: float = 8.0,
-                 cost: Callable[[ir.Op], float] | None = None, attention: bool = True):
+                 cost: Callable[[ir.Op], float] | None = None, attention: bool = True,
+                 max_row: int = MAX_ROW):
         self.max_ops, self.max_dup_users = max_ops, max_dup_users
         self.dup_budget, self.cost = dup_budget, cost or default_cost
         self.fuse_attention = attention
+        self.max_row = max_row              # 0: no row fusion (fusion_rows.py)
 
     def attention(self, out: ir.Op, scale: float, masked: bool,
                   mask_value: np.ndarray | None) -> FusionDecision:
@@ -176,6 +191,8 @@ class FusionPolicy:
             return self._elementwise(producer, consumer, region)
         if kind == "dot_general":
             return self._dot(producer, consumer, region)
+        if kind == "reduce" and self._rows_ok(region):
+            return self._row_reduce(producer, region)
         return FusionDecision.forbid(_WHY_NOT.get(kind, f"{kind} is not fusible"))
 
     # --- per producer class ------------------------------------------------------------
@@ -194,6 +211,13 @@ class FusionPolicy:
                        len(region.outside_users(op)))
 
     def _view(self, op: ir.Op, consumer: ir.Op, region: RegionView) -> FusionDecision:
+        if self._rows_ok(region) and (consumer.kind == "reshape" or tuple(
+                op.result.shape) != region.shape):
+            if self._row_view(op, region):
+                return _shared("row view: one value per partition",
+                               len(region.outside_users(op)))
+            if _free(op) and self._row_shape(op, region):
+                return _shared("broadcast of scalar", len(region.outside_users(op)))
         if consumer.kind == "reshape":
             return FusionDecision.forbid("a fused reshape reads its operand from memory")
         if tuple(op.result.shape) != region.shape and consumer.kind not in VIEWS:
@@ -206,21 +230,64 @@ class FusionPolicy:
         return _shared(what, len(region.outside_users(op)))
 
     def _elementwise(self, op: ir.Op, consumer: ir.Op, region: RegionView) -> FusionDecision:
-        if consumer.kind in VIEWS:
+        rows = self._row_shape(op, region)
+        if consumer.kind in VIEWS and not (rows and self._row_view(consumer, region)):
             return FusionDecision.forbid(f"{op.kind} feeds a {consumer.kind} "
                                          "(computed values are not re-laid out)")
-        if tuple(op.result.shape) != region.shape:
+        if tuple(op.result.shape) != region.shape and not rows:
             return _wrong_shape(op, region)
+        what = "row elementwise: on [P, 1]" if rows else "elementwise"
         outside = region.outside_users(op)
         if not outside:
-            return FusionDecision.allow("elementwise: fused")
+            return FusionDecision.allow(f"{what}: fused", rows=rows)
         if all(u.kind in ("return", "func.return") for u in outside):
-            return FusionDecision.allow("fused; also a function result (extra output)")
-        return self._duplicate(op, outside, region)
+            return FusionDecision.allow("fused; also a function result (extra output)",
+                                        rows=rows)
+        decision = self._duplicate(op, outside, region)
+        if decision.ok or not (rows or region.rows):
+            return replace(decision, rows=rows) if decision.ok else decision
+        return self._written_out(what, outside, region, rows) or decision
+
+    # --- rows (fusion_rows.py) ------------------------------------------------------------
+
+    def _rows_ok(self, region: RegionView) -> bool:
+        return bool(self.max_row) and region.kind == "loop"
+
+    def _row_shape(self, op: ir.Op, region: RegionView) -> int:
+        if not self._rows_ok(region) or tuple(op.result.shape) == region.shape:
+            return 0
+        return row_axes(tuple(op.result.shape), region.shape, region.rows, self.max_row)
+
+    def _row_view(self, op: ir.Op, region: RegionView) -> int:
+        return row_view(op, region.shape, region.rows, self.max_row)
+
+    def _row_reduce(self, op: ir.Op, region: RegionView) -> FusionDecision:
+        k = reduce_rows(op, region.shape, region.rows, self.max_row) \
+            if is_fusible_reduce(op) else 0
+        if not k:
+            return FusionDecision.forbid(_WHY_NOT["reduce"])
+        what = f"row reduction: rows of {math.prod(region.shape[-k:])} on chip"
+        outside = region.outside_users(op)
+        if not outside:
+            return FusionDecision.allow(f"{what}: fused", rows=k)
+        return self._written_out(what, outside, region, k) or FusionDecision.forbid(
+            f"reduce result has {len(outside)} user(s) before the region")
+
+    @staticmethod
+    def _written_out(what: str, outside: list[ir.Op], region: RegionView,
+                     rows: int) -> FusionDecision | None:
+        """A row region's member other kernels also read, when they all run after it."""
+        if not all(region.after_root(u) for u in outside):
+            return None
+        n = len(outside)
+        return FusionDecision.allow(f"{what}; also written out for {n} later "
+                                    f"user{'s' * (n != 1)} (extra output)", rows=rows)
 
     def _duplicate(self, op: ir.Op, outside: list[ir.Op], region: RegionView
                    ) -> FusionDecision:
         n, cost = len(outside), self.cost(op)
+        if region.rows and op.kind == "convert":
+            cost = 0.0      # engines cast on read (§2.3): recomputing it reads the narrow type
         if n > self.max_dup_users or any(u.kind not in FUSIBLE_USERS or region.settled(u)
                                          for u in outside):
             return FusionDecision.forbid(f"producer has {n} user{'s' * (n != 1)} "
@@ -236,6 +303,8 @@ class FusionPolicy:
             return FusionDecision.forbid("a reduction does not take a matmul epilogue")
         if region.kind == "matmul_epilogue":
             return FusionDecision.forbid("region already has a dot_general")
+        if region.rows:
+            return FusionDecision.forbid("a row fusion does not take a matmul epilogue")
         if consumer.kind not in ELEMENTWISE or tuple(op.result.shape) != region.shape:
             return _wrong_shape(op, region)
         n = len(region.outside_users(op))

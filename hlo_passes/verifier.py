@@ -246,7 +246,7 @@ def _concatenate(op: ir.Op) -> str | None:
     return None if sum(v.shape[dim] for v in op.operands) == out[dim] else "sizes do not add up"
 
 
-FUSION_KINDS = ("loop", "reduction", "matmul_epilogue", "attention", "attention_bwd")
+FUSION_KINDS = ("loop", "reduction", "matmul_epilogue", "attention", "attention_bwd", "rows")
 
 
 def _fusion(op: ir.Op) -> str | None:

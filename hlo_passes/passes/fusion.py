@@ -8,7 +8,7 @@ producers join (a `duplicate` decision fuses a copy and leaves the original for 
 other users); forbidden ones stay outside and become region inputs. A region with at
 least one decision becomes
 
-    %r0, ... = fusion(%in0, ...) {fusion_kind="loop"|"reduction"|"matmul_epilogue",
+    %r0, ... = fusion(%in0, ...) {fusion_kind="loop"|"reduction"|"matmul_epilogue"|"rows",
                                    decisions=("<producer> -> <consumer>: <reason>", ...)}
       ^bb(%a0, ...):                       # one block argument per input
         ...fused ops, in program order...  # isolated: they use only the arguments
@@ -17,9 +17,13 @@ least one decision becomes
 placed where the root was. A decision names producer and consumer by kind and value
 ("tanh %v4 -> reduce %v5"), the value as the IR printed before this pass (the previous
 dump) names it, so the same program gives the same decisions. A fused value that is
-also used outside the region (only the function's return may be, by the policy) is an
-extra result. Every non-root member has all its users inside the region, so fusing never
-creates a cycle. Originals left without users by duplication are removed (dce).
+also used outside the region is an extra result: by the policy, only the function's
+return may use it, or (a row fusion's statistics, hlo_passes/fusion_rows.py) ops that
+run after the region's kernel: members of regions grown before it (rooted later) or
+ops after its root. Every other non-root member has all its users inside the region,
+so fusing never creates a cycle. Originals left without users by duplication are
+removed (dce). A region that took a row reduction or row values (`rows`: its trailing
+row axes) becomes a fusion of kind "rows" with attribute `row_axes`.
 
 The pipeline runs degenerate-reduce, transposed-dot and attention-fusion before this
 pass (each its own pass, disabled by its own name): reduces over extent-1 dims arrive
@@ -77,6 +81,7 @@ class _Region:
         self.decisions: list[str] = []
         self.dup_cost = 0.0
         self.originals: list[ir.Op] = []        # duplicated producers
+        self.rows = 0                           # trailing row axes (fusion_rows.py)
 
     @property
     def size(self) -> int:
@@ -90,6 +95,9 @@ class _Region:
 
     def settled(self, op: ir.Op) -> bool:
         return op in self.owner
+
+    def after_root(self, op: ir.Op) -> bool:
+        return op in self.owner or self.graph.index[op] > self.graph.index[self.root]
 
     def full_inputs(self) -> int:
         made = {v for m in self.members for v in m.results}
@@ -157,6 +165,7 @@ class _BlockFusion:
                                 f"{decision.reason}")
         if not decision.ok:
             return
+        region.rows = region.rows or decision.rows
         member = self._duplicate(region, producer) if decision.duplicate else producer
         region.members.append(member)
         region.order[member] = self.graph.index[producer]
@@ -226,7 +235,10 @@ def _build(region: _Region, graph: BlockGraph) -> tuple[ir.Op, list[ir.Value]]:
     vmap = {v: ir.Value(v.type) for v in inputs}
     body = [clone(m, vmap) for m in members]
     body.append(ir.Op("return", [vmap[v] for v in outputs], [], loc=region.root.loc))
-    attrs = {"fusion_kind": region.kind, "decisions": tuple(region.decisions)}
+    attrs = {"fusion_kind": "rows" if region.rows else region.kind,
+             "decisions": tuple(region.decisions)}
+    if region.rows:
+        attrs["row_axes"] = region.rows
     fusion = ir.Op("fusion", inputs, [ir.Value(v.type) for v in outputs], attrs,
                    [ir.Region([ir.Block([vmap[v] for v in inputs], body)])],
                    loc=region.root.loc, name=region.root.name)

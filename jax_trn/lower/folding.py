@@ -95,7 +95,7 @@ def _use_counts(region: Region) -> dict[int, int]:
 
 def _per_row(region: Region, steps) -> set[int]:
     """Value ids with one value per row of the last axis (see the module doc)."""
-    n, rows = len(region.inputs), set()
+    n, rows = len(region.inputs), set(region.row_vids)     # a row fusion's statistics
     for i, inp in enumerate(region.inputs):
         if inp.t is not None and inp.axes and inp.axes[-1][0] == 0 and ir.is_float(inp.dtype):
             rows.add(i)

@@ -11,6 +11,8 @@
                      scores never leaving the chip (attention.py)
     attention_bwd    dq, dk, dv of that attention, flash-attention backward style
                      (attention_bwd.py)
+    rows             reductions along the trailing axes with the ops that use them
+                     (a LayerNorm, a softmax): P whole rows per tile in SBUF (rows.py)
 
 The kernel's `ops` are the fused ops, the one doing the most work first
 (`dominant_first`: the profiler names a kernel's source by its first op); its `notes`
@@ -30,6 +32,7 @@ from .folding_reduce import sums_exp
 from .reduce import RegionSource, emit_reduce, is_identity
 from .regions import FMAX
 from .registry import LowerCtx, register_lowering
+from .rows import emit_rows
 from .translate import FusionPlan, Unsupported, translate
 
 __all__ = ["Unsupported", "fusion_notes", "dominant_first"]
@@ -90,6 +93,8 @@ def _fusion_lower(ctx: LowerCtx, *ins: DramTensor, fusion_kind: str = "loop",
         _reduction(ctx, plan)
     elif fusion_kind == "matmul_epilogue":
         _epilogue(ctx, plan)
+    elif fusion_kind == "rows":
+        ctx.kb.flops += emit_rows(ctx.kb, plan.region, ctx.op.attrs["row_axes"])
     else:
         ctx.kb.flops += emit_loop(ctx.kb, plan.region)
 

@@ -31,6 +31,7 @@ from jax_trn.hw import isa
 from jax_trn.hw.program import DramTensor
 
 from .builder import KernelBuilder, Ring, sub
+from .errors import LoweringError
 from .layout import Axes, row_major
 from .tileops import (NEEDS_FULL_TILES, NO_INSTRUCTION, TILE_OPS, Src, Step, expand,
                       fill_scalar, row_scratch, scratch, scratch_dtype,
@@ -67,6 +68,8 @@ class Region:
     inputs: list[Input]
     steps: list[Step]
     outputs: list[tuple[int, DramTensor]]   # (value id, where it goes)
+    # Steps computing one value per row of a row fusion (rows.py): [P, 1] tiles.
+    row_vids: frozenset[int] = frozenset()
 
     def dtype(self, vid: int) -> str:
         n = len(self.inputs)
@@ -122,12 +125,13 @@ def assign_slots(region: Region) -> dict[int, int]:
     """Step index -> slot: a slot is reused by the first step after its value's last
     reader (never in place: some ops take two instructions)."""
     last, free, slot_of, live, count = last_uses(region), [], {}, [], 0
+    n = len(region.inputs)
     for j, step in enumerate(region.steps):
         for entry in [e for e in live if e[1] < j]:
             live.remove(entry)
             free.append(entry[0])
-        if step.kind in NO_INSTRUCTION:
-            continue
+        if step.kind in NO_INSTRUCTION or n + j in region.row_vids:
+            continue                # row values live in [P, 1] "sslot" buffers
         if free:
             slot = free.pop(0)
         else:
@@ -141,8 +145,9 @@ class Evaluator:
     """Evaluates `region` per tile box into rings it allocates lazily (see module doc)."""
 
     def __init__(self, kb: KernelBuilder, region: Region, in_free: int,
-                 step_free: int | None = None):
+                 step_free: int | None = None, depths: tuple[int, int] = (IN_DEPTH, STEP_DEPTH)):
         self.kb, self.region = kb, region
+        self.in_depth, self.step_depth = depths     # ring buffers per input / step slot
         self.in_free, self.step_free = in_free, step_free or in_free
         self.slot_of = assign_slots(region)
         # Static per region; asked per step and tile (a 200-op region: quadratic).
@@ -199,7 +204,7 @@ class Evaluator:
             tile = sub(self._ring(("col", i), IN_DEPTH, 1, inp.dtype).next(), parts, 1)
             self.kb.dma(tile, self.kb.ap(inp.t, offset, (pattern[0], (1, 1))))
             return Src.of(tile, scalar=True)
-        ring = self._ring(("in", i), IN_DEPTH, self.in_free, inp.dtype)
+        ring = self._ring(("in", i), self.in_depth, self.in_free, inp.dtype)
         tile = sub(ring.next(), parts, tuple(free) or 1)
         self.kb.dma(tile, self.kb.ap(inp.t, offset, pattern))
         return Src.of(sub(tile, free=math.prod(free)))
@@ -219,7 +224,7 @@ class Evaluator:
         tile = self._iota_tile(inp, math.prod(free))
         kept = tile is not None
         if not kept:
-            ring = self._ring(("in", i), IN_DEPTH, self.in_free, inp.dtype)
+            ring = self._ring(("in", i), self.in_depth, self.in_free, inp.dtype)
             tile = ring.next()
         tile = sub(tile, parts, tuple(free) or 1)
         self.kb.emit(isa.Iota, dst=tile, pattern=axes, offset=offset,
@@ -277,7 +282,7 @@ class Evaluator:
         if key not in self.turn:
             width = self.step_free if key[0] == "slot" else 1
             width *= itemsize or self.max_itemsize
-            self.turn[key] = self._ring(key, STEP_DEPTH, width, "uint8").next()
+            self.turn[key] = self._ring(key, self.step_depth, width, "uint8").next()
         return sub(self.turn[key].with_(dtype=dtype, free=(free,)), parts, free)
 
     def _step(self, j: int, step: Step, args: list[Src], parts: int, free: int,
@@ -286,6 +291,8 @@ class Evaluator:
             return Src.immediate(step.attrs["value"], step.dtype)
         if step.kind == "folded":
             return None
+        if step.kind == "row_reduce":
+            return self._row_reduce(j, step, args[0], parts)
         if step.kind == "activation" and step.attrs["bias"] is not None:
             args = args + [self._const(step.attrs["bias"], parts)]
         if all(a.scalar for a in args):
@@ -297,6 +304,16 @@ class Evaluator:
             self._buffer(("slot", self.slot_of[j]), free, step.dtype, parts)
         TILE_OPS[step.kind].emit(self.kb, dst, args, step)
         return Src.of(dst)
+
+    def _row_reduce(self, j: int, step: Step, arg: Src, parts: int) -> Src:
+        """A row fusion's reduction of a [P, F] tile along F: one TensorReduce on
+        VectorE (FP32 inside, §2.3) into a [P, 1] value."""
+        if arg.scalar:
+            raise LoweringError("a row reduction of a value that is already one per row")
+        dst = self._buffer(("sslot", j), 1, step.dtype, parts)
+        self.kb.emit(isa.TensorReduce, dst=dst, data=arg.tile, op=step.attrs["alu"],
+                     negate=step.attrs.get("negate", False))
+        return Src.of(dst, scalar=True)
 
     def _scalar_step(self, j, step, args, parts, free, pinned) -> Src:
         """All arguments are per-partition: compute on [parts, 1]."""
@@ -346,6 +363,8 @@ class Evaluator:
         offset, pattern = box
         parts = pattern[0][1]
         for vid, out in self.region.outputs:
+            if vid in self.region.row_vids:
+                continue                # a row fusion stores those itself (rows.py)
             src = vals[vid]
             if src.scalar:
                 src = self._full(src, parts, free, ("out", vid))

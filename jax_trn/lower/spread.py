@@ -57,16 +57,18 @@ def _float_work(ins: isa.Instr, mems: tuple[str, ...]) -> bool:
             and any(t.dtype in _FLOATS for t in tiles))
 
 
-def _movable(ins: isa.Instr) -> bool:
-    """Whether GpSimd can run `ins` as VectorE does (SBUF operands only, §2.5)."""
-    return type(ins) in _MOVABLE and _float_work(ins, ("sbuf",))
+def _movable(ins: isa.Instr, reduces: bool = False) -> bool:
+    """Whether GpSimd can run `ins` as VectorE does (SBUF operands only, §2.5); with
+    `reduces`, a float TensorReduce too (the same FP32 reduction, semantics.py)."""
+    kinds = _MOVABLE + (isa.TensorReduce,) if reduces else _MOVABLE
+    return type(ins) in kinds and _float_work(ins, ("sbuf",))
 
 
-def _on_gpsimd(ins: isa.Instr) -> list[isa.Instr] | None:
+def _on_gpsimd(ins: isa.Instr, reduces: bool = False) -> list[isa.Instr] | None:
     """`ins` as GpSimd runs it, or None when it cannot. A scalar_tensor_tensor (VectorE
     only, §6.2) becomes its tensor_scalar and tensor_tensor, the intermediate in its FP32
     destination: the same FP32 arithmetic as the one instruction (§2.3, §2.5)."""
-    if _movable(ins):
+    if _movable(ins, reduces):
         return [dataclasses.replace(ins, engine="gpsimd")]
     if not isinstance(ins, isa.ScalarTensorTensor) or ins.dst.dtype != "float32" or \
             not _float_work(ins, ("sbuf",)) or _overlap(_area(ins.dst), _area(ins.operand1)):
@@ -78,16 +80,17 @@ def _on_gpsimd(ins: isa.Instr) -> list[isa.Instr] | None:
                                     engine="gpsimd")]
 
 
-def spreader(kb) -> "Spreader":
-    """A Spreader for `kb`'s kernel, pricing instructions with its target's cost model."""
-    return Spreader(kb, kb.target.core)
+def spreader(kb, reduces: bool = False) -> "Spreader":
+    """A Spreader for `kb`'s kernel, pricing instructions with its target's cost model;
+    `reduces`: tiles with float reductions along F move too (a row fusion's, rows.py)."""
+    return Spreader(kb, kb.target.core, reduces)
 
 
 class Spreader:
     """Per-kernel state: the running VectorE and GpSimd loads (ns) of spread tiles."""
 
-    def __init__(self, kb, spec: CoreSpec):
-        self.kb, self.spec = kb, spec
+    def __init__(self, kb, spec: CoreSpec, reduces: bool = False):
+        self.kb, self.spec, self.reduces = kb, spec, reduces
         self.load = {"vector": 0.0, "gpsimd": 0.0}
         self.port = 0.0         # time the two engines' shared SBUF port is held
 
@@ -103,7 +106,7 @@ class Spreader:
         if not idx:
             return
         moved = {"vector": [instrs[i] for i in idx]}
-        on_gpsimd = [_on_gpsimd(instrs[i]) for i in idx]
+        on_gpsimd = [_on_gpsimd(instrs[i], self.reduces) for i in idx]
         if all(x is not None for x in on_gpsimd):
             moved["gpsimd"] = [y for x in on_gpsimd for y in x]
         cost = {e: sum(self._ns(x, e) for x in moved[e]) for e in moved}

@@ -11,7 +11,12 @@ Block arguments are the fusion's inputs (DRAM tensors `ins`). Inside the region:
 - elementwise ops are steps, on values of the region's shape (or scalars);
 - the root is a reduce (`ReduceRoot`: the reduced value, its init, dims, combiner) or a
   dot_general (`DotRoot`): its value is an `Input` with no tensor, the matmul's PSUM
-  tile, provided per output tile by the epilogue.
+  tile, provided per output tile by the epilogue;
+- in a "rows" fusion (hlo_passes/fusion_rows.py, `row_axes` = k) a reduce over the
+  last k axes is a "row_reduce" step (its init, unless the combiner's identity, one
+  more step) and every value of a row shape (S[:-k], or with k trailing 1s) is one
+  value per row: its views are the value itself, an input of a row shape is read with
+  stride 0 along the row axes, and `Region.row_vids` lists the computed ones.
 
 Anything else raises `Unsupported`; the driver then lowers the region's ops one by one.
 """
@@ -27,12 +32,13 @@ from jax_trn.hw.program import DramTensor
 
 from .errors import LoweringError
 from .layout import row_major
-from .reduce import combiner
+from .reduce import combiner, is_identity
 from .regions import Input, IotaTensor, Region
 from .tileops import TILE_OPS, Step
 from .registry import op_label as _label
 
 VIEW_KINDS = ("broadcast_in_dim", "reshape")
+_ALU_STEP = {"add": "add", "max": "maximum", "min": "minimum", "multiply": "multiply"}
 
 
 class Unsupported(LoweringError):
@@ -88,6 +94,8 @@ class _Translator:
     def __init__(self, op: ir.Op, ins: list[DramTensor]):
         self.op, self.block = op, op.regions[0].block
         self.kind = op.attrs.get("fusion_kind", "loop")
+        self.row_axes = op.attrs.get("row_axes", 0) if self.kind == "rows" else 0
+        self.row_refs: set[tuple] = set()
         self.env: dict[ir.Value, Any] = {a: _View(t, row_major(t.shape))
                                          for a, t in zip(self.block.args, ins)}
         self.shape = self._shape()
@@ -125,7 +133,8 @@ class _Translator:
         steps = [Step(k, tuple(vid(a) for a in args), dt, attrs)
                  for k, args, dt, attrs in self.steps]
         region = Region(self.shape, self.inputs, steps,
-                        [(vid(r), out) for r, out in self.outputs])
+                        [(vid(r), out) for r, out in self.outputs],
+                        frozenset(vid(r) for r in self.row_refs))
         plan = FusionPlan(self.kind, region, ops=self.ops)
         if self.reduce:
             ref, init, dims, alu = self.reduce
@@ -148,6 +157,8 @@ class _Translator:
             self._dot(o)
         elif o.kind == "reduce" and self.kind == "reduction":
             self._reduce(o)
+        elif o.kind == "reduce" and self.row_axes:
+            self._row_reduce(o)
         elif o.kind in TILE_OPS:
             self._step(o)
         else:
@@ -156,6 +167,8 @@ class _Translator:
     def _view(self, o: ir.Op, entry) -> Any:
         if isinstance(entry, _Imm):
             return entry
+        if entry in self.row_refs:
+            return entry                # one value per row, whatever its row shape
         if not isinstance(entry, _View):
             raise Unsupported(f"{o.kind} of a computed value")
         src, out = tuple(o.operands[0].shape), tuple(o.result.shape)
@@ -176,11 +189,22 @@ class _Translator:
         if cast is not None:
             self.env[o.result] = cast
             return
-        if tuple(o.result.shape) != self.shape:
+        row = self._is_row(o.result)
+        if tuple(o.result.shape) != self.shape and not row:
             raise Unsupported(f"{o.kind} of shape {o.result.type} in a region of "
                               f"shape {list(self.shape)}")
         args = tuple(self._vid(v) for v in o.operands)
-        self.env[o.result] = self._append(o.kind, args, o.result.dtype, dict(o.attrs))
+        ref = self._append(o.kind, args, o.result.dtype, dict(o.attrs))
+        if row:
+            self.row_refs.add(ref)
+        self.env[o.result] = ref
+
+    def _is_row(self, v: ir.Value) -> bool:
+        """Whether `v` has a row shape of a "rows" fusion (S[:-k] or S[:-k] + 1s)."""
+        if not self.row_axes:
+            return False
+        lead = self.shape[:len(self.shape) - self.row_axes]
+        return tuple(v.shape) in (lead, lead + (1,) * self.row_axes)
 
     def _cast_input(self, o: ir.Op) -> tuple | None:
         """A convert between 16/32-bit floats of a broadcast input (a LayerNorm gain
@@ -211,6 +235,9 @@ class _Translator:
             axes = entry.axes
         elif v.shape == ():
             axes = tuple((0, n) for n in self.shape)
+        elif self._is_row(v):            # one value per row: stride 0 along the row
+            lead = len(self.shape) - self.row_axes
+            axes = tuple(entry.axes[:lead]) + tuple((0, n) for n in self.shape[lead:])
         else:
             raise Unsupported(f"operand {v.type} in a region of shape {list(self.shape)}")
         return self._input(Input(entry.t, axes, entry.t.dtype))
@@ -256,6 +283,22 @@ class _Translator:
         alu = combiner(o, x.dtype)
         self.reduce = (ref, value, tuple(o.attrs["dimensions"]), alu)
         self.env[o.result] = "reduced"
+
+    def _row_reduce(self, o: ir.Op) -> None:
+        """A reduce over the row axes: one value per row ("row_reduce", FP32 inside the
+        engine, §2.3), then its init when that is not the combiner's identity."""
+        x, init = o.operands
+        alu = combiner(o, x.dtype)
+        ref = self._append("row_reduce", (self._vid(x),), o.result.dtype, {"alu": alu})
+        self.row_refs.add(ref)
+        entry = self.env[init]
+        if not isinstance(entry, _Imm) and not (isinstance(entry, _View) and
+                                                init.shape == ()):
+            raise Unsupported("a reduce init that is not a scalar")
+        if not (isinstance(entry, _Imm) and is_identity(entry.value, alu, x.dtype)):
+            ref = self._append(_ALU_STEP[alu], (ref, self._vid(init)), o.result.dtype, {})
+            self.row_refs.add(ref)
+        self.env[o.result] = ref
 
     def _outputs(self, outs: list[DramTensor]) -> None:
         for v, out in zip(self.block.terminator.operands, outs):

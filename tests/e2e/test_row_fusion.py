@@ -1,0 +1,89 @@
+"""Row fusions against the CPU backend: LayerNorm (as written by hand and flax's), RMSNorm
+and softmax, forward and backward, in f32 and bf16; a LayerNorm's forward is one kernel
+that reads its input once (hlo_passes/fusion_rows.py, jax_trn/lower/rows.py)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+
+def _ln(jax, h, g, b):
+    import jax.numpy as jnp
+    h32 = h.astype(jnp.float32)
+    mu = h32.mean(-1, keepdims=True)
+    var = ((h32 - mu) ** 2).mean(-1, keepdims=True)
+    return ((h32 - mu) * jax.lax.rsqrt(var + 1e-5) * g + b).astype(h.dtype)
+
+
+def _rms(jax, h, g, b):
+    import jax.numpy as jnp
+    h32 = h.astype(jnp.float32)
+    return (h32 * jax.lax.rsqrt((h32 * h32).mean(-1, keepdims=True) + 1e-6) * g).astype(h.dtype)
+
+
+def _softmax(jax, h, g, b):
+    return jax.nn.softmax(h * g, axis=-1) + b
+
+
+def _flax_ln(jax, h, g, b):
+    import flax.linen as nn
+    ln = nn.LayerNorm(dtype=h.dtype)
+    return ln.apply({"params": {"scale": g, "bias": b}}, h)
+
+
+FORMS = {"layernorm": _ln, "rmsnorm": _rms, "softmax": _softmax, "flax LayerNorm": _flax_ln}
+
+
+def _args(dtype, shape=(3, 40, 96)):
+    rng = np.random.default_rng(1)
+    x = (2 * rng.standard_normal(shape) + 0.5).astype(np.float32).astype(dtype)
+    g = (1 + 0.2 * rng.standard_normal(shape[-1])).astype(np.float32).astype(dtype)
+    b = (0.1 * rng.standard_normal(shape[-1])).astype(np.float32).astype(dtype)
+    w = rng.standard_normal(shape).astype(np.float32)
+    return x, g, b, w
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("form", list(FORMS))
+def test_value_and_grads_match_cpu(jax, trn, cpu, form, dtype):
+    import jax.numpy as jnp
+    import ml_dtypes
+    norm = FORMS[form]
+    x, g, b, w = _args(np.float32 if dtype == "float32" else ml_dtypes.bfloat16)
+
+    def loss(x, g, b, w):
+        return (norm(jax, x, g, b).astype(jnp.float32) * w).sum()
+    f = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+
+    def run(dev):
+        out = f(*(jax.device_put(a, dev) for a in (x, g, b, w)))
+        return [np.asarray(o, np.float32) for o in jax.tree.leaves(out)]
+    got, want = run(trn), run(cpu)
+    tol = 2e-5 if dtype == "float32" else 2e-2
+    for a, r in zip(got, want):
+        np.testing.assert_allclose(a, r, rtol=tol, atol=tol * max(1.0, np.abs(r).max()))
+
+
+def test_layernorm_forward_is_one_kernel(jax, trn):
+    import jax_trn
+    x, g, b, _ = _args(np.float32)
+    f = jax.jit(lambda x, g, b: _ln(jax, x, g, b))
+    args = [jax.device_put(a, trn) for a in (x, g, b)]
+    with jax_trn.profile() as prof:
+        jax.block_until_ready(f(*args))
+    kernels = prof.executions[-1].kernels
+    assert len(kernels) == 1
+    (k,) = kernels
+    assert "fusion_kind: rows" in k.kernel.notes
+    reads = [i for i in k.kernel.instructions if type(i).__name__ == "DmaCopy"
+             and getattr(i.src, "tensor", None) == "arg0"]
+    assert sum(i.dst.free_size * i.dst.num_partitions for i in reads) == x.size
+
+
+def test_rows_of_one_partition_tile_and_a_tail(jax, trn, cpu):
+    """300 rows: two full tiles of 128 and one of 44; one row per partition each."""
+    x, g, b, w = _args(np.float32, (300, 50))
+    f = jax.jit(lambda x, g, b: _ln(jax, x, g, b))
+    got = np.asarray(f(*(jax.device_put(a, trn) for a in (x, g, b))))
+    want = np.asarray(f(*(jax.device_put(a, cpu) for a in (x, g, b))))
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
