@@ -21,6 +21,8 @@ The rules, in the order they are checked:
     elementwise of the region's shape, all users inside -> fused
               ... other users are only the function's return -> fused, extra output
               ... other users all fusible, few, cheap   -> duplicated (recomputed there)
+              ... else, in a loop or row region, when   -> fused, extra output (written
+                  every other user runs after it           out: GELU's residuals)
               ... otherwise                             -> forbidden: N users outside
     dot_general into an elementwise region, no other
               users, no reduce, no other dot, at most   -> fused: matmul epilogue
@@ -244,7 +246,7 @@ class FusionPolicy:
             return FusionDecision.allow("fused; also a function result (extra output)",
                                         rows=rows)
         decision = self._duplicate(op, outside, region)
-        if decision.ok or not (rows or region.rows):
+        if decision.ok or region.kind != "loop":
             return replace(decision, rows=rows) if decision.ok else decision
         return self._written_out(what, outside, region, rows) or decision
 
@@ -276,7 +278,8 @@ class FusionPolicy:
     @staticmethod
     def _written_out(what: str, outside: list[ir.Op], region: RegionView,
                      rows: int) -> FusionDecision | None:
-        """A row region's member other kernels also read, when they all run after it."""
+        """A loop region's member other kernels also read, when they all run after it
+        (multi-output fusion): written out instead of ending the region."""
         if not all(region.after_root(u) for u in outside):
             return None
         n = len(outside)

@@ -18,8 +18,8 @@ placed where the root was. A decision names producer and consumer by kind and va
 ("tanh %v4 -> reduce %v5"), the value as the IR printed before this pass (the previous
 dump) names it, so the same program gives the same decisions. A fused value that is
 also used outside the region is an extra result: by the policy, only the function's
-return may use it, or (a row fusion's statistics, hlo_passes/fusion_rows.py) ops that
-run after the region's kernel: members of regions grown before it (rooted later) or
+return may use it, or (in a loop region: a row fusion's statistics, GELU's residuals)
+ops that run after the region's kernel: members of regions grown before it (rooted later) or
 ops after its root. Every other non-root member has all its users inside the region,
 so fusing never creates a cycle. Originals left without users by duplication are
 removed (dce). A region that took a row reduction or row values (`rows`: its trailing

@@ -365,3 +365,26 @@ def test_an_optimizer_update_is_not_a_matmul_epilogue():
                .replace("%b = stablehlo.add %v, %s", "%b = stablehlo.abs %s"))
     (f,) = fusions(m)
     assert f.attrs["fusion_kind"] == "matmul_epilogue"
+
+
+def test_a_value_read_by_a_later_kernel_is_an_extra_output():
+    """GELU's forward as autodiff leaves it: tanh's result is read by the backward's
+    kernel (after this region), so the chain is one fusion writing it out too, not a
+    kernel per shared value."""
+    changed, m = run("""
+      func.func @main(%x: tensor<8x16xf32>, %w: tensor<16x16xf32>)
+          -> (tensor<8x16xf32>, tensor<8x16xf32>) {
+        %c = stablehlo.constant dense<0.5> : tensor<8x16xf32>
+        %t = stablehlo.tanh %x : tensor<8x16xf32>
+        %y = stablehlo.multiply %t, %c : tensor<8x16xf32>
+        %d = stablehlo.dot_general %y, %w, contracting_dims = [1] x [0]
+            : (tensor<8x16xf32>, tensor<16x16xf32>) -> tensor<8x16xf32>
+        %g = stablehlo.dot_general %t, %w, contracting_dims = [1] x [0]
+            : (tensor<8x16xf32>, tensor<16x16xf32>) -> tensor<8x16xf32>
+        return %d, %g : tensor<8x16xf32>, tensor<8x16xf32>
+      }""")
+    assert changed
+    (f,) = fusions(m)
+    assert f.attrs["fusion_kind"] == "loop" and len(f.results) == 2
+    assert decision(f, "tanh") == ("elementwise; also written out for 1 later user "
+                                   "(extra output)")
