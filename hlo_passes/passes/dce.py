@@ -17,6 +17,11 @@ def run(module: ir.Module) -> bool:
     return changed
 
 
+def run_block(block: ir.Block) -> bool:
+    """`run` on one isolated block (a fusion's region)."""
+    return _sweep(block, Counter(v for op in ir.walk(block) for v in op.operands))
+
+
 def _sweep(block: ir.Block, uses: Counter) -> bool:
     """One backward sweep: users are visited before the ops they use."""
     changed, kept = False, []

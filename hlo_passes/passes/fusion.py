@@ -69,6 +69,15 @@ def run(module: ir.Module) -> bool:
     return Fusion().run(module)
 
 
+def refuse_without_rows(fusion: ir.Op) -> None:
+    """Re-fuses the body of a "rows" fusion whose rows the lowering could not hold
+    (jax_trn.lower's fallback) with row fusion off: its loop and reduction regions,
+    not a kernel per op. The body's ops are rewritten in place."""
+    block = fusion.regions[0].block
+    if _BlockFusion(block, FusionPolicy(max_row=0), {}).run():
+        dce.run_block(block)
+
+
 class _Region:
     """A region being grown from `root` (what the policy sees as `RegionView`)."""
 

@@ -8,7 +8,8 @@ adds steps through the `StepCtx`.
 A `fusion` op is one kernel named after its hero ("dot_general_fusion.2"), whose
 `ops` are the fused ops and whose `notes` carry the fusion kind and the pass's
 decisions; if the fusion rule cannot emit it (LoweringError, e.g. `Unsupported`), its
-ops are lowered one by one instead, each kernel noted "fallback: <why>".
+ops are lowered one by one instead, each kernel noted "fallback: <why>" (a "rows"
+fusion's ops are first re-fused without row fusion: loop and reduction kernels).
 
 Buffers: parameters are `arg0..`, results `out0..` (every output its own buffer: a result
 that is a parameter, a non-splat constant or a repeated value gets a copy kernel), and
@@ -31,6 +32,7 @@ from typing import Any, Callable
 import numpy as np
 
 from hlo_passes import ir
+from hlo_passes.passes.fusion import refuse_without_rows
 from jax_trn.hw import isa
 from jax_trn.hw.dtypes import DEVICE_TYPES
 from jax_trn.hw.program import (Collective, DramTensor, HostCallback, Program, Step, walk_kernels,
@@ -318,6 +320,8 @@ class StepCtx:
                 notes: list[str]) -> None:
         """Lowers the fusion's ops one by one (each its own kernel), tagged `notes`."""
         self.write_pending(op.operands)
+        if op.attrs.get("fusion_kind") == "rows":
+            refuse_without_rows(op)         # rows too long for SBUF: loop/reduction kernels
         block, start = op.regions[0].block, len(self._steps)
         self.bind(block.args, ins)
         args = {id(a) for a in block.args}

@@ -87,3 +87,22 @@ def test_rows_of_one_partition_tile_and_a_tail(jax, trn, cpu):
     got = np.asarray(f(*(jax.device_put(a, trn) for a in (x, g, b))))
     want = np.asarray(f(*(jax.device_put(a, cpu) for a in (x, g, b))))
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+
+
+def test_rows_too_long_for_sbuf_fall_back_to_loop_and_reduction_kernels(jax, trn, cpu):
+    """A LayerNorm backward over rows of 8192 FP32 values keeps too many of them live
+    for SBUF: the row fusion is re-fused without rows (a dozen kernels), not lowered
+    one op per kernel (65), and the result is the same."""
+    import jax.numpy as jnp
+    import jax_trn
+    x = np.random.default_rng(2).standard_normal((130, 8192)).astype(np.float32)
+    w = jnp.arange(8192.0)
+    f = jax.jit(jax.grad(lambda x: ((x - x.mean(-1, keepdims=True)) * jax.lax.rsqrt(
+        x.var(-1, keepdims=True) + 1e-5) * w).sum()))
+    with jax_trn.profile() as prof:
+        got = np.asarray(f(jax.device_put(x, trn)))
+    kernels = prof.executions[-1].kernels
+    assert any(n.startswith("fallback: rows of 8192") for k in kernels for n in k.kernel.notes)
+    assert len(kernels) < 20
+    np.testing.assert_allclose(got, np.asarray(f(jax.device_put(x, cpu))), rtol=1e-4,
+                               atol=1e-4 * 8192)
