@@ -56,7 +56,7 @@ class Fusion:
 
     def run(self, module: ir.Module) -> bool:
         names = ir.value_names(module)      # for the decisions: as the last dump printed
-        changed = False
+        changed = dce.run(module)   # ops earlier rewrites left unused are no one's users
         for fn in module.functions.values():
             for block in control_blocks(fn.body):
                 changed |= _BlockFusion(block, self.policy, names).run()

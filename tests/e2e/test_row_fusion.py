@@ -106,3 +106,20 @@ def test_rows_too_long_for_sbuf_fall_back_to_loop_and_reduction_kernels(jax, trn
     assert len(kernels) < 20
     np.testing.assert_allclose(got, np.asarray(f(jax.device_put(x, cpu))), rtol=1e-4,
                                atol=1e-4 * 8192)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_library_softmax_is_one_kernel(jax, trn, cpu, dtype):
+    """jax.nn.softmax as the library writes it (max with an -inf initial, a bf16 input's
+    sum in f32 converted back): one row kernel. In bf16 the rewrites before fusion left
+    a dead convert that counted as a second user of the sum (5 kernels)."""
+    import jax.numpy as jnp
+    import jax_trn
+    x = jnp.asarray(np.random.default_rng(3).standard_normal((2, 3, 50)), dtype)
+    f = jax.jit(lambda x: jax.nn.softmax(x, -1))
+    with jax_trn.profile() as prof:
+        got = np.asarray(f(jax.device_put(x, trn)), np.float32)
+    assert len(prof.executions[-1].kernels) == 1
+    want = np.asarray(f(jax.device_put(x, cpu)), np.float32)
+    tol = 1e-6 if dtype == "float32" else 1e-2
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
