@@ -90,7 +90,7 @@ def test_long_rows_in_chunks_trn2():
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_same_as_the_unfused_ops(dtype):
     """JAX's quantize compiled with and without the mx-quantize pass: one kernel
-    instead of ~16, the same bits, NaN, subnormals and zero blocks included."""
+    instead of ~10, the same bits, NaN, subnormals and zero blocks included."""
     import jax
     import hlo_passes
     from jax._src.cudnn.scaled_matmul_stablehlo import quantize
@@ -106,6 +106,6 @@ def test_same_as_the_unfused_ops(dtype):
         res = runner.run_program(program, [x], CHIPS["trn3"].core)
         outs.append((len(program.kernels), [_bits(o) for o in res.outputs]))
     (n_fused, fused), (n_ops, unfused) = outs
-    assert n_fused == 1 and n_ops > 10
+    assert n_fused == 1 and n_ops > 5   # (~10: row fusion joins each block's amax and its uses)
     for a, b in zip(fused, unfused):
         np.testing.assert_array_equal(a, b)
