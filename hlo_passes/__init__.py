@@ -35,6 +35,8 @@ dumps and `disabled` use):
     fusion               loop / reduction / matmul-epilogue regions     }
     compose-views        chains of layout ops left outside fusions ->   }
                          one strided view (trn.view)                    }
+    attention-views      attention kernels read q, k, v through those   }
+                         views (attention_offsets), no copy             }
     dce                  what the rewrites above left without users     }
 
 Everything is a parameter; nothing here reads the environment (the caller's options
@@ -51,6 +53,7 @@ from hlo_passes.fusion_policy import FusionPolicy
 from hlo_passes.importer import artifact_version, deserialize, import_module
 from hlo_passes.mlir_passes import run_mlir_passes
 from hlo_passes.passes import (
+    attention_views,
     broadcast_before_convert,
     combine_all_reduce,
     complex_planes,
@@ -92,7 +95,7 @@ def _fusion(policy: FusionPolicy) -> list:
     return [mx_quantize, onehot_contract, degenerate_reduce, transposed_dot,
             AttentionBwdFusion(policy), AttentionFusion(policy), dot_operand_transpose,
             convert_into_dot, broadcast_before_convert,
-            pads_to_concat, Fusion(policy), compose_views, dce]
+            pads_to_concat, Fusion(policy), compose_views, attention_views, dce]
 
 
 def pass_names() -> tuple[str, ...]:

@@ -95,9 +95,10 @@ LAG_T, LAG_B = 2, 4     # the P^T of job n - 2 and stage B of n - 4 follow stage
 
 def lower_attention(ctx: LowerCtx, ins: list[DramTensor], scale: float, masked: bool,
                     bias: bool = False, fill: float = -np.inf,
-                    layout: tuple | None = None, mask_outer: bool = False) -> None:
+                    layout: tuple | None = None, mask_outer: bool = False,
+                    offsets: tuple = ()) -> None:
     q, k, v = ins[:3]
-    axes = Axes(layout) if layout is not None else Axes.canonical(q, k, v)
+    axes = Axes(layout, offsets) if layout is not None else Axes.canonical(q, k, v)
     outer = masked and mask_outer       # the mask as rows & columns (attention_outer.py)
     mask = _mask(ctx, ins[3], axes) if masked and not outer else None
     extra = {"bias": ins[3 + masked + outer] if bias else None,
@@ -236,7 +237,7 @@ class _Flash(MaskBiases):
         ax = self.axes
         groups = ax.offsets(ax.group, (0, 3, 4, 5))
         self.units = []
-        kvs = ax.offsets(ax.batch, (1, 2, 0, 3, 4, 5))
+        kvs = ax.offsets(ax.batch, (1, 2, 0, 3, 4, 5), start=True)
         cols = [o[0] for o in ax.offsets(ax.batch, (MASK_K,))] if self.dvx > self.dv \
             else [0] * len(kvs)
         for b, (ko, vo, qo, oo, mo, bo) in enumerate(kvs):

@@ -71,11 +71,12 @@ HEADS_BYTES = 16 * 1024     # SBUF per partition for each of dq / dk / dv of adj
 
 
 def lower_attention_bwd(ctx: LowerCtx, ins: list[DramTensor], scale: float,
-                        masked: bool, layout: tuple | None = None) -> None:
+                        masked: bool, layout: tuple | None = None,
+                        offsets: tuple = ()) -> None:
     q, k, v, o, lse, do = ins[:6]
     if layout is None:
         raise Unsupported("attention backward without its attention_layout")
-    axes = Axes(layout)
+    axes = Axes(layout, offsets)
     mask = _mask(ctx, ins[6], axes) if masked else None
     runtime = {"mask": ins[6] if masked and mask is None else None,
                "bias": ins[6 + masked] if len(ins) > 6 + masked else None}
@@ -118,7 +119,8 @@ class _FlashBwd(MaskTiles):
         ops = UNIT
         groups = axes.offsets(axes.group, ops)      # GQA: k, v, dk, dv strides 0
         self.ngroups = len(groups)
-        self.base = [tuple(map(sum, zip(b, g))) for b in axes.offsets(axes.batch, ops)
+        self.base = [tuple(map(sum, zip(b, g)))
+                     for b in axes.offsets(axes.batch, ops, start=True)
                      for g in groups]               # per unit (batch index, group)
         self.unit_pos = {n: i for i, n in enumerate(UNIT)}      # in a `base` tuple
         self.batch = len(self.base)

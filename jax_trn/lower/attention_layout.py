@@ -20,7 +20,8 @@ class Axes:
     """The fusion's `attention_layout`: (size, strides) per axis, strides in the order
     q, k, v, out, mask, bias (hlo_passes/attention_layout.OPERANDS)."""
 
-    def __init__(self, layout: tuple):
+    def __init__(self, layout: tuple, starts: tuple = ()):
+        self.starts = tuple(starts)     # operand starts (`attention_offsets`), layout order
         by_role: dict = {}
         for role, size, strides in layout:
             by_role.setdefault(role, []).append((size, tuple(strides)))
@@ -37,12 +38,16 @@ class Axes:
                     ("sq", sq, (d, 0, 0, dv, sk, 0)), ("sk", sk, (0, d, dv, 0, 1, 0)),
                     ("d", d, (1, 1, 0, 0, 0, 0)), ("dv", dv, (0, 0, 1, 1, 0, 0))))
 
-    def offsets(self, which: list[tuple], operands: tuple[int, ...]) -> list[tuple]:
-        """Per index of the axes `which`, the element offset of each operand."""
+    def offsets(self, which: list[tuple], operands: tuple[int, ...],
+                start: bool = False) -> list[tuple]:
+        """Per index of the axes `which`, the element offset of each operand; with
+        `start`, from where the operand starts in its buffer (the batch axes' offsets
+        carry it, the group axes' add to them)."""
+        base = [self.starts[o] if start and o < len(self.starts) else 0 for o in operands]
         out = []
         for idx in itertools.product(*(range(n) for n, _ in which)):
-            out.append(tuple(sum(i * s[o] for i, (_, s) in zip(idx, which))
-                             for o in operands))
+            out.append(tuple(b + sum(i * s[o] for i, (_, s) in zip(idx, which))
+                             for b, o in zip(base, operands)))
         return out
 
 

@@ -48,10 +48,10 @@ def test_default_pipeline_ends_with_the_fusion_passes():
     module = from_text(TEXT)
     pipeline = hlo_passes.default_pipeline()
     assert pipeline.run(module)
-    assert [r.name for r in pipeline.log][-11:] == [
+    assert [r.name for r in pipeline.log][-12:] == [
             "degenerate-reduce", "transposed-dot", "attention-bwd-fusion", "attention-fusion",
             "dot-operand-transpose", "convert-into-dot", "broadcast-before-convert", "pads-to-concat", "fusion",
-            "compose-views", "dce"]
+            "compose-views", "attention-views", "dce"]
     assert kinds(module.main.body) == ["fusion", "func.return"]
     (fusion,) = module.main.body.ops[:1]
     assert kinds(fusion.regions[0].block) == ["exponential", "add", "return"]
@@ -95,7 +95,7 @@ def test_pass_names_are_every_name_that_can_be_disabled():
                      "onehot-contract", "degenerate-reduce",
                      "transposed-dot", "attention-bwd-fusion",
                      "attention-fusion", "dot-operand-transpose", "convert-into-dot", "broadcast-before-convert",
-                     "pads-to-concat", "fusion", "compose-views")
+                     "pads-to-concat", "fusion", "compose-views", "attention-views")
     pipeline = hlo_passes.default_pipeline(disabled=names)
     module = from_text(TEXT)
     assert not pipeline.run(module) and pipeline.log == []
@@ -133,8 +133,9 @@ def test_dumps_after_every_pass(tmp_path):
     assert {n.split(".")[2] for n in names} >= {"import", "inline-calls", "simplify", "cse",
                                                 "dce", "degenerate-reduce", "transposed-dot",
                                                 "attention-fusion", "fusion"}
-    assert names[-3:] == [f"jit__lambda.{len(names) - 3:02d}.fusion.txt",
-                          f"jit__lambda.{len(names) - 2:02d}.compose-views.txt",
+    assert names[-4:] == [f"jit__lambda.{len(names) - 4:02d}.fusion.txt",
+                          f"jit__lambda.{len(names) - 3:02d}.compose-views.txt",
+                          f"jit__lambda.{len(names) - 2:02d}.attention-views.txt",
                           f"jit__lambda.{len(names) - 1:02d}.dce.txt"]
     assert (tmp_path / "dumps" / names[-1]).read_text() == ir.format_module(module)
 
