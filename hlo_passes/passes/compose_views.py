@@ -56,7 +56,7 @@ def _rewrite_block(block: ir.Block) -> bool:
         if op.kind in VIEWS and len(op.operands) == 1 and len(op.results) == 1:
             base = views.get(op.operands[0])
             src, axes, offset = base or (op.operands[0], row_major(op.operands[0].shape), 0)
-            composed = _compose(op, axes, offset)
+            composed = compose(op, axes, offset)
             if composed is not None:
                 views[op.result] = (src, *composed)
             if base is not None and composed is not None and _rows_contiguous(composed[0]):
@@ -77,7 +77,7 @@ def _rows_contiguous(axes) -> bool:
     return not inner or inner[-1] in (0, 1)
 
 
-def _compose(op: ir.Op, axes, offset: int):
+def compose(op: ir.Op, axes, offset: int):
     """(axes, offset) of `op`'s result as a view of the chain's source, given its
     operand's; None where no strided view can express it."""
     attrs, shape = op.attrs, op.result.shape

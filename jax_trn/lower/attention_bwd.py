@@ -111,7 +111,9 @@ class _FlashBwd(MaskTiles):
         self.runtime = self.rt_mask is not None or self.rt_bias is not None
         self.rt_strides = {n: (axes.sq[1][n], axes.sk[1][n]) for n in (MASK, BIAS)}
         self.q, self.k, self.v, self.o, self.lse, self.do = ins
-        self.dq, self.dk, self.dv = ctx.outs
+        # one output: dq, dk, dv packed into one gradient (attention_views.py), each at
+        # its strides and offset in it
+        self.dq, self.dk, self.dv = ctx.outs if len(ctx.outs) == 3 else ctx.outs * 3
         self.sq, self.d = axes.sq[0], axes.d[0]
         self.sk, self.dvn = axes.sk[0], axes.dv[0]
         self.rows = {n: axes.sq[1][n] for n in (Q, O, DO, DQ)} | \
@@ -462,7 +464,7 @@ class _FlashBwd(MaskTiles):
         for n, out, acc, w, scale in ((DK, self.dk, blk["dk"], self.d, self.scale),
                                       (DV, self.dv, blk["dv"], self.dvn, None)):
             if self.ngroups > 1:
-                acc = self._group_sum(b, blk, out, acc, w)
+                acc = self._group_sum(b, blk, n, acc, w)
                 if acc is None:
                     continue
             heads = self.heads.get(n)
@@ -476,17 +478,17 @@ class _FlashBwd(MaskTiles):
                     kb.emit(isa.TensorCopy, dst=dst, src=src)
                 else:
                     kb.emit(isa.Activation, dst=dst, data=src, func="copy", scale=scale)
-            rs, at = self._out_rows(out, b)
+            rs, at = self._out_rows(n, b)
             if heads is not None:
                 heads.store(b, blk["j"], out, at + k0 * rs, rs, kbn, tile)
             else:
                 self._dma(kb.ap(out, at + k0 * rs, ((r_n * rs, g), (1, r_n * w))), tile)
 
-    def _group_sum(self, u: int, blk: dict, out: DramTensor, acc, w: int):
+    def _group_sum(self, u: int, blk: dict, n: int, acc, w: int):
         """Block j's dK / dV of unit `u` added into the batch index's FP32 sum (GQA:
         the q heads of a group share k, v); the sum after the last group, else None."""
         g = u % self.ngroups
-        total = sub(self.kvacc["dk" if out is self.dk else "dv"], blk["kbn"], w,
+        total = sub(self.kvacc["dk" if n == DK else "dv"], blk["kbn"], w,
                     at=blk["j"] * w)
         if g == 0:
             self.kb.emit(isa.TensorCopy, dst=total, src=acc)
@@ -497,15 +499,15 @@ class _FlashBwd(MaskTiles):
     def _zero_block(self, b: int, k0: int, kbn: int) -> None:
         """dk, dv of a key block no query sees: zeros."""
         kb = self.kb
-        for out, w in ((self.dk, self.d), (self.dv, self.dvn)):
+        for n, out, w in ((DK, self.dk, self.d), (DV, self.dv, self.dvn)):
             z = sub(self.res[out.dtype].next(), kbn, w)
             kb.emit(isa.Memset, dst=z, value=0.0, engine="gpsimd")
-            rs, at = self._out_rows(out, b)
+            rs, at = self._out_rows(n, b)
             self._dma(kb.ap(out, at + k0 * rs, ((rs, kbn), (1, w))), z)
 
-    def _out_rows(self, out: DramTensor, b: int) -> tuple[int, int]:
-        """(row stride, offset of batch index `b`) of dk or dv."""
-        n = DK if out is self.dk else DV
+    def _out_rows(self, n: int, b: int) -> tuple[int, int]:
+        """(row stride, offset of batch index `b`) of dk or dv (`n`: DK or DV; the two
+        may be one tensor, attention_views.py's packed gradient)."""
         return self.rows[n], self.base[b][UNIT.index(n)]
 
 

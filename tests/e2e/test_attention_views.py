@@ -1,7 +1,8 @@
 """Attention on q, k, v split from one fused projection (GPT-2's c_attn, a transformer
 block's wqkv): the flash kernels read the projection in place through the views
-(hlo_passes/passes/attention_views.py), forward and backward, no copy kernels; results
-against the CPU backend."""
+(hlo_passes/passes/attention_views.py), forward and backward, and the backward writes
+dq, dk, dv into the projection's gradient in place of their concatenate; no copy
+kernels; results against the CPU backend."""
 from __future__ import annotations
 
 import numpy as np
@@ -52,6 +53,9 @@ def test_split_projection_is_read_in_place(jax, trn, cpu, form, grad):
     assert not [n for k in kernels for n in k.kernel.notes if n.startswith("fallback")]
     views = [k for k in kernels if k.name.startswith("trn.view")]
     assert all("squeeze" in str(k.ops) for k in views)      # x[0] only, never q, k, v
+    if form is _gpt:        # the split's slices and its gradient's concatenate are gone
+        assert {k.name.split(".")[0] for k in kernels} <= {
+            "dot_general", "dot_general_fusion", "convert_fusion"}
     want = jax.tree.leaves(f(jax.device_put(w, cpu), jax.device_put(x, cpu)))
     for a, b in zip(got, want):
         a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
