@@ -158,6 +158,7 @@ class Evaluator:
         self.consts: dict[tuple, isa.Tile] = {}
         self.iotas: dict[tuple, isa.Tile] = {}      # generated iota boxes kept (`_iota_tile`)
         self.kept: list[isa.Tile] = []
+        self.sums: dict[int, isa.Tile] = {}         # row sums an Activation already made
         self.globals = {i: self._load_global(inp) for i, inp in enumerate(region.inputs)
                         if inp.is_scalar and region.size > 1}
 
@@ -293,6 +294,10 @@ class Evaluator:
             return None
         if step.kind == "row_reduce":
             return self._row_reduce(j, step, args[0], parts)
+        if "sum_into" in step.attrs and pinned is None:
+            done = self._product_sum(j, step, args, parts, free)
+            if done is not None:
+                return done
         if step.kind == "activation" and step.attrs["bias"] is not None:
             args = args + [self._const(step.attrs["bias"], parts)]
         if all(a.scalar for a in args):
@@ -307,13 +312,43 @@ class Evaluator:
 
     def _row_reduce(self, j: int, step: Step, arg: Src, parts: int) -> Src:
         """A row fusion's reduction of a [P, F] tile along F: one TensorReduce on
-        VectorE (FP32 inside, §2.3) into a [P, 1] value."""
+        VectorE (FP32 inside, §2.3) into a [P, 1] value, or the sum the product's
+        Activation made (`_product_sum`)."""
+        n = len(self.region.inputs)
+        done = self.sums.pop(n + j, None)
+        if done is not None:
+            if step.attrs.get("negate", False):
+                self.kb.emit(isa.TensorScalar, dst=done, data=done, op0="multiply",
+                             operand0=-1.0)
+            return Src.of(done, scalar=True)
         if arg.scalar:
             raise LoweringError("a row reduction of a value that is already one per row")
         dst = self._buffer(("sslot", j), 1, step.dtype, parts)
         self.kb.emit(isa.TensorReduce, dst=dst, data=arg.tile, op=step.attrs["alu"],
                      negate=step.attrs.get("negate", False))
         return Src.of(dst, scalar=True)
+
+    def _product_sum(self, j: int, step: Step, args: list[Src], parts: int,
+                     free: int) -> Src | None:
+        """x * c (c an immediate or FP32 [P, 1]) or x * x as one ScalarE Activation
+        (copy with scale c, or square) that also adds the row up into the [P, 1] tile
+        of the reduction `sum_into` (rows.py `_sums_on_scalar`); None when the operands
+        do not allow it (the multiply then runs as usual)."""
+        a, b = args
+        if a.scalar and not b.scalar:
+            a, b = b, a
+        square = a == b and not a.scalar
+        if a.scalar or not (square or b.scalar and (b.imm is not None or
+                                                    b.tile.dtype == "float32")):
+            return None
+        r = step.attrs["sum_into"] - len(self.region.inputs)
+        row = self._buffer(("sslot", r), 1, "float32", parts)
+        dst = self._buffer(("slot", self.slot_of[j]), free, step.dtype, parts)
+        self.kb.emit(isa.Activation, dst=dst, data=a.tile, func="square" if square else "copy",
+                     scale=1.0 if square else float(b.imm) if b.imm is not None else b.tile,
+                     reduce_res=row)
+        self.sums[step.attrs["sum_into"]] = row
+        return Src.of(dst)
 
     def _scalar_step(self, j, step, args, parts, free, pinned) -> Src:
         """All arguments are per-partition: compute on [parts, 1]."""

@@ -50,7 +50,7 @@ def emit_rows(kb: KernelBuilder, region: Region, row_axes: int) -> int:
     trail = merge_axes(*(v[lead_n:] for v in views))
     whole = ((0,) * len(trail[0]), tuple(n for _, n in trail[0]))
     row_outs = [(vid, out) for vid, out in region.outputs if vid in region.row_vids]
-    region = _fold_negates(region)
+    region = _sums_on_scalar(_fold_negates(region))
     ev = Evaluator(kb, region, row, depths=depths)
     spread = spreader(kb, reduces=True)
     for rbox in line_tiles([n for _, n in lead[0]], kb.target.partitions):
@@ -82,6 +82,25 @@ def _fold_negates(region: Region) -> Region:
             steps[j] = replace(step, args=steps[a - n].args,
                                attrs={**step.attrs, "negate": True})
             steps[a - n] = Step("folded", (), steps[a - n].dtype)
+    return replace(region, steps=steps)
+
+
+def _sums_on_scalar(region: Region) -> Region:
+    """A row sum of a product (x * c, c per row or an immediate; x * x) is also one
+    ScalarE Activation (copy with scale c, or square) whose add-reduction gives the sum
+    (§2.4, activation_reduce): the product is still written for its other readers, the
+    VectorE TensorReduce goes and the multiply leaves the VectorE/GpSimd port, which
+    bounds a row kernel (a LayerNorm's sum of squares, its backward's sums). The
+    multiply is marked `sum_into` its reduction; regions.py emits the pair that way
+    when the operands allow (FP32 [P, 1] or immediate scale)."""
+    n, steps = len(region.inputs), list(region.steps)
+    for j, step in enumerate(steps):
+        a = step.args[0] if step.kind == "row_reduce" else -1
+        if a < n or step.attrs["alu"] != "add" or step.dtype != "float32":
+            continue
+        prod = steps[a - n]
+        if prod.kind == "multiply" and prod.dtype == "float32" and "sum_into" not in prod.attrs:
+            steps[a - n] = replace(prod, attrs={**prod.attrs, "sum_into": n + j})
     return replace(region, steps=steps)
 
 

@@ -78,6 +78,10 @@ def test_layernorm_forward_is_one_kernel(jax, trn):
     reads = [i for i in k.kernel.instructions if type(i).__name__ == "DmaCopy"
              and getattr(i.src, "tensor", None) == "arg0"]
     assert sum(i.dst.free_size * i.dst.num_partitions for i in reads) == x.size
+    # the sum of squares is ScalarE's: one Activation(square) adding up each row
+    squares = [i for i in k.kernel.instructions if type(i).__name__ == "Activation"
+               and i.func == "square" and i.reduce_res is not None]
+    assert len(squares) == -(-x.size // x.shape[-1] // 128)
 
 
 def test_rows_of_one_partition_tile_and_a_tail(jax, trn, cpu):
