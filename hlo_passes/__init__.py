@@ -23,6 +23,8 @@ dumps and `disabled` use):
     mx-quantize          JAX's MX quantization -> one mx_quantize op   } fuse=True
     onehot-contract      sum(onehot(t) * y) -> y gathered at t (+ b*sum(y)) }
     degenerate-reduce    reduce over extent-1 dims -> reshape          }
+    convert-into-reduce  f32 reduce (+ reshapes) + convert to bf16 ->  }
+                         one reduce with the bf16 result               }
     transposed-dot       transpose(dot(a, b)) -> dot(b, a)              } only
     attention-bwd-fusion softmax(q k^T) v with its gradient -> fusions  }
                          "attention" (+ logsumexp) and "attention_bwd"  }
@@ -59,6 +61,7 @@ from hlo_passes.passes import (
     complex_planes,
     compose_views,
     convert_into_dot,
+    convert_into_reduce,
     cse,
     dce,
     degenerate_reduce,
@@ -92,7 +95,8 @@ def _cleanup() -> list:
 
 
 def _fusion(policy: FusionPolicy) -> list:
-    return [mx_quantize, onehot_contract, degenerate_reduce, transposed_dot,
+    return [mx_quantize, onehot_contract, degenerate_reduce, convert_into_reduce,
+            transposed_dot,
             AttentionBwdFusion(policy), AttentionFusion(policy), dot_operand_transpose,
             convert_into_dot, broadcast_before_convert,
             pads_to_concat, Fusion(policy), compose_views, attention_views, dce]

@@ -48,8 +48,8 @@ def test_default_pipeline_ends_with_the_fusion_passes():
     module = from_text(TEXT)
     pipeline = hlo_passes.default_pipeline()
     assert pipeline.run(module)
-    assert [r.name for r in pipeline.log][-12:] == [
-            "degenerate-reduce", "transposed-dot", "attention-bwd-fusion", "attention-fusion",
+    assert [r.name for r in pipeline.log][-13:] == [
+            "degenerate-reduce", "convert-into-reduce", "transposed-dot", "attention-bwd-fusion", "attention-fusion",
             "dot-operand-transpose", "convert-into-dot", "broadcast-before-convert", "pads-to-concat", "fusion",
             "compose-views", "attention-views", "dce"]
     assert kinds(module.main.body) == ["fusion", "func.return"]
@@ -92,7 +92,7 @@ def test_pass_names_are_every_name_that_can_be_disabled():
     names = hlo_passes.pass_names()
     assert names == ("inline-calls", "localize", "complex-planes", "rank0-windows",
                      "split-reductions", "simplify", "cse", "dce", "combine-all-reduce", "mx-quantize",
-                     "onehot-contract", "degenerate-reduce",
+                     "onehot-contract", "degenerate-reduce", "convert-into-reduce",
                      "transposed-dot", "attention-bwd-fusion",
                      "attention-fusion", "dot-operand-transpose", "convert-into-dot", "broadcast-before-convert",
                      "pads-to-concat", "fusion", "compose-views", "attention-views")
