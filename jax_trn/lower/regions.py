@@ -30,6 +30,8 @@ from jax_trn.hw import dtypes as hw_dtypes
 from jax_trn.hw import isa
 from jax_trn.hw.program import DramTensor
 
+from hlo_passes.ir import is_float as ir_float
+
 from .builder import KernelBuilder, Ring, sub
 from .errors import LoweringError
 from .layout import Axes, row_major
@@ -294,6 +296,10 @@ class Evaluator:
             return None
         if step.kind == "row_reduce":
             return self._row_reduce(j, step, args[0], parts)
+        if step.kind == "multiply" and step.args[0] == step.args[1] and \
+                not args[0].scalar and args[0].tile.mem == "sbuf" and \
+                ir_float(step.dtype) and "sum_into" not in step.attrs:
+            return self._square(j, step, args[0], parts, free, pinned)
         if "sum_into" in step.attrs and pinned is None:
             done = self._product_sum(j, step, args, parts, free)
             if done is not None:
@@ -327,6 +333,16 @@ class Evaluator:
         self.kb.emit(isa.TensorReduce, dst=dst, data=arg.tile, op=step.attrs["alu"],
                      negate=step.attrs.get("negate", False))
         return Src.of(dst, scalar=True)
+
+    def _square(self, j: int, step: Step, x: Src, parts: int, free: int,
+                pinned: isa.Tile | None) -> Src:
+        """x * x as ScalarE's square (§2.4: FP32 inside, rounded once to the step's
+        type, as the VectorE multiply): GELU's x^2 and x^3 leave VectorE, which bounds
+        those chains, for ScalarE, which has only the tanh."""
+        dst = pinned if pinned is not None else \
+            self._buffer(("slot", self.slot_of[j]), free, step.dtype, parts)
+        self.kb.emit(isa.Activation, dst=dst, data=x.tile, func="square")
+        return Src.of(dst)
 
     def _product_sum(self, j: int, step: Step, args: list[Src], parts: int,
                      free: int) -> Src | None:
