@@ -47,6 +47,7 @@ from .intdigits import fp32_exact
 from .layout import (View, box_offset, box_pattern, box_size, box_tiles, flat_tiles,
                      line_tiles, merge_axes, row_major, tiles)
 from .movement import fill
+from .reduce_ones import applies as ones_applies, ones_columns
 from .regions import FMAX, Evaluator, Region
 from .spread import spreader
 from .relayout import relayout
@@ -323,6 +324,9 @@ def _columns(r: _Reducer, kept, outs, red) -> None:
     reduced positions P at a time on partitions, combined into a [P, fc] accumulator;
     its partitions are reduced 128 columns at a time (`across_partitions`)."""
     width = column_width(r.source.chunk, r.pmax)
+    if ones_applies(r):             # 16-bit sums: a ones-vector matmul (reduce_ones.py)
+        return ones_columns(r, kept, outs, red,
+                            lambda kbox, rbox: _boxes(kept, red, kbox, rbox, False), width)
     last = outs[-1][0] if outs else 1
     for kbox in line_tiles([n for _, n in kept[0]], width):
         fc = box_pattern(kept[0], kbox)[-1][1]

@@ -1,7 +1,8 @@
 """Row reductions of the rows tiling (reduce.py `_rows`, folding_reduce.py): a max / min
 of 16-bit floats keeps its partials in their own type (exact, the BF16 TensorReduce at
 N / 2), and a sum of loaded floats splits its boxes between VectorE and ScalarE with
-the same bits as VectorE alone."""
+the same bits as VectorE alone. Column sums of 16-bit floats run on TensorE
+(reduce_ones.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -48,3 +49,18 @@ def test_a_row_sum_splits_its_boxes_between_vector_and_scalar_engines(dtype, mon
     (out,) = run_program(program, [x]).outputs
     (ref,) = run_program(alone, [x]).outputs
     np.testing.assert_array_equal(out.view(np.uint8), ref.view(np.uint8))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_16_bit_column_sum_is_a_ones_matmul(dtype):
+    """A bias gradient's shape: sum over rows of [1000, 1536] 16-bit floats: TensorE
+    matmuls against a ones vector accumulate the column sums in PSUM (reduce_ones.py),
+    no VectorE accumulator and no transposes; FP32 sums, rounded once."""
+    shape = (1000, 1536)
+    program = lower_module(reduce_module(shape, (0,), "add", dtype), SPEC)
+    assert _instrs(program, isa.NcMatmul) and not _instrs(program, isa.NcTranspose)
+    assert not _instrs(program, isa.TensorTensor)
+    x = make(shape, dtype, seed=7)
+    (out,) = run_program(program, [x]).outputs
+    exact = x.astype(np.float64).sum(0)
+    np.testing.assert_allclose(out.astype(np.float64), exact, rtol=1e-2, atol=0.05)
