@@ -60,17 +60,13 @@ class ScalarBalance:
         sqrt) keeps its engines: a move would queue the next tile's ScalarE work
         behind that wait."""
         instrs = self.kb.instrs
-        for ins in instrs[self.counted:first]:        # DMAs: the loads, the last stores
-            self._add(ins)
-        self.counted = len(instrs)
+        for ins in instrs[self.counted:first]:    # the last tile as it ran (spread.py
+            self._add(ins)                        # may have moved it), stores, loads
+        self.counted = first
         loads = self.loads
         moves = self._moves(instrs, first)
-        if moves is None:
-            self.loads = loads
-            for ins in instrs[first:]:
-                self._add(ins)
-            return
-        for i, ins in moves.items():
+        self.loads = loads                  # this tile counts once its engines are final
+        for i, ins in (moves or {}).items():
             instrs[i] = ins
 
     def _moves(self, instrs: list, first: int) -> dict[int, isa.Instr] | None:
