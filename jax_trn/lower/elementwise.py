@@ -14,7 +14,9 @@ and broadcast inputs (fusion.py). `emit_loop` picks the tiling:
 
 Per tile the inputs are DMAed into SBUF ring buffers, every step runs on its engine
 (tileops/), and the outputs are DMAed back: each input is read once and only the
-region's outputs are written.
+region's outputs are written. In loops of MIN_BALANCED tiles or more, VectorE work
+ScalarE can run ahead of it moves there (balance.py), then spread.py may give a
+tile's VectorE work to GpSimd.
 """
 from __future__ import annotations
 

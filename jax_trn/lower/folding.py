@@ -4,6 +4,7 @@
     act(x - m), act(x + m)       (m per row)            -> Activation(x, bias=-m or m)
     (x <op0> a) <op1> b                                 -> TensorScalar(op0, a, op1, b)
     (x <op0> a) <op1> y          (x, y tiles)           -> ScalarTensorTensor
+    convert(x <cmp> a) <op1> b   (exact in FP32)        -> TensorScalar(cmp, a, op1, b)
     convert(f(...)) narrowing                           -> f writing the narrow type
     g(convert(x)) widening                              -> g reading x directly
 
