@@ -14,7 +14,9 @@ and broadcast inputs (fusion.py). `emit_loop` picks the tiling:
 
 Per tile the inputs are DMAed into SBUF ring buffers, every step runs on its engine
 (tileops/), and the outputs are DMAed back: each input is read once and only the
-region's outputs are written.
+region's outputs are written. In loops of MIN_BALANCED tiles or more, VectorE work
+ScalarE can run ahead of it moves there (balance.py), then spread.py may give a
+tile's VectorE work to GpSimd.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from .builder import KernelBuilder
 from .layout import (box_offset, box_pattern, box_size, box_tiles, flat_tiles, line_tiles,
                      merge_axes, row_major)
 from .regions import FMAX, Evaluator, Input, Region, _itemsize
+from .balance import scalar_balance
 from .spread import spreader
 from .registry import LowerCtx, register_lowering
 from .tileops import TILE_OPS, Src, Step, engine_for
@@ -34,6 +37,7 @@ from .tileops import TILE_OPS, Src, Step, engine_for
 __all__ = ["FMAX", "TILE_OPS", "Src", "Step", "emit_loop", "single_op_region"]
 
 MIN_FREE = 512       # below this a DMA moves < 2 KiB per partition (§3.4): prefer fewer tiles
+MIN_BALANCED = 4     # tiles of a loop whose work balance.py spreads (see _Engines)
 TILE_BYTES = 8192    # per partition: DMA runs of 8 KiB are ~97% efficient (§3.4)
 _engine = engine_for     # the name other rule modules import
 
@@ -46,7 +50,7 @@ def emit_loop(kb: KernelBuilder, region: Region) -> int:
     merged = merge_axes(*region.views())
     free = free_size(kb, region, n // kb.target.partitions)
     ev = Evaluator(kb, region, free)
-    spread = spreader(kb)
+    spread = _Engines(kb, n >= MIN_BALANCED * kb.target.partitions * free)
     if len(merged[0]) <= 1:
         _flat(ev, merged, n, free, spread)
     else:
@@ -63,6 +67,21 @@ def free_size(kb: KernelBuilder, region: Region, cols: int) -> int:
     widest = max([_itemsize(i.dtype) for i in region.inputs if i.t is not None] + [1])
     cap = max(FMAX, TILE_BYTES // widest)
     return max(1, min(cap, fit, max(MIN_FREE, -(-cols // 4))))
+
+
+class _Engines:
+    """Each tile's work spread over the engines: tensor_scalars and copies to ScalarE
+    while it has room (balance.py), then the rest of VectorE's to GpSimd when that
+    finishes first (spread.py)."""
+
+    def __init__(self, kb: KernelBuilder, balance: bool):
+        self.scalar = scalar_balance(kb) if balance else None
+        self.gpsimd = spreader(kb)
+
+    def after_tile(self, first: int) -> None:
+        if self.scalar is not None:
+            self.scalar.after_tile(first)
+        self.gpsimd.after_tile(first)
 
 
 def _compute(ev: Evaluator, loaded, parts: int, free: int, spread):

@@ -4,6 +4,7 @@
     act(x - m), act(x + m)       (m per row)            -> Activation(x, bias=-m or m)
     (x <op0> a) <op1> b                                 -> TensorScalar(op0, a, op1, b)
     (x <op0> a) <op1> y          (x, y tiles)           -> ScalarTensorTensor
+    convert(x <cmp> a) <op1> b   (exact in FP32)        -> TensorScalar(cmp, a, op1, b)
     convert(f(...)) narrowing                           -> f writing the narrow type
     g(convert(x)) widening                              -> g reading x directly
 
@@ -40,13 +41,14 @@ ids keep their meaning.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from hlo_passes import ir
 from jax_trn.hw import dtypes as hw_dtypes
 
-from .regions import Region
-from .tileops import ACTIVATION, ALU, Step
+from .regions import IotaTensor, Region
+from .tileops import ACTIVATION, ALU, COMPARE, Step
 
 FOLDABLE_ALU = frozenset({"add", "subtract", "multiply", "maximum", "minimum"})
 # Ops of the two ALU folds' outer step (a divide stays a divide: never rewritten).
@@ -54,6 +56,7 @@ OUTER_ALU = FOLDABLE_ALU | {"divide"}
 # Steps that are one instruction reading any float type (tileops/simple.py).
 ONE_INSTRUCTION = OUTER_ALU | (ACTIVATION.keys() - {"sign"})
 _ENGINE_FLOATS = ("float32", "bfloat16", "float16")
+FP32_EXACT_INT = 2 ** 24        # integers up to this magnitude are exact in FP32
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,9 @@ def fold(region: Region) -> Region:
     for j, step in enumerate(steps):
         if step.kind in ACTIVATION and step.kind != "sign":
             steps[j] = _into_activation_row(steps, j, n, uses, outputs, rows)
+    for j, step in enumerate(steps):
+        if step.kind in OUTER_ALU:
+            steps[j] = _into_compare_scalar(region, steps, j, uses, outputs, rows)
     for j, step in enumerate(steps):
         if step.kind in OUTER_ALU:
             steps[j] = _into_tensor_scalar(steps, j, n, uses, outputs, rows)
@@ -216,6 +222,72 @@ def _into_tensor_scalar(steps, j: int, n: int, uses, outputs, rows) -> Step:
     return Step("tensor_scalar", tuple(args), step.dtype, {"ops": ops})
 
 
+def _into_compare_scalar(region: Region, steps, j: int, uses, outputs, rows) -> Step:
+    """convert(x <cmp> a) <op1> b as one step ("tensor_scalar"): the compare writes 1.0 /
+    0.0 and op1 follows in the same instruction (§6.2: compare ops are ALU ops of a
+    tensor_scalar), only where comparing in FP32 is exact (`_fp32_compare_exact`)."""
+    step, n = steps[j], len(region.inputs)
+    outer = _row_operand(steps, step, n, rows)
+    if outer is None or not _single_use_of(outer[0], "convert", n, uses, outputs, steps):
+        return step
+    conv = steps[outer[0] - n]
+    c = conv.args[0]
+    if conv.dtype != step.dtype or not _single_use_of(c, "compare", n, uses, outputs, steps):
+        return step
+    cmp = steps[c - n]
+    found = _compare_operand(region, steps, cmp)
+    if found is None or not _fp32_compare_exact(region, steps, cmp.args):
+        return step
+    steps[c - n], steps[outer[0] - n] = _folded(cmp), _folded(conv)
+    args = [found[0]]
+    a, b = _operands([found, outer], args)
+    ops = ((COMPARE[cmp.attrs["comparison_direction"]], a, found[2]),
+           (ALU[step.kind], b, outer[2]))
+    return Step("tensor_scalar", tuple(args), step.dtype, {"ops": ops})
+
+
+def _single_use_of(vid: int, kind: str, n: int, uses, outputs, steps) -> bool:
+    return vid >= n and uses.get(vid) == 1 and vid not in outputs and \
+        steps[vid - n].kind == kind
+
+
+def _compare_operand(region: Region, steps, cmp: Step):
+    """(data vid, operand, reversed) of a compare with one per-row or immediate side
+    (of any type: token ids are integers), like `_row_operand`."""
+    n = len(region.inputs)
+    def row(v):
+        if v >= n:
+            return steps[v - n].kind == "constant"
+        inp = region.inputs[v]
+        return inp.t is not None and bool(inp.axes) and inp.axes[-1][0] == 0
+    def operand(v):
+        return ("vid", v) if v < n else steps[v - n].attrs["value"]
+    a, b = cmp.args
+    if row(b) and not row(a):
+        return a, operand(b), False
+    if row(a) and not row(b):
+        return b, operand(a), True
+    return None
+
+
+def _fp32_compare_exact(region: Region, steps, args) -> bool:
+    """Whether comparing `args` in FP32 (an engine's datapath, §2.3) gives the exact
+    result: both floats (every engine float widens exactly), or one an iota of at most
+    2**24 values (exact in FP32) and the other an integer of at most 32 bits: FP32
+    rounding is monotone and moves no integer past an exactly representable one, so
+    every comparison with the iota's values keeps its outcome."""
+    n = len(region.inputs)
+    dtypes = [region.dtype(v) for v in args]
+    if all(d in _ENGINE_FLOATS for d in dtypes):
+        return True
+    def small_iota(v):
+        t = region.inputs[v].t if v < n else None
+        return isinstance(t, IotaTensor) and math.prod(t.shape) <= FP32_EXACT_INT
+    def narrow(d):
+        return d in _ENGINE_FLOATS or ir.is_int(d) and hw_dtypes.itemsize(d) <= 4
+    return any(small_iota(v) and narrow(dtypes[1 - k]) for k, v in enumerate(args))
+
+
 def _into_stt(steps, j: int, n: int, uses, outputs, rows) -> Step:
     """(x <op0> a) <op1> y, y a tile, as one step ("scalar_tensor_tensor")."""
     step = steps[j]
@@ -263,7 +335,7 @@ def _fold_converts(region: Region, steps, uses, outputs) -> list:
                 n + j not in outputs and not uses.get(n + j):
             continue
         if _narrows(src, step.dtype) and _retypable(steps, x, n, uses, outputs):
-            steps[x - n] = replace(steps[x - n], dtype=step.dtype)
+            steps[x - n] = _retyped(steps[x - n], step.dtype)
             steps[j], alias[n + j] = _folded(step), x
         elif not _narrows(src, step.dtype) and n + j not in outputs and \
                 _readers_take_any(steps, n + j):
@@ -291,13 +363,21 @@ def _narrows(src: str, dst: str) -> bool:
 
 
 def _retypable(steps, x: int, n: int, uses, outputs) -> bool:
-    """`x` a one-instruction float step read only by the convert."""
+    """`x` a one-instruction float step read only by the convert (a folded
+    tensor_scalar too: op by op it keeps its intermediate in `via`, `_retyped`)."""
     if x < n or uses.get(x) != 1 or x in outputs:
         return False
     s = steps[x - n]
-    if s.kind == "tensor_scalar":
-        return not any(isinstance(o[1], Arg) for o in s.attrs["ops"])
-    return ir.is_float(s.dtype) and (s.kind in ONE_INSTRUCTION or s.kind == "activation")
+    return ir.is_float(s.dtype) and (s.kind in ONE_INSTRUCTION or
+                                     s.kind in ("activation", "tensor_scalar"))
+
+
+def _retyped(step: Step, dtype: str) -> Step:
+    """`step` writing `dtype`; a folded tensor_scalar notes the type its intermediate
+    had ("via"), which it keeps when a box makes it run op by op (tileops/simple.py)."""
+    if step.kind != "tensor_scalar":
+        return replace(step, dtype=dtype)
+    return replace(step, dtype=dtype, attrs={**step.attrs, "via": step.dtype})
 
 
 def _readers_take_any(steps, vid: int) -> bool:

@@ -12,6 +12,12 @@ its own add-reduction, so the elements are never reduced by a separate TensorRed
 - sum(convert(x)) of a 16-bit float x to FP32: the TensorReduce reads x itself (it
   widens to FP32 before adding, §2.3), no TensorCopy per box; the same values.
 
+- sum(x) of a loaded float x (the reduce's input tensor, a region's input, or the
+  widened x above): the boxes are summed on VectorE (TensorReduce, N cycles, §6.3)
+  or on ScalarE (Activation copy with `reduce_res`, N + MIN_II, §2.4), whichever
+  engine's running load ends first: both sum the box's FP32 values in the same order
+  (the same bits), and ScalarE, otherwise idle, takes ~45% of the boxes.
+
 `fold_source(source)` returns the source to reduce from: an `ExpSumSource` wrapping a
 `RegionSource` whose region is exactly that pattern (and stores nothing else), or the
 source itself. Only the rows tiling (reduce.py `_rows`) asks for `sum_box`; the other
@@ -24,6 +30,7 @@ from jax_trn.hw import isa
 from .builder import sub
 from .regions import IotaTensor
 
+_FLOATS = ("float32", "bfloat16", "float16")
 NOTE = ("decision: reduce: sum(exp(x - m)) folded into one Activation(exp, bias=-m, "
         "reduce_res) per box (folding_reduce.py)")
 WIDEN_NOTE = ("decision: reduce: sum(convert(x, float32)) reads x directly (the "
@@ -32,12 +39,23 @@ WIDEN_NOTE = ("decision: reduce: sum(convert(x, float32)) reads x directly (the 
 
 def fold_source(source):
     """An `ExpSumSource` for a region summing exp(x - m), a `WidenSumSource` for one
-    summing a widened x (see module doc), else `source`."""
+    summing a loaded or widened x (see module doc), else `source`."""
     match = _exp_sum(source)
     if match is not None:
         return ExpSumSource(source, *match)
     x = _widened(source)
-    return source if x is None else WidenSumSource(source, x)
+    if x is not None or _loaded(source):
+        return WidenSumSource(source, x)
+    return source
+
+
+def _loaded(source) -> bool:
+    """Whether `source` gives its loaded float values as they are: the reduce's input
+    tensor, or a region with no steps reducing a float input."""
+    region = getattr(source, "region", None)
+    if region is None:
+        return not hasattr(source, "sum_box") and source.dtype in _FLOATS
+    return not region.steps and not region.outputs and _plain(region, source.vid)
 
 
 def sums_exp(region, vid: int, alu: str) -> bool:
@@ -57,11 +75,16 @@ def _widened(source) -> int | None:
     if step.kind != "convert" or step.dtype != "float32" or source.vid != n:
         return None
     x = step.args[0]
+    return x if _plain(region, x) and region.inputs[x].dtype != "float32" else None
+
+
+def _plain(region, x: int) -> bool:
+    """Whether value `x` is a float input loaded as full tiles."""
+    if x >= len(region.inputs):
+        return False
     inp = region.inputs[x]
-    if inp.t is None or isinstance(inp.t, IotaTensor) or inp.is_scalar \
-            or inp.dtype not in ("bfloat16", "float16"):
-        return None
-    return x
+    return not (inp.t is None or isinstance(inp.t, IotaTensor) or inp.is_scalar
+                or inp.dtype not in _FLOATS)
 
 
 def _exp_sum(source):
@@ -146,22 +169,51 @@ def _free(box) -> int:
 
 
 class WidenSumSource:
-    """A `RegionSource` of sum(convert(x, float32)): boxes summed from x itself."""
+    """A source of sum(x) or sum(convert(x, float32)) (`x` the region's input, or None:
+    the source's own values): boxes summed from x itself, each on VectorE or ScalarE
+    (module doc)."""
 
-    def __init__(self, base, x: int):
+    def __init__(self, base, x: int | None):
         self.base, self.x = base, x
         self.kb, self.dtype, self.views, self.chunk = base.kb, base.dtype, base.views, \
             base.chunk
-        self.note = WIDEN_NOTE
+        self.note = WIDEN_NOTE if x is not None else None
+        self.scratch = None             # ScalarE's copy of a box (its dst), lazily
+        self.busy = {"vector": 0.0, "scalar": 0.0}      # ns, this kernel's boxes
 
     def load(self, boxes) -> isa.Tile:
         return self.base.load(boxes)
 
     def sum_box(self, boxes, dst: isa.Tile) -> None:
-        _note(self)
+        if self.note is not None:
+            _note(self)
         parts, free = boxes[0][1][0][1], _free(boxes[0])
-        x = self.base.ev.load(boxes[1:])[self.x]
-        self.kb.emit(isa.TensorReduce, dst=dst, data=sub(x.tile, parts, free), op="add")
+        if self.x is None:
+            data = sub(self.base.load(boxes), parts, free)
+        else:
+            data = sub(self.base.ev.load(boxes[1:])[self.x].tile, parts, free)
+        spec = self.kb.target.core
+        ends = {e: self.busy[e] + _box_cycles(e, free, spec) / spec.clock(e)
+                for e in self.busy}
+        engine = min(ends, key=lambda e: (ends[e], e))
+        self.busy[engine] = ends[engine]
+        if engine == "vector":
+            self.kb.emit(isa.TensorReduce, dst=dst, data=data, op="add")
+            return
+        if self.scratch is None:
+            self.scratch = self.kb.ring(2, self.chunk, "bfloat16")
+        self.kb.emit(isa.Activation, dst=sub(self.scratch.next(), parts, free), data=data,
+                     func="copy", reduce_res=dst)
 
     def close(self) -> None:
+        if self.scratch is not None:
+            self.kb.release(self.scratch)
         self.base.close()
+
+
+def _box_cycles(engine: str, n: int, spec) -> float:
+    """A box's sum on `engine` (§6.3): VectorE's TensorReduce N and the MIN_II combine
+    of its partial; ScalarE's activation_reduce max(MIN_II, N) + MIN_II."""
+    if engine == "vector":
+        return n + spec.min_ii
+    return max(spec.min_ii, n) + spec.min_ii

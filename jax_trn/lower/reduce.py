@@ -47,6 +47,7 @@ from .intdigits import fp32_exact
 from .layout import (View, box_offset, box_pattern, box_size, box_tiles, flat_tiles,
                      line_tiles, merge_axes, row_major, tiles)
 from .movement import fill
+from .reduce_ones import applies as ones_applies, ones_columns
 from .regions import FMAX, Evaluator, Region
 from .spread import spreader
 from .relayout import relayout
@@ -220,7 +221,7 @@ class _Reducer:
                              operand0=sub(self.init, 1), engine=self.engine)
             else:
                 self.combine(res, sub(self.init, res.num_partitions))
-        if self.res is not None:
+        if self.res is not None and res.dtype != self.out.dtype:
             dst = sub(self.res.next(), res.num_partitions, res.free_size)
             step = Step("convert", (0,), self.out.dtype)
             TILE_OPS["convert"].emit(self.kb, dst, [Src.of(res)], step)
@@ -295,23 +296,27 @@ def _boxes(kept, red, kbox, rbox, kept_on_partitions: bool):
 
 
 def _rows(r: _Reducer, kept, outs, red) -> None:
+    """Kept positions on partitions, each row's chunks reduced along F and combined into
+    a [P, 1] accumulator: FP32, or a max / min of 16-bit floats in their own type (one
+    of the values, exact; a BF16 TensorReduce costs N / 2, §6.3)."""
+    accs, parts_ring = r.accs, r.parts
+    if r.alu in ("max", "min") and r.source.dtype in ("bfloat16", "float16"):
+        accs, parts_ring = (r.kb.ring(2, 1, r.source.dtype) for _ in range(2))
     for kbox in line_tiles([n for _, n in kept[0]], r.pmax):
         parts = box_pattern(kept[0], kbox)[-1][1]
-        acc = sub(r.accs.next(), parts, 1)
+        acc = sub(accs.next(), parts, 1)
         for i, rbox in enumerate(box_tiles([n for _, n in red[0]], r.source.chunk)):
             boxes = _boxes(kept, red, kbox, rbox, True)
+            part = acc if i == 0 else sub(parts_ring.next(), parts, 1)
             if hasattr(r.source, "sum_box"):        # a fold (folding_reduce.py)
-                part = acc if i == 0 else sub(r.parts.next(), parts, 1)
                 r.source.sum_box(boxes, part)
-                if i:
-                    r.combine(acc, part)
-                continue
-            data = r.load(boxes)
-            if i == 0:
-                r.reduce_free(data, acc)
             else:
-                r.combine(acc, r.reduce_free(data))
+                r.reduce_free(r.load(boxes), part)
+            if i:
+                r.combine(acc, part)
         r.finish(acc, box_offset(outs, kbox), box_pattern(outs, kbox)[-1:] + ((1, 1),))
+    if accs is not r.accs:
+        r.kb.release(accs, parts_ring)
 
 
 def _columns(r: _Reducer, kept, outs, red) -> None:
@@ -319,6 +324,9 @@ def _columns(r: _Reducer, kept, outs, red) -> None:
     reduced positions P at a time on partitions, combined into a [P, fc] accumulator;
     its partitions are reduced 128 columns at a time (`across_partitions`)."""
     width = column_width(r.source.chunk, r.pmax)
+    if ones_applies(r):             # 16-bit sums: a ones-vector matmul (reduce_ones.py)
+        return ones_columns(r, kept, outs, red,
+                            lambda kbox, rbox: _boxes(kept, red, kbox, rbox, False), width)
     last = outs[-1][0] if outs else 1
     for kbox in line_tiles([n for _, n in kept[0]], width):
         fc = box_pattern(kept[0], kbox)[-1][1]

@@ -35,12 +35,13 @@ from hlo_passes.ir import is_float as ir_float
 from .builder import KernelBuilder, Ring, sub
 from .errors import LoweringError
 from .layout import Axes, row_major
-from .tileops import (NEEDS_FULL_TILES, NO_INSTRUCTION, TILE_OPS, Src, Step, expand,
+from .tileops import (ACTIVATION, NEEDS_FULL_TILES, NO_INSTRUCTION, TILE_OPS, Src, Step, expand,
                       fill_scalar, row_scratch, scratch, scratch_dtype,
                       scratch_width)
 
 FMAX = 2048          # elements per partition of one elementwise tile
 IN_DEPTH, STEP_DEPTH = 3, 2
+SCALAR_STEPS = frozenset(ACTIVATION) | {"activation", "activation_row"}   # on ScalarE
 IOTA_MARGIN = 16 * 1024   # SBUF bytes per partition left free after a kept iota box
 SCRATCH_BYTES = 4    # scratch tiles of multi-instruction ops: FP32 / 32-bit ints, or wider
 Box = tuple[int, Axes]          # (element offset, ((pstride, parts), *free axes))
@@ -125,9 +126,13 @@ def last_uses(region: Region) -> dict[int, int]:
 
 def assign_slots(region: Region) -> dict[int, int]:
     """Step index -> slot: a slot is reused by the first step after its value's last
-    reader (never in place: some ops take two instructions)."""
+    reader (never in place: some ops take two instructions). An output is held until
+    its store DMA ends, so it takes a freed slot last written off ScalarE when there is
+    one: ScalarE runs ahead of VectorE (balance.py) and would wait for that store when
+    it next writes the slot."""
     last, free, slot_of, live, count = last_uses(region), [], {}, [], 0
     n = len(region.inputs)
+    outs, writer = {vid for vid, _ in region.outputs}, {}
     for j, step in enumerate(region.steps):
         for entry in [e for e in live if e[1] < j]:
             live.remove(entry)
@@ -135,10 +140,11 @@ def assign_slots(region: Region) -> dict[int, int]:
         if step.kind in NO_INSTRUCTION or n + j in region.row_vids:
             continue                # row values live in [P, 1] "sslot" buffers
         if free:
-            slot = free.pop(0)
+            off = [k for k, s in enumerate(free) if writer[s] not in SCALAR_STEPS]
+            slot = free.pop(off[0] if off and n + j in outs else 0)
         else:
             slot, count = count, count + 1
-        slot_of[j] = slot
+        slot_of[j], writer[slot] = slot, step.kind
         live.append((slot, last[j]))
     return slot_of
 

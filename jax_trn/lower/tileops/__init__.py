@@ -16,6 +16,7 @@ from __future__ import annotations
 from . import mathops, ranged, simple, trig
 from .core import ACTIVATION as ACTIVATION
 from .core import ALU as ALU
+from .core import COMPARE as COMPARE
 from .core import NEEDS_FULL_TILES as NEEDS_FULL_TILES
 from .core import NO_INSTRUCTION as NO_INSTRUCTION
 from .core import Src as Src

@@ -131,14 +131,22 @@ def _folded_activation_row(kb, dst, srcs, step):
 def _folded_tensor_scalar(kb, dst, srcs, step):
     """(x <op0> a) <op1> b: folding.py. An operand is an immediate or srcs[k]
     (`folding.Arg`); one TensorScalar when every value operand is per-partition, else
-    op by op like the unfolded steps (folding.py folds those only at equal types)."""
+    op by op like the unfolded steps (folding.py folds those only at equal types), the
+    intermediate in its own tile of the type it had before a convert narrowed the step
+    ("via")."""
     (op0, a, r0), (op1, b, r1) = step.attrs["ops"]
     x, a, b = srcs[0], _operand(srcs, a, x_dtype(srcs)), _operand(srcs, b, x_dtype(srcs))
     if _one_instruction(x, a, b):
         return kb.emit(isa.TensorScalar, dst=dst, data=x.tile, op0=op0, operand0=a.operand,
                        reverse0=r0, op1=op1, operand1=b.operand, reverse1=r1)
-    _op_by_op(kb, dst, x, a, op0, r0)
-    return _op_by_op(kb, dst, Src.of(dst), b, op1, r1)
+    via = step.attrs.get("via", dst.dtype)
+    if via == dst.dtype:
+        _op_by_op(kb, dst, x, a, op0, r0)
+        return _op_by_op(kb, dst, Src.of(dst), b, op1, r1)
+    mid = kb.tile(dst.free, via, parts=dst.num_partitions)    # the folded intermediate's type
+    _op_by_op(kb, mid, x, a, op0, r0)
+    _op_by_op(kb, dst, Src.of(mid), b, op1, r1)
+    kb.release(mid)
 
 
 def _folded_stt(kb, dst, srcs, step):
