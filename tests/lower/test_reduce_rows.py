@@ -64,3 +64,21 @@ def test_a_16_bit_column_sum_is_a_ones_matmul(dtype):
     (out,) = run_program(program, [x]).outputs
     exact = x.astype(np.float64).sum(0)
     np.testing.assert_allclose(out.astype(np.float64), exact, rtol=1e-2, atol=0.05)
+
+
+def test_a_widened_16_bit_column_sum_is_a_ones_matmul(jax, trn, cpu):
+    """A LayerNorm bias's gradient: a bf16 cotangent widened to f32 and summed over rows
+    (the fusion's region only converts): TensorE reads the bf16 values against a bf16
+    ones vector, FP32 sums."""
+    import jax.numpy as jnp
+    import jax_trn
+    x = jnp.asarray(np.random.default_rng(4).standard_normal((1000, 768)), jnp.bfloat16)
+    f = jax.jit(lambda x: x.astype(jnp.float32).sum(0))
+    with jax_trn.profile() as prof:
+        got = np.asarray(f(jax.device_put(x, trn)))
+    instrs = [i for k in prof.executions[-1].kernels for i in k.kernel.instructions]
+    mms = [i for i in instrs if isinstance(i, isa.NcMatmul)]
+    assert mms and all(i.moving.dtype == "bfloat16" for i in mms)
+    assert not [i for i in instrs if isinstance(i, isa.NcTranspose)]
+    want = np.asarray(f(jax.device_put(x, cpu)))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
