@@ -246,9 +246,11 @@ class FusionPolicy:
             return FusionDecision.allow("fused; also a function result (extra output)",
                                         rows=rows)
         decision = self._duplicate(op, outside, region)
-        if decision.ok or region.kind != "loop":
-            return replace(decision, rows=rows) if decision.ok else decision
-        return self._written_out(what, outside, region, rows) or decision
+        if decision.ok:
+            return replace(decision, rows=rows)
+        if region.kind == "loop":
+            return self._written_out(what, outside, region, rows) or decision
+        return decision
 
     # --- rows (fusion_rows.py) ------------------------------------------------------------
 

@@ -70,19 +70,16 @@ def _read_through(op: ir.Op, graph: BlockGraph) -> bool:
         view = _as_view(graph.producer.get(op.operands[i]))
         if view is None:
             continue
-        strides = _strides(op.operands[i].shape, view.attrs["axes"],
-                           [axis[2][o] for axis in layout])
+        strides = _strides(op.operands[i].shape, view.attrs["axes"], _column(layout, o))
         if strides is None:
             continue
-        for axis, s in zip(layout, strides):
-            axis[2] = tuple(axis[2][:o]) + (s,) + tuple(axis[2][o + 1:])
+        _set_column(layout, o, strides)
         starts[o] = view.attrs["offset"]
         _view_in_region(body, i, view)
         op.operands[i] = view.operands[0]
         changed = True
     if changed:
-        op.attrs["attention_layout"] = tuple((r, n, tuple(s)) for r, n, s in layout)
-        op.attrs["attention_offsets"] = tuple(starts)
+        _write(op, layout, starts)
     return changed
 
 
@@ -104,19 +101,32 @@ def _pack(op: ir.Op, graph: BlockGraph, block: ir.Block) -> bool:
     starts += [0] * (max(GRADS) + 1 - len(starts))
     for o, (r, views) in zip(GRADS, parts):
         axes = _through(r, views, at)
-        strides = None if axes is None else _strides(r.shape, axes, [a[2][o] for a in layout])
+        strides = None if axes is None else _strides(r.shape, axes, _column(layout, o))
         if strides is None:
             return False
-        for a, st in zip(layout, strides):
-            a[2] = tuple(a[2][:o]) + (st,) + tuple(a[2][o + 1:])
+        _set_column(layout, o, strides)
         starts[o] = start[views[-1].result if views else r] * at[axis]
     packed = [v for _, views in parts for v in views] + [concat] + chain
     _return_packed(op, packed)
     block.ops = [o for o in block.ops if o not in packed]       # all moved inside
     block.replace_all_uses({last.result: op.result})
+    _write(op, layout, starts)
+    return True
+
+
+def _column(layout: list[list], o: int) -> list[int]:
+    """Operand `o`'s stride on each axis of a layout (lists of [role, size, strides])."""
+    return [axis[2][o] for axis in layout]
+
+
+def _set_column(layout: list[list], o: int, strides: list[int]) -> None:
+    for axis, st in zip(layout, strides):
+        axis[2] = tuple(axis[2][:o]) + (st,) + tuple(axis[2][o + 1:])
+
+
+def _write(op: ir.Op, layout: list[list], starts: list[int]) -> None:
     op.attrs["attention_layout"] = tuple((r, n, tuple(st)) for r, n, st in layout)
     op.attrs["attention_offsets"] = tuple(starts)
-    return True
 
 
 def _concat_of(op: ir.Op, graph: BlockGraph):

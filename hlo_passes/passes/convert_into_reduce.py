@@ -43,12 +43,10 @@ def _rewrite_block(block: ir.Block) -> bool:
         red.results = [narrow]
         if tuple(narrow.shape) == tuple(op.result.shape):
             block.replace_all_uses({op.result: narrow})
-        else:
-            last = reshapes[0]
-            last.operands = [narrow]
-            last.results = [op.result]
-        gone.update([op] + reshapes[1:] + ([] if tuple(narrow.shape) != tuple(
-            op.result.shape) else reshapes[:1]))
+            gone.update([op, *reshapes])
+        else:                       # the last reshape, from the reduce, makes the result
+            reshapes[0].operands, reshapes[0].results = [narrow], [op.result]
+            gone.update([op, *reshapes[1:]])
         changed = True
     if changed:
         block.ops = [o for o in block.ops if o not in gone]

@@ -120,21 +120,16 @@ def _linear(op: ir.Op) -> bool:
 
 def _affine_onehot(v: ir.Value, d: int, producer: dict):
     """(t, a, b) when `v` is a * onehot(t) + b along `d` (a, b per-row values or None)."""
-    a = b = None
-    p = producer.get(v)
-    if p is not None and p.kind == "add":
-        split = _row_const_operand(p, d, producer)
-        if split is None:
-            return None
-        v, b = split
+    found = {}
+    for kind in ("add", "multiply"):            # (... * a) + b, outermost first
         p = producer.get(v)
-    if p is not None and p.kind == "multiply":
-        split = _row_const_operand(p, d, producer)
-        if split is None:
-            return None
-        v, a = split
+        if p is not None and p.kind == kind:
+            split = _row_const_operand(p, d, producer)
+            if split is None:
+                return None
+            v, found[kind] = split
     t = _onehot(v, d, producer)
-    return None if t is None else (t, a, b)
+    return None if t is None else (t, found.get("multiply"), found.get("add"))
 
 
 def _row_const_operand(p: ir.Op, d: int, producer: dict):

@@ -30,7 +30,7 @@ from jax_trn.hw import dtypes as hw_dtypes
 from jax_trn.hw import isa
 from jax_trn.hw.program import DramTensor
 
-from hlo_passes.ir import is_float as ir_float
+from hlo_passes import ir
 
 from .builder import KernelBuilder, Ring, sub
 from .errors import LoweringError
@@ -304,8 +304,8 @@ class Evaluator:
             return self._row_reduce(j, step, args[0], parts)
         if step.kind == "multiply" and step.args[0] == step.args[1] and \
                 not args[0].scalar and args[0].tile.mem == "sbuf" and \
-                ir_float(step.dtype) and "sum_into" not in step.attrs:
-            return self._square(j, step, args[0], parts, free, pinned)
+                ir.is_float(step.dtype) and "sum_into" not in step.attrs:
+            return self._on_scalar(j, step, args[0], "square", 1.0, parts, free, pinned)
         if "sum_into" in step.attrs and pinned is None:
             done = self._product_sum(j, step, args, parts, free)
             if done is not None:
@@ -340,14 +340,17 @@ class Evaluator:
                      negate=step.attrs.get("negate", False))
         return Src.of(dst, scalar=True)
 
-    def _square(self, j: int, step: Step, x: Src, parts: int, free: int,
-                pinned: isa.Tile | None) -> Src:
-        """x * x as ScalarE's square (§2.4: FP32 inside, rounded once to the step's
-        type, as the VectorE multiply): GELU's x^2 and x^3 leave VectorE, which bounds
-        those chains, for ScalarE, which has only the tanh."""
+    def _on_scalar(self, j: int, step: Step, x: Src, func: str, scale, parts: int,
+                   free: int, pinned: isa.Tile | None = None,
+                   reduce_res: isa.Tile | None = None) -> Src:
+        """A multiply as one ScalarE Activation (§2.4: FP32 inside, rounded once to the
+        step's type, as the VectorE multiply): x * x as `square` (GELU's x^2 and x^3
+        leave VectorE, which bounds those chains, for ScalarE, which has only the
+        tanh), x * c as `copy` with scale c; with `reduce_res`, also the row's sum."""
         dst = pinned if pinned is not None else \
             self._buffer(("slot", self.slot_of[j]), free, step.dtype, parts)
-        self.kb.emit(isa.Activation, dst=dst, data=x.tile, func="square")
+        self.kb.emit(isa.Activation, dst=dst, data=x.tile, func=func, scale=scale,
+                     reduce_res=reduce_res)
         return Src.of(dst)
 
     def _product_sum(self, j: int, step: Step, args: list[Src], parts: int,
@@ -365,12 +368,10 @@ class Evaluator:
             return None
         r = step.attrs["sum_into"] - len(self.region.inputs)
         row = self._buffer(("sslot", r), 1, "float32", parts)
-        dst = self._buffer(("slot", self.slot_of[j]), free, step.dtype, parts)
-        self.kb.emit(isa.Activation, dst=dst, data=a.tile, func="square" if square else "copy",
-                     scale=1.0 if square else float(b.imm) if b.imm is not None else b.tile,
-                     reduce_res=row)
         self.sums[step.attrs["sum_into"]] = row
-        return Src.of(dst)
+        scale = 1.0 if square else float(b.imm) if b.imm is not None else b.tile
+        return self._on_scalar(j, step, a, "square" if square else "copy", scale, parts,
+                               free, reduce_res=row)
 
     def _scalar_step(self, j, step, args, parts, free, pinned) -> Src:
         """All arguments are per-partition: compute on [parts, 1]."""

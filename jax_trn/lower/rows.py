@@ -44,13 +44,13 @@ def emit_rows(kb: KernelBuilder, region: Region, row_axes: int) -> int:
     row = math.prod(region.shape[lead_n:])
     if region.size == 0:
         return 0
+    region = _fold_sums(region)
     depths = _depths(kb, region, lead_n, row)
     views = region.views()
     lead = merge_axes(*(v[:lead_n] for v in views))
     trail = merge_axes(*(v[lead_n:] for v in views))
     whole = ((0,) * len(trail[0]), tuple(n for _, n in trail[0]))
     row_outs = [(vid, out) for vid, out in region.outputs if vid in region.row_vids]
-    region = _sums_on_scalar(_fold_negates(region))
     ev = Evaluator(kb, region, row, depths=depths)
     spread = spreader(kb, reduces=True)
     for rbox in line_tiles([n for _, n in lead[0]], kb.target.partitions):
@@ -68,38 +68,34 @@ def emit_rows(kb: KernelBuilder, region: Region, row_axes: int) -> int:
                for j, s in enumerate(region.steps) if s.kind != "constant")
 
 
-def _fold_negates(region: Region) -> Region:
-    """A row reduction of a negated value used only by it: one TensorReduce with its
-    `negate` flag (-(sum x) = sum(-x) exactly in FP32), the negation gone: a LayerNorm
-    backward's two `-sum(...)` rows save a [P, F] instruction each."""
+def _fold_sums(region: Region) -> Region:
+    """The row sums (add reductions of a computed value), folded:
+
+    - of a negated value used only by it: one TensorReduce with its `negate` flag
+      (-(sum x) = sum(-x) exactly in FP32), the negation gone (a LayerNorm backward's
+      two `-sum(...)` rows save a [P, F] instruction each);
+    - of a product (x * c, c per row or an immediate; x * x), in FP32: also one ScalarE
+      Activation (copy with scale c, or square) whose add-reduction gives the sum (§2.4,
+      activation_reduce): the product is still written for its other readers, the
+      VectorE TensorReduce goes and the multiply leaves the VectorE/GpSimd port, which
+      bounds a row kernel (a LayerNorm's sum of squares, its backward's sums). The
+      multiply is marked `sum_into` its reduction; regions.py emits the pair that way
+      when the operands allow (FP32 [P, 1] or immediate scale)."""
     n, steps = len(region.inputs), list(region.steps)
     uses = Counter(a for s in steps for a in s.args)
     uses.update(vid for vid, _ in region.outputs)
     for j, step in enumerate(steps):
-        a = step.args[0] if step.kind == "row_reduce" else -1
-        if a >= n and steps[a - n].kind == "negate" and uses[a] == 1 and \
-                step.attrs["alu"] == "add":
-            steps[j] = replace(step, args=steps[a - n].args,
-                               attrs={**step.attrs, "negate": True})
-            steps[a - n] = Step("folded", (), steps[a - n].dtype)
-    return replace(region, steps=steps)
-
-
-def _sums_on_scalar(region: Region) -> Region:
-    """A row sum of a product (x * c, c per row or an immediate; x * x) is also one
-    ScalarE Activation (copy with scale c, or square) whose add-reduction gives the sum
-    (§2.4, activation_reduce): the product is still written for its other readers, the
-    VectorE TensorReduce goes and the multiply leaves the VectorE/GpSimd port, which
-    bounds a row kernel (a LayerNorm's sum of squares, its backward's sums). The
-    multiply is marked `sum_into` its reduction; regions.py emits the pair that way
-    when the operands allow (FP32 [P, 1] or immediate scale)."""
-    n, steps = len(region.inputs), list(region.steps)
-    for j, step in enumerate(steps):
-        a = step.args[0] if step.kind == "row_reduce" else -1
-        if a < n or step.attrs["alu"] != "add" or step.dtype != "float32":
+        if step.kind != "row_reduce" or step.args[0] < n or step.attrs["alu"] != "add":
             continue
-        prod = steps[a - n]
-        if prod.kind == "multiply" and prod.dtype == "float32" and "sum_into" not in prod.attrs:
+        a = step.args[0]
+        if steps[a - n].kind == "negate" and uses[a] == 1:
+            steps[j] = step = replace(step, args=steps[a - n].args,
+                                      attrs={**step.attrs, "negate": True})
+            steps[a - n] = Step("folded", (), steps[a - n].dtype)
+            a = step.args[0]
+        prod = steps[a - n] if a >= n else None
+        if prod is not None and prod.kind == "multiply" and step.dtype == prod.dtype == \
+                "float32" and "sum_into" not in prod.attrs:
             steps[a - n] = replace(prod, attrs={**prod.attrs, "sum_into": n + j})
     return replace(region, steps=steps)
 

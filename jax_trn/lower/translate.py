@@ -32,13 +32,13 @@ from jax_trn.hw.program import DramTensor
 
 from .errors import LoweringError
 from .layout import row_major
-from .reduce import combiner, is_identity
+from .reduce import COMBINERS, combiner, is_identity
 from .regions import Input, IotaTensor, Region
 from .tileops import TILE_OPS, Step
 from .registry import op_label as _label
 
 VIEW_KINDS = ("broadcast_in_dim", "reshape")
-_ALU_STEP = {"add": "add", "max": "maximum", "min": "minimum", "multiply": "multiply"}
+_ALU_STEP = {alu: kind for kind, alu in COMBINERS.items()}     # "max" -> "maximum"
 
 
 class Unsupported(LoweringError):
