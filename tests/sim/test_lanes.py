@@ -1,5 +1,5 @@
-"""Two-lane replay (hw/lanes.py) gives what sequential replay gives, bit for bit: random
-kernels whose tiles overlap in every way (so that a missed conflict changes the
+"""Two-thread replay (hw/lanes.py) gives what sequential replay gives, bit for bit:
+random kernels whose tiles overlap in every way (so that a missed conflict changes the
 result), the op corpus and the pinned corpus through jit; errors and numpy's error
 state reach the caller as they would sequentially."""
 from __future__ import annotations
@@ -103,64 +103,88 @@ def test_random_kernels_replay_alike_on_two_lanes(every_kernel, seed):
     kernel = Kernel(f"k{seed}", [_random_instr(rng) for _ in range(120)], {})
     order = tuple(int(i) for i in rng.permutation(120))      # any recorded order
     (ref, none), (got, schedule) = _replay_both(kernel, order, seed)
-    assert none is None and schedule is not None and schedule.lanes[1]
+    assert none is None and schedule is not None and any(schedule.shared)
     for a, b in zip(ref, got):
         np.testing.assert_array_equal(a, b)
 
 
 class _Worker:
-    """Stands in for lane 1's thread: `absent` never runs (the caller must run lane 1
-    itself), else a thread that naps before each instruction (the caller runs some)."""
+    """Stands in for the worker thread: `absent` never runs (the caller must run
+    everything itself), else a thread that naps before each instruction it takes."""
 
     def __init__(self, absent: bool):
         self.absent = absent
 
     def put(self, job):
-        lane, state = job
+        schedule, state = job
         if self.absent:
-            state.finished.set()
+            state.idle.set()
             return
-        rng = np.random.default_rng(len(lane))
+        rng = np.random.default_rng(len(schedule.steps))
 
         def nap(step):
             def run():
                 time.sleep(float(rng.uniform(0, 3e-4)))
                 step()
             return run
-        sleepy = [(nap(step), need) for step, need in lane]
+        sleepy = lanes.LaneSchedule([nap(step) for step in schedule.steps], schedule.deps,
+                                    schedule.shared)
 
         def serve():
             with np.errstate(**state.errstate):
-                lanes._run_lane1(sleepy, state)
-            state.finished.set()
+                lanes._take_until_done(sleepy, state, sleepy.shared)
+            state.idle.set()
         threading.Thread(target=serve, daemon=True).start()
 
 
 @pytest.mark.parametrize("absent", [True, False], ids=["no-worker", "slow-worker"])
-def test_the_caller_runs_lane_1_when_the_worker_lags(every_kernel, monkeypatch, absent):
-    """On a loaded machine the worker may not be scheduled: the caller then runs lane 1's
-    next instruction itself (one at a time, in order), with the same results."""
+def test_the_caller_runs_everything_when_the_worker_lags(every_kernel, monkeypatch, absent):
+    """On a loaded machine the worker may not be scheduled: the caller then takes every
+    instruction itself, with the same results."""
     monkeypatch.setattr(lanes, "_worker", lambda: _Worker(absent))
     for seed in range(4):
         rng = np.random.default_rng(100 + seed)
         kernel = Kernel(f"k{seed}", [_random_instr(rng) for _ in range(120)], {})
         order = tuple(int(i) for i in rng.permutation(120))
         (ref, _), (got, schedule) = _replay_both(kernel, order, seed)
-        assert schedule is not None and schedule.lanes[1]
+        assert schedule is not None and any(schedule.shared)
         for a, b in zip(ref, got):
             np.testing.assert_array_equal(a, b)
 
 
-def test_lanes_are_balanced_and_cover_the_order(every_kernel):
+def _conflict(a, b) -> bool:
+    """Two instructions touch a common byte (any partition, as the schedule assumes)
+    and one of them writes it."""
+    from jax_trn.hw.sync import accesses
+    (ra, wa), (rb, wb) = accesses(a), accesses(b)
+
+    def meet(x, y):
+        return x[0] == y[0] and x[3] < y[4] and y[3] < x[4]
+    return (any(meet(x, y) for x in wa for y in rb + wb)
+            or any(meet(x, y) for x in ra for y in wb))
+
+
+def test_every_conflict_is_a_dependency(every_kernel):
+    """Each instruction waits, directly or through others, for every earlier one in the
+    order it conflicts with; the worker takes only matmuls and large instructions."""
     rng = np.random.default_rng(7)
     kernel = Kernel("k", [_random_instr(rng) for _ in range(200)], {})
+    order = tuple(int(i) for i in rng.permutation(200))
     core, _ = _core(0)
-    schedule = core.plans.lanes(kernel, tuple(range(200)), core)
-    assert sum(len(lane) for lane in schedule.lanes) == 200
-    assert len(schedule.lanes[1]) >= 20
-    plan_by_id = {id(step): i for i, step in enumerate(core.plans.get(kernel, core))}
-    for step, _ in schedule.lanes[1]:
-        assert lanes._lane1(kernel.instructions[plan_by_id[id(step)]])   # on-chip only
+    schedule = core.plans.lanes(kernel, order, core)
+    assert len(schedule.steps) == len(schedule.deps) == 200
+    before: list[set] = []
+    for pos, deps in enumerate(schedule.deps):
+        assert all(d < pos for d in deps)
+        before.append(set(deps).union(*(before[d] for d in deps)))
+    ins = [kernel.instructions[i] for i in order]
+    for j in range(200):
+        for i in range(j):
+            if _conflict(ins[i], ins[j]):
+                assert i in before[j], (i, j)
+    for pos, flag in enumerate(schedule.shared):
+        if type(ins[pos]) is isa.NcMatmul:
+            assert flag
 
 
 def test_small_kernels_run_sequentially():
@@ -208,21 +232,29 @@ def test_one_simulator_thread_runs_every_kernel_in_order(every_kernel):
     np.testing.assert_array_equal(*outs)
 
 
-def test_a_failing_lane_1_releases_lane_0():
-    """Lane 0 waiting for a lane-1 instruction that raised stops and re-raises it."""
+def test_a_failing_instruction_on_the_worker_releases_the_caller():
+    """The caller waiting for an instruction the worker runs, which raises, stops and
+    re-raises it; the worker serves the next replay afterwards."""
     ran = []
 
     def boom():
-        raise ValueError("lane 1 failed")
-    schedule = lanes.LaneSchedule(([(lambda: ran.append(0), 1)], [(boom, 0)]))
-    with pytest.raises(ValueError, match="lane 1 failed"):
+        raise ValueError("the worker's instruction failed")
+
+    def slow():
+        time.sleep(0.05)
+        ran.append(0)
+    schedule = lanes.LaneSchedule([slow, boom, lambda: ran.append(2)], [(), (), (1,)],
+                                  b"\x01\x01\x00")
+    with pytest.raises(ValueError, match="worker's instruction failed"):
         schedule.run()
-    assert ran == []
-    lanes.LaneSchedule(([(lambda: ran.append(0), 1)], [(lambda: ran.append(1), 0)])).run()
-    assert ran == [1, 0]
+    assert 2 not in ran
+    ran.clear()
+    lanes.LaneSchedule([lambda: ran.append(0), lambda: ran.append(1)], [(), (0,)],
+                       b"\x01\x01").run()
+    assert ran == [0, 1]
 
 
-def test_lane_1_keeps_the_callers_numpy_error_state(every_kernel):
+def test_the_worker_keeps_the_callers_numpy_error_state(every_kernel):
     """The worker thread computes under the caller's np.errstate (numpy 2 keeps it per
     thread): an overflow the caller ignores warns nowhere."""
     core = NeuronCore(CHIPS["trn3"].core, numerics=Numerics())
@@ -233,7 +265,7 @@ def test_lane_1_keeps_the_callers_numpy_error_state(every_kernel):
                         moving=st) for o in (0, 2048, 4096, 6144)]
     kernel = Kernel("over", mms, {})
     schedule = core.plans.lanes(kernel, (0, 1, 2, 3), core)
-    assert schedule is not None and schedule.lanes[1]
+    assert schedule is not None and all(schedule.shared)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with np.errstate(all="ignore"):
