@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import os
 import queue
+import sys
 import threading
 
 import numpy as np
@@ -51,7 +52,8 @@ _ON_CHIP = ("sbuf", "psum")
 _MM_FLOPS_PER_S = 1.0e11      # one core's FP32 GEMM on the tiles TensorE multiplies
 _CALL_S = 6e-6                # Python cost of one replayed instruction
 _BYTE_S = 2.5e-10             # numpy cost per byte an elementwise instruction touches
-_SHARED_BYTES = 1 << 16
+_SHARED_BYTES = 1 << 18        # the worker takes instructions touching at least this
+_SWITCH_S = 2e-4              # the GIL's switch interval while two threads replay
 
 
 def _cost(ins, regions) -> float:
@@ -82,7 +84,17 @@ class LaneSchedule:
         self.shared = shared       # 1: the worker may take it too (`_shared`)
 
     def run(self) -> None:
-        """Apply every instruction, on this thread and the worker's."""
+        """Apply every instruction, on this thread and the worker's. The GIL changes
+        hands every `_SWITCH_S` meanwhile (not every 5 ms): a thread back from BLAS
+        waits less for the other's Python."""
+        switch = sys.getswitchinterval()
+        sys.setswitchinterval(min(switch, _SWITCH_S))
+        try:
+            self._run()
+        finally:
+            sys.setswitchinterval(switch)
+
+    def _run(self) -> None:
         state = _State(len(self.steps))
         state.errstate = np.geterr()       # the caller's (a thread's own, numpy 2)
         _worker().put((self, state))
@@ -140,8 +152,9 @@ def lane_schedule(kernel, order, plan) -> LaneSchedule | None:
 
 def _shared(ins) -> bool:
     """Instructions the worker takes: those that spend most of their time in numpy
-    without the GIL (BLAS; loops over >= 64 KiB). Short ones are mostly Python, which
-    two threads only take turns at."""
+    without the GIL (BLAS; loops over >= 256 KiB). Short ones are mostly Python, which
+    two threads only take turns at (measured on the block's attention kernels: a
+    64 KiB threshold gives them no speed-up at all)."""
     if type(ins) is _isa.NcMatmul:
         return True
     reads, writes = accesses(ins)

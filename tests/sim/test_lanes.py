@@ -25,13 +25,14 @@ BF16 = ml_dtypes.bfloat16
 
 @pytest.fixture
 def every_kernel():
-    """Lanes for every kernel, however little work it has."""
-    saved = lanes.MIN_WORK_S
-    lanes.MIN_WORK_S = 0.0
+    """Two threads for every kernel, however little work it has, the worker taking any
+    instruction (so that DMAs and elementwise instructions run on it too)."""
+    saved = lanes.MIN_WORK_S, lanes._SHARED_BYTES
+    lanes.MIN_WORK_S, lanes._SHARED_BYTES = 0.0, 0
     try:
         yield
     finally:
-        lanes.MIN_WORK_S = saved
+        lanes.MIN_WORK_S, lanes._SHARED_BYTES = saved
 
 
 def _sbuf(rng, parts, free, dtype):
