@@ -4,7 +4,8 @@ out = softmax(mask(q @ k^T * scale)) @ v, the [Sq, Sk] scores never leaving the 
 Per batch index (all leading dims flattened), K^T [D, Sk] comes by dma_transpose (§3.4)
 and V [Sk, Dv] in 128-row k-tiles (K on partitions, as TensorE needs, §2.2); both are
 prefetched during the previous batch index. Per q-tile of 128 rows, Q^T [D, 128] comes
-by dma_transpose and is multiplied by the scale on GpSimd, Q_AHEAD jobs ahead. The live key range of the
+by dma_transpose and is multiplied by the scale on GpSimd, Q_AHEAD jobs ahead (Trn1 has
+no dma_transpose: rows, TensorE transposes and scaled copies instead, transposed.py). The live key range of the
 q-tile (blocks of 128 keys with any unmasked entry; the mask is a compile-time
 constant, so fully masked causal blocks are never computed) is cut into chunks of up to
 1024 keys (two PSUM banks of FP32, §3.2), and each chunk runs two stages:
@@ -79,6 +80,7 @@ from .builder import Ring, sub
 from .layout import tiles
 from .registry import LowerCtx
 from .translate import Unsupported
+from .transposed import Transposer
 
 CHUNK_BANKS = 2         # keys per softmax chunk: two PSUM banks of FP32 (§3.2); one
                         # score matmul per bank (512 keys, §2.2)
@@ -131,8 +133,6 @@ def _check(ctx: LowerCtx, q: DramTensor, k: DramTensor, v: DramTensor, axes) -> 
         raise Unsupported(f"attention on {q.dtype}/{k.dtype}/{v.dtype} (16-bit only)")
     if d > pmax or dv > bank:
         raise Unsupported(f"attention head dims D={d}, Dv={dv} (<= {pmax}, <= {bank})")
-    if not ctx.target.dma_transpose:
-        raise Unsupported("attention needs dma_transpose (NC-v3+, §3.4)")
     if axes.d[1][:2] != (1, 1) or axes.dv[1][2:4] != (1, 1):
         raise Unsupported("attention with a head dim that is not contiguous")
 
@@ -176,9 +176,10 @@ class _Flash(MaskBiases):
         self.ident: isa.Tile | None = None
         self.copy_engines = itertools.cycle(("vector", "scalar"))
         self.queues = itertools.cycle(range(target.dma_queues))
+        self.tr = Transposer(kb, self._dma, self.t.next, self.copy_engines)
         kb.flops += 2 * self.batch * self.sq * self.sk * (self.d + self.dv)
         self.outer = OuterMask(self, *extra["outer"]) if extra["outer"] else None
-        self.lse = LseRows(kb, ctx.outs[1], self._dma) if len(ctx.outs) > 1 and \
+        self.lse = LseRows(kb, ctx.outs[1], self._dma, self.tr) if len(ctx.outs) > 1 and \
             extra["outer"] is None else None
         self.runtime = self.rt_mask is not None or self.rt_bias is not None
         if self.runtime:
@@ -309,7 +310,7 @@ class _Flash(MaskBiases):
         ks, vs = self.axes.sk[1][1], self.axes.sk[1][2]
         for r0, rn in tiles(self.sk, self.bank):
             src = self.kb.ap(self.k, b["k"] + r0 * ks, ((ks, rn), (1, self.d)))
-            self._dma(sub(kT, self.d, rn, at=r0), src, isa.DmaTranspose)
+            self.tr.load(sub(kT, self.d, rn, at=r0), src)
         width = b["vsize"] * self.dv
         if b["vslot"] == 0:
             self.vblock = self.vb.next()
@@ -329,9 +330,7 @@ class _Flash(MaskBiases):
         qT = sub(self.qT.next(), self.d, qt)
         qs = self.axes.sq[1][0]
         src = self.kb.ap(self.q, job["b"]["q"] + q0 * qs, ((qs, qt), (1, self.d)))
-        self._dma(qT, src, isa.DmaTranspose)
-        self.kb.emit(isa.TensorScalar, dst=qT, data=qT, op0="multiply",
-                     operand0=self.scale, engine="gpsimd")
+        self.tr.load(qT, src, scale=self.scale)
         return qT
 
     def _scores(self, job: dict) -> None:

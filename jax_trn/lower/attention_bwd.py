@@ -61,6 +61,7 @@ from .builder import Ring, sub
 from .layout import tiles
 from .registry import LowerCtx
 from .translate import Unsupported
+from .transposed import Transposer
 
 LAG_B, LAG_C = 3, 6     # stage B of job n - 3 and C of n - 6 follow stage A of job n
                         # (rings between the stages are sized from them)
@@ -172,6 +173,7 @@ class _FlashBwd(MaskTiles):
         self.ident: isa.Tile | None = None
         self.copy_engines = itertools.cycle(("scalar", "vector"))
         self.queues = itertools.cycle(range(ctx.target.dma_queues))
+        self.tr = Transposer(kb, self._dma, self.tps.next, self.copy_engines)
         kb.flops += 2 * self.batch * self.sq * self.sk * 2 * (self.d + self.dvn)
 
     def _head_stores(self) -> None:
@@ -268,10 +270,10 @@ class _FlashBwd(MaskTiles):
     def _load_T(self, t: DramTensor, base: int, rows: int, stride: int, width: int,
                 dst) -> None:
         """[rows, width] of `t` at `base`, rows `stride` apart, as [width, rows]
-        (dma_transpose, §3.4)."""
+        (dma_transpose, §3.4; Trn1: transposed.py)."""
         for r0, rn in tiles(rows, self.bank):
             src = self.kb.ap(t, base + r0 * stride, ((stride, rn), (1, width)))
-            self._dma(sub(dst, width, rn, at=r0), src, isa.DmaTranspose)
+            self.tr.load(sub(dst, width, rn, at=r0), src)
 
     def _rows(self, srcT, rows: int, width: int, dst) -> None:
         """dst[:, i * width:] = the 128-row tile i of srcT^T ([width, rows] in SBUF), by
@@ -301,14 +303,12 @@ class _FlashBwd(MaskTiles):
         self._load_T(self.o, base[UNIT.index(O)], self.sq, rows[O], dv, side["oT"])
         full = self.sq // p
         if full:          # lse [nq, 128] rows -> [128, nq] columns by one dma_transpose
-            kb.emit(isa.DmaTranspose, dst=sub(side["lse"], p, full),
-                    src=kb.ap(self.lse, b * self.sq, ((p, full), (1, p))),
-                    dma_queue=next(self.queues))
+            self.tr.load(sub(side["lse"], p, full),
+                         kb.ap(self.lse, b * self.sq, ((p, full), (1, p))))
         tail = self.sq - full * p
         if tail:          # the last q-tile's [1, tail] row -> a [tail, 1] column
-            kb.emit(isa.DmaTranspose, dst=sub(side["lse"], tail, 1, at=full),
-                    src=kb.ap(self.lse, b * self.sq + full * p, ((tail, 1), (1, tail))),
-                    dma_queue=next(self.queues))
+            self.tr.load(sub(side["lse"], tail, 1, at=full),
+                         kb.ap(self.lse, b * self.sq + full * p, ((tail, 1), (1, tail))))
 
     def _load_keys_T(self, t: DramTensor, base: int, stride: int, width: int,
                      dst) -> None:
@@ -323,7 +323,7 @@ class _FlashBwd(MaskTiles):
         for k0 in range(0, self.sk, self.pmax):
             for r in range(r_n):
                 src = self.kb.ap(t, base + (k0 + r) * stride, ((r_n * stride, g), (1, width)))
-                self._dma(sub(dst, width, g, at=k0 + r * g), src, isa.DmaTranspose)
+                self.tr.load(sub(dst, width, g, at=k0 + r * g), src)
 
     def _load(self, side: dict, nxt: dict | None) -> None:
         """One batch index's on-chip inputs and row statistics; the next one's DMAs."""

@@ -82,8 +82,8 @@ class LseRows:
     4 / 2500 of the DMA rate (§3.4) each held the queues like a 320 KB transfer (LM row,
     D64: 448 of them, the forward kernel 911 us, DMA-bound)."""
 
-    def __init__(self, kb, out: DramTensor, dma):
-        self.kb, self.out, self.dma = kb, out, dma
+    def __init__(self, kb, out: DramTensor, dma, transposer):
+        self.kb, self.out, self.dma, self.tr = kb, out, dma, transposer
         self.p = kb.target.partitions
         self.l, self.negm = kb.ring(2, self.p, "float32"), kb.ring(2, self.p, "float32")
         for t in self.l.tiles + self.negm.tiles:    # a tail tile's rows past qt are
@@ -113,7 +113,7 @@ class LseRows:
         kb.emit(isa.Activation, dst=lse, data=l, func="log")
         kb.emit(isa.TensorTensor, dst=lse, data1=lse, data2=negm, op="subtract")
         rows = sub(self.rows.next(), n, p)
-        self.dma(rows, lse, isa.DmaTranspose)
+        self.tr.load_tile(rows, lse)
         i = 0
         while i < n:
             at, qt = self.pending[i]
