@@ -64,6 +64,7 @@ region's ops then run one by one.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -76,7 +77,7 @@ from .attention_layout import Axes, LseRows, heads_per_dma, unit_blocks
 from .attention_masks import NEG, mask_bias  # noqa: F401  (attention_bwd_masks reads them)
 from .attention_masks import MASK_ROWS_BYTES, MaskBiases
 from .attention_outer import MASK_K, OuterMask
-from .builder import Ring, sub
+from .builder import KernelBuilder, Ring, sub
 from .layout import tiles
 from .registry import LowerCtx
 from .translate import Unsupported
@@ -90,6 +91,8 @@ Q_AHEAD = 4             # Q^T (dma_transpose, then scaled on GpSimd) of the q-ti
                         # stage A, TensorE waited on it (LM row forward: 587 -> 571 us;
                         # 1, 2, 6 ahead: 586, 580, 569)
 HEADS_BYTES = 32 * 1024         # SBUF per partition for V / results of adjacent heads
+QK_BYTES = 96 * 1024            # Trn1: at most for the Q^T and K^T of adjacent heads
+SBUF_SLACK = 4 * 1024           # what `_qk_bytes` leaves free of what the probe measured
 LAG_T, LAG_B = 2, 4     # the P^T of job n - 2 and stage B of n - 4 follow stage A of
                         # job n (`_Flash.run`; the rings of P, P^T and the row
                         # statistics are sized from them)
@@ -111,7 +114,19 @@ def lower_attention(ctx: LowerCtx, ins: list[DramTensor], scale: float, masked: 
         raise Unsupported(f"attention with a runtime mask on {q.dtype} (its -3e38 bias "
                           "needs bfloat16's range)")
     ctx.kb.notes.append("attention: flash-attention kernel (attention.py)")
-    _Flash(ctx, (q, k, v), ctx.outs[0], scale, mask, axes, extra, fill).run()
+    args = ((q, k, v), ctx.outs[0], scale, mask, axes, extra, fill)
+    _Flash(ctx, *args, qk_bytes=_qk_bytes(ctx, args)).run()
+
+
+def _qk_bytes(ctx: LowerCtx, args: tuple) -> int:
+    """SBUF per partition for the Q^T / K^T of runs of heads (Trn1, `_Flash.blocked`):
+    what the kernel leaves free when it loads one head at a time (measured by building
+    it so, into a scratch kernel), up to QK_BYTES. 0 with dma_transpose."""
+    if ctx.target.dma_transpose:
+        return 0
+    probe = dataclasses.replace(ctx, kb=KernelBuilder(ctx.kb.name, ctx.target))
+    _Flash(probe, *args, qk_bytes=0).run()
+    return min(QK_BYTES, ctx.target.sbuf_bytes - probe.kb.sbuf.peak - SBUF_SLACK)
 
 
 def _mask(ctx: LowerCtx, t: DramTensor, axes: Axes) -> tuple | None:
@@ -139,7 +154,7 @@ def _check(ctx: LowerCtx, q: DramTensor, k: DramTensor, v: DramTensor, axes) -> 
 
 class _Flash(MaskBiases):
     def __init__(self, ctx: LowerCtx, qkv, out, scale: float, mask, axes: Axes,
-                 extra: dict, fill: float):
+                 extra: dict, fill: float, qk_bytes: int = 0):
         self.ctx, self.kb = ctx, ctx.kb
         q, k, v = qkv
         self.q, self.k, self.v, self.out, self.scale = q, k, v, out, scale
@@ -154,14 +169,20 @@ class _Flash(MaskBiases):
         self.pmax, self.bank = target.partitions, target.psum_bank_fp32
         self.chunk = CHUNK_BANKS * self.bank
         kb, nkt = self.kb, -(-self.sk // self.pmax)
-        self._plan_units()
-        self.kT = kb.ring(2, self.sk, q.dtype)
+        self._plan_units(qk_bytes)
+        if self.blocked:
+            self.kTb = kb.ring(2, self.k_heads * self.sk, q.dtype)
+            self.qTb = kb.ring(2, self.q_heads * self.sq, q.dtype)
+            self.qblocks: dict = {}
+        else:
+            self.kT = kb.ring(2, self.sk, q.dtype)
         self.vb = kb.ring(self._v_depth(), nkt * self.v_heads * self.dvx, v.dtype)
         self.stage: dict = {}
         if self.out_heads > 1:
             self.stage_ring = kb.ring(2 * -(-self.sq // self.pmax),
                                       self.out_heads * self.dv, out.dtype)
-        self.qT = kb.ring(Q_AHEAD + 2, self.pmax, q.dtype)
+        if not self.blocked:
+            self.qT = kb.ring(Q_AHEAD + 2, self.pmax, q.dtype)
         self.s = kb.ring(2, self.chunk, "float32", mem="psum")
         self.p = kb.ring(LAG_T + 2, self.chunk, self.pdtype)
         two_in_bank = 2 * self.dvx * 4 <= target.psum_bank_bytes    # two FP32 rows of Dv
@@ -232,7 +253,7 @@ class _Flash(MaskBiases):
         if self.lse is not None:
             self.lse.flush()
 
-    def _plan_units(self) -> None:
+    def _plan_units(self, qk_bytes: int) -> None:
         """The units (batch index x group index) in job order, with the runs of
         adjacent heads whose V rows / result rows one DMA moves (attention_layout.py)."""
         ax = self.axes
@@ -251,9 +272,19 @@ class _Flash(MaskBiases):
         vblocks = unit_blocks([kv[1] for kv in kvs], self.dv, limit)
         limit = heads_per_dma(nqt, self.dv, 2, HEADS_BYTES)
         oblocks = unit_blocks([u["out"] for u in self.units], self.dv, limit)
-        for u, (slot, size) in zip(self.units, oblocks):
+        # Trn1 (no dma_transpose): Q^T / K^T of runs of heads, within `qk_bytes`
+        # (both double-buffered; a run of one costs about what one head at a time does)
+        limit = min(8, qk_bytes // (4 * (self.sq + self.sk)))
+        self.blocked = limit > 1
+        kblocks = unit_blocks([kv[0] for kv in kvs], self.d, max(1, limit))
+        qblocks = unit_blocks([u["q"] for u in self.units], self.d, max(1, limit))
+        for u, (slot, size), qb in zip(self.units, oblocks, qblocks):
             u["oslot"], u["osize"] = slot, size
             u["vslot"], u["vsize"] = vblocks[u["kv"]]
+            u["kslot"], u["ksize"] = kblocks[u["kv"]]
+            u["qslot"], u["qsize"] = qb
+        self.k_heads = max(size for _, size in kblocks)
+        self.q_heads = max(size for _, size in qblocks)
         self.v_heads = max(size for _, size in vblocks)
         self.v_run = min(size for _, size in vblocks) * len(groups)     # units per V tile
         self.out_heads = max(size for _, size in oblocks)
@@ -306,11 +337,17 @@ class _Flash(MaskBiases):
     def _load_kv(self, b: dict) -> tuple:
         """(K^T, V tile, V's offset in it, V's step per key tile): V loaded for the run
         of adjacent heads `b` starts (one DMA per key tile), else the run's tile."""
-        kT = self.kT.next()
         ks, vs = self.axes.sk[1][1], self.axes.sk[1][2]
-        for r0, rn in tiles(self.sk, self.bank):
-            src = self.kb.ap(self.k, b["k"] + r0 * ks, ((ks, rn), (1, self.d)))
-            self.tr.load(sub(kT, self.d, rn, at=r0), src)
+        if self.blocked:
+            if b["kslot"] == 0:
+                self.kblock = self.kTb.next()
+                self._load_heads(self.kblock, self.k, b["k"], ks, self.sk, b["ksize"])
+            kT = sub(self.kblock, self.d, self.sk, at=b["kslot"] * self.sk)
+        else:
+            kT = self.kT.next()
+            for r0, rn in tiles(self.sk, self.bank):
+                src = self.kb.ap(self.k, b["k"] + r0 * ks, ((ks, rn), (1, self.d)))
+                self.tr.load(sub(kT, self.d, rn, at=r0), src)
         width = b["vsize"] * self.dv
         if b["vslot"] == 0:
             self.vblock = self.vb.next()
@@ -327,11 +364,28 @@ class _Flash(MaskBiases):
     def _load_q(self, job: dict) -> isa.Tile:
         tile = job["tile"]
         q0, qt = tile["q0"], tile["qt"]
-        qT = sub(self.qT.next(), self.d, qt)
         qs = self.axes.sq[1][0]
+        if self.blocked:        # the run's Q^T, every q-tile, loaded with its first
+            u = job["b"]
+            run = u["n"] - u["qslot"]
+            if run not in self.qblocks:
+                self.qblocks[run] = self.qTb.next()
+                self._load_heads(self.qblocks[run], self.q, u["q"] - u["qslot"] * self.d,
+                                 qs, self.sq, u["qsize"], self.scale)
+            return sub(self.qblocks[run], self.d, qt, at=u["qslot"] * self.sq + q0)
+        qT = sub(self.qT.next(), self.d, qt)
         src = self.kb.ap(self.q, job["b"]["q"] + q0 * qs, ((qs, qt), (1, self.d)))
         self.tr.load(qT, src, scale=self.scale)
         return qT
+
+    def _load_heads(self, block, t: DramTensor, first: int, stride: int, rows: int,
+                    size: int, scale: float | None = None) -> None:
+        """Trn1 (no dma_transpose): the [D, rows] transposes of a run of `size`
+        adjacent heads (the head at `first`, and the rest of its run: rows of size x D
+        elements, one descriptor each, §3.4) into `block`, head h at h x rows."""
+        heads = [sub(block, self.d, rows, at=h * rows) for h in range(size)]
+        self.tr.load_heads(heads, self.kb.ap(t, first, ((stride, rows), (1, size * self.d))),
+                           scale)
 
     def _scores(self, job: dict) -> None:
         kb, tile = self.kb, job["tile"]

@@ -41,10 +41,25 @@ class Transposer:
             return
         (rs, rows), (_, width) = src.pattern
         for r0, rc in tiles(rows, self.p):
-            stage = sub(self._stage(src.dtype).next(), rc, width)
+            stage = sub(self._stage(src.dtype, width).next(), rc, width)
             self.dma(stage, isa.DramAP(src.tensor, src.offset + r0 * rs,
                                        ((rs, rc), (1, width)), src.dtype))
             self._on_pe(sub(dst, width, rc, at=r0), stage, scale)
+
+    def load_heads(self, dsts: list[isa.Tile], src: isa.DramAP,
+                   scale: float | None = None) -> None:
+        """TensorE only: dsts[h] [width, rows] = the h-th `width` columns of src's rows
+        transposed, src a pattern ((row stride, rows), (1, len(dsts) x width)): one
+        DMA per 128 rows for all of them (descriptors len(dsts) times longer)."""
+        (rs, rows), (_, total) = src.pattern
+        width = total // len(dsts)
+        for r0, rc in tiles(rows, self.p):
+            stage = sub(self._stage(src.dtype, total).next(), rc, total)
+            self.dma(stage, isa.DramAP(src.tensor, src.offset + r0 * rs,
+                                       ((rs, rc), (1, total)), src.dtype))
+            for h, dst in enumerate(dsts):
+                self._on_pe(sub(dst, width, rc, at=r0), sub(stage, rc, width, at=h * width),
+                            scale)
 
     def load_tile(self, dst: isa.Tile, src: isa.Tile) -> None:
         """dst [n, P] = src [P, n]^T, both in SBUF (n <= 128 on TensorE)."""
@@ -63,7 +78,10 @@ class Transposer:
             self.kb.emit(isa.TensorScalar, dst=dst, data=ps, op0="multiply",
                          operand0=scale, engine=next(self.engines))
 
-    def _stage(self, dtype: str):
-        if dtype not in self.stages:
-            self.stages[dtype] = self.kb.ring(STAGE_DEPTH, self.p, dtype)
-        return self.stages[dtype]
+    def _stage(self, dtype: str, width: int):
+        """The staging ring for rows of `width` elements (one per dtype, as wide as the
+        widest asked for first: callers ask for their widest first or all alike)."""
+        ring = self.stages.get(dtype)
+        if ring is None or ring.tiles[0].free_size < width:
+            ring = self.stages[dtype] = self.kb.ring(STAGE_DEPTH, max(width, self.p), dtype)
+        return ring

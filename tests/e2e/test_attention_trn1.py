@@ -1,6 +1,7 @@
 """Attention on Trn1 (NeuronCore-v2, no dma_transpose): the flash forward and backward
 kernels load Q^T / K^T / V^T / dO^T / O^T and the logsumexp columns through TensorE
-transposes instead (jax_trn/lower/transposed.py). Before, every attention on Trn1 ran
+transposes instead (jax_trn/lower/transposed.py), the forward reading the rows of
+adjacent heads with one descriptor. Before, every attention on Trn1 ran
 op by op (1.2% MFU on benchmarks/models.py's dpa row). Checked against the CPU backend,
 values and gradients, in a process whose system is trn1.2xlarge; and that the kernels
 of a Trn1 program hold no dma_transpose."""
@@ -16,7 +17,7 @@ _CASES = r"""
 import json, sys
 import numpy as np, jax, jax.numpy as jnp, jax_trn
 sys.path.insert(0, ".")
-from tests.e2e.test_attention_bwd import _args, _fused, _run
+from tests.e2e.test_attention_bwd import FWD_NOTE, _args, _fused, _run
 
 trn, cpu = jax.devices("trn")[0], jax.devices("cpu")[0]
 
@@ -58,7 +59,11 @@ for name, (f, shapes) in cases.items():
         errs.append(float(np.max(np.abs(a - b) - (2e-2 + 2e-2 * np.abs(b)))))
     dma_t = sum(type(i).__name__ == "DmaTranspose" for k in kernels
                 for i in k.kernel.instructions)
-    out[name] = {"fused": _fused(kernels), "excess": max(errs), "dma_transposes": dma_t}
+    forward = [k for k in kernels if any(n.startswith(FWD_NOTE) for n in k.kernel.notes)]
+    widest = max(i.src.pattern[-1][1] for k in forward for i in k.kernel.instructions
+                 if type(i).__name__ == "DmaCopy" and hasattr(i.src, "pattern"))
+    out[name] = {"fused": _fused(kernels), "excess": max(errs), "dma_transposes": dma_t,
+                 "widest_row": widest}
 print(json.dumps(out))
 """
 
@@ -76,3 +81,9 @@ def test_trn1_attention_runs_flash_kernels_and_matches_cpu(trn1_results, case):
     assert got["fused"] == [True, True]           # forward and backward flash kernels
     assert got["dma_transposes"] == 0             # Trn1 has none (§3.4)
     assert got["excess"] <= 0, got                # within bf16 tolerances of CPU
+
+
+def test_trn1_attention_loads_the_rows_of_adjacent_heads_together(trn1_results):
+    """[B, S, N, H] (jax.nn.dot_product_attention): the forward DMAs the rows of the 4 q
+    heads (and 2 kv heads) in one descriptor each, 4 x 64 elements, not 64 (§3.4)."""
+    assert trn1_results["causal_gqa"]["widest_row"] == 4 * 64
