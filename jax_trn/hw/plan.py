@@ -22,6 +22,7 @@ same BLAS call writing the PSUM view instead of a fresh array, one copy fewer.
 """
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 
 import numpy as np
@@ -306,9 +307,12 @@ def _nc_matmul(ins, core):
     out = _matmul_out(ins, core.mem(ins.dst).view(ins.dst))
     if out is not None:                  # FP32 PSUM the product can be written into
         if ins.accumulate:
+            shape = out.shape
+
             def run():
-                product = np.matmul(to_fp32(st).reshape(rows, -1).T,
-                                    to_fp32(mv).reshape(rows, -1))
+                product = _scratch(shape)
+                np.matmul(to_fp32(st).reshape(rows, -1).T, to_fp32(mv).reshape(rows, -1),
+                          out=product)
                 np.add(product, out, out=out)        # `result += acc`, then stored
         else:
             def run():
@@ -324,6 +328,20 @@ def _nc_matmul(ins, core):
             result += to_fp32(acc).reshape(result.shape)
         store(result)
     return run
+
+
+_SCRATCH = threading.local()
+
+
+def _scratch(shape: tuple) -> np.ndarray:
+    """A [M, N] FP32 array of this thread's for an accumulating matmul's product (the
+    same BLAS call as into a fresh array; no 256 KiB allocation per matmul). Per
+    thread: the two replay threads (lanes.py) multiply at the same time."""
+    bufs = _SCRATCH.__dict__
+    buf = bufs.get(shape)
+    if buf is None:
+        buf = bufs[shape] = np.empty(shape, _F32)
+    return buf
 
 
 def _matmul_out(ins, view: np.ndarray) -> np.ndarray | None:
