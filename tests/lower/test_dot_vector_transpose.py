@@ -63,3 +63,20 @@ def test_trn2_keeps_dma_transpose():
     program = lower_module(dot_module((640, 2048), (2048, 2048), dtype="bfloat16"),
                            CHIPS["trn2"].core)
     assert not _transposes(program)
+
+
+def test_f32_default_cast_on_load():
+    """FP32 operands at DEFAULT run as bf16: the quartered load casts on the way."""
+    engines = _check(640, 2048, 2048, "float32", rtol=1e-2)
+    assert engines["vector"] == 2048 // 64 * 4
+
+
+def test_batched():
+    """Each batch index runs the start and the VectorE tiles."""
+    ls, rs = (2, 640, 2048), (2, 2048, 2048)
+    x, y = rand(ls, "bfloat16", 3), rand(rs, "bfloat16", 4)
+    res = run(dot_module(ls, rs, (0,), (0,), (2,), (1,), "bfloat16", out_dtype="float32"),
+              x, y, spec=TRN1)
+    ref = dot_ref(x, y, (0,), (0,), (2,), (1,))
+    np.testing.assert_allclose(res.outputs[0], ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    assert _transposes(res.program)["vector"] == 2 * 2048 // 64 * 4
