@@ -11,7 +11,11 @@ row-major, rhs [N, K]) must be transposed. Reading it K-major by a plain DMA wou
   the whole strip). TensorE, PSUM and the evacuation engines do no transpose work;
 - otherwise loaded naturally (rows of K: long DMA runs) and transposed on TensorE into
   PSUM, then copied to SBUF in the matmul dtype, as the Neuron compiler does (~128
-  cycles per 128x128 tile against 512 per matmul that reuses it).
+  cycles per 128x128 tile against 512 per matmul that reuses it);
+- on v2 (no dma_transpose), where VectorE and the DMA queues keep pace with TensorE,
+  most lhs row tiles are loaded "quartered" and transposed on VectorE in 32x32 blocks
+  of 32-bit words, K permuted per partition quadrant (matmul_quarters.py; loop order
+  in matmul_vector.py, `kperm`).
 
 Loop order (`Plan.kb == K`, the usual case):
 
