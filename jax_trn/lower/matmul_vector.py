@@ -36,6 +36,8 @@ from .matmul_plan import SBUF_SHARE
 
 AHEAD = 2                   # row tiles whose lhs loads (and VectorE transposes) are in
                             # flight ahead of the tile TensorE computes
+PACE_SHARE = 0.9            # of TensorE's time per row tile VectorE's transposes and
+                            # the DMAs may take (the rest: slack for their latencies)
 EARLY = 4                   # rhs k-tiles of the second column group loaded before the
                             # first VectorE tile's rows
 
@@ -48,11 +50,11 @@ class VectorSchedule:
         of `_depths` fit SBUF, and VectorE and the DMA queues keep up with TensorE
         row tile after row tile (`_paces`)."""
         plan, kb = self.plan, self.kb
-        if not (plan.kb == self.k and plan.mb >= self.m
+        if not (plan.kb == self.k
                 and len(tiles(self.n, plan.group)) <= 2 and self.epilogue is None):
             return False
         tensor, vector, dma = self._paces()
-        if vector > tensor or dma > tensor:
+        if max(vector, dma) > PACE_SHARE * tensor:
             return False
         d, nk = self._depths(), -(-self.k // self.kt)
         size = {op: hw_dtypes.itemsize(op.dtype) for op in (self.lhs, self.rhs)}
@@ -72,17 +74,19 @@ class VectorSchedule:
         vector = isa.NcTranspose(name="pace", engine="vector", data=words, dst=words)
         count = self.k // (lanes * self.kperm) * (self.mt // lanes)
         stat = isa.Tile("sbuf", 0, self.kt, 0, (self.mt,), lhs.dtype)
-        mm = isa.NcMatmul(name="pace", stationary=stat, moving=stat.with_(free=(self.cols,)),
-                          dst=isa.Tile("psum", 0, self.mt, 0, (self.cols,), "float32"),
-                          precision=self.precision)
-        steps = -(-self.k // self.kt) * -(-self.n // self.cols)
-        rate = spec.dma_engines * spec.dma_engine_bytes_per_ns
+        out, eff = hw_dtypes.itemsize(self.out.dtype), spec.dma_efficiency
+        tensor = dma = 0.0
+        for _, gn in tiles(self.n, self.plan.group):
+            dma += self.mt * gn * out / eff(gn * out)
+            for _, ct in tiles(gn, self.cols):
+                mm = isa.NcMatmul(name="pace", stationary=stat,
+                                  moving=stat.with_(free=(ct,)), precision=self.precision,
+                                  dst=isa.Tile("psum", 0, self.mt, 0, (ct,), "float32"))
+                tensor += -(-self.k // self.kt) * mm.cycles(spec)
         quads, item = target.partitions // lanes, hw_dtypes.itemsize(lhs.t.dtype)
-        out = hw_dtypes.itemsize(self.out.dtype)
-        dma = (self.mt * self.k * item / spec.dma_efficiency(self.k // quads * item)
-               + self.mt * self.n * out / spec.dma_efficiency(self.plan.group * out)) / rate
-        return (steps * mm.cycles(spec) / spec.clock("tensor"),
-                count * vector.cycles(spec) / spec.clock("vector"), dma)
+        dma += self.mt * self.k * item / eff(self.k // quads * item)
+        return (tensor / spec.clock("tensor"), count * vector.cycles(spec) / spec.clock("vector"),
+                dma / (spec.dma_engines * spec.dma_engine_bytes_per_ns))
 
     def _depths(self) -> dict[str, int]:
         """Ring depths: staging for the start's tiles at once (their loads all start
