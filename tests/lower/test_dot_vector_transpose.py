@@ -32,15 +32,16 @@ def _check(m, k, n, dtype="bfloat16", precision=(), rtol=1e-5) -> Counter:
     return _transposes(res.program)
 
 
-@pytest.mark.parametrize("m,n", [(640, 2048), (700, 1800)])
-def test_bf16_rows_after_the_start_on_vector(m, n):
-    """K = 2048 bf16: each full row tile after the start is 128 VectorE transposes of
+@pytest.mark.parametrize("m,k,n", [(640, 2048, 2048), (700, 2048, 1800),
+                                   (640, 2304, 2048)])     # K = 9 x 256, not 512s
+def test_bf16_rows_after_the_start_on_vector(m, k, n):
+    """bf16: each full row tile after the start is K / 64 x 4 VectorE transposes of
     32x32 words (2 bf16 each); the start's tiles and a partial last one go through
     TensorE (K / 128 each)."""
-    engines = _check(m, 2048, n)
+    engines = _check(m, k, n)
     full_rest = m // 128 - START
-    assert engines["vector"] == full_rest * 2048 // 64 * 4
-    assert engines["tensor"] == 16 * (START + (m % 128 > 0))
+    assert engines["vector"] == full_rest * k // 64 * 4
+    assert engines["tensor"] == k // 128 * (START + (m % 128 > 0))
 
 
 def test_f32_highest_one_element_words():
@@ -51,6 +52,7 @@ def test_f32_highest_one_element_words():
 
 @pytest.mark.parametrize("m,k,n", [
     (640, 1920, 2048),      # K not a multiple of 256 (128 partitions x 2 per word)
+    (640, 2000, 2048),      # nor of 128
     (512, 2048, 2048),      # every row tile is in the start
     (1024, 1024, 1024),     # VectorE would fall behind TensorE (matmul_vector._paces)
 ])
