@@ -34,6 +34,7 @@ from .elementwise import FMAX
 from .intmatmul import IntMatmul, inner_products, is_int_dot
 from .layout import (Axes, View, box_offset, box_pattern, line_tiles, merge_axes, row_major,
                      tiles)
+from . import matmul_quarters as quarters
 from .matmul import MatmulEmitter
 from .matmul_plan import Operand, double_row, interleaved, make_plan, with_dma_transpose
 from .movement import fill
@@ -201,7 +202,9 @@ def lower_dot(ctx: LowerCtx, lhs: DramTensor, rhs: DramTensor, out: DramTensor,
         # K blocks of an odd number of k-tiles cannot hold 16-bit pairs: TensorE transposes.
         lop = dataclasses.replace(lop, via_dma=False)
         plan = make_plan(lop, rop, out.dtype, _free_sbuf(ctx.kb), target, reserved, sums)
-    MatmulEmitter(ctx.kb, lop, rop, out, plan, precision, epilogue, pairs).run()
+    kperm = quarters.word_elems(lop) if quarters.applies(lop, rop, plan, target, pairs) \
+        else 0
+    MatmulEmitter(ctx.kb, lop, rop, out, plan, precision, epilogue, pairs, kperm).run()
 
 
 def _int_dot(ctx: LowerCtx, lhs: DramTensor, rhs: DramTensor, out: DramTensor, lg, rg,

@@ -11,7 +11,11 @@ row-major, rhs [N, K]) must be transposed. Reading it K-major by a plain DMA wou
   the whole strip). TensorE, PSUM and the evacuation engines do no transpose work;
 - otherwise loaded naturally (rows of K: long DMA runs) and transposed on TensorE into
   PSUM, then copied to SBUF in the matmul dtype, as the Neuron compiler does (~128
-  cycles per 128x128 tile against 512 per matmul that reuses it).
+  cycles per 128x128 tile against 512 per matmul that reuses it);
+- on v2 (no dma_transpose), where VectorE and the DMA queues keep pace with TensorE,
+  most lhs row tiles are loaded "quartered" and transposed on VectorE in 32x32 blocks
+  of 32-bit words, K permuted per partition quadrant (matmul_quarters.py; loop order
+  in matmul_vector.py, `kperm`).
 
 Loop order (`Plan.kb == K`, the usual case):
 
@@ -67,6 +71,7 @@ from .builder import KernelBuilder, sub
 from .layout import tiles
 from .matmul_loads import KMajor, Loads
 from .matmul_plan import LOOKAHEAD, Operand, Plan, interleaved
+from .matmul_vector import VectorSchedule
 from .target import Target
 
 TRANSPOSE_BANKS = 3         # PSUM banks (of the target's 8) for TensorE transposes when
@@ -78,12 +83,12 @@ BUNCH = 2                   # row tiles of the first column group computed toget
 
 # --- the emitter -----------------------------------------------------------------------------
 
-class MatmulEmitter(Loads):
+class MatmulEmitter(Loads, VectorSchedule):
     """Emits the loop nest of one canonical matmul (see the module docstring)."""
 
     def __init__(self, kb: KernelBuilder, lhs: Operand, rhs: Operand, out: DramTensor,
                  plan: Plan, precision: str = "native", epilogue=None,
-                 double_row: bool = False):
+                 double_row: bool = False, kperm: int = 0):
         self.kb, self.lhs, self.rhs, self.out, self.plan = kb, lhs, rhs, out, plan
         self.epilogue = epilogue
         self.double_row = double_row    # see `double_row()`
@@ -104,18 +109,29 @@ class MatmulEmitter(Loads):
         self.precision = precision
         nk = -(-plan.kb // self.kt)
         deep = plan.kb < self.k
-        self.stage = {id(op): kb.ring(LOOKAHEAD + 1, plan.kb, op.dtype) for op in (lhs, rhs)
-                      if op.pe_transposed}
+        # K permuted (w elements per word), lhs row tiles VectorE transposes (their
+        # first rows): matmul_quarters.py, matmul_vector.py
+        self.kperm, self.vector_rows = kperm, frozenset()
+        if kperm and self._vector_order():
+            self.vector_rows = self._vector_tiles()
+        self.kperm = kperm if self.vector_rows else 0
+        self.vector_busy = False        # VectorE transposes emitted: evacuate on ScalarE
+        depths = self._depths() if self.kperm else {}
+        self.slices = kb.ring(2, nk * plan.group, rhs.dtype)
+        self.stage = {id(op): kb.ring(depths.get("stage", LOOKAHEAD + 1), plan.kb, op.dtype)
+                      for op in (lhs, rhs) if op.pe_transposed}
         # A K-major lhs ([K, M], M contiguous) loads a whole block per k-tile: DMA rows
         # of mb elements instead of 128 (§3.4: 256 B runs reach ~10% of the DMA rate).
         self.wide = not (deep or lhs.transposed or double_row) and plan.mb > self.mt
+        strips = 2 if deep else -(-plan.mb // self.mt)
         self.strips = kb.ring(1, nk * plan.mb, lhs.dtype) if self.wide else \
-            kb.ring(2 if deep else -(-plan.mb // self.mt), nk * self.mt, lhs.dtype)
-        self.slices = kb.ring(2, nk * plan.group, rhs.dtype)
-        self.obuf = kb.ring(2, plan.group, out.dtype) if epilogue is None else None
+            kb.ring(depths.get("strips", strips), nk * self.mt, lhs.dtype)
+        self.obuf = kb.ring(depths.get("obuf", 2), plan.group, out.dtype) \
+            if epilogue is None else None
         self.sums = (kb.tile(-(-self.m // self.mt) * plan.group, "float32")
                      if plan.sbuf_acc else None)
-        tbanks = TRANSPOSE_BANKS if self.stage else 0
+        # with kperm, TensorE transposes use their tile's accumulator banks (matmul_vector)
+        tbanks = TRANSPOSE_BANKS if self.stage and not self.kperm else 0
         self.tps = kb.ring(tbanks, self.bank, "float32", mem="psum") if tbanks else None
         per_acc = -(-self.cols // self.bank)            # banks one accumulator spans
         self.acc = kb.ring((target.psum_banks - tbanks) // per_acc, self.cols, "float32",
@@ -129,6 +145,9 @@ class MatmulEmitter(Loads):
             base = flat * self.m * self.n
             if self.plan.sbuf_acc:
                 self._deep_sums(index, base)
+                continue
+            if self.kperm:
+                self._vector_kernel(index, base)
                 continue
             if self.plan.kb < self.k:
                 self._deep(index, base)
@@ -278,7 +297,7 @@ class MatmulEmitter(Loads):
             part = sub(sums, mt, ct, at=c0)
             dst = sub(otile, mt, ct, at=c0) if last else part
             if bi == 0:
-                self.kb.emit(isa.TensorCopy, dst=dst, src=acc, engine=self.kb.evac_engine())
+                self.kb.emit(isa.TensorCopy, dst=dst, src=acc, engine=self._evac_engine())
             else:
                 self.kb.emit(isa.TensorTensor, dst=dst, data1=part, data2=acc, op="add")
         if last:
@@ -336,8 +355,14 @@ class MatmulEmitter(Loads):
         otile = sub(self.obuf.next(), mt, gn)
         for c0, ct, acc in accs:
             self.kb.emit(isa.TensorCopy, dst=sub(otile, mt, ct, at=c0), src=acc,
-                         engine=self.kb.evac_engine())
+                         engine=self._evac_engine())
         self._store(otile, base, m0, mt, g0, gn)
+
+    def _evac_engine(self) -> str:
+        """PSUM evacuation copies alternate VectorE / ScalarE; all on ScalarE once
+        VectorE transposes lhs tiles (its queue is in order: a copy waiting for TensorE
+        would hold back the transposes of tiles ahead)."""
+        return "scalar" if self.vector_busy else self.kb.evac_engine()
 
     def _banks(self, accs, mt: int) -> list[tuple[int, int, isa.Tile]]:
         """`accs` as (column, width, PSUM tile) pieces of at most one bank each."""

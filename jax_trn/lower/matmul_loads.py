@@ -1,15 +1,18 @@
 """The operand loads of a matmul kernel (matmul.py's `MatmulEmitter` mixes them in):
 K-major tiles in SBUF, by plain DMAs of k-tiles, dma_transpose (v3+, §3.4), 16-bit word
-pairs for FP8 double_row, or rows transposed on TensorE through PSUM (§2.2)."""
+pairs for FP8 double_row, rows transposed on TensorE through PSUM (§2.2), or quartered
+rows transposed on VectorE with K permuted (matmul_quarters.py, `MatmulEmitter.kperm`)."""
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
 
+from jax_trn.hw import dtypes as hw_dtypes
 from jax_trn.hw import isa
 
 from .builder import sub
 from .layout import tiles
+from . import matmul_quarters as quarters
 from .matmul_plan import Operand
 
 
@@ -22,6 +25,11 @@ class KMajor:
 
     def tile(self, j: int, kt: int, free: int, at: int = 0) -> isa.Tile:
         return sub(self.base, kt, free, at=j * self.stride + at)
+
+    def shifted(self, at: int) -> "KMajor":
+        """The same tiles from column `at` on."""
+        return KMajor(self.base.with_(offset=self.base.offset
+                                      + at * hw_dtypes.itemsize(self.base.dtype)), self.stride)
 
     def pair(self, j: int, free: int, at: int = 0) -> isa.Tile:
         """k-tiles j and j + 1 (columns [at, at + free)) as one [P, 2, free] double_row
@@ -60,8 +68,9 @@ class WordPairs(KMajor):
 @dataclass
 class _Load:
     """A K-major load in flight: its DMAs are issued; transposes still to emit."""
-    dst: KMajor
+    dst: KMajor | quarters.Quartered
     staged: list[tuple[isa.Tile, int, int]] = field(default_factory=list)  # rows, c0, fc
+    quartered: isa.Tile | None = None       # staging to transpose on VectorE
 
 
 class Loads:
@@ -70,9 +79,11 @@ class Loads:
 
     def _fetch(self, op: Operand, index, kblock, f0: int, fsize: int, ring) -> _Load:
         """Issues the DMAs of op[kblock, f0:f0+fsize] as K-major tiles."""
+        base = op.batch_offset(index) + kblock[0] * op.k[0] + f0 * op.f[0]
+        if op.transposed and self._on_vector(op, f0):
+            return self._fetch_quartered(op, base, kblock[1], ring)
         words = self.interleaved and op is self.lhs
         load = _Load((WordPairs if words else KMajor)(ring.next(), fsize))
-        base = op.batch_offset(index) + kblock[0] * op.k[0] + f0 * op.f[0]
         pmax = self.kt
         if words:
             # One 16-bit dma_transpose per 256-row block: [fsize, 128 words] -> [128, fsize].
@@ -112,11 +123,31 @@ class Loads:
         return load
 
     def _plain_dmas(self, op: Operand, load: _Load, base: int, kblock, fsize: int) -> list:
-        """The DMAs of a K-major operand's k-tiles, one closure each, in K order."""
+        """The DMAs of a K-major operand's k-tiles, one closure each, in K order (with
+        `kperm`, each k-tile's rows in the permuted order, matmul_quarters.py)."""
         def dma(j: int, k0: int, kt: int):
-            src = self.kb.ap(op.t, base + k0 * op.k[0], ((op.k[0], kt), (op.f[0], fsize)))
+            if self.kperm:
+                at, pattern = quarters.rhs_pattern(op, j, kblock[1], self.kperm,
+                                                   self.kb.target, fsize)
+                src = self.kb.ap(op.t, base + at, pattern)
+            else:
+                src = self.kb.ap(op.t, base + k0 * op.k[0], ((op.k[0], kt), (op.f[0], fsize)))
             return lambda: self._dma(load.dst.tile(j, kt, fsize), src)
         return [dma(j, k0, kt) for j, (k0, kt) in enumerate(tiles(kblock[1], self.kt))]
+
+    def _on_vector(self, op: Operand, f0: int) -> bool:
+        """The lhs row tile at `f0` is transposed on VectorE (`MatmulEmitter.vector_rows`)."""
+        return op is self.lhs and f0 in self.vector_rows
+
+    def _fetch_quartered(self, op: Operand, base: int, k: int, ring) -> _Load:
+        """One DMA of a full row tile into the quartered staging layout
+        (matmul_quarters.py); `_finish` transposes it on VectorE."""
+        target = self.kb.target
+        stage = self.stage[id(op)].next()
+        load = _Load(quarters.Quartered(ring.next(), self.mt, self.kperm), quartered=stage)
+        at, pattern = quarters.staging_src(op, base, k, target)
+        self._dma(stage, self.kb.ap(op.t, at, pattern))
+        return load
 
     def _fetch_both(self, index, mb0: int, mbn: int, g0: int, gn: int) -> tuple:
         """A wide lhs block and its first rhs slice with their k-tiles' DMAs alternating,
@@ -138,7 +169,13 @@ class Loads:
         self.kb.emit(isa.DmaCopy, dst=dst, src=src, dma_queue=next(queues or self.load_q))
 
     def _finish(self, load: _Load) -> KMajor:
-        """Emits the TensorE transposes of a staged load (none for a direct one)."""
+        """Emits the TensorE (VectorE: quartered) transposes of a staged load (none for
+        a direct one)."""
+        if load.quartered is not None:
+            for operands in quarters.vector_transposes(load.quartered, load.dst, self.k,
+                                                       self.kb.target):
+                self.kb.emit(isa.NcTranspose, engine="vector", **operands)
+            load.quartered, self.vector_busy = None, True
         for staged in load.staged:
             self._transpose_staged(staged, load.dst)
         load.staged.clear()
@@ -154,16 +191,17 @@ class Loads:
         `dst`: with one copy when they are adjacent there (a full-width strip)."""
         bank = self.tps.next()
         kt = group[0][1][1]
-        for g, (_, (k0, _)) in enumerate(group):
-            self.kb.emit(isa.NcTranspose, dst=sub(bank, kt, fc, at=g * fc),
-                         data=sub(rows, fc, kt, at=k0))
+        for g, (j, (k0, _)) in enumerate(group):
+            data = quarters.pe_data(rows, j, rows.free_size, self.kperm, self.kb.target) \
+                if self.kperm else sub(rows, fc, kt, at=k0)
+            self.kb.emit(isa.NcTranspose, dst=sub(bank, kt, fc, at=g * fc), data=data)
         if dst.stride == fc:
             self.kb.emit(isa.TensorCopy, dst=dst.tile(group[0][0], kt, len(group) * fc),
-                         src=sub(bank, kt, len(group) * fc), engine=self.kb.evac_engine())
+                         src=sub(bank, kt, len(group) * fc), engine=self._evac_engine())
             return
         for g, (j, _) in enumerate(group):
             self.kb.emit(isa.TensorCopy, dst=dst.tile(j, kt, fc, at=c0),
-                         src=sub(bank, kt, fc, at=g * fc), engine=self.kb.evac_engine())
+                         src=sub(bank, kt, fc, at=g * fc), engine=self._evac_engine())
 
 
 def _runs(ktiles: list[tuple[int, int]], size: int) -> list[list]:

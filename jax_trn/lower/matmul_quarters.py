@@ -1,0 +1,144 @@
+"""Lhs transposes on VectorE for cores without dma_transpose (NC-v2, §3.4).
+
+A row-major lhs [M, K] must reach TensorE with K on partitions (§2.2). Without
+dma_transpose it is transposed on TensorE (identity matmuls, §2.2), which takes TensorE
+time from the matmuls: 128 cycles per 128x128 tile against 4 x 512 for the matmuls
+that use it at N = 2048 (a ~94% cap). VectorE transposes 32x32 blocks in parallel with
+TensorE (`nc_transpose(engine=vector)`, §2.3, §6.2), each within its 32-partition
+quadrant, never across.
+
+That is enough because the contraction does not care which k sits on which partition,
+as long as the stationary and the moving tiles of a matmul use the same map. With Q =
+K / 4 (a quarter of K, one per quadrant), w elements per 32-bit word (2 for 16-bit
+types) and k-tile j = w * u + h, partition p = 32 q + i of k-tile j holds
+
+    k(j, p) = q * Q + 32 w u + w i + h.
+
+- The lhs rows of one 128-row tile load "quartered" (`staging_src`): partition
+  32 q + l holds, for each column block c (0..3), row 32 c + l's quarter q: runs of Q
+  elements (1 KiB at K = 2048 bf16: a DMA descriptor at 41% of the rate, §3.4).
+- VectorE transposes 32x32 blocks of 32-bit words (`vector_transposes`): the word of
+  row m holding k = q Q + 32 w u + w i + h (h < w) lands on partition 32 q + i, at word
+  m of block u. A word holds the w k-tiles of block u, so the stationary of k-tile j is
+  that block read with stride w from element h (`Quartered.tile`; strides of 4 bytes
+  read at full rate, §3.1). One VectorE instruction moves 32 x 32 words: 2048 bf16 per
+  max(MIN_II, 32) = 64 cycles (§6.3).
+- The rhs k-tile j loads its rows in that order (`rhs_pattern`): whole rows, so its
+  DMA runs are as long as before.
+- A tile transposed on TensorE in the same kernel reads its natural rows through the
+  same map (`pe_data`: free pattern (4, 32) with strides (Q, w)), so the rhs serves
+  every row tile.
+
+The permutation changes which k a matmul sums and the order PSUM accumulates them in
+(FP32): results may differ from the TensorE path in the last bits (bf16 2048^3 with
+normal random inputs: 99.98% of the bf16 outputs equal, the others one ulp apart).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jax_trn.hw import dtypes as hw_dtypes
+from jax_trn.hw import isa
+
+from .layout import Axes
+from .matmul_plan import Operand, Plan
+from .target import Target
+
+WORD = 4                    # bytes of the VectorE transpose element (FP32 lanes, §2.3)
+
+
+def word_elems(op: Operand) -> int:
+    """Elements of `op`'s SBUF dtype per 32-bit word (w)."""
+    return WORD // hw_dtypes.itemsize(op.dtype)
+
+
+def applies(lhs: Operand, rhs: Operand, plan: Plan, target: Target, pairs: bool) -> bool:
+    """Whether the lhs may be transposed on VectorE: a row-major lhs TensorE would
+    transpose on a core without dma_transpose (where it has it, TensorE keeps the FP8
+    operands dma_transpose cannot take), a K-major rhs whose rows can load in any
+    order, all of K in one block of whole k-tiles of 32-bit words, row tiles of a full
+    quadrant set (stationary_max == partitions). matmul_vector.py then decides whether
+    VectorE keeps up."""
+    size = hw_dtypes.itemsize(lhs.dtype)
+    k = lhs.k[1]
+    return (lhs.pe_transposed and not target.dma_transpose and not rhs.transposed
+            and not pairs
+            and size in (1, 2, 4) and plan.kb == k and not plan.sbuf_acc
+            and target.stationary_max == target.partitions
+            and k % (target.partitions * (WORD // size)) == 0)
+
+
+@dataclass
+class Quartered:
+    """A stationary strip written by `vector_transposes` (a `KMajor` for the matmuls):
+    k-tile j = w u + h is word block u (w * stride elements) read with stride w from
+    element h."""
+    base: isa.Tile
+    stride: int
+    word: int
+
+    def tile(self, j: int, kt: int, free: int, at: int = 0) -> isa.Tile:
+        u, h = divmod(j, self.word)
+        base = self.base
+        offset = base.offset + (u * self.word * self.stride + h + self.word * at) \
+            * hw_dtypes.itemsize(base.dtype)
+        strides = (self.word,) if self.word > 1 else None
+        return base.with_(num_partitions=kt, free=(free,), strides=strides, offset=offset)
+
+
+def _k0(j: int, w: int, lanes: int) -> int:
+    """k of partition 0 of k-tile j."""
+    u, h = divmod(j, w)
+    return lanes * w * u + h
+
+
+def rhs_pattern(op: Operand, j: int, k: int, w: int, target: Target, fsize: int
+                ) -> tuple[int, Axes]:
+    """(element offset, pattern) of the rhs rows of k-tile j, partition-major."""
+    lanes = target.vector_transpose_max
+    quads, ks = target.partitions // lanes, op.k[0]
+    pattern = ((k // quads * ks, quads), (w * ks, lanes), (op.f[0], fsize))
+    return _k0(j, w, lanes) * ks, pattern
+
+
+def pe_data(rows: isa.Tile, j: int, k: int, w: int, target: Target) -> isa.Tile:
+    """The natural rows [fc, K] of k-tile j, for a TensorE transpose: partitions of the
+    result in (quadrant, lane) order."""
+    lanes = target.vector_transpose_max
+    quads = target.partitions // lanes
+    offset = rows.offset + _k0(j, w, lanes) * hw_dtypes.itemsize(rows.dtype)
+    return rows.with_(free=(quads, lanes), strides=(k // quads, w), offset=offset)
+
+
+def staging_src(op: Operand, base: int, k: int, target: Target) -> tuple[int, Axes]:
+    """(offset, pattern) of one 128-row tile's quartered load (from row offset `base`):
+    partition 32 q + l, column block c, element e <- row 32 c + l, k = q Q + e."""
+    lanes = target.vector_transpose_max
+    quads, ks, fs = target.partitions // lanes, op.k[0], op.f[0]
+    blocks = target.stationary_max // lanes
+    return base, ((k // quads * ks, quads), (fs, lanes), (lanes * fs, blocks),
+                  (ks, k // quads))
+
+
+def vector_transposes(stage: isa.Tile, dst: Quartered, k: int, target: Target
+                      ) -> list[dict]:
+    """The NcTranspose operands (engine="vector") turning a quartered staging tile into
+    `dst`, word block by word block (k-tiles in order)."""
+    lanes, w = target.vector_transpose_max, dst.word
+    quads, blocks = target.partitions // lanes, target.stationary_max // lanes
+    q_elems, block = k // quads, lanes * w          # elements per quarter, per word run
+    out = []
+    for u in range(q_elems // block):
+        for q in range(quads):
+            for c in range(blocks):
+                src = _words(stage, q * lanes, lanes, c * q_elems + u * block)
+                dst_at = u * w * dst.stride + c * block
+                out.append(dict(data=src, dst=_words(dst.base, q * lanes, lanes, dst_at)))
+    return out
+
+
+def _words(t: isa.Tile, p0: int, lanes: int, at: int) -> isa.Tile:
+    """`lanes` partitions from `p0`, `lanes` 32-bit words from element `at`."""
+    return t.with_(start_partition=t.start_partition + p0, num_partitions=lanes,
+                   offset=t.offset + at * hw_dtypes.itemsize(t.dtype), free=(lanes,),
+                   dtype="uint32", strides=None)

@@ -1,0 +1,206 @@
+"""The loop order of a matmul whose lhs row tiles VectorE transposes (matmul_quarters.py,
+`MatmulEmitter.kperm`), mixed into matmul.py's `MatmulEmitter`.
+
+VectorE takes longer per row tile than TensorE's first column group does (trn1, N =
+2048: ~7.3 us of 32x32 transposes against 5.9 us of matmuls), so rather than column
+groups outer (matmul.py `_mblock`), every row tile after the start computes all its
+column groups in turn, the rhs resident (all of its column groups fit the slices
+ring), and VectorE works `AHEAD` tiles ahead of TensorE:
+
+    start: tiles 0..b-1 (TensorE transposes, natural rows) join the first column group
+           one by one as their rows and the rhs k-tiles arrive (DMAs alternating), each
+           catching up on the k-steps it missed, so TensorE works while the first rhs
+           slice streams in (the one load nothing hides)
+    then:  the other column groups over tiles 0..b-1, k outer, their slices streaming
+    rest:  per row tile, every column group from the resident rhs; VectorE tiles'
+           quartered rows loaded and transposed AHEAD tiles ahead (a partial last
+           tile is transposed on TensorE, in its own accumulators' banks); the last
+           column group of the last tile one PSUM bank at a time, each stored when
+           done
+
+The start's tiles cost TensorE ~0.7 us of transposes each and the start is DMA-bound
+(their rows and the first rhs slice before TensorE has enough work): on trn1 at
+2048^3 the kernel is ~7.7 us idle there, ~2.9 us in the last store, 2.9 us in
+transposes, against 187.2 us of matmuls. VectorE evacuates nothing once it has
+transposes queued (its queue is in order); ScalarE does.
+"""
+from __future__ import annotations
+
+from jax_trn.hw import dtypes as hw_dtypes
+from jax_trn.hw import isa
+
+from .builder import Ring
+from .layout import tiles
+from .matmul_loads import KMajor, _Load
+from .matmul_plan import SBUF_SHARE
+
+AHEAD = 2                   # row tiles whose lhs loads (and VectorE transposes) are in
+                            # flight ahead of the tile TensorE computes
+PACE_SHARE = 0.9            # of TensorE's time per row tile VectorE's transposes and
+                            # the DMAs may take (the rest: slack for their latencies)
+EARLY = 4                   # rhs k-tiles of the second column group loaded before the
+                            # first VectorE tile's rows
+
+
+class VectorSchedule:
+    """`MatmulEmitter._vector_kernel` and its phases (see the module docstring)."""
+
+    def _vector_order(self) -> bool:
+        """The rhs stays resident (its column groups fit the two slices), the buffers
+        of `_depths` fit SBUF, and VectorE and the DMA queues keep up with TensorE
+        row tile after row tile (`_paces`)."""
+        plan, kb = self.plan, self.kb
+        if not (plan.kb == self.k
+                and len(tiles(self.n, plan.group)) <= 2 and self.epilogue is None):
+            return False
+        tensor, vector, dma = self._paces()
+        if max(vector, dma) > PACE_SHARE * tensor:
+            return False
+        d, nk = self._depths(), -(-self.k // self.kt)
+        size = {op: hw_dtypes.itemsize(op.dtype) for op in (self.lhs, self.rhs)}
+        need = ((d["stage"] * self.k + d["strips"] * nk * self.mt) * size[self.lhs]
+                + 2 * nk * plan.group * size[self.rhs]
+                + d["obuf"] * plan.group * hw_dtypes.itemsize(self.out.dtype))
+        top = max((off + n for off, n in kb.sbuf.live.items()), default=0)
+        return need <= (kb.sbuf.capacity - top) * SBUF_SHARE
+
+    def _paces(self) -> tuple[float, float, float]:
+        """ns per row tile after the start, from the hardware's cost model: TensorE's
+        matmuls, VectorE's transposes (matmul_quarters.vector_transposes), and the
+        DMA of its quartered rows and its results (per-descriptor efficiency, §3.4)."""
+        target, lhs = self.kb.target, self.lhs
+        spec, lanes = target.core, target.vector_transpose_max
+        words = isa.Tile("sbuf", 0, lanes, 0, (lanes,), "uint32")
+        vector = isa.NcTranspose(name="pace", engine="vector", data=words, dst=words)
+        count = self.k // (lanes * self.kperm) * (self.mt // lanes)
+        stat = isa.Tile("sbuf", 0, self.kt, 0, (self.mt,), lhs.dtype)
+        out, eff = hw_dtypes.itemsize(self.out.dtype), spec.dma_efficiency
+        tensor = dma = 0.0
+        for _, gn in tiles(self.n, self.plan.group):
+            dma += self.mt * gn * out / eff(gn * out)
+            for _, ct in tiles(gn, self.cols):
+                mm = isa.NcMatmul(name="pace", stationary=stat,
+                                  moving=stat.with_(free=(ct,)), precision=self.precision,
+                                  dst=isa.Tile("psum", 0, self.mt, 0, (ct,), "float32"))
+                tensor += -(-self.k // self.kt) * mm.cycles(spec)
+        quads, item = target.partitions // lanes, hw_dtypes.itemsize(lhs.t.dtype)
+        dma += self.mt * self.k * item / eff(self.k // quads * item)
+        return (tensor / spec.clock("tensor"), count * vector.cycles(spec) / spec.clock("vector"),
+                dma / (spec.dma_engines * spec.dma_engine_bytes_per_ns))
+
+    def _depths(self) -> dict[str, int]:
+        """Ring depths: staging for the start's tiles at once (their loads all start
+        at t = 0, §3.4: DMAs share the rate first come, first served) or AHEAD + 1;
+        strips for the start and the tiles ahead; results of the start, whose stores
+        wait behind the streaming rhs."""
+        b = self._start_size()
+        return {"stage": max(b, AHEAD + 1), "obuf": b + 1,
+                "strips": min(-(-self.m // self.mt), b + AHEAD + 1)}
+
+    def _vector_kernel(self, index, base: int) -> None:
+        mtiles, groups = tiles(self.m, self.mt), tiles(self.n, self.plan.group)
+        bunch = mtiles[:self._start_size()]
+        strips = self._start(index, base, bunch, groups[0])
+        rest, loads, rs = mtiles[len(bunch):], [], [self.start_rhs]
+        for g0, gn in groups[1:]:
+            r = KMajor(self.slices.next(), gn)
+            rbase = self.rhs.batch_offset(index) + g0 * self.rhs.f[0]
+            rdmas = self._plain_dmas(self.rhs, _Load(r), rbase, (0, self.k), gn)
+            for emit in rdmas[:EARLY]:
+                emit()
+            if not loads and rest:      # the first VectorE tile's rows, needed next
+                loads.append(self._fetch_rest(index, rest[0]))
+            for emit in rdmas[EARLY:]:
+                emit()
+            rs.append(r)
+            self._bunched(strips, r, bunch, base, g0, gn)
+        self._rest(index, base, rest, groups, rs, loads)
+
+    def _start(self, index, base: int, bunch, group) -> list:
+        """The first column group over `bunch`, its tiles joining one per k-step."""
+        g0, gn = group
+        r = self.start_rhs = KMajor(self.slices.next(), gn)
+        rbase = self.rhs.batch_offset(index) + g0 * self.rhs.f[0]
+        rdmas = self._plain_dmas(self.rhs, _Load(r), rbase, (0, self.k), gn)
+        steps = self._ksteps(self.k)
+        accs = [self._accs(mt, gn) for _, mt in bunch]
+        strips = []
+
+        def step(t: int, i: int) -> None:
+            j, kt, paired = steps[i]
+            for c0, ct, acc in accs[t]:
+                self._mm(acc, strips[t], r, j, kt, paired, bunch[t][1], c0, ct, i > 0)
+
+        def join(t: int, load, upto: int) -> None:
+            """Tile t's transposes (in the banks of the accumulators not used yet: its
+            own and those of the tiles joining after it), then the k-steps it missed."""
+            self.tps = self._bank_ring([a for later in accs[t:] for a in later])
+            strips.append(self._finish(load))
+            self.tps = None
+            for i in range(upto):
+                step(t, i)
+
+        for i in range(max(len(steps), len(bunch))):
+            load = None
+            if i < len(bunch):      # tile i joins: its rows before rhs k-tile i
+                load = self._fetch(self.lhs, index, (0, self.k), *bunch[i], self.strips)
+            if i < len(steps):
+                rdmas[i]()
+            if load is not None:
+                join(i, load, min(i, len(steps)))
+            for t in range(min(i + 1, len(bunch)) if i < len(steps) else 0):
+                step(t, i)
+        for t, (m0, mt) in enumerate(bunch):
+            self._drain(accs[t], base, m0, mt, g0, gn)
+        return strips
+
+    def _fetch_rest(self, index, mtile):
+        """A row tile's load; a VectorE tile's transposes too (they run as its data
+        arrives, VectorE's queue holding nothing else)."""
+        load = self._fetch(self.lhs, index, (0, self.k), *mtile, self.strips)
+        return self._finish(load) if load.quartered is not None else load
+
+    def _rest(self, index, base: int, mtiles, groups, rs, loads) -> None:
+        """Per row tile, every column group from the resident rhs slices `rs`; `loads`
+        (strips, or TensorE tiles' loads) fetched ahead."""
+        for i, (m0, mt) in enumerate(mtiles):
+            while len(loads) <= min(i + AHEAD, len(mtiles) - 1):
+                loads.append(self._fetch_rest(index, mtiles[len(loads)]))
+            for gi, (g0, gn) in enumerate(groups):
+                accs = self._accs(mt, gn)
+                if isinstance(loads[i], _Load):     # TensorE: in its accumulators' banks
+                    self.tps = self._bank_ring(accs)
+                    loads[i], self.tps = self._finish(loads[i]), None
+                if i == len(mtiles) - 1 and gi == len(groups) - 1:
+                    self._last(accs, loads[i], rs[gi], base, m0, mt, g0)
+                    continue
+                self._matmuls(accs, loads[i], rs[gi], self.k, mt, True, None)
+                self._drain(accs, base, m0, mt, g0, gn)
+
+    def _last(self, accs, s, r, base: int, m0: int, mt: int, g0: int) -> None:
+        """The kernel's last accumulators one at a time, each stored when done: the
+        store of the last (§3.4: ~2.5 us, fixed cost and descriptors) follows the
+        matmuls of one PSUM bank, not of the column group. VectorE is done with its
+        transposes: the evacuations alternate again."""
+        self.vector_busy = False
+        for c0, ct, acc in accs:
+            self._matmuls([(0, ct, acc)], s, r.shifted(c0), self.k, mt, True, None)
+            self._drain([(0, ct, acc)], base, m0, mt, g0 + c0, ct)
+
+    def _bank_ring(self, accs) -> Ring:
+        """The PSUM banks of accumulators `accs`, whole, for TensorE transposes."""
+        return Ring([acc.with_(num_partitions=self.kt, free=(self.bank,))
+                     for _, _, acc in accs])
+
+    def _vector_tiles(self) -> frozenset[int]:
+        """First rows of the row tiles VectorE transposes: the full tiles after the
+        start's bunch."""
+        return frozenset(m0 for m0, mt in tiles(self.m, self.mt)[self._start_size():]
+                         if mt == self.mt)
+
+    def _start_size(self) -> int:
+        """Row tiles of the start: as many as the accumulator banks hold at once."""
+        per_acc = -(-self.cols // self.bank)            # banks one accumulator spans
+        accs = self.kb.target.psum_banks // per_acc
+        per = -(-min(self.n, self.plan.group) // self.cols)     # accumulators per tile
+        return max(1, min(-(-self.m // self.mt), accs // per))

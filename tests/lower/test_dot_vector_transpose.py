@@ -1,0 +1,93 @@
+"""Trn1 lhs transposes on VectorE with K permuted (jax_trn/lower/matmul_quarters.py,
+matmul_vector.py): which engine transposes what, and results against numpy."""
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from jax_trn.hw.spec import CHIPS
+from jax_trn.lower import lower_module
+
+from .runner import run
+from .test_dot import dot_module, dot_ref, rand
+
+TRN1 = CHIPS["trn1"].core
+START = 4           # row tiles of the start, transposed on TensorE (8 PSUM banks / 2)
+
+
+def _transposes(program) -> Counter:
+    return Counter(i.engine for k in program.kernels for i in k.instructions
+                   if type(i).__name__ == "NcTranspose")
+
+
+def _check(m, k, n, dtype="bfloat16", precision=(), rtol=1e-5) -> Counter:
+    x, y = rand((m, k), dtype, 1), rand((k, n), dtype, 2)
+    res = run(dot_module((m, k), (k, n), dtype=dtype, out_dtype="float32",
+                         precision=precision), x, y, spec=TRN1)
+    ref = dot_ref(x, y)
+    np.testing.assert_allclose(res.outputs[0], ref, rtol=rtol,
+                               atol=rtol * np.abs(ref).max())
+    return _transposes(res.program)
+
+
+@pytest.mark.parametrize("m,k,n", [(640, 2048, 2048), (700, 2048, 1800),
+                                   (640, 2304, 2048)])     # K = 9 x 256, not 512s
+def test_bf16_rows_after_the_start_on_vector(m, k, n):
+    """bf16: each full row tile after the start is K / 64 x 4 VectorE transposes of
+    32x32 words (2 bf16 each); the start's tiles and a partial last one go through
+    TensorE (K / 128 each)."""
+    engines = _check(m, k, n)
+    full_rest = m // 128 - START
+    assert engines["vector"] == full_rest * k // 64 * 4
+    assert engines["tensor"] == k // 128 * (START + (m % 128 > 0))
+
+
+def test_f32_highest_one_element_words():
+    """FP32 at HIGHEST (FP32 in SBUF) transposes the 32-bit elements themselves."""
+    engines = _check(640, 1024, 1024, "float32", ("HIGHEST",), rtol=1e-6)
+    assert engines["vector"] == 1024 // 32 * 4
+
+
+@pytest.mark.parametrize("m,k,n", [
+    (640, 1920, 2048),      # K not a multiple of 256 (128 partitions x 2 per word)
+    (640, 2000, 2048),      # nor of 128
+    (512, 2048, 2048),      # every row tile is in the start
+    (1024, 1024, 1024),     # VectorE would fall behind TensorE (matmul_vector._paces)
+])
+def test_falls_back_to_tensor(m, k, n):
+    engines = _check(m, k, n)
+    assert engines["vector"] == 0 and engines["tensor"] > 0
+
+
+def test_trn2_keeps_dma_transpose():
+    program = lower_module(dot_module((640, 2048), (2048, 2048), dtype="bfloat16"),
+                           CHIPS["trn2"].core)
+    assert not _transposes(program)
+
+
+def test_f32_default_cast_on_load():
+    """FP32 operands at DEFAULT run as bf16: the quartered load casts on the way."""
+    engines = _check(640, 2048, 2048, "float32", rtol=1e-2)
+    assert engines["vector"] == 2048 // 64 * 4
+
+
+def test_batched():
+    """Each batch index runs the start and the VectorE tiles."""
+    ls, rs = (2, 640, 2048), (2, 2048, 2048)
+    x, y = rand(ls, "bfloat16", 3), rand(rs, "bfloat16", 4)
+    res = run(dot_module(ls, rs, (0,), (0,), (2,), (1,), "bfloat16", out_dtype="float32"),
+              x, y, spec=TRN1)
+    ref = dot_ref(x, y, (0,), (0,), (2,), (1,))
+    np.testing.assert_allclose(res.outputs[0], ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    assert _transposes(res.program)["vector"] == 2 * 2048 // 64 * 4
+
+
+def test_rows_beyond_sbuf_still_on_vector():
+    """A lhs whose transposed strips do not all fit SBUF (the plan's M block is smaller
+    than M) still goes through VectorE: the loop order keeps only a few strips."""
+    program = lower_module(dot_module((4096, 2048), (2048, 2048), dtype="bfloat16"), TRN1)
+    engines = _transposes(program)
+    assert engines["vector"] == (4096 // 128 - START) * 2048 // 64 * 4
+    assert engines["tensor"] == START * 16
