@@ -98,13 +98,16 @@ class LaneSchedule:
         state = _State(len(self.steps))
         state.errstate = np.geterr()       # the caller's (a thread's own, numpy 2)
         _worker().put((self, state))
-        _take_until_done(self, state, None)
-        with state.cond:
-            state.waiting += 1
-            while state.finished < len(self.steps) and state.error is None:
-                state.cond.wait(0.05)      # the worker's last instruction
-            state.waiting -= 1
-        if state.error is not None:
+        try:
+            _take_until_done(self, state, None)
+            with state.cond:
+                state.waiting += 1
+                while state.finished < len(self.steps) and state.error is None:
+                    state.cond.wait(0.05)      # the worker's last instruction
+                state.waiting -= 1
+        except BaseException as e:       # noqa: BLE001 - e.g. Ctrl-C while waiting:
+            state.fail(e)                # return only once the worker's instruction is
+        if state.error is not None:      # done and it takes no more
             state.idle.wait()              # no instruction in flight any more
             raise state.error
 

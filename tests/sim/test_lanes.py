@@ -298,3 +298,42 @@ def test_a_forked_child_starts_its_own_worker():
     if pid == 0:                                    # the child
         os._exit(0 if lanes._queue is None else 1)
     assert os.waitpid(pid, 0)[1] == 0
+
+
+def test_an_interrupt_while_the_caller_waits_returns_after_the_workers_instruction(monkeypatch):
+    """Ctrl-C while the caller waits for the worker's last instruction reaches the
+    caller only once that instruction is done (no instruction of this replay may run
+    after it returns), and the worker serves the next replay."""
+    started = threading.Event()
+
+    class Interrupting(threading.Condition):
+        raised = False
+
+        def wait(self, timeout=None):
+            if (started.is_set() and not Interrupting.raised
+                    and threading.current_thread() is threading.main_thread()):
+                Interrupting.raised = True
+                raise KeyboardInterrupt
+            return super().wait(timeout)
+
+    class State(lanes._State):
+        def __init__(self, n):
+            super().__init__(n)
+            self.cond = Interrupting(threading.Lock())
+    monkeypatch.setattr(lanes, "_State", State)
+    ran = []
+
+    def slow():
+        started.set()
+        time.sleep(0.2)
+        ran.append("slow")
+    schedule = lanes.LaneSchedule(
+        [lambda: started.wait(2), slow, lambda: ran.append("quick")], [(), (), ()],
+        b"\x00\x01\x00")                   # the worker may take only the slow one
+    with pytest.raises(KeyboardInterrupt):
+        schedule.run()
+    assert Interrupting.raised and ran == ["quick", "slow"]
+    monkeypatch.undo()
+    state = lanes._State(1)
+    lanes._worker().put((lanes.LaneSchedule([lambda: ran.append(1)], [()], b"\x01"), state))
+    assert state.idle.wait(5) and ran[-1] == 1
