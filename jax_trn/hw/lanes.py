@@ -17,7 +17,10 @@ instructions from the same order as they become ready:
 - each thread takes the first instruction, in order, that is not taken and whose
   dependencies have finished (looking at most `WINDOW` instructions past the first one
   not taken), runs it, marks it finished. So the split between threads follows the
-  real costs on the machine, not an estimate: a busy second core just does less.
+  real costs on the machine, not an estimate: a busy second core just does less. The
+  worker takes only matmuls and instructions touching >= 256 KiB (`_shared`): short
+  ones are mostly Python, which two threads only take turns at (the GIL), so the
+  caller keeps them; while two threads replay, the GIL changes hands every 0.2 ms.
 
 So every pair of conflicting instructions takes effect in the recorded order and each
 instruction computes what it computes sequentially: the results are bit-identical
