@@ -86,52 +86,47 @@ class Quartered:
         return base.with_(num_partitions=kt, free=(free,), strides=strides, offset=offset)
 
 
-def _k0(j: int, w: int, lanes: int) -> int:
+def _k0(j: int, w: int, target: Target) -> int:
     """k of partition 0 of k-tile j."""
     u, h = divmod(j, w)
-    return lanes * w * u + h
+    return target.partitions * w * u + h
 
 
 def rhs_pattern(op: Operand, j: int, k: int, w: int, target: Target, fsize: int
                 ) -> tuple[int, Axes]:
-    """(element offset, pattern) of the rhs rows of k-tile j, partition-major."""
-    lanes = target.vector_transpose_max
-    quads, ks = target.partitions // lanes, op.k[0]
-    pattern = ((k // quads * ks, quads), (w * ks, lanes), (op.f[0], fsize))
-    return _k0(j, w, lanes) * ks, pattern
+    """(element offset, pattern) of the rhs rows of k-tile j: every w-th row."""
+    ks = op.k[0]
+    return _k0(j, w, target) * ks, ((w * ks, target.partitions), (op.f[0], fsize))
 
 
 def pe_data(rows: isa.Tile, j: int, k: int, w: int, target: Target) -> isa.Tile:
-    """The natural rows [fc, K] of k-tile j, for a TensorE transpose: partitions of the
-    result in (quadrant, lane) order."""
-    lanes = target.vector_transpose_max
-    quads = target.partitions // lanes
-    offset = rows.offset + _k0(j, w, lanes) * hw_dtypes.itemsize(rows.dtype)
-    return rows.with_(free=(quads, lanes), strides=(k // quads, w), offset=offset)
+    """The natural rows [fc, K] of k-tile j (every w-th column), for a TensorE
+    transpose."""
+    offset = rows.offset + _k0(j, w, target) * hw_dtypes.itemsize(rows.dtype)
+    return rows.with_(free=(target.partitions,), strides=(w,), offset=offset)
 
 
 def staging_src(op: Operand, base: int, k: int, target: Target) -> tuple[int, Axes]:
-    """(offset, pattern) of one 128-row tile's quartered load (from row offset `base`):
-    partition 32 q + l, column block c, element e <- row 32 c + l, k = q Q + e."""
-    lanes = target.vector_transpose_max
-    quads, ks, fs = target.partitions // lanes, op.k[0], op.f[0]
-    blocks = target.stationary_max // lanes
-    return base, ((k // quads * ks, quads), (fs, lanes), (lanes * fs, blocks),
-                  (ks, k // quads))
+    """(offset, pattern) of one row tile's natural load (from row offset `base`):
+    partition l <- row l, all of K (one descriptor per row, §3.4)."""
+    return base, ((op.f[0], target.stationary_max), (op.k[0], k))
 
 
 def vector_transposes(stage: isa.Tile, dst: Quartered, k: int, target: Target
                       ) -> list[dict]:
-    """The NcTranspose operands (engine="vector") turning a quartered staging tile into
-    `dst`, word block by word block (k-tiles in order)."""
+    """The NcTranspose operands (engine="vector") turning a staged row tile into `dst`,
+    k-tile pair by k-tile pair: word block b = quads u + q of row quadrant c moves to
+    quadrant q at block u, column block c (a <= 32-partition transpose may write any
+    quadrant, §2.3)."""
     lanes, w = target.vector_transpose_max, dst.word
     quads, blocks = target.partitions // lanes, target.stationary_max // lanes
-    q_elems, block = k // quads, lanes * w          # elements per quarter, per word run
+    block = lanes * w                           # elements per word block
     out = []
-    for u in range(q_elems // block):
+    for u in range(k // (quads * block)):
         for q in range(quads):
+            b = quads * u + q
             for c in range(blocks):
-                src = _words(stage, q * lanes, lanes, c * q_elems + u * block)
+                src = _words(stage, c * lanes, lanes, b * block)
                 dst_at = u * w * dst.stride + c * block
                 out.append(dict(data=src, dst=_words(dst.base, q * lanes, lanes, dst_at)))
     return out

@@ -83,8 +83,8 @@ class VectorSchedule:
                                   moving=stat.with_(free=(ct,)), precision=self.precision,
                                   dst=isa.Tile("psum", 0, self.mt, 0, (ct,), "float32"))
                 tensor += -(-self.k // self.kt) * mm.cycles(spec)
-        quads, item = target.partitions // lanes, hw_dtypes.itemsize(lhs.t.dtype)
-        dma += self.mt * self.k * item / eff(self.k // quads * item)
+        item = hw_dtypes.itemsize(lhs.t.dtype)
+        dma += self.mt * self.k * item / eff(self.k * item)
         return (tensor / spec.clock("tensor"), count * vector.cycles(spec) / spec.clock("vector"),
                 dma / (spec.dma_engines * spec.dma_engine_bytes_per_ns))
 
