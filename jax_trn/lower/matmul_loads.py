@@ -1,7 +1,8 @@
 """The operand loads of a matmul kernel (matmul.py's `MatmulEmitter` mixes them in):
 K-major tiles in SBUF, by plain DMAs of k-tiles, dma_transpose (v3+, §3.4), 16-bit word
-pairs for FP8 double_row, rows transposed on TensorE through PSUM (§2.2), or quartered
-rows transposed on VectorE with K permuted (matmul_quarters.py, `MatmulEmitter.kperm`)."""
+pairs for FP8 double_row, rows transposed on TensorE through PSUM (§2.2), or rows
+transposed on VectorE with k-tiles of every w-th k (matmul_quarters.py,
+`MatmulEmitter.kperm`)."""
 from __future__ import annotations
 
 import itertools
@@ -140,8 +141,8 @@ class Loads:
         return op is self.lhs and f0 in self.vector_rows
 
     def _fetch_quartered(self, op: Operand, base: int, k: int, ring) -> _Load:
-        """One DMA of a full row tile into the quartered staging layout
-        (matmul_quarters.py); `_finish` transposes it on VectorE."""
+        """One DMA of a full row tile into staging, rows on partitions
+        (matmul_quarters.staging_src); `_finish` transposes it on VectorE."""
         target = self.kb.target
         stage = self.stage[id(op)].next()
         load = _Load(quarters.Quartered(ring.next(), self.mt, self.kperm), quartered=stage)
@@ -169,7 +170,7 @@ class Loads:
         self.kb.emit(isa.DmaCopy, dst=dst, src=src, dma_queue=next(queues or self.load_q))
 
     def _finish(self, load: _Load) -> KMajor:
-        """Emits the TensorE (VectorE: quartered) transposes of a staged load (none for
+        """Emits the TensorE (VectorE: `quartered` staging) transposes of a staged load (none for
         a direct one)."""
         if load.quartered is not None:
             for operands in quarters.vector_transposes(load.quartered, load.dst, self.k,

@@ -4,34 +4,34 @@ A row-major lhs [M, K] must reach TensorE with K on partitions (§2.2). Without
 dma_transpose it is transposed on TensorE (identity matmuls, §2.2), which takes TensorE
 time from the matmuls: 128 cycles per 128x128 tile against 4 x 512 for the matmuls
 that use it at N = 2048 (a ~94% cap). VectorE transposes 32x32 blocks in parallel with
-TensorE (`nc_transpose(engine=vector)`, §2.3, §6.2), each within its 32-partition
-quadrant, never across.
+TensorE (`nc_transpose(engine=vector)`, §2.3, §6.2); touching 32 partitions, each
+block may land in any quadrant (§2.3: cross-quadrant moves are allowed at <= 32).
 
-That is enough because the contraction does not care which k sits on which partition,
-as long as the stationary and the moving tiles of a matmul use the same map. With Q =
-K / 4 (a quarter of K, one per quadrant), w elements per 32-bit word (2 for 16-bit
-types) and k-tile j = w * u + h, partition p = 32 q + i of k-tile j holds
+The contraction does not care which k sits on which partition, as long as the
+stationary and the moving tiles of a matmul use the same map. With w elements per
+32-bit word (2 for 16-bit types), k-tile j = w u + h holds on partition p
 
-    k(j, p) = q * Q + 32 w u + w i + h.
+    k(j, p) = 128 w u + w p + h          (every w-th k of a 128 w run)
 
-- The lhs rows of one 128-row tile load "quartered" (`staging_src`): partition
-  32 q + l holds, for each column block c (0..3), row 32 c + l's quarter q: runs of Q
-  elements (1 KiB at K = 2048 bf16: a DMA descriptor at 41% of the rate, §3.4).
-- VectorE transposes 32x32 blocks of 32-bit words (`vector_transposes`): the word of
-  row m holding k = q Q + 32 w u + w i + h (h < w) lands on partition 32 q + i, at word
-  m of block u. A word holds the w k-tiles of block u, so the stationary of k-tile j is
-  that block read with stride w from element h (`Quartered.tile`; strides of 4 bytes
-  read at full rate, §3.1). One VectorE instruction moves 32 x 32 words: 2048 bf16 per
+- The lhs rows of one 128-row tile load naturally (`staging_src`): partition l holds
+  row l, all of K (one descriptor of K elements per row, 4 KiB at K = 2048 bf16: the
+  full DMA rate, §3.4).
+- VectorE transposes 32x32 blocks of 32-bit words (`vector_transposes`): word block
+  b = 4 u + q (k from 32 w b) of row quadrant c lands on quadrant q, at word block u,
+  column block c. A word holds w k-tiles, so the stationary of k-tile j is block u
+  read with stride w from element h (`Quartered.tile`; strides of 4 bytes read at full
+  rate, §3.1). One VectorE instruction moves 32 x 32 words: 2048 bf16 per
   max(MIN_II, 32) = 64 cycles (§6.3).
-- The rhs k-tile j loads its rows in that order (`rhs_pattern`): whole rows, so its
-  DMA runs are as long as before.
+- The rhs k-tile j loads every w-th row from 128 w u + h (`rhs_pattern`): whole rows,
+  so its DMA runs are as long as before.
 - A tile transposed on TensorE in the same kernel reads its natural rows through the
-  same map (`pe_data`: free pattern (4, 32) with strides (Q, w)), so the rhs serves
-  every row tile.
+  same map (`pe_data`: stride w), so the rhs serves every row tile.
 
-The permutation changes which k a matmul sums and the order PSUM accumulates them in
-(FP32): results may differ from the TensorE path in the last bits (bf16 2048^3 with
-normal random inputs: 99.98% of the bf16 outputs equal, the others one ulp apart).
+The map changes which k a matmul sums and the order PSUM accumulates them in (FP32):
+results may differ from the TensorE path in the last bits (bf16 640 x 2048 x 2048 with
+normal random inputs, against the quartered layout this replaced: 99.98% of the bf16
+outputs equal, the others one ulp apart except where the sum cancels to ~1e-6 of the
+row scale).
 """
 from __future__ import annotations
 
@@ -70,7 +70,8 @@ def applies(lhs: Operand, rhs: Operand, plan: Plan, target: Target, pairs: bool)
 
 @dataclass
 class Quartered:
-    """A stationary strip written by `vector_transposes` (a `KMajor` for the matmuls):
+    """A stationary strip written by `vector_transposes` (a `KMajor` for the matmuls;
+    named for the quartered K layout it first held):
     k-tile j = w u + h is word block u (w * stride elements) read with stride w from
     element h."""
     base: isa.Tile

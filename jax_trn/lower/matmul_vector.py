@@ -13,7 +13,7 @@ ring), and VectorE works `AHEAD` tiles ahead of TensorE:
            slice streams in (the one load nothing hides)
     then:  the other column groups over tiles 0..b-1, k outer, their slices streaming
     rest:  per row tile, every column group from the resident rhs; VectorE tiles'
-           quartered rows loaded and transposed AHEAD tiles ahead (a partial last
+           rows loaded and transposed AHEAD tiles ahead (a partial last
            tile is transposed on TensorE, in its own accumulators' banks); the last
            column group of the last tile one PSUM bank at a time, each stored when
            done
@@ -23,6 +23,16 @@ The start's tiles cost TensorE ~0.7 us of transposes each and the start is DMA-b
 2048^3 the kernel is ~7.7 us idle there, ~2.9 us in the last store, 2.9 us in
 transposes, against 187.2 us of matmuls. VectorE evacuates nothing once it has
 transposes queued (its queue is in order); ScalarE does.
+
+Why the start stays DMA-bound (trn1 2048^3, §3.4 descriptor costs): the 8 PSUM banks
+hold 4 tiles x 1024 columns, so a k-step is 1.46 us of matmuls against 1.18 us for its
+rhs k-tile (rows of 2 KiB: 82% of the rate), and the 4 tiles' rows (1.93 us each) must
+come first. TensorE waits 3.2 us for the first rows (1.3 us fixed cost + 1.93), and
+the start's DMA (27.8 us) exceeds its TensorE work (26.3 us with the transposes): no
+order of those loads idles TensorE less than ~7 us (fewer start tiles or narrower rhs
+slices only raise DMA per matmul; half-K row loads save ~1 us of idle for 1.7 us more
+DMA). VectorE transposes for a start tile only turn TensorE transposes into TensorE
+idle time (measured: 201.0 -> 201.1 us and worse).
 """
 from __future__ import annotations
 
@@ -67,7 +77,7 @@ class VectorSchedule:
     def _paces(self) -> tuple[float, float, float]:
         """ns per row tile after the start, from the hardware's cost model: TensorE's
         matmuls, VectorE's transposes (matmul_quarters.vector_transposes), and the
-        DMA of its quartered rows and its results (per-descriptor efficiency, §3.4)."""
+        DMA of its rows and its results (per-descriptor efficiency, §3.4)."""
         target, lhs = self.kb.target, self.lhs
         spec, lanes = target.core, target.vector_transpose_max
         words = isa.Tile("sbuf", 0, lanes, 0, (lanes,), "uint32")

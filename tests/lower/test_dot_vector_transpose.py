@@ -1,4 +1,4 @@
-"""Trn1 lhs transposes on VectorE with K permuted (jax_trn/lower/matmul_quarters.py,
+"""Trn1 lhs transposes on VectorE, k-tiles of every w-th k (jax_trn/lower/matmul_quarters.py,
 matmul_vector.py): which engine transposes what, and results against numpy."""
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def test_trn2_keeps_dma_transpose():
 
 
 def test_f32_default_cast_on_load():
-    """FP32 operands at DEFAULT run as bf16: the quartered load casts on the way."""
+    """FP32 operands at DEFAULT run as bf16: the row load casts on the way."""
     engines = _check(640, 2048, 2048, "float32", rtol=1e-2)
     assert engines["vector"] == 2048 // 64 * 4
 
@@ -91,3 +91,18 @@ def test_rows_beyond_sbuf_still_on_vector():
     engines = _transposes(program)
     assert engines["vector"] == (4096 // 128 - START) * 2048 // 64 * 4
     assert engines["tensor"] == START * 16
+
+
+def test_lhs_rows_load_whole():
+    """Every lhs row tile loads its rows naturally, one descriptor per row (K x 2
+    bytes: full DMA rate, §3.4), VectorE tiles included: their transposes move word
+    blocks across quadrants (§2.3) instead of needing K quartered on load (1 KiB)."""
+    from jax_trn.hw import costs, isa
+    m, k = 1024, 2048
+    program = lower_module(dot_module((m, k), (k, 2048), dtype="bfloat16"), TRN1)
+    lhs = program.params[0].name
+    loads = [i for kern in program.kernels for i in kern.instructions
+             if isinstance(i, isa.DmaCopy) and getattr(i.src, "tensor", None) == lhs]
+    assert _transposes(program)["vector"] > 0
+    assert sum(i.nbytes for i in loads) == m * k * 2
+    assert {costs.dma_shape(i, TRN1)[0] for i in loads} == {k * 2}
