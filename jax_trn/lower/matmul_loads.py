@@ -182,21 +182,38 @@ class Loads:
         load.staged.clear()
         return load.dst
 
+    def _finish_split(self, load: _Load, first: int) -> quarters.Split:
+        """A staged row tile's k-tiles before `first` transposed on TensorE, the rest
+        on VectorE (matmul_quarters.Split): for a tile TensorE needs at once while
+        VectorE is idle, with too few free PSUM banks for all its transposes."""
+        (rows, c0, fc), = load.staged
+        pe = load.dst
+        vector = quarters.Quartered(pe.base, self.mt, self.kperm)
+        for group in _runs(tiles(rows.free_size, self.kt)[:first], self.bank // fc):
+            self._transpose(rows, group, fc, c0, pe, each=True)
+        for operands in quarters.vector_transposes(rows, vector, self.k, self.kb.target,
+                                                   first):
+            self.kb.emit(isa.NcTranspose, engine="vector", **operands)
+        load.staged.clear()
+        return quarters.Split(pe, vector, first)
+
     def _transpose_staged(self, staged: tuple[isa.Tile, int, int], dst: KMajor) -> None:
         rows, c0, fc = staged
         for group in _runs(tiles(rows.free_size, self.kt), self.bank // fc):
             self._transpose(rows, group, fc, c0, dst)
 
-    def _transpose(self, rows: isa.Tile, group, fc: int, c0: int, dst: KMajor) -> None:
+    def _transpose(self, rows: isa.Tile, group, fc: int, c0: int, dst: KMajor,
+                   each: bool = False) -> None:
         """Transposes k-tiles of `rows` [fc, K] into one PSUM bank, then copies them to
-        `dst`: with one copy when they are adjacent there (a full-width strip)."""
+        `dst`: with one copy when they are adjacent there (a full-width strip) unless
+        `each` (one copy per k-tile, alternating engines: the first arrives sooner)."""
         bank = self.tps.next()
         kt = group[0][1][1]
         for g, (j, (k0, _)) in enumerate(group):
             data = quarters.pe_data(rows, j, rows.free_size, self.kperm, self.kb.target) \
                 if self.kperm else sub(rows, fc, kt, at=k0)
             self.kb.emit(isa.NcTranspose, dst=sub(bank, kt, fc, at=g * fc), data=data)
-        if dst.stride == fc:
+        if dst.stride == fc and not each:
             self.kb.emit(isa.TensorCopy, dst=dst.tile(group[0][0], kt, len(group) * fc),
                          src=sub(bank, kt, len(group) * fc), engine=self._evac_engine())
             return

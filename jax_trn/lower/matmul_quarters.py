@@ -87,6 +87,19 @@ class Quartered:
         return base.with_(num_partitions=kt, free=(free,), strides=strides, offset=offset)
 
 
+@dataclass
+class Split:
+    """A stationary strip whose k-tiles before `first` TensorE transposes (`pe`, a
+    `KMajor`: k-tile j at j * stride) and the rest VectorE (`vector`, `Quartered`:
+    word block u at u * w * stride, so the two never overlap when w divides `first`)."""
+    pe: object
+    vector: Quartered
+    first: int
+
+    def tile(self, j: int, kt: int, free: int, at: int = 0) -> isa.Tile:
+        return (self.pe if j < self.first else self.vector).tile(j, kt, free, at)
+
+
 def _k0(j: int, w: int, target: Target) -> int:
     """k of partition 0 of k-tile j."""
     u, h = divmod(j, w)
@@ -113,17 +126,17 @@ def staging_src(op: Operand, base: int, k: int, target: Target) -> tuple[int, Ax
     return base, ((op.f[0], target.stationary_max), (op.k[0], k))
 
 
-def vector_transposes(stage: isa.Tile, dst: Quartered, k: int, target: Target
-                      ) -> list[dict]:
+def vector_transposes(stage: isa.Tile, dst: Quartered, k: int, target: Target,
+                      first: int = 0) -> list[dict]:
     """The NcTranspose operands (engine="vector") turning a staged row tile into `dst`,
     k-tile pair by k-tile pair: word block b = quads u + q of row quadrant c moves to
     quadrant q at block u, column block c (a <= 32-partition transpose may write any
-    quadrant, §2.3)."""
+    quadrant, §2.3). From k-tile `first` (a multiple of w) on."""
     lanes, w = target.vector_transpose_max, dst.word
     quads, blocks = target.partitions // lanes, target.stationary_max // lanes
     block = lanes * w                           # elements per word block
     out = []
-    for u in range(k // (quads * block)):
+    for u in range(first // w, k // (quads * block)):
         for q in range(quads):
             b = quads * u + q
             for c in range(blocks):
