@@ -69,9 +69,9 @@ class WordPairs(KMajor):
 @dataclass
 class _Load:
     """A K-major load in flight: its DMAs are issued; transposes still to emit."""
-    dst: KMajor | quarters.Quartered
+    dst: KMajor | quarters.WordStrip
     staged: list[tuple[isa.Tile, int, int]] = field(default_factory=list)  # rows, c0, fc
-    quartered: isa.Tile | None = None       # staging to transpose on VectorE
+    vector_stage: isa.Tile | None = None    # natural rows VectorE transposes
 
 
 class Loads:
@@ -82,7 +82,7 @@ class Loads:
         """Issues the DMAs of op[kblock, f0:f0+fsize] as K-major tiles."""
         base = op.batch_offset(index) + kblock[0] * op.k[0] + f0 * op.f[0]
         if op.transposed and self._on_vector(op, f0):
-            return self._fetch_quartered(op, base, kblock[1], ring)
+            return self._fetch_for_vector(op, base, kblock[1], ring)
         words = self.interleaved and op is self.lhs
         load = _Load((WordPairs if words else KMajor)(ring.next(), fsize))
         pmax = self.kt
@@ -140,12 +140,12 @@ class Loads:
         """The lhs row tile at `f0` is transposed on VectorE (`MatmulEmitter.vector_rows`)."""
         return op is self.lhs and f0 in self.vector_rows
 
-    def _fetch_quartered(self, op: Operand, base: int, k: int, ring) -> _Load:
+    def _fetch_for_vector(self, op: Operand, base: int, k: int, ring) -> _Load:
         """One DMA of a full row tile into staging, rows on partitions
         (matmul_quarters.staging_src); `_finish` transposes it on VectorE."""
         target = self.kb.target
         stage = self.stage[id(op)].next()
-        load = _Load(quarters.Quartered(ring.next(), self.mt, self.kperm), quartered=stage)
+        load = _Load(quarters.WordStrip(ring.next(), self.mt, self.kperm), vector_stage=stage)
         at, pattern = quarters.staging_src(op, base, k, target)
         self._dma(stage, self.kb.ap(op.t, at, pattern))
         return load
@@ -170,13 +170,13 @@ class Loads:
         self.kb.emit(isa.DmaCopy, dst=dst, src=src, dma_queue=next(queues or self.load_q))
 
     def _finish(self, load: _Load) -> KMajor:
-        """Emits the TensorE (VectorE: `quartered` staging) transposes of a staged load (none for
-        a direct one)."""
-        if load.quartered is not None:
-            for operands in quarters.vector_transposes(load.quartered, load.dst, self.k,
+        """Emits the TensorE (VectorE: `vector_stage`) transposes of a staged load (none
+        for a direct one)."""
+        if load.vector_stage is not None:
+            for operands in quarters.vector_transposes(load.vector_stage, load.dst, self.k,
                                                        self.kb.target):
                 self.kb.emit(isa.NcTranspose, engine="vector", **operands)
-            load.quartered, self.vector_busy = None, True
+            load.vector_stage, self.vector_busy = None, True
         for staged in load.staged:
             self._transpose_staged(staged, load.dst)
         load.staged.clear()
@@ -188,7 +188,7 @@ class Loads:
         VectorE is idle, with too few free PSUM banks for all its transposes."""
         (rows, c0, fc), = load.staged
         pe = load.dst
-        vector = quarters.Quartered(pe.base, self.mt, self.kperm)
+        vector = quarters.WordStrip(pe.base, self.mt, self.kperm)
         for group in _runs(tiles(rows.free_size, self.kt)[:first], self.bank // fc):
             self._transpose(rows, group, fc, c0, pe, each=True)
         for operands in quarters.vector_transposes(rows, vector, self.k, self.kb.target,

@@ -19,7 +19,7 @@ stationary and the moving tiles of a matmul use the same map. With w elements pe
 - VectorE transposes 32x32 blocks of 32-bit words (`vector_transposes`): word block
   b = 4 u + q (k from 32 w b) of row quadrant c lands on quadrant q, at word block u,
   column block c. A word holds w k-tiles, so the stationary of k-tile j is block u
-  read with stride w from element h (`Quartered.tile`; strides of 4 bytes read at full
+  read with stride w from element h (`WordStrip.tile`; strides of 4 bytes read at full
   rate, §3.1). One VectorE instruction moves 32 x 32 words: 2048 bf16 per
   max(MIN_II, 32) = 64 cycles (§6.3).
 - The rhs k-tile j loads every w-th row from 128 w u + h (`rhs_pattern`): whole rows,
@@ -69,9 +69,8 @@ def applies(lhs: Operand, rhs: Operand, plan: Plan, target: Target, pairs: bool)
 
 
 @dataclass
-class Quartered:
-    """A stationary strip written by `vector_transposes` (a `KMajor` for the matmuls;
-    named for the quartered K layout it first held):
+class WordStrip:
+    """A stationary strip written by `vector_transposes` (a `KMajor` for the matmuls):
     k-tile j = w u + h is word block u (w * stride elements) read with stride w from
     element h."""
     base: isa.Tile
@@ -90,10 +89,10 @@ class Quartered:
 @dataclass
 class Split:
     """A stationary strip whose k-tiles before `first` TensorE transposes (`pe`, a
-    `KMajor`: k-tile j at j * stride) and the rest VectorE (`vector`, `Quartered`:
+    `KMajor`: k-tile j at j * stride) and the rest VectorE (`vector`, `WordStrip`:
     word block u at u * w * stride, so the two never overlap when w divides `first`)."""
     pe: object
-    vector: Quartered
+    vector: WordStrip
     first: int
 
     def tile(self, j: int, kt: int, free: int, at: int = 0) -> isa.Tile:
@@ -126,7 +125,7 @@ def staging_src(op: Operand, base: int, k: int, target: Target) -> tuple[int, Ax
     return base, ((op.f[0], target.stationary_max), (op.k[0], k))
 
 
-def vector_transposes(stage: isa.Tile, dst: Quartered, k: int, target: Target,
+def vector_transposes(stage: isa.Tile, dst: WordStrip, k: int, target: Target,
                       first: int = 0) -> list[dict]:
     """The NcTranspose operands (engine="vector") turning a staged row tile into `dst`,
     k-tile pair by k-tile pair: word block b = quads u + q of row quadrant c moves to

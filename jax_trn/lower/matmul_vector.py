@@ -174,7 +174,7 @@ class VectorSchedule:
         """A row tile's load; a VectorE tile's transposes too (they run as its data
         arrives, VectorE's queue holding nothing else)."""
         load = self._fetch(self.lhs, index, (0, self.k), *mtile, self.strips)
-        return self._finish(load) if load.quartered is not None else load
+        return self._finish(load) if load.vector_stage is not None else load
 
     def _rest(self, index, base: int, mtiles, groups, rs, loads) -> None:
         """Per row tile, every column group from the resident rhs slices `rs`; `loads`
