@@ -185,7 +185,9 @@ class Loads:
     def _finish_split(self, load: _Load, first: int) -> quarters.Split:
         """A staged row tile's k-tiles before `first` transposed on TensorE, the rest
         on VectorE (matmul_quarters.Split): for a tile TensorE needs at once while
-        VectorE is idle, with too few free PSUM banks for all its transposes."""
+        VectorE is idle, with too few free PSUM banks for all its transposes. Leaves
+        `vector_busy` alone: the next evacuations (the start's drains) come after
+        VectorE is done with these."""
         (rows, c0, fc), = load.staged
         pe = load.dst
         vector = quarters.WordStrip(pe.base, self.mt, self.kperm)
