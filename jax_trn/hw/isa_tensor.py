@@ -177,6 +177,12 @@ class NcMatmulMx(Instr):
 
 @dataclass(frozen=True, kw_only=True)
 class NcTranspose(Instr):
+    """dst[F, P] = data[P, F]: on TensorE an identity matmul into PSUM (<= 128 x 128,
+    §2.2); on VectorE one 32-partition bank's transpose (<= 32 x 32, §2.3, §6.2).
+    A VectorE transpose touches <= 32 partitions per side, so by §2.3 it may read one
+    quadrant and write another (cross-quadrant moves are allowed at <= 32 partitions;
+    only instructions over 64 partitions keep data on its partitions): the 32 limit
+    and the quadrant alignment of `_tile` (§3.1) are the whole check."""
     dst: Tile
     data: Tile
     engine: str = "tensor"

@@ -13,9 +13,9 @@ row-major, rhs [N, K]) must be transposed. Reading it K-major by a plain DMA wou
   PSUM, then copied to SBUF in the matmul dtype, as the Neuron compiler does (~128
   cycles per 128x128 tile against 512 per matmul that reuses it);
 - on v2 (no dma_transpose), where VectorE and the DMA queues keep pace with TensorE,
-  most lhs row tiles are loaded "quartered" and transposed on VectorE in 32x32 blocks
-  of 32-bit words, K permuted per partition quadrant (matmul_quarters.py; loop order
-  in matmul_vector.py, `kperm`).
+  most lhs row tiles are loaded naturally and transposed on VectorE in 32x32 blocks
+  of 32-bit words moved across quadrants, k-tiles of every w-th k (matmul_quarters.py;
+  loop order in matmul_vector.py, `kperm`).
 
 Loop order (`Plan.kb == K`, the usual case):
 

@@ -1,7 +1,8 @@
 """The operand loads of a matmul kernel (matmul.py's `MatmulEmitter` mixes them in):
 K-major tiles in SBUF, by plain DMAs of k-tiles, dma_transpose (v3+, §3.4), 16-bit word
-pairs for FP8 double_row, rows transposed on TensorE through PSUM (§2.2), or quartered
-rows transposed on VectorE with K permuted (matmul_quarters.py, `MatmulEmitter.kperm`)."""
+pairs for FP8 double_row, rows transposed on TensorE through PSUM (§2.2), or rows
+transposed on VectorE with k-tiles of every w-th k (matmul_quarters.py,
+`MatmulEmitter.kperm`)."""
 from __future__ import annotations
 
 import itertools
@@ -68,9 +69,9 @@ class WordPairs(KMajor):
 @dataclass
 class _Load:
     """A K-major load in flight: its DMAs are issued; transposes still to emit."""
-    dst: KMajor | quarters.Quartered
+    dst: KMajor | quarters.WordStrip
     staged: list[tuple[isa.Tile, int, int]] = field(default_factory=list)  # rows, c0, fc
-    quartered: isa.Tile | None = None       # staging to transpose on VectorE
+    vector_stage: isa.Tile | None = None    # natural rows VectorE transposes
 
 
 class Loads:
@@ -81,7 +82,7 @@ class Loads:
         """Issues the DMAs of op[kblock, f0:f0+fsize] as K-major tiles."""
         base = op.batch_offset(index) + kblock[0] * op.k[0] + f0 * op.f[0]
         if op.transposed and self._on_vector(op, f0):
-            return self._fetch_quartered(op, base, kblock[1], ring)
+            return self._fetch_for_vector(op, base, kblock[1], ring)
         words = self.interleaved and op is self.lhs
         load = _Load((WordPairs if words else KMajor)(ring.next(), fsize))
         pmax = self.kt
@@ -139,12 +140,12 @@ class Loads:
         """The lhs row tile at `f0` is transposed on VectorE (`MatmulEmitter.vector_rows`)."""
         return op is self.lhs and f0 in self.vector_rows
 
-    def _fetch_quartered(self, op: Operand, base: int, k: int, ring) -> _Load:
-        """One DMA of a full row tile into the quartered staging layout
-        (matmul_quarters.py); `_finish` transposes it on VectorE."""
+    def _fetch_for_vector(self, op: Operand, base: int, k: int, ring) -> _Load:
+        """One DMA of a full row tile into staging, rows on partitions
+        (matmul_quarters.staging_src); `_finish` transposes it on VectorE."""
         target = self.kb.target
         stage = self.stage[id(op)].next()
-        load = _Load(quarters.Quartered(ring.next(), self.mt, self.kperm), quartered=stage)
+        load = _Load(quarters.WordStrip(ring.next(), self.mt, self.kperm), vector_stage=stage)
         at, pattern = quarters.staging_src(op, base, k, target)
         self._dma(stage, self.kb.ap(op.t, at, pattern))
         return load
@@ -169,33 +170,52 @@ class Loads:
         self.kb.emit(isa.DmaCopy, dst=dst, src=src, dma_queue=next(queues or self.load_q))
 
     def _finish(self, load: _Load) -> KMajor:
-        """Emits the TensorE (VectorE: quartered) transposes of a staged load (none for
-        a direct one)."""
-        if load.quartered is not None:
-            for operands in quarters.vector_transposes(load.quartered, load.dst, self.k,
+        """Emits the TensorE (VectorE: `vector_stage`) transposes of a staged load (none
+        for a direct one)."""
+        if load.vector_stage is not None:
+            for operands in quarters.vector_transposes(load.vector_stage, load.dst, self.k,
                                                        self.kb.target):
                 self.kb.emit(isa.NcTranspose, engine="vector", **operands)
-            load.quartered, self.vector_busy = None, True
+            load.vector_stage, self.vector_busy = None, True
         for staged in load.staged:
             self._transpose_staged(staged, load.dst)
         load.staged.clear()
         return load.dst
+
+    def _finish_split(self, load: _Load, first: int) -> quarters.Split:
+        """A staged row tile's k-tiles before `first` transposed on TensorE, the rest
+        on VectorE (matmul_quarters.Split): for a tile TensorE needs at once while
+        VectorE is idle, with too few free PSUM banks for all its transposes. Leaves
+        `vector_busy` alone: the next evacuations (the start's drains) come after
+        VectorE is done with these."""
+        (rows, c0, fc), = load.staged
+        pe = load.dst
+        vector = quarters.WordStrip(pe.base, self.mt, self.kperm)
+        for group in _runs(tiles(rows.free_size, self.kt)[:first], self.bank // fc):
+            self._transpose(rows, group, fc, c0, pe, each=True)
+        for operands in quarters.vector_transposes(rows, vector, self.k, self.kb.target,
+                                                   first):
+            self.kb.emit(isa.NcTranspose, engine="vector", **operands)
+        load.staged.clear()
+        return quarters.Split(pe, vector, first)
 
     def _transpose_staged(self, staged: tuple[isa.Tile, int, int], dst: KMajor) -> None:
         rows, c0, fc = staged
         for group in _runs(tiles(rows.free_size, self.kt), self.bank // fc):
             self._transpose(rows, group, fc, c0, dst)
 
-    def _transpose(self, rows: isa.Tile, group, fc: int, c0: int, dst: KMajor) -> None:
+    def _transpose(self, rows: isa.Tile, group, fc: int, c0: int, dst: KMajor,
+                   each: bool = False) -> None:
         """Transposes k-tiles of `rows` [fc, K] into one PSUM bank, then copies them to
-        `dst`: with one copy when they are adjacent there (a full-width strip)."""
+        `dst`: with one copy when they are adjacent there (a full-width strip) unless
+        `each` (one copy per k-tile, alternating engines: the first arrives sooner)."""
         bank = self.tps.next()
         kt = group[0][1][1]
         for g, (j, (k0, _)) in enumerate(group):
             data = quarters.pe_data(rows, j, rows.free_size, self.kperm, self.kb.target) \
                 if self.kperm else sub(rows, fc, kt, at=k0)
             self.kb.emit(isa.NcTranspose, dst=sub(bank, kt, fc, at=g * fc), data=data)
-        if dst.stride == fc:
+        if dst.stride == fc and not each:
             self.kb.emit(isa.TensorCopy, dst=dst.tile(group[0][0], kt, len(group) * fc),
                          src=sub(bank, kt, len(group) * fc), engine=self._evac_engine())
             return

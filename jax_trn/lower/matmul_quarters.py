@@ -4,34 +4,34 @@ A row-major lhs [M, K] must reach TensorE with K on partitions (§2.2). Without
 dma_transpose it is transposed on TensorE (identity matmuls, §2.2), which takes TensorE
 time from the matmuls: 128 cycles per 128x128 tile against 4 x 512 for the matmuls
 that use it at N = 2048 (a ~94% cap). VectorE transposes 32x32 blocks in parallel with
-TensorE (`nc_transpose(engine=vector)`, §2.3, §6.2), each within its 32-partition
-quadrant, never across.
+TensorE (`nc_transpose(engine=vector)`, §2.3, §6.2); touching 32 partitions, each
+block may land in any quadrant (§2.3: cross-quadrant moves are allowed at <= 32).
 
-That is enough because the contraction does not care which k sits on which partition,
-as long as the stationary and the moving tiles of a matmul use the same map. With Q =
-K / 4 (a quarter of K, one per quadrant), w elements per 32-bit word (2 for 16-bit
-types) and k-tile j = w * u + h, partition p = 32 q + i of k-tile j holds
+The contraction does not care which k sits on which partition, as long as the
+stationary and the moving tiles of a matmul use the same map. With w elements per
+32-bit word (2 for 16-bit types), k-tile j = w u + h holds on partition p
 
-    k(j, p) = q * Q + 32 w u + w i + h.
+    k(j, p) = 128 w u + w p + h          (every w-th k of a 128 w run)
 
-- The lhs rows of one 128-row tile load "quartered" (`staging_src`): partition
-  32 q + l holds, for each column block c (0..3), row 32 c + l's quarter q: runs of Q
-  elements (1 KiB at K = 2048 bf16: a DMA descriptor at 41% of the rate, §3.4).
-- VectorE transposes 32x32 blocks of 32-bit words (`vector_transposes`): the word of
-  row m holding k = q Q + 32 w u + w i + h (h < w) lands on partition 32 q + i, at word
-  m of block u. A word holds the w k-tiles of block u, so the stationary of k-tile j is
-  that block read with stride w from element h (`Quartered.tile`; strides of 4 bytes
-  read at full rate, §3.1). One VectorE instruction moves 32 x 32 words: 2048 bf16 per
+- The lhs rows of one 128-row tile load naturally (`staging_src`): partition l holds
+  row l, all of K (one descriptor of K elements per row, 4 KiB at K = 2048 bf16: the
+  full DMA rate, §3.4).
+- VectorE transposes 32x32 blocks of 32-bit words (`vector_transposes`): word block
+  b = 4 u + q (k from 32 w b) of row quadrant c lands on quadrant q, at word block u,
+  column block c. A word holds w k-tiles, so the stationary of k-tile j is block u
+  read with stride w from element h (`WordStrip.tile`; strides of 4 bytes read at full
+  rate, §3.1). One VectorE instruction moves 32 x 32 words: 2048 bf16 per
   max(MIN_II, 32) = 64 cycles (§6.3).
-- The rhs k-tile j loads its rows in that order (`rhs_pattern`): whole rows, so its
-  DMA runs are as long as before.
+- The rhs k-tile j loads every w-th row from 128 w u + h (`rhs_pattern`): whole rows,
+  so its DMA runs are as long as before.
 - A tile transposed on TensorE in the same kernel reads its natural rows through the
-  same map (`pe_data`: free pattern (4, 32) with strides (Q, w)), so the rhs serves
-  every row tile.
+  same map (`pe_data`: stride w), so the rhs serves every row tile.
 
-The permutation changes which k a matmul sums and the order PSUM accumulates them in
-(FP32): results may differ from the TensorE path in the last bits (bf16 2048^3 with
-normal random inputs: 99.98% of the bf16 outputs equal, the others one ulp apart).
+The map changes which k a matmul sums and the order PSUM accumulates them in (FP32):
+results may differ from the TensorE path in the last bits (bf16 640 x 2048 x 2048 with
+normal random inputs, against the quartered layout this replaced: 99.98% of the bf16
+outputs equal, the others one ulp apart except where the sum cancels to ~1e-6 of the
+row scale).
 """
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def applies(lhs: Operand, rhs: Operand, plan: Plan, target: Target, pairs: bool)
 
 
 @dataclass
-class Quartered:
+class WordStrip:
     """A stationary strip written by `vector_transposes` (a `KMajor` for the matmuls):
     k-tile j = w u + h is word block u (w * stride elements) read with stride w from
     element h."""
@@ -86,52 +86,60 @@ class Quartered:
         return base.with_(num_partitions=kt, free=(free,), strides=strides, offset=offset)
 
 
-def _k0(j: int, w: int, lanes: int) -> int:
+@dataclass
+class Split:
+    """A stationary strip whose k-tiles before `first` TensorE transposes (`pe`, a
+    `KMajor`: k-tile j at j * stride) and the rest VectorE (`vector`, `WordStrip`:
+    word block u at u * w * stride, so the two never overlap when w divides `first`)."""
+    pe: object
+    vector: WordStrip
+    first: int
+
+    def tile(self, j: int, kt: int, free: int, at: int = 0) -> isa.Tile:
+        return (self.pe if j < self.first else self.vector).tile(j, kt, free, at)
+
+
+def _k0(j: int, w: int, target: Target) -> int:
     """k of partition 0 of k-tile j."""
     u, h = divmod(j, w)
-    return lanes * w * u + h
+    return target.partitions * w * u + h
 
 
 def rhs_pattern(op: Operand, j: int, k: int, w: int, target: Target, fsize: int
                 ) -> tuple[int, Axes]:
-    """(element offset, pattern) of the rhs rows of k-tile j, partition-major."""
-    lanes = target.vector_transpose_max
-    quads, ks = target.partitions // lanes, op.k[0]
-    pattern = ((k // quads * ks, quads), (w * ks, lanes), (op.f[0], fsize))
-    return _k0(j, w, lanes) * ks, pattern
+    """(element offset, pattern) of the rhs rows of k-tile j: every w-th row."""
+    ks = op.k[0]
+    return _k0(j, w, target) * ks, ((w * ks, target.partitions), (op.f[0], fsize))
 
 
 def pe_data(rows: isa.Tile, j: int, k: int, w: int, target: Target) -> isa.Tile:
-    """The natural rows [fc, K] of k-tile j, for a TensorE transpose: partitions of the
-    result in (quadrant, lane) order."""
-    lanes = target.vector_transpose_max
-    quads = target.partitions // lanes
-    offset = rows.offset + _k0(j, w, lanes) * hw_dtypes.itemsize(rows.dtype)
-    return rows.with_(free=(quads, lanes), strides=(k // quads, w), offset=offset)
+    """The natural rows [fc, K] of k-tile j (every w-th column), for a TensorE
+    transpose."""
+    offset = rows.offset + _k0(j, w, target) * hw_dtypes.itemsize(rows.dtype)
+    return rows.with_(free=(target.partitions,), strides=(w,), offset=offset)
 
 
 def staging_src(op: Operand, base: int, k: int, target: Target) -> tuple[int, Axes]:
-    """(offset, pattern) of one 128-row tile's quartered load (from row offset `base`):
-    partition 32 q + l, column block c, element e <- row 32 c + l, k = q Q + e."""
-    lanes = target.vector_transpose_max
-    quads, ks, fs = target.partitions // lanes, op.k[0], op.f[0]
-    blocks = target.stationary_max // lanes
-    return base, ((k // quads * ks, quads), (fs, lanes), (lanes * fs, blocks),
-                  (ks, k // quads))
+    """(offset, pattern) of one row tile's natural load (from row offset `base`):
+    partition l <- row l, all of K (one descriptor per row, §3.4)."""
+    return base, ((op.f[0], target.stationary_max), (op.k[0], k))
 
 
-def vector_transposes(stage: isa.Tile, dst: Quartered, k: int, target: Target
-                      ) -> list[dict]:
-    """The NcTranspose operands (engine="vector") turning a quartered staging tile into
-    `dst`, word block by word block (k-tiles in order)."""
+def vector_transposes(stage: isa.Tile, dst: WordStrip, k: int, target: Target,
+                      first: int = 0) -> list[dict]:
+    """The NcTranspose operands (engine="vector") turning a staged row tile into `dst`,
+    k-tile pair by k-tile pair: word block b = quads u + q of row quadrant c moves to
+    quadrant q at block u, column block c (a <= 32-partition transpose may write any
+    quadrant, §2.3). From k-tile `first` (a multiple of w) on."""
     lanes, w = target.vector_transpose_max, dst.word
     quads, blocks = target.partitions // lanes, target.stationary_max // lanes
-    q_elems, block = k // quads, lanes * w          # elements per quarter, per word run
+    block = lanes * w                           # elements per word block
     out = []
-    for u in range(q_elems // block):
+    for u in range(first // w, k // (quads * block)):
         for q in range(quads):
+            b = quads * u + q
             for c in range(blocks):
-                src = _words(stage, q * lanes, lanes, c * q_elems + u * block)
+                src = _words(stage, c * lanes, lanes, b * block)
                 dst_at = u * w * dst.stride + c * block
                 out.append(dict(data=src, dst=_words(dst.base, q * lanes, lanes, dst_at)))
     return out

@@ -7,29 +7,41 @@ groups outer (matmul.py `_mblock`), every row tile after the start computes all 
 column groups in turn, the rhs resident (all of its column groups fit the slices
 ring), and VectorE works `AHEAD` tiles ahead of TensorE:
 
-    start: tiles 0..b-1 (TensorE transposes, natural rows) join the first column group
+    start: tiles 0..b-1 (TensorE transposes, natural rows; the last tile's k-tiles from
+           SPLIT_PE on VectorE) join the first column group
            one by one as their rows and the rhs k-tiles arrive (DMAs alternating), each
            catching up on the k-steps it missed, so TensorE works while the first rhs
            slice streams in (the one load nothing hides)
     then:  the other column groups over tiles 0..b-1, k outer, their slices streaming
     rest:  per row tile, every column group from the resident rhs; VectorE tiles'
-           quartered rows loaded and transposed AHEAD tiles ahead (a partial last
+           rows loaded and transposed AHEAD tiles ahead (a partial last
            tile is transposed on TensorE, in its own accumulators' banks); the last
            column group of the last tile one PSUM bank at a time, each stored when
            done
 
 The start's tiles cost TensorE ~0.7 us of transposes each and the start is DMA-bound
 (their rows and the first rhs slice before TensorE has enough work): on trn1 at
-2048^3 the kernel is ~7.7 us idle there, ~2.9 us in the last store, 2.9 us in
-transposes, against 187.2 us of matmuls. VectorE evacuates nothing once it has
+2048^3 (199.7 us) the kernel is ~7.1 us idle there, ~2.8 us in the last store, 2.5 us
+in transposes, against 187.2 us of matmuls. VectorE evacuates nothing once it has
 transposes queued (its queue is in order); ScalarE does.
+
+Why the start stays DMA-bound (trn1 2048^3, §3.4 descriptor costs): the 8 PSUM banks
+hold 4 tiles x 1024 columns, so a k-step is 1.46 us of matmuls against 1.18 us for its
+rhs k-tile (rows of 2 KiB: 82% of the rate), and the 4 tiles' rows (1.93 us each) must
+come first. TensorE waits 3.2 us for the first rows (1.3 us fixed cost + 1.93), and
+the start's DMA (27.8 us) exceeds its TensorE work (26.3 us with the transposes): no
+order of those loads idles TensorE less than ~7 us (fewer start tiles or narrower rhs
+slices only raise DMA per matmul; half-K row loads save ~1 us of idle for 1.7 us more
+DMA). Before the last start tile arrives, TensorE transposes fill time it would
+otherwise wait for DMAs: VectorE transposes for a whole start tile joining later
+measured 201.0 -> 201.1 us and worse; only the last tile's are split (`_split_at`).
 """
 from __future__ import annotations
 
 from jax_trn.hw import dtypes as hw_dtypes
 from jax_trn.hw import isa
 
-from .builder import Ring
+from .builder import Ring, sub
 from .layout import tiles
 from .matmul_loads import KMajor, _Load
 from .matmul_plan import SBUF_SHARE
@@ -38,6 +50,8 @@ AHEAD = 2                   # row tiles whose lhs loads (and VectorE transposes)
                             # flight ahead of the tile TensorE computes
 PACE_SHARE = 0.9            # of TensorE's time per row tile VectorE's transposes and
                             # the DMAs may take (the rest: slack for their latencies)
+SPLIT_PE = 4                # k-tiles of the start's last tile TensorE transposes (one
+                            # PSUM bank of them); VectorE, idle then, the rest
 EARLY = 4                   # rhs k-tiles of the second column group loaded before the
                             # first VectorE tile's rows
 
@@ -67,7 +81,7 @@ class VectorSchedule:
     def _paces(self) -> tuple[float, float, float]:
         """ns per row tile after the start, from the hardware's cost model: TensorE's
         matmuls, VectorE's transposes (matmul_quarters.vector_transposes), and the
-        DMA of its quartered rows and its results (per-descriptor efficiency, §3.4)."""
+        DMA of its rows and its results (per-descriptor efficiency, §3.4)."""
         target, lhs = self.kb.target, self.lhs
         spec, lanes = target.core, target.vector_transpose_max
         words = isa.Tile("sbuf", 0, lanes, 0, (lanes,), "uint32")
@@ -83,8 +97,8 @@ class VectorSchedule:
                                   moving=stat.with_(free=(ct,)), precision=self.precision,
                                   dst=isa.Tile("psum", 0, self.mt, 0, (ct,), "float32"))
                 tensor += -(-self.k // self.kt) * mm.cycles(spec)
-        quads, item = target.partitions // lanes, hw_dtypes.itemsize(lhs.t.dtype)
-        dma += self.mt * self.k * item / eff(self.k // quads * item)
+        item = hw_dtypes.itemsize(lhs.t.dtype)
+        dma += self.mt * self.k * item / eff(self.k * item)
         return (tensor / spec.clock("tensor"), count * vector.cycles(spec) / spec.clock("vector"),
                 dma / (spec.dma_engines * spec.dma_engine_bytes_per_ns))
 
@@ -135,7 +149,9 @@ class VectorSchedule:
             """Tile t's transposes (in the banks of the accumulators not used yet: its
             own and those of the tiles joining after it), then the k-steps it missed."""
             self.tps = self._bank_ring([a for later in accs[t:] for a in later])
-            strips.append(self._finish(load))
+            split = t == len(bunch) - 1 and t > 0 and bunch[t][1] == self.mt
+            strips.append(self._finish_split(load, self._split_at()) if split
+                          else self._finish(load))
             self.tps = None
             for i in range(upto):
                 step(t, i)
@@ -158,7 +174,7 @@ class VectorSchedule:
         """A row tile's load; a VectorE tile's transposes too (they run as its data
         arrives, VectorE's queue holding nothing else)."""
         load = self._fetch(self.lhs, index, (0, self.k), *mtile, self.strips)
-        return self._finish(load) if load.quartered is not None else load
+        return self._finish(load) if load.vector_stage is not None else load
 
     def _rest(self, index, base: int, mtiles, groups, rs, loads) -> None:
         """Per row tile, every column group from the resident rhs slices `rs`; `loads`
@@ -181,11 +197,16 @@ class VectorSchedule:
         """The kernel's last accumulators one at a time, each stored when done: the
         store of the last (§3.4: ~2.5 us, fixed cost and descriptors) follows the
         matmuls of one PSUM bank, not of the column group. VectorE is done with its
-        transposes: the evacuations alternate again."""
+        transposes: the evacuations alternate again, and the very last is split in
+        halves, one per engine (~0.37 -> ~0.23 us before the store on trn1)."""
         self.vector_busy = False
-        for c0, ct, acc in accs:
+        for i, (c0, ct, acc) in enumerate(accs):
             self._matmuls([(0, ct, acc)], s, r.shifted(c0), self.k, mt, True, None)
-            self._drain([(0, ct, acc)], base, m0, mt, g0 + c0, ct)
+            pieces = [(0, ct, acc)]
+            if i == len(accs) - 1 and ct > 1:
+                h = ct // 2
+                pieces = [(0, h, sub(acc, mt, h)), (h, ct - h, sub(acc, mt, ct - h, at=h))]
+            self._drain(pieces, base, m0, mt, g0 + c0, ct)
 
     def _bank_ring(self, accs) -> Ring:
         """The PSUM banks of accumulators `accs`, whole, for TensorE transposes."""
@@ -197,6 +218,17 @@ class VectorSchedule:
         start's bunch."""
         return frozenset(m0 for m0, mt in tiles(self.m, self.mt)[self._start_size():]
                          if mt == self.mt)
+
+    def _split_at(self) -> int:
+        """The first k-tile of the start's last tile VectorE transposes (a multiple of
+        w). TensorE is the bottleneck from that tile's arrival on, so its transposes
+        cost kernel time there (on trn1 2048^3: 16 of them 0.74 us, plus ~0.4 us
+        waiting for its two banks' evacuation between two rounds), while VectorE is
+        idle until the first VectorE row tile; TensorE keeps the first SPLIT_PE,
+        each evacuated alone, so the tile's catch-up starts at once. 201.0 -> 199.9
+        us (1, 2 or 3 start tiles split: 199.9, 200.8, 201.8)."""
+        w, nk = self.kperm, self.k // self.kt
+        return max(w, min(nk, SPLIT_PE) // w * w)
 
     def _start_size(self) -> int:
         """Row tiles of the start: as many as the accumulator banks hold at once."""

@@ -34,6 +34,7 @@ def run(instr, gen="trn2"):
     lambda: isa.NcMatmul(dst=ps(4, 4), stationary=sb(4, 4, dtype="int8"),
                          moving=sb(4, 4, dtype="int8")),
     lambda: isa.NcTranspose(dst=sb(33, 2), data=sb(2, 33), engine="vector"),
+    lambda: isa.NcTranspose(dst=sb(32, 32, start=16), data=sb(32, 32), engine="vector"),
     lambda: isa.NcTranspose(dst=ps(129 - 1, 129), data=sb(129, 128)),
     lambda: isa.TensorReduce(dst=sb(128, 1), data=sb(128, 4), op="add", axis=(0,)),
     lambda: isa.TensorTensor(dst=sb(128, 4), data1=sb(128, 4), data2=sb(128, 5), op="add"),

@@ -212,6 +212,15 @@ def test_transpose(engine, mem):
     np.testing.assert_array_equal(out, [[1, 4], [2, 5], [3, 6]])
 
 
+def test_vector_transpose_may_write_another_quadrant():
+    """§2.3: a VectorE instruction touching <= 32 partitions may move data across
+    quadrants (matmul_quarters.py transposes row quadrant c into quadrant q)."""
+    x, d = tile((32, 32), start=32), tile((32, 32), start=96)
+    a = np.arange(32 * 32, dtype=np.float32).reshape(32, 32)
+    out = run1(isa.NcTranspose(dst=d, data=x, engine="vector"), {x: a})
+    np.testing.assert_array_equal(out, a.T)
+
+
 def test_matmul_overwrite_then_accumulate():
     k, m, n = 4, 2, 3
     st, mv = tile((k, m), "bfloat16"), tile((k, n), "bfloat16")
