@@ -172,7 +172,7 @@ class _Flash(MaskBiases):
         self._plan_units(qk_bytes)
         if self.blocked:
             self.kTb = kb.ring(2, self.k_heads * self.sk, q.dtype)
-            self.qTb = kb.ring(2, self.q_heads * self.sq, q.dtype)
+            self.qTb = kb.ring(self.q_depth, self.q_heads * self.sq, q.dtype)
             self.qblocks: dict = {}
         else:
             self.kT = kb.ring(2, self.sk, q.dtype)
@@ -272,9 +272,11 @@ class _Flash(MaskBiases):
         vblocks = unit_blocks([kv[1] for kv in kvs], self.dv, limit)
         limit = heads_per_dma(nqt, self.dv, 2, HEADS_BYTES)
         oblocks = unit_blocks([u["out"] for u in self.units], self.dv, limit)
-        # Trn1 (no dma_transpose): Q^T / K^T of runs of heads, within `qk_bytes`
-        # (both double-buffered; a run of one costs about what one head at a time does)
-        limit = min(8, qk_bytes // (4 * (self.sq + self.sk)))
+        # Trn1 (no dma_transpose): Q^T / K^T of runs of heads, within `qk_bytes`. A
+        # run's Q^T is loaded with its first job, which `run` reaches Q_AHEAD jobs
+        # early: the ring holds as many runs as that spans (runs of one head at worst)
+        self.q_depth = pipeline_slots(len(self._jobs(self.units[0])), Q_AHEAD)
+        limit = min(8, qk_bytes // (2 * (2 * self.sk + self.q_depth * self.sq)))
         self.blocked = limit > 1
         kblocks = unit_blocks([kv[0] for kv in kvs], self.d, max(1, limit))
         qblocks = unit_blocks([u["q"] for u in self.units], self.d, max(1, limit))

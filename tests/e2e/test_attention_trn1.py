@@ -47,6 +47,13 @@ def masked(q, k, v):         # a compile-time mask with partial blocks, -1e9 fil
 pad = np.arange(256) < 200
 
 
+def bhsd(q, k, v):                    # [B, H, S, D]: heads not adjacent, runs of one;
+    s = jnp.einsum("bhqd,bhkd->bhqk", q, k) * 0.125   # 4 heads of 2 jobs each, more
+    s = jnp.where(jnp.tril(jnp.ones((256, 256), bool)), s, -1e9)   # than Q_AHEAD
+    p = jax.nn.softmax(s.astype(jnp.float32), -1).astype(q.dtype)
+    return jnp.einsum("bhqk,bhkd->bhqd", p, v)
+
+
 def runtime_both(q, k, v, bias):      # a runtime mask and an additive bias [B, N, T, S]
     mask = (q[:, None, :, 0, :1] < 2.0) & pad
     return jax.nn.dot_product_attention(q, k, v, bias, mask=mask)
@@ -67,6 +74,7 @@ cases = {
     "runtime_both": (runtime_both, [(1, 256, 2, 64)] * 3 + [(1, 2, 256, 256),
                                                           (1, 256, 2, 64)]),
     "padding": (padding, [(1, 256, 2, 64)] * 4),
+    "bhsd": (bhsd, [(1, 4, 256, 64)] * 4),
 }
 out = {}
 for name, (f, shapes) in cases.items():
@@ -94,7 +102,7 @@ def trn1_results():
 
 
 @pytest.mark.parametrize("case", ["causal_gqa", "plain_tails", "masked", "runtime_both",
-                                  "padding"])
+                                  "padding", "bhsd"])
 def test_trn1_attention_runs_flash_kernels_and_matches_cpu(trn1_results, case):
     got = trn1_results[case]
     assert got["fused"] == [True, True]           # forward and backward flash kernels
