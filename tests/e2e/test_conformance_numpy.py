@@ -1,0 +1,50 @@
+"""What JAX's tests beyond issue 13's five files found (lax_numpy_*, lax_vmap, random,
+debugging_primitives, linalg, api, pjit, shard_map): each reproducer against JAX's CPU
+backend, in our own words."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def _both(jax, trn, cpu, fn, *args):
+    f = jax.jit(fn)
+    return (np.asarray(f(*(jax.device_put(a, trn) for a in args))),
+            np.asarray(f(*(jax.device_put(a, cpu) for a in args))))
+
+
+# --- empty arrays ---------------------------------------------------------------------
+
+def test_spacing_of_an_empty_array(jax, trn, cpu):
+    """`jnp.spacing` of a (3, 0) array: the fused region's splat constant folds to an
+    empty one, which the translator reshaped (it was 'cannot reshape array of size 0
+    into shape (0,newaxis)' at compile time)."""
+    out, ref = _both(jax, trn, cpu, jax.numpy.spacing, np.zeros((3, 0), np.float16))
+    assert out.shape == ref.shape == (3, 0) and out.dtype == ref.dtype
+
+
+# --- complex scatter ------------------------------------------------------------------
+
+def _complex(shape, seed=0):
+    rng = np.random.default_rng(seed)
+    return (rng.normal(size=shape) + 1j * rng.normal(size=shape)).astype(np.complex64)
+
+
+def test_complex_scatter_multiply_with_unique_indices(jax, trn, cpu):
+    """`x.at[i].multiply(y)` on complex64 with unique indices: real scatters, one
+    complex multiply and a select (was refused: 'complex scatter with the combiner
+    ['multiply', 'return'] is not supported')."""
+    idx = np.array([0, 2])
+    fn = lambda x, y: x.at[idx].multiply(y, unique_indices=True)
+    x = _complex((3, 4, 5))
+    out, ref = _both(jax, trn, cpu, fn, x, _complex((2, 4, 5), 1))
+    np.testing.assert_allclose(out, ref, rtol=1e-6)      # CPU fuses a*c - b*d (FMA)
+    np.testing.assert_array_equal(out[1], x[1])           # untouched rows: exactly x
+
+
+def test_complex_scatter_power_by_bool(jax, trn, cpu):
+    """`x.at[i].power(y)`: JAX scatters a multiply into ones, then takes the power."""
+    idx = np.array([0, 1, 2])
+    fn = lambda x, y: x.at[idx].power(y, indices_are_sorted=True, unique_indices=True)
+    y = np.random.default_rng(2).normal(size=(3, 4, 5)) > 0
+    out, ref = _both(jax, trn, cpu, fn, _complex((3, 4, 5)), y)
+    np.testing.assert_allclose(out, ref, rtol=1e-6, atol=1e-6)
