@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hlo_passes import ir
+from hlo_passes import inspect_sharding, ir
 from hlo_passes.errors import VerifyError
 from hlo_passes.localize_pad import PaddingOps
 from hlo_passes.localize_sdy import SdyOps
@@ -231,6 +231,8 @@ class _Localizer(SdyOps, PaddingOps):
         if kind.startswith("sdy.") and kind not in ("sdy.return",):
             raise VerifyError(f"{kind} is not supported by the SPMD localization "
                               f"({op.describe()})")
+        if kind == "custom_call" and op.attrs.get("call_target_name") == inspect_sharding.TARGET:
+            return self._inspect_sharding(op)
         shardings = parse_per_value(op.attrs.pop("sdy.sharding", None)) or [None] * len(op.results)
         shardings = [self._ours(s) for s in shardings]
         if op.kind in ("while", "case"):
@@ -242,6 +244,15 @@ class _Localizer(SdyOps, PaddingOps):
         self._local_attrs(op)
         self._mask_inputs(op)
         self._emit(op)
+
+    def _inspect_sharding(self, op: ir.Op) -> None:
+        """jax.debug.inspect_array_sharding: the callback gets the operand's sharding
+        (hlo_passes/inspect_sharding.py); the op computes nothing and goes."""
+        v = op.operands[0]
+        inspect_sharding.call(op.attrs.get("backend_config"), self.shardings.get(id(v)),
+                              self.mesh, len(self.global_shape.get(id(v), v.shape)))
+        for r in op.results:
+            self.mapping[r] = v
 
     def _local_attrs(self, op: ir.Op) -> None:
         """Sizes in attributes made per-device: the sharded dims a slice or dynamic_slice

@@ -48,3 +48,36 @@ def test_complex_scatter_power_by_bool(jax, trn, cpu):
     y = np.random.default_rng(2).normal(size=(3, 4, 5)) > 0
     out, ref = _both(jax, trn, cpu, fn, _complex((3, 4, 5)), y)
     np.testing.assert_allclose(out, ref, rtol=1e-6, atol=1e-6)
+
+
+# --- jax.debug.inspect_array_sharding under jit -----------------------------------------
+
+def test_inspect_array_sharding_is_called_with_the_sharding(jax, trn_devices):
+    """The `InspectSharding` custom call's backend_config is two raw pointers; its
+    bytes broke the importer ('nanobind ... conversion error'). localize now calls the
+    callback with the operand's sharding."""
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    got = []
+
+    def f(x):
+        jax.debug.inspect_array_sharding(x, callback=got.append)
+        return x * x
+
+    mesh = Mesh(np.array(trn_devices[:8]).reshape(2, 4), ("a", "b"))
+    for spec in (P("b", None), P(None, ("a", "b")), P("a")):
+        x = jax.device_put(np.arange(64.0).reshape(8, 8), NamedSharding(mesh, spec))
+        jax.jit(f)(x)
+        assert got[-1].is_equivalent_to(NamedSharding(mesh, spec), 2)
+
+
+def test_visualize_sharding_inside_shard_map(jax, trn_devices, capsys):
+    from jax.sharding import Mesh, PartitionSpec as P
+    mesh = Mesh(np.array(trn_devices[:2]), ("x",))
+
+    def f():
+        a = jax.numpy.zeros(1000)
+        jax.debug.visualize_array_sharding(a)
+        return a
+
+    out = jax.shard_map(f, mesh=mesh, in_specs=P(None), out_specs=P("x"))()
+    assert out.shape == (2000,) and "0" in capsys.readouterr().out
