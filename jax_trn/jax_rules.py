@@ -125,6 +125,8 @@ def _row(x, i):
 def _forward(a, b, unit_diagonal: bool):
     """x with a x = b, a lower triangular [..., m, m], b [..., m, n]."""
     m = a.shape[-1]
+    if m == 0 or b.size == 0:
+        return jnp.zeros(b.shape, b.dtype)
 
     def row(i, x):
         ai, below = _row(a, i)                                          # [..., 1, m]
@@ -159,6 +161,8 @@ def _cholesky(a):
     """Lower L with L L^H = a [..., m, m] (the lower triangle of a is read; L^T for
     real a). For complex a the diagonal is the square root of a real number, as LAPACK's."""
     m = a.shape[-1]
+    if a.size == 0:
+        return a
     idx = jnp.arange(m)
 
     def column(i, low):
@@ -185,10 +189,15 @@ def _cumlogsumexp(x, *, axis: int, reverse: bool):
 
 def _geqrf(a):
     """LAPACK geqrf: R above the diagonal, Householder vectors (unit leading entry
-    implied) below it, and their taus: column j's reflector H = I - tau v v^T maps
-    a[j:, j] to (beta, 0, ...), beta = -sign(alpha) * ||a[j:, j]|| (dlarfg)."""
+    implied) below it, and their taus: column j's reflector H = I - tau v v^H maps
+    a[j:, j] to (beta, 0, ...), beta = -sign(Re alpha) * ||a[j:, j]|| (dlarfg / zlarfg:
+    beta is real, tau complex for complex a; A is updated by H^H)."""
+    _check_qr_dtype(a.dtype)
     *batch, m, n = a.shape
     k = min(m, n)
+    taus = jnp.zeros((*batch, k), a.dtype)
+    if k == 0:
+        return [a, taus]
     rows, cols = jnp.arange(m), jnp.arange(n)
     hi = lax.Precision.HIGHEST
 
@@ -197,39 +206,54 @@ def _geqrf(a):
         col = _column(a, j)                                                  # [..., m]
         alpha = _entry(col, j)
         x = jnp.where(rows > j, col, jnp.zeros_like(col))
-        xnorm = jnp.sqrt(jnp.sum(x * x, axis=-1, keepdims=True))
-        beta = -jnp.copysign(jnp.sqrt(alpha * alpha + xnorm * xnorm), alpha)
-        safe = xnorm != 0
+        xnorm = jnp.sqrt(jnp.sum(_abs2(x), axis=-1, keepdims=True))
+        beta = -jnp.copysign(jnp.sqrt(_abs2(alpha) + xnorm * xnorm), alpha.real)
+        safe = (xnorm != 0) | (alpha.imag != 0)
         tau = jnp.where(safe, (beta - alpha) / jnp.where(safe, beta, 1), 0)
         scale = jnp.where(safe, 1 / jnp.where(safe, alpha - beta, 1), 0)
         v = jnp.where(rows == j, jnp.ones_like(col), x * scale)
-        w = jnp.matmul(v[..., None, :], a, precision=hi)[..., 0, :]          # v^T a
+        w = jnp.matmul(jnp.conj(v)[..., None, :], a, precision=hi)[..., 0, :]  # v^H a
         w = jnp.where(cols > j, w, jnp.zeros_like(w))
-        a = a - tau[..., None] * v[..., :, None] * w[..., None, :]
+        a = a - jnp.conj(tau)[..., None] * v[..., :, None] * w[..., None, :]
         new = jnp.where(rows < j, col, jnp.where(rows == j, jnp.where(safe, beta, alpha),
                                                    x * scale))
         a = _set_column(a, j, new)
         taus = jnp.where(jnp.arange(k) == j, tau.astype(taus.dtype), taus)
         return a, taus
 
-    taus = jnp.zeros((*batch, k), a.dtype)
     return list(lax.fori_loop(0, k, column, (a, taus)))
 
 
+def _abs2(z):
+    """|z|^2 (z * z for reals, the same ops as before complex support)."""
+    return z.real * z.real + z.imag * z.imag if jnp.iscomplexobj(z) else z * z
+
+
+def _check_qr_dtype(dtype) -> None:
+    """QR in float32 / complex64 only: a 16-bit QR loses the orthogonality the result
+    promises; JAX's CPU and GPU backends refuse it the same way ("Unsupported dtype")."""
+    if jnp.dtype(dtype) not in (jnp.float32, jnp.complex64, jnp.float64, jnp.complex128):
+        raise NotImplementedError(f"Unsupported dtype {jnp.dtype(dtype)} for QR on trn "
+                                  "(float32 and complex64 are)")
+
+
 def _householder_product(a, taus):
-    """LAPACK orgqr: the first n columns of H_0 H_1 ... H_{k-1} for the reflectors
-    packed below the diagonal of a [..., m, n]."""
+    """LAPACK orgqr / ungqr: the first n columns of H_0 H_1 ... H_{k-1} for the
+    reflectors packed below the diagonal of a [..., m, n], H_j = I - tau_j v_j v_j^H."""
     m, n = a.shape[-2:]
     k = taus.shape[-1]
     rows = jnp.arange(m)
     q = jnp.broadcast_to(jnp.eye(m, n, dtype=a.dtype), a.shape)
+    if k == 0 or m == 0:
+        return q
 
     def reflect(i, q):
         j = k - 1 - i
         col = _column(a, j)
         v = jnp.where(rows < j, jnp.zeros_like(col), jnp.where(rows == j, 1, col))
         tau = _entry(taus, j)
-        w = jnp.matmul(v[..., None, :], q, precision=lax.Precision.HIGHEST)[..., 0, :]
+        w = jnp.matmul(jnp.conj(v)[..., None, :], q,
+                       precision=lax.Precision.HIGHEST)[..., 0, :]
         return q - tau[..., None] * v[..., :, None] * w[..., None, :]
 
     return lax.fori_loop(0, k, reflect, q)

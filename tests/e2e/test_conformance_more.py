@@ -81,3 +81,39 @@ def test_visualize_sharding_inside_shard_map(jax, trn_devices, capsys):
 
     out = jax.shard_map(f, mesh=mesh, in_specs=P(None), out_specs=P("x"))()
     assert out.shape == (2000,) and "0" in capsys.readouterr().out
+
+
+# --- linalg: complex Householder QR, empty matrices ---------------------------------------
+
+def test_complex_householder_product_conjugates_the_reflectors(jax, trn, cpu):
+    """orgqr's complex form (ungqr) applies H = I - tau v v^H: the reflector was not
+    conjugated, a silent wrong result (off by O(1) from CPU)."""
+    a, taus = _complex((10, 5)), _complex((3,), 1)
+    out, ref = _both(jax, trn, cpu, jax.lax.linalg.householder_product, a, taus)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+def test_complex_qr(jax, trn, cpu):
+    """zgeqrf's reflector (real beta, complex tau), R = ... H_1^H A (it was
+    'copysign does not support complex-valued inputs' while tracing the rule)."""
+    a = _complex((6, 4))
+    (q, r), (q_ref, r_ref) = (jax.jit(jax.numpy.linalg.qr)(jax.device_put(a, d))
+                              for d in (trn, cpu))
+    np.testing.assert_allclose(np.asarray(q), np.asarray(q_ref), atol=2e-6)
+    np.testing.assert_allclose(np.asarray(r), np.asarray(r_ref), atol=2e-6)
+
+
+def test_empty_matrices(jax, trn, cpu):
+    """qr / inv / cholesky of a (0, 0) matrix: the rules' dynamic slices of an empty
+    matrix failed while tracing ('slice_sizes (1, 0) for operand shape (0, 0)')."""
+    jnp, e = jax.numpy, np.zeros((0, 0), np.float32)
+    for fn in (lambda a: jnp.linalg.qr(a)[1], jnp.linalg.inv, jnp.linalg.cholesky):
+        out, ref = _both(jax, trn, cpu, fn, e)
+        assert out.shape == ref.shape == (0, 0)
+
+
+def test_half_precision_qr_is_refused(jax, trn):
+    """As on JAX's CPU and GPU backends: 'Unsupported dtype float16' (it ran)."""
+    import pytest
+    with pytest.raises(NotImplementedError, match="Unsupported dtype float16"):
+        jax.numpy.linalg.qr(jax.device_put(np.ones((5, 6), np.float16), trn))
