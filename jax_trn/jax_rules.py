@@ -17,6 +17,9 @@ that reaches ours as is.
     cumlogsumexp       (its generic lowering is a reduce_window with a logaddexp body):
                         `lax.associative_scan` of logaddexp, log2(n) steps of elementwise
                         ops on shifted slices (the form JAX uses on TPU)
+    tridiagonal        (lax.linalg.tridiagonal, LAPACK sytrd / hetrd): Householder
+                        reductions, one per trip of a `fori_loop`, in
+                        `jax_trn/linalg_tridiagonal.py`
     eigh, svd          (jnp.linalg.eigh / eigvalsh / svd / pinv / lstsq / matrix_rank /
                         norm(ord=2); their generic lowering is a LAPACK or cuSOLVER call):
                         parallel (Brent-Luk) Jacobi, two-sided for eigh and one-sided for
@@ -59,6 +62,10 @@ def register() -> None:
                            platform="trn")
     mlir.register_lowering(lax_linalg.svd_p,
                            _lower_fun(mlir, linalg_jacobi.svd, True),
+                           platform="trn")
+    from jax_trn import linalg_tridiagonal
+    mlir.register_lowering(lax_linalg.tridiagonal_p,
+                           _lower_fun(mlir, linalg_tridiagonal.tridiagonal, True),
                            platform="trn")
     from jax._src.lax.control_flow import loops
     mlir.register_lowering(loops.cumlogsumexp_p,
@@ -206,11 +213,7 @@ def _geqrf(a):
         col = _column(a, j)                                                  # [..., m]
         alpha = _entry(col, j)
         x = jnp.where(rows > j, col, jnp.zeros_like(col))
-        xnorm = jnp.sqrt(jnp.sum(_abs2(x), axis=-1, keepdims=True))
-        beta = -jnp.copysign(jnp.sqrt(_abs2(alpha) + xnorm * xnorm), alpha.real)
-        safe = (xnorm != 0) | (alpha.imag != 0)
-        tau = jnp.where(safe, (beta - alpha) / jnp.where(safe, beta, 1), 0)
-        scale = jnp.where(safe, 1 / jnp.where(safe, alpha - beta, 1), 0)
+        beta, tau, scale, safe = reflector(alpha, x)
         v = jnp.where(rows == j, jnp.ones_like(col), x * scale)
         w = jnp.matmul(jnp.conj(v)[..., None, :], a, precision=hi)[..., 0, :]  # v^H a
         w = jnp.where(cols > j, w, jnp.zeros_like(w))
@@ -222,6 +225,18 @@ def _geqrf(a):
         return a, taus
 
     return list(lax.fori_loop(0, k, column, (a, taus)))
+
+
+def reflector(alpha, x):
+    """LAPACK's larfg for alpha [..., 1] and x [..., m] (zeros where not part of the
+    vector): beta (real), tau, the scale of x into v (v = [1, x * scale]) and whether
+    H is not the identity (x != 0 or alpha not real)."""
+    xnorm = jnp.sqrt(jnp.sum(_abs2(x), axis=-1, keepdims=True))
+    beta = -jnp.copysign(jnp.sqrt(_abs2(alpha) + xnorm * xnorm), alpha.real)
+    safe = (xnorm != 0) | (alpha.imag != 0)
+    tau = jnp.where(safe, (beta - alpha) / jnp.where(safe, beta, 1), 0)
+    scale = jnp.where(safe, 1 / jnp.where(safe, alpha - beta, 1), 0)
+    return beta, tau, scale, safe
 
 
 def _abs2(z):

@@ -117,3 +117,37 @@ def test_half_precision_qr_is_refused(jax, trn):
     import pytest
     with pytest.raises(NotImplementedError, match="Unsupported dtype float16"):
         jax.numpy.linalg.qr(jax.device_put(np.ones((5, 6), np.float16), trn))
+
+
+# --- fusion: a computed vector read as a column and as a row -------------------------------
+
+def test_outer_product_of_a_computed_vector(jax, trn, cpu):
+    """v (x) v with v computed from the input: row fusion computed v one value per
+    partition and its row broadcast read those values as if laid along the row (a
+    silent wrong result, off by O(1))."""
+    jnp = jax.numpy
+    idx = jnp.arange(4)
+
+    def f(s):
+        col = jnp.sum(jnp.where(idx == 0, s, 0), axis=-1)
+        v = jnp.where(idx == 1, 1.0, col * col[1])
+        return v[:, None] * v[None, :]
+
+    a = np.random.default_rng(3).normal(size=(4, 4)).astype(np.float32)
+    out, ref = _both(jax, trn, cpu, f, a)
+    np.testing.assert_allclose(out, ref, rtol=1e-6)
+
+
+def test_tridiagonal_matches_lapack(jax, trn):
+    """lax.linalg.tridiagonal had no trn rule ('MLIR translation rule for primitive
+    tridiagonal not found'); it is LAPACK's sytrd / hetrd, packing included."""
+    import pytest
+    lapack = pytest.importorskip("scipy.linalg.lapack")
+    a = np.random.default_rng(4).normal(size=(6, 6)).astype(np.float32)
+    z = _complex((5, 5), 5)
+    for x, ref_fn in ((a, lapack.ssytrd), (z, lapack.chetrd)):
+        for lower in (True, False):
+            out = jax.jit(lambda m: jax.lax.linalg.tridiagonal(m, lower=lower))(
+                jax.device_put(x, trn))
+            for o, r in zip(out, ref_fn(x, lower=lower)[:4]):
+                np.testing.assert_allclose(np.asarray(o), r, atol=1e-5)
