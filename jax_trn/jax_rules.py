@@ -36,6 +36,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
+from jax_trn.linalg_columns import column, entry, reflector, set_column
+
 _done = False
 
 
@@ -146,24 +148,6 @@ def _forward(a, b, unit_diagonal: bool):
     return lax.fori_loop(0, m, row, jnp.zeros(b.shape, b.dtype))
 
 
-def _column(x, j):
-    """Column j of x [..., m, n] as [..., m]: a masked row sum (one term), as a column
-    dynamic_slice is a strided copy across partitions."""
-    return jnp.sum(jnp.where(jnp.arange(x.shape[-1]) == j, x, jnp.zeros_like(x)), axis=-1)
-
-
-def _entry(x, j):
-    """x[..., j] as [..., 1] (a masked sum, no gather)."""
-    return jnp.sum(jnp.where(jnp.arange(x.shape[-1]) == j, x, jnp.zeros_like(x)), axis=-1,
-                   keepdims=True)
-
-
-def _set_column(x, j, col):
-    """x with column j replaced by col [..., m]: one select over x (a column
-    dynamic_update_slice writes one element per partition; at 64 x 64 it took ~0.5 ms)."""
-    return jnp.where(jnp.arange(x.shape[-1]) == j, col[..., :, None].astype(x.dtype), x)
-
-
 def _cholesky(a):
     """Lower L with L L^H = a [..., m, m] (the lower triangle of a is read; L^T for
     real a). For complex a the diagonal is the square root of a real number, as LAPACK's."""
@@ -172,17 +156,17 @@ def _cholesky(a):
         return a
     idx = jnp.arange(m)
 
-    def column(i, low):
+    def step(i, low):
         _, li = _row(low, i)                                           # [..., 1, m]
-        ai = _column(a, i)                                             # column i of a
+        ai = column(a, i)                                             # column i of a
         s = jnp.matmul(low, jnp.conj(jnp.swapaxes(li, -1, -2)),
                        precision=lax.Precision.HIGHEST)[..., 0]      # [..., m]
-        pivot = _entry(ai, i) - _entry(s, i)
+        pivot = entry(ai, i) - entry(s, i)
         d = jnp.sqrt(pivot.real.astype(a.dtype) if jnp.iscomplexobj(a) else pivot)
         col = jnp.where(idx > i, (ai - s) / d, jnp.where(idx == i, d, jnp.zeros_like(ai)))
-        return _set_column(low, i, col)
+        return set_column(low, i, col)
 
-    low = lax.fori_loop(0, m, column, jnp.zeros_like(a))
+    low = lax.fori_loop(0, m, step, jnp.zeros_like(a))
     # LAPACK's potrf stops at a pivot that is not > 0 and JAX then returns NaNs for the
     # whole matrix (a singular covariance must not give a finite factor)
     diag = jnp.sum(jnp.where(idx[:, None] == idx, low, jnp.zeros_like(low)), axis=-1)
@@ -208,10 +192,10 @@ def _geqrf(a):
     rows, cols = jnp.arange(m), jnp.arange(n)
     hi = lax.Precision.HIGHEST
 
-    def column(j, state):
+    def step(j, state):
         a, taus = state
-        col = _column(a, j)                                                  # [..., m]
-        alpha = _entry(col, j)
+        col = column(a, j)                                                  # [..., m]
+        alpha = entry(col, j)
         x = jnp.where(rows > j, col, jnp.zeros_like(col))
         beta, tau, scale, safe = reflector(alpha, x)
         v = jnp.where(rows == j, jnp.ones_like(col), x * scale)
@@ -220,28 +204,11 @@ def _geqrf(a):
         a = a - jnp.conj(tau)[..., None] * v[..., :, None] * w[..., None, :]
         new = jnp.where(rows < j, col, jnp.where(rows == j, jnp.where(safe, beta, alpha),
                                                    x * scale))
-        a = _set_column(a, j, new)
+        a = set_column(a, j, new)
         taus = jnp.where(jnp.arange(k) == j, tau.astype(taus.dtype), taus)
         return a, taus
 
-    return list(lax.fori_loop(0, k, column, (a, taus)))
-
-
-def reflector(alpha, x):
-    """LAPACK's larfg for alpha [..., 1] and x [..., m] (zeros where not part of the
-    vector): beta (real), tau, the scale of x into v (v = [1, x * scale]) and whether
-    H is not the identity (x != 0 or alpha not real)."""
-    xnorm = jnp.sqrt(jnp.sum(_abs2(x), axis=-1, keepdims=True))
-    beta = -jnp.copysign(jnp.sqrt(_abs2(alpha) + xnorm * xnorm), alpha.real)
-    safe = (xnorm != 0) | (alpha.imag != 0)
-    tau = jnp.where(safe, (beta - alpha) / jnp.where(safe, beta, 1), 0)
-    scale = jnp.where(safe, 1 / jnp.where(safe, alpha - beta, 1), 0)
-    return beta, tau, scale, safe
-
-
-def _abs2(z):
-    """|z|^2 (z * z for reals, the same ops as before complex support)."""
-    return z.real * z.real + z.imag * z.imag if jnp.iscomplexobj(z) else z * z
+    return list(lax.fori_loop(0, k, step, (a, taus)))
 
 
 def _check_qr_dtype(dtype) -> None:
@@ -264,9 +231,9 @@ def _householder_product(a, taus):
 
     def reflect(i, q):
         j = k - 1 - i
-        col = _column(a, j)
+        col = column(a, j)
         v = jnp.where(rows < j, jnp.zeros_like(col), jnp.where(rows == j, 1, col))
-        tau = _entry(taus, j)
+        tau = entry(taus, j)
         w = jnp.matmul(jnp.conj(v)[..., None, :], q,
                        precision=lax.Precision.HIGHEST)[..., 0, :]
         return q - tau[..., None] * v[..., :, None] * w[..., None, :]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from jax_trn.jax_rules import _column, _entry, _set_column, reflector
+from jax_trn.linalg_columns import column, entry, reflector, set_column
 
 
 def tridiagonal(a, *, lower: bool):
@@ -48,8 +48,8 @@ def _step(j, state):
     s, taus = state
     n = s.shape[-1]
     idx = jnp.arange(n)
-    col = _column(s, j)                                                  # [..., n]
-    alpha = _entry(col, j + 1)
+    col = column(s, j)                                                  # [..., n]
+    alpha = entry(col, j + 1)
     x = jnp.where(idx > j + 1, col, jnp.zeros_like(col))
     beta, tau, scale, safe = reflector(alpha, x)
     v = jnp.where(idx == j + 1, jnp.ones_like(col), x * scale)
@@ -59,6 +59,6 @@ def _step(j, state):
     s = (s - v[..., :, None] * jnp.conj(w)[..., None, :]
          - w[..., :, None] * jnp.conj(v)[..., None, :])
     new = jnp.where(idx == j + 1, jnp.where(safe, beta, alpha), jnp.where(idx > j + 1, x * scale, col))
-    s = _set_column(s, j, new)
+    s = set_column(s, j, new)
     taus = jnp.where(jnp.arange(n - 1) == j, tau.astype(taus.dtype), taus)
     return s, taus
