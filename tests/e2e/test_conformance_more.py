@@ -151,3 +151,27 @@ def test_tridiagonal_matches_lapack(jax, trn):
                 jax.device_put(x, trn))
             for o, r in zip(out, ref_fn(x, lower=lower)[:4]):
                 np.testing.assert_allclose(np.asarray(o), r, atol=1e-5)
+
+
+def test_complex_eigh_through_the_real_embedding(jax, trn):
+    """Hermitian eigh of complex64 (it was refused: 'complex operand ... is not
+    supported'), also with a repeated eigenvalue: orthonormal vectors of each cluster."""
+    jnp = jax.numpy
+    q, _ = np.linalg.qr(_complex((4, 4), 6))
+    a = _complex((5, 5), 7)
+    for h in ((q @ np.diag([1.0, 1.0, 1.0, 2.0]) @ q.conj().T).astype(np.complex64),
+              ((a + a.conj().T) / 2).astype(np.complex64)):
+        w, v = map(np.asarray, jax.jit(jnp.linalg.eigh)(jax.device_put(h, trn)))
+        n = h.shape[0]
+        assert w.dtype == np.float32 and v.dtype == np.complex64
+        np.testing.assert_allclose(w, np.linalg.eigvalsh(h), atol=5e-6)
+        np.testing.assert_allclose(h @ v, v * w, atol=5e-6)
+        np.testing.assert_allclose(v.conj().T @ v, np.eye(n), atol=5e-6)
+
+
+def test_complex_singular_values(jax, trn):
+    """svd(compute_uv=False) of complex64 (cond, norm(ord=2), matrix_rank use it): every
+    other singular value of the real embedding."""
+    x = _complex((7, 4), 8)
+    s = jax.jit(lambda a: jax.numpy.linalg.svd(a, compute_uv=False))(jax.device_put(x, trn))
+    np.testing.assert_allclose(np.asarray(s), np.linalg.svd(x, compute_uv=False), rtol=2e-6)
