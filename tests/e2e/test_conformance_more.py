@@ -175,3 +175,18 @@ def test_complex_singular_values(jax, trn):
     x = _complex((7, 4), 8)
     s = jax.jit(lambda a: jax.numpy.linalg.svd(a, compute_uv=False))(jax.device_put(x, trn))
     np.testing.assert_allclose(np.asarray(s), np.linalg.svd(x, compute_uv=False), rtol=2e-6)
+
+
+# --- total order ----------------------------------------------------------------------------
+
+def test_searchsorted_with_nans(jax, trn, cpu):
+    """`lax.lt_to` (compare TOTALORDER) was lowered as an IEEE compare: NaNs never
+    compared less, so searchsorted's 'scan' and 'compare_all' methods put NaNs at the
+    end or at 0 (a silent wrong result)."""
+    import functools
+    x = np.array([-np.inf, -1.0, 0.0, -0.0, 1.0, np.inf, np.nan, -np.nan], np.float32)
+    for method in ("scan", "compare_all"):
+        for side in ("left", "right"):
+            fn = functools.partial(jax.numpy.searchsorted, side=side, method=method)
+            out, ref = _both(jax, trn, cpu, fn, x, x)
+            np.testing.assert_array_equal(out, ref)
