@@ -138,6 +138,14 @@ def test_outer_product_of_a_computed_vector(jax, trn, cpu):
     np.testing.assert_allclose(out, ref, rtol=1e-6)
 
 
+def test_corrcoef_float16(jax, trn, cpu):
+    """jnp.corrcoef divides by sqrt(d[:, None] * d[None, :]): the same fused outer
+    product (JAX's testCorrCoef on float16 was off by 0.27)."""
+    x = (np.random.default_rng(9).normal(size=(4, 10)) * 4).astype(np.float16)
+    out, ref = _both(jax, trn, cpu, jax.numpy.corrcoef, x)
+    np.testing.assert_allclose(out.astype(np.float32), ref.astype(np.float32), atol=2e-3)
+
+
 def test_tridiagonal_matches_lapack(jax, trn):
     """lax.linalg.tridiagonal had no trn rule ('MLIR translation rule for primitive
     tridiagonal not found'); it is LAPACK's sytrd / hetrd, packing included."""
