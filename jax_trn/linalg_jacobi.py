@@ -164,13 +164,6 @@ def _scaled(a):
     return a / scale[..., None], scale
 
 
-def _real_only(name: str, a) -> None:
-    if jnp.issubdtype(a.dtype, jnp.complexfloating):
-        raise NotImplementedError(f"{name} on trn: complex operand {a.dtype}{list(a.shape)} "
-                                  "with singular vectors is not supported (complex "
-                                  "eigh and singular values are: jax_trn/linalg_complex.py)")
-
-
 def eigh(a, *, lower: bool, sort_eigenvalues: bool, subset_by_index, algorithm=None):
     """(v, w) of the symmetric a [..., n, n], eigenvalues ascending, eigenvectors as columns;
     only the triangle `lower` names is read. Every `algorithm` (QR, Jacobi, QDWH) runs as
@@ -231,7 +224,6 @@ def svd(a, *, full_matrices: bool, compute_uv: bool, subset_by_index, algorithm=
         s = linalg_complex.singular_values(lambda m: svd(
                 m, full_matrices=False, compute_uv=False, subset_by_index=None)[0], a)
         return [s[..., lo:hi]]
-    _real_only("svd", a)
     if m0 < n0:                                           # a^T = v s u^T
         res = svd(jnp.swapaxes(a, -1, -2), full_matrices=full_matrices,
                   compute_uv=compute_uv, subset_by_index=subset_by_index)
@@ -239,6 +231,13 @@ def svd(a, *, full_matrices: bool, compute_uv: bool, subset_by_index, algorithm=
             return res
         s, u, vt = res
         return [s, jnp.swapaxes(vt, -1, -2), jnp.swapaxes(u, -1, -2)]
+    if jnp.issubdtype(dtype, jnp.complexfloating):     # jax_trn/linalg_complex.py
+        lo, hi = (0, n0) if subset_by_index is None else subset_by_index
+        s, u, vh = linalg_complex.svd(lambda m: eigh(m, lower=True, sort_eigenvalues=True,
+                                                     subset_by_index=None), a, full_matrices)
+        if subset_by_index is not None:
+            s, u, vh = s[..., lo:hi], u[..., lo:hi], vh[..., lo:hi, :]
+        return [s, u, vh]
     a, scale = _scaled(a.astype(jnp.float32))
     n = n0 + n0 % 2
     if n != n0:

@@ -198,3 +198,18 @@ def test_searchsorted_with_nans(jax, trn, cpu):
             fn = functools.partial(jax.numpy.searchsorted, side=side, method=method)
             out, ref = _both(jax, trn, cpu, fn, x, x)
             np.testing.assert_array_equal(out, ref)
+
+
+def test_complex_svd_with_vectors(jax, trn):
+    """Complex SVD (jnp.linalg.svd / pinv of complex64), also rank-deficient: u s v^H
+    rebuilds a, u and v orthonormal (it was refused: 'complex operand ... is not
+    supported')."""
+    for a, full in ((_complex((7, 4), 10), True), (_complex((6, 2), 11) @ _complex((2, 4), 12),
+                                                     False)):
+        u, s, vh = map(np.asarray, jax.jit(lambda x: jax.numpy.linalg.svd(
+                x, full_matrices=full))(jax.device_put(a, trn)))
+        k = min(a.shape)
+        np.testing.assert_allclose(s, np.linalg.svd(a, compute_uv=False), atol=3e-5)
+        np.testing.assert_allclose((u[:, :k] * s) @ vh, a, atol=3e-5)
+        np.testing.assert_allclose(u.conj().T @ u, np.eye(u.shape[1]), atol=3e-6)
+        np.testing.assert_allclose(vh @ vh.conj().T, np.eye(vh.shape[0]), atol=3e-6)
