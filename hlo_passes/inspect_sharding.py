@@ -12,13 +12,12 @@ shard_map body, reports replicated), then drops the op.
 from __future__ import annotations
 
 import ctypes
-import math
 
 import numpy as np
 from jaxlib import xla_client as xc
 
 from hlo_passes.errors import VerifyError
-from hlo_passes.sharding import AxisRef, Mesh, TensorSharding
+from hlo_passes.sharding import Mesh, TensorSharding, tile_assignment
 
 TARGET = "InspectSharding"
 
@@ -51,43 +50,13 @@ def call(key: bytes, sharding: TensorSharding | None, mesh: Mesh | None, rank: i
 
 
 def op_sharding(s: TensorSharding | None, mesh: Mesh | None, rank: int) -> xc.OpSharding:
-    """`s` as an `xla.OpSharding` over partition ids: one tile dimension per tensor
-    dimension (its axes, major first), the unused axes as a last, replicated one."""
+    """`s` as an `xla.OpSharding` over partition ids (`sharding.tile_assignment`)."""
     out = xc.OpSharding()
-    if s is None or mesh is None or s.is_replicated:
+    tiled = tile_assignment(s, mesh, rank)
+    if tiled is None:
         out.type = xc.OpSharding.Type.REPLICATED
         return out
-    factors = _factors(mesh, s)
-    devices = np.array(mesh.partitions()).reshape([size for _, _, size in factors])
-    used = [[i for ref in d for i in _covering(factors, mesh, ref)] for d in s.dims]
-    used += [[] for _ in range(rank - len(used))]
-    rest = [i for i in range(len(factors)) if all(i not in u for u in used)]
-    dims = [math.prod(factors[i][2] for i in u) for u in used]
-    replicas = math.prod(factors[i][2] for i in rest)
     out.type = xc.OpSharding.Type.OTHER
-    out.tile_assignment_dimensions = dims + ([replicas] if replicas > 1 else [])
-    out.replicate_on_last_tile_dim = replicas > 1
-    perm = [i for u in used for i in u] + rest
-    out.tile_assignment_devices = [int(d) for d in devices.transpose(perm).reshape(-1)]
+    out.tile_assignment_dimensions, out.tile_assignment_devices, \
+        out.replicate_on_last_tile_dim = tiled
     return out
-
-
-def _factors(mesh: Mesh, s: TensorSharding) -> list[tuple[str, int, int]]:
-    """The mesh axes cut at every sub-axis boundary `s` names: (axis, pre, size), in
-    mesh order, major first."""
-    refs = [r for d in s.dims for r in d] + list(s.replicated)
-    out = []
-    for name, size in mesh.axes:
-        cuts = {1, size}
-        for r in refs:
-            if r.name == name and r.size is not None:
-                cuts |= {r.pre_size, r.pre_size * r.size}
-        points = sorted(cuts)
-        out += [(name, lo, hi // lo) for lo, hi in zip(points, points[1:])]
-    return out
-
-
-def _covering(factors, mesh: Mesh, ref: AxisRef) -> list[int]:
-    lo, hi = ref.pre_size, ref.pre_size * mesh.axis_size(ref)
-    return [i for i, (name, pre, size) in enumerate(factors)
-            if name == ref.name and pre >= lo and pre * size <= hi]
