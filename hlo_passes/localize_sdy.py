@@ -14,7 +14,8 @@ import numpy as np
 
 from hlo_passes import ir
 from hlo_passes.errors import VerifyError
-from hlo_passes.sharding import (TensorSharding, join_axes, parse_all_to_all_params,
+from hlo_passes.sharding import (TensorSharding, block_offsets, join_axes,
+                                 parse_all_to_all_params,
                                  parse_axes, parse_axis_list, parse_axis_lists,
                                  parse_per_value)
 
@@ -69,15 +70,22 @@ class SdyOps:
                                         or _replicated_like(op.result), op))
 
     def _sdy_all_reduce(self, op: ir.Op) -> None:
+        """An all_reduce with the partial values' combiner. Of an unreduced value it
+        leaves a complete one when no unreduced axis remains (Shardy may reduce that
+        value again: an all_reduce of a complete value is the value)."""
         v = op.operands[0]
         kind = self._combiner(v, op)
         if kind is not None:
+            s = self.shardings.get(id(v))
             axes = parse_axis_list(op.attrs["reduction_axes"])
             r = self._new("all_reduce", [v], [v.type],
                           {"replica_groups": self._groups(axes),
                            "use_global_device_ids": True},
                           [self._reducer(kind, v.dtype)], like=op).result
-            v = self._track(r, self.shardings.get(id(v)), self._global(v))
+            v = self._track(r, s, self._global(v))
+            want = self._out(op)
+            if s is not None and s.unreduced and not (want and want.unreduced):
+                self.complete.add(id(v))
         self._settle(op, v)
 
     def _sdy_reduce_scatter(self, op: ir.Op) -> None:
@@ -153,6 +161,52 @@ class SdyOps:
                     "add" if v.dtype != "bool" else "or", [out, moved], [v.type],
                     like=op).result
         self._settle(op, out)
+
+    # --- unreduced values: partial sums, added up by a later all_reduce ------------------
+
+    def _sdy_replicated_to_unreduced(self, op: ir.Op) -> None:
+        """A complete value made unreduced over `axes`: the devices at coordinate 0 on
+        those axes keep it, the others hold zeros (their sum is the value, as XLA does)."""
+        v = op.operands[0]
+        axes = parse_axes(op.attrs["axes"])
+        keep = np.zeros((self.mesh.size, 1), np.int32)
+        for pos, pid in enumerate(self.mesh.partitions()):
+            keep[pid, 0] = all(self.mesh.coordinate(pos, a) == 0 for a in axes)
+        flag, = self._offsets(keep, op)
+        zero = self._const(np.zeros((), np.int32), op)
+        first = self._new("compare", [flag, zero], [ir.TensorType((), "bool")],
+                          {"comparison_direction": "NE", "compare_type": "SIGNED"},
+                          like=op).result
+        pred = self._new("broadcast_in_dim", [first], [ir.TensorType(v.shape, "bool")],
+                         {"broadcast_dimensions": ()}, like=op).result
+        out = self._new("select", [pred, v, self._zeros(v.type, op)], [v.type], like=op)
+        self._settle_partial(op, out.result)
+
+    def _sdy_sharded_to_unreduced(self, op: ir.Op) -> None:
+        """A value sharded over `axes` made unreduced over them: each device's block at
+        its place in zeros of the unsharded extent (the blocks sum to the whole)."""
+        v = op.operands[0]
+        out_t = self._local_type(op.result.type, self._out(op))
+        lists = parse_axis_lists(op.attrs["axes"])
+        rel = TensorSharding(self.mesh.name, tuple(tuple(a) for a in lists))
+        starts = self._offsets(block_offsets(out_t.shape, rel, self.mesh), op)
+        out = self._new("dynamic_update_slice", [self._zeros(out_t, op), v, *starts],
+                        [out_t], like=op)
+        self._settle_partial(op, out.result)
+
+    def _zeros(self, t: ir.TensorType, like: ir.Op) -> ir.Value:
+        zero = self._const(np.zeros((), ir.np_dtype(t.dtype)), like)
+        return self._new("broadcast_in_dim", [zero], [t], {"broadcast_dimensions": ()},
+                         like=like).result
+
+    def _settle_partial(self, op: ir.Op, v: ir.Value) -> None:
+        """Like `_settle`, for a result that holds partial sums (never complete)."""
+        want = self._out(op)
+        if v.type != self._local_type(op.result.type, want):
+            raise VerifyError(f"localized {op.kind} gives {v.type} ({op.describe()})")
+        self._track(v, want, op.result.shape)
+        self.complete.discard(id(v))
+        self.mapping[op.result] = v
 
     def _sdy_manual_computation(self, op: ir.Op) -> None:
         """A shard_map body, inlined. Inside it values are per-device along the manual

@@ -27,6 +27,10 @@ The sdy ops (hlo_passes/localize_sdy.py, one handler each):
     collective_permute  collective_permute(s) moving each block to where it belongs
     sharding_constraint the operand (the reshards are already explicit)
     manual_computation  its body, inlined (shard_map: already per-device code)
+    replicated_to_      unreduced (partial sums, JAX's `unreduced` axes): the value on
+      unreduced         the devices at coordinate 0 of the axes, zeros elsewhere
+    sharded_to_         unreduced: each block at its place in zeros of the whole extent;
+      unreduced         an all_reduce of an unreduced value adds
     constant            constant: the local block of a sharded splat, a sharded
                         non-splat value sliced per device
 
@@ -437,6 +441,9 @@ class _Localizer(SdyOps, PaddingOps):
         """How the partial values of `v` combine; None when `v` is already complete."""
         if id(v) in self.complete:
             return None
+        s = self.shardings.get(id(v))
+        if s is not None and s.unreduced:       # partial sums (JAX's unreduced axes)
+            return "add"
         prod = self.producer.get(id(v))
         if prod is not None and prod.kind in SUMMING:
             return "add"

@@ -213,3 +213,44 @@ def test_complex_svd_with_vectors(jax, trn):
         np.testing.assert_allclose((u[:, :k] * s) @ vh, a, atol=3e-5)
         np.testing.assert_allclose(u.conj().T @ u, np.eye(u.shape[1]), atol=3e-6)
         np.testing.assert_allclose(vh @ vh.conj().T, np.eye(vh.shape[0]), atol=3e-6)
+
+
+# --- JAX's unreduced shardings (partial sums) ---------------------------------------------
+
+def test_unreduced_reshard_roundtrip(jax, trn_devices):
+    """reshard to P(..., unreduced=...) and back: sdy.replicated_to_unreduced /
+    sharded_to_unreduced were refused by localize, an unreduced output was reported
+    replicated ('Unexpected XLA sharding override') and an all_reduce of an unreduced
+    value could not tell its combiner. The shards are the ones XLA's CPU backend makes:
+    the value at coordinate 0 of the unreduced axes (or each block in place), zeros
+    elsewhere."""
+    from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P, reshard
+    mesh = Mesh(np.array(trn_devices[:8]).reshape(2, 2, 2), ("x", "y", "z"),
+                axis_types=(AxisType.Explicit,) * 3)
+    x = np.arange(16).reshape(4, 4)
+    with jax.set_mesh(mesh):
+        for orig, un in ((P("x", None), P("x", None, unreduced={"y"})),
+                         (P(("x", "z"), "y"), P("x", None, unreduced={"y", "z"}))):
+            a = jax.device_put(x, orig)
+            u = reshard(a, un)
+            assert u.sharding == NamedSharding(mesh, un)
+            back = reshard(u, orig)
+            np.testing.assert_array_equal(np.asarray(back), x)
+            assert back.sharding == a.sharding
+
+
+def test_unreduced_dot_keeps_partial_sums(jax, trn_devices):
+    """einsum(out_sharding=P(None, None, unreduced={'x'})): each device keeps its own
+    partial product (what JAX's test_unreduced_einsum_basic reads shard by shard)."""
+    from jax.sharding import AxisType, Mesh, PartitionSpec as P, reshard
+    mesh = Mesh(np.array(trn_devices[:2]), ("x",), axis_types=(AxisType.Explicit,))
+    a = np.arange(4.0, dtype=np.float32).reshape(2, 2)
+    with jax.set_mesh(mesh):
+        x, y = jax.device_put(a, P(None, "x")), jax.device_put(a, P("x", None))
+        out = jax.jit(lambda x, y: jax.numpy.einsum(
+                "ab,bc->ac", x, y, out_sharding=P(None, None, unreduced={"x"})))(x, y)
+        shards = [np.asarray(s.data) for s in sorted(out.addressable_shards,
+                                                     key=lambda s: s.device.id)]
+        np.testing.assert_array_equal(shards[0], np.outer(a[:, 0], a[0]))
+        np.testing.assert_array_equal(shards[1], np.outer(a[:, 1], a[1]))
+        np.testing.assert_array_equal(np.asarray(reshard(out, P(None, None))), a @ a)
