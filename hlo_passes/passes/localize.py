@@ -160,6 +160,7 @@ class _Localizer(SdyOps, PaddingOps):
         self.mesh, self.module, self.n = mesh, module, n
         self.shardings: dict[int, TensorSharding | None] = {}
         self.complete: set[int] = set()     # values already fully reduced
+        self.summed: dict[int, frozenset] = {}   # all_reduce results: axes summed over
         self.producer: dict[int, ir.Op] = {}
         self.global_shape: dict[int, tuple[int, ...]] = {}
         self.whole: dict[int, ir.Value] = {}   # local value -> the global value it slices
@@ -243,11 +244,15 @@ class _Localizer(SdyOps, PaddingOps):
             return self._control(op, shardings)
         if self._positional(op, shardings) or self._moves_padding(op, shardings):
             return self._replicated(op, shardings)
+        zero_on = self._unreduced_from_replicated(op, shardings)
         for r, s in zip(op.results, shardings):
             self._localize_value(r, s)
         self._local_attrs(op)
         self._mask_inputs(op)
         self._emit(op)
+        for r, axes in zip(op.results, zero_on):
+            if axes:
+                self.mapping[r] = self._first_only(r, axes, op)
 
     def _inspect_sharding(self, op: ir.Op) -> None:
         """jax.debug.inspect_array_sharding: the callback gets the operand's sharding
@@ -322,6 +327,10 @@ class _Localizer(SdyOps, PaddingOps):
                 self.mapping[r] = local
                 self.complete.add(id(local))
                 self.whole[id(local)] = r
+            if s is not None and s.unreduced:    # the whole value, counted once
+                u = self._first_only(self.mapping.get(r, r), tuple(s.unreduced), op)
+                self.shardings[id(u)] = s
+                self.mapping[r] = u
 
     def _gather_all(self, v: ir.Value) -> ir.Value:
         s = self.shardings.get(id(v))

@@ -254,3 +254,22 @@ def test_unreduced_dot_keeps_partial_sums(jax, trn_devices):
         np.testing.assert_array_equal(shards[0], np.outer(a[:, 0], a[0]))
         np.testing.assert_array_equal(shards[1], np.outer(a[:, 1], a[1]))
         np.testing.assert_array_equal(np.asarray(reshard(out, P(None, None))), a @ a)
+
+
+def test_unreduced_gradient_of_a_reduced_input_is_counted_once(jax, trn_devices):
+    """A constant made unreduced (the cotangent of a `reduced` input) is a partial sum:
+    computed on every device it was added up once per device (a gradient 2x, 4x too
+    large). It is kept on the devices at coordinate 0 of the axes, as XLA does."""
+    from jax.sharding import AxisType, Mesh, PartitionSpec as P, reshard
+    mesh = Mesh(np.array(trn_devices[:2]), ("x",), axis_types=(AxisType.Explicit,))
+    a = np.arange(16.0, dtype=np.float32).reshape(8, 2)
+    with jax.set_mesh(mesh):
+        x = jax.device_put(a, P(reduced={"x"}))
+        f = jax.jit(lambda p, u, v: jax.lax.select(p, u, v))
+        g2, g3 = jax.jit(jax.grad(lambda p, u, v: f(p, u, v).sum(), argnums=(1, 2)))(
+                x == x, x, x)
+        np.testing.assert_array_equal(np.asarray(reshard(g2, P())), np.ones_like(a))
+        np.testing.assert_array_equal(np.asarray(reshard(g3, P())), np.zeros_like(a))
+        r = jax.jit(lambda v: jax.lax.reduce_sum(v, axes=(0,), out_sharding=P(
+                None, unreduced={"x"})))(jax.device_put(a, P("x", None)))
+        np.testing.assert_array_equal(np.asarray(reshard(r, P())), a.sum(0))
