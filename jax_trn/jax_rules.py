@@ -84,11 +84,12 @@ def _lower_fun(mlir, fn, multiple_results: bool):
     """`mlir.lower_fun(fn)` traced with implicit rank promotion allowed: the rules
     broadcast e.g. a (2, 1) column against a (2,) iota, which a user's
     `jax_numpy_rank_promotion="raise"` (JAX's own tests set it) must not forbid inside
-    a primitive's lowering."""
+    a primitive's lowering; likewise `jax_numpy_dtype_promotion="strict"` (a complex
+    reflector mixes its real beta with complex values)."""
     import jax
 
     def traced(*args, **params):
-        with jax.numpy_rank_promotion("allow"):
+        with jax.numpy_rank_promotion("allow"), jax.numpy_dtype_promotion("standard"):
             return fn(*args, **params)
     return mlir.lower_fun(traced, multiple_results=multiple_results)
 

@@ -273,3 +273,15 @@ def test_unreduced_gradient_of_a_reduced_input_is_counted_once(jax, trn_devices)
         r = jax.jit(lambda v: jax.lax.reduce_sum(v, axes=(0,), out_sharding=P(
                 None, unreduced={"x"})))(jax.device_put(a, P("x", None)))
         np.testing.assert_array_equal(np.asarray(reshard(r, P())), a.sum(0))
+
+
+def test_complex_linalg_rules_under_strict_dtype_promotion(jax, trn):
+    """JAX's tests set jax_numpy_dtype_promotion='strict': the rules mix a real beta
+    with complex values ('no available implicit dtype promotion path' while tracing);
+    they are traced with standard promotion, as with rank promotion."""
+    a = _complex((6, 4), 13)
+    with jax.numpy_dtype_promotion("strict"):
+        q, r = jax.numpy.linalg.qr(jax.device_put(a, trn))
+        w = jax.numpy.linalg.eigvalsh(jax.device_put(a[:4] + a[:4].conj().T, trn))
+    np.testing.assert_allclose(np.asarray(q) @ np.asarray(r), a, atol=3e-6)
+    assert np.asarray(w).dtype == np.float32
