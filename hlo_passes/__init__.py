@@ -16,6 +16,7 @@ dumps and `disabled` use):
     inline-calls         func.call / composite ops inlined
     localize             SPMD programs to per-device shapes and collectives
     complex-planes       complex values -> pairs of real planes (complex64 -> 2 x f32)
+    total-order-compare  float compare TOTALORDER -> SIGNED compare of integer keys
     rank0-windows        convolution / reduce_window over no dims: one unit dim added
     split-reductions     variadic reduce / reduce_window with a separable body -> one each
     fix(simplify, cse, dce)   cleanup, repeated until nothing changes
@@ -74,6 +75,7 @@ from hlo_passes.passes import (
     rank0_windows,
     simplify,
     split_reductions,
+    total_order_compare,
     transposed_dot,
 )
 from hlo_passes.passes.attention_bwd_fusion import AttentionBwdFusion
@@ -90,7 +92,8 @@ __all__ = [
 
 
 def _cleanup() -> list:
-    return [inline_calls, localize, complex_planes, rank0_windows, split_reductions,
+    return [inline_calls, localize, complex_planes, total_order_compare, rank0_windows,
+            split_reductions,
             Fix([simplify, cse, dce]), combine_all_reduce]
 
 

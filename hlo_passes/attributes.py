@@ -67,7 +67,8 @@ def op_attrs(op: mlir_ir.Operation, kind: str) -> dict[str, Any]:
         if name == "dot_dimension_numbers" and isinstance(value, dict):
             out.update(value)
         elif kind == "custom_call" and name == "backend_config":
-            out[name] = value if isinstance(value, str) else _text(op.attributes, name)
+            out[name] = (value if isinstance(value, (str, bytes))
+                         else _text(op.attributes, name))
         else:
             out[name] = value
     return out
@@ -84,6 +85,15 @@ def to_python(attr: mlir_ir.Attribute) -> Any:
     text = str(attr)
     enum = re.fullmatch(r"#\w+<\w+ (\w+)>", text)
     return enum.group(1) if enum else text
+
+
+def _string(attr: mlir_ir.StringAttr) -> str | bytes:
+    """The text of a string attribute, or its bytes when they are not UTF-8 (e.g. the
+    `InspectSharding` custom call's backend_config: two pointers)."""
+    try:
+        return attr.value
+    except (RuntimeError, UnicodeDecodeError):
+        return bytes(attr.value_bytes)
 
 
 def _get(attrs, name: str) -> Any:
@@ -204,7 +214,7 @@ _BUILTIN_ATTRS = (
         (mlir_ir.BoolAttr, lambda a: bool(a.value)),
         (mlir_ir.IntegerAttr, lambda a: int(a.value)),
         (mlir_ir.FloatAttr, lambda a: float(a.value)),
-        (mlir_ir.StringAttr, lambda a: a.value),
+        (mlir_ir.StringAttr, lambda a: _string(a)),
         (mlir_ir.UnitAttr, lambda a: True),
         (mlir_ir.FlatSymbolRefAttr, lambda a: a.value),
         (mlir_ir.TypeAttr, lambda a: str(a.value)),

@@ -233,9 +233,10 @@ class FusionPolicy:
 
     def _elementwise(self, op: ir.Op, consumer: ir.Op, region: RegionView) -> FusionDecision:
         rows = self._row_shape(op, region)
-        if consumer.kind in VIEWS and not (rows and self._row_view(consumer, region)):
-            return FusionDecision.forbid(f"{op.kind} feeds a {consumer.kind} "
-                                         "(computed values are not re-laid out)")
+        for user in (consumer, *region.inside_users(op)):
+            if user.kind in VIEWS and not (rows and self._row_view(user, region)):
+                return FusionDecision.forbid(f"{op.kind} feeds a {user.kind} "
+                                             "(computed values are not re-laid out)")
         if tuple(op.result.shape) != region.shape and not rows:
             return _wrong_shape(op, region)
         what = "row elementwise: on [P, 1]" if rows else "elementwise"

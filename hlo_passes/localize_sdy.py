@@ -14,7 +14,8 @@ import numpy as np
 
 from hlo_passes import ir
 from hlo_passes.errors import VerifyError
-from hlo_passes.sharding import (TensorSharding, join_axes, parse_all_to_all_params,
+from hlo_passes.sharding import (TensorSharding, block_offsets, join_axes,
+                                 parse_all_to_all_params,
                                  parse_axes, parse_axis_list, parse_axis_lists,
                                  parse_per_value)
 
@@ -45,6 +46,8 @@ class SdyOps:
             return self._replicated(op, [s])
         self._localize_value(op.result, s)
         self._emit(op)
+        if s is not None and s.unreduced:          # a partial sum: the value once
+            self.mapping[op.result] = self._first_only(op.result, s.unreduced, op)
 
     def _sdy_sharding_constraint(self, op: ir.Op) -> None:
         x = op.operands[0]
@@ -69,15 +72,25 @@ class SdyOps:
                                         or _replicated_like(op.result), op))
 
     def _sdy_all_reduce(self, op: ir.Op) -> None:
+        """An all_reduce with the partial values' combiner. Of an unreduced value it
+        leaves a complete one when no unreduced axis remains. Shardy may reduce a value
+        again over axes it was just reduced over: that all_reduce is the value
+        (`summed`: the axes an all_reduce result was summed over)."""
         v = op.operands[0]
-        kind = self._combiner(v, op)
+        axes = parse_axis_list(op.attrs["reduction_axes"])
+        done = self.summed.get(id(v), frozenset())
+        kind = None if {a.name for a in axes} <= done else self._combiner(v, op)
         if kind is not None:
-            axes = parse_axis_list(op.attrs["reduction_axes"])
+            s = self.shardings.get(id(v))
             r = self._new("all_reduce", [v], [v.type],
                           {"replica_groups": self._groups(axes),
                            "use_global_device_ids": True},
                           [self._reducer(kind, v.dtype)], like=op).result
-            v = self._track(r, self.shardings.get(id(v)), self._global(v))
+            v = self._track(r, s, self._global(v))
+            self.summed[id(v)] = done | {a.name for a in axes}
+            want = self._out(op)
+            if s is not None and s.unreduced and not (want and want.unreduced):
+                self.complete.add(id(v))
         self._settle(op, v)
 
     def _sdy_reduce_scatter(self, op: ir.Op) -> None:
@@ -154,6 +167,94 @@ class SdyOps:
                     like=op).result
         self._settle(op, out)
 
+    # --- unreduced values: partial sums, added up by a later all_reduce ------------------
+
+    def _sdy_replicated_to_unreduced(self, op: ir.Op) -> None:
+        """A complete value made unreduced over `axes`: the devices at coordinate 0 on
+        those axes keep it, the others hold zeros (their sum is the value, as XLA does)."""
+        v = op.operands[0]
+        self._settle_partial(op, self._first_only(v, parse_axes(op.attrs["axes"]), op))
+
+    def _sdy_sharded_to_unreduced(self, op: ir.Op) -> None:
+        """A value sharded over `axes` made unreduced over them: each device's block at
+        its place in zeros of the unsharded extent (the blocks sum to the whole)."""
+        v = op.operands[0]
+        out_t = self._local_type(op.result.type, self._out(op))
+        lists = parse_axis_lists(op.attrs["axes"])
+        rel = TensorSharding(self.mesh.name, tuple(tuple(a) for a in lists))
+        starts = self._offsets(block_offsets(out_t.shape, rel, self.mesh), op)
+        out = self._new("dynamic_update_slice", [self._zeros(out_t, op), v, *starts],
+                        [out_t], like=op)
+        self._settle_partial(op, out.result)
+
+    def _unreduced_from_replicated(self, op: ir.Op, shardings) -> list[tuple]:
+        """JAX's unreduced values are partial sums: an operand that does not vary along
+        an unreduced axis of the result (replicated there) would be counted once per
+        device. As XLA's partitioner does, such a value is kept on the devices at
+        coordinate 0 of those axes only: the result, when no data operand varies
+        along them (a broadcast constant made unreduced for a gradient); the operand,
+        in an additive op mixing it with partial values (add, select, pad, ...).
+        Returns, per result, the axes to keep on the first devices only."""
+        out = []
+        for s in shardings:
+            unreduced = tuple(s.unreduced) if s is not None else ()
+            data = _data_operands(op)
+            missing = [self._replicated_along(op.operands[i], unreduced) for i in data]
+            if unreduced and all(len(m) == len(unreduced) for m in missing):
+                out.append(unreduced)
+                continue
+            out.append(())
+            if unreduced and op.kind in ADDITIVE:
+                for i, m in zip(data, missing):
+                    if m:
+                        op.operands[i] = self._first_only(op.operands[i], m, op)
+        return out
+
+    def _replicated_along(self, v: ir.Value, axes) -> tuple:
+        s = self.shardings.get(id(v))
+        varies = set() if s is None else (
+                {a.name for d in s.dims for a in d} | {a.name for a in s.unreduced})
+        return tuple(a for a in axes if a.name not in varies)
+
+    def _first_only(self, v: ir.Value, axes, like: ir.Op) -> ir.Value:
+        keep = np.zeros((self.mesh.size, 1), np.int32)
+        for pos, pid in enumerate(self.mesh.partitions()):
+            keep[pid, 0] = all(self.mesh.coordinate(pos, a) == 0 for a in axes)
+        flag, = self._offsets(keep, like)
+        zero = self._const(np.zeros((), np.int32), like)
+        first = self._new("compare", [flag, zero], [ir.TensorType((), "bool")],
+                          {"comparison_direction": "NE", "compare_type": "SIGNED"},
+                          like=like).result
+        pred = self._new("broadcast_in_dim", [first], [ir.TensorType(v.shape, "bool")],
+                         {"broadcast_dimensions": ()}, like=like).result
+        zeros = self._new("broadcast_in_dim", [self._const(np.zeros((), ir.np_dtype(
+                v.dtype)), like)], [v.type], {"broadcast_dimensions": ()}, like=like).result
+        out = self._new("select", [pred, v, zeros], [v.type], like=like).result
+        return self._track(out, self.shardings.get(id(v)), self._global(v))
+
+    def _as_unreduced(self, v: ir.Value, s: TensorSharding | None) -> ir.Value:
+        """`v` where `s` wants it unreduced: a value that does not vary along those axes
+        kept on the devices at coordinate 0 only (a shard_map body that sums its
+        unreduced input would otherwise count it once per device)."""
+        if s is None or not s.unreduced:
+            return v
+        axes = self._replicated_along(v, s.unreduced)
+        return self._first_only(v, axes, None) if axes else v
+
+    def _zeros(self, t: ir.TensorType, like: ir.Op) -> ir.Value:
+        zero = self._const(np.zeros((), ir.np_dtype(t.dtype)), like)
+        return self._new("broadcast_in_dim", [zero], [t], {"broadcast_dimensions": ()},
+                         like=like).result
+
+    def _settle_partial(self, op: ir.Op, v: ir.Value) -> None:
+        """Like `_settle`, for a result that holds partial sums (never complete)."""
+        want = self._out(op)
+        if v.type != self._local_type(op.result.type, want):
+            raise VerifyError(f"localized {op.kind} gives {v.type} ({op.describe()})")
+        self._track(v, want, op.result.shape)
+        self.complete.discard(id(v))
+        self.mapping[op.result] = v
+
     def _sdy_manual_computation(self, op: ir.Op) -> None:
         """A shard_map body, inlined. Inside it values are per-device along the manual
         axes: an operand the body reads is seen with its sharding over the free axes
@@ -165,6 +266,8 @@ class SdyOps:
         outs = parse_per_value(op.attrs.get("out_shardings")) or []
         manual = {a.name for a in parse_axes(op.attrs.get("manual_axes", ""))}
         outer: dict[int, tuple] = {}
+        op.operands = [self._as_unreduced(v, self._ours(s)) for v, s in
+                       zip(op.operands, ins + [None] * len(op.operands))]
         for arg, operand, s in zip(body.args, op.operands, ins + [None] * len(body.args)):
             free = _restrict(s, manual) if s and self.mesh else None
             inside = arg.shape
@@ -228,6 +331,18 @@ class SdyOps:
         if id(op.operands[0]) in self.complete:
             self.complete.add(id(v))
         self.mapping[op.result] = v
+
+
+# Ops that add their data operands (or place them side by side): an unreduced result
+# needs every data operand unreduced; data operand indices, all when not listed.
+ADDITIVE = frozenset({"add", "subtract", "select", "concatenate", "pad",
+                      "dynamic_update_slice", "scatter"})
+_DATA = {"select": (1, 2), "pad": (0, 1), "dynamic_update_slice": (0, 1), "scatter": (0, 2),
+         "dynamic_slice": (0,), "gather": (0,)}
+
+
+def _data_operands(op: ir.Op) -> tuple[int, ...]:
+    return _DATA.get(op.kind, tuple(range(len(op.operands))))
 
 
 def _splat(value: np.ndarray) -> bool:

@@ -316,6 +316,7 @@ def for_compile(options: Options, overrides: Mapping[str, Any]) -> Options:
     changes = {}
     for key, value in overrides.items():
         if not key.lower().startswith(PREFIX.lower()):
+            _check_xla_option(key, value)
             continue
         field = key[len(PREFIX):].lower()
         setting = _BY_FIELD.get(field)
@@ -325,6 +326,26 @@ def for_compile(options: Options, overrides: Mapping[str, Any]) -> Options:
                               f"setting; those are: {per_program}")
         changes[field] = _parse(field, value, f"compiler option {key}")
     return dataclasses.replace(options, **changes) if changes else options
+
+
+# XLA's compile options besides its DebugOptions fields (all named xla_*), as XLA's
+# PJRT clients accept them; any other name is "No such compile option" there too.
+XLA_BUILD_OPTIONS = frozenset({"exec_time_optimization_effort", "memory_fitting_effort",
+                               "optimization_level", "memory_fitting_level"})
+# DebugOptions fields that are bools (XLA refuses other values for them).
+XLA_BOOL_OPTIONS = frozenset({"xla_embed_ir_in_executable", "xla_cpu_enable_fast_math",
+                              "xla_detailed_logging", "xla_enable_dumping",
+                              "xla_dump_hlo_as_text", "xla_dump_hlo_as_proto",
+                              "xla_llvm_disable_expensive_passes"})
+
+
+def _check_xla_option(key: str, value: Any) -> None:
+    """A JAX compiler option that is XLA's: its name must be one (trn ignores them)."""
+    if not (key.startswith("xla_") or key in XLA_BUILD_OPTIONS):
+        raise ConfigError(f"No such compile option: {key!r}")
+    if key in XLA_BOOL_OPTIONS and not isinstance(value, bool) and str(value).lower() not in (
+            "true", "false", "1", "0"):
+        raise ConfigError(f"{value!r} is not a valid bool value. (compile option {key!r})")
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,9 @@ that reaches ours as is.
     cumlogsumexp       (its generic lowering is a reduce_window with a logaddexp body):
                         `lax.associative_scan` of logaddexp, log2(n) steps of elementwise
                         ops on shifted slices (the form JAX uses on TPU)
+    tridiagonal        (lax.linalg.tridiagonal, LAPACK sytrd / hetrd): Householder
+                        reductions, one per trip of a `fori_loop`, in
+                        `jax_trn/linalg_tridiagonal.py`
     eigh, svd          (jnp.linalg.eigh / eigvalsh / svd / pinv / lstsq / matrix_rank /
                         norm(ord=2); their generic lowering is a LAPACK or cuSOLVER call):
                         parallel (Brent-Luk) Jacobi, two-sided for eigh and one-sided for
@@ -32,6 +35,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 from jax import lax
+
+from jax_trn.linalg_columns import column, entry, reflector, set_column
 
 _done = False
 
@@ -60,6 +65,10 @@ def register() -> None:
     mlir.register_lowering(lax_linalg.svd_p,
                            _lower_fun(mlir, linalg_jacobi.svd, True),
                            platform="trn")
+    from jax_trn import linalg_tridiagonal
+    mlir.register_lowering(lax_linalg.tridiagonal_p,
+                           _lower_fun(mlir, linalg_tridiagonal.tridiagonal, True),
+                           platform="trn")
     from jax._src.lax.control_flow import loops
     mlir.register_lowering(loops.cumlogsumexp_p,
                            _lower_fun(mlir, _cumlogsumexp, False),
@@ -75,11 +84,12 @@ def _lower_fun(mlir, fn, multiple_results: bool):
     """`mlir.lower_fun(fn)` traced with implicit rank promotion allowed: the rules
     broadcast e.g. a (2, 1) column against a (2,) iota, which a user's
     `jax_numpy_rank_promotion="raise"` (JAX's own tests set it) must not forbid inside
-    a primitive's lowering."""
+    a primitive's lowering; likewise `jax_numpy_dtype_promotion="strict"` (a complex
+    reflector mixes its real beta with complex values)."""
     import jax
 
     def traced(*args, **params):
-        with jax.numpy_rank_promotion("allow"):
+        with jax.numpy_rank_promotion("allow"), jax.numpy_dtype_promotion("standard"):
             return fn(*args, **params)
     return mlir.lower_fun(traced, multiple_results=multiple_results)
 
@@ -125,6 +135,8 @@ def _row(x, i):
 def _forward(a, b, unit_diagonal: bool):
     """x with a x = b, a lower triangular [..., m, m], b [..., m, n]."""
     m = a.shape[-1]
+    if m == 0 or b.size == 0:
+        return jnp.zeros(b.shape, b.dtype)
 
     def row(i, x):
         ai, below = _row(a, i)                                          # [..., 1, m]
@@ -137,41 +149,25 @@ def _forward(a, b, unit_diagonal: bool):
     return lax.fori_loop(0, m, row, jnp.zeros(b.shape, b.dtype))
 
 
-def _column(x, j):
-    """Column j of x [..., m, n] as [..., m]: a masked row sum (one term), as a column
-    dynamic_slice is a strided copy across partitions."""
-    return jnp.sum(jnp.where(jnp.arange(x.shape[-1]) == j, x, jnp.zeros_like(x)), axis=-1)
-
-
-def _entry(x, j):
-    """x[..., j] as [..., 1] (a masked sum, no gather)."""
-    return jnp.sum(jnp.where(jnp.arange(x.shape[-1]) == j, x, jnp.zeros_like(x)), axis=-1,
-                   keepdims=True)
-
-
-def _set_column(x, j, col):
-    """x with column j replaced by col [..., m]: one select over x (a column
-    dynamic_update_slice writes one element per partition; at 64 x 64 it took ~0.5 ms)."""
-    return jnp.where(jnp.arange(x.shape[-1]) == j, col[..., :, None].astype(x.dtype), x)
-
-
 def _cholesky(a):
     """Lower L with L L^H = a [..., m, m] (the lower triangle of a is read; L^T for
     real a). For complex a the diagonal is the square root of a real number, as LAPACK's."""
     m = a.shape[-1]
+    if a.size == 0:
+        return a
     idx = jnp.arange(m)
 
-    def column(i, low):
+    def step(i, low):
         _, li = _row(low, i)                                           # [..., 1, m]
-        ai = _column(a, i)                                             # column i of a
+        ai = column(a, i)                                             # column i of a
         s = jnp.matmul(low, jnp.conj(jnp.swapaxes(li, -1, -2)),
                        precision=lax.Precision.HIGHEST)[..., 0]      # [..., m]
-        pivot = _entry(ai, i) - _entry(s, i)
+        pivot = entry(ai, i) - entry(s, i)
         d = jnp.sqrt(pivot.real.astype(a.dtype) if jnp.iscomplexobj(a) else pivot)
         col = jnp.where(idx > i, (ai - s) / d, jnp.where(idx == i, d, jnp.zeros_like(ai)))
-        return _set_column(low, i, col)
+        return set_column(low, i, col)
 
-    low = lax.fori_loop(0, m, column, jnp.zeros_like(a))
+    low = lax.fori_loop(0, m, step, jnp.zeros_like(a))
     # LAPACK's potrf stops at a pivot that is not > 0 and JAX then returns NaNs for the
     # whole matrix (a singular covariance must not give a finite factor)
     diag = jnp.sum(jnp.where(idx[:, None] == idx, low, jnp.zeros_like(low)), axis=-1)
@@ -185,51 +181,62 @@ def _cumlogsumexp(x, *, axis: int, reverse: bool):
 
 def _geqrf(a):
     """LAPACK geqrf: R above the diagonal, Householder vectors (unit leading entry
-    implied) below it, and their taus: column j's reflector H = I - tau v v^T maps
-    a[j:, j] to (beta, 0, ...), beta = -sign(alpha) * ||a[j:, j]|| (dlarfg)."""
+    implied) below it, and their taus: column j's reflector H = I - tau v v^H maps
+    a[j:, j] to (beta, 0, ...), beta = -sign(Re alpha) * ||a[j:, j]|| (dlarfg / zlarfg:
+    beta is real, tau complex for complex a; A is updated by H^H)."""
+    _check_qr_dtype(a.dtype)
     *batch, m, n = a.shape
     k = min(m, n)
+    taus = jnp.zeros((*batch, k), a.dtype)
+    if k == 0:
+        return [a, taus]
     rows, cols = jnp.arange(m), jnp.arange(n)
     hi = lax.Precision.HIGHEST
 
-    def column(j, state):
+    def step(j, state):
         a, taus = state
-        col = _column(a, j)                                                  # [..., m]
-        alpha = _entry(col, j)
+        col = column(a, j)                                                  # [..., m]
+        alpha = entry(col, j)
         x = jnp.where(rows > j, col, jnp.zeros_like(col))
-        xnorm = jnp.sqrt(jnp.sum(x * x, axis=-1, keepdims=True))
-        beta = -jnp.copysign(jnp.sqrt(alpha * alpha + xnorm * xnorm), alpha)
-        safe = xnorm != 0
-        tau = jnp.where(safe, (beta - alpha) / jnp.where(safe, beta, 1), 0)
-        scale = jnp.where(safe, 1 / jnp.where(safe, alpha - beta, 1), 0)
+        beta, tau, scale, safe = reflector(alpha, x)
         v = jnp.where(rows == j, jnp.ones_like(col), x * scale)
-        w = jnp.matmul(v[..., None, :], a, precision=hi)[..., 0, :]          # v^T a
+        w = jnp.matmul(jnp.conj(v)[..., None, :], a, precision=hi)[..., 0, :]  # v^H a
         w = jnp.where(cols > j, w, jnp.zeros_like(w))
-        a = a - tau[..., None] * v[..., :, None] * w[..., None, :]
+        a = a - jnp.conj(tau)[..., None] * v[..., :, None] * w[..., None, :]
         new = jnp.where(rows < j, col, jnp.where(rows == j, jnp.where(safe, beta, alpha),
                                                    x * scale))
-        a = _set_column(a, j, new)
+        a = set_column(a, j, new)
         taus = jnp.where(jnp.arange(k) == j, tau.astype(taus.dtype), taus)
         return a, taus
 
-    taus = jnp.zeros((*batch, k), a.dtype)
-    return list(lax.fori_loop(0, k, column, (a, taus)))
+    return list(lax.fori_loop(0, k, step, (a, taus)))
+
+
+def _check_qr_dtype(dtype) -> None:
+    """QR in float32 / complex64 only: a 16-bit QR loses the orthogonality the result
+    promises; JAX's CPU and GPU backends refuse it the same way ("Unsupported dtype")."""
+    if jnp.dtype(dtype) not in (jnp.float32, jnp.complex64, jnp.float64, jnp.complex128):
+        raise NotImplementedError(f"Unsupported dtype {jnp.dtype(dtype)} for QR on trn "
+                                  "(float32 and complex64 are)")
 
 
 def _householder_product(a, taus):
-    """LAPACK orgqr: the first n columns of H_0 H_1 ... H_{k-1} for the reflectors
-    packed below the diagonal of a [..., m, n]."""
+    """LAPACK orgqr / ungqr: the first n columns of H_0 H_1 ... H_{k-1} for the
+    reflectors packed below the diagonal of a [..., m, n], H_j = I - tau_j v_j v_j^H."""
     m, n = a.shape[-2:]
     k = taus.shape[-1]
     rows = jnp.arange(m)
     q = jnp.broadcast_to(jnp.eye(m, n, dtype=a.dtype), a.shape)
+    if k == 0 or m == 0:
+        return q
 
     def reflect(i, q):
         j = k - 1 - i
-        col = _column(a, j)
+        col = column(a, j)
         v = jnp.where(rows < j, jnp.zeros_like(col), jnp.where(rows == j, 1, col))
-        tau = _entry(taus, j)
-        w = jnp.matmul(v[..., None, :], q, precision=lax.Precision.HIGHEST)[..., 0, :]
+        tau = entry(taus, j)
+        w = jnp.matmul(jnp.conj(v)[..., None, :], q,
+                       precision=lax.Precision.HIGHEST)[..., 0, :]
         return q - tau[..., None] * v[..., :, None] * w[..., None, :]
 
     return lax.fori_loop(0, k, reflect, q)

@@ -34,6 +34,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jax_trn import linalg_complex
+
 HI = lax.Precision.HIGHEST
 MAX_SWEEPS = 12
 # SVD columns of the scaled matrix (max entry in [1, 2)) with s^2 below this are treated as
@@ -162,23 +164,19 @@ def _scaled(a):
     return a / scale[..., None], scale
 
 
-def _real_only(name: str, a) -> None:
-    if jnp.issubdtype(a.dtype, jnp.complexfloating):
-        raise NotImplementedError(f"{name} on trn: complex operand {a.dtype}{list(a.shape)} "
-                                  "is not supported (the hardware has no complex type)")
-
-
 def eigh(a, *, lower: bool, sort_eigenvalues: bool, subset_by_index, algorithm=None):
     """(v, w) of the symmetric a [..., n, n], eigenvalues ascending, eigenvectors as columns;
     only the triangle `lower` names is read. Every `algorithm` (QR, Jacobi, QDWH) runs as
     this Jacobi; unsorted eigenvalues come sorted (an order the API allows)."""
     del sort_eigenvalues, algorithm
-    _real_only("eigh", a)
     dtype = a.dtype
     n0 = a.shape[-1]
     lo, hi = (0, n0) if subset_by_index is None else subset_by_index
     if n0 == 0:
-        return [a[..., :, :0], jnp.zeros((*a.shape[:-2], 0), dtype)]
+        return [a[..., :, :0], jnp.zeros((*a.shape[:-2], 0), jnp.real(a).dtype)]
+    if jnp.issubdtype(dtype, jnp.complexfloating):      # jax_trn/linalg_complex.py
+        return linalg_complex.eigh(lambda m: eigh(m, lower=True, sort_eigenvalues=True,
+                                                  subset_by_index=None), a, lower, lo, hi)
     a = a.astype(jnp.float32)
     tri = jnp.tril(a) if lower else jnp.triu(a)
     a = tri + jnp.swapaxes(tri, -1, -2) - tri * jnp.eye(n0, dtype=a.dtype)
@@ -216,12 +214,16 @@ def svd(a, *, full_matrices: bool, compute_uv: bool, subset_by_index, algorithm=
     Columns of zero norm, and the extra columns of a full u, come from a Householder QR
     of the normalised u (its leading columns are u's own, up to sign)."""
     del algorithm
-    _real_only("svd", a)
     dtype = a.dtype
     m0, n0 = a.shape[-2:]
     if m0 == 0 or n0 == 0:
         from jax._src.lax.linalg import _empty_svd
         return list(_empty_svd(a, full_matrices=full_matrices, compute_uv=compute_uv))
+    if not compute_uv and jnp.issubdtype(dtype, jnp.complexfloating):
+        lo, hi = (0, min(m0, n0)) if subset_by_index is None else subset_by_index
+        s = linalg_complex.singular_values(lambda m: svd(
+                m, full_matrices=False, compute_uv=False, subset_by_index=None)[0], a)
+        return [s[..., lo:hi]]
     if m0 < n0:                                           # a^T = v s u^T
         res = svd(jnp.swapaxes(a, -1, -2), full_matrices=full_matrices,
                   compute_uv=compute_uv, subset_by_index=subset_by_index)
@@ -229,6 +231,13 @@ def svd(a, *, full_matrices: bool, compute_uv: bool, subset_by_index, algorithm=
             return res
         s, u, vt = res
         return [s, jnp.swapaxes(vt, -1, -2), jnp.swapaxes(u, -1, -2)]
+    if jnp.issubdtype(dtype, jnp.complexfloating):     # jax_trn/linalg_complex.py
+        lo, hi = (0, n0) if subset_by_index is None else subset_by_index
+        s, u, vh = linalg_complex.svd(lambda m: eigh(m, lower=True, sort_eigenvalues=True,
+                                                     subset_by_index=None), a, full_matrices)
+        if subset_by_index is not None:
+            s, u, vh = s[..., lo:hi], u[..., lo:hi], vh[..., lo:hi, :]
+        return [s, u, vh]
     a, scale = _scaled(a.astype(jnp.float32))
     n = n0 + n0 % 2
     if n != n0:

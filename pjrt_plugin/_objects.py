@@ -7,6 +7,7 @@ analysis (it runs the program once on the simulator), made on first request.
 from __future__ import annotations
 
 import ctypes
+import math
 
 
 from . import _c_api as C
@@ -276,6 +277,8 @@ def op_sharding(sharding, mesh, rank: int):
     from jaxlib import xla_client as xc
     from hlo_passes.sharding import tile_assignment
     proto = xc.OpSharding()
+    if sharding is not None and mesh is not None and sharding.unreduced:
+        return _unreduced_sharding(proto, sharding, mesh, rank)
     tiled = tile_assignment(sharding, mesh, rank)
     if tiled is None:
         proto.type = xc.OpSharding.Type.REPLICATED
@@ -285,6 +288,33 @@ def op_sharding(sharding, mesh, rank: int):
     proto.tile_assignment_dimensions = dims
     proto.tile_assignment_devices = devices
     proto.replicate_on_last_tile_dim = replicate_last
+    return proto
+
+
+def _unreduced_sharding(proto, sharding, mesh, rank: int):
+    """XLA's form of a sharding with unreduced axes (JAX's partial sums): the tiled
+    dims, then the unreduced axes as one UNREDUCED subgroup dim, then the remaining
+    axes as a REPLICATED one; unreduced over every axis is type UNREDUCED."""
+    from jaxlib import xla_client as xc
+    dims = list(sharding.dims) + [()] * (rank - len(sharding.dims))
+    counts = [math.prod(mesh.axis_size(a) for a in axes) for axes in dims]
+    unreduced = tuple(sharding.unreduced)
+    n_u = math.prod(mesh.axis_size(a) for a in unreduced)
+    n_r = mesh.size // (math.prod(counts) * n_u)
+    kind = xc.OpSharding.Type
+    if not any(dims) and n_r == 1:
+        proto.type = kind.UNREDUCED
+        return proto
+    tiles: dict[tuple, list[int]] = {}
+    parts = mesh.partitions()
+    for pos in range(mesh.size):
+        key = (*(mesh.block_index(pos, axes) for axes in dims),
+               mesh.block_index(pos, unreduced))
+        tiles.setdefault(key, []).append(parts[pos])
+    proto.type = kind.OTHER
+    proto.tile_assignment_dimensions = counts + [n_u] + ([n_r] if n_r > 1 else [])
+    proto.tile_assignment_devices = [p for key in sorted(tiles) for p in tiles[key]]
+    proto.last_tile_dims = [kind.UNREDUCED] + ([kind.REPLICATED] if n_r > 1 else [])
     return proto
 
 

@@ -157,3 +157,18 @@ def test_compile_time_settings_per_program(jax, trn):
     assert np.abs(exact - ref).max() < 1e-4            # fp32
     with pytest.raises(Exception, match="'jax_trn_system' is not a per-program"):
         f.lower(x).compile({"jax_trn_system": "trn1.2xlarge"})
+
+
+@pytest.mark.parametrize("overrides,says", [
+        ({"invalid_key": "x"}, "No such compile option: 'invalid_key'"),
+        ({"exec_time_compilation_effort": 0.0}, "No such compile option"),
+        ({"xla_embed_ir_in_executable": "invalid_value"}, "is not a valid bool value"),
+])
+def test_xla_compile_options_are_checked_as_xla_checks_them(overrides, says):
+    """JAX's own tests expect XLA's errors for a misspelt compiler option (they were
+    ignored); XLA's real options and its build options pass."""
+    options = resolve({})
+    with pytest.raises(ConfigError, match=says):
+        config.for_compile(options, overrides)
+    assert config.for_compile(options, {"xla_embed_ir_in_executable": True,
+                                        "exec_time_optimization_effort": 0.0}) == options

@@ -24,7 +24,8 @@ too) and before `split-reductions` (which splits the two-plane reductions it lea
                                          terminators flattened: each complex value
                                          is two values in its place (a complex
                                          product: a tree of complex multiplies)
-    scatter, all_reduce, reduce_scatter  one op per plane (a sum or a replace combiner)
+    scatter, all_reduce, reduce_scatter  one op per plane (a sum or a replace combiner;
+                                         a scatter-multiply: hlo_passes.complex_scatter)
 
 The program's parameters and results stay complex at the PJRT boundary: a complex64
 parameter of shape S becomes a float32 parameter of shape S + (2,), the same bytes
@@ -41,7 +42,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hlo_passes import complex_fft, complex_math
+from hlo_passes import complex_fft, complex_math, complex_scatter
 from hlo_passes import ir
 from hlo_passes.complex_math import PART, Builder, Planes, is_complex
 from hlo_passes.errors import HloImportError
@@ -230,6 +231,9 @@ def _per_plane_region(rw: _Rewriter, b: Builder, op: ir.Op):
     if len(op.results) != 1 or not is_complex(op.result.dtype):
         raise HloImportError(f"complex numbers are not supported in {op.describe()} "
                              "(one complex operand and result only)")
+    if op.kind == "scatter" and complex_scatter.is_multiply(op):
+        return complex_scatter.multiply([rw.get(op.operands[0]), rw.get(op.operands[2])],
+                                        b, op)
     body = _real_body(op)
     t = part_type(op.result.type)
     out = []

@@ -27,6 +27,10 @@ The sdy ops (hlo_passes/localize_sdy.py, one handler each):
     collective_permute  collective_permute(s) moving each block to where it belongs
     sharding_constraint the operand (the reshards are already explicit)
     manual_computation  its body, inlined (shard_map: already per-device code)
+    replicated_to_      unreduced (partial sums, JAX's `unreduced` axes): the value on
+      unreduced         the devices at coordinate 0 of the axes, zeros elsewhere
+    sharded_to_         unreduced: each block at its place in zeros of the whole extent;
+      unreduced         an all_reduce of an unreduced value adds
     constant            constant: the local block of a sharded splat, a sharded
                         non-splat value sliced per device
 
@@ -51,7 +55,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hlo_passes import ir
+from hlo_passes import inspect_sharding, ir
 from hlo_passes.errors import VerifyError
 from hlo_passes.localize_pad import PaddingOps
 from hlo_passes.localize_sdy import SdyOps
@@ -156,6 +160,7 @@ class _Localizer(SdyOps, PaddingOps):
         self.mesh, self.module, self.n = mesh, module, n
         self.shardings: dict[int, TensorSharding | None] = {}
         self.complete: set[int] = set()     # values already fully reduced
+        self.summed: dict[int, frozenset] = {}   # all_reduce results: axes summed over
         self.producer: dict[int, ir.Op] = {}
         self.global_shape: dict[int, tuple[int, ...]] = {}
         self.whole: dict[int, ir.Value] = {}   # local value -> the global value it slices
@@ -231,17 +236,32 @@ class _Localizer(SdyOps, PaddingOps):
         if kind.startswith("sdy.") and kind not in ("sdy.return",):
             raise VerifyError(f"{kind} is not supported by the SPMD localization "
                               f"({op.describe()})")
+        if kind == "custom_call" and op.attrs.get("call_target_name") == inspect_sharding.TARGET:
+            return self._inspect_sharding(op)
         shardings = parse_per_value(op.attrs.pop("sdy.sharding", None)) or [None] * len(op.results)
         shardings = [self._ours(s) for s in shardings]
         if op.kind in ("while", "case"):
             return self._control(op, shardings)
         if self._positional(op, shardings) or self._moves_padding(op, shardings):
             return self._replicated(op, shardings)
+        zero_on = self._unreduced_from_replicated(op, shardings)
         for r, s in zip(op.results, shardings):
             self._localize_value(r, s)
         self._local_attrs(op)
         self._mask_inputs(op)
         self._emit(op)
+        for r, axes in zip(op.results, zero_on):
+            if axes:
+                self.mapping[r] = self._first_only(r, axes, op)
+
+    def _inspect_sharding(self, op: ir.Op) -> None:
+        """jax.debug.inspect_array_sharding: the callback gets the operand's sharding
+        (hlo_passes/inspect_sharding.py); the op computes nothing and goes."""
+        v = op.operands[0]
+        inspect_sharding.call(op.attrs.get("backend_config"), self.shardings.get(id(v)),
+                              self.mesh, len(self.global_shape.get(id(v), v.shape)))
+        for r in op.results:
+            self.mapping[r] = v
 
     def _local_attrs(self, op: ir.Op) -> None:
         """Sizes in attributes made per-device: the sharded dims a slice or dynamic_slice
@@ -307,6 +327,10 @@ class _Localizer(SdyOps, PaddingOps):
                 self.mapping[r] = local
                 self.complete.add(id(local))
                 self.whole[id(local)] = r
+            if s is not None and s.unreduced:    # the whole value, counted once
+                u = self._first_only(self.mapping.get(r, r), tuple(s.unreduced), op)
+                self.shardings[id(u)] = s
+                self.mapping[r] = u
 
     def _gather_all(self, v: ir.Value) -> ir.Value:
         s = self.shardings.get(id(v))
@@ -426,6 +450,9 @@ class _Localizer(SdyOps, PaddingOps):
         """How the partial values of `v` combine; None when `v` is already complete."""
         if id(v) in self.complete:
             return None
+        s = self.shardings.get(id(v))
+        if s is not None and s.unreduced:       # partial sums (JAX's unreduced axes)
+            return "add"
         prod = self.producer.get(id(v))
         if prod is not None and prod.kind in SUMMING:
             return "add"

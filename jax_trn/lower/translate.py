@@ -320,8 +320,10 @@ def _iota(o: ir.Op) -> _View:
 
 def _constant(o: ir.Op) -> _Imm:
     value = np.ascontiguousarray(o.attrs["value"]).reshape(-1)
+    if value.size == 0:
+        raise Unsupported("an empty constant inside the region")
     as_bytes = value.view(np.uint8).reshape(value.size, -1)
-    if value.size == 0 or not (as_bytes == as_bytes[0]).all():
+    if not (as_bytes == as_bytes[0]).all():
         raise Unsupported("a non-splat constant inside the region")
     item = value[0].item()
     return _Imm(int(item) if isinstance(item, bool) else item, o.result.dtype)

@@ -108,3 +108,24 @@ def test_a_statistic_read_after_the_region_is_written_out():
     rows = [f for f in fusions(m) if f.attrs["fusion_kind"] == "rows"]
     assert len(rows) == 1 and len(rows[0].results) == 2
     assert "also written out for 1 later user (extra output)" in decision(rows[0], "reduce")
+
+
+ROW_AND_COLUMN = """
+  func.func @main(%v: tensor<4xf32>, %a: tensor<4xf32>) -> tensor<4x4xf32> {
+    %m = stablehlo.multiply %v, %a : tensor<4xf32>
+    %c = stablehlo.broadcast_in_dim %m, dims = [0] : (tensor<4xf32>) -> tensor<4x4xf32>
+    %r = stablehlo.broadcast_in_dim %m, dims = [1] : (tensor<4xf32>) -> tensor<4x4xf32>
+    %o = stablehlo.multiply %c, %r : tensor<4x4xf32>
+    return %o : tensor<4x4xf32>
+  }"""
+
+
+def test_a_row_value_also_read_along_the_row_is_not_computed_in_the_region():
+    """v (x) v for a computed v: v on [P, 1] serves the column broadcast, but the row
+    broadcast would need it re-laid out along the free axis. It was fused through the
+    column edge anyway, and the row view read the [P, 1] values: a wrong outer product
+    (lax.linalg.tridiagonal's rank-2 update was off by O(1))."""
+    _, m = run(ROW_AND_COLUMN)
+    f = fusions(m)[-1]
+    assert "multiply" not in body(f)[:-2]
+    assert any("computed values are not re-laid out" in d for d in f.attrs["decisions"])

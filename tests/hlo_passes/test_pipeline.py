@@ -90,7 +90,7 @@ def test_disable_passes_by_name():
 
 def test_pass_names_are_every_name_that_can_be_disabled():
     names = hlo_passes.pass_names()
-    assert names == ("inline-calls", "localize", "complex-planes", "rank0-windows",
+    assert names == ("inline-calls", "localize", "complex-planes", "total-order-compare", "rank0-windows",
                      "split-reductions", "simplify", "cse", "dce", "combine-all-reduce", "mx-quantize",
                      "onehot-contract", "degenerate-reduce", "convert-into-reduce",
                      "transposed-dot", "attention-bwd-fusion",
