@@ -59,12 +59,20 @@ _SHARED_BYTES = 1 << 18        # the worker takes instructions touching at least
 _SWITCH_S = 2e-4              # the GIL's switch interval while two threads replay
 
 
-def _cost(ins, regions) -> float:
-    """Estimated host seconds to replay `ins` (decides only whether a kernel is worth
-    two threads)."""
+def _cost(ins, nbytes: int) -> float:
+    """Estimated host seconds to replay `ins`, which touches `nbytes` (decides only
+    whether a kernel is worth two threads)."""
     if type(ins) is _isa.NcMatmul:
         return 2.0 * ins.rows * ins.m * ins.n / _MM_FLOPS_PER_S + _CALL_S
-    return _CALL_S + sum((r[2] - r[1]) * (r[4] - r[3]) for r in regions) * _BYTE_S
+    return _CALL_S + nbytes * _BYTE_S
+
+
+def _shared(ins, nbytes: int) -> bool:
+    """Instructions the worker takes: those that spend most of their time in numpy
+    without the GIL (BLAS; loops over >= 256 KiB). Short ones are mostly Python, which
+    two threads only take turns at (measured on the block's attention kernels: a
+    64 KiB threshold gives them no speed-up at all)."""
+    return type(ins) is _isa.NcMatmul or nbytes >= _SHARED_BYTES
 
 
 def _keys(region, written_dram: set) -> list:
@@ -121,7 +129,7 @@ def lane_schedule(kernel, order, plan) -> LaneSchedule | None:
     if not ENABLED:
         return None
     instrs = kernel.instructions
-    touched = []
+    touched, shared = [], bytearray()
     written_dram: set = set()
     work = 0.0
     for index in order:
@@ -129,7 +137,9 @@ def lane_schedule(kernel, order, plan) -> LaneSchedule | None:
         if type(ins) not in _STATIC:
             return None             # an instruction whose bytes we cannot name
         reads, writes = accesses(ins)
-        work += _cost(ins, reads + writes)
+        nbytes = sum((r[2] - r[1]) * (r[4] - r[3]) for r in reads + writes)
+        work += _cost(ins, nbytes)
+        shared.append(_shared(ins, nbytes))
         written_dram.update(r[0] for r in writes if r[0] not in _ON_CHIP)
         touched.append((reads, writes))
     if work < MIN_WORK_S:
@@ -152,19 +162,7 @@ def lane_schedule(kernel, order, plan) -> LaneSchedule | None:
         for k in kr:
             readers.setdefault(k, []).append(pos)
         deps.append(tuple(sorted(need)))
-    shared = bytes(_shared(instrs[index]) for index in order)
-    return LaneSchedule([plan[index] for index in order], deps, shared)
-
-
-def _shared(ins) -> bool:
-    """Instructions the worker takes: those that spend most of their time in numpy
-    without the GIL (BLAS; loops over >= 256 KiB). Short ones are mostly Python, which
-    two threads only take turns at (measured on the block's attention kernels: a
-    64 KiB threshold gives them no speed-up at all)."""
-    if type(ins) is _isa.NcMatmul:
-        return True
-    reads, writes = accesses(ins)
-    return sum((r[2] - r[1]) * (r[4] - r[3]) for r in reads + writes) >= _SHARED_BYTES
+    return LaneSchedule([plan[index] for index in order], deps, bytes(shared))
 
 
 _STATIC = frozenset(getattr(_isa, name) for name in (
