@@ -16,13 +16,12 @@ instruction), run their semantics function.
 the op corpus both ways and asserts the results are identical. `PlanCache.lanes` gives
 `NeuronCore.replay` the two-thread schedule of a plan (lanes.py).
 
-A matmul into FP32 PSUM writes its product through `np.matmul(..., out=)` (and adds
-the accumulator with `np.add(..., out=)`, operands in the interpreter's order): the
-same BLAS call writing the PSUM view instead of a fresh array, one copy fewer.
+A matmul into FP32 PSUM writes its product through `sgemm.matmul(..., out)`, an
+accumulating one adds it there in the same GEMM (beta = 1, as the interpreter does on
+a copy of the accumulator): the PSUM view instead of a fresh array and a separate add.
 """
 from __future__ import annotations
 
-import threading
 from collections import OrderedDict
 
 import numpy as np
@@ -34,6 +33,7 @@ from . import semantics as _sem
 from .memory import dram_read, dram_write
 from .numerics import is_int, to_fp32
 from .operands import DramAP, Tile
+from .sgemm import matmul as _matmul
 
 __all__ = ["ENABLED", "kernel_plan", "PlanCache"]
 
@@ -306,46 +306,28 @@ def _nc_matmul(ins, core):
     mv = core.mem(ins.moving).view(ins.moving)
     out = _matmul_out(ins, core.mem(ins.dst).view(ins.dst))
     if out is not None:                  # FP32 PSUM the product can be written into
-        if ins.accumulate:
-            shape = out.shape
+        accumulate = bool(ins.accumulate)
 
-            def run():
-                product = _scratch(shape)
-                np.matmul(to_fp32(st).reshape(rows, -1).T, to_fp32(mv).reshape(rows, -1),
-                          out=product)
-                np.add(product, out, out=out)        # `result += acc`, then stored
-        else:
-            def run():
-                np.matmul(to_fp32(st).reshape(rows, -1).T, to_fp32(mv).reshape(rows, -1),
-                          out=out)
+        def run():
+            _matmul(to_fp32(st).reshape(rows, -1).T, to_fp32(mv).reshape(rows, -1), out,
+                    accumulate)
         return run
     acc = core.mem(ins.dst).view(ins.dst) if ins.accumulate else None
     store = _storer(core, ins.dst)
 
     def run():
-        result = np.matmul(to_fp32(st).reshape(rows, -1).T, to_fp32(mv).reshape(rows, -1))
-        if acc is not None:
-            result += to_fp32(acc).reshape(result.shape)
+        a, b = to_fp32(st).reshape(rows, -1).T, to_fp32(mv).reshape(rows, -1)
+        if acc is None:
+            result = _matmul(a, b)
+        else:
+            result = _matmul(a, b, np.array(to_fp32(acc).reshape(a.shape[0], -1), _F32),
+                             True)
         store(result)
     return run
 
 
-_SCRATCH = threading.local()
-
-
-def _scratch(shape: tuple) -> np.ndarray:
-    """A [M, N] FP32 array of this thread's for an accumulating matmul's product (the
-    same BLAS call as into a fresh array; no 256 KiB allocation per matmul). Per
-    thread: the two replay threads (lanes.py) multiply at the same time."""
-    bufs = _SCRATCH.__dict__
-    buf = bufs.get(shape)
-    if buf is None:
-        buf = bufs[shape] = np.empty(shape, _F32)
-    return buf
-
-
 def _matmul_out(ins, view: np.ndarray) -> np.ndarray | None:
-    """The [M, N] FP32 view of a matmul's PSUM `view` that `np.matmul(..., out=)` can
+    """The [M, N] FP32 view of a matmul's PSUM `view` that `sgemm.matmul(..., out)` can
     write through BLAS as it writes a fresh array (rows of unit-stride elements, M and N
     >= 2: a general matrix product, not a vector one), or None."""
     m, n = ins.m, ins.n

@@ -29,6 +29,7 @@ from . import dtypes as _dt
 from .memory import dram_read, dram_write
 from .numerics import is_int, round_tf32, to_fp32
 from .operands import DramAP, IsaError, Tile
+from .sgemm import matmul as _matmul
 
 _F32 = np.float32
 _I64 = np.int64
@@ -189,9 +190,11 @@ def nc_matmul(ins, core) -> None:
     tf32 = ins.precision == "tf32"
     st = _matmul_operand(core, ins.stationary, ins.rows, tf32)
     mv = _matmul_operand(core, ins.moving, ins.rows, tf32)
-    result = np.matmul(st.T, mv)
-    if ins.accumulate:
-        result += to_fp32(_read(core, ins.dst)).reshape(result.shape)
+    if ins.accumulate:               # dst + st.T @ mv, as `sgemm.matmul` accumulates
+        acc = np.array(to_fp32(_read(core, ins.dst)).reshape(st.shape[1], -1), np.float32)
+        result = _matmul(st.T, mv, acc, True)
+    else:
+        result = _matmul(st.T, mv)
     _store(core, ins.dst, result)
 
 

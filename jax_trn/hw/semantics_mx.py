@@ -7,6 +7,7 @@ import numpy as np
 from . import mx as _mx
 from .numerics import to_fp32
 from .operands import Tile
+from .sgemm import matmul as _matmul
 from .semantics import _read, _store
 
 __all__ = ["quantize_mx", "nc_matmul_mx"]
@@ -37,7 +38,7 @@ def nc_matmul_mx(ins, core) -> None:
     a = _operand(core, ins.stationary, ins.stationary_scale)
     b = _operand(core, ins.moving, ins.moving_scale)
     with np.errstate(invalid="ignore", over="ignore"):
-        result = np.matmul(a.T, b)
+        result = _matmul(a.T, b)
     if ins.accumulate:
         result += to_fp32(_read(core, ins.dst)).reshape(result.shape)
     _store(core, ins.dst, result)
