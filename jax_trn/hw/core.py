@@ -49,6 +49,7 @@ class NeuronCore:
     """One simulated NeuronCore of generation `spec`. `hbm` is the chip's HBM
     bandwidth, shared by passing the same `Hbm` to every core of the chip; with None
     the core's own DMA engines are the only bandwidth limit."""
+    lead = ()      # no leading device axis on its memories' views (batch.BatchCore has)
 
     def __init__(self, spec: CoreSpec, *, hbm: Hbm | None = None, core_id: int = 0,
                  numerics: Numerics | None = None,

@@ -94,6 +94,15 @@ class PlanCache:
 def _instr_plan(ins, core, fallback: bool):
     compiler = None if fallback else _COMPILERS.get(type(ins).semantics)
     body = compiler(ins, core) if compiler is not None else None
+    if core.lead:                      # a BatchCore (batch.py): no PSUM bookkeeping
+        if body is None:
+            slices = core.slices
+
+            def run():
+                for one in slices:
+                    ins.execute(one)
+            return run
+        return body
     if body is None:
         return lambda: ins.execute(core)
     marks = [(core.mem(t)._flags(t), ins.matmul_output) for t in ins.outputs()
@@ -120,6 +129,8 @@ def _reader(core, v):
     """A closure reading operand `v`: a tile's fixed view, or a DRAM pattern's view of
     the call's array."""
     if isinstance(v, DramAP):
+        if core.lead:                  # each device's view, stacked
+            return lambda: np.stack([dram_read(v, dram) for dram in core.drams])
         return lambda: dram_read(v, core.dram)
     view = core.mem(v).view(v)
     return lambda: view
@@ -162,7 +173,7 @@ def _scalar(core, v, data: Tile, as_int: bool):
     """`semantics._scalar`: an immediate (converted once) or a [P, 1] tile's view."""
     if isinstance(v, Tile):
         view = core.mem(v).view(v)
-        shape = (v.num_partitions,) + (1,) * len(data.free)
+        shape = (*core.lead, v.num_partitions) + (1,) * len(data.free)
         widen = _widener(as_int)
         return lambda: widen(view.reshape(shape))
     x = np.asarray(v)
@@ -178,6 +189,12 @@ def _dma_copy(ins, core):
     convert = _converter(core, src_dtype, ins.dst.dtype)
     if isinstance(ins.dst, DramAP):
         dst, shape = ins.dst, ins.dst.shape
+        if core.lead:
+            def run():
+                values = convert(read())
+                for d, dram in enumerate(core.drams):
+                    dram_write(dst, dram, values[d].reshape(shape))
+            return run
         return lambda: dram_write(dst, core.dram, convert(read()).reshape(shape))
     view = core.mem(ins.dst).view(ins.dst)
 
@@ -261,7 +278,7 @@ def _tensor_scalar_narrow(core, ins, x: np.ndarray, ops):
     def scalar(v):
         if isinstance(v, Tile):
             view = core.mem(v).view(v)
-            shape = (v.num_partitions,) + (1,) * len(ins.data.free)
+            shape = (*core.lead, v.num_partitions) + (1,) * len(ins.data.free)
             return lambda: view.reshape(shape).view(np.uint32)
         imm = _alu.narrow_operand(int(v))
         return lambda: imm
@@ -284,6 +301,7 @@ def _activation(ins, core):
     func, strict = ins.func, core.numerics.strict_ranges
     store = _storer(core, ins.dst)
     reduce = _storer(core, ins.reduce_res) if ins.reduce_res is not None else None
+    rows = (*core.lead, ins.data.num_partitions, -1)
 
     def run():
         y = to_fp32(x)
@@ -294,13 +312,15 @@ def _activation(ins, core):
         y = _alu.activation(func, y, strict=strict)
         store(y)
         if reduce is not None:
-            reduce(np.add.reduce(y.reshape(y.shape[0], -1), axis=1, dtype=_F32))
+            reduce(np.add.reduce(y.reshape(rows), axis=-1, dtype=_F32))
     return run
 
 
 def _nc_matmul(ins, core):
     if ins.precision == "tf32":
         return None                      # rare: the interpreter
+    if core.lead:
+        return _nc_matmul_batch(ins, core)
     rows = ins.rows
     st = core.mem(ins.stationary).view(ins.stationary)
     mv = core.mem(ins.moving).view(ins.moving)
@@ -326,6 +346,35 @@ def _nc_matmul(ins, core):
     return run
 
 
+def _nc_matmul_batch(ins, core):
+    """`_nc_matmul` on a BatchCore: operands converted for all devices at once, then one
+    GEMM per device, as each device alone makes it."""
+    rows, (batch,) = ins.rows, core.lead
+    st = core.mem(ins.stationary).view(ins.stationary)
+    mv = core.mem(ins.moving).view(ins.moving)
+    dst = core.mem(ins.dst).view(ins.dst)
+    outs = [_matmul_out(ins, dst[d]) for d in range(batch)]
+    accumulate = bool(ins.accumulate)
+    if all(o is not None for o in outs):
+        def run():
+            a = to_fp32(st).reshape(batch, rows, -1)
+            b = to_fp32(mv).reshape(batch, rows, -1)
+            for d in range(batch):
+                _matmul(a[d].T, b[d], outs[d], accumulate)
+        return run
+    store = _storer(core, ins.dst)
+
+    def run():
+        a = to_fp32(st).reshape(batch, rows, -1)
+        b = to_fp32(mv).reshape(batch, rows, -1)
+        acc = (np.array(to_fp32(dst).reshape(batch, a.shape[2], -1), _F32) if accumulate
+               else np.empty((batch, a.shape[2], b.shape[2]), _F32))
+        for d in range(batch):
+            _matmul(a[d].T, b[d], acc[d], accumulate)
+        store(acc)
+    return run
+
+
 def _matmul_out(ins, view: np.ndarray) -> np.ndarray | None:
     """The [M, N] FP32 view of a matmul's PSUM `view` that `sgemm.matmul(..., out)` can
     write through BLAS as it writes a fresh array (rows of unit-stride elements, M and N
@@ -346,14 +395,17 @@ def _nc_transpose(ins, core):
     convert = _converter(core, x.dtype, ins.dst.dtype)
     parts = ins.data.num_partitions
 
+    rows = (*core.lead, parts, -1)
+
     def run():
-        view[...] = convert(x.reshape(parts, -1).T).reshape(view.shape)
+        view[...] = convert(x.reshape(rows).swapaxes(-1, -2)).reshape(view.shape)
     return run
 
 
 def _tensor_reduce(ins, core):
     x = core.mem(ins.data).view(ins.data)
-    op, axes, negate = ins.op, ins.axes, ins.negate
+    op, negate = ins.op, ins.negate
+    axes = tuple(a + len(core.lead) for a in ins.axes)
     store = _storer(core, ins.dst)
     if is_int(x.dtype):
         def reduce():
