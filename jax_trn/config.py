@@ -22,6 +22,7 @@ Compile-time settings can also be given per program, as JAX compiler options:
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import os
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jax_trn import systems
+from jax_trn.hw import sgemm as _sgemm
 from jax_trn.systems import System
 
 PREFIX = "JAX_TRN_"
@@ -141,6 +143,15 @@ def _algorithm(value: Any) -> str | None:
     return name
 
 
+def _coretype(value: Any) -> str:
+    text = str(value).strip()
+    if text.lower() in ("", "auto"):
+        return "auto"
+    if not text.replace("_", "").isalnum():
+        raise ValueError("expected auto or an OpenBLAS core name such as Haswell or SkylakeX")
+    return text
+
+
 # --- the settings ---------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -176,6 +187,10 @@ SETTINGS: tuple[Setting, ...] = (
             "threads for kernel numerics: 2 lets a worker thread take part of each "
             "kernel (results bit-identical); 1 runs them in order, for a machine whose "
             "second core is busy"),
+    Setting("blas_coretype", _coretype,
+            "OpenBLAS kernel of the simulator's FP32 products (jax_trn/hw/sgemm.py): "
+            "auto (AVX-512 where the CPU has it) or a core name such as Haswell; read "
+            "once, when the process's first product runs"),
 )
 _BY_FIELD = {s.field: s for s in SETTINGS}
 
@@ -194,6 +209,7 @@ class Options:
     collective_algorithm: str | None = None
     max_while_iterations: int = 10000
     simulator_threads: int = 2
+    blas_coretype: str = "auto"
 
     def replace(self, **changes) -> "Options":
         """A copy with `changes` (field name -> value, validated like configure())."""
@@ -371,3 +387,37 @@ def persistent_cache() -> PersistentCache | None:
     return PersistentCache(str(directory), int(jax.config.jax_compilation_cache_max_size),
                     float(jax.config.jax_persistent_cache_min_compile_time_secs),
                     max(0, int(jax.config.jax_persistent_cache_min_entry_size_bytes)))
+
+
+# --- the environment of native libraries the simulator loads -----------------------------------
+
+@contextlib.contextmanager
+def native_environment(settings: Mapping[str, str | None]):
+    """The process environment with `settings` ({variable: value, None to unset}) for
+    the duration (a native library reading its settings when it loads), then restored."""
+    saved = {k: os.environ.get(k) for k in settings}
+    try:
+        for k, v in settings.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _gemm_environment(settings: Mapping[str, str | None]):
+    """hw/sgemm.py's OpenBLAS loads with `settings` and the kernel `blas_coretype`
+    names, unless auto."""
+    core = current().blas_coretype
+    if core != "auto":
+        settings = {**settings, "OPENBLAS_CORETYPE": core}
+    return native_environment(settings)
+
+
+_sgemm.set_environment(_gemm_environment)

@@ -17,30 +17,38 @@ and DRAM).
 Only replays use it: no timing and no validation (the leader's run did both, and the
 PSUM bookkeeping of who wrote a byte last is the same on every device, so it is not
 kept). A kernel must not read on-chip bytes it did not write (`NeuronCore.begin`), so
-the memories hold only the byte range the kernel's tiles touch (`span`), zeroed when
-made: B x 128 x that range, not B copies of a 24 MiB SBUF.
+the memories hold only the byte ranges the kernel's tiles touch (`span`), zeroed when
+made: B x 128 x those bytes, not B copies of a 24 MiB SBUF.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from . import dtypes as _dt
-from .memory import _typed_strided
-from .operands import Tile
+from .memory import _ap_layout, _check_no_overlap, _typed_strided, dram_read, dram_write
+from .operands import DramAP, Tile
 
 __all__ = ["BatchCore", "BatchMemory", "span"]
 
 
-def span(kernel) -> dict[str, tuple[int, int]]:
-    """{memory: (lowest byte, end byte)} of the tiles `kernel`'s instructions touch,
-    per partition (partitions are all kept)."""
-    got: dict[str, list[int]] = {}
+def span(kernel) -> dict[str, tuple[tuple[int, int], ...]]:
+    """{memory: the byte ranges [lo, hi) per partition that `kernel`'s tiles touch,
+    merged where they overlap or meet}: what a batch keeps of SBUF and PSUM (a
+    kernel's tiles sit apart in a 24 MiB SBUF; a batch holds only their bytes)."""
+    got: dict[str, list[tuple[int, int]]] = {}
     for ins in kernel.instructions:
         for t in _tiles(ins.__dict__.values()):
-            lo, hi = t.byte_range
-            cur = got.get(t.mem)
-            got[t.mem] = [lo, hi] if cur is None else [min(cur[0], lo), max(cur[1], hi)]
-    return {k: (v[0], v[1]) for k, v in got.items()}
+            got.setdefault(t.mem, []).append(t.byte_range)
+    out = {}
+    for mem, ranges in got.items():
+        merged: list[list[int]] = []
+        for lo, hi in sorted(ranges):
+            if merged and lo <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], hi)
+            else:
+                merged.append([lo, hi])
+        out[mem] = tuple((lo, hi) for lo, hi in merged)
+    return out
 
 
 def _tiles(values):
@@ -52,13 +60,17 @@ def _tiles(values):
 
 
 class BatchMemory:
-    """SBUF or PSUM bytes [lo, hi) of each partition, for B devices: `data[d]` is
-    device d's."""
-    __slots__ = ("name", "data", "lo", "hi", "by_matmul", "_views")
+    """The byte ranges `ranges` ([lo, hi) per partition) of SBUF or PSUM, for B
+    devices, packed one after another: `data[d]` is device d's."""
+    __slots__ = ("name", "data", "ranges", "_base", "by_matmul", "_views")
 
-    def __init__(self, name: str, batch: int, partitions: int, lo: int, hi: int):
-        self.name, self.lo, self.hi = name, lo, hi
-        self.data = np.zeros((batch, partitions, hi - lo), np.uint8)
+    def __init__(self, name: str, batch: int, partitions: int, ranges):
+        self.name, self.ranges = name, tuple(ranges)
+        self._base, at = [], 0
+        for lo, hi in self.ranges:
+            self._base.append(at)
+            at += hi - lo
+        self.data = np.zeros((batch, partitions, at), np.uint8)
         self.by_matmul = None              # not kept: see the module doc
         self._views: dict[Tile, np.ndarray] = {}
 
@@ -71,11 +83,13 @@ class BatchMemory:
 
     def _make_view(self, tile: Tile) -> np.ndarray:
         lo, hi = tile.byte_range
-        if lo < self.lo or hi > self.hi:
+        at = next((base + lo - rlo for (rlo, rhi), base in zip(self.ranges, self._base)
+                   if rlo <= lo and hi <= rhi), None)
+        if at is None:
             raise ValueError(f"{self.name} tile bytes [{lo}, {hi}) outside the batch's "
-                             f"[{self.lo}, {self.hi})")
+                             f"ranges {self.ranges}")
         p0, n = tile.start_partition, tile.num_partitions
-        rows = self.data[:, p0:p0 + n, lo - self.lo:hi - self.lo]
+        rows = self.data[:, p0:p0 + n, at:at + hi - lo]
         dtype = _dt.np_dtype(tile.dtype)
         if tile.strides is None:
             return rows.view(dtype).reshape((rows.shape[0], *tile.shape))
@@ -131,14 +145,17 @@ class _SliceCore:
 
 class BatchCore:
     """The numerics of `batch` devices of generation `spec` side by side (see the module
-    doc). `spans`: {memory: (lo, hi)} bytes per partition to keep (`span(kernel)`)."""
+    doc). `spans`: {memory: byte ranges per partition to keep} (`span(kernel)`)."""
 
     def __init__(self, spec, numerics, batch: int, spans: dict[str, tuple[int, int]]):
         self.spec, self.numerics = spec, numerics
         self.lead = (batch,)
-        self._mems = {name: BatchMemory(name, batch, spec.pmax, *spans.get(name, (0, 0)))
+        self._mems = {name: BatchMemory(name, batch, spec.pmax, spans.get(name, ()))
                       for name in ("sbuf", "psum")}
         self.drams: list[dict] = [{}] * batch
+        # DRAM tensors the devices hold as rows of one array (see `_rows_view`): read
+        # and written for all devices in one view, not device by device
+        self.stacked: dict[str, tuple] = {}
         self.slices = [_SliceCore(self, d) for d in range(batch)]
 
     def mem(self, tile) -> BatchMemory:
@@ -147,3 +164,34 @@ class BatchCore:
     @property
     def batch(self) -> int:
         return self.lead[0]
+
+    def read_dram(self, ap: DramAP) -> np.ndarray:
+        """[B, *ap.shape]: each device's elements of `ap`."""
+        rows = self.stacked.get(ap.tensor)
+        if rows is not None:
+            return _rows_view(rows, ap, self.lead[0])
+        return np.stack([dram_read(ap, dram) for dram in self.drams])
+
+    def write_dram(self, ap: DramAP, values: np.ndarray) -> None:
+        """Device d's `values[d]` through `ap`, for every d."""
+        rows = self.stacked.get(ap.tensor)
+        if rows is not None and rows[1]:
+            _check_no_overlap(ap)
+            view = _rows_view(rows, ap, self.lead[0])
+            if values.dtype != view.dtype:
+                raise TypeError(f"writing {values.dtype} into {ap.tensor!r} of {view.dtype}")
+            view[...] = values
+            return
+        for d, dram in enumerate(self.drams):
+            dram_write(ap, dram, values[d])
+
+
+def _rows_view(rows: tuple, ap: DramAP, batch: int) -> np.ndarray:
+    """The view of `ap` on every device's flat tensor, shape [batch, *ap.shape].
+    `rows` = (buffer, row stride in bytes, elements per device): device d's tensor is
+    the `elements` items of the buffer's dtype at byte d x stride (stride 0: one array
+    all devices hold)."""
+    buf, stride, size = rows
+    dtype, offset, shape, strides = _ap_layout(ap, buf.dtype, size)
+    return np.ndarray((batch, *shape), dtype, buffer=buf, offset=offset,
+                      strides=(stride, *strides))

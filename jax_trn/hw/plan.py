@@ -129,8 +129,8 @@ def _reader(core, v):
     """A closure reading operand `v`: a tile's fixed view, or a DRAM pattern's view of
     the call's array."""
     if isinstance(v, DramAP):
-        if core.lead:                  # each device's view, stacked
-            return lambda: np.stack([dram_read(v, dram) for dram in core.drams])
+        if core.lead:                  # [B, ...]: every device's view
+            return lambda: core.read_dram(v)
         return lambda: dram_read(v, core.dram)
     view = core.mem(v).view(v)
     return lambda: view
@@ -190,11 +190,8 @@ def _dma_copy(ins, core):
     if isinstance(ins.dst, DramAP):
         dst, shape = ins.dst, ins.dst.shape
         if core.lead:
-            def run():
-                values = convert(read())
-                for d, dram in enumerate(core.drams):
-                    dram_write(dst, dram, values[d].reshape(shape))
-            return run
+            lead_shape = (*core.lead, *shape)
+            return lambda: core.write_dram(dst, convert(read()).reshape(lead_shape))
         return lambda: dram_write(dst, core.dram, convert(read()).reshape(shape))
     view = core.mem(ins.dst).view(ins.dst)
 

@@ -13,8 +13,9 @@ library, nobody else's copy), before anything has initialized it: on one thread 
 simulator parallelizes itself, `lanes.py`), with the AVX-512 kernel when the CPU has
 AVX-512 F/CD/BW/DQ/VL (numpy's `AVX512_SKX` feature), else with OpenBLAS's own choice.
 `JAX_TRN_BLAS_CORETYPE=<OpenBLAS core name>` chooses the kernel instead (e.g. `Haswell`
-for the AVX2 kernel on every x86-64 machine); `OPENBLAS_CORETYPE` is numpy's setting
-and is left to numpy's library. Every FP32 product of the hardware model, the
+for the AVX2 kernel on every x86-64 machine; jax_trn.config passes it in,
+`set_environment`); `OPENBLAS_CORETYPE` is numpy's setting and is left to numpy's
+library. Every FP32 product of the hardware model, the
 interpreter's (`semantics.nc_matmul`) and the compiled plans' (`plan.py`), goes
 through `matmul`, so the two agree bit for bit; where that library is missing it is
 `np.matmul`. The summation order inside a product is the GEMM kernel's: FP32 results
@@ -25,6 +26,7 @@ with numpy's BLAS); the hardware's own order is not modelled.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import glob
 import os
@@ -32,7 +34,7 @@ import threading
 
 import numpy as np
 
-__all__ = ["matmul", "library"]
+__all__ = ["matmul", "library", "set_environment"]
 
 _F32 = np.dtype(np.float32)
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
@@ -48,34 +50,29 @@ def _cpu_has_avx512() -> bool:
     return bool(__cpu_features__.get("AVX512_SKX"))
 
 
+def set_environment(factory) -> None:
+    """`factory(settings)`: a context manager giving the process environment
+    `settings` ({variable: value, None to unset}) while the library loads (OpenBLAS's
+    initializer reads them). jax_trn.config, which owns the environment, sets it (and
+    may override the kernel: JAX_TRN_BLAS_CORETYPE)."""
+    _state["environment"] = factory
+
+
 def _load():
     """(cblas_sgemm, core name) of our own OpenBLAS, or None without one. Importing
-    `scipy_openblas32` loads the library, so the settings go into the environment
-    first (OpenBLAS's initializer reads them at load)."""
-    env = {"OPENBLAS_NUM_THREADS": "1"}
-    core = os.environ.get("JAX_TRN_BLAS_CORETYPE") or ("SkylakeX" if _cpu_has_avx512()
-                                                        else None)
-    env["OPENBLAS_CORETYPE"] = core          # None: OpenBLAS's own detection
-    saved = {k: os.environ.get(k) for k in env}
-    for k, v in env.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-    try:
-        import scipy_openblas32
-        name = scipy_openblas32.get_library()
-        paths = [p for ext in ("so", "dylib") for p in sorted(glob.glob(
-            os.path.join(scipy_openblas32.get_lib_dir(), f"*{name}*.{ext}*")))]
-        lib = ctypes.CDLL(paths[0], mode=ctypes.RTLD_LOCAL) if paths else None
-    except (ImportError, OSError):
-        lib = None
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    `scipy_openblas32` loads the library, so it happens inside the environment."""
+    settings = {"OPENBLAS_NUM_THREADS": "1",
+                "OPENBLAS_CORETYPE": "SkylakeX" if _cpu_has_avx512() else None}
+    factory = _state.get("environment")
+    with (factory(settings) if factory is not None else contextlib.nullcontext()):
+        try:
+            import scipy_openblas32
+            name = scipy_openblas32.get_library()
+            paths = [p for ext in ("so", "dylib") for p in sorted(glob.glob(
+                os.path.join(scipy_openblas32.get_lib_dir(), f"*{name}*.{ext}*")))]
+            lib = ctypes.CDLL(paths[0], mode=ctypes.RTLD_LOCAL) if paths else None
+        except (ImportError, OSError):
+            lib = None
     if lib is None:
         return None
     prefix = "scipy_"

@@ -92,13 +92,15 @@ class Issued:
 
 
 def drive(runners, devices, topology, *, algorithm: str | None = None,
-          order: list[int] | None = None, share: frozenset[str] = frozenset()
-          ) -> list[profiler.CollectiveRecord]:
+          order: list[int] | None = None, share: frozenset[str] = frozenset(),
+          settle=None) -> list[profiler.CollectiveRecord]:
     """Runs the runners' generators to completion, executing each collective when
     every device has reached it. Returns the collectives' records. `order`: the
     partitions in the order their runners advance to each rendezvous (default
     0..n-1; `spmd_batch` advances leaders before their followers); `share`: see
-    `execute`."""
+    `execute`; `settle()`, if given, is called when every device has arrived, before
+    the collective reads their DRAM, and once at the end (`spmd_batch` runs its
+    followers' deferred kernels then)."""
     gens = [r.run() for r in runners]
     order = list(range(len(gens))) if order is None else order
     pending: list[Arrival | None] = [None] * len(gens)
@@ -112,6 +114,8 @@ def drive(runners, devices, topology, *, algorithm: str | None = None,
             raise CollectiveError(
                 f"devices {done} finished while others wait in {waiting.step.name}: "
                 "the devices took different paths through the program's control flow")
+        if settle is not None:
+            settle()
         steps = {id(p.step) for p in pending}
         if len(steps) > 1:
             names = sorted({p.step.name for p in pending})
@@ -131,6 +135,8 @@ def drive(runners, devices, topology, *, algorithm: str | None = None,
         records.append(record)
         for i in order:
             pending[i] = _advance(gens[i], issued[i])
+    if settle is not None:
+        settle()
     return records
 
 

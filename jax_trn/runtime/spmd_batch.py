@@ -35,8 +35,9 @@ one shared SBUF/PSUM (`Device.core_model`) with the process's one `Numerics`, so
 leader's compiled plans (`hw.plan`, views of that SBUF) are the follower's too; a plan
 per kernel per class, not per device (1152 devices' plans held ~0.5 GB).
 
-Numerics still run device by device (each follower replays its kernels); vectorizing
-them over a leading device axis is the next step (issue 14, point 4).
+Followers' kernels wait for the next rendezvous and then replay for many followers at
+once, vectorized over a leading device axis (`spmd_vector`), in programs without
+data-decided control flow or on-chip loops; otherwise device by device.
 """
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ from jax_trn import profiler
 from jax_trn.hw import dtypes as _dt
 from jax_trn.hw.program import Collective, HostCallback, Kernel, host_callbacks, walk_steps
 
-from . import replay, spmd
+from . import replay, spmd, spmd_vector
 from .spmd_memo import Memo
 from .dram import Dram
 from .steps import StepRunner, _names
@@ -144,9 +145,15 @@ def _run_batched(prog, devices, drams, hbms, settings, lead, memo):
         runners.append(runner)
     order = [p for p in range(len(devices)) if lead[p] == p]
     order += [p for p in range(len(devices)) if lead[p] != p]
+    settle = None
+    if spmd_vector.deferrable(prog):
+        followers = [runners[p] for p in order if lead[p] != p]
+        for f in followers:
+            f.pending = []
+        settle = spmd_vector.Deferred(followers, memo, COUNTS, _Toucher()._touches).settle
     collectives = spmd.drive(runners, devices, devices[0].system.interconnect(),
                              algorithm=settings.collective_algorithm, order=order,
-                             share=shareable(prog))
+                             share=shareable(prog), settle=settle)
     return [r for run in runners for r in run.records], collectives
 
 
@@ -215,6 +222,9 @@ class _Freeing(StepRunner):
         self._free(self.frees.get(id(None), ()))
 
     def _free(self, names) -> None:
+        self.free_now(names)
+
+    def free_now(self, names) -> None:
         for name in names:
             if isinstance(self.dram, Dram):
                 self.dram.free(name)
@@ -269,13 +279,25 @@ class _Follower(_Freeing):
         self.leader = leader
         self.plan = _Expected(leader.plan)
         self._issued = 0
+        # A list: its kernels and frees are queued for `spmd_vector` (run for all
+        # followers at the next rendezvous); None: they run as it meets them.
+        self.pending: list | None = None
+
+    def _free(self, names) -> None:
+        if self.pending is not None:
+            if names:
+                self.pending.append(("free", names))
+        else:
+            self.free_now(names)
 
     def kernel(self, kernel, t: float, context: str) -> float:
         _, recorded, order = self.plan.take(replay.KERNEL)
         rec = self.leader.records[len(self.records)]
         if recorded is not kernel or rec.start_ns != t or rec.context != context:
             raise replay.Diverged(f"{kernel.name} left the leader's timeline")
-        if self.memo is not None and not context and self.memo.apply(kernel, self.dram):
+        if self.pending is not None and not context:
+            self.pending.append(("kernel", kernel, order))
+        elif self.memo is not None and not context and self.memo.apply(kernel, self.dram):
             COUNTS["memo_hits"] += 1
         else:
             self.core.replay(kernel, order, self.dram)

@@ -75,7 +75,7 @@ def main(argv: list[str]) -> int:
     import jax_trn
     jax_trn.configure(system=_system(argv[1]))
     import jax
-    from jax_trn.runtime import spmd_batch
+    from jax_trn.runtime import spmd_batch, spmd_vector
     from tests.sim.pinned_corpus import _results, _timeline
     out = {}
     for name, f, args in programs(jax):
@@ -83,11 +83,12 @@ def main(argv: list[str]) -> int:
         for batched in (False, True):
             spmd_batch.ENABLED = batched
             spmd_batch.COUNTS.clear()
+            spmd_vector.COUNTS.clear()
             with jax_trn.profile() as prof:
                 res = jax.block_until_ready(f(*args))
             got["batched" if batched else "full"] = {
                 **_timeline(prof.executions), "results": _results(jax, res),
-                "counts": dict(spmd_batch.COUNTS)}
+                "counts": dict(spmd_batch.COUNTS), "vector": dict(spmd_vector.COUNTS)}
         out[name] = got
     print(json.dumps(out))
     return 0

@@ -38,6 +38,17 @@ def test_kernels_after_an_all_gather_and_an_all_reduce_run_once(fingerprints):
     assert counts.get("memo_hits", 0) >= 10 * 24    # >= 10 kernels on 24 followers
 
 
+def test_followers_replay_vectorized_over_devices(fingerprints):
+    """Programs without loops or conditionals: followers' kernels wait for the next
+    rendezvous and replay many devices at once (`spmd_vector`); with a loop (the scan)
+    they replay one by one. Results are the bit-identical ones above."""
+    for name in ("dp_step", "grouped"):
+        vector = fingerprints[name]["batched"]["vector"]
+        assert vector.get("batched", 0) >= 24 and not vector.get("alone"), (name, vector)
+    assert fingerprints["scan_psum"]["batched"]["vector"] == {}
+    assert fingerprints["dp_step"]["full"]["vector"] == {}
+
+
 def test_devices_leaving_the_shared_path_are_simulated_in_full(fingerprints):
     full, batched = fingerprints["uneven_while"]["full"], fingerprints["uneven_while"]["batched"]
     batched["counts"].pop("memo_hits", None)   # kernels before the divergence

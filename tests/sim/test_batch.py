@@ -30,11 +30,12 @@ def _device(gen: str, seed: int) -> NeuronCore:
 def _batch_of(devices, spans=None) -> BatchCore:
     spec = devices[0].spec
     bc = BatchCore(spec, devices[0].numerics, len(devices),
-                   spans or {"sbuf": (0, SBUF), "psum": (0, PSUM)})
+                   spans or {"sbuf": ((0, SBUF),), "psum": ((0, PSUM),)})
     for d, c in enumerate(devices):
         for name, mem in (("sbuf", c.sbuf), ("psum", c.psum)):
             bm = bc.mem(_t(name, 0, (1,), "uint8"))
-            bm.data[d] = mem.data[:, bm.lo:bm.hi]
+            (lo, hi), = bm.ranges
+            bm.data[d] = mem.data[:, lo:hi]
     bc.drams = [{k: v.copy() for k, v in c.dram.items()} for c in devices]
     return bc
 
@@ -43,7 +44,8 @@ def _check(devices, bc, spans=None):
     for d, c in enumerate(devices):
         for name, mem in (("sbuf", c.sbuf), ("psum", c.psum)):
             bm = bc.mem(_t(name, 0, (1,), "uint8"))
-            np.testing.assert_array_equal(bm.data[d], mem.data[:, bm.lo:bm.hi],
+            (lo, hi), = bm.ranges
+            np.testing.assert_array_equal(bm.data[d], mem.data[:, lo:hi],
                                           err_msg=f"device {d} {name}")
         for k, v in c.dram.items():
             np.testing.assert_array_equal(bc.drams[d][k].view(np.uint8), v.view(np.uint8),
@@ -101,7 +103,8 @@ def test_kernel_replay_batched_matches_each_device_on_a_span():
            isa.DmaCopy(dst=DramAP_("z", "bfloat16"), src=_s(4096, "bfloat16", (128,)))]
     kernel = Kernel("k", ins, {})
     spans = span(kernel)
-    assert spans == {"sbuf": (1024, 4096 + 256), "psum": (2048, 2048 + 512)}
+    assert spans == {"sbuf": ((1024, 1280), (2048, 2176), (4096, 4352)),
+                     "psum": ((2048, 2560),)}
     devices = []
     for seed in range(B):
         c = NeuronCore(CHIPS["trn2"].core, numerics=Numerics())
