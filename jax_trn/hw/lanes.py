@@ -86,13 +86,19 @@ def _keys(region, written_dram: set) -> list:
 
 class LaneSchedule:
     """A plan's closures in the recorded order, with each one's dependencies (positions
-    in that order)."""
-    __slots__ = ("steps", "deps", "shared")
+    in that order), and the reverse: which later positions wait for each."""
+    __slots__ = ("steps", "deps", "shared", "users", "counts")
 
     def __init__(self, steps: list, deps: list[tuple[int, ...]], shared: bytes):
         self.steps = steps
         self.deps = deps
         self.shared = shared       # 1: the worker may take it too (`_shared`)
+        users: list[list[int]] = [[] for _ in deps]
+        for k, need in enumerate(deps):
+            for d in need:
+                users[d].append(k)
+        self.users = [tuple(u) for u in users]
+        self.counts = [len(need) for need in deps]
 
     def run(self) -> None:
         """Apply every instruction, on this thread and the worker's. The GIL changes
@@ -106,7 +112,7 @@ class LaneSchedule:
             sys.setswitchinterval(switch)
 
     def _run(self) -> None:
-        state = _State(len(self.steps))
+        state = _State(len(self.steps), self.counts)
         state.errstate = np.geterr()       # the caller's (a thread's own, numpy 2)
         _worker().put((self, state))
         try:
@@ -179,11 +185,12 @@ class _State:
     """Which instructions are taken and finished, the first not taken, how many threads
     wait, and the first failure."""
     __slots__ = ("taken", "done", "first", "finished", "waiting", "cond", "error",
-                 "errstate", "idle")
+                 "errstate", "idle", "pending")
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, counts: list | None = None):
         self.taken = bytearray(n)
         self.done = bytearray(n)
+        self.pending = list(counts) if counts is not None else [0] * n  # unfinished deps
         self.first = 0               # every instruction before it is taken
         self.finished = 0
         self.waiting = 0
@@ -198,10 +205,10 @@ class _State:
                 self.error = exc
             self.cond.notify_all()
 
-    def take(self, deps: list, only) -> int | None:
+    def take(self, only) -> int | None:
         """The first ready instruction not taken (marked taken), or None when every
         instruction is taken. Blocks while none is ready. Called holding `cond`."""
-        taken, done = self.taken, self.done
+        taken, pending = self.taken, self.pending
         n = len(taken)
         while True:
             i = self.first
@@ -211,8 +218,7 @@ class _State:
             if i >= n or self.error is not None:
                 return None
             for k in range(i, min(n, i + WINDOW)):
-                if (not taken[k] and (only is None or only[k])
-                        and all(done[d] for d in deps[k])):
+                if not taken[k] and not pending[k] and (only is None or only[k]):
                     taken[k] = 1
                     return k
             self.waiting += 1
@@ -223,16 +229,19 @@ class _State:
 def _take_until_done(schedule: LaneSchedule, state: _State, only) -> None:
     """Run instructions as they become ready until every one is taken (or one fails);
     `only`: a flag per instruction, those this thread may take (None: all)."""
-    steps, deps, cond = schedule.steps, schedule.deps, state.cond
+    steps, users, cond = schedule.steps, schedule.users, state.cond
+    pending = state.pending
     try:
         while True:
             with cond:
-                k = state.take(deps, only)
+                k = state.take(only)
             if k is None:
                 return
             steps[k]()
             with cond:
                 state.done[k] = 1
+                for u in users[k]:
+                    pending[u] -= 1
                 state.finished += 1
                 if state.waiting:
                     cond.notify_all()

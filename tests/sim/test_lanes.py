@@ -317,8 +317,8 @@ def test_an_interrupt_while_the_caller_waits_returns_after_the_workers_instructi
             return super().wait(timeout)
 
     class State(lanes._State):
-        def __init__(self, n):
-            super().__init__(n)
+        def __init__(self, n, counts=None):
+            super().__init__(n, counts)
             self.cond = Interrupting(threading.Lock())
     monkeypatch.setattr(lanes, "_State", State)
     ran = []
