@@ -32,6 +32,9 @@ def _blas_libraries() -> list:
     global _libraries
     if _libraries is None:
         from threadpoolctl import ThreadpoolController
+
+        from jax_trn.hw import sgemm
+        sgemm.library()          # the simulator's own OpenBLAS loaded: limited too
         _libraries = [lib for lib in ThreadpoolController().lib_controllers
                       if lib.user_api == "blas"]
     return _libraries
