@@ -31,7 +31,7 @@ from . import dtypes as _dt
 from . import lanes as _lanes
 from . import semantics as _sem
 from .memory import dram_read, dram_write
-from .numerics import is_int, to_fp32
+from .numerics import _F4, is_int, to_fp32
 from .operands import DramAP, Tile
 from .sgemm import matmul as _matmul
 
@@ -142,6 +142,14 @@ def _storer(core, tile: Tile):
     dt_int = is_int(dt)
     view = core.mem(tile).view(tile)
     shape, size, cast = view.shape, view.size, core.numerics.cast
+    if not dt_int and dt != _F4 and core.numerics.rounding == "rne":
+        def store(result):       # numerics.cast's conversion, written into the view
+            if is_int(result.dtype):
+                result = result.astype(_F32)
+            with np.errstate(over="ignore", invalid="ignore"):
+                np.copyto(view, result.reshape(shape) if result.size == size else result,
+                          casting="unsafe")
+        return store
 
     def store(result):
         if is_int(result.dtype) and not dt_int and result.dtype != dt:

@@ -229,3 +229,11 @@ def test_pinned_corpus_with_the_interpreter_alone(jax, interpreter, name):
 
     from .pinned_corpus import PINNED
     assert fingerprint_one(jax, name) == json.loads(PINNED.read_text())[name]
+
+
+@pytest.mark.parametrize("dst", ["float4_e2m1fn", "float8_e5m2", "float16"])
+def test_stores_into_narrow_floats_agree(dst):
+    """A compiled store converts into the tile as `numerics.cast` does, float4's
+    NaN -> -0 rule included (random bytes: NaNs among them)."""
+    _agree(isa.TensorCopy(dst=_s(8192, dst), src=_s(0, "float32")), gen="trn3")
+    _agree(isa.Activation(dst=_s(8192, dst), data=_s(0, "float32"), func="copy"), gen="trn3")
