@@ -169,6 +169,7 @@ def _score_views(m: Match, v: ir.Value, labels: list, producer: dict):
 def _softmax(m: Match, p: ir.Value, labels: list, producer: dict):
     """(x, labels): p = softmax(x) over the key dim."""
     p, labels = _score_views(m, p, labels, producer)
+    _no_dropout(m, producer.get(p), labels, producer)
     div = m.probs = m.take(producer.get(p), "divide")
     e, lb = div.operands
     _reduced(m, lb, e, labels, "add", 0.0, producer)
@@ -177,6 +178,39 @@ def _softmax(m: Match, p: ir.Value, labels: list, producer: dict):
     x, mb = sub.operands
     _reduced(m, mb, x, labels, "maximum", -np.inf, producer)
     return x, labels
+
+
+DROPOUT = ("dropout on the probabilities (p * keep / keep_prob): the flash kernels take "
+           "no dropout mask yet, so the softmax, the dropout and both matmuls run as "
+           "separate kernels")
+
+
+def _no_dropout(m: Match, op: ir.Op | None, labels: list, producer: dict) -> None:
+    """A close near miss (DROPOUT) when `op` drops out the probabilities of a softmax
+    whose scores are q @ k^T: flax's `p * (keep / keep_prob)` (either operand) or
+    nn.Dropout's / jnp.where's `select(keep, p / keep_prob, 0)`."""
+    if op is None or op.kind not in ("multiply", "select"):
+        return
+    if op.kind == "select":
+        pred, kept, zero = op.operands
+        scaled = producer.get(kept)
+        if splat(zero, producer) != 0.0 or scaled is None or \
+                scaled.kind not in ("divide", "multiply") or \
+                splat(scaled.operands[1], producer) is None:
+            return
+        inner = [scaled.operands[0]]
+    else:
+        inner = list(op.operands)
+    for x in inner:
+        probe = Match(m.pv)
+        try:
+            y, ly = _softmax(probe, x, labels, producer)
+            _scores(probe, y, ly, producer, frozenset())
+        except _NoMatch:
+            continue
+        e = _NoMatch(DROPOUT)
+        e.close = True
+        raise e
 
 
 def _reduced(m: Match, v: ir.Value, elem: ir.Value, labels: list, combiner: str,

@@ -166,3 +166,43 @@ def test_a_forbidding_policy_records_its_reason():
     assert not AttentionFusion(FusionPolicy(attention=False)).run(module)
     assert _near_misses(module) == ["attention: not fused: forbidden: attention fusion "
                                     "is off"]
+
+
+def _dropout_attention(form):
+    """Hand-written attention with a dropout on the softmax, as HF-style code and flax's
+    nn.Dropout write it (`select`) or as flax's dot_product_attention does (`multiply`)."""
+    def f(q, k, v, key):
+        s = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32)
+        p = jax.nn.softmax(s, axis=-1).astype(q.dtype)
+        keep = jax.random.bernoulli(key, 0.9, p.shape)
+        if form == "select":
+            p = jnp.where(keep, p / 0.9, 0)
+        else:
+            p = p * (keep.astype(p.dtype) / jnp.asarray(0.9, p.dtype))
+        return jnp.einsum("bhqk,bkhd->bqhd", p, v)
+    return f
+
+
+@pytest.mark.parametrize("form", ["select", "multiply"])
+def test_dropout_on_the_probabilities_is_a_near_miss_with_its_reason(form):
+    from hlo_passes.attention_pattern import DROPOUT
+    module = _compile(_dropout_attention(form), Q, Q, Q, jax.random.key(0))
+    assert not any(op.kind == "fusion" and op.attrs["fusion_kind"] == "attention"
+                   for op in module.main.body.ops)
+    assert _near_misses(module) == [f"attention: not fused: {DROPOUT}"]
+
+
+def test_flax_attention_dropout_under_grad_says_why_it_is_not_fused():
+    import flax.linen as nn
+    from hlo_passes.attention_pattern import DROPOUT
+    layer = nn.MultiHeadDotProductAttention(num_heads=N, qkv_features=N * H,
+                                            dtype=jnp.bfloat16, dropout_rate=0.1)
+    x = jnp.zeros((B, S, N * H), jnp.bfloat16)
+    params = layer.init(jax.random.key(0), x, x, deterministic=True)
+
+    def step(p, x, key):
+        return jax.grad(lambda p: layer.apply(p, x, x, deterministic=False,
+                                              rngs={"dropout": key}).astype(
+            jnp.float32).sum())(p)
+    module = _compile(step, params, x, jax.random.key(1))
+    assert f"attention: not fused: {DROPOUT}" in _near_misses(module)
