@@ -11,7 +11,8 @@
     mha0       flax linen MultiHeadDotProductAttention, B1 S1024 H8 D64 bf16, jax.grad,
                no dropout (the reference for the next row)
     mha        the same with dropout_rate=0.1, deterministic=False: dropout on the
-               attention probabilities ([B, H, S, S] draws)
+               attention probabilities (flax broadcasts one [S, S] draw over B and H)
+    mha_fwd    the same, forward only (no jax.grad)
 
 Each program is timed with `jax_trn.estimate` (compiled as the backend compiles it,
 timing only); per row: simulated time, kernel count, and the N kernels taking the most
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import argparse
 
-ROWS = ("bernoulli", "linen", "mha0", "mha")
+ROWS = ("bernoulli", "linen", "mha0", "mha", "mha_fwd")
 
 
 def bernoulli(jax):
@@ -59,7 +60,7 @@ def linen(jax):
     return step, (params, x, jax.random.key(0))
 
 
-def mha(jax, rate: float):
+def mha(jax, rate: float, grad: bool = True):
     import flax.linen as nn
     jnp = jax.numpy
     layer = nn.MultiHeadDotProductAttention(num_heads=8, qkv_features=512, dtype=jnp.bfloat16,
@@ -69,17 +70,18 @@ def mha(jax, rate: float):
     params = jax.eval_shape(lambda: layer.init(jax.random.key(0), zeros, zeros,
                                                deterministic=True))
 
+    def fwd(params, x, key):
+        return layer.apply(params, x, x, deterministic=rate == 0, rngs={"dropout": key})
+
     def step(params, x, key):
-        def loss(p):
-            out = layer.apply(p, x, x, deterministic=rate == 0, rngs={"dropout": key})
-            return out.astype(jnp.float32).sum()
-        return jax.grad(loss)(params)
-    return step, (params, x, jax.random.key(0))
+        return jax.grad(lambda p: fwd(p, x, key).astype(jnp.float32).sum())(params)
+    return step if grad else fwd, (params, x, jax.random.key(0))
 
 
 def build(name: str, jax):
     return {"bernoulli": lambda: bernoulli(jax), "linen": lambda: linen(jax),
-            "mha0": lambda: mha(jax, 0.0), "mha": lambda: mha(jax, 0.1)}[name]()
+            "mha0": lambda: mha(jax, 0.0), "mha": lambda: mha(jax, 0.1),
+            "mha_fwd": lambda: mha(jax, 0.1, grad=False)}[name]()
 
 
 def report(name: str, ex, top: int) -> None:

@@ -83,14 +83,18 @@ def candidates(block: ir.Block, producer: dict, users: dict) -> list[BwdMatch]:
             seen.add(probs(m.fwd, producer))
         except (fwd_pattern._NoMatch, NoMatch):
             continue
+        if m.fwd.dropout is not None:   # attention-fusion records why (DROPOUT)
+            continue
         found.append(m)
     for op in dots:
         pv = _dead_o(op, producer, users)
         if pv is not None and pv.operands[0] not in seen:
             try:
-                found.append(BwdMatch(fwd_pattern._match(pv, producer, users), False))
+                m = BwdMatch(fwd_pattern._match(pv, producer, users), False)
             except fwd_pattern._NoMatch:
                 continue
+            if m.fwd.dropout is None:
+                found.append(m)
             seen.add(pv.operands[0])
     return found
 

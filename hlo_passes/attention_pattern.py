@@ -54,6 +54,10 @@ class Match:
         qk, pv  the two dots; probs the softmax's divide
         fill    what masked scores become: -inf or a finite value <= FILL_LIMIT
         bias    an additive bias before its broadcasts, or None
+        dropout what the probabilities are multiplied by before p @ v (before its
+                broadcasts: flax's keep / keep_prob, or the boolean keep of a
+                select(keep, p / keep_prob, 0), then dropout_scale = 1 / keep_prob),
+                or None
         axes    [(role, size, {operand: stride})], role in attention_layout.ROLES,
                 operands in attention_layout.OPERANDS (attention_axes.py)
         mask_labels, bias_labels   labels of the mask / bias dims (None: broadcast)
@@ -70,6 +74,9 @@ class Match:
         self.mask_value: np.ndarray | None = None
         self.bias: ir.Value | None = None
         self.bias_labels: list = []
+        self.dropout: ir.Value | None = None    # p @ v reads p * (dropout * dropout_scale)
+        self.dropout_labels: list = []
+        self.dropout_scale = 1.0
         self.fill = -np.inf
         self.scale = 1.0
         self.axes: list = []
@@ -109,7 +116,8 @@ def find(block: ir.Block, producer: dict, users: dict,
         if any(op.kind not in SHAREABLE for op in inner & used) or \
                 not _closed(m, inner, users):
             if near is not None:
-                near.append((op, "a value inside the pattern is also used outside it"))
+                near.append((op, DROPOUT if m.dropout is not None else
+                             "a value inside the pattern is also used outside it"))
             continue
         used |= inner
         found.append(m)
@@ -169,7 +177,9 @@ def _score_views(m: Match, v: ir.Value, labels: list, producer: dict):
 def _softmax(m: Match, p: ir.Value, labels: list, producer: dict):
     """(x, labels): p = softmax(x) over the key dim."""
     p, labels = _score_views(m, p, labels, producer)
-    _no_dropout(m, producer.get(p), labels, producer)
+    kept = _dropout(m, producer.get(p), p, labels, producer)
+    if kept is not p:
+        p, labels = _score_views(m, kept, labels, producer)
     div = m.probs = m.take(producer.get(p), "divide")
     e, lb = div.operands
     _reduced(m, lb, e, labels, "add", 0.0, producer)
@@ -180,37 +190,49 @@ def _softmax(m: Match, p: ir.Value, labels: list, producer: dict):
     return x, labels
 
 
-DROPOUT = ("dropout on the probabilities (p * keep / keep_prob): the flash kernels take "
-           "no dropout mask yet, so the softmax, the dropout and both matmuls run as "
-           "separate kernels")
+DROPOUT = ("dropout on the probabilities (p * keep / keep_prob) under jax.grad: the flash "
+           "backward takes no dropout mask yet, so the softmax, the dropout and the "
+           "matmuls of both directions run as separate kernels")
 
 
-def _no_dropout(m: Match, op: ir.Op | None, labels: list, producer: dict) -> None:
-    """A close near miss (DROPOUT) when `op` drops out the probabilities of a softmax
-    whose scores are q @ k^T: flax's `p * (keep / keep_prob)` (either operand) or
-    nn.Dropout's / jnp.where's `select(keep, p / keep_prob, 0)`."""
+def _dropout(m: Match, op: ir.Op | None, p: ir.Value, labels: list,
+             producer: dict) -> ir.Value:
+    """The probabilities: `p` itself, or what `op` drops out when it is a dropout
+    of a softmax whose scores are q @ k^T -- flax's `p * (keep / keep_prob)` (either
+    operand; recorded as `m.dropout`, its root before broadcasts) or nn.Dropout's /
+    jnp.where's `select(keep, p / keep_prob, 0)` (the boolean keep, `dropout_scale`
+    1 / keep_prob)."""
     if op is None or op.kind not in ("multiply", "select"):
-        return
+        return p
     if op.kind == "select":
         pred, kept, zero = op.operands
         scaled = producer.get(kept)
-        if splat(zero, producer) != 0.0 or scaled is None or \
-                scaled.kind not in ("divide", "multiply") or \
-                splat(scaled.operands[1], producer) is None:
-            return
-        inner = [scaled.operands[0]]
+        factor = None if scaled is None or scaled.kind not in ("divide", "multiply") \
+            else splat(scaled.operands[1], producer)
+        if splat(zero, producer) != 0.0 or not factor:
+            return p
+        options = [(scaled.operands[0], pred, [scaled],
+                    1.0 / factor if scaled.kind == "divide" else factor)]
     else:
-        inner = list(op.operands)
-    for x in inner:
+        a, b = op.operands
+        options = [(a, b, [], 1.0), (b, a, [], 1.0)]
+    for x, w, more, factor in options:
         probe = Match(m.pv)
         try:
             y, ly = _softmax(probe, x, labels, producer)
             _scores(probe, y, ly, producer, frozenset())
         except _NoMatch:
             continue
-        e = _NoMatch(DROPOUT)
-        e.close = True
-        raise e
+        root, rl, views = lay.side_root(w, labels, producer)
+        if any(lab is not None and lab not in labels for lab in rl):
+            continue
+        m.ops += [op, *more, *views]
+        if op.kind == "select":             # the zero and keep_prob's views
+            splat(op.operands[2], producer, m)
+            splat(scaled.operands[1], producer, m)
+        m.dropout, m.dropout_labels, m.dropout_scale = root, rl, factor
+        return x
+    return p
 
 
 def _reduced(m: Match, v: ir.Value, elem: ir.Value, labels: list, combiner: str,

@@ -51,6 +51,16 @@ two vectors as operands, `mask_outer`) costs no per-block work: the key vector w
 V's rows and gives P @ V a column of masked row sums, the query vector selects each
 row's result (attention_outer.py).
 
+Dropout on the probabilities (`dropout`: the operand after the mask and bias, the
+multiplier keep / keep_prob or the boolean keep, and the factor the result takes, 1 or
+1 / keep_prob): each job's [q-tile, keys] block of it is DMAed (stride 0 along what it
+broadcasts over: flax draws one [Sq, Sk] for every head) and multiplies P on GpSimd
+after the row sums, so l is the undropped softmax's and O sums the dropped P, as the
+program computes it. The mask itself comes from its own kernel (the threefry hash
+fused with the compare, 1-2 bytes per element in HBM): generating it per tile here
+would repeat the hash for every head of a broadcast draw. With an outer mask (whose
+column sums give l) or a logsumexp output (the backward's) it raises Unsupported.
+
 Numerics: FP32 scores and softmax, P rounded to the dtype of the p @ v operand (as the
 program does), FP32 accumulation; unlike the unfused program the scores are not
 rounded to bf16 before the softmax (more precise). Masked entries get -3e38 instead of
@@ -83,6 +93,8 @@ from .registry import LowerCtx
 from .translate import Unsupported
 from .transposed import Transposer
 
+DROP = 7                # the dropout operand's column of the layout's strides (after
+                        # hlo_passes OPERANDS and "mask_k": passes/attention_fusion.py)
 CHUNK_BANKS = 2         # keys per softmax chunk: two PSUM banks of FP32 (§3.2); one
                         # score matmul per bank (512 keys, §2.2)
 VECTOR_EVERY = 4
@@ -101,14 +113,17 @@ LAG_T, LAG_B = 2, 4     # the P^T of job n - 2 and stage B of n - 4 follow stage
 def lower_attention(ctx: LowerCtx, ins: list[DramTensor], scale: float, masked: bool,
                     bias: bool = False, fill: float = -np.inf,
                     layout: tuple | None = None, mask_outer: bool = False,
-                    offsets: tuple = ()) -> None:
+                    offsets: tuple = (), dropout: float | None = None) -> None:
     q, k, v = ins[:3]
     axes = Axes(layout, offsets) if layout is not None else Axes.canonical(q, k, v)
     outer = masked and mask_outer       # the mask as rows & columns (attention_outer.py)
     mask = _mask(ctx, ins[3], axes) if masked and not outer else None
     extra = {"bias": ins[3 + masked + outer] if bias else None,
              "mask": ins[3] if masked and mask is None and not outer else None,
-             "outer": ins[3:5] if outer else None}
+             "outer": ins[3:5] if outer else None,
+             "drop": (ins[3 + masked + outer + bias], dropout) if dropout else None}
+    if extra["drop"] is not None and (outer or len(ctx.outs) > 1):
+        raise Unsupported("attention dropout with an outer mask or a logsumexp output")
     _check(ctx, q, k, v, axes)
     if extra["mask"] is not None and q.dtype != "bfloat16":
         raise Unsupported(f"attention with a runtime mask on {q.dtype} (its -3e38 bias "
@@ -160,6 +175,7 @@ class _Flash(MaskBiases):
         self.q, self.k, self.v, self.out, self.scale = q, k, v, out, scale
         self.mask, self.axes, self.fill = mask, axes, fill
         self.rt_mask, self.rt_bias = extra["mask"], extra["bias"]
+        self.drop = extra["drop"]            # (operand, the result's factor) or None
         self.sq, self.d = axes.sq[0], axes.d[0]
         self.sk, self.dv = axes.sk[0], axes.dv[0]
         self.dvx = self.dv + (extra["outer"] is not None)  # + the key weights' column
@@ -202,6 +218,8 @@ class _Flash(MaskBiases):
         self.outer = OuterMask(self, *extra["outer"]) if extra["outer"] else None
         self.lse = LseRows(kb, ctx.outs[1], self._dma, self.tr) if len(ctx.outs) > 1 and \
             extra["outer"] is None else None
+        if self.drop is not None:
+            self.drop_tiles = kb.ring(LAG_T + 2, self.chunk, self.drop[0].dtype)
         self.runtime = self.rt_mask is not None or self.rt_bias is not None
         if self.runtime:
             self.rt_jobs = 0
@@ -246,6 +264,8 @@ class _Flash(MaskBiases):
                     self.outer.flush()
                 self._rowmax(job)
                 self._softmax(job)
+                if self.drop is not None:
+                    self._dropout(job)
             if 0 <= n - LAG_T < len(jobs):
                 self._transposes(jobs[n - LAG_T])
             if 0 <= n - LAG_B < len(jobs):
@@ -262,11 +282,14 @@ class _Flash(MaskBiases):
         kvs = ax.offsets(ax.batch, (1, 2, 0, 3, 4, 5), start=True)
         cols = [o[0] for o in ax.offsets(ax.batch, (MASK_K,))] if self.dvx > self.dv \
             else [0] * len(kvs)
+        drops, gdrops = ([o[0] for o in ax.offsets(which, (DROP,))] if self.drop else
+                         [0] * len(ax.offsets(which, ())) for which in (ax.batch, ax.group))
         for b, (ko, vo, qo, oo, mo, bo) in enumerate(kvs):
-            for gq, go, gm, gb in groups:
+            for (gq, go, gm, gb), gd in zip(groups, gdrops):
                 self.units.append({"n": len(self.units), "kv": b, "k": ko, "v": vo,
                                    "q": qo + gq, "out": oo + go, "mask": mo + gm,
-                                   "bias": bo + gb, "mask_k": cols[b]})
+                                   "bias": bo + gb, "mask_k": cols[b],
+                                   "drop": drops[b] + gd})
         nkt, nqt = -(-self.sk // self.pmax), -(-self.sq // self.pmax)
         limit = heads_per_dma(nkt, self.dv, 2, HEADS_BYTES)
         vblocks = unit_blocks([kv[1] for kv in kvs], self.dv, limit)
@@ -460,6 +483,19 @@ class _Flash(MaskBiases):
         if last_l is not None:
             self.lse.after()
 
+    def _dropout(self, job: dict) -> None:
+        """P *= the job's [q, keys] block of the dropout operand (the multiplier, or the
+        boolean keep whose 1 / keep_prob the result takes), after the row sums: l is
+        the undropped softmax's (GpSimd, idle in the forward: one pass per chunk)."""
+        kb, tile, drop = self.kb, job["tile"], self.drop[0]
+        qt, width, k0 = tile["qt"], job["width"], job["blocks"][0][0]
+        rows, cols = self.axes.sq[1][DROP], self.axes.sk[1][DROP]
+        w = sub(self.drop_tiles.next(), qt, width)
+        self._dma(w, kb.ap(drop, job["b"]["drop"] + tile["q0"] * rows + k0 * cols,
+                           ((rows, qt), (cols, width))))
+        kb.emit(isa.TensorTensor, dst=job["p"], data1=job["p"], data2=w, op="multiply",
+                engine="gpsimd")
+
     # --- stage B: P^T, P @ V, output ---------------------------------------------------------
 
     def _transposes(self, job: dict) -> None:
@@ -530,6 +566,9 @@ class _Flash(MaskBiases):
             res = sub(self.stage[q0], qt, self.dv, at=slot * self.dv)
         if self.outer is not None:
             self.outer.result(job, acc, res)
+        elif self.drop is not None and self.drop[1] != 1.0:     # 1 / keep_prob
+            kb.emit(isa.TensorScalar, dst=res, data=acc, op0="divide", operand0=job["l"],
+                    op1="multiply", operand1=self.drop[1])
         else:
             kb.emit(isa.TensorScalar, dst=res, data=acc, op0="divide", operand0=job["l"])
         if self.rt_mask is not None and self.fill == -np.inf:

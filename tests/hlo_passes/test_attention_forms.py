@@ -184,12 +184,20 @@ def _dropout_attention(form):
 
 
 @pytest.mark.parametrize("form", ["select", "multiply"])
-def test_dropout_on_the_probabilities_is_a_near_miss_with_its_reason(form):
-    from hlo_passes.attention_pattern import DROPOUT
+def test_dropout_on_the_probabilities_is_an_operand(form):
+    """The multiplier (or the boolean keep, times 1 / keep_prob) is the last operand;
+    its strides are the layout's "drop" column (after "mask_k")."""
     module = _compile(_dropout_attention(form), Q, Q, Q, jax.random.key(0))
-    assert not any(op.kind == "fusion" and op.attrs["fusion_kind"] == "attention"
-                   for op in module.main.body.ops)
-    assert _near_misses(module) == [f"attention: not fused: {DROPOUT}"]
+    op = _attention(module)
+    drop = op.operands[-1]
+    assert drop.type.shape == (B, N, S, S)
+    assert drop.dtype == ("bool" if form == "select" else "bfloat16")
+    assert op.attrs["attention_dropout"] == pytest.approx(
+        1 / float(jnp.bfloat16(0.9)) if form == "select" else 1.0)
+    layout = op.attrs["attention_layout"]
+    assert all(len(strides) == 8 for _, _, strides in layout)
+    sk = [strides for role, _, strides in layout if role == "sk"][0]
+    assert sk[7] == 1 and sk[6] == 0
 
 
 def test_flax_attention_dropout_under_grad_says_why_it_is_not_fused():
