@@ -77,6 +77,9 @@ class Match:
         self.dropout: ir.Value | None = None    # p @ v reads p * (dropout * dropout_scale)
         self.dropout_labels: list = []
         self.dropout_scale = 1.0
+        self.drop_op: ir.Op | None = None       # the multiply / select dropping p out
+        self.drop_x: ir.Value | None = None     # the probabilities it drops out
+        self.drop_labels: list = []             # their labels (those of drop_op)
         self.fill = -np.inf
         self.scale = 1.0
         self.axes: list = []
@@ -190,9 +193,8 @@ def _softmax(m: Match, p: ir.Value, labels: list, producer: dict):
     return x, labels
 
 
-DROPOUT = ("dropout on the probabilities (p * keep / keep_prob) under jax.grad: the flash "
-           "backward takes no dropout mask yet, so the softmax, the dropout and the "
-           "matmuls of both directions run as separate kernels")
+DROPOUT = ("the dropped-out probabilities are also used outside the pattern, by a "
+           "backward the flash backward did not take (attention_bwd_decisions say why)")
 
 
 def _dropout(m: Match, op: ir.Op | None, p: ir.Value, labels: list,
@@ -231,6 +233,7 @@ def _dropout(m: Match, op: ir.Op | None, p: ir.Value, labels: list,
             splat(op.operands[2], producer, m)
             splat(scaled.operands[1], producer, m)
         m.dropout, m.dropout_labels, m.dropout_scale = root, rl, factor
+        m.drop_op, m.drop_x, m.drop_labels = op, x, list(labels)
         return x
     return p
 

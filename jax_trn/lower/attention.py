@@ -59,7 +59,8 @@ after the row sums, so l is the undropped softmax's and O sums the dropped P, as
 program computes it. The mask itself comes from its own kernel (the threefry hash
 fused with the compare, 1-2 bytes per element in HBM): generating it per tile here
 would repeat the hash for every head of a broadcast draw. With an outer mask (whose
-column sums give l) or a logsumexp output (the backward's) it raises Unsupported.
+column sums give l) it raises Unsupported; the logsumexp output (for the backward)
+is the undropped softmax's, as the backward recomputes P from it.
 
 Numerics: FP32 scores and softmax, P rounded to the dtype of the p @ v operand (as the
 program does), FP32 accumulation; unlike the unfused program the scores are not
@@ -122,8 +123,8 @@ def lower_attention(ctx: LowerCtx, ins: list[DramTensor], scale: float, masked: 
              "mask": ins[3] if masked and mask is None and not outer else None,
              "outer": ins[3:5] if outer else None,
              "drop": (ins[3 + masked + outer + bias], dropout) if dropout else None}
-    if extra["drop"] is not None and (outer or len(ctx.outs) > 1):
-        raise Unsupported("attention dropout with an outer mask or a logsumexp output")
+    if extra["drop"] is not None and outer:
+        raise Unsupported("attention dropout with an outer mask (its l would be dropped)")
     _check(ctx, q, k, v, axes)
     if extra["mask"] is not None and q.dtype != "bfloat16":
         raise Unsupported(f"attention with a runtime mask on {q.dtype} (its -3e38 bias "

@@ -200,9 +200,10 @@ def test_dropout_on_the_probabilities_is_an_operand(form):
     assert sk[7] == 1 and sk[6] == 0
 
 
-def test_flax_attention_dropout_under_grad_says_why_it_is_not_fused():
+def test_flax_attention_dropout_under_grad_is_both_flash_fusions():
+    """flax MHA with dropout_rate under jax.grad: the forward and backward fusions both
+    take the dropout operand (flax broadcasts one [S, S] draw: stride 0 along B, N)."""
     import flax.linen as nn
-    from hlo_passes.attention_pattern import DROPOUT
     layer = nn.MultiHeadDotProductAttention(num_heads=N, qkv_features=N * H,
                                             dtype=jnp.bfloat16, dropout_rate=0.1)
     x = jnp.zeros((B, S, N * H), jnp.bfloat16)
@@ -213,4 +214,12 @@ def test_flax_attention_dropout_under_grad_says_why_it_is_not_fused():
                                               rngs={"dropout": key}).astype(
             jnp.float32).sum())(p)
     module = _compile(step, params, x, jax.random.key(1))
-    assert f"attention: not fused: {DROPOUT}" in _near_misses(module)
+    fused = {op.attrs["fusion_kind"]: op for op in module.main.body.ops
+             if op.kind == "fusion" and op.attrs["fusion_kind"].startswith("attention")}
+    assert set(fused) == {"attention", "attention_bwd"}
+    for op in fused.values():
+        assert op.attrs["attention_dropout"] == 1.0
+        assert op.operands[-1].type.shape == (1, 1, S, S)
+    bwd = fused["attention_bwd"].attrs["attention_layout"]
+    assert all(len(strides) == 11 for _, _, strides in bwd)
+    assert [strides[10] for role, _, strides in bwd if role in ("sq", "sk")] == [S, 1]
