@@ -56,6 +56,7 @@ from jax_trn.hw.program import DramTensor
 
 from .attention import _check, _mask, pipeline_slots
 from .attention_bwd_masks import MaskTiles
+from .attention_dropout import DropoutBlocks
 from .attention_layout import Axes, HeadStores
 from .builder import Ring, sub
 from .layout import tiles
@@ -164,7 +165,8 @@ class _FlashBwd(MaskTiles):
             self.rt_bool, self.keep = kb.ring(depth, p, "bool"), kb.ring(depth, p, dt)
             self.rowf = kb.ring(4, 1, "float32")
         if self.drop:
-            self.drop_in = kb.ring(depth, p, self.drop[0].dtype)
+            self.drop_blocks = DropoutBlocks(kb, self.drop[0], self.sq, self.sk,
+                                             self.rt_strides[DROP], self._dma, depth)
             self.pdrop, self.dpw = kb.ring(depth, p, dt), kb.ring(depth, p, "float32")
         self._head_stores()
         if self.group > 1:
@@ -423,24 +425,24 @@ class _FlashBwd(MaskTiles):
         job["p"], job["ds"] = pv, ds    # key left has p = 1 / Sk (finite fill) but ds 0
 
     def _dropout(self, job: dict, p, dp, dr, ds):
-        """With a dropout W (its block DMAed per job, as the forward reads it; c its
-        values' factor: 1, or 1 / keep_prob for a boolean keep): Pw = P * W (GpSimd),
-        the P of dV (whose store multiplies by c); dS = P * (c dP W - Dr) =
-        (dP * c) * Pw (FP32) + P * (-Dr), two VectorE passes (dP read from PSUM). Dr =
-        rowsum(dO * O) is the same sum, O being the dropped-out P's. Returns Pw."""
-        kb, blk, (drop, c) = self.kb, job["block"], self.drop
+        """With a dropout W (its block: attention_dropout.py, as the forward's; c its
+        values' factor: 1, or 1 / keep_prob for a boolean keep): Pw = P * W (GpSimd)
+        is dV's P (the store multiplies by c); dS = (c dP W - Dr) * P as dP * W
+        (VectorE, from PSUM, FP32), then c x that - Dr (ScalarE, the copy with scale
+        and bias the plain kernel runs), then * P (VectorE): one VectorE pass more than
+        without a dropout. Dr = rowsum(dO * O) is the same sum, O being the dropped-out
+        P's. Returns Pw."""
+        kb, blk, c = self.kb, job["block"], self.drop[1]
         q0, qt, k0, kbn = job["q0"], job["qt"], blk["k0"], blk["kbn"]
-        rows, cols = self.rt_strides[DROP]
-        w = sub(self.drop_in.next(), qt, kbn)
-        self._dma(w, kb.ap(drop, self.base[job["side"]["b"]][self.unit_pos[DROP]] +
-                           q0 * rows + k0 * cols, ((rows, qt), (cols, kbn))))
+        w = self.drop_blocks.block(self.base[job["side"]["b"]][self.unit_pos[DROP]],
+                                   q0, qt, k0, kbn)
         pw = sub(self.pdrop.next(), qt, kbn)
         kb.emit(isa.TensorTensor, dst=pw, data1=p, data2=w, op="multiply", engine="gpsimd")
-        t = sub(self.dpw.next(), qt, kbn)
-        kb.emit(isa.ScalarTensorTensor, dst=t, data=dp, op0="multiply", operand0=c,
-                op1="multiply", operand1=pw)
-        kb.emit(isa.ScalarTensorTensor, dst=ds, data=p, op0="multiply", operand0=dr,
-                op1="add", operand1=t)
+        g = sub(self.dpw.next(), qt, kbn)
+        kb.emit(isa.TensorTensor, dst=g, data1=dp, data2=w, op="multiply")
+        dpd = sub(self.dpd.next(), qt, kbn)
+        kb.emit(isa.Activation, dst=dpd, data=g, func="copy", scale=c, bias=dr)
+        kb.emit(isa.TensorTensor, dst=ds, data1=dpd, data2=p, op="multiply")
         return pw
 
     def _stage_b(self, job: dict) -> None:
