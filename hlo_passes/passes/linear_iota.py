@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes
 import numpy as np
 
 from hlo_passes import ir
@@ -117,4 +118,4 @@ def _splat(v: ir.Value, graph: BlockGraph) -> int | None:
 
 
 def _max(dtype: str) -> int:
-    return int(np.iinfo(ir.np_dtype(dtype)).max)
+    return int(ml_dtypes.iinfo(ir.np_dtype(dtype)).max)     # int4 too (numpy: no)

@@ -62,3 +62,13 @@ def test_values_equal_the_cpu_backend(jax, trn, cpu):
     x = np.arange(105, dtype=np.uint32).reshape(3, 5, 7)
     np.testing.assert_array_equal(np.asarray(f(jax.device_put(x, trn))),
                                   np.asarray(f(jax.device_put(x, cpu))))
+
+
+def test_int4_iotas_are_looked_at_without_error():
+    """numpy's iinfo does not know int4 (the pass asked it: 'Invalid integer data type')."""
+    import ml_dtypes
+    x = np.zeros((4, 3), ml_dtypes.int4)
+    module = _cleaned(lambda x: jax.lax.broadcasted_iota(ml_dtypes.int4, (4, 3), 0) *
+                      ml_dtypes.int4(3) + jax.lax.broadcasted_iota(ml_dtypes.int4, (4, 3), 1)
+                      + x, x)
+    assert not linear_iota.run(module)       # 12 elements: more than int4 holds
