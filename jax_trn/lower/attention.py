@@ -224,7 +224,7 @@ class _Flash(MaskBiases):
         if self.drop is not None:
             self.drop_blocks = DropoutBlocks(kb, self.drop[0], self.sq, self.sk,
                                              (axes.sq[1][DROP], axes.sk[1][DROP]),
-                                             self._dma, LAG_T + 2)
+                                             self._dma, LAG_T + 2, self.chunk)
         self.runtime = self.rt_mask is not None or self.rt_bias is not None
         if self.runtime:
             self.rt_jobs = 0

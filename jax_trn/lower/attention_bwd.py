@@ -166,7 +166,7 @@ class _FlashBwd(MaskTiles):
             self.rowf = kb.ring(4, 1, "float32")
         if self.drop:
             self.drop_blocks = DropoutBlocks(kb, self.drop[0], self.sq, self.sk,
-                                             self.rt_strides[DROP], self._dma, depth)
+                                             self.rt_strides[DROP], self._dma, depth, p)
             self.pdrop, self.dpw = kb.ring(depth, p, dt), kb.ring(depth, p, "float32")
         self._head_stores()
         if self.group > 1:

@@ -23,14 +23,15 @@ ROWS_BYTES = 32 * 1024          # SBUF per partition for one unit's rows (two ar
 
 class DropoutBlocks:
     def __init__(self, kb, t: DramTensor, sq: int, sk: int, strides: tuple[int, int],
-                 dma, depth: int):
+                 dma, depth: int, width: int):
+        """`depth` blocks of up to `width` keys in flight when read per job."""
         self.kb, self.t, self.sq, self.sk, self.dma = kb, t, sq, sk, dma
         self.rows, self.cols = strides
         self.pmax = kb.target.partitions
         nq = -(-sq // self.pmax)
         self.whole = nq * sk * itemsize(t.dtype) <= ROWS_BYTES
         self.ring = kb.ring(2, nq * sk, t.dtype) if self.whole else \
-            kb.ring(depth, self.pmax, t.dtype)
+            kb.ring(depth, width, t.dtype)
         self.last: tuple | None = None           # (unit offset, its rows' tile)
 
     def block(self, at: int, q0: int, qt: int, k0: int, width: int):

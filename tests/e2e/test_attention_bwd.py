@@ -325,3 +325,23 @@ def test_flax_attention_layer_with_dropout_in_a_training_step(jax, trn, cpu):
     for a, b in zip(out, ref):
         a, b = a.astype(np.float32), b.astype(np.float32)
         assert np.linalg.norm(a - b) <= 2e-2 * np.linalg.norm(b) + 1e-3 * big
+
+
+def test_dropout_blocks_read_per_job(jax, trn, cpu, monkeypatch):
+    """When a unit's dropout rows do not fit SBUF (attention_dropout.ROWS_BYTES), each
+    job's block is DMAed: [q-tile, chunk] blocks in the forward (a ring of 128-key
+    blocks overran there: wrong causal results), [q-tile, 128] in the backward."""
+    import jax_trn.lower.attention_dropout as blocks
+    monkeypatch.setattr(blocks, "ROWS_BYTES", 0)
+    f = _dropout_attention("select", True)
+    w = np.random.default_rng(9).standard_normal((2, 384, 2, 128)).astype(np.float32)
+
+    def grads(q, k, v, key):
+        return jax.value_and_grad(lambda *a: (f(*a, key).astype(np.float32) * w).sum(),
+                                  argnums=(0, 1, 2))(q, k, v)
+    out, ref, kernels = _run(jax, trn, cpu, grads,
+                             _args([(2, 384, 2, 128)] * 3, 3) + [jax.random.key(11)])
+    assert _fused(kernels) == (True, True), _notes(kernels)
+    for a, b in zip(out, ref):
+        a, b = a.astype(np.float32), b.astype(np.float32)
+        assert np.abs(a - b).max() <= 1e-2 * np.abs(b).max()
