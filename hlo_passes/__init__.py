@@ -21,7 +21,9 @@ dumps and `disabled` use):
     split-reductions     variadic reduce / reduce_window with a separable body -> one each
     fix(simplify, cse, dce)   cleanup, repeated until nothing changes
     combine-all-reduce   independent all_reduces -> one variadic all_reduce per bucket
-    mx-quantize          JAX's MX quantization -> one mx_quantize op   } fuse=True
+    linear-iota          sum of iotas * row-major strides (threefry's   } fuse=True
+                         counters) -> reshape of one flat iota          }
+    mx-quantize          JAX's MX quantization -> one mx_quantize op   }
     onehot-contract      sum(onehot(t) * y) -> y gathered at t (+ b*sum(y)) }
     degenerate-reduce    reduce over extent-1 dims -> reshape          }
     convert-into-reduce  f32 reduce (+ reshapes) + convert to bf16 ->  }
@@ -68,6 +70,7 @@ from hlo_passes.passes import (
     degenerate_reduce,
     dot_operand_transpose,
     inline_calls,
+    linear_iota,
     localize,
     mx_quantize,
     onehot_contract,
@@ -98,7 +101,7 @@ def _cleanup() -> list:
 
 
 def _fusion(policy: FusionPolicy) -> list:
-    return [mx_quantize, onehot_contract, degenerate_reduce, convert_into_reduce,
+    return [linear_iota, mx_quantize, onehot_contract, degenerate_reduce, convert_into_reduce,
             transposed_dot,
             AttentionBwdFusion(policy), AttentionFusion(policy), dot_operand_transpose,
             convert_into_dot, broadcast_before_convert,

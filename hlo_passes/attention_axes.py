@@ -49,13 +49,13 @@ def build(m, qk: ir.Op, labels: list, pi: int, producer: dict, users: dict) -> N
     st["d"].update(q=qs[qc[0]], k=ks[kc[0]])
     size["d"] = q.shape[qc[0]]
     _pv(m, pi, st, size, producer, users)
-    for name in ("mask", "bias"):
+    for name, column in (("mask", "mask"), ("bias", "bias"), ("dropout", "drop")):
         value = getattr(m, name)
         if value is not None:
             for lab, s, n in zip(getattr(m, f"{name}_labels"), row_major(value.shape),
                                  value.shape):
                 if lab is not None and n != 1:
-                    st[lab][name] = s
+                    st[lab][column] = s
     m.axes, m.axis_labels = _roles(st, size)
 
 

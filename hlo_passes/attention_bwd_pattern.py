@@ -9,11 +9,14 @@ the p @ v dtype) and the softmax's inner values are also used by the backward, a
 autodiff writes it (names are the values; each dot may batch, contract and keep its
 dims in any order, its operands and result may be views):
 
-    dv = dot_general(p, do)   contracting the query dims (Sq and GQA groups)
+    dv = dot_general(p, do)   contracting the query dims (Sq and GQA groups); with a
+                              dropout p is the dropped-out p (what p @ v reads)
     dp = dot_general(do, v)   contracting Dv (do: a view of dv's do)
     ds = softmax VJP of dp    any graph of elementwise ops, row reductions and views
                               over dp and the forward's values that computes
-                              p * (dp - rowsum(dp * p)) (checked by evaluation, below)
+                              p * (dp - rowsum(dp * p)) (checked by evaluation, below;
+                              with a dropout, dp * W for dp, W its multiplier, and p
+                              the undropped softmax)
     ds' = convert / transpose / unit reshape / select(mask, ds, 0) / ds * c, ds / c
     dq = dot_general(ds', k)  contracting Sk
     dk = dot_general(ds', q)  contracting the query dims (GQA: dk summed over groups)
@@ -88,9 +91,10 @@ def candidates(block: ir.Block, producer: dict, users: dict) -> list[BwdMatch]:
         pv = _dead_o(op, producer, users)
         if pv is not None and pv.operands[0] not in seen:
             try:
-                found.append(BwdMatch(fwd_pattern._match(pv, producer, users), False))
+                m = BwdMatch(fwd_pattern._match(pv, producer, users), False)
             except fwd_pattern._NoMatch:
                 continue
+            found.append(m)
             seen.add(pv.operands[0])
     return found
 
@@ -178,7 +182,8 @@ def complete(m: BwdMatch, producer: dict, users: dict) -> None:
         raise NoMatch(f"ds is scaled by {m.scale:.6g}, the scores by {f.scale:.6g}")
     cone = _cone(ds, f, dp_op, producer)
     m.ops += cone
-    check_vjp(f, scores(f, producer), (p, plab), (dp_op.result, dp_lab), (ds, dslab),
+    soft = (p, plab) if f.drop_op is None else (f.drop_x, f.drop_labels)
+    check_vjp(f, scores(f, producer), soft, (dp_op.result, dp_lab), (ds, dslab),
               cone, producer)
     _check_closed(m, users)
     for name in ("q", "k", "v"):
@@ -332,12 +337,13 @@ def _label_ds(m: BwdMatch, dq: ir.Op, ki: int, dk: ir.Op, qi: int, producer: dic
 
 
 def probs(f: fwd_pattern.Match, producer: dict) -> ir.Value:
-    """The operand of p @ v that is p (the softmax's divide through views)."""
+    """The operand of p @ v that is p (the softmax's divide through views and the
+    dropout, if any)."""
     for v in f.pv.operands:
         op = producer.get(v)
-        while op is not None and op is not f.probs and op.kind in ("convert", "transpose",
-                                                                    "reshape"):
-            op = producer.get(op.operands[0])
+        while op is not None and op is not f.probs and (
+                op.kind in ("convert", "transpose", "reshape") or op is f.drop_op):
+            op = producer.get(f.drop_x if op is f.drop_op else op.operands[0])
         if op is f.probs:
             return v
     raise NoMatch("p @ v reads no softmax")
@@ -407,6 +413,8 @@ def _cone(ds: ir.Value, f: fwd_pattern.Match, dp: ir.Op, producer: dict) -> list
     stack = [ds]
     while stack:
         v = stack.pop()
+        if v is f.dropout:              # the dropout's multiplier / keep: an input
+            continue
         op = producer.get(v)
         if op is None or op is dp or op in fwd_ops or op in seen:
             if op is None:

@@ -3,7 +3,9 @@ evaluation: JAX writes it in several forms (the quotient rule of `e / l` when it
 softmax is differentiated op by op, `p * (dp - sum(p * dp))` from its custom JVP), so
 rather than matching each, the ops computing ds from dp and the forward's values (the
 cone) are evaluated with numpy on random scores and dp, every dim shrunk to at most
-SHRINK elements; ds must equal p * (dp - rowsum(dp * p)) there."""
+SHRINK elements; ds must equal p * (dp - rowsum(dp * p)) there. With a dropout (the
+forward's `dropout`: a random keep or multiplier W), dp is the dropped p's gradient
+and ds must be p * (dp W - rowsum(dp W p)), p the undropped softmax."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,7 +15,7 @@ from hlo_passes.attention_bwd_labels import NoMatch
 
 CONE = frozenset({"multiply", "divide", "add", "subtract", "negate", "convert",
                   "broadcast_in_dim", "reshape", "reduce", "constant", "exponential",
-                  "maximum", "transpose"})
+                  "maximum", "transpose", "select"})
 SHRINK = 3                  # dims longer than this are evaluated with this many elements
 
 
@@ -28,6 +30,9 @@ def check_vjp(f, x: ir.Value, p, dp, ds, cone: list[ir.Op], producer: dict) -> N
     rng = np.random.default_rng(0)
     env = {x: rng.standard_normal(_shrunk(x.shape)),
            dp[0]: rng.standard_normal(_shrunk(dp[0].shape))}
+    if f.dropout is not None:       # random keep (bool) or multiplier
+        w = rng.random(_shrunk(f.dropout.shape))
+        env[f.dropout] = w < 0.7 if f.dropout.dtype == "bool" else 0.5 + w
     order = [op for op in _topo(f.ops, producer) if op is not f.pv] + \
         _topo(cone, producer)
     for op in order:
@@ -43,6 +48,13 @@ def check_vjp(f, x: ir.Value, p, dp, ds, cone: list[ir.Op], producer: dict) -> N
     if not pv.shape == dpv.shape == got.shape:
         raise NoMatch("ds, dp and p are not one shape")
     axis = sorted(set(p[1]) - {None}, key=str).index("sk")
+    if f.dropout is not None:       # dp of the undropped p: dp * (p_dropped / p)
+        dropped = env.get(f.drop_op.results[0])
+        if dropped is None:
+            raise NoMatch("the dropout could not be evaluated")
+        dropped = _canonical(dropped, p[1]).astype(np.float64)
+        with np.errstate(all="ignore"):
+            dpv = dpv * np.where(pv != 0, dropped / pv, 0.0)
     want = pv * (dpv - (dpv * pv).sum(axis, keepdims=True))
     if not np.allclose(got, want, rtol=1e-6, atol=1e-9):
         raise NoMatch("ds is not p * (dp - rowsum(dp * p))")
@@ -114,6 +126,8 @@ def _eval(op: ir.Op, args: list) -> np.ndarray:
         return fn(args[0], axis=dims) if fn is np.max else args[1] + fn(args[0], axis=dims)
     if k == "convert":
         return args[0]
+    if k == "select":
+        return np.where(*args)
     if k == "transpose":
         return np.transpose(args[0], op.attrs["permutation"])
     fn = {"multiply": np.multiply, "divide": np.divide, "add": np.add,

@@ -54,6 +54,10 @@ class Match:
         qk, pv  the two dots; probs the softmax's divide
         fill    what masked scores become: -inf or a finite value <= FILL_LIMIT
         bias    an additive bias before its broadcasts, or None
+        dropout what the probabilities are multiplied by before p @ v (before its
+                broadcasts: flax's keep / keep_prob, or the boolean keep of a
+                select(keep, p / keep_prob, 0), then dropout_scale = 1 / keep_prob),
+                or None
         axes    [(role, size, {operand: stride})], role in attention_layout.ROLES,
                 operands in attention_layout.OPERANDS (attention_axes.py)
         mask_labels, bias_labels   labels of the mask / bias dims (None: broadcast)
@@ -70,6 +74,12 @@ class Match:
         self.mask_value: np.ndarray | None = None
         self.bias: ir.Value | None = None
         self.bias_labels: list = []
+        self.dropout: ir.Value | None = None    # p @ v reads p * (dropout * dropout_scale)
+        self.dropout_labels: list = []
+        self.dropout_scale = 1.0
+        self.drop_op: ir.Op | None = None       # the multiply / select dropping p out
+        self.drop_x: ir.Value | None = None     # the probabilities it drops out
+        self.drop_labels: list = []             # their labels (those of drop_op)
         self.fill = -np.inf
         self.scale = 1.0
         self.axes: list = []
@@ -109,7 +119,8 @@ def find(block: ir.Block, producer: dict, users: dict,
         if any(op.kind not in SHAREABLE for op in inner & used) or \
                 not _closed(m, inner, users):
             if near is not None:
-                near.append((op, "a value inside the pattern is also used outside it"))
+                near.append((op, DROPOUT if m.dropout is not None else
+                             "a value inside the pattern is also used outside it"))
             continue
         used |= inner
         found.append(m)
@@ -169,6 +180,9 @@ def _score_views(m: Match, v: ir.Value, labels: list, producer: dict):
 def _softmax(m: Match, p: ir.Value, labels: list, producer: dict):
     """(x, labels): p = softmax(x) over the key dim."""
     p, labels = _score_views(m, p, labels, producer)
+    kept = _dropout(m, producer.get(p), p, labels, producer)
+    if kept is not p:
+        p, labels = _score_views(m, kept, labels, producer)
     div = m.probs = m.take(producer.get(p), "divide")
     e, lb = div.operands
     _reduced(m, lb, e, labels, "add", 0.0, producer)
@@ -177,6 +191,51 @@ def _softmax(m: Match, p: ir.Value, labels: list, producer: dict):
     x, mb = sub.operands
     _reduced(m, mb, x, labels, "maximum", -np.inf, producer)
     return x, labels
+
+
+DROPOUT = ("the dropped-out probabilities are also used outside the pattern, by a "
+           "backward the flash backward did not take (attention_bwd_decisions say why)")
+
+
+def _dropout(m: Match, op: ir.Op | None, p: ir.Value, labels: list,
+             producer: dict) -> ir.Value:
+    """The probabilities: `p` itself, or what `op` drops out when it is a dropout
+    of a softmax whose scores are q @ k^T -- flax's `p * (keep / keep_prob)` (either
+    operand; recorded as `m.dropout`, its root before broadcasts) or nn.Dropout's /
+    jnp.where's `select(keep, p / keep_prob, 0)` (the boolean keep, `dropout_scale`
+    1 / keep_prob)."""
+    if op is None or op.kind not in ("multiply", "select"):
+        return p
+    if op.kind == "select":
+        pred, kept, zero = op.operands
+        scaled = producer.get(kept)
+        factor = None if scaled is None or scaled.kind not in ("divide", "multiply") \
+            else splat(scaled.operands[1], producer)
+        if splat(zero, producer) != 0.0 or not factor:
+            return p
+        options = [(scaled.operands[0], pred, [scaled],
+                    1.0 / factor if scaled.kind == "divide" else factor)]
+    else:
+        a, b = op.operands
+        options = [(a, b, [], 1.0), (b, a, [], 1.0)]
+    for x, w, more, factor in options:
+        probe = Match(m.pv)
+        try:
+            y, ly = _softmax(probe, x, labels, producer)
+            _scores(probe, y, ly, producer, frozenset())
+        except _NoMatch:
+            continue
+        root, rl, views = lay.side_root(w, labels, producer)
+        if any(lab is not None and lab not in labels for lab in rl):
+            continue
+        m.ops += [op, *more, *views]
+        if op.kind == "select":             # the zero and keep_prob's views
+            splat(op.operands[2], producer, m)
+            splat(scaled.operands[1], producer, m)
+        m.dropout, m.dropout_labels, m.dropout_scale = root, rl, factor
+        m.drop_op, m.drop_x, m.drop_labels = op, x, list(labels)
+        return x
+    return p
 
 
 def _reduced(m: Match, v: ir.Value, elem: ir.Value, labels: list, combiner: str,

@@ -13,12 +13,13 @@ The rules, in the order they are checked:
     an operand of a fused dot_general                   -> forbidden: read from memory
     constant: splat                                     -> fused (duplicated if shared)
               not a splat                               -> forbidden: stays in memory
-    iota (not into a reshape)                           -> fused: generated per tile
-                                                           (duplicated if shared)
+    iota (not into a reshape, unless 1-D: linear-iota's -> fused: generated per tile
+      flat index)                                          (duplicated if shared)
     broadcast_in_dim of a scalar or of one vector axis, -> fused as a view (duplicated
       or whose view reads rows >= MIN_RUN or a column       if shared: views are cheap)
     reshape (operand read from memory)
-    elementwise of the region's shape, all users inside -> fused
+    elementwise of the region's shape (a same-width    -> fused
+      bitcast_convert too), all users inside
               ... other users are only the function's return -> fused, extra output
               ... other users all fusible, few, cheap   -> duplicated (recomputed there)
               ... else, in a loop or row region, when   -> fused, extra output (written
@@ -128,6 +129,23 @@ def is_splat(op: ir.Op) -> bool:
     return bool((as_bytes == as_bytes[0]).all())
 
 
+def is_same_width_bitcast(op: ir.Op) -> bool:
+    """A bitcast_convert between types of one width (a uniform draw's mantissa bits seen
+    as a float): elementwise, so the PRNG hash producing the bits fuses into the region
+    that consumes them and the bits never reach memory."""
+    if op.kind != "bitcast_convert":
+        return False
+    src, dst = op.operands[0].type, op.result.type
+    if tuple(src.shape) != tuple(dst.shape) or {src.dtype, dst.dtype} & _SUB_BYTE:
+        return False
+    return ir.np_dtype(src.dtype).itemsize == ir.np_dtype(dst.dtype).itemsize
+
+
+# Stored one value per byte on the device (jax_trn/hw/dtypes.py): their bitcasts move
+# nibbles (jax_trn/lower/bitcast.py), not bytes.
+_SUB_BYTE = frozenset({"int2", "uint2", "int4", "uint4", "float4_e2m1fn"})
+
+
 def is_fusible_reduce(op: ir.Op) -> bool:
     """One input, one init, one result, and a body of one binary combiner."""
     if op.kind != "reduce" or len(op.operands) != 2 or len(op.regions) != 1:
@@ -189,7 +207,7 @@ class FusionPolicy:
             return self._iota(producer, consumer, region)
         if kind in VIEWS:
             return self._view(producer, consumer, region)
-        if kind in ELEMENTWISE:
+        if kind in ELEMENTWISE or is_same_width_bitcast(producer):
             return self._elementwise(producer, consumer, region)
         if kind == "dot_general":
             return self._dot(producer, consumer, region)
@@ -206,6 +224,9 @@ class FusionPolicy:
 
     def _iota(self, op: ir.Op, consumer: ir.Op, region: RegionView) -> FusionDecision:
         if consumer.kind == "reshape":
+            if op.result.type.rank == 1:        # arange(n) reshaped: the linear index
+                return _shared("flat iota: generated in the region (GpSimd)",
+                               len(region.outside_users(op)))
             return FusionDecision.forbid("a reshaped iota is generated in memory")
         if tuple(op.result.shape) != region.shape and consumer.kind not in VIEWS:
             return _wrong_shape(op, region)

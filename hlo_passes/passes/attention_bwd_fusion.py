@@ -5,7 +5,7 @@ attention_bwd_pattern.py) by two fusions, so no [Sq, Sk] tensor reaches memory:
         the forward (attention_fusion.py's, in the program's layout), which also returns
         the rows' logsumexp (f32, one row per batch x group x Sq): its region is the
         forward's ops plus lse = rowmax + log(rowsum)
-    %dq, %dk, %dv = fusion(%q, %k, %v, %o, %lse, %do[, %mask][, %bias])
+    %dq, %dk, %dv = fusion(%q, %k, %v, %o, %lse, %do[, %mask][, %bias][, %drop])
                       {fusion_kind="attention_bwd", attention_scale=.., attention_mask=..,
                        attention_layout=(the forward's + do, dq, dk, dv strides)}
         the backward, lowered as one flash backward kernel (jax_trn/lower/attention_bwd.py);
@@ -145,8 +145,11 @@ def _region(ops, inputs: list[ir.Value], f: fwd_pattern.Match, graph: BlockGraph
                               loc=f.out.loc))
             mask = body[-1].result
         vmap[f.mask] = mask
+    at = 3 + (f.mask is not None)           # inputs: q, k, v[, mask][, bias][, drop]
     if f.bias is not None:
-        vmap[f.bias] = args[len(inputs) - 1]
+        vmap[f.bias] = args[at]
+    if f.dropout is not None:
+        vmap[f.dropout] = args[at + (f.bias is not None)]
     ea = [ir.Value(v.type) for v in extra_args]
     vmap.update(zip(extra_args, ea))
     inside = {v for op in ops for v in op.results}
@@ -184,7 +187,7 @@ def _fwd_fusion(m: pattern.BwdMatch, mask_value, decision, graph: BlockGraph) ->
     lse = ir.Op("add", [stats[0], log.result], [ir.Value(rtype)], loc=f.out.loc)
     body += [log, lse, ir.Op("return", ret.operands + [lse.result], [], loc=f.out.loc)]
     fusion.results.append(ir.Value(rtype))
-    fusion.attrs["decisions"] = (decision.reason + "; writes row logsumexp",)
+    fusion.attrs["decisions"] = (fusion.attrs["decisions"][0] + "; writes row logsumexp",)
     return pre + [fusion]
 
 
@@ -212,9 +215,13 @@ def _bwd_fusion(m: pattern.BwdMatch, fwd: ir.Op, reason: str, graph: BlockGraph)
     ins = list(inputs[:3]) + extra + list(inputs[3:])
     attrs = {"fusion_kind": "attention_bwd",
              "decisions": ("attention-bwd: dq, dk, dv by a flash backward (p recomputed "
-                           "per tile from q, k and lse; " + reason + ")",),
+                           "per tile from q, k and lse; " + reason + ")" +
+                           ("; dropout: dV from the dropped P, dP times its block"
+                            if f.dropout is not None else ""),),
              "attention_scale": f.scale, "attention_mask": f.mask is not None,
              "attention_layout": bwd_layout(m, fwd.attrs["attention_layout"])}
+    if f.dropout is not None:
+        attrs["attention_dropout"] = float(f.dropout_scale)
     return ir.Op("fusion", ins, [ir.Value(v.type) for v in m.outputs], attrs,
                  [ir.Region([ir.Block(args, body)])], loc=m.dq.loc, name=m.dq.name)
 
@@ -225,11 +232,14 @@ BWD_OPERANDS = ("do", "dq", "dk", "dv")   # after attention_layout.OPERANDS (o i
 def bwd_layout(m: pattern.BwdMatch, fwd_layout: tuple) -> tuple:
     """The backward fusion's `attention_layout`: the forward fusion's (q, k, v, o, mask,
     bias strides per axis) with the strides of do, dq, dk, dv appended (0 where one
-    has no such axis), axes in the forward's order."""
+    has no such axis), then a dropout's (the forward's "drop" column), axes in the
+    forward's order."""
     f = m.fwd
     order = sorted(zip(f.axes, f.axis_labels), key=lambda a: layout.ROLES.index(a[0][0]))
     out = []
+    n = len(layout.OPERANDS)
     for (role, size, strides), (_, lab) in zip(fwd_layout, order):
         extra = tuple(int(m.strides[name].get(lab, 0)) for name in BWD_OPERANDS)
-        out.append((role, size, tuple(strides) + extra))
+        drop = tuple(strides[n + 1:n + 2])          # after "mask_k"
+        out.append((role, size, tuple(strides[:n]) + extra + drop))
     return tuple(out)

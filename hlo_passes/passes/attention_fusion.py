@@ -2,17 +2,20 @@
 one `fusion` op of kind "attention":
 
     %mask = constant(...)                # when the mask folds at compile time
-    %o = fusion(%q, %k, %v[, %mask][, %bias]) {fusion_kind="attention",
+    %o = fusion(%q, %k, %v[, %mask][, %bias][, %drop]) {fusion_kind="attention",
             attention_scale=0.125, attention_mask=True, attention_bias=False,
             attention_fill=-inf, attention_layout=(("batch", 8, (strides...)), ...),
-            decisions=("attention: ...",)}
-      ^bb(%a0, %a1, %a2[, %a3][, %a4]):  # the pattern's ops, cloned; constants cloned in
+            [attention_dropout=1.111,] decisions=("attention: ...",)}
+      ^bb(%a0, %a1, %a2[, %a3][, %a4][, %a5]):  # the pattern's ops, cloned; constants in
         ...
         return(%out)
 
 q, k, v are the values before the views that led to the dots (read in place), %o the
 value after those that follow p @ v; `attention_layout` gives the canonical axes and
-each operand's strides (attention_layout.layout). A folded mask that does not vary
+each operand's strides (attention_layout.layout; with a dropout, the columns
+OPERANDS + ("mask_k", "drop")). A dropout on the probabilities (flax's p * keep /
+keep_prob, select(keep, p / keep_prob, 0)) is operand %drop, the multiplier (or the
+boolean keep, times `attention_dropout`). A folded mask that does not vary
 along the batch / group axes is stored with those dims of size 1 (the region
 broadcasts it back).
 
@@ -68,7 +71,9 @@ def _fuse_block(block: ir.Block, policy: FusionPolicy) -> bool:
         # the policy names the scores by the shape of `out`'s first operand: p's
         decision = policy.attention(m.probs, m.scale, m.mask is not None, mask_value)
         if decision.ok:
-            outer = outer_mask(m, graph.producer) if mask_value is None else None
+            # with a dropout, l comes from the undropped P: no outer mask's column sums
+            outer = outer_mask(m, graph.producer) \
+                if mask_value is None and m.dropout is None else None
             replaced[m.out] = _attention_op(m, mask_value, decision, graph, outer)
             members.update(op for op in m.ops if op.kind not in pattern.SHAREABLE)
         else:
@@ -136,7 +141,9 @@ def _attention_op(m: pattern.Match, mask_value, decision: FusionDecision,
     vmap = {v: ir.Value(v.type) for v in inputs}
     body: list[ir.Op] = []
     if m.bias is not None:
-        vmap[m.bias] = vmap[inputs[-1]]
+        vmap[m.bias] = vmap[inputs[-1 - (m.dropout is not None)]]
+    if m.dropout is not None:
+        vmap[m.dropout] = vmap[inputs[-1]]
     if outer is not None:                   # the mask computed in the region
         for op in sorted(set(outer.ops), key=lambda o: graph.index[o]):
             body.append(clone(op, vmap))
@@ -157,10 +164,16 @@ def _attention_op(m: pattern.Match, mask_value, decision: FusionDecision,
     body.append(ir.Op("return", [vmap[m.out.result]], [], loc=m.out.loc))
     args = _block_args(inputs, vmap)
     reason = decision.reason if outer is None else decision.reason + OUTER_NOTE
+    if m.dropout is not None:
+        reason += (f"; dropout: P * {m.dropout.type}" + (
+            f" * {m.dropout_scale:.6g}" if m.dropout_scale != 1.0 else "") +
+            " per tile after its row sums (read per job, as a runtime mask)")
     attrs = {"fusion_kind": "attention", "decisions": (reason,),
              "attention_scale": m.scale, "attention_mask": m.mask is not None,
              "attention_bias": m.bias is not None, "attention_fill": float(m.fill),
              "attention_layout": _layout(m, inputs, outer)}
+    if m.dropout is not None:
+        attrs["attention_dropout"] = float(m.dropout_scale)
     if outer is not None:
         attrs["attention_mask_outer"] = True
     fusion = ir.Op("fusion", inputs, [ir.Value(m.out.result.type)], attrs,
@@ -186,6 +199,8 @@ def _inputs(m: pattern.Match, mask_value,
         inputs.append(mask)
     if m.bias is not None:
         inputs.append(m.bias)
+    if m.dropout is not None:
+        inputs.append(m.dropout)
     return pre, inputs
 
 
@@ -210,6 +225,10 @@ def _layout(m: pattern.Match, inputs: list[ir.Value],
     """The `attention_layout` attribute, the mask's strides those of the operand (of an
     outer mask: "mask" those of its row vector, "mask_k" those of its column vector)."""
     axes = [(role, size, dict(s)) for role, size, s in m.axes]
+    if m.dropout is not None:       # its strides after the outer mask's column (zeros)
+        if m.mask is not None:
+            _side_strides(m, axes, "mask", m.mask_labels, inputs[3].type.shape)
+        return layout.layout(axes, layout.OPERANDS + ("mask_k", "drop"))
     if outer is not None:
         _side_strides(m, axes, "mask", outer.row_labels, outer.rows.type.shape)
         _side_strides(m, axes, "mask_k", outer.col_labels, outer.cols.type.shape)

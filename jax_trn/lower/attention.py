@@ -51,6 +51,18 @@ two vectors as operands, `mask_outer`) costs no per-block work: the key vector w
 V's rows and gives P @ V a column of masked row sums, the query vector selects each
 row's result (attention_outer.py).
 
+Dropout on the probabilities (`dropout`: the operand after the mask and bias, the
+multiplier keep / keep_prob or the boolean keep, and the factor the result takes, 1 or
+1 / keep_prob): each job's [q-tile, keys] block of it (a unit's rows kept in SBUF,
+loaded once for every head of flax's broadcast draw: attention_dropout.py) multiplies P
+on GpSimd
+after the row sums, so l is the undropped softmax's and O sums the dropped P, as the
+program computes it. The mask itself comes from its own kernel (the threefry hash
+fused with the compare, 1-2 bytes per element in HBM): generating it per tile here
+would repeat the hash for every head of a broadcast draw. With an outer mask (whose
+column sums give l) it raises Unsupported; the logsumexp output (for the backward)
+is the undropped softmax's, as the backward recomputes P from it.
+
 Numerics: FP32 scores and softmax, P rounded to the dtype of the p @ v operand (as the
 program does), FP32 accumulation; unlike the unfused program the scores are not
 rounded to bf16 before the softmax (more precise). Masked entries get -3e38 instead of
@@ -75,6 +87,7 @@ from jax_trn.hw.program import DramTensor
 
 from .attention_layout import Axes, LseRows, heads_per_dma, unit_blocks
 from .attention_masks import NEG, mask_bias  # noqa: F401  (attention_bwd_masks reads them)
+from .attention_dropout import DropoutBlocks
 from .attention_masks import MASK_ROWS_BYTES, MaskBiases
 from .attention_outer import MASK_K, OuterMask
 from .builder import KernelBuilder, Ring, sub
@@ -83,6 +96,8 @@ from .registry import LowerCtx
 from .translate import Unsupported
 from .transposed import Transposer
 
+DROP = 7                # the dropout operand's column of the layout's strides (after
+                        # hlo_passes OPERANDS and "mask_k": passes/attention_fusion.py)
 CHUNK_BANKS = 2         # keys per softmax chunk: two PSUM banks of FP32 (§3.2); one
                         # score matmul per bank (512 keys, §2.2)
 VECTOR_EVERY = 4
@@ -101,14 +116,17 @@ LAG_T, LAG_B = 2, 4     # the P^T of job n - 2 and stage B of n - 4 follow stage
 def lower_attention(ctx: LowerCtx, ins: list[DramTensor], scale: float, masked: bool,
                     bias: bool = False, fill: float = -np.inf,
                     layout: tuple | None = None, mask_outer: bool = False,
-                    offsets: tuple = ()) -> None:
+                    offsets: tuple = (), dropout: float | None = None) -> None:
     q, k, v = ins[:3]
     axes = Axes(layout, offsets) if layout is not None else Axes.canonical(q, k, v)
     outer = masked and mask_outer       # the mask as rows & columns (attention_outer.py)
     mask = _mask(ctx, ins[3], axes) if masked and not outer else None
     extra = {"bias": ins[3 + masked + outer] if bias else None,
              "mask": ins[3] if masked and mask is None and not outer else None,
-             "outer": ins[3:5] if outer else None}
+             "outer": ins[3:5] if outer else None,
+             "drop": (ins[3 + masked + outer + bias], dropout) if dropout else None}
+    if extra["drop"] is not None and outer:
+        raise Unsupported("attention dropout with an outer mask (its l would be dropped)")
     _check(ctx, q, k, v, axes)
     if extra["mask"] is not None and q.dtype != "bfloat16":
         raise Unsupported(f"attention with a runtime mask on {q.dtype} (its -3e38 bias "
@@ -160,6 +178,7 @@ class _Flash(MaskBiases):
         self.q, self.k, self.v, self.out, self.scale = q, k, v, out, scale
         self.mask, self.axes, self.fill = mask, axes, fill
         self.rt_mask, self.rt_bias = extra["mask"], extra["bias"]
+        self.drop = extra["drop"]            # (operand, the result's factor) or None
         self.sq, self.d = axes.sq[0], axes.d[0]
         self.sk, self.dv = axes.sk[0], axes.dv[0]
         self.dvx = self.dv + (extra["outer"] is not None)  # + the key weights' column
@@ -202,6 +221,10 @@ class _Flash(MaskBiases):
         self.outer = OuterMask(self, *extra["outer"]) if extra["outer"] else None
         self.lse = LseRows(kb, ctx.outs[1], self._dma, self.tr) if len(ctx.outs) > 1 and \
             extra["outer"] is None else None
+        if self.drop is not None:
+            self.drop_blocks = DropoutBlocks(kb, self.drop[0], self.sq, self.sk,
+                                             (axes.sq[1][DROP], axes.sk[1][DROP]),
+                                             self._dma, LAG_T + 2, self.chunk)
         self.runtime = self.rt_mask is not None or self.rt_bias is not None
         if self.runtime:
             self.rt_jobs = 0
@@ -246,6 +269,8 @@ class _Flash(MaskBiases):
                     self.outer.flush()
                 self._rowmax(job)
                 self._softmax(job)
+                if self.drop is not None:
+                    self._dropout(job)
             if 0 <= n - LAG_T < len(jobs):
                 self._transposes(jobs[n - LAG_T])
             if 0 <= n - LAG_B < len(jobs):
@@ -262,11 +287,14 @@ class _Flash(MaskBiases):
         kvs = ax.offsets(ax.batch, (1, 2, 0, 3, 4, 5), start=True)
         cols = [o[0] for o in ax.offsets(ax.batch, (MASK_K,))] if self.dvx > self.dv \
             else [0] * len(kvs)
+        drops, gdrops = ([o[0] for o in ax.offsets(which, (DROP,))] if self.drop else
+                         [0] * len(ax.offsets(which, ())) for which in (ax.batch, ax.group))
         for b, (ko, vo, qo, oo, mo, bo) in enumerate(kvs):
-            for gq, go, gm, gb in groups:
+            for (gq, go, gm, gb), gd in zip(groups, gdrops):
                 self.units.append({"n": len(self.units), "kv": b, "k": ko, "v": vo,
                                    "q": qo + gq, "out": oo + go, "mask": mo + gm,
-                                   "bias": bo + gb, "mask_k": cols[b]})
+                                   "bias": bo + gb, "mask_k": cols[b],
+                                   "drop": drops[b] + gd})
         nkt, nqt = -(-self.sk // self.pmax), -(-self.sq // self.pmax)
         limit = heads_per_dma(nkt, self.dv, 2, HEADS_BYTES)
         vblocks = unit_blocks([kv[1] for kv in kvs], self.dv, limit)
@@ -460,6 +488,18 @@ class _Flash(MaskBiases):
         if last_l is not None:
             self.lse.after()
 
+    def _dropout(self, job: dict) -> None:
+        """P *= the job's [q, keys] block of the dropout operand (the multiplier, or the
+        boolean keep whose 1 / keep_prob the result takes), after the row sums: l is
+        the undropped softmax's (GpSimd, idle in the forward: one pass per chunk; a
+        quarter to half of it on VectorE measured 269-279 us against 171 for the LM-sized
+        MHA forward: VectorE's row max is on the critical path)."""
+        kb, tile = self.kb, job["tile"]
+        w = self.drop_blocks.block(job["b"]["drop"], tile["q0"], tile["qt"],
+                                   job["blocks"][0][0], job["width"])
+        kb.emit(isa.TensorTensor, dst=job["p"], data1=job["p"], data2=w, op="multiply",
+                engine="gpsimd")
+
     # --- stage B: P^T, P @ V, output ---------------------------------------------------------
 
     def _transposes(self, job: dict) -> None:
@@ -530,6 +570,9 @@ class _Flash(MaskBiases):
             res = sub(self.stage[q0], qt, self.dv, at=slot * self.dv)
         if self.outer is not None:
             self.outer.result(job, acc, res)
+        elif self.drop is not None and self.drop[1] != 1.0:     # 1 / keep_prob
+            kb.emit(isa.TensorScalar, dst=res, data=acc, op0="divide", operand0=job["l"],
+                    op1="multiply", operand1=self.drop[1])
         else:
             kb.emit(isa.TensorScalar, dst=res, data=acc, op0="divide", operand0=job["l"])
         if self.rt_mask is not None and self.fill == -np.inf:

@@ -56,6 +56,7 @@ from jax_trn.hw.program import DramTensor
 
 from .attention import _check, _mask, pipeline_slots
 from .attention_bwd_masks import MaskTiles
+from .attention_dropout import DropoutBlocks
 from .attention_layout import Axes, HeadStores
 from .builder import Ring, sub
 from .layout import tiles
@@ -73,14 +74,16 @@ HEADS_BYTES = 16 * 1024     # SBUF per partition for each of dq / dk / dv of adj
 
 def lower_attention_bwd(ctx: LowerCtx, ins: list[DramTensor], scale: float,
                         masked: bool, layout: tuple | None = None,
-                        offsets: tuple = ()) -> None:
+                        offsets: tuple = (), dropout: float | None = None) -> None:
     q, k, v, o, lse, do = ins[:6]
     if layout is None:
         raise Unsupported("attention backward without its attention_layout")
     axes = Axes(layout, offsets)
     mask = _mask(ctx, ins[6], axes) if masked else None
+    drop = (ins[-1], dropout) if dropout else None
     runtime = {"mask": ins[6] if masked and mask is None else None,
-               "bias": ins[6 + masked] if len(ins) > 6 + masked else None}
+               "bias": ins[6 + masked] if len(ins) > 6 + masked + bool(drop) else None,
+               "drop": drop}
     _check(ctx, q, k, v, axes)
     d, dv = axes.d[0], axes.dv[0]
     if max(d, dv) > ctx.target.partitions or not do.dtype == o.dtype == q.dtype:
@@ -101,16 +104,19 @@ def lower_attention_bwd(ctx: LowerCtx, ins: list[DramTensor], scale: float,
 
 # operand positions in a backward fusion's attention_layout strides (hlo_passes/passes/
 # attention_bwd_fusion.bwd_layout): the forward's q, k, v, o, mask, bias, then these
-Q, K, V, O, MASK, BIAS, DO, DQ, DK, DV = range(10)
+Q, K, V, O, MASK, BIAS, DO, DQ, DK, DV, DROP = range(11)
 UNIT = (Q, K, V, O, DO, DQ, DK, DV, MASK, BIAS)     # the order of a unit's offsets
+                                                    # (+ DROP with a dropout)
 
 
 class _FlashBwd(MaskTiles):
     def __init__(self, ctx: LowerCtx, ins, scale: float, mask, axes: Axes, runtime: dict):
         self.ctx, self.kb, self.scale, self.mask = ctx, ctx.kb, scale, mask
         self.rt_mask, self.rt_bias = runtime["mask"], runtime["bias"]
+        self.drop = runtime["drop"]         # (operand, factor of its values) or None
         self.runtime = self.rt_mask is not None or self.rt_bias is not None
-        self.rt_strides = {n: (axes.sq[1][n], axes.sk[1][n]) for n in (MASK, BIAS)}
+        self.rt_strides = {n: (axes.sq[1][n], axes.sk[1][n])
+                           for n in (MASK, BIAS) + ((DROP,) if self.drop else ())}
         self.q, self.k, self.v, self.o, self.lse, self.do = ins
         # one output: dq, dk, dv packed into one gradient (attention_views.py), each at
         # its strides and offset in it
@@ -119,13 +125,13 @@ class _FlashBwd(MaskTiles):
         self.sk, self.dvn = axes.sk[0], axes.dv[0]
         self.rows = {n: axes.sq[1][n] for n in (Q, O, DO, DQ)} | \
             {n: axes.sk[1][n] for n in (K, V, DK, DV)}      # row strides
-        ops = UNIT
+        ops = UNIT + ((DROP,) if self.drop else ())
         groups = axes.offsets(axes.group, ops)      # GQA: k, v, dk, dv strides 0
         self.ngroups = len(groups)
         self.base = [tuple(map(sum, zip(b, g)))
                      for b in axes.offsets(axes.batch, ops, start=True)
                      for g in groups]               # per unit (batch index, group)
-        self.unit_pos = {n: i for i, n in enumerate(UNIT)}      # in a `base` tuple
+        self.unit_pos = {n: i for i, n in enumerate(ops)}       # in a `base` tuple
         self.batch = len(self.base)
         self.pmax = ctx.target.partitions
         self.bank = ctx.target.psum_bank_fp32
@@ -153,11 +159,15 @@ class _FlashBwd(MaskTiles):
                     for t in {out.dtype for out in ctx.outs}}
         rows_contiguous = self.rows[DK] == self.d and self.rows[DV] == self.dvn
         self.group = KEY_GROUP if self.sk % p == 0 and rows_contiguous and \
-            not self.runtime else 1             # runtime bias tiles in key order
+            not self.runtime and not self.drop else 1   # runtime tiles in key order
         if self.runtime:
             self.rt_total, self.rt_part = kb.ring(depth, p, dt), kb.ring(depth, p, dt)
             self.rt_bool, self.keep = kb.ring(depth, p, "bool"), kb.ring(depth, p, dt)
             self.rowf = kb.ring(4, 1, "float32")
+        if self.drop:
+            self.drop_blocks = DropoutBlocks(kb, self.drop[0], self.sq, self.sk,
+                                             self.rt_strides[DROP], self._dma, depth, p)
+            self.pdrop, self.dpw = kb.ring(depth, p, dt), kb.ring(depth, p, "float32")
         self._head_stores()
         if self.group > 1:
             self.kvres = {t: kb.ring(STORE_BUFS, self.group * max(self.d, self.dvn), t)
@@ -402,13 +412,38 @@ class _FlashBwd(MaskTiles):
         neg, dr = self._stat(side, job["i"], qt)
         p = sub(self.pt.next(), qt, kbn)
         kb.emit(isa.Activation, dst=p, data=s, func="exp", bias=neg)
-        dpd = sub(self.dpd.next(), qt, kbn)       # dP - Dr on ScalarE, * P on VectorE:
-        kb.emit(isa.Activation, dst=dpd, data=dp, func="copy", bias=dr)  # one pass each
         ds = sub(self.dst.next(), qt, kbn)
-        kb.emit(isa.TensorTensor, dst=ds, data1=dpd, data2=p, op="multiply")
+        if self.drop:
+            pv = self._dropout(job, p, dp, dr, ds)
+        else:
+            dpd = sub(self.dpd.next(), qt, kbn)   # dP - Dr on ScalarE, * P on VectorE:
+            kb.emit(isa.Activation, dst=dpd, data=dp, func="copy", bias=dr)  # one pass each
+            kb.emit(isa.TensorTensor, dst=ds, data1=dpd, data2=p, op="multiply")
+            pv = p
         if keep is not None:        # the program's select(mask, ds, 0): a row with no
             kb.emit(isa.TensorTensor, dst=ds, data1=ds, data2=keep, op="multiply")
-        job["p"], job["ds"] = p, ds     # key left has p = 1 / Sk (finite fill) but ds 0
+        job["p"], job["ds"] = pv, ds    # key left has p = 1 / Sk (finite fill) but ds 0
+
+    def _dropout(self, job: dict, p, dp, dr, ds):
+        """With a dropout W (its block: attention_dropout.py, as the forward's; c its
+        values' factor: 1, or 1 / keep_prob for a boolean keep): Pw = P * W (GpSimd)
+        is dV's P (the store multiplies by c); dS = (c dP W - Dr) * P as dP * W
+        (VectorE, from PSUM, FP32), then c x that - Dr (ScalarE, the copy with scale
+        and bias the plain kernel runs), then * P (VectorE): one VectorE pass more than
+        without a dropout. Dr = rowsum(dO * O) is the same sum, O being the dropped-out
+        P's. Returns Pw."""
+        kb, blk, c = self.kb, job["block"], self.drop[1]
+        q0, qt, k0, kbn = job["q0"], job["qt"], blk["k0"], blk["kbn"]
+        w = self.drop_blocks.block(self.base[job["side"]["b"]][self.unit_pos[DROP]],
+                                   q0, qt, k0, kbn)
+        pw = sub(self.pdrop.next(), qt, kbn)
+        kb.emit(isa.TensorTensor, dst=pw, data1=p, data2=w, op="multiply", engine="gpsimd")
+        g = sub(self.dpw.next(), qt, kbn)
+        kb.emit(isa.TensorTensor, dst=g, data1=dp, data2=w, op="multiply")
+        dpd = sub(self.dpd.next(), qt, kbn)
+        kb.emit(isa.Activation, dst=dpd, data=g, func="copy", scale=c, bias=dr)
+        kb.emit(isa.TensorTensor, dst=ds, data1=dpd, data2=p, op="multiply")
+        return pw
 
     def _stage_b(self, job: dict) -> None:
         """dV_j += P^T dO_i, dK_j += dS^T Q_i (PSUM across i); dS^T to SBUF."""
@@ -461,8 +496,9 @@ class _FlashBwd(MaskTiles):
         descriptors are R x longer (R x the DMA efficiency below 2.5 KB, §3.4)."""
         kb, k0, kbn = self.kb, blk["k0"], blk["kbn"]
         r_n, g = self.group, kbn // self.group
+        dv_scale = self.drop[1] if self.drop and self.drop[1] != 1.0 else None
         for n, out, acc, w, scale in ((DK, self.dk, blk["dk"], self.d, self.scale),
-                                      (DV, self.dv, blk["dv"], self.dvn, None)):
+                                      (DV, self.dv, blk["dv"], self.dvn, dv_scale)):
             if self.ngroups > 1:
                 acc = self._group_sum(b, blk, n, acc, w)
                 if acc is None:

@@ -167,6 +167,10 @@ def _same_shapes(op, arg) -> bool:
     return all(v.shape == r.shape for v in op.operands for r in op.results)
 
 
-for _kind in TILE_OPS:
+# Kinds with a tile op for fusions but a rule of their own when alone: a bitcast_convert
+# is two DMAs over the same bytes (bitcast.py), no copy on an engine.
+OWN_RULE = frozenset({"bitcast_convert"})
+
+for _kind in TILE_OPS.keys() - OWN_RULE:
     register_lowering(_kind, in_place=_same_shapes)(partial(_elementwise, _kind))
 

@@ -85,7 +85,8 @@ def _fusion_lower(ctx: LowerCtx, *ins: DramTensor, fusion_kind: str = "loop",
         from .attention_bwd import lower_attention_bwd
         return lower_attention_bwd(ctx, list(ins), attention_scale, attention_mask,
                                    attention.get("attention_layout"),
-                                   attention.get("attention_offsets", ()))
+                                   attention.get("attention_offsets", ()),
+                                   attention.get("attention_dropout"))
     plan = translate(ctx.op, list(ins), ctx.outs)
     root = plan.reduce if fusion_kind == "reduction" else None
     if root is None or not sums_exp(plan.region, root.vid, root.alu):

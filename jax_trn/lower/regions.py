@@ -230,7 +230,10 @@ class Evaluator:
         key = (i, offset, axes, parts, pattern[0][0])
         if key in self.iotas:
             return Src.of(self.iotas[key])
-        tile = self._iota_tile(inp, math.prod(free))
+        # An iota varying along every axis (a flat one: hlo_passes linear-iota) never
+        # repeats a box: nothing to keep.
+        repeats = any(s == 0 for s, n in inp.axes if n > 1)
+        tile = self._iota_tile(inp, math.prod(free)) if repeats else None
         kept = tile is not None
         if not kept:
             ring = self._ring(("in", i), self.in_depth, self.in_free, inp.dtype)

@@ -256,3 +256,92 @@ def test_float16_masks_without_a_finite_bias_fall_back(jax, trn, cpu, const):
         assert not np.isnan(a.astype(np.float32)).any()
         scale = max(1.0, float(np.abs(b.astype(np.float32)).max()))
         assert_close(a.astype(np.float32) / scale, b.astype(np.float32) / scale, "float16")
+
+
+def _dropout_attention(form: str, causal: bool):
+    """Hand-written attention with a dropout on the softmax (HF-style): nn.Dropout's /
+    jnp.where's select(keep, p / keep_prob, 0), or flax's p * (keep / keep_prob)."""
+    import jax
+    import jax.numpy as jnp
+
+    def f(q, k, v, key):
+        s = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / np.sqrt(q.shape[-1])
+        if causal:
+            s = jnp.where(jnp.tril(jnp.ones(s.shape[-2:], bool)), s, -1e9)
+        p = jax.nn.softmax(s, axis=-1).astype(q.dtype)
+        keep = jax.random.bernoulli(key, 0.9, p.shape)
+        if form == "select":
+            p = jnp.where(keep, p / 0.9, 0)
+        else:
+            p = p * (keep.astype(p.dtype) / jnp.asarray(0.9, p.dtype))
+        return jnp.einsum("bhqk,bkhd->bqhd", p, v)
+    return f
+
+
+@pytest.mark.parametrize("form, causal", [("select", False), ("multiply", True)])
+def test_dropout_gradients_run_flash_kernels(jax, trn, cpu, form, causal):
+    """The forward multiplies each P tile by its dropout block after the row sums; the
+    backward reads the same blocks: dV from the dropped P, dP times the block before
+    the softmax VJP. The mask (from its own hash kernel) is the CPU backend's exactly:
+    another key's gradients are far off."""
+    f = _dropout_attention(form, causal)
+    w = np.random.default_rng(9).standard_normal((1, 256, 4, 64)).astype(np.float32)
+
+    def grads(q, k, v, key):
+        return jax.grad(lambda *a: (f(*a, key).astype(np.float32) * w).sum(),
+                        argnums=(0, 1, 2))(q, k, v)
+    args = _args([(1, 256, 4, 64)] * 3, 3) + [jax.random.key(11)]
+    out, ref, kernels = _run(jax, trn, cpu, grads, args)
+    assert _fused(kernels) == (True, True), _notes(kernels)
+    assert any("dropout" in n for n in _notes(kernels) if n.startswith("decision"))
+    for a, b in zip(out, ref):
+        assert_close(a, b, "bfloat16")
+    other = jax.jit(grads)(*jax.device_put(args[:3] + [jax.random.key(12)], cpu))
+    assert max(np.abs(np.asarray(a, np.float32) - np.asarray(b, np.float32)).max()
+               for a, b in zip(other, ref)) > 0.1
+
+
+def test_flax_attention_layer_with_dropout_in_a_training_step(jax, trn, cpu):
+    """flax linen MultiHeadDotProductAttention(dropout_rate=0.1) under jax.grad: its
+    broadcast dropout (one [S, S] draw for every head) in both flash kernels; the
+    parameters' gradients within bf16 tolerance of the CPU backend's (in norm: bf16
+    sums over 256 rows; ~0.5%, as without the attention fusions)."""
+    import flax.linen as nn
+    jnp = jax.numpy
+    layer = nn.MultiHeadDotProductAttention(num_heads=4, qkv_features=256,
+                                            dtype=jnp.bfloat16, dropout_rate=0.1)
+    x = _args([(1, 256, 256)], 4)[0]
+    params = layer.init(jax.random.key(0), x, x, deterministic=True)
+    w = np.random.default_rng(5).standard_normal(x.shape).astype(np.float32)
+
+    def step(p, x, key):
+        return jax.grad(lambda p: (layer.apply(p, x, x, deterministic=False,
+                                               rngs={"dropout": key}) * w).sum())(p)
+    out, ref, kernels = _run(jax, trn, cpu, step, [params, x, jax.random.key(2)])
+    assert _fused(kernels) == (True, True), _notes(kernels)
+    # the key bias's gradient is 0 in exact arithmetic (the softmax ignores a per-row
+    # shift): bf16 noise on both backends, so an absolute floor of 1e-3 of the largest
+    big = max(np.linalg.norm(b.astype(np.float32)) for b in ref)
+    for a, b in zip(out, ref):
+        a, b = a.astype(np.float32), b.astype(np.float32)
+        assert np.linalg.norm(a - b) <= 2e-2 * np.linalg.norm(b) + 1e-3 * big
+
+
+def test_dropout_blocks_read_per_job(jax, trn, cpu, monkeypatch):
+    """When a unit's dropout rows do not fit SBUF (attention_dropout.ROWS_BYTES), each
+    job's block is DMAed: [q-tile, chunk] blocks in the forward (a ring of 128-key
+    blocks overran there: wrong causal results), [q-tile, 128] in the backward."""
+    import jax_trn.lower.attention_dropout as blocks
+    monkeypatch.setattr(blocks, "ROWS_BYTES", 0)
+    f = _dropout_attention("select", True)
+    w = np.random.default_rng(9).standard_normal((2, 384, 2, 128)).astype(np.float32)
+
+    def grads(q, k, v, key):
+        return jax.value_and_grad(lambda *a: (f(*a, key).astype(np.float32) * w).sum(),
+                                  argnums=(0, 1, 2))(q, k, v)
+    out, ref, kernels = _run(jax, trn, cpu, grads,
+                             _args([(2, 384, 2, 128)] * 3, 3) + [jax.random.key(11)])
+    assert _fused(kernels) == (True, True), _notes(kernels)
+    for a, b in zip(out, ref):
+        a, b = a.astype(np.float32), b.astype(np.float32)
+        assert np.abs(a - b).max() <= 1e-2 * np.abs(b).max()

@@ -211,3 +211,53 @@ def test_self_attention_with_one_array_for_q_k_v_and_a_bias(jax, trn, cpu):
     got = np.asarray(f(*jax.device_put((x, bias, mask), trn)), np.float32)
     want = np.asarray(f(*jax.device_put((x, bias, mask), cpu)), np.float32)
     np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
+
+
+def _dropout_attention(jax, form, causal=False):
+    """Hand-written attention with a dropout on the softmax: nn.Dropout's / jnp.where's
+    select(keep, p / keep_prob, 0), or p * (keep / keep_prob) as flax's
+    dot_product_attention multiplies it; keep drawn over [B, N, S, S]."""
+    jnp = jax.numpy
+
+    def f(q, k, v, key):
+        s = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / np.sqrt(H)
+        if causal:
+            s = jnp.where(jnp.tril(jnp.ones((S, S), bool)), s, -1e9)
+        p = jax.nn.softmax(s, axis=-1).astype(q.dtype)
+        keep = jax.random.bernoulli(key, 0.9, p.shape)
+        if form == "select":
+            p = jnp.where(keep, p / 0.9, 0)
+        else:
+            p = p * (keep.astype(p.dtype) / jnp.asarray(0.9, p.dtype))
+        return jnp.einsum("bhqk,bkhd->bqhd", p, v)
+    return f
+
+
+@pytest.mark.parametrize("form, causal", [("select", False), ("multiply", True)])
+def test_dropout_on_the_probabilities_is_in_the_flash_kernel(jax, trn, cpu, form, causal):
+    """The keep mask comes from its own kernel (the threefry hash fused with the compare,
+    tests/e2e/test_dropout.py), the flash kernel multiplies each P tile by its block
+    after the row sums. A mask read at the wrong offset would be far off (checked: the
+    result of another key differs by more than the tolerance)."""
+    f = _dropout_attention(jax, form, causal)
+    args = _qkv("bfloat16") + [jax.random.key(3)]
+    out, ref, notes = _run(jax, trn, cpu, f, args)
+    assert _flash(notes) == 1, notes
+    assert any("dropout: P *" in n for kn in notes for n in kn), notes
+    assert_close(out, ref, "bfloat16")
+    other = np.asarray(jax.jit(f)(*jax.device_put(args[:3] + [jax.random.key(4)], cpu)))
+    assert np.abs(other.astype(np.float32) - ref.astype(np.float32)).max() > 0.2
+
+
+def test_flax_dot_product_attention_with_broadcast_dropout(jax, trn, cpu):
+    """flax's nn.dot_product_attention(dropout_rate=0.1, broadcast_dropout=True): one
+    [1, 1, S, S] draw of keep / keep_prob (bf16) shared by every batch index and head,
+    read per tile with stride 0 along them."""
+    import flax.linen as nn
+
+    def f(q, k, v, key):
+        return nn.dot_product_attention(q, k, v, dropout_rng=key, dropout_rate=0.1,
+                                        deterministic=False)
+    out, ref, notes = _run(jax, trn, cpu, f, _qkv("bfloat16") + [jax.random.key(5)])
+    assert _flash(notes) == 1, notes
+    assert_close(out, ref, "bfloat16")

@@ -166,3 +166,60 @@ def test_a_forbidding_policy_records_its_reason():
     assert not AttentionFusion(FusionPolicy(attention=False)).run(module)
     assert _near_misses(module) == ["attention: not fused: forbidden: attention fusion "
                                     "is off"]
+
+
+def _dropout_attention(form):
+    """Hand-written attention with a dropout on the softmax, as HF-style code and flax's
+    nn.Dropout write it (`select`) or as flax's dot_product_attention does (`multiply`)."""
+    def f(q, k, v, key):
+        s = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32)
+        p = jax.nn.softmax(s, axis=-1).astype(q.dtype)
+        keep = jax.random.bernoulli(key, 0.9, p.shape)
+        if form == "select":
+            p = jnp.where(keep, p / 0.9, 0)
+        else:
+            p = p * (keep.astype(p.dtype) / jnp.asarray(0.9, p.dtype))
+        return jnp.einsum("bhqk,bkhd->bqhd", p, v)
+    return f
+
+
+@pytest.mark.parametrize("form", ["select", "multiply"])
+def test_dropout_on_the_probabilities_is_an_operand(form):
+    """The multiplier (or the boolean keep, times 1 / keep_prob) is the last operand;
+    its strides are the layout's "drop" column (after "mask_k")."""
+    module = _compile(_dropout_attention(form), Q, Q, Q, jax.random.key(0))
+    op = _attention(module)
+    drop = op.operands[-1]
+    assert drop.type.shape == (B, N, S, S)
+    assert drop.dtype == ("bool" if form == "select" else "bfloat16")
+    assert op.attrs["attention_dropout"] == pytest.approx(
+        1 / float(jnp.bfloat16(0.9)) if form == "select" else 1.0)
+    layout = op.attrs["attention_layout"]
+    assert all(len(strides) == 8 for _, _, strides in layout)
+    sk = [strides for role, _, strides in layout if role == "sk"][0]
+    assert sk[7] == 1 and sk[6] == 0
+
+
+def test_flax_attention_dropout_under_grad_is_both_flash_fusions():
+    """flax MHA with dropout_rate under jax.grad: the forward and backward fusions both
+    take the dropout operand (flax broadcasts one [S, S] draw: stride 0 along B, N)."""
+    import flax.linen as nn
+    layer = nn.MultiHeadDotProductAttention(num_heads=N, qkv_features=N * H,
+                                            dtype=jnp.bfloat16, dropout_rate=0.1)
+    x = jnp.zeros((B, S, N * H), jnp.bfloat16)
+    params = layer.init(jax.random.key(0), x, x, deterministic=True)
+
+    def step(p, x, key):
+        return jax.grad(lambda p: layer.apply(p, x, x, deterministic=False,
+                                              rngs={"dropout": key}).astype(
+            jnp.float32).sum())(p)
+    module = _compile(step, params, x, jax.random.key(1))
+    fused = {op.attrs["fusion_kind"]: op for op in module.main.body.ops
+             if op.kind == "fusion" and op.attrs["fusion_kind"].startswith("attention")}
+    assert set(fused) == {"attention", "attention_bwd"}
+    for op in fused.values():
+        assert op.attrs["attention_dropout"] == 1.0
+        assert op.operands[-1].type.shape == (1, 1, S, S)
+    bwd = fused["attention_bwd"].attrs["attention_layout"]
+    assert all(len(strides) == 11 for _, _, strides in bwd)
+    assert [strides[10] for role, _, strides in bwd if role in ("sq", "sk")] == [S, 1]

@@ -91,7 +91,8 @@ def test_disable_passes_by_name():
 def test_pass_names_are_every_name_that_can_be_disabled():
     names = hlo_passes.pass_names()
     assert names == ("inline-calls", "localize", "complex-planes", "total-order-compare", "rank0-windows",
-                     "split-reductions", "simplify", "cse", "dce", "combine-all-reduce", "mx-quantize",
+                     "split-reductions", "simplify", "cse", "dce", "combine-all-reduce", "linear-iota",
+                     "mx-quantize",
                      "onehot-contract", "degenerate-reduce", "convert-into-reduce",
                      "transposed-dot", "attention-bwd-fusion",
                      "attention-fusion", "dot-operand-transpose", "convert-into-dot", "broadcast-before-convert",

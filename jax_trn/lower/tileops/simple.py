@@ -84,6 +84,18 @@ def _convert(kb, dst, srcs, step):
     return kb.emit(isa.TensorCopy, dst=dst, src=x, engine="gpsimd" if both_int else "vector")
 
 
+def _bitcast(kb, dst, srcs, step):
+    """A same-width bitcast_convert (the uniform draw's mantissa bits seen as a float):
+    SBUF is untyped bytes (§3.1), so it is a bit copy on GpSimd with source and
+    destination both seen as the unsigned integer of the width."""
+    bits = _UINT[ir.np_dtype(dst.dtype).itemsize]
+    return kb.emit(isa.TensorCopy, dst=dst.with_(dtype=bits),
+                   src=srcs[0].tile.with_(dtype=bits), engine="gpsimd")
+
+
+_UINT = {1: "uint8", 2: "uint16", 4: "uint32", 8: "uint64"}
+
+
 def _select(kb, dst, srcs, step):
     pred, on_true, on_false = (s.tile for s in srcs)
     return kb.emit(isa.Select, dst=dst, pred=pred, on_true=on_true, on_false=on_false,
@@ -186,6 +198,7 @@ RULES: dict[str, TileRule] = {
     **rules(_alu, ALU), **rules(_activation, [k for k in ACTIVATION if k != "sign"]),
     **rules(_compare, ["compare"]), **rules(_negate, ["negate"]), **rules(_abs, ["abs"]),
     **rules(_not, ["not"]), **rules(_convert, ["convert"]), **rules(_select, ["select"]),
+    **rules(_bitcast, ["bitcast_convert"]),
     **rules(_clamp, ["clamp"]), **rules(_folded_activation, ["activation"]),
     **rules(_folded_tensor_scalar, ["tensor_scalar"]),
     **rules(_folded_stt, ["scalar_tensor_tensor"]),
