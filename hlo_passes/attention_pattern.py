@@ -204,9 +204,17 @@ def _dropout(m: Match, op: ir.Op | None, p: ir.Value, labels: list,
     operand; recorded as `m.dropout`, its root before broadcasts) or nn.Dropout's /
     jnp.where's `select(keep, p / keep_prob, 0)` (the boolean keep, `dropout_scale`
     1 / keep_prob)."""
-    if op is None or op.kind not in ("multiply", "select"):
+    if op is None or op.kind not in ("multiply", "select", "divide"):
         return p
-    if op.kind == "select":
+    outer = _scaled_select(op, producer)
+    if outer is not None:                   # select(keep, p, 0) / keep_prob
+        select, factor = outer
+        pred, kept, zero = select.operands
+        options = [(kept, pred, [select], factor)]
+        scaled = op
+    elif op.kind == "divide":
+        return p
+    elif op.kind == "select":
         pred, kept, zero = op.operands
         scaled = producer.get(kept)
         factor = None if scaled is None or scaled.kind not in ("divide", "multiply") \
@@ -232,10 +240,28 @@ def _dropout(m: Match, op: ir.Op | None, p: ir.Value, labels: list,
         if op.kind == "select":             # the zero and keep_prob's views
             splat(op.operands[2], producer, m)
             splat(scaled.operands[1], producer, m)
+        elif more:                          # (select(keep, p, 0) / keep_prob)'s
+            splat(more[0].operands[2], producer, m)
+            splat(op.operands[1], producer, m)
         m.dropout, m.dropout_labels, m.dropout_scale = root, rl, factor
         m.drop_op, m.drop_x, m.drop_labels = op, x, list(labels)
         return x
     return p
+
+
+def _scaled_select(op: ir.Op, producer: dict):
+    """(select, factor) when `op` is `select(keep, p, 0)` divided or multiplied by a
+    splat (the scaling after the select: `jnp.where(keep, p, 0) / keep_prob`), else
+    None; factor is what the kept values are multiplied by."""
+    if op.kind not in ("divide", "multiply"):
+        return None
+    inner = producer.get(op.operands[0])
+    f = splat(op.operands[1], producer)
+    if inner is None or inner.kind != "select" or not f:
+        return None
+    if splat(inner.operands[2], producer) != 0.0:
+        return None
+    return inner, (1.0 / f if op.kind == "divide" else f)
 
 
 def _reduced(m: Match, v: ir.Value, elem: ir.Value, labels: list, combiner: str,

@@ -272,13 +272,16 @@ def _dropout_attention(form: str, causal: bool):
         keep = jax.random.bernoulli(key, 0.9, p.shape)
         if form == "select":
             p = jnp.where(keep, p / 0.9, 0)
+        elif form == "select-then-scale":    # the scaling after the select
+            p = jnp.where(keep, p, 0) / jnp.asarray(0.9, p.dtype)
         else:
             p = p * (keep.astype(p.dtype) / jnp.asarray(0.9, p.dtype))
         return jnp.einsum("bhqk,bkhd->bqhd", p, v)
     return f
 
 
-@pytest.mark.parametrize("form, causal", [("select", False), ("multiply", True)])
+@pytest.mark.parametrize("form, causal", [("select", False), ("multiply", True),
+                                         ("select-then-scale", False)])
 def test_dropout_gradients_run_flash_kernels(jax, trn, cpu, form, causal):
     """The forward multiplies each P tile by its dropout block after the row sums; the
     backward reads the same blocks: dV from the dropped P, dP times the block before

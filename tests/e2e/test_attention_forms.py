@@ -227,13 +227,16 @@ def _dropout_attention(jax, form, causal=False):
         keep = jax.random.bernoulli(key, 0.9, p.shape)
         if form == "select":
             p = jnp.where(keep, p / 0.9, 0)
+        elif form == "select-then-scale":    # the scaling after the select
+            p = jnp.where(keep, p, 0) / jnp.asarray(0.9, p.dtype)
         else:
             p = p * (keep.astype(p.dtype) / jnp.asarray(0.9, p.dtype))
         return jnp.einsum("bhqk,bkhd->bqhd", p, v)
     return f
 
 
-@pytest.mark.parametrize("form, causal", [("select", False), ("multiply", True)])
+@pytest.mark.parametrize("form, causal", [("select", False), ("multiply", True),
+                                         ("select-then-scale", False)])
 def test_dropout_on_the_probabilities_is_in_the_flash_kernel(jax, trn, cpu, form, causal):
     """The keep mask comes from its own kernel (the threefry hash fused with the compare,
     tests/e2e/test_dropout.py), the flash kernel multiplies each P tile by its block
