@@ -34,7 +34,7 @@ import threading
 
 import numpy as np
 
-__all__ = ["matmul", "library", "set_environment"]
+__all__ = ["matmul", "kernel", "library", "set_environment"]
 
 _F32 = np.dtype(np.float32)
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
@@ -95,6 +95,12 @@ def _sgemm():
             if got is False:
                 got = _state["sgemm"] = _load()
     return got
+
+
+def kernel() -> str | None:
+    """The OpenBLAS core name of the simulator's GEMM (None: numpy.matmul's)."""
+    got = _sgemm()
+    return got[1] if got else None
 
 
 def library() -> str:
