@@ -60,6 +60,7 @@ once per column group.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Callable
 
@@ -71,7 +72,7 @@ from .builder import KernelBuilder, sub
 from .layout import tiles
 from .matmul_loads import KMajor, Loads
 from .matmul_plan import LOOKAHEAD, Operand, Plan, interleaved
-from .matmul_vector import VectorSchedule
+from .matmul_vector import WIDE, VectorSchedule
 from .target import Target
 
 TRANSPOSE_BANKS = 3         # PSUM banks (of the target's 8) for TensorE transposes when
@@ -112,6 +113,11 @@ class MatmulEmitter(Loads, VectorSchedule):
         # K permuted (w elements per word), lhs row tiles VectorE transposes (their
         # first rows): matmul_quarters.py, matmul_vector.py
         self.kperm, self.vector_rows = kperm, frozenset()
+        if kperm and self._wide_applies():
+            self.plan = dataclasses.replace(plan, group=WIDE)
+            if not self._vector_order():
+                self.plan = plan
+        plan = self.plan
         if kperm and self._vector_order():
             self.vector_rows = self._vector_tiles()
         self.kperm = kperm if self.vector_rows else 0
@@ -199,12 +205,26 @@ class MatmulEmitter(Loads, VectorSchedule):
         return max(1, min(len(mtiles), BUNCH * _cast_ratio(self.rhs) * loads,
                           len(self.acc.tiles) // per - 1))
 
-    def _bunched(self, strips, r: KMajor, mtiles, base: int, g0: int, gn: int) -> None:
-        accs = [self._accs(mt, gn) for _, mt in mtiles]
-        for i, (j, kt, paired) in enumerate(self._ksteps(self.k)):
-            for b, (_, mt) in enumerate(mtiles):
-                for c0, ct, acc in accs[b]:
-                    self._mm(acc, strips[b], r, j, kt, paired, mt, c0, ct, i > 0)
+    def _bunched(self, strips, r: KMajor, mtiles, base: int, g0: int, gn: int,
+                 accs=None, joins=()) -> None:
+        """k outer over `mtiles`; tile b starts at k-step `joins[b]` (0 if none),
+        catching up on the k-steps it missed there."""
+        accs = accs or [self._accs(mt, gn) for _, mt in mtiles]
+        steps = self._ksteps(self.k)
+
+        def step(b: int, i: int) -> None:
+            j, kt, paired = steps[i]
+            for c0, ct, acc in accs[b]:
+                self._mm(acc, strips[b], r, j, kt, paired, mtiles[b][1], c0, ct, i > 0)
+        at = [min(joins[b] if b < len(joins) else 0, len(steps) - 1)
+              for b in range(len(mtiles))]
+        for i in range(len(steps)):
+            for b in range(len(mtiles)):
+                if i == at[b]:
+                    for i2 in range(i):
+                        step(b, i2)
+                if i >= at[b]:
+                    step(b, i)
         for b, (m0, mt) in enumerate(mtiles):
             self._drain(accs[b], base, m0, mt, g0, gn)
 
@@ -373,6 +393,9 @@ class MatmulEmitter(Loads, VectorSchedule):
                ) -> None:
         """One DMA of the finished [mt, gn] block to the result."""
         ap = self.kb.ap(self.out, base + m0 * self.n + g0, ((self.n, mt), (1, gn)))
+        if getattr(self, "deferred", None) is not None:
+            self.deferred.append((otile, ap))
+            return
         self._dma(ap, otile, self.store_q)
 
 

@@ -54,10 +54,25 @@ SPLIT_PE = 4                # k-tiles of the start's last tile TensorE transpose
                             # PSUM bank of them); VectorE, idle then, the rest
 EARLY = 4                   # rhs k-tiles of the second column group loaded before the
                             # first VectorE tile's rows
+WIDE = 1280                 # columns of the wide start's first group (`_wide_kernel`):
+                            # rhs rows of 2560 B (the full DMA rate, §3.4), and 3 row
+                            # tiles x 2.5 PSUM banks fill the 8 banks (§3.2)
+PRE_AT = (12,)             # XX
+EXTRA = 2   # XX
+                            # second group's extra tiles load (VectorE transposes them)
 
 
 class VectorSchedule:
     """`MatmulEmitter._vector_kernel` and its phases (see the module docstring)."""
+
+    def _wide_applies(self) -> bool:
+        """The wide start (`_wide_kernel`) applies: two column groups, the first WIDE
+        columns, K in one block."""
+        import os
+        if os.environ.get("NOWIDE"):
+            return False
+        return (self.plan.kb == self.k and WIDE < self.n <= 2 * WIDE
+                and self.epilogue is None)
 
     def _vector_order(self) -> bool:
         """The rhs stays resident (its column groups fit the two slices), the buffers
@@ -107,11 +122,15 @@ class VectorSchedule:
         at t = 0, §3.4: DMAs share the rate first come, first served) or AHEAD + 1;
         strips for the start and the tiles ahead; results of the start, whose stores
         wait behind the streaming rhs."""
-        b = self._start_size()
-        return {"stage": max(b, AHEAD + 1), "obuf": b + 1,
-                "strips": min(-(-self.m // self.mt), b + AHEAD + 1)}
+        b = second = self._start_size()
+        if self.plan.group == WIDE:
+            second = self._wide_sizes(tiles(self.n, WIDE))[1]
+        return {"stage": max(b, AHEAD + 1), "obuf": second + 1,
+                "strips": min(-(-self.m // self.mt), second + AHEAD + 1)}
 
     def _vector_kernel(self, index, base: int) -> None:
+        if self.plan.group == WIDE:
+            return self._wide_kernel(index, base)
         mtiles, groups = tiles(self.m, self.mt), tiles(self.n, self.plan.group)
         bunch = mtiles[:self._start_size()]
         strips = self._start(index, base, bunch, groups[0])
@@ -130,15 +149,18 @@ class VectorSchedule:
             self._bunched(strips, r, bunch, base, g0, gn)
         self._rest(index, base, rest, groups, rs, loads)
 
-    def _start(self, index, base: int, bunch, group) -> list:
-        """The first column group over `bunch`, its tiles joining one per k-step."""
+    def _start(self, index, base: int, bunch, group, accs=None, pre=()) -> list:
+        """The first column group over `bunch`, its tiles joining one per k-step; the
+        rows of row tiles `pre` load after rhs k-tiles PRE_AT (VectorE transposes them
+        while TensorE works on the start; their strips are appended to the result)."""
         g0, gn = group
         r = self.start_rhs = KMajor(self.slices.next(), gn)
         rbase = self.rhs.batch_offset(index) + g0 * self.rhs.f[0]
         rdmas = self._plain_dmas(self.rhs, _Load(r), rbase, (0, self.k), gn)
         steps = self._ksteps(self.k)
-        accs = [self._accs(mt, gn) for _, mt in bunch]
-        strips = []
+        accs = accs or [self._accs(mt, gn) for _, mt in bunch]
+        strips, early = [], []
+        at = dict(zip(PRE_AT, pre))
 
         def step(t: int, i: int) -> None:
             j, kt, paired = steps[i]
@@ -148,7 +170,7 @@ class VectorSchedule:
         def join(t: int, load, upto: int) -> None:
             """Tile t's transposes (in the banks of the accumulators not used yet: its
             own and those of the tiles joining after it), then the k-steps it missed."""
-            self.tps = self._bank_ring([a for later in accs[t:] for a in later])
+            self.tps = self._free_banks(accs, t)
             split = t == len(bunch) - 1 and t > 0 and bunch[t][1] == self.mt
             strips.append(self._finish_split(load, self._split_at()) if split
                           else self._finish(load))
@@ -162,13 +184,17 @@ class VectorSchedule:
                 load = self._fetch(self.lhs, index, (0, self.k), *bunch[i], self.strips)
             if i < len(steps):
                 rdmas[i]()
+            if i in at:
+                early.append(self._fetch_rest(index, at[i]))
             if load is not None:
                 join(i, load, min(i, len(steps)))
             for t in range(min(i + 1, len(bunch)) if i < len(steps) else 0):
                 step(t, i)
+        for mtile in pre[len(early):]:
+            early.append(self._fetch_rest(index, mtile))
         for t, (m0, mt) in enumerate(bunch):
             self._drain(accs[t], base, m0, mt, g0, gn)
-        return strips
+        return strips + early
 
     def _fetch_rest(self, index, mtile):
         """A row tile's load; a VectorE tile's transposes too (they run as its data
@@ -176,37 +202,147 @@ class VectorSchedule:
         load = self._fetch(self.lhs, index, (0, self.k), *mtile, self.strips)
         return self._finish(load) if load.vector_stage is not None else load
 
-    def _rest(self, index, base: int, mtiles, groups, rs, loads) -> None:
-        """Per row tile, every column group from the resident rhs slices `rs`; `loads`
-        (strips, or TensorE tiles' loads) fetched ahead."""
+    def _rest(self, index, base: int, mtiles, groups, rs, loads, first=None,
+              last: bool = True) -> None:
+        """Per row tile, every column group from the resident rhs slices `rs` (the
+        first `len(first)` tiles only the groups `first[i]`); `loads` (strips, or
+        TensorE tiles' loads) fetched ahead."""
+        first = first or []
         for i, (m0, mt) in enumerate(mtiles):
             while len(loads) <= min(i + AHEAD, len(mtiles) - 1):
                 loads.append(self._fetch_rest(index, mtiles[len(loads)]))
-            for gi, (g0, gn) in enumerate(groups):
+            gis = first[i] if i < len(first) else range(len(groups))
+            if last and i == len(mtiles) - 1:
+                if isinstance(loads[i], _Load):
+                    self.tps = self._bank_ring(self._accs(mt, groups[gis[0]][1]))
+                    loads[i], self.tps = self._finish(loads[i]), None
+                pieces = [(gi, c0, ct, acc) for gi in gis
+                          for c0, ct, acc in self._accs(mt, groups[gi][1])]
+                self._last(pieces, loads[i], rs, groups, base, m0, mt)
+                continue
+            for gi in gis:
+                g0, gn = groups[gi]
                 accs = self._accs(mt, gn)
                 if isinstance(loads[i], _Load):     # TensorE: in its accumulators' banks
                     self.tps = self._bank_ring(accs)
                     loads[i], self.tps = self._finish(loads[i]), None
-                if i == len(mtiles) - 1 and gi == len(groups) - 1:
-                    self._last(accs, loads[i], rs[gi], base, m0, mt, g0)
-                    continue
                 self._matmuls(accs, loads[i], rs[gi], self.k, mt, True, None)
                 self._drain(accs, base, m0, mt, g0, gn)
 
-    def _last(self, accs, s, r, base: int, m0: int, mt: int, g0: int) -> None:
-        """The kernel's last accumulators one at a time, each stored when done: the
-        store of the last (§3.4: ~2.5 us, fixed cost and descriptors) follows the
-        matmuls of one PSUM bank, not of the column group. VectorE is done with its
+    def _last(self, pieces, s, rs, groups, base: int, m0: int, mt: int) -> None:
+        """The kernel's last row tile one accumulator at a time (`pieces`: group, column,
+        width, PSUM tile), each stored when done: the store of the last (§3.4: ~2.5 us,
+        fixed cost and descriptors) follows the matmuls of one PSUM bank, not of the
+        tile. The stores of one row tile go one after another (their DRAM spans
+        overlap), so the narrow pieces go first and the last ones are a bank wide: their
+        matmuls (2.9 us on trn1) outlast the store before. VectorE is done with its
         transposes: the evacuations alternate again, and the very last is split in
         halves, one per engine (~0.37 -> ~0.23 us before the store on trn1)."""
         self.vector_busy = False
-        for i, (c0, ct, acc) in enumerate(accs):
-            self._matmuls([(0, ct, acc)], s, r.shifted(c0), self.k, mt, True, None)
-            pieces = [(0, ct, acc)]
-            if i == len(accs) - 1 and ct > 1:
+        pieces = sorted(pieces, key=lambda p: p[2])
+        for i, (gi, c0, ct, acc) in enumerate(pieces):
+            self._matmuls([(0, ct, acc)], s, rs[gi].shifted(c0), self.k, mt, True, None)
+            parts = [(0, ct, acc)]
+            if i == len(pieces) - 1 and ct > 1:
                 h = ct // 2
-                pieces = [(0, h, sub(acc, mt, h)), (h, ct - h, sub(acc, mt, ct - h, at=h))]
-            self._drain(pieces, base, m0, mt, g0 + c0, ct)
+                parts = [(0, h, sub(acc, mt, h)), (h, ct - h, sub(acc, mt, ct - h, at=h))]
+            self._drain(parts, base, m0, mt, groups[gi][0] + c0, ct)
+
+    def _wide_kernel(self, index, base: int) -> None:
+        """The first column group WIDE columns wide: 3 row tiles fill PSUM; then the
+        first group of the next tiles (VectorE-transposed: rows of the first loaded
+        during the start, `PRE_AT`, of the others after it) while the second group's
+        rhs slice streams in; then the second group over all those tiles, k outer; then
+        the other tiles as in `_rest`."""
+        mtiles, groups = tiles(self.m, self.mt), tiles(self.n, self.plan.group)
+        start, second = self._wide_sizes(groups)
+        bunch, extra, rest = mtiles[:start], mtiles[start:second], mtiles[second:]
+        accs = self._packed([mt for _, mt in bunch], groups[0][1])
+        self.deferred = []
+        strips = self._start(index, base, bunch, groups[0], accs, extra[:len(PRE_AT)])
+        strips += [self._fetch_rest(index, t) for t in extra[len(PRE_AT):]]
+        g0, gn = groups[1]
+        r = KMajor(self.slices.next(), gn)
+        rbase = self.rhs.batch_offset(index) + g0 * self.rhs.f[0]
+        for emit in self._plain_dmas(self.rhs, _Load(r), rbase, (0, self.k), gn):
+            emit()
+        self._flush_deferred()
+        loads = [self._fetch_rest(index, rest[0])] if rest else []
+        rs = [self.start_rhs, r]
+        self._rest(index, base, extra, groups, rs, strips[start:], [[0]] * len(extra),
+                   last=not rest)
+        both = mtiles[:second]
+        self._bunched(strips, r, both, base, g0, gn,
+                      self._packed([mt for _, mt in both], gn))
+        self._rest(index, base, rest, groups, rs, loads)
+
+    def _flush_deferred(self) -> None:
+        """The start's result stores, each on a load queue behind the rhs slice's DMAs
+        there (so they take the DMA rate after it, §3.4)."""
+        held, self.deferred = self.deferred, None
+        for otile, ap in held:
+            self._dma(ap, otile)
+
+    def _wide_sizes(self, groups) -> tuple[int, int]:
+        """Row tiles of the wide start (as many as PSUM holds of the first group) and
+        of the second group's pass (as many as PSUM holds, at most len(PRE_AT) more)."""
+        count, banks = -(-self.m // self.mt), self.kb.target.psum_banks
+        start = max(n for n in range(1, count + 1)
+                    if self._banks_for(n, groups[0][1]) <= banks)
+        second = max(n for n in range(start, min(count, start + EXTRA) + 1)
+                     if self._banks_for(n, groups[1][1]) <= banks)
+        return start, second
+
+    def _banks_for(self, count: int, gn: int) -> int:
+        """PSUM banks `_packed` takes for `count` row tiles of `gn` columns."""
+        whole, part = divmod(gn, self.bank)
+        return count * whole + (-(-count // (self.bank // part)) if part else 0)
+
+    def _packed(self, mts, gn, order=None):
+        """Accumulators of row tiles of heights `mts` by `gn` columns in the PSUM banks
+        (taken in `order`, else the ring's): whole-bank pieces one bank each, the
+        narrower last pieces of several tiles sharing a bank (a matmul writes within one
+        bank, §3.2); None if they do not fit."""
+        if self._banks_for(len(mts), gn) > len(self.acc.tiles):
+            return None
+        banks = iter(order or [self.acc.next() for _ in self.acc.tiles])
+        out, shared, used = [], None, 0
+        for mt in mts:
+            accs = []
+            for c0, ct in tiles(gn, self.cols):
+                if ct == self.bank:
+                    accs.append((c0, ct, sub(next(banks), mt, ct)))
+                    continue
+                if shared is None or used + ct > self.bank:
+                    shared, used = next(banks), 0
+                accs.append((c0, ct, sub(shared, mt, ct, at=used)))
+                used += ct
+            out.append(accs)
+        return out
+
+    def _freed(self, accs) -> list:
+        """The PSUM banks of `accs` in the order their drains (tile by tile) free them."""
+        size = self.bank * 4
+        last = {}
+        for t, later in enumerate(accs):
+            for i, (_, _, a) in enumerate(later):
+                last[a.offset // size] = (t, i)
+        bank = {b: a for later in accs for _, _, a in later for b in [a.offset // size]}
+        return [bank[b].with_(free=(self.bank,), offset=b * size, num_partitions=self.kt)
+                for b in sorted(last, key=last.get)]
+
+    def _free_banks(self, accs, t: int) -> Ring:
+        """Whole PSUM banks of the accumulators of tiles t.. that no tile before t
+        uses (`_packed` tiles share banks), for tile t's TensorE transposes."""
+        size = self.bank * 4                            # bytes of a bank of FP32
+        live = {a.offset // size for later in accs[:t] for _, _, a in later}
+        banks = {}
+        for later in accs[t:]:
+            for _, _, a in later:
+                if a.offset // size not in live:
+                    banks.setdefault(a.offset // size, a)
+        return Ring([a.with_(num_partitions=self.kt, free=(self.bank,), offset=b * size)
+                     for b, a in banks.items()])
 
     def _bank_ring(self, accs) -> Ring:
         """The PSUM banks of accumulators `accs`, whole, for TensorE transposes."""
@@ -232,6 +368,8 @@ class VectorSchedule:
 
     def _start_size(self) -> int:
         """Row tiles of the start: as many as the accumulator banks hold at once."""
+        if self.plan.group == WIDE:
+            return self._wide_sizes(tiles(self.n, WIDE))[0]
         per_acc = -(-self.cols // self.bank)            # banks one accumulator spans
         accs = self.kb.target.psum_banks // per_acc
         per = -(-min(self.n, self.plan.group) // self.cols)     # accumulators per tile
