@@ -206,25 +206,13 @@ class MatmulEmitter(Loads, VectorSchedule):
                           len(self.acc.tiles) // per - 1))
 
     def _bunched(self, strips, r: KMajor, mtiles, base: int, g0: int, gn: int,
-                 accs=None, joins=()) -> None:
-        """k outer over `mtiles`; tile b starts at k-step `joins[b]` (0 if none),
-        catching up on the k-steps it missed there."""
+                 accs=None) -> None:
+        """k-steps outer over `mtiles` (their accumulators `accs`, else from the ring)."""
         accs = accs or [self._accs(mt, gn) for _, mt in mtiles]
-        steps = self._ksteps(self.k)
-
-        def step(b: int, i: int) -> None:
-            j, kt, paired = steps[i]
-            for c0, ct, acc in accs[b]:
-                self._mm(acc, strips[b], r, j, kt, paired, mtiles[b][1], c0, ct, i > 0)
-        at = [min(joins[b] if b < len(joins) else 0, len(steps) - 1)
-              for b in range(len(mtiles))]
-        for i in range(len(steps)):
-            for b in range(len(mtiles)):
-                if i == at[b]:
-                    for i2 in range(i):
-                        step(b, i2)
-                if i >= at[b]:
-                    step(b, i)
+        for i, (j, kt, paired) in enumerate(self._ksteps(self.k)):
+            for b, (_, mt) in enumerate(mtiles):
+                for c0, ct, acc in accs[b]:
+                    self._mm(acc, strips[b], r, j, kt, paired, mt, c0, ct, i > 0)
         for b, (m0, mt) in enumerate(mtiles):
             self._drain(accs[b], base, m0, mt, g0, gn)
 
@@ -393,9 +381,6 @@ class MatmulEmitter(Loads, VectorSchedule):
                ) -> None:
         """One DMA of the finished [mt, gn] block to the result."""
         ap = self.kb.ap(self.out, base + m0 * self.n + g0, ((self.n, mt), (1, gn)))
-        if getattr(self, "deferred", None) is not None:
-            self.deferred.append((otile, ap))
-            return
         self._dma(ap, otile, self.store_q)
 
 

@@ -16,8 +16,8 @@ ring), and VectorE works `AHEAD` tiles ahead of TensorE:
     rest:  per row tile, every column group from the resident rhs; VectorE tiles'
            rows loaded and transposed AHEAD tiles ahead (a partial last
            tile is transposed on TensorE, in its own accumulators' banks); the last
-           column group of the last tile one PSUM bank at a time, each stored when
-           done
+           tile one PSUM bank (or narrower piece) at a time, each stored when done
+           (`_last`)
 
 The start's tiles cost TensorE ~0.7 us of transposes each and the start is DMA-bound
 (their rows and the first rhs slice before TensorE has enough work): on trn1 at
@@ -35,6 +35,37 @@ slices only raise DMA per matmul; half-K row loads save ~1 us of idle for 1.7 us
 DMA). Before the last start tile arrives, TensorE transposes fill time it would
 otherwise wait for DMAs: VectorE transposes for a whole start tile joining later
 measured 201.0 -> 201.1 us and worse; only the last tile's are split (`_split_at`).
+
+Wide start (`_wide_kernel`, N in (1280, 2560], M >= 1024, K >= 2048): the first
+column group is WIDE = 1280 columns, so 3 row tiles fill PSUM (2.5 banks each, the
+256-column pieces of two tiles sharing a bank: `_packed`) and a k-step of the start is
+1.37 us of matmuls against 1.2 us for its rhs k-tile (rows of 2560 B: the full DMA
+rate). TensorE keeps up with the rhs once 3 row tiles are in, not 4 (trn1 2048^3:
+from 9.9 us instead of 12.8; 6.4 us idle before, against 7.2):
+
+    start:  tiles 0..2 join the first group as above; the rows of tile 3 load after rhs
+            k-tile PRE_AT (VectorE transposes them: it is idle after the split tile)
+    then:   the first group of tiles 3..4 (tile 4's rows load after the start), while
+            the second group's rhs slice streams in behind them
+    second: the second group (768 columns) over tiles 0..4, k outer (5 x 1.5 banks)
+    rest:   the other tiles, every column group (`_rest`)
+
+The second group's pass waits for no rhs k-tile: its slice (18.9 us of DMA) streams in
+behind the first while TensorE finishes the start and runs the first group of tiles
+3..4 (14.6 us).
+trn1 2048^3 bf16: 199.7 -> 198.0 us (93.5% -> 94.3% MFU); 4096 x 2048^2 387.0 -> 385.3
+us; N = 2304: 246.0 -> 221.5 us (three 1024-column groups did not take this path).
+
+Where the time goes then (trn1 2048^3, 198.0 us): 187.3 us of matmuls, ~6.4 us idle
+before TensorE keeps up (the first rows: 1.3 us fixed cost + 1.93 us; 3 row tiles,
+5.8 us of DMA, before the rhs k-tiles feed whole k-steps), 1.7 us of TensorE transposes
+(the start's tiles, during waits for DMA), 2.7 us after the last matmul (the last store:
+1.3 us fixed cost and 128 descriptors, 1.18 us, §3.4). With the 8 PSUM banks, any set
+of accumulators fed by an rhs k-tile as it arrives does at most 1.46 us of matmuls per
+k-tile, and the rhs k-tile takes >= 1.18 us (128 descriptors) at any width up to 1250
+columns, 1.93 us at 2048: at least 3 row tiles of lhs (1.93 us each) must arrive before
+TensorE keeps up, whatever the order (trn1 has no dma_transpose: lhs rows load whole and
+are transposed on chip).
 """
 from __future__ import annotations
 
@@ -57,9 +88,16 @@ EARLY = 4                   # rhs k-tiles of the second column group loaded befo
 WIDE = 1280                 # columns of the wide start's first group (`_wide_kernel`):
                             # rhs rows of 2560 B (the full DMA rate, §3.4), and 3 row
                             # tiles x 2.5 PSUM banks fill the 8 banks (§3.2)
-PRE_AT = (12,)             # XX
-EXTRA = 2   # XX
-                            # second group's extra tiles load (VectorE transposes them)
+WIDE_K, WIDE_M = 2048, 8    # the wide start from this K and M / 128 on: below them it
+                            # measured slower (768 x 2048 x 2048: 82.7 -> 84.3 us;
+                            # 2048 x 1024 x 2048: 106.6 -> 108.2 us)
+EXTRA = 2                   # row tiles after the wide start whose first group runs
+                            # before the second group's pass over all of them
+PRE_AT = (12,)              # rhs k-tiles of the wide start after which the rows of the
+                            # first EXTRA tiles load (the others' right after the start):
+                            # VectorE has transposed them when TensorE needs them, and the
+                            # start's rhs k-tiles come first (trn1 2048^3: after k-tile 8
+                            # 198.8 us, after 12..15 198.0 us)
 
 
 class VectorSchedule:
@@ -67,11 +105,11 @@ class VectorSchedule:
 
     def _wide_applies(self) -> bool:
         """The wide start (`_wide_kernel`) applies: two column groups, the first WIDE
-        columns, K in one block."""
-        import os
-        if os.environ.get("NOWIDE"):
-            return False
+        columns, the second in pieces of at least half a bank, K in one block, M and K
+        large enough (WIDE_K, WIDE_M), no fused epilogue."""
         return (self.plan.kb == self.k and WIDE < self.n <= 2 * WIDE
+                and (self.n - WIDE) % (self.bank // 2) == 0
+                and self.k >= WIDE_K and -(-self.m // self.mt) >= WIDE_M
                 and self.epilogue is None)
 
     def _vector_order(self) -> bool:
@@ -207,18 +245,19 @@ class VectorSchedule:
         """Per row tile, every column group from the resident rhs slices `rs` (the
         first `len(first)` tiles only the groups `first[i]`); `loads` (strips, or
         TensorE tiles' loads) fetched ahead."""
-        first = first or []
+        first, held = first or [], None
         for i, (m0, mt) in enumerate(mtiles):
             while len(loads) <= min(i + AHEAD, len(mtiles) - 1):
                 loads.append(self._fetch_rest(index, mtiles[len(loads)]))
             gis = first[i] if i < len(first) else range(len(groups))
-            if last and i == len(mtiles) - 1:
-                if isinstance(loads[i], _Load):
-                    self.tps = self._bank_ring(self._accs(mt, groups[gis[0]][1]))
-                    loads[i], self.tps = self._finish(loads[i]), None
+            wide = self.plan.group == WIDE
+            if last and i == len(mtiles) - 1 and wide:
                 pieces = [(gi, c0, ct, acc) for gi in gis
                           for c0, ct, acc in self._accs(mt, groups[gi][1])]
-                self._last(pieces, loads[i], rs, groups, base, m0, mt)
+                if isinstance(loads[i], _Load):     # TensorE: in its accumulators' banks
+                    self.tps = self._bank_ring([p[1:] for p in pieces])
+                    loads[i], self.tps = self._finish(loads[i]), None
+                self._last(pieces, loads[i], rs, groups, base, m0, mt, held)
                 continue
             for gi in gis:
                 g0, gn = groups[gi]
@@ -226,21 +265,44 @@ class VectorSchedule:
                 if isinstance(loads[i], _Load):     # TensorE: in its accumulators' banks
                     self.tps = self._bank_ring(accs)
                     loads[i], self.tps = self._finish(loads[i]), None
+                if last and i == len(mtiles) - 1 and gi == gis[-1]:
+                    self._last([(gi, c0, ct, acc) for c0, ct, acc in accs], loads[i], rs,
+                               groups, base, m0, mt, sort=False)
+                    continue
+                if (wide and last and i == len(mtiles) - 2 and gi == gis[-1]
+                        and len(accs) > 1):
+                    # its last piece waits: it goes before the kernel's last (`_last`)
+                    held = (loads[i], rs[gi], m0, mt, g0, accs[-1])
+                    accs = accs[:-1]
                 self._matmuls(accs, loads[i], rs[gi], self.k, mt, True, None)
                 self._drain(accs, base, m0, mt, g0, gn)
 
-    def _last(self, pieces, s, rs, groups, base: int, m0: int, mt: int) -> None:
-        """The kernel's last row tile one accumulator at a time (`pieces`: group, column,
-        width, PSUM tile), each stored when done: the store of the last (§3.4: ~2.5 us,
-        fixed cost and descriptors) follows the matmuls of one PSUM bank, not of the
-        tile. The stores of one row tile go one after another (their DRAM spans
-        overlap), so the narrow pieces go first and the last ones are a bank wide: their
-        matmuls (2.9 us on trn1) outlast the store before. VectorE is done with its
-        transposes: the evacuations alternate again, and the very last is split in
-        halves, one per engine (~0.37 -> ~0.23 us before the store on trn1)."""
+    def _last(self, pieces, s, rs, groups, base: int, m0: int, mt: int,
+              held=None, sort: bool = True) -> None:
+        """The kernel's last accumulators one at a time (`pieces`: group, column, width,
+        PSUM tile; of the last column group, or with the wide start of the whole last
+        row tile), each stored when done: the store of the last (§3.4: ~2.5 us, fixed
+        cost and descriptors) follows the matmuls of one PSUM bank, not of the column
+        group. VectorE is done with its transposes: the evacuations alternate again,
+        and the very last is split in halves, one per engine (~0.37 -> ~0.23 us before
+        the store on trn1).
+
+        With `sort`, the narrow pieces first: the stores of one row tile go one after
+        another (their DRAM spans overlap), and a bank-wide piece's matmuls (2.9 us at
+        K = 2048 on trn1) outlast the store before it, a 256-column one's (1.46 us) do
+        not. `held` (the row tile before's last piece) goes before the narrowest, which
+        comes last: its store need not wait for another of the same rows, and its
+        evacuation is half as long (trn1 2048^3: 198.16 -> 198.05 us)."""
         self.vector_busy = False
-        pieces = sorted(pieces, key=lambda p: p[2])
+        if sort:
+            pieces = sorted(pieces, key=lambda p: p[2])
+        if held is not None:    # the narrowest last, after the row tile before's piece
+            pieces = pieces[1:] + [pieces[0]]
         for i, (gi, c0, ct, acc) in enumerate(pieces):
+            if held is not None and i == len(pieces) - 1:
+                hs, hr, hm0, hmt, hg0, (hc0, hct, hacc) = held
+                self._matmuls([(0, hct, hacc)], hs, hr.shifted(hc0), self.k, hmt, True, None)
+                self._drain([(0, hct, hacc)], base, hm0, hmt, hg0 + hc0, hct)
             self._matmuls([(0, ct, acc)], s, rs[gi].shifted(c0), self.k, mt, True, None)
             parts = [(0, ct, acc)]
             if i == len(pieces) - 1 and ct > 1:
@@ -258,7 +320,6 @@ class VectorSchedule:
         start, second = self._wide_sizes(groups)
         bunch, extra, rest = mtiles[:start], mtiles[start:second], mtiles[second:]
         accs = self._packed([mt for _, mt in bunch], groups[0][1])
-        self.deferred = []
         strips = self._start(index, base, bunch, groups[0], accs, extra[:len(PRE_AT)])
         strips += [self._fetch_rest(index, t) for t in extra[len(PRE_AT):]]
         g0, gn = groups[1]
@@ -266,7 +327,6 @@ class VectorSchedule:
         rbase = self.rhs.batch_offset(index) + g0 * self.rhs.f[0]
         for emit in self._plain_dmas(self.rhs, _Load(r), rbase, (0, self.k), gn):
             emit()
-        self._flush_deferred()
         loads = [self._fetch_rest(index, rest[0])] if rest else []
         rs = [self.start_rhs, r]
         self._rest(index, base, extra, groups, rs, strips[start:], [[0]] * len(extra),
@@ -276,20 +336,13 @@ class VectorSchedule:
                       self._packed([mt for _, mt in both], gn))
         self._rest(index, base, rest, groups, rs, loads)
 
-    def _flush_deferred(self) -> None:
-        """The start's result stores, each on a load queue behind the rhs slice's DMAs
-        there (so they take the DMA rate after it, §3.4)."""
-        held, self.deferred = self.deferred, None
-        for otile, ap in held:
-            self._dma(ap, otile)
-
     def _wide_sizes(self, groups) -> tuple[int, int]:
         """Row tiles of the wide start (as many as PSUM holds of the first group) and
         of the second group's pass (as many as PSUM holds, at most len(PRE_AT) more)."""
         count, banks = -(-self.m // self.mt), self.kb.target.psum_banks
         start = max(n for n in range(1, count + 1)
                     if self._banks_for(n, groups[0][1]) <= banks)
-        second = max(n for n in range(start, min(count, start + EXTRA) + 1)
+        second = max(n for n in range(start, max(start, min(count - 1, start + EXTRA)) + 1)
                      if self._banks_for(n, groups[1][1]) <= banks)
         return start, second
 
