@@ -338,7 +338,8 @@ class VectorSchedule:
 
     def _wide_sizes(self, groups) -> tuple[int, int]:
         """Row tiles of the wide start (as many as PSUM holds of the first group) and
-        of the second group's pass (as many as PSUM holds, at most len(PRE_AT) more)."""
+        of the second group's pass (as many as PSUM holds, at most EXTRA more, and one
+        tile left for `_rest`: the kernel's last goes through `_last`)."""
         count, banks = -(-self.m // self.mt), self.kb.target.psum_banks
         start = max(n for n in range(1, count + 1)
                     if self._banks_for(n, groups[0][1]) <= banks)
@@ -351,14 +352,15 @@ class VectorSchedule:
         whole, part = divmod(gn, self.bank)
         return count * whole + (-(-count // (self.bank // part)) if part else 0)
 
-    def _packed(self, mts, gn, order=None):
+    def _packed(self, mts, gn):
         """Accumulators of row tiles of heights `mts` by `gn` columns in the PSUM banks
-        (taken in `order`, else the ring's): whole-bank pieces one bank each, the
-        narrower last pieces of several tiles sharing a bank (a matmul writes within one
-        bank, §3.2); None if they do not fit."""
+        (in the ring's order from its next one: the banks used last come last):
+        whole-bank pieces one bank each, the narrower last pieces of several tiles
+        sharing a bank (a matmul writes within one bank, §3.2); None if they do not
+        fit."""
         if self._banks_for(len(mts), gn) > len(self.acc.tiles):
             return None
-        banks = iter(order or [self.acc.next() for _ in self.acc.tiles])
+        banks = iter([self.acc.next() for _ in self.acc.tiles])
         out, shared, used = [], None, 0
         for mt in mts:
             accs = []
@@ -372,17 +374,6 @@ class VectorSchedule:
                 used += ct
             out.append(accs)
         return out
-
-    def _freed(self, accs) -> list:
-        """The PSUM banks of `accs` in the order their drains (tile by tile) free them."""
-        size = self.bank * 4
-        last = {}
-        for t, later in enumerate(accs):
-            for i, (_, _, a) in enumerate(later):
-                last[a.offset // size] = (t, i)
-        bank = {b: a for later in accs for _, _, a in later for b in [a.offset // size]}
-        return [bank[b].with_(free=(self.bank,), offset=b * size, num_partitions=self.kt)
-                for b in sorted(last, key=last.get)]
 
     def _free_banks(self, accs, t: int) -> Ring:
         """Whole PSUM banks of the accumulators of tiles t.. that no tile before t
