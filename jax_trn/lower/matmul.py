@@ -60,6 +60,7 @@ once per column group.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Callable
 
@@ -71,7 +72,7 @@ from .builder import KernelBuilder, sub
 from .layout import tiles
 from .matmul_loads import KMajor, Loads
 from .matmul_plan import LOOKAHEAD, Operand, Plan, interleaved
-from .matmul_vector import VectorSchedule
+from .matmul_vector import WIDE, VectorSchedule
 from .target import Target
 
 TRANSPOSE_BANKS = 3         # PSUM banks (of the target's 8) for TensorE transposes when
@@ -112,6 +113,11 @@ class MatmulEmitter(Loads, VectorSchedule):
         # K permuted (w elements per word), lhs row tiles VectorE transposes (their
         # first rows): matmul_quarters.py, matmul_vector.py
         self.kperm, self.vector_rows = kperm, frozenset()
+        if kperm and self._wide_applies():
+            self.plan = dataclasses.replace(plan, group=WIDE)
+            if not self._vector_order():
+                self.plan = plan
+        plan = self.plan
         if kperm and self._vector_order():
             self.vector_rows = self._vector_tiles()
         self.kperm = kperm if self.vector_rows else 0
@@ -199,8 +205,10 @@ class MatmulEmitter(Loads, VectorSchedule):
         return max(1, min(len(mtiles), BUNCH * _cast_ratio(self.rhs) * loads,
                           len(self.acc.tiles) // per - 1))
 
-    def _bunched(self, strips, r: KMajor, mtiles, base: int, g0: int, gn: int) -> None:
-        accs = [self._accs(mt, gn) for _, mt in mtiles]
+    def _bunched(self, strips, r: KMajor, mtiles, base: int, g0: int, gn: int,
+                 accs=None) -> None:
+        """k-steps outer over `mtiles` (their accumulators `accs`, else from the ring)."""
+        accs = accs or [self._accs(mt, gn) for _, mt in mtiles]
         for i, (j, kt, paired) in enumerate(self._ksteps(self.k)):
             for b, (_, mt) in enumerate(mtiles):
                 for c0, ct, acc in accs[b]:

@@ -16,8 +16,8 @@ ring), and VectorE works `AHEAD` tiles ahead of TensorE:
     rest:  per row tile, every column group from the resident rhs; VectorE tiles'
            rows loaded and transposed AHEAD tiles ahead (a partial last
            tile is transposed on TensorE, in its own accumulators' banks); the last
-           column group of the last tile one PSUM bank at a time, each stored when
-           done
+           tile one PSUM bank (or narrower piece) at a time, each stored when done
+           (`_last`)
 
 The start's tiles cost TensorE ~0.7 us of transposes each and the start is DMA-bound
 (their rows and the first rhs slice before TensorE has enough work): on trn1 at
@@ -35,6 +35,37 @@ slices only raise DMA per matmul; half-K row loads save ~1 us of idle for 1.7 us
 DMA). Before the last start tile arrives, TensorE transposes fill time it would
 otherwise wait for DMAs: VectorE transposes for a whole start tile joining later
 measured 201.0 -> 201.1 us and worse; only the last tile's are split (`_split_at`).
+
+Wide start (`_wide_kernel`, N in (1280, 2560], M >= 1024, K >= 2048): the first
+column group is WIDE = 1280 columns, so 3 row tiles fill PSUM (2.5 banks each, the
+256-column pieces of two tiles sharing a bank: `_packed`) and a k-step of the start is
+1.37 us of matmuls against 1.2 us for its rhs k-tile (rows of 2560 B: the full DMA
+rate). TensorE keeps up with the rhs once 3 row tiles are in, not 4 (trn1 2048^3:
+from 9.9 us instead of 12.8; 6.4 us idle before, against 7.2):
+
+    start:  tiles 0..2 join the first group as above; the rows of tile 3 load after rhs
+            k-tile PRE_AT (VectorE transposes them: it is idle after the split tile)
+    then:   the first group of tiles 3..4 (tile 4's rows load after the start), while
+            the second group's rhs slice streams in behind them
+    second: the second group (768 columns) over tiles 0..4, k outer (5 x 1.5 banks)
+    rest:   the other tiles, every column group (`_rest`)
+
+The second group's pass waits for no rhs k-tile: its slice (18.9 us of DMA) streams in
+behind the first while TensorE finishes the start and runs the first group of tiles
+3..4 (14.6 us).
+trn1 2048^3 bf16: 199.7 -> 198.0 us (93.5% -> 94.3% MFU); 4096 x 2048^2 387.0 -> 385.3
+us; N = 2304: 246.0 -> 221.5 us (three 1024-column groups did not take this path).
+
+Where the time goes then (trn1 2048^3, 198.0 us): 187.3 us of matmuls, ~6.4 us idle
+before TensorE keeps up (the first rows: 1.3 us fixed cost + 1.93 us; 3 row tiles,
+5.8 us of DMA, before the rhs k-tiles feed whole k-steps), 1.7 us of TensorE transposes
+(the start's tiles, during waits for DMA), 2.7 us after the last matmul (the last store:
+1.3 us fixed cost and 128 descriptors, 1.18 us, §3.4). With the 8 PSUM banks, any set
+of accumulators fed by an rhs k-tile as it arrives does at most 1.46 us of matmuls per
+k-tile, and the rhs k-tile takes >= 1.18 us (128 descriptors) at any width up to 1250
+columns, 1.93 us at 2048: at least 3 row tiles of lhs (1.93 us each) must arrive before
+TensorE keeps up, whatever the order (trn1 has no dma_transpose: lhs rows load whole and
+are transposed on chip).
 """
 from __future__ import annotations
 
@@ -54,10 +85,32 @@ SPLIT_PE = 4                # k-tiles of the start's last tile TensorE transpose
                             # PSUM bank of them); VectorE, idle then, the rest
 EARLY = 4                   # rhs k-tiles of the second column group loaded before the
                             # first VectorE tile's rows
+WIDE = 1280                 # columns of the wide start's first group (`_wide_kernel`):
+                            # rhs rows of 2560 B (the full DMA rate, §3.4), and 3 row
+                            # tiles x 2.5 PSUM banks fill the 8 banks (§3.2)
+WIDE_K, WIDE_M = 2048, 8    # the wide start from this K and M / 128 on: below them it
+                            # measured slower (768 x 2048 x 2048: 82.7 -> 84.3 us;
+                            # 2048 x 1024 x 2048: 106.6 -> 108.2 us)
+EXTRA = 2                   # row tiles after the wide start whose first group runs
+                            # before the second group's pass over all of them
+PRE_AT = (12,)              # rhs k-tiles of the wide start after which the rows of the
+                            # first EXTRA tiles load (the others' right after the start):
+                            # VectorE has transposed them when TensorE needs them, and the
+                            # start's rhs k-tiles come first (trn1 2048^3: after k-tile 8
+                            # 198.8 us, after 12..15 198.0 us)
 
 
 class VectorSchedule:
     """`MatmulEmitter._vector_kernel` and its phases (see the module docstring)."""
+
+    def _wide_applies(self) -> bool:
+        """The wide start (`_wide_kernel`) applies: two column groups, the first WIDE
+        columns, the second in pieces of at least half a bank, K in one block, M and K
+        large enough (WIDE_K, WIDE_M), no fused epilogue."""
+        return (self.plan.kb == self.k and WIDE < self.n <= 2 * WIDE
+                and (self.n - WIDE) % (self.bank // 2) == 0
+                and self.k >= WIDE_K and -(-self.m // self.mt) >= WIDE_M
+                and self.epilogue is None)
 
     def _vector_order(self) -> bool:
         """The rhs stays resident (its column groups fit the two slices), the buffers
@@ -107,11 +160,15 @@ class VectorSchedule:
         at t = 0, §3.4: DMAs share the rate first come, first served) or AHEAD + 1;
         strips for the start and the tiles ahead; results of the start, whose stores
         wait behind the streaming rhs."""
-        b = self._start_size()
-        return {"stage": max(b, AHEAD + 1), "obuf": b + 1,
-                "strips": min(-(-self.m // self.mt), b + AHEAD + 1)}
+        b = second = self._start_size()
+        if self.plan.group == WIDE:
+            second = self._wide_sizes(tiles(self.n, WIDE))[1]
+        return {"stage": max(b, AHEAD + 1), "obuf": second + 1,
+                "strips": min(-(-self.m // self.mt), second + AHEAD + 1)}
 
     def _vector_kernel(self, index, base: int) -> None:
+        if self.plan.group == WIDE:
+            return self._wide_kernel(index, base)
         mtiles, groups = tiles(self.m, self.mt), tiles(self.n, self.plan.group)
         bunch = mtiles[:self._start_size()]
         strips = self._start(index, base, bunch, groups[0])
@@ -130,15 +187,18 @@ class VectorSchedule:
             self._bunched(strips, r, bunch, base, g0, gn)
         self._rest(index, base, rest, groups, rs, loads)
 
-    def _start(self, index, base: int, bunch, group) -> list:
-        """The first column group over `bunch`, its tiles joining one per k-step."""
+    def _start(self, index, base: int, bunch, group, accs=None, pre=()) -> list:
+        """The first column group over `bunch`, its tiles joining one per k-step; the
+        rows of row tiles `pre` load after rhs k-tiles PRE_AT (VectorE transposes them
+        while TensorE works on the start; their strips are appended to the result)."""
         g0, gn = group
         r = self.start_rhs = KMajor(self.slices.next(), gn)
         rbase = self.rhs.batch_offset(index) + g0 * self.rhs.f[0]
         rdmas = self._plain_dmas(self.rhs, _Load(r), rbase, (0, self.k), gn)
         steps = self._ksteps(self.k)
-        accs = [self._accs(mt, gn) for _, mt in bunch]
-        strips = []
+        accs = accs or [self._accs(mt, gn) for _, mt in bunch]
+        strips, early = [], []
+        at = dict(zip(PRE_AT, pre))
 
         def step(t: int, i: int) -> None:
             j, kt, paired = steps[i]
@@ -148,7 +208,7 @@ class VectorSchedule:
         def join(t: int, load, upto: int) -> None:
             """Tile t's transposes (in the banks of the accumulators not used yet: its
             own and those of the tiles joining after it), then the k-steps it missed."""
-            self.tps = self._bank_ring([a for later in accs[t:] for a in later])
+            self.tps = self._free_banks(accs, t)
             split = t == len(bunch) - 1 and t > 0 and bunch[t][1] == self.mt
             strips.append(self._finish_split(load, self._split_at()) if split
                           else self._finish(load))
@@ -162,13 +222,17 @@ class VectorSchedule:
                 load = self._fetch(self.lhs, index, (0, self.k), *bunch[i], self.strips)
             if i < len(steps):
                 rdmas[i]()
+            if i in at:
+                early.append(self._fetch_rest(index, at[i]))
             if load is not None:
                 join(i, load, min(i, len(steps)))
             for t in range(min(i + 1, len(bunch)) if i < len(steps) else 0):
                 step(t, i)
+        for mtile in pre[len(early):]:
+            early.append(self._fetch_rest(index, mtile))
         for t, (m0, mt) in enumerate(bunch):
             self._drain(accs[t], base, m0, mt, g0, gn)
-        return strips
+        return strips + early
 
     def _fetch_rest(self, index, mtile):
         """A row tile's load; a VectorE tile's transposes too (they run as its data
@@ -176,37 +240,153 @@ class VectorSchedule:
         load = self._fetch(self.lhs, index, (0, self.k), *mtile, self.strips)
         return self._finish(load) if load.vector_stage is not None else load
 
-    def _rest(self, index, base: int, mtiles, groups, rs, loads) -> None:
-        """Per row tile, every column group from the resident rhs slices `rs`; `loads`
-        (strips, or TensorE tiles' loads) fetched ahead."""
+    def _rest(self, index, base: int, mtiles, groups, rs, loads, first=None,
+              last: bool = True) -> None:
+        """Per row tile, every column group from the resident rhs slices `rs` (the
+        first `len(first)` tiles only the groups `first[i]`); `loads` (strips, or
+        TensorE tiles' loads) fetched ahead."""
+        first, held = first or [], None
         for i, (m0, mt) in enumerate(mtiles):
             while len(loads) <= min(i + AHEAD, len(mtiles) - 1):
                 loads.append(self._fetch_rest(index, mtiles[len(loads)]))
-            for gi, (g0, gn) in enumerate(groups):
+            gis = first[i] if i < len(first) else range(len(groups))
+            wide = self.plan.group == WIDE
+            if last and i == len(mtiles) - 1 and wide:
+                pieces = [(gi, c0, ct, acc) for gi in gis
+                          for c0, ct, acc in self._accs(mt, groups[gi][1])]
+                if isinstance(loads[i], _Load):     # TensorE: in its accumulators' banks
+                    self.tps = self._bank_ring([p[1:] for p in pieces])
+                    loads[i], self.tps = self._finish(loads[i]), None
+                self._last(pieces, loads[i], rs, groups, base, m0, mt, held)
+                continue
+            for gi in gis:
+                g0, gn = groups[gi]
                 accs = self._accs(mt, gn)
                 if isinstance(loads[i], _Load):     # TensorE: in its accumulators' banks
                     self.tps = self._bank_ring(accs)
                     loads[i], self.tps = self._finish(loads[i]), None
-                if i == len(mtiles) - 1 and gi == len(groups) - 1:
-                    self._last(accs, loads[i], rs[gi], base, m0, mt, g0)
+                if last and i == len(mtiles) - 1 and gi == gis[-1]:
+                    self._last([(gi, c0, ct, acc) for c0, ct, acc in accs], loads[i], rs,
+                               groups, base, m0, mt, sort=False)
                     continue
+                if (wide and last and i == len(mtiles) - 2 and gi == gis[-1]
+                        and len(accs) > 1):
+                    # its last piece waits: it goes before the kernel's last (`_last`)
+                    held = (loads[i], rs[gi], m0, mt, g0, accs[-1])
+                    accs = accs[:-1]
                 self._matmuls(accs, loads[i], rs[gi], self.k, mt, True, None)
                 self._drain(accs, base, m0, mt, g0, gn)
 
-    def _last(self, accs, s, r, base: int, m0: int, mt: int, g0: int) -> None:
-        """The kernel's last accumulators one at a time, each stored when done: the
-        store of the last (§3.4: ~2.5 us, fixed cost and descriptors) follows the
-        matmuls of one PSUM bank, not of the column group. VectorE is done with its
-        transposes: the evacuations alternate again, and the very last is split in
-        halves, one per engine (~0.37 -> ~0.23 us before the store on trn1)."""
+    def _last(self, pieces, s, rs, groups, base: int, m0: int, mt: int,
+              held=None, sort: bool = True) -> None:
+        """The kernel's last accumulators one at a time (`pieces`: group, column, width,
+        PSUM tile; of the last column group, or with the wide start of the whole last
+        row tile), each stored when done: the store of the last (§3.4: ~2.5 us, fixed
+        cost and descriptors) follows the matmuls of one PSUM bank, not of the column
+        group. VectorE is done with its transposes: the evacuations alternate again,
+        and the very last is split in halves, one per engine (~0.37 -> ~0.23 us before
+        the store on trn1).
+
+        With `sort`, the narrow pieces first: the stores of one row tile go one after
+        another (their DRAM spans overlap), and a bank-wide piece's matmuls (2.9 us at
+        K = 2048 on trn1) outlast the store before it, a 256-column one's (1.46 us) do
+        not. `held` (the row tile before's last piece) goes before the narrowest, which
+        comes last: its store need not wait for another of the same rows, and its
+        evacuation is half as long (trn1 2048^3: 198.16 -> 198.05 us)."""
         self.vector_busy = False
-        for i, (c0, ct, acc) in enumerate(accs):
-            self._matmuls([(0, ct, acc)], s, r.shifted(c0), self.k, mt, True, None)
-            pieces = [(0, ct, acc)]
-            if i == len(accs) - 1 and ct > 1:
+        if sort:
+            pieces = sorted(pieces, key=lambda p: p[2])
+        if held is not None:    # the narrowest last, after the row tile before's piece
+            pieces = pieces[1:] + [pieces[0]]
+        for i, (gi, c0, ct, acc) in enumerate(pieces):
+            if held is not None and i == len(pieces) - 1:
+                hs, hr, hm0, hmt, hg0, (hc0, hct, hacc) = held
+                self._matmuls([(0, hct, hacc)], hs, hr.shifted(hc0), self.k, hmt, True, None)
+                self._drain([(0, hct, hacc)], base, hm0, hmt, hg0 + hc0, hct)
+            self._matmuls([(0, ct, acc)], s, rs[gi].shifted(c0), self.k, mt, True, None)
+            parts = [(0, ct, acc)]
+            if i == len(pieces) - 1 and ct > 1:
                 h = ct // 2
-                pieces = [(0, h, sub(acc, mt, h)), (h, ct - h, sub(acc, mt, ct - h, at=h))]
-            self._drain(pieces, base, m0, mt, g0 + c0, ct)
+                parts = [(0, h, sub(acc, mt, h)), (h, ct - h, sub(acc, mt, ct - h, at=h))]
+            self._drain(parts, base, m0, mt, groups[gi][0] + c0, ct)
+
+    def _wide_kernel(self, index, base: int) -> None:
+        """The first column group WIDE columns wide: 3 row tiles fill PSUM; then the
+        first group of the next tiles (VectorE-transposed: rows of the first loaded
+        during the start, `PRE_AT`, of the others after it) while the second group's
+        rhs slice streams in; then the second group over all those tiles, k outer; then
+        the other tiles as in `_rest`."""
+        mtiles, groups = tiles(self.m, self.mt), tiles(self.n, self.plan.group)
+        start, second = self._wide_sizes(groups)
+        bunch, extra, rest = mtiles[:start], mtiles[start:second], mtiles[second:]
+        accs = self._packed([mt for _, mt in bunch], groups[0][1])
+        strips = self._start(index, base, bunch, groups[0], accs, extra[:len(PRE_AT)])
+        strips += [self._fetch_rest(index, t) for t in extra[len(PRE_AT):]]
+        g0, gn = groups[1]
+        r = KMajor(self.slices.next(), gn)
+        rbase = self.rhs.batch_offset(index) + g0 * self.rhs.f[0]
+        for emit in self._plain_dmas(self.rhs, _Load(r), rbase, (0, self.k), gn):
+            emit()
+        loads = [self._fetch_rest(index, rest[0])] if rest else []
+        rs = [self.start_rhs, r]
+        self._rest(index, base, extra, groups, rs, strips[start:], [[0]] * len(extra),
+                   last=not rest)
+        both = mtiles[:second]
+        self._bunched(strips, r, both, base, g0, gn,
+                      self._packed([mt for _, mt in both], gn))
+        self._rest(index, base, rest, groups, rs, loads)
+
+    def _wide_sizes(self, groups) -> tuple[int, int]:
+        """Row tiles of the wide start (as many as PSUM holds of the first group) and
+        of the second group's pass (as many as PSUM holds, at most EXTRA more, and one
+        tile left for `_rest`: the kernel's last goes through `_last`)."""
+        count, banks = -(-self.m // self.mt), self.kb.target.psum_banks
+        start = max(n for n in range(1, count + 1)
+                    if self._banks_for(n, groups[0][1]) <= banks)
+        second = max(n for n in range(start, max(start, min(count - 1, start + EXTRA)) + 1)
+                     if self._banks_for(n, groups[1][1]) <= banks)
+        return start, second
+
+    def _banks_for(self, count: int, gn: int) -> int:
+        """PSUM banks `_packed` takes for `count` row tiles of `gn` columns."""
+        whole, part = divmod(gn, self.bank)
+        return count * whole + (-(-count // (self.bank // part)) if part else 0)
+
+    def _packed(self, mts, gn):
+        """Accumulators of row tiles of heights `mts` by `gn` columns in the PSUM banks
+        (in the ring's order from its next one: the banks used last come last):
+        whole-bank pieces one bank each, the narrower last pieces of several tiles
+        sharing a bank (a matmul writes within one bank, §3.2); None if they do not
+        fit."""
+        if self._banks_for(len(mts), gn) > len(self.acc.tiles):
+            return None
+        banks = iter([self.acc.next() for _ in self.acc.tiles])
+        out, shared, used = [], None, 0
+        for mt in mts:
+            accs = []
+            for c0, ct in tiles(gn, self.cols):
+                if ct == self.bank:
+                    accs.append((c0, ct, sub(next(banks), mt, ct)))
+                    continue
+                if shared is None or used + ct > self.bank:
+                    shared, used = next(banks), 0
+                accs.append((c0, ct, sub(shared, mt, ct, at=used)))
+                used += ct
+            out.append(accs)
+        return out
+
+    def _free_banks(self, accs, t: int) -> Ring:
+        """Whole PSUM banks of the accumulators of tiles t.. that no tile before t
+        uses (`_packed` tiles share banks), for tile t's TensorE transposes."""
+        size = self.bank * 4                            # bytes of a bank of FP32
+        live = {a.offset // size for later in accs[:t] for _, _, a in later}
+        banks = {}
+        for later in accs[t:]:
+            for _, _, a in later:
+                if a.offset // size not in live:
+                    banks.setdefault(a.offset // size, a)
+        return Ring([a.with_(num_partitions=self.kt, free=(self.bank,), offset=b * size)
+                     for b, a in banks.items()])
 
     def _bank_ring(self, accs) -> Ring:
         """The PSUM banks of accumulators `accs`, whole, for TensorE transposes."""
@@ -232,6 +412,8 @@ class VectorSchedule:
 
     def _start_size(self) -> int:
         """Row tiles of the start: as many as the accumulator banks hold at once."""
+        if self.plan.group == WIDE:
+            return self._wide_sizes(tiles(self.n, WIDE))[0]
         per_acc = -(-self.cols // self.bank)            # banks one accumulator spans
         accs = self.kb.target.psum_banks // per_acc
         per = -(-min(self.n, self.plan.group) // self.cols)     # accumulators per tile

@@ -17,6 +17,8 @@ from .test_dot import dot_module, dot_ref, rand
 
 TRN1 = CHIPS["trn1"].core
 START = 4           # row tiles of the start, transposed on TensorE (8 PSUM banks / 2)
+WIDE_START = 3      # ... of the wide start (N in (1280, 2560], M >= 1024, K >= 2048):
+                    # 3 row tiles x 1280 columns (2.5 banks each)
 
 
 def _split(k: int) -> int:
@@ -96,8 +98,42 @@ def test_rows_beyond_sbuf_still_on_vector():
     than M) still goes through VectorE: the loop order keeps only a few strips."""
     program = lower_module(dot_module((4096, 2048), (2048, 2048), dtype="bfloat16"), TRN1)
     engines = _transposes(program)
-    assert engines["vector"] == (4096 // 128 - START) * 2048 // 64 * 4 + _split(2048)
-    assert engines["tensor"] == START * 16 - _split(2048) // 8
+    assert engines["vector"] == (4096 // 128 - WIDE_START) * 2048 // 64 * 4 + _split(2048)
+    assert engines["tensor"] == WIDE_START * 16 - _split(2048) // 8
+
+
+@pytest.mark.parametrize("m,k,n", [(1024, 2048, 2048), (1152, 2048, 1536),
+                                   (1024, 2304, 2304), (1100, 2048, 2048)])
+def test_wide_start(m, k, n):
+    """N in (1280, 2560] with enough rows and K: the first column group is 1280 columns
+    wide, 3 row tiles at the start (2.5 PSUM banks each; the narrow pieces of two tiles
+    share a bank), the next 2 tiles' first group before the second group's pass over
+    all 5 (matmul_vector `_wide_kernel`): values against numpy, and TensorE transposes
+    only the start's tiles."""
+    engines = _check(m, k, n)
+    full_rest = m // 128 - WIDE_START
+    assert engines["vector"] == full_rest * k // 64 * 4 + _split(k)
+    assert engines["tensor"] == k // 128 * (WIDE_START + (m % 128 > 0)) - _split(k) // 8
+
+
+def test_wide_start_batched():
+    """Each batch index runs the wide start (the PSUM banks it packs rotate on)."""
+    ls, rs = (2, 1024, 2048), (2, 2048, 2048)
+    x, y = rand(ls, "bfloat16", 5), rand(rs, "bfloat16", 6)
+    res = run(dot_module(ls, rs, (0,), (0,), (2,), (1,), "bfloat16", out_dtype="float32"),
+              x, y, spec=TRN1)
+    ref = dot_ref(x, y, (0,), (0,), (2,), (1,))
+    np.testing.assert_allclose(res.outputs[0], ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    assert _transposes(res.program)["tensor"] == 2 * (16 * WIDE_START - _split(2048) // 8)
+
+
+def test_wide_start_gemm_2048_time():
+    """The 2048^3 bf16 GEMM (issue 15's gemm row) on trn1: 199.7 us with the 1024-column
+    start (4 row tiles), 198.0 us with the wide one; TensorE's matmuls take 187.3 us."""
+    res = run(dot_module((2048, 2048), (2048, 2048), dtype="bfloat16"),
+              rand((2048, 2048), "bfloat16", 1), rand((2048, 2048), "bfloat16", 2),
+              spec=TRN1)
+    assert res.ns < 198.2e3, res.ns
 
 
 def test_lhs_rows_load_whole():
