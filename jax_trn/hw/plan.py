@@ -22,6 +22,7 @@ a copy of the accumulator): the PSUM view instead of a fresh array and a separat
 """
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 
 import numpy as np
@@ -33,6 +34,7 @@ from . import semantics as _sem
 from .memory import dram_read, dram_write
 from .numerics import _F4, is_int, to_fp32
 from .operands import DramAP, Tile
+from . import sgemm
 from .sgemm import matmul as _matmul
 
 __all__ = ["ENABLED", "kernel_plan", "PlanCache"]
@@ -332,6 +334,11 @@ def _nc_matmul(ins, core):
     out = _matmul_out(ins, core.mem(ins.dst).view(ins.dst))
     if out is not None:                  # FP32 PSUM the product can be written into
         accumulate = bool(ins.accumulate)
+        bound = _bound_matmul(st.reshape(rows, -1), mv.reshape(rows, -1), out, accumulate) \
+            if np.may_share_memory(st.reshape(rows, -1), st) \
+            and np.may_share_memory(mv.reshape(rows, -1), mv) else None
+        if bound is not None:
+            return bound
 
         def run():
             _matmul(to_fp32(st).reshape(rows, -1).T, to_fp32(mv).reshape(rows, -1), out,
@@ -349,6 +356,48 @@ def _nc_matmul(ins, core):
                              True)
         store(result)
     return run
+
+
+_THREAD = threading.local()
+
+
+def _bound_matmul(st: np.ndarray, mv: np.ndarray, out: np.ndarray, accumulate: bool):
+    """The direct-to-PSUM product as `sgemm.bound` calls, made once per thread: an
+    operand that is not FP32 is converted (`to_fp32`'s cast) into that thread's scratch
+    of its shape, which the bound GEMM reads; the same call `_matmul` makes, so the
+    same bits. None if the GEMM cannot be bound (then `_matmul` per call)."""
+    if sgemm.bound(st.T if st.dtype == _F32 else np.empty(st.shape, _F32).T,
+                   mv if mv.dtype == _F32 else np.empty(mv.shape, _F32), out) is None:
+        return None
+    per_thread: dict[int, tuple] = {}
+
+    def prepare():
+        sa = None if st.dtype == _F32 else _scratch(st.shape, 0)
+        sb = None if mv.dtype == _F32 else _scratch(mv.shape, 1)
+        call = sgemm.bound((st if sa is None else sa).T, mv if sb is None else sb, out,
+                           accumulate)
+        return sa, sb, call
+
+    def run():
+        got = per_thread.get(threading.get_ident())
+        if got is None:
+            got = per_thread[threading.get_ident()] = prepare()
+        sa, sb, call = got
+        if sa is not None:
+            np.copyto(sa, st, casting="unsafe")
+        if sb is not None:
+            np.copyto(sb, mv, casting="unsafe")
+        call()
+    return run
+
+
+def _scratch(shape: tuple, slot: int) -> np.ndarray:
+    """This thread's FP32 array `slot` of `shape` (an operand converted for a GEMM)."""
+    bufs = _THREAD.__dict__.setdefault("bufs", {})
+    buf = bufs.get((shape, slot))
+    if buf is None:
+        buf = bufs[(shape, slot)] = np.empty(shape, _F32)
+    return buf
 
 
 def _nc_matmul_batch(ins, core):
