@@ -46,8 +46,15 @@ _F32 = np.float32
 def kernel_plan(kernel, core) -> list:
     """One no-argument closure per instruction of `kernel` (by index) applying its
     effect to `core` (its memories, its `dram` at call time, its numerics)."""
+    return _kernel_plans(kernel, core)[0]
+
+
+def _kernel_plans(kernel, core) -> tuple[list, list]:
+    """(closures with the PSUM bookkeeping of `semantics.execute`, the same without it)
+    per instruction: the second is what a replay runs (see `PlanCache.replay_plan`)."""
     fallback = not ENABLED or core.numerics.rounding != "rne"
-    return [_instr_plan(ins, core, fallback) for ins in kernel.instructions]
+    pairs = [_instr_plan(ins, core, fallback) for ins in kernel.instructions]
+    return [full for full, _ in pairs], [body for _, body in pairs]
 
 
 class PlanCache:
@@ -60,18 +67,21 @@ class PlanCache:
         self._lanes: dict[int, tuple] = {}      # id(kernel) -> (plan, order, schedule)
 
     def get(self, kernel, core) -> list:
+        return self._both(kernel, core)[0]
+
+    def _both(self, kernel, core) -> tuple[list, list]:
         got = self._plans.get(id(kernel))
         if (got is not None and got[0] is kernel and got[1] == len(kernel.instructions)
                 and got[2] is core.numerics and got[3] == ENABLED):
             self._plans.move_to_end(id(kernel))
             return got[4]
-        plan = kernel_plan(kernel, core)
+        plans = _kernel_plans(kernel, core)
         self._plans[id(kernel)] = (kernel, len(kernel.instructions), core.numerics,
-                                   ENABLED, plan)
+                                   ENABLED, plans)
         if len(self._plans) > self.size:
             dropped = self._plans.popitem(last=False)[0]
             self._lanes.pop(dropped, None)
-        return plan
+        return plans
 
     def lanes(self, kernel, order, core):
         """The two-lane schedule (lanes.py) of `kernel`'s plan in `order`, or None to
@@ -80,8 +90,11 @@ class PlanCache:
 
     def replay_plan(self, kernel, order, core) -> tuple:
         """(`kernel`'s plan, its two-lane schedule in `order` or None): what
-        `NeuronCore.replay` runs, in one lookup per call."""
-        plan = self.get(kernel, core)
+        `NeuronCore.replay` runs, in one lookup per call. A replay repeats a run that
+        validated the kernel, so its closures skip the PSUM bookkeeping (which bytes a
+        matmul wrote last, and the accumulate check that reads it): a kernel only
+        accumulates onto PSUM it wrote itself, and the run before checked that."""
+        plan = self._both(kernel, core)[1]
         got = self._lanes.get(id(kernel))
         on = _lanes.ENABLED and core.numerics.lanes
         if (got is not None and got[0] is plan and got[3] == on
@@ -103,17 +116,17 @@ def _instr_plan(ins, core, fallback: bool):
             def run():
                 for one in slices:
                     ins.execute(one)
-            return run
-        return body
+            return run, run
+        return body, body
     if body is None:
-        return lambda: ins.execute(core)
+        return (lambda: ins.execute(core)), (lambda: ins.semantics(core))
     marks = [(core.mem(t)._flags(t), ins.matmul_output) for t in ins.outputs()
              if isinstance(t, Tile) and t.mem == "psum" and core.mem(t).by_matmul is not None]
     check = ins.matmul_output and getattr(ins, "accumulate", False)
     if check and core.spec.psum_accumulate_any:
         check = False                  # `semantics._check_accumulate` allows it
     if not marks and not check:
-        return body
+        return body, body
     written = core.mem(ins.dst)._flags(ins.dst) if check else None
 
     def run():
@@ -122,7 +135,7 @@ def _instr_plan(ins, core, fallback: bool):
         body()
         for flags, value in marks:
             flags[...] = value
-    return run
+    return run, body
 
 
 # --- operand access, compiled ---------------------------------------------------------

@@ -196,22 +196,27 @@ def test_small_kernels_run_sequentially():
 
 
 def test_an_error_on_a_lane_reaches_the_caller(every_kernel):
-    """trn2: accumulating onto PSUM a non-matmul wrote is an IsaError, raised by the
-    replay whichever lane ran it; the worker serves the next replay afterwards."""
+    """An instruction failing in a replay (a DMA from a DRAM tensor the call does not
+    have) raises the IsaError, whichever lane ran it; the worker serves the next replay
+    afterwards."""
     core = NeuronCore(CHIPS["trn2"].core, numerics=Numerics())
     st = Tile("sbuf", 0, 128, 0, (64,), "bfloat16")
     mv = Tile("sbuf", 0, 128, 1024, (128,), "bfloat16")
     dst = Tile("psum", 0, 64, 0, (128,), "float32")
     mms = [isa.NcMatmul(dst=dst.with_(offset=o), stationary=st, moving=mv)
            for o in (2048, 4096, 6144)]
-    bad = isa.NcMatmul(dst=dst, stationary=st, moving=mv, accumulate=True)
-    kernel = Kernel("bad", [isa.Memset(dst=dst, value=1.0), *mms, bad], {})
-    assert core.plans.lanes(kernel, (0, 1, 2, 3, 4), core) is not None
-    with pytest.raises(IsaError, match="did not write"):
-        core.replay(kernel, (0, 1, 2, 3, 4), {})
+    big = Tile("sbuf", 0, 128, 4096, (1024,), "float32")          # 512 KiB: shared
+    bad = isa.DmaCopy(dst=big, src=DramAP("absent", 0, ((1024, 128), (1, 1024)), "float32"))
+    kernel = Kernel("bad", [*mms, bad], {})
+    assert core.plans.lanes(kernel, (0, 1, 2, 3), core) is not None
+    with pytest.raises(IsaError, match="not allocated"):
+        core.replay(kernel, (0, 1, 2, 3), {})
+    core.sbuf.data[:, :2048] = np.random.default_rng(5).integers(0, 64, (128, 2048), np.uint8)
     good = Kernel("good", mms, {})
     core.replay(good, (0, 1, 2), {})
-    assert all(core.psum.by_matmul[:64, o:o + 512].all() for o in (2048, 4096, 6144))
+    want = core.psum.data[:64, 2048:2560].copy()
+    assert want.any()
+    assert all((core.psum.data[:64, o:o + 512] == want).all() for o in (4096, 6144))
 
 
 def test_one_simulator_thread_runs_every_kernel_in_order(every_kernel):
