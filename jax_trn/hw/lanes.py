@@ -230,21 +230,21 @@ def _take_until_done(schedule: LaneSchedule, state: _State, only) -> None:
     """Run instructions as they become ready until every one is taken (or one fails);
     `only`: a flag per instruction, those this thread may take (None: all)."""
     steps, users, cond = schedule.steps, schedule.users, state.cond
-    pending = state.pending
+    pending, k = state.pending, None
     try:
         while True:
-            with cond:
+            with cond:                   # one hold per instruction: the last one
+                if k is not None:        # finished, the next one taken
+                    state.done[k] = 1
+                    for u in users[k]:
+                        pending[u] -= 1
+                    state.finished += 1
+                    if state.waiting:
+                        cond.notify_all()
                 k = state.take(only)
             if k is None:
                 return
             steps[k]()
-            with cond:
-                state.done[k] = 1
-                for u in users[k]:
-                    pending[u] -= 1
-                state.finished += 1
-                if state.waiting:
-                    cond.notify_all()
     except BaseException as e:           # noqa: BLE001 - re-raised by `run`
         state.fail(e)
 

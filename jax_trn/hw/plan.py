@@ -223,6 +223,22 @@ def _dma_copy(ins, core):
     return run
 
 
+def _dma_transpose(ins, core):
+    """`semantics.dma_transpose`: the source's bits made contiguous, then written
+    transposed into the tile's bits view."""
+    read = _reader(core, ins.src)
+    view = core.mem(ins.dst).view(ins.dst)
+    bits = np.dtype(f"u{view.dtype.itemsize}")
+    dst = view.view(bits)
+    lead = core.lead
+    shape = (*lead, *ins.src_shape)
+
+    def run():
+        src = np.ascontiguousarray(read().reshape(shape).view(bits))
+        dst[...] = src.swapaxes(-1, -2).reshape(dst.shape)
+    return run
+
+
 def _tensor_copy(ins, core):
     src = core.mem(ins.src).view(ins.src)
     view = core.mem(ins.dst).view(ins.dst)
@@ -504,6 +520,7 @@ def _select(ins, core):
 
 _COMPILERS = {
     _sem.dma_copy: _dma_copy, _sem.tensor_copy: _tensor_copy,
+    _sem.dma_transpose: _dma_transpose,
     _sem.tensor_tensor: _tensor_tensor, _sem.tensor_scalar: _tensor_scalar,
     _sem.activation: _activation, _sem.nc_matmul: _nc_matmul,
     _sem.nc_transpose: _nc_transpose, _sem.tensor_reduce: _tensor_reduce,

@@ -113,6 +113,10 @@ def _cases():
                                 accumulate=acc))
     for dtype in ("bfloat16", "float32"):
         out.append(isa.NcTranspose(dst=_t("psum", 0, (P,), dtype), data=_s(0, dtype, (P,))))
+        out.append(isa.DmaTranspose(dst=_s(8192, dtype, (32,)),
+                                    src=DramAP("x", 4, ((P, 32), (1, P)), dtype)))
+        out.append(isa.DmaTranspose(dst=Tile("sbuf", 0, 32, 8192, (P,), dtype),
+                                    src=_s(0, dtype, (32,))))
     return out
 
 
