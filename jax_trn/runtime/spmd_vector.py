@@ -4,14 +4,16 @@
 kernels in its leader's order (numerics only). Device by device, a data-parallel step
 on 1,152 NeuronCores is ~35,000 replays of small kernels, each paying its Python per
 instruction. Here a follower does not replay when it reaches a kernel: it queues the
-kernel (and the temporaries it frees, in order: `Deferred.free`), and when every
+kernel (and the temporaries it frees, in order: `spmd_batch._Follower._free`), and when every
 device has arrived at the next collective, or at the end (`spmd.drive`'s `settle`),
 the queues run step by step across groups of `GROUP` followers (one group's
 temporaries alive at a time): a kernel whose inputs `spmd_memo`
 recognises takes its recorded outputs, as before; the followers left with the same
 kernel in the same order replay it together, in chunks, on a `hw.batch.BatchCore`
 (one numpy call per instruction step for the whole chunk; the bits each device gets
-alone, tests/sim/test_batch.py).
+alone, tests/sim/test_batch.py). The temporaries such a kernel writes first are made
+as rows of one zeroed array (`Deferred._stacked`), so the chunk's DMAs read and write
+every device's tensor through one view instead of one per device.
 
 Only programs without data-decided control flow and without on-chip loops defer
 (`deferrable`): a decision reads a follower's DRAM between kernels, and an on-chip
@@ -19,8 +21,8 @@ loop's kernels keep carries in SBUF from one kernel to the next, which a batch's
 memories (fresh per kernel) do not hold. Under stochastic rounding (a random stream
 keyed per instruction and core) followers replay one by one.
 
-A chunk holds as many devices as fit `BUDGET` bytes of batched SBUF + PSUM (the
-kernel's byte span per partition, `hw.batch.span`); a kernel whose span is too large
+A chunk holds as many devices as fit `BUDGET` bytes of batched SBUF + PSUM (the byte
+ranges the kernel's tiles touch, `hw.batch.span`); a kernel whose ranges are too large
 for two devices replays one device at a time. The batch cores and their compiled plans
 are kept across calls (`_CACHE`, by kernel and chunk size, within `CACHE_BYTES`).
 """
