@@ -3,7 +3,8 @@ evaluation: JAX writes it in several forms (the quotient rule of `e / l` when it
 softmax is differentiated op by op, `p * (dp - sum(p * dp))` from its custom JVP), so
 rather than matching each, the ops computing ds from dp and the forward's values (the
 cone) are evaluated with numpy on random scores and dp, every dim shrunk to at most
-SHRINK elements; ds must equal p * (dp - rowsum(dp * p)) there. With a dropout (the
+SHRINK elements (a non-splat constant, a compile-time mask or bias, to its leading
+corner); ds must equal p * (dp - rowsum(dp * p)) there. With a dropout (the
 forward's `dropout`: a random keep or multiplier W), dp is the dropped p's gradient
 and ds must be p * (dp W - rowsum(dp W p)), p the undropped softmax."""
 from __future__ import annotations
@@ -107,7 +108,10 @@ def _eval(op: ir.Op, args: list) -> np.ndarray:
         value = np.asarray(op.attrs["value"], np.float64)
         if value.size and np.all(value == value.reshape(-1)[0]):
             return np.full(shape, value.reshape(-1)[0])
-        raise NoMatch("a non-splat constant in the softmax VJP")
+        if value.shape != tuple(op.results[0].shape):
+            raise NoMatch("a non-splat constant in the softmax VJP")
+        # a compile-time mask or bias: its leading corner, as every dim is shrunk
+        return value[tuple(slice(0, n) for n in shape)]
     if k == "broadcast_in_dim":
         view = [1] * len(shape)
         for i, d in enumerate(op.attrs["broadcast_dimensions"]):

@@ -19,6 +19,8 @@ pattern, gets a decision "attention-bwd: not fused: <why>" in
 """
 from __future__ import annotations
 
+import numpy as np
+
 from hlo_passes import attention_bwd_pattern as pattern
 from hlo_passes import attention_layout as layout
 from hlo_passes import attention_pattern as fwd_pattern
@@ -68,6 +70,11 @@ def _fuse_block(block: ir.Block, policy: FusionPolicy, notes: list[str]) -> bool
             continue                    # a forward only: attention-fusion's
         where = f" at {f.out.loc}" if f.out.loc else ""
         mask_value = _folded_mask(f, graph.producer)
+        if _masks_a_whole_row(f, mask_value):
+            notes.append(f"attention-bwd: not fused{where}: the compile-time mask leaves a "
+                         "query row no key (its softmax is uniform and its gradient masked "
+                         "out; the flash backward takes no such row)")
+            continue
         try:
             pattern.complete(m, graph.producer, graph.users)
             _check_order(m, graph)
@@ -88,6 +95,18 @@ def _fuse_block(block: ir.Block, policy: FusionPolicy, notes: list[str]) -> bool
     if plans:
         _rewrite(block, graph, plans)
     return bool(plans)
+
+
+def _masks_a_whole_row(f, mask_value) -> bool:
+    """Whether a compile-time boolean mask leaves some query row with no key
+    (jax_trn/lower/attention_bwd.py refuses such a row)."""
+    if mask_value is None or np.asarray(mask_value).dtype != bool:
+        return False
+    keep = np.asarray(mask_value)
+    labels = list(f.mask_labels)
+    if "sk" in labels:
+        keep = keep.any(axis=labels.index("sk"))
+    return not keep.all()
 
 
 def _check_order(m: pattern.BwdMatch, graph: BlockGraph) -> None:

@@ -348,3 +348,43 @@ def test_dropout_blocks_read_per_job(jax, trn, cpu, monkeypatch):
     for a, b in zip(out, ref):
         a, b = a.astype(np.float32), b.astype(np.float32)
         assert np.abs(a - b).max() <= 1e-2 * np.abs(b).max()
+
+
+def _constant_mask_grads(jax, mask):
+    jnp = jax.numpy
+
+    def attn(q, k, v):
+        return jax.nn.dot_product_attention(q, k, v, mask=jnp.asarray(mask)[None, None])
+    return jax.grad(lambda *a: (attn(*a).astype(jnp.float32) ** 2).sum(), argnums=(0, 1, 2))
+
+
+def test_compile_time_mask_gradients_run_flash_kernels(jax, trn, cpu):
+    """A constant mask (causal, keys past 400 padded) checked in the softmax VJP by its
+    leading corner: both flash kernels, gradients as on CPU."""
+    s = 512
+    mask = np.tril(np.ones((s, s), bool)) & (np.arange(s) < 400)[None, :]
+    out, ref, kernels = _run(jax, trn, cpu, _constant_mask_grads(jax, mask),
+                             _args([(1, s, 4, 64)] * 3, 21))
+    assert _fused(kernels) == (True, True), _notes(kernels)
+    for a, b in zip(out, ref):
+        assert_close(a, b, "bfloat16")
+
+
+def test_compile_time_mask_with_a_fully_masked_row_is_not_fused(jax, trn, cpu):
+    """Padded queries and keys: rows with no key have a uniform softmax and a masked
+    gradient, which the flash backward does not take; the decision says so and the
+    ops run fused as ordinary regions, with CPU's gradients."""
+    s = 512
+    valid = np.arange(s) < 400
+    grads = _constant_mask_grads(jax, valid[:, None] & valid[None, :])
+    out, ref, kernels = _run(jax, trn, cpu, grads, _args([(1, s, 4, 64)] * 3, 22))
+    assert _fused(kernels) == (False, False), _notes(kernels)
+    for a, b in zip(out, ref):
+        assert_close(a, b, "bfloat16")
+    spec = jax.ShapeDtypeStruct((1, s, 4, 64), "bfloat16")
+    code = jax.jit(grads).lower(spec, spec, spec).as_text()
+    from hlo_passes import compile_to_ir
+    from hlo_passes.passes.attention_bwd_fusion import DECISIONS
+    module = compile_to_ir(code)
+    assert any("leaves a query row no key" in d for d in module.attrs.get(DECISIONS, ())), \
+        module.attrs.get(DECISIONS)
