@@ -31,10 +31,10 @@ from . import alu as _alu
 from . import dtypes as _dt
 from . import lanes as _lanes
 from . import semantics as _sem
+from . import sgemm
 from .memory import dram_read, dram_write
 from .numerics import _F4, is_int, to_fp32
 from .operands import DramAP, Tile
-from . import sgemm
 from .sgemm import matmul as _matmul
 
 __all__ = ["ENABLED", "kernel_plan", "PlanCache"]
