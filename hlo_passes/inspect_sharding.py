@@ -33,8 +33,16 @@ _CALL = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(_Args))
 _FREE = ctypes.CFUNCTYPE(None, ctypes.POINTER(_Args))
 
 
-def call(key: bytes, sharding: TensorSharding | None, mesh: Mesh | None, rank: int) -> None:
+def key_bytes(key: bytes | str) -> bytes:
+    """The backend_config's bytes: the importer gives text when the two pointers happen
+    to be valid UTF-8 (hlo_passes/attributes.py `_string`), which encodes back to them."""
+    return key.encode("utf-8") if isinstance(key, str) else key
+
+
+def call(key: bytes | str, sharding: TensorSharding | None, mesh: Mesh | None,
+         rank: int) -> None:
     """Calls the callback encoded in `key` with `sharding` (of a rank-`rank` value)."""
+    key = key_bytes(key)
     if not isinstance(key, bytes) or len(key) != 2 * ctypes.sizeof(ctypes.c_void_p):
         raise VerifyError(f"{TARGET}: backend_config is not a callback ({key!r:.40})")
     fn, data = np.frombuffer(key, dtype=np.uintp)
