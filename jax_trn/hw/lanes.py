@@ -182,14 +182,13 @@ _STATIC = frozenset(getattr(_isa, name) for name in (
 # --- running ----------------------------------------------------------------------------
 
 class _State:
-    """Which instructions are taken and finished, the first not taken, how many threads
-    wait, and the first failure."""
-    __slots__ = ("taken", "done", "first", "finished", "waiting", "cond", "error",
-                 "errstate", "idle", "pending")
+    """Which instructions are taken, each one's count of unfinished dependencies, the
+    first not taken, how many finished, how many threads wait, and the first failure."""
+    __slots__ = ("taken", "first", "finished", "waiting", "cond", "error", "errstate",
+                 "idle", "pending")
 
     def __init__(self, n: int, counts: list | None = None):
         self.taken = bytearray(n)
-        self.done = bytearray(n)
         self.pending = list(counts) if counts is not None else [0] * n  # unfinished deps
         self.first = 0               # every instruction before it is taken
         self.finished = 0
@@ -235,7 +234,6 @@ def _take_until_done(schedule: LaneSchedule, state: _State, only) -> None:
         while True:
             with cond:                   # one hold per instruction: the last one
                 if k is not None:        # finished, the next one taken
-                    state.done[k] = 1
                     for u in users[k]:
                         pending[u] -= 1
                     state.finished += 1

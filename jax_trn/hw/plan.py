@@ -395,17 +395,17 @@ def _bound_matmul(st: np.ndarray, mv: np.ndarray, out: np.ndarray, accumulate: b
     operand that is not FP32 is converted (`to_fp32`'s cast) into that thread's scratch
     of its shape, which the bound GEMM reads; the same call `_matmul` makes, so the
     same bits. None if the GEMM cannot be bound (then `_matmul` per call)."""
-    if sgemm.bound(st.T if st.dtype == _F32 else np.empty(st.shape, _F32).T,
-                   mv if mv.dtype == _F32 else np.empty(mv.shape, _F32), out) is None:
-        return None
-    per_thread: dict[int, tuple] = {}
-
     def prepare():
         sa = None if st.dtype == _F32 else _scratch(st.shape, 0)
         sb = None if mv.dtype == _F32 else _scratch(mv.shape, 1)
         call = sgemm.bound((st if sa is None else sa).T, mv if sb is None else sb, out,
                            accumulate)
         return sa, sb, call
+
+    here = prepare()                     # this thread's, and whether it binds at all
+    if here[2] is None:
+        return None
+    per_thread: dict[int, tuple] = {threading.get_ident(): here}
 
     def run():
         got = per_thread.get(threading.get_ident())

@@ -110,21 +110,40 @@ def library() -> str:
     return f"scipy-openblas32 ({got[1]} kernel, 1 thread)" if got else "numpy.matmul"
 
 
+def _leading(x: np.ndarray, column_major: bool) -> int | None:
+    """`x`'s leading dimension (elements) as a GEMM array laid out column-major
+    (transposed) or row-major, or None when its alignment or strides do not allow that
+    in place."""
+    if x.ctypes.data % 4:
+        return None
+    (rows, cols), (s0, s1) = x.shape, x.strides
+    inner, outer, extent = (s0, s1, rows) if column_major else (s1, s0, cols)
+    if inner == 4 and outer % 4 == 0 and outer >= 4 * max(extent, 1):
+        return outer // 4
+    return None
+
+
 def _operand(x: np.ndarray, column_major: bool):
     """(x or a copy, its CBLAS transpose flag, leading dimension): A always goes to the
     GEMM column-major (transposed) and B row-major, copied if need be, so a product's
     bits depend on the values and shape only (OpenBLAS's kernels for a vector-shaped
     product sum in an order that depends on the operands' layout)."""
-    rows, cols = x.shape
-    s0, s1 = x.strides
-    if x.ctypes.data % 4 == 0:
-        if column_major and s0 == 4 and s1 % 4 == 0 and s1 >= 4 * max(rows, 1):
-            return x, _TRANS, s1 // 4
-        if not column_major and s1 == 4 and s0 % 4 == 0 and s0 >= 4 * max(cols, 1):
-            return x, _NO_TRANS, s0 // 4
-    if column_major:
-        return np.asfortranarray(x), _TRANS, max(rows, 1)
-    return np.ascontiguousarray(x), _NO_TRANS, max(cols, 1)
+    flag = _TRANS if column_major else _NO_TRANS
+    ld = _leading(x, column_major)
+    if ld is None:
+        x = np.asfortranarray(x) if column_major else np.ascontiguousarray(x)
+        ld = max(x.shape[0] if column_major else x.shape[1], 1)
+    return x, flag, ld
+
+
+def _call(a: np.ndarray, b: np.ndarray, dst: np.ndarray, accumulate: bool) -> tuple:
+    """(A and B as the GEMM reads them, copies where needed; the cblas_sgemm arguments
+    writing `dst`, a row-major FP32 [M, N] array, with beta 1 if `accumulate`)."""
+    (m, k), n = a.shape, b.shape[1]
+    a, ta, lda = _operand(a, True)
+    b, tb, ldb = _operand(b, False)
+    return a, b, (_ROW_MAJOR, ta, tb, m, n, k, 1.0, a.ctypes.data, lda, b.ctypes.data, ldb,
+                  1.0 if accumulate else 0.0, dst.ctypes.data, _leading(dst, False))
 
 
 def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None,
@@ -148,20 +167,16 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None,
         out = np.empty((m, n), _F32)
         dst = out
     else:
-        s0, s1 = out.strides
-        direct = (out.dtype == _F32 and out.shape == (m, n) and s1 == 4
-                  and s0 % 4 == 0 and s0 >= 4 * max(n, 1) and out.ctypes.data % 4 == 0)
+        direct = (out.dtype == _F32 and out.shape == (m, n)
+                  and _leading(out, False) is not None)
         dst = out if direct else np.array(out, _F32) if accumulate else np.empty((m, n), _F32)
     if m and n:
         if k == 0:
             if not accumulate:
                 dst[...] = 0
         else:
-            a, ta, lda = _operand(a, True)
-            b, tb, ldb = _operand(b, False)
-            got[0](_ROW_MAJOR, ta, tb, m, n, k, 1.0, a.ctypes.data, lda,
-                   b.ctypes.data, ldb, 1.0 if accumulate else 0.0, dst.ctypes.data,
-                   max(dst.strides[0] // 4, n, 1))
+            a, b, args = _call(a, b, dst, accumulate)    # a, b: kept alive for the call
+            got[0](*args)
     if dst is not out:
         out[...] = dst
     return out
@@ -179,15 +194,11 @@ def bound(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool = Fals
     (m, k), n = a.shape, b.shape[1]
     if b.shape[0] != k or out.shape != (m, n) or not (m and n and k):
         return None
-    s0, s1 = out.strides
-    if not (s1 == 4 and s0 % 4 == 0 and s0 >= 4 * n and out.ctypes.data % 4 == 0):
+    if _leading(out, False) is None:
         return None
-    a2, ta, lda = _operand(a, True)
-    b2, tb, ldb = _operand(b, False)
+    a2, b2, args = _call(a, b, out, accumulate)
     if a2 is not a or b2 is not b:
         return None
-    call = functools.partial(got[0], _ROW_MAJOR, ta, tb, m, n, k, 1.0, a.ctypes.data, lda,
-                             b.ctypes.data, ldb, 1.0 if accumulate else 0.0,
-                             out.ctypes.data, s0 // 4)
+    call = functools.partial(got[0], *args)
     call.arrays = (a, b, out)              # the memory the pointers point into
     return call
