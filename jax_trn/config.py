@@ -397,18 +397,18 @@ def native_environment(settings: Mapping[str, str | None]):
     the duration (a native library reading its settings when it loads), then restored."""
     saved = {k: os.environ.get(k) for k in settings}
     try:
-        for k, v in settings.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        _set_environment(settings)
         yield
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        _set_environment(saved)
+
+
+def _set_environment(values: Mapping[str, str | None]) -> None:
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 def _gemm_environment(settings: Mapping[str, str | None]):

@@ -27,6 +27,7 @@ import numpy as np
 from . import dtypes as _dt
 from .memory import _ap_layout, _check_no_overlap, _typed_strided, dram_read, dram_write
 from .operands import DramAP, Tile
+from .trace import merged
 
 __all__ = ["BatchCore", "BatchMemory", "span"]
 
@@ -39,16 +40,7 @@ def span(kernel) -> dict[str, tuple[tuple[int, int], ...]]:
     for ins in kernel.instructions:
         for t in _tiles(ins.__dict__.values()):
             got.setdefault(t.mem, []).append(t.byte_range)
-    out = {}
-    for mem, ranges in got.items():
-        merged: list[list[int]] = []
-        for lo, hi in sorted(ranges):
-            if merged and lo <= merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], hi)
-            else:
-                merged.append([lo, hi])
-        out[mem] = tuple((lo, hi) for lo, hi in merged)
-    return out
+    return {mem: tuple((lo, hi) for lo, hi in merged(ranges)) for mem, ranges in got.items()}
 
 
 def _tiles(values):

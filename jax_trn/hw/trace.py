@@ -42,3 +42,14 @@ class KernelRun:
     @property
     def duration_ns(self) -> float:
         return self.end_ns - self.start_ns
+
+
+def merged(intervals) -> list[list]:
+    """[lo, hi) intervals sorted and merged where they overlap or meet."""
+    out: list[list] = []
+    for lo, hi in sorted(intervals):
+        if out and lo <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], hi)
+        else:
+            out.append([lo, hi])
+    return out

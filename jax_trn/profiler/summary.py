@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 
+from jax_trn.hw.trace import merged
+
 from . import metrics
 from .devices import device_rows, program_kind, program_rows, ranges  # noqa: F401
 from .insights import insights
@@ -176,22 +178,14 @@ def _exposed_ns(ex) -> float:
         kernels.setdefault(k.device, []).append((k.start_ns, k.end_ns))
     worst = 0.0
     for d, iv in spans.items():
-        busy = _merge(kernels.get(d, []))
+        busy = merged(kernels.get(d, []))
         total = 0.0
-        for a, b in _merge(iv):
+        for a, b in merged(iv):
             total += (b - a) - sum(max(0.0, min(b, y) - max(a, x)) for x, y in busy)
         worst = max(worst, total)
     return worst
 
 
-def _merge(intervals) -> list:
-    out: list[list[float]] = []
-    for a, b in sorted(intervals):
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return out
 
 
 # --- text --------------------------------------------------------------------------
