@@ -10,6 +10,7 @@ import pytest
 
 from tests.conftest import assert_close
 from tests.e2e.test_attention import causal_attention
+from tests.e2e.test_attention_forms import dropout_attention
 
 FWD_NOTE = "attention: flash-attention kernel"
 BWD_NOTE = "attention_bwd: flash-attention backward kernel"
@@ -258,28 +259,6 @@ def test_float16_masks_without_a_finite_bias_fall_back(jax, trn, cpu, const):
         assert_close(a.astype(np.float32) / scale, b.astype(np.float32) / scale, "float16")
 
 
-def _dropout_attention(form: str, causal: bool):
-    """Hand-written attention with a dropout on the softmax (HF-style): nn.Dropout's /
-    jnp.where's select(keep, p / keep_prob, 0), or flax's p * (keep / keep_prob)."""
-    import jax
-    import jax.numpy as jnp
-
-    def f(q, k, v, key):
-        s = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / np.sqrt(q.shape[-1])
-        if causal:
-            s = jnp.where(jnp.tril(jnp.ones(s.shape[-2:], bool)), s, -1e9)
-        p = jax.nn.softmax(s, axis=-1).astype(q.dtype)
-        keep = jax.random.bernoulli(key, 0.9, p.shape)
-        if form == "select":
-            p = jnp.where(keep, p / 0.9, 0)
-        elif form == "select-then-scale":    # the scaling after the select
-            p = jnp.where(keep, p, 0) / jnp.asarray(0.9, p.dtype)
-        else:
-            p = p * (keep.astype(p.dtype) / jnp.asarray(0.9, p.dtype))
-        return jnp.einsum("bhqk,bkhd->bqhd", p, v)
-    return f
-
-
 @pytest.mark.parametrize("form, causal", [("select", False), ("multiply", True),
                                          ("select-then-scale", False)])
 def test_dropout_gradients_run_flash_kernels(jax, trn, cpu, form, causal):
@@ -287,7 +266,7 @@ def test_dropout_gradients_run_flash_kernels(jax, trn, cpu, form, causal):
     backward reads the same blocks: dV from the dropped P, dP times the block before
     the softmax VJP. The mask (from its own hash kernel) is the CPU backend's exactly:
     another key's gradients are far off."""
-    f = _dropout_attention(form, causal)
+    f = dropout_attention(jax, form, causal)
     w = np.random.default_rng(9).standard_normal((1, 256, 4, 64)).astype(np.float32)
 
     def grads(q, k, v, key):
@@ -336,7 +315,7 @@ def test_dropout_blocks_read_per_job(jax, trn, cpu, monkeypatch):
     blocks overran there: wrong causal results), [q-tile, 128] in the backward."""
     import jax_trn.lower.attention_dropout as blocks
     monkeypatch.setattr(blocks, "ROWS_BYTES", 0)
-    f = _dropout_attention("select", True)
+    f = dropout_attention(jax, "select", True)
     w = np.random.default_rng(9).standard_normal((2, 384, 2, 128)).astype(np.float32)
 
     def grads(q, k, v, key):

@@ -213,16 +213,17 @@ def test_self_attention_with_one_array_for_q_k_v_and_a_bias(jax, trn, cpu):
     np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
 
 
-def _dropout_attention(jax, form, causal=False):
-    """Hand-written attention with a dropout on the softmax: nn.Dropout's / jnp.where's
-    select(keep, p / keep_prob, 0), or p * (keep / keep_prob) as flax's
-    dot_product_attention multiplies it; keep drawn over [B, N, S, S]."""
+def dropout_attention(jax, form, causal=False):
+    """Hand-written attention ([B, S, N, H]) with a dropout on the softmax (HF-style):
+    nn.Dropout's / jnp.where's select(keep, p / keep_prob, 0), the scaling after the
+    select, or p * (keep / keep_prob) as flax's dot_product_attention multiplies it;
+    keep drawn over [B, N, S, S]. test_attention_bwd.py takes its gradients."""
     jnp = jax.numpy
 
     def f(q, k, v, key):
-        s = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / np.sqrt(H)
+        s = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / np.sqrt(q.shape[-1])
         if causal:
-            s = jnp.where(jnp.tril(jnp.ones((S, S), bool)), s, -1e9)
+            s = jnp.where(jnp.tril(jnp.ones(s.shape[-2:], bool)), s, -1e9)
         p = jax.nn.softmax(s, axis=-1).astype(q.dtype)
         keep = jax.random.bernoulli(key, 0.9, p.shape)
         if form == "select":
@@ -242,7 +243,7 @@ def test_dropout_on_the_probabilities_is_in_the_flash_kernel(jax, trn, cpu, form
     tests/e2e/test_dropout.py), the flash kernel multiplies each P tile by its block
     after the row sums. A mask read at the wrong offset would be far off (checked: the
     result of another key differs by more than the tolerance)."""
-    f = _dropout_attention(jax, form, causal)
+    f = dropout_attention(jax, form, causal)
     args = _qkv("bfloat16") + [jax.random.key(3)]
     out, ref, notes = _run(jax, trn, cpu, f, args)
     assert _flash(notes) == 1, notes
