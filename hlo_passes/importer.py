@@ -65,6 +65,10 @@ elements -> nested tuples, dialect structs -> dict of fields, sdy -> text, else 
     mx_matmul          only its sdy.sharding (from `custom_call @trn.mx_matmul`, which jax_trn.jax_mx
                        emits for JAX's block-scaled `scaled_matmul`: lhs [B, M, K],
                        rhs [B, N, K], their E8M0 scales [B, M, K/32], [B, N, K/32])
+    kernel_call        kernel: str (from `custom_call @trn.kernel`, backend_config
+                       "kernel=<key>", which jax_trn.kernels emits for a hand-written
+                       kernel: its operands are the kernel's inputs, its results the
+                       tensors it returns)
     func.call          callee: str
 
 Functions: `arg_attrs` / `result_attrs` keep every attribute by its MLIR name
@@ -95,6 +99,8 @@ from hlo_passes.errors import HloImportError
 _BYTECODE_MAGIC = b"ML\xefR"
 CALLBACK_TARGET = "trn.python_callback"
 MX_MATMUL_TARGET = "trn.mx_matmul"
+KERNEL_TARGET = "trn.kernel"
+_KERNEL_CONFIG = re.compile(r"kernel=([0-9a-f]+)$")
 _CALLBACK_CONFIG = re.compile(r"callback=(\d+)(?: device=(\d+))?$")
 _PRODUCER = re.compile(rb"StableHLO_v(\d+\.\d+\.\d+)\x00")
 _NAME_LOC = re.compile(r'"((?:[^"\\]|\\.)*)"(?=[(),\]])')  # not followed by ":"
@@ -224,6 +230,8 @@ def _import_op(op: mlir_ir.Operation, env: dict) -> ir.Op:
         kind, attrs = "mx_matmul", {k: v for k, v in attrs.items() if k == "sdy.sharding"}
     if kind == "custom_call" and attrs.get("call_target_name") == CALLBACK_TARGET:
         kind, attrs = "host_callback", _callback_attrs(attrs, where)
+    if kind == "custom_call" and attrs.get("call_target_name") == KERNEL_TARGET:
+        kind, attrs = "kernel_call", _kernel_attrs(attrs, where)
     regions = [_import_region(r, env, where) for r in op.regions]
     return ir.Op(kind, operands, results, attrs, regions, loc=loc, name=name)
 
@@ -238,6 +246,15 @@ def _callback_attrs(attrs: dict, where: str) -> dict:
     device = match.group(2)
     return {"callback": int(match.group(1)), "device": None if device is None else int(device),
             "has_side_effect": bool(attrs.get("has_side_effect", False))}
+
+
+def _kernel_attrs(attrs: dict, where: str) -> dict:
+    """The attributes of a `kernel_call` op (a hand-written kernel, jax_trn.kernels)."""
+    match = _KERNEL_CONFIG.match(str(attrs.get("backend_config", "")).strip())
+    if match is None:
+        raise HloImportError(f"{where}: {KERNEL_TARGET} with backend_config "
+                             f"{attrs.get('backend_config')!r}, expected 'kernel=<key>'")
+    return {"kernel": match.group(1)}
 
 
 def _import_region(region: mlir_ir.Region, env: dict, where: str) -> ir.Region:

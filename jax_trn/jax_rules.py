@@ -74,8 +74,10 @@ def register() -> None:
                            _lower_fun(mlir, _cumlogsumexp, False),
                            platform="trn")
     from jax_trn import jax_callbacks, jax_mx
+    from jax_trn.kernels import call as kernel_call
     jax_callbacks.register()
     jax_mx.register()
+    kernel_call.register()
     _enable_donation(mlir)
     _done = True
 

@@ -70,6 +70,9 @@ class Kernel:
     ops: list[str] = field(default_factory=list)    # source ops: "dot_general at f.py:3"
     flops: int = 0                             # useful (model) FLOPs of the source ops
     notes: list[str] = field(default_factory=list)  # compiler notes: fusion decisions, ...
+    # A hand-written kernel's source line of each instruction ("norm.py:31"), aligned
+    # with `instructions`; empty for compiler-generated kernels.
+    lines: list[str] = field(default_factory=list)
 
     def __getstate__(self):
         """Pickled without the simulator's cached facts (`kernel_facts`)."""

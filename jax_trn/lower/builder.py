@@ -85,6 +85,8 @@ class KernelBuilder:
     def __init__(self, name: str, target: Target):
         self.name, self.target = name, target
         self.instrs: list[isa.Instr] = []
+        self.lines: list[str] = []              # per instruction: its source line, when
+                                                # a hand-written kernel gave them
         self.flops = 0                          # useful FLOPs of the source ops
         self.notes: list[str] = []              # compiler notes for the Kernel
         self.dram: dict[str, DramTensor] = {}
@@ -152,4 +154,4 @@ class KernelBuilder:
         return Kernel(name=self.name, instructions=list(insert_semaphores(self.instrs)),
                       dram=dict(self.dram), sbuf_bytes=self.sbuf.peak,
                       psum_bytes=self.psum.peak, ops=list(ops), flops=self.flops,
-                      notes=list(self.notes))
+                      notes=list(self.notes), lines=list(self.lines))

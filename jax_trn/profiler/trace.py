@@ -43,6 +43,7 @@ class Instruction:
     flops: int = 0             # TensorE FLOPs
     waits: tuple[tuple[str, int], ...] = ()
     waited_on: str | None = None   # the queue whose semaphore released it last
+    line: str = ""             # a hand-written kernel's source line of this instruction
 
     @property
     def engine(self) -> str:
@@ -65,7 +66,10 @@ class Instruction:
 
     @property
     def source(self) -> str:
-        """The source line of the kernel's dominant source op ("f.py:12")."""
+        """The instruction's own line in a hand-written kernel ("norm.py:31"), else the
+        source line of the kernel's dominant source op ("f.py:12")."""
+        if self.line:
+            return self.line
         return parse_op(self.ops[0])[1] if self.ops else ""
 
     @property
@@ -148,7 +152,12 @@ def _instruction(record, ev, entry, spec) -> Instruction:
         wait_start_ns=ev.wait_start_ns, bytes=int(ev.bytes),
         hbm_bytes=int(getattr(instr, "hbm_bytes", 0)) if dma else 0,
         descriptor_bytes=_descriptor_bytes(instr, ev, spec) if dma else 0,
-        flops=int(ev.flops), waits=waits)
+        flops=int(ev.flops), waits=waits, line=_line(record, index))
+
+
+def _line(record, index: int) -> str:
+    lines = getattr(getattr(record, "kernel", None), "lines", None)
+    return lines[index] if lines and 0 <= index < len(lines) else ""
 
 
 def _descriptor_bytes(instr, ev, spec) -> int:

@@ -1,0 +1,260 @@
+"""The tensors a kernel names: HBM tensors and on-chip tiles, and views of them.
+
+    a[i * 128:(i + 1) * 128, :]      an `HbmView`: an access pattern over a DRAM tensor
+    t[0:64, 0:512:2]                 a `TileView`: partitions 0..63 of SBUF/PSUM tile `t`,
+                                     every other element of its first 512
+
+Indexing is numpy's basic indexing (ints, slices with a positive step, `...`); an int
+drops its axis, except on a tile's partition axis, which a tile always keeps (an int
+there selects one partition). The first axis of an on-chip tensor is the partition
+axis (at most 128, §3.1); the others are free axes laid out row-major in each
+partition. An HBM view indexed by a [P, 1] tile of int32 row numbers (`table[idx, :]`)
+is an indirect access: `dma_copy` of it is a gather (a store to it, a scatter, §3.4).
+
+A view turns into the ISA's operands (`jax_trn.hw.isa.Tile`, `DramAP`) with `tile()`
+and `ap()`; the instruction checks its own constraints when it is built.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from jax_trn.hw import dtypes as hw_dtypes
+from jax_trn.hw import isa
+from jax_trn.hw.program import DramTensor
+
+from .errors import KernelError
+
+__all__ = ["HbmView", "TileView", "normalize_dtype"]
+
+
+def normalize_dtype(dtype) -> str:
+    """The hardware's name of `dtype` (a name, a numpy / ml_dtypes / jnp dtype)."""
+    if isinstance(dtype, str):
+        name = dtype
+    else:
+        import numpy as np
+        name = getattr(dtype, "name", None) or np.dtype(dtype).name
+    if name == "bool_":
+        name = "bool"
+    try:
+        hw_dtypes.np_dtype(name)
+    except (KeyError, TypeError):
+        raise KernelError(f"{dtype!r} is not an element type of the hardware (§4)") from None
+    return name
+
+
+def _index_tuple(index, ndim: int) -> tuple:
+    index = index if isinstance(index, tuple) else (index,)
+    if sum(i is Ellipsis for i in index) > 1:
+        raise KernelError("an index can have only one '...'")
+    if Ellipsis in index:
+        at = index.index(Ellipsis)
+        fill = ndim - (len(index) - 1)
+        index = index[:at] + (slice(None),) * fill + index[at + 1:]
+    if len(index) > ndim:
+        raise KernelError(f"too many indices ({len(index)}) for a tensor of rank {ndim}")
+    return index + (slice(None),) * (ndim - len(index))
+
+
+def _axis(i, size: int, axis: int):
+    """(start, step, count, keep) of index `i` on an axis of `size`."""
+    if isinstance(i, slice):
+        start, stop, step = i.indices(size)
+        if step <= 0:
+            raise KernelError(f"axis {axis}: slice step must be positive, got {i.step}")
+        count = max(0, -(-(stop - start) // step))
+        if count == 0:
+            raise KernelError(f"axis {axis}: empty slice {i} of size {size}")
+        return start, step, count, True
+    if hasattr(i, "__index__"):
+        k = i.__index__()
+        if not -size <= k < size:
+            raise KernelError(f"axis {axis}: index {k} out of range for size {size}")
+        return k % size, 1, 1, False
+    raise KernelError(f"axis {axis}: unsupported index {i!r} (ints and slices; a [P, 1] "
+                      "int32 tile on an HBM tensor's first axis for an indirect access)")
+
+
+@dataclass(frozen=True)
+class HbmView:
+    """Elements `offset + sum(i_k * strides[k])` of DRAM tensor `tensor`, i_k < shape[k];
+    with `indices` (a [P, 1] int32 tile), row i of axis 0 is row `indices[i]`."""
+    tensor: DramTensor
+    offset: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    indices: "TileView | None" = None
+    rows: int = 0                     # indirect: the table's rows (axis 0)
+
+    @staticmethod
+    def whole(t: DramTensor) -> "HbmView":
+        strides, acc = [], 1
+        for d in reversed(t.shape):
+            strides.append(acc)
+            acc *= d
+        return HbmView(t, 0, tuple(t.shape), tuple(reversed(strides)))
+
+    @property
+    def dtype(self) -> str:
+        return self.tensor.dtype
+
+    @property
+    def name(self) -> str:
+        return self.tensor.name
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def __getitem__(self, index) -> "HbmView":
+        if self.indices is not None:
+            raise KernelError("an indirect view cannot be indexed further")
+        index = index if isinstance(index, tuple) else (index,)
+        if index and isinstance(index[0], TileView):
+            return self._indirect(index[0], index[1:])
+        index = _index_tuple(index, len(self.shape))
+        offset, shape, strides = self.offset, [], []
+        for k, (i, n, s) in enumerate(zip(index, self.shape, self.strides)):
+            start, step, count, keep = _axis(i, n, k)
+            offset += start * s
+            if keep:
+                shape.append(count)
+                strides.append(step * s)
+        return HbmView(self.tensor, offset, tuple(shape), tuple(strides))
+
+    def _indirect(self, idx: "TileView", rest: tuple) -> "HbmView":
+        if idx.dtype not in ("int32", "uint32") or idx.free_size != 1:
+            raise KernelError(f"an indirect index must be a [P, 1] int32 tile, got "
+                              f"{idx.shape} {idx.dtype}")
+        if len(self.shape) < 2:
+            raise KernelError("an indirect access needs a tensor of rank >= 2 (rows)")
+        row = self[(0,) + rest]             # the columns taken of each row
+        return HbmView(self.tensor, row.offset, (idx.num_partitions,) + row.shape,
+                       (self.strides[0],) + row.strides, idx, self.shape[0])
+
+    def reshape(self, *shape) -> "HbmView":
+        shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) \
+            else tuple(shape)
+        if math.prod(shape) != self.size or not self.contiguous:
+            raise KernelError(f"cannot reshape a view of shape {self.shape} (contiguous: "
+                              f"{self.contiguous}) to {shape}")
+        return HbmView(self.tensor, self.offset, shape, _row_major(shape))
+
+    @property
+    def contiguous(self) -> bool:
+        return self.indices is None and self.strides == _row_major(self.shape)
+
+    def ap(self) -> isa.DramAP:
+        """The access pattern: (stride, count) pairs, outermost first (§3.1)."""
+        shape = (self.rows,) + self.shape[1:] if self.indices is not None else self.shape
+        pattern = tuple((s, n) for s, n in zip(self.strides, shape)) or ((1, 1),)
+        return isa.DramAP(self.tensor.name, self.offset, pattern, self.tensor.dtype)
+
+    def __repr__(self) -> str:
+        return f"HbmView({self.tensor.name}{list(self.shape)} {self.dtype})"
+
+
+def _row_major(shape) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= d
+    return tuple(reversed(strides))
+
+
+@dataclass(frozen=True)
+class TileView:
+    """Partitions [start, start + num_partitions) of on-chip memory `mem`, and in each
+    the elements at byte `offset` + itemsize * sum(i_k * strides[k]), i_k < free[k]."""
+    mem: str
+    start_partition: int
+    num_partitions: int
+    offset: int
+    free: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: str
+    label: str = ""                   # what the kernel called it (for messages)
+    base: int = -1                    # the allocation it views (the tracer's id)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.num_partitions, *self.free)
+
+    @property
+    def byte_span(self) -> tuple[int, int]:
+        """[lo, hi) bytes of each partition the view touches."""
+        item = hw_dtypes.itemsize(self.dtype)
+        return (self.offset, self.offset + item * (1 + sum((n - 1) * s for n, s in
+                                                            zip(self.free, self.strides))))
+
+    def __setitem__(self, index, value) -> None:
+        """Only as the end of `tile[...] += nisa.nc_matmul(...)` (the matmul's
+        `__radd__` accumulates into the view and returns it); copies are instructions
+        (`nisa.tensor_copy`)."""
+        if value != self[index]:
+            raise KernelError("tile[...] = value: write tiles with an instruction "
+                              "(nisa.tensor_copy(dst=tile[...], src=value), ...)")
+
+    @property
+    def free_size(self) -> int:
+        return math.prod(self.free)
+
+    @property
+    def buffer(self) -> str:
+        return self.mem
+
+    def __getitem__(self, index) -> "TileView":
+        index = _index_tuple(index, 1 + len(self.free))
+        start, step, count, _ = _axis(index[0], self.num_partitions, 0)
+        if step != 1:
+            raise KernelError("the partition axis takes contiguous ranges only (§3.1)")
+        offset, free, strides = self.offset, [], []
+        item = hw_dtypes.itemsize(self.dtype)
+        for k, (i, n, s) in enumerate(zip(index[1:], self.free, self.strides), 1):
+            first, st, cnt, keep = _axis(i, n, k)
+            offset += first * s * item
+            if keep:
+                free.append(cnt)
+                strides.append(st * s)
+        if not free:
+            free, strides = [1], [1]
+        return TileView(self.mem, self.start_partition + start, count, offset,
+                        tuple(free), tuple(strides), self.dtype, self.label, self.base)
+
+    def reshape(self, *shape) -> "TileView":
+        shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) \
+            else tuple(shape)
+        if shape[0] != self.num_partitions or math.prod(shape[1:]) != self.free_size \
+                or not self.contiguous:
+            raise KernelError(f"cannot reshape tile {self.shape} to {shape}: the partition "
+                              "axis stays, and the free axes must be contiguous")
+        return TileView(self.mem, self.start_partition, self.num_partitions, self.offset,
+                        tuple(shape[1:]), _row_major(shape[1:]), self.dtype, self.label,
+                        self.base)
+
+    def view(self, dtype) -> "TileView":
+        """The same bytes read as `dtype` (NKI `view`): the last free axis rescaled."""
+        dtype = normalize_dtype(dtype)
+        old, new = hw_dtypes.itemsize(self.dtype), hw_dtypes.itemsize(dtype)
+        if not self.contiguous or (self.free[-1] * old) % new:
+            raise KernelError(f"cannot view tile {self.shape} {self.dtype} as {dtype}")
+        free = self.free[:-1] + (self.free[-1] * old // new,)
+        return TileView(self.mem, self.start_partition, self.num_partitions, self.offset,
+                        free, _row_major(free), dtype, self.label, self.base)
+
+    @property
+    def contiguous(self) -> bool:
+        return self.strides == _row_major(self.free)
+
+    def tile(self) -> isa.Tile:
+        try:
+            return isa.Tile(self.mem, self.start_partition, self.num_partitions, self.offset,
+                            self.free, self.dtype,
+                            None if self.contiguous else self.strides)
+        except isa.IsaError as e:
+            raise KernelError(f"tile {self.label or ''}{list(self.shape)}: {e}") from None
+
+    def __repr__(self) -> str:
+        return (f"TileView({self.label or self.mem}[{self.start_partition}:"
+                f"{self.start_partition + self.num_partitions}] {list(self.free)} {self.dtype})")
