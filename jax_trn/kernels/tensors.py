@@ -141,6 +141,21 @@ class HbmView:
                               f"{self.contiguous}) to {shape}")
         return HbmView(self.tensor, self.offset, shape, _row_major(shape))
 
+    def broadcast_to(self, *shape) -> "HbmView":
+        """The view repeated along new leading axes or its size-1 axes (stride 0):
+        `w.reshape((1, D)).broadcast_to((128, D))` loads row w into every partition."""
+        shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) \
+            else tuple(shape)
+        extra = len(shape) - len(self.shape)
+        if extra < 0:
+            raise KernelError(f"cannot broadcast {self.shape} to {shape}")
+        strides = [0] * extra
+        for n, m, s in zip(self.shape, shape[extra:], self.strides):
+            if n != m and n != 1:
+                raise KernelError(f"cannot broadcast {self.shape} to {shape}")
+            strides.append(s if n == m else 0)
+        return HbmView(self.tensor, self.offset, shape, tuple(strides))
+
     @property
     def contiguous(self) -> bool:
         return self.indices is None and self.strides == _row_major(self.shape)
