@@ -61,9 +61,10 @@ def current() -> "Tracer":
 
 
 def user_line() -> str:
-    """"file.py:12" of the innermost frame outside this package (the kernel's line)."""
+    """"file.py:12" of the innermost frame outside this package's modules (the
+    kernel's line; kernels in examples/ are user code)."""
     f = sys._getframe(1)
-    while f is not None and os.path.abspath(f.f_code.co_filename).startswith(_HERE):
+    while f is not None and os.path.dirname(os.path.abspath(f.f_code.co_filename)) == _HERE:
         f = f.f_back
     if f is None:
         return "?"
