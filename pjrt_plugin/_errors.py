@@ -35,8 +35,9 @@ def code_for(exc: BaseException) -> Code:
         return Code.UNIMPLEMENTED
     if isinstance(exc, LookupError):
         return Code.NOT_FOUND
-    if isinstance(exc, (ValueError, TypeError)) or type(exc).__name__.endswith(
-            ("LoweringError", "CompileError", "VerifyError", "HloImportError", "IsaError")):
+    if isinstance(exc, (ValueError, TypeError)) or any(c.__name__.endswith(
+            ("LoweringError", "CompileError", "VerifyError", "HloImportError", "IsaError"))
+            for c in type(exc).__mro__):         # subclasses too (kernels.KernelError)
         return Code.INVALID_ARGUMENT
     return Code.INTERNAL
 

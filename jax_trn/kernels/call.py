@@ -1,8 +1,9 @@
 """A hand-written kernel as a JAX primitive, `trn_kernel`: one call of a kernel in a
 JAX program.
 
-- **shapes**: the kernel is traced (for the process's NeuronCore generation) to learn
-  what it returns (`kernel.out_types`, cached);
+- **shapes**: the kernel is traced (for NeuronCore-v4, the most capable) to learn what
+  it returns (`kernel.out_types`, cached); the rules of the generation a program is
+  compiled for are checked when it is compiled;
 - **on trn**: one `custom_call @trn.kernel` whose backend_config names the kernel
   ("kernel=<key>", `kernel.Call.key`); the importer makes it a `kernel_call` op and the
   compiler's rule (rule.py) traces the kernel into that op's kernel, for the
@@ -44,7 +45,10 @@ kernel_p.def_impl(partial(dispatch.apply_primitive, kernel_p))
 
 
 def _target() -> Target:
-    return Target.of(resolve_system(None).chip.core)
+    """Shapes are traced for the most capable core (NeuronCore-v4): what a kernel
+    breaks on the generation it is compiled for is reported when it is compiled."""
+    from jax_trn.hw.spec import CHIPS
+    return Target.of(CHIPS["trn3"].core)
 
 
 def _types(call: Call, avals):

@@ -51,13 +51,28 @@ sbuf, psum = "sbuf", "psum"
 shared_hbm = hbm = private_hbm = "hbm"
 
 
-class tile_size:
-    """Tile limits (§2.2, §3.1, §3.2); NeuronCore-v4 takes moving tiles up to 4096."""
+class _TileSize:
+    """Tile limits of the core the kernel is traced for (§2.2, §3.1, §3.2), read while
+    tracing: `nl.tile_size.gemm_moving_fmax` is 512 on NeuronCore-v2/v3, 4096 on v4."""
     pmax = 128                        # partitions
     psum_fmax = 512                   # FP32 elements of one PSUM bank per partition
     gemm_stationary_fmax = 128        # stationary free size (PE columns)
-    gemm_moving_fmax = 512            # moving free size (v2 / v3)
-    total_available_sbuf_size = None  # per generation: the target's SBUF per partition
+
+    @property
+    def gemm_moving_fmax(self) -> int:
+        return trace.current().target.moving_max
+
+    @property
+    def total_available_sbuf_size(self) -> int:
+        """SBUF bytes per partition a kernel may allocate."""
+        return trace.current().target.sbuf_bytes
+
+    @property
+    def psum_banks(self) -> int:
+        return trace.current().target.psum_banks
+
+
+tile_size = _TileSize()
 
 
 # --- tensors ----------------------------------------------------------------------------------

@@ -380,7 +380,7 @@ class StepCtx:
         except LoweringError as e:
             if op.describe() in str(e):
                 raise
-            raise LoweringError(f"{e} ({op.describe()})") from e
+            raise type(e)(f"{e} ({op.describe()})") from e     # a subclass stays one
         self._steps.append(ctx.kb.finish(label))
 
     def _builder(self, name: str, notes) -> KernelBuilder:

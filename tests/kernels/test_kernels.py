@@ -281,3 +281,20 @@ def test_estimate_with_a_kernel(jax):
     assert ex.generation == "trn1"
     assert [k.name.split(".")[0] for k in ex.kernels] == ["matmul_fast"]
     assert ex.mfu > 0.5
+
+
+def test_compile_error_names_the_line_and_the_process_goes_on(jax, trn):
+    @kernels.jit
+    def wide(lhsT, rhs):
+        out = nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.shared_hbm)
+        acc = nl.zeros((128, 1024), nl.float32, buffer=nl.psum)
+        acc += nisa.nc_matmul(nl.load(lhsT), nl.load(rhs))   # too wide before v4
+        nl.store(out, nl.copy(acc))
+        return out
+    a = jax.device_put(_x(128, 128, dtype=ml_dtypes.bfloat16), trn)
+    b = jax.device_put(_x(128, 1024, dtype=ml_dtypes.bfloat16), trn)
+    with pytest.raises(Exception, match=r"INVALID_ARGUMENT: kernel wide at "
+                       + _line_of(wide, "too wide before v4").replace(".", r"\.")):
+        jax.jit(wide)(a, b)
+    got = jax.jit(lambda x: scale_kernel(x, 2.0))(jax.device_put(np.ones((128, 8), np.float32), trn))
+    np.testing.assert_array_equal(np.asarray(got), 2.0)

@@ -13,7 +13,7 @@ then one matmul. TensorE mostly waits for the DMAs (4096^3 on Trn2: ~10% of peak
 `matmul_fast` (4096^3 on Trn2: >90% of peak, benchmarks/kernels.py) reuses what it
 loads:
 - a block of rhs, all K rows x `N_BLOCK` columns (128 KiB per partition at 2048
-  columns), stays in SBUF while every row tile of the output passes it (rhs is read
+  columns, fewer columns where SBUF is smaller: Trn1), stays in SBUF while every row tile of the output passes it (rhs is read
   from HBM once; rows of 4 KiB: full-rate descriptors, §3.4);
 - lhsT is loaded as strips of `M_STRIP` columns per k-tile (1 KiB descriptors), two
   strips in flight (the second loads while TensorE works on the first);
@@ -53,8 +53,12 @@ def matmul_basic(lhsT, rhs):
 def matmul_fast(lhsT, rhs):
     k_dim, m_dim = lhsT.shape
     _, n_dim = rhs.shape
-    kt, nb = k_dim // 128, min(N_BLOCK, n_dim)
-    ms = min(M_STRIP, m_dim)
+    kt, ms = k_dim // 128, min(M_STRIP, m_dim)
+    nb = min(N_BLOCK, n_dim)
+    item = 2 if lhsT.dtype in (nl.bfloat16, nl.float16) else 4
+    while nb > 512 and item * kt * (nb + 2 * ms) + 2 * item * nb > \
+            nl.tile_size.total_available_sbuf_size - 1024:
+        nb //= 2                      # Trn1's SBUF takes a 1024-column block
     out = nl.ndarray((m_dim, n_dim), dtype=lhsT.dtype, buffer=nl.shared_hbm)
     block = nl.ndarray((128, kt, nb), dtype=rhs.dtype, buffer=nl.sbuf)
     for n0 in nl.sequential_range(0, n_dim, nb):
