@@ -501,3 +501,15 @@ def _side(t, v, what: str, read: bool = False):
     raise t.error(f"DMA {what} must be an HBM tensor or an SBUF tile, got "
                   f"{type(v).__name__}")
 
+
+
+class nc_version:
+    """NeuronCore generations, as `get_nc_version` names them (§6, [NKI-ISA])."""
+    gen2, gen3, gen4 = "gen2", "gen3", "gen4"     # Trn1 / Inf2, Trn2, Trn3
+
+
+def get_nc_version() -> str:
+    """The generation the kernel is being traced for: a kernel may choose its schedule
+    by it (shapes are traced for gen4 first; the results must not depend on it)."""
+    return {"trn1": nc_version.gen2, "trn2": nc_version.gen3,
+            "trn3": nc_version.gen4}[trace.current().target.generation]
