@@ -17,8 +17,9 @@ input shapes and dtypes, generation): `trace_for` returns a `Traced` kernel whos
 `Kernel` runs on a NeuronCore as is.
 
 `key` identifies a kernel and its static arguments across processes (a digest of its
-module, name, source and static arguments), so a compiled program that calls it is
-cached and reloaded like any other (jax_trn.runtime.compile_cache).
+name, its module's source and its static arguments), so a compiled program that calls
+it is cached and reloaded like any other (jax_trn.runtime.compile_cache), and an edit to
+the kernel or its module's helpers and constants makes a new key.
 """
 from __future__ import annotations
 
@@ -56,6 +57,17 @@ def is_array(v) -> bool:
     return hasattr(v, "shape") and hasattr(v, "dtype") and not isinstance(v, type)
 
 
+def _source(fn) -> str:
+    """What a kernel's trace depends on, for its key: the source of its whole module
+    (helpers, constants) where there is one, else of the function (a notebook cell)."""
+    for obj in (inspect.getmodule(fn), fn):
+        try:
+            return inspect.getsource(obj)
+        except (OSError, TypeError):
+            continue
+    return getattr(fn, "__qualname__", repr(fn))
+
+
 class KernelFunction:
     """A kernel written in the kernel language (see the module docstring)."""
 
@@ -63,10 +75,7 @@ class KernelFunction:
         functools.update_wrapper(self, fn)
         self.fn, self.name = fn, name or fn.__name__
         self.vmap_rule = None
-        try:
-            src = inspect.getsource(fn)
-        except (OSError, TypeError):
-            src = getattr(fn, "__qualname__", repr(fn))
+        src = _source(fn)
         self._digest = hashlib.sha256(
             f"{fn.__module__}:{fn.__qualname__}\n{src}".encode()).hexdigest()[:16]
         code = getattr(fn, "__code__", None)

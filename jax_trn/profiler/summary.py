@@ -14,6 +14,7 @@ from jax_trn.hw.trace import merged
 from . import metrics
 from .devices import device_rows, program_kind, program_rows, ranges  # noqa: F401
 from .insights import insights
+from .lines import kernel_lines
 from .engines import ENGINE_NAMES, ENGINES
 
 TOP_KERNELS = 8
@@ -25,6 +26,7 @@ class Summary:
         self.totals = metrics.totals(self.executions)
         self.kernels = metrics.kernel_stats(self.executions)
         self.insights = insights(self.executions, self.kernels)
+        self.lines = kernel_lines(self.executions)
 
     def to_dict(self) -> dict:
         t, exs = self.totals, self.executions
@@ -58,6 +60,7 @@ class Summary:
             "programs": program_rows(exs),
             "per_device": device_rows(exs, _time),
             "insights": [i.to_dict() for i in self.insights],
+            "kernel_lines": [r.to_dict() for r in self.lines],
         }
 
     def __str__(self) -> str:
@@ -217,7 +220,25 @@ def _source(ops: list[str]) -> str:
 def format_summary(d: dict) -> str:
     return "\n".join([*_overview(d), "", *_engines(d), "", *_program_lines(d),
                       *_device_lines(d), *_kernel_table(d), *_collective_lines(d), "",
-                      *_insight_lines(d)]).rstrip() + "\n"
+                      *_line_table(d), *_insight_lines(d)]).rstrip() + "\n"
+
+
+def _line_table(d: dict) -> list[str]:
+    """Hand-written kernels (jax_trn.kernels): their busiest source lines."""
+    rows = d.get("kernel_lines") or []
+    if not rows:
+        return []
+    top = rows[:TOP_KERNELS]
+    width = max(len(f"{r['kernel']} {r['line']}") for r in top)
+    lines = [f"hand-written kernel lines ({len(top)} of {len(rows)}, by busy time)",
+             f"  {'kernel line':<{width}}  {'engine':<8} {'instrs':>6}  {'busy':>10}  "
+             f"{'waiting':>10}  on"]
+    for r in top:
+        lines.append(f"  {r['kernel'] + ' ' + r['line']:<{width}}  "
+                     f"{ENGINE_NAMES.get(r['engine'], r['engine']):<8} {r['instructions']:>6}  "
+                     f"{_time(r['busy_s']):>10}  {_time(r['wait_s']):>10}  "
+                     f"{ENGINE_NAMES.get(r['waited_on'], r['waited_on'])}")
+    return lines + [""]
 
 
 def _overview(d: dict) -> list[str]:

@@ -191,7 +191,11 @@ def test_profile_points_back_to_kernel_lines(tmp_path):
     trace = ex.trace_events()
     assert any(e.get("args", {}).get("source", "").startswith("softmax.py:")
                for e in trace["traceEvents"])
-    assert "softmax_kernel" in str(ex.summary())
+    text = str(ex.summary())
+    assert "softmax_kernel" in text and "hand-written kernel lines" in text
+    rows = ex.summary().to_dict()["kernel_lines"]
+    assert {r["engine"] for r in rows} >= {"dma", "vector", "scalar"}
+    assert sum(r["instructions"] for r in rows) == len(ex.instructions)
 
 
 # --- from JAX -------------------------------------------------------------------------------
@@ -298,3 +302,21 @@ def test_compile_error_names_the_line_and_the_process_goes_on(jax, trn):
         jax.jit(wide)(a, b)
     got = jax.jit(lambda x: scale_kernel(x, 2.0))(jax.device_put(np.ones((128, 8), np.float32), trn))
     np.testing.assert_array_equal(np.asarray(got), 2.0)
+
+
+def test_flash_attention_against_cpu_dot_product_attention(jax, trn, cpu):
+    from jax_trn.kernels.examples.flash_attention import flash_fwd
+    q, k, v = (_x(512, 2, 128, dtype=ml_dtypes.bfloat16) for _ in range(3))
+
+    def kernel(q, k, v):
+        return flash_fwd(q, k, v)
+
+    def library(q, k, v):
+        return jax.nn.dot_product_attention(q[None], k[None], v[None], is_causal=True)[0]
+
+    got = jax.jit(kernel)(*(jax.device_put(a, trn) for a in (q, k, v)))
+    want = jax.jit(library)(*(jax.device_put(a, cpu) for a in (q, k, v)))
+    assert_close(np.asarray(got).astype(np.float32), np.asarray(want).astype(np.float32),
+                 "bfloat16")
+    on_cpu = jax.jit(kernel)(*(jax.device_put(a, cpu) for a in (q, k, v)))
+    np.testing.assert_array_equal(np.asarray(on_cpu), np.asarray(got))
