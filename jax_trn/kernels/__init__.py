@@ -28,6 +28,7 @@ from __future__ import annotations
 from . import isa, language  # noqa: F401
 from . import call, rule  # noqa: F401  (the JAX primitive; the lowering rule)
 from .errors import KernelError
-from .kernel import KernelFunction, KernelRun, jit, simulate
+from .kernel import KernelFunction, KernelRun, jit, simulate, simulate_kernel
 
-__all__ = ["jit", "simulate", "KernelError", "KernelFunction", "KernelRun", "language", "isa"]
+__all__ = ["jit", "simulate", "simulate_kernel", "KernelError", "KernelFunction", "KernelRun",
+           "language", "isa"]

@@ -279,3 +279,10 @@ def simulate(kernel: KernelFunction, *args, system=None, **kwargs) -> KernelRun:
                               call_host=False)
     ex = make_execution(call.name, prog, sysm, [0], records)
     return KernelRun(outs, ex, prog.steps[0])
+
+
+def simulate_kernel(kernel: KernelFunction, *args, system=None, **kwargs):
+    """NKI's `simulate_kernel`: the kernel's results on numpy inputs (one array, or a
+    tuple when it returns several); `simulate` also gives the profile."""
+    run = simulate(kernel, *args, system=system, **kwargs)
+    return run.outputs[0] if len(run.outputs) == 1 else tuple(run.outputs)

@@ -30,7 +30,7 @@ import numpy as np
 
 from . import isa as nisa
 from . import trace
-from .tensors import HbmView, TileView, normalize_dtype
+from .tensors import AffineIndex, HbmView, TileView, normalize_dtype
 
 # --- element types (§4) -------------------------------------------------------------------
 bool_ = np.dtype(np.bool_)
@@ -128,6 +128,30 @@ def _buffer(x) -> str:
 def par_dim(n: int) -> int:
     """NKI's partition-dimension marker: the first axis is always the partition axis."""
     return n
+
+
+# --- index expressions ----------------------------------------------------------------------------
+
+def arange(*args) -> AffineIndex:
+    """`nl.arange(n)` (or start, stop[, step]): an index expression over one axis;
+    `nl.arange(128)[:, None]` on a grid's first axis, `[None, :]` its second."""
+    r = range(*args)
+    return AffineIndex(r.start, r.step, len(r))
+
+
+class _MGrid:
+    """`nl.mgrid[0:128, 0:512]`: one index expression per axis of a grid."""
+
+    def __getitem__(self, index):
+        index = index if isinstance(index, tuple) else (index,)
+        out = []
+        for k, sl in enumerate(index):
+            r = range(sl.start or 0, sl.stop, sl.step or 1)
+            out.append(AffineIndex(r.start, r.step, len(r), len(index), k))
+        return tuple(out) if len(out) > 1 else out[0]
+
+
+mgrid = _MGrid()
 
 
 # --- loops -------------------------------------------------------------------------------------

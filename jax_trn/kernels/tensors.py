@@ -57,8 +57,53 @@ def _index_tuple(index, ndim: int) -> tuple:
     return index + (slice(None),) * (ndim - len(index))
 
 
+@dataclass(frozen=True)
+class AffineIndex:
+    """NKI's index expressions: `nl.arange(n)` (`[:, None]` / `[None, :]` put it on the
+    first / second axis of a grid), `nl.mgrid[0:128, 0:512]`, and `start + step * them`:
+    the values start, start + step, ..., `size` of them. Indexing a tensor with them
+    takes those elements of that axis (a strided slice)."""
+    start: int
+    step: int
+    size: int
+    ndim: int = 1
+    dim: int = 0
+
+    def __getitem__(self, index) -> "AffineIndex":
+        index = index if isinstance(index, tuple) else (index,)
+        if self.ndim != 1 or sorted(map(repr, index)) != sorted(["None", repr(slice(None))]):
+            raise KernelError(f"index expression [{index}]: use [:, None] or [None, :]")
+        return AffineIndex(self.start, self.step, self.size, 2,
+                           0 if index[1] is None else 1)
+
+    def _num(self, c) -> int:
+        if not hasattr(c, "__index__"):
+            raise KernelError(f"index expressions combine with ints, not {c!r}")
+        return c.__index__()
+
+    def __add__(self, c):
+        return AffineIndex(self.start + self._num(c), self.step, self.size, self.ndim, self.dim)
+
+    __radd__ = __add__
+
+    def __sub__(self, c):
+        return self + (-self._num(c))
+
+    def __mul__(self, c):
+        c = self._num(c)
+        return AffineIndex(self.start * c, self.step * c, self.size, self.ndim, self.dim)
+
+    __rmul__ = __mul__
+
+
 def _axis(i, size: int, axis: int):
     """(start, step, count, keep) of index `i` on an axis of `size`."""
+    if isinstance(i, AffineIndex):
+        last = i.start + i.step * (i.size - 1)
+        if i.step <= 0 or i.start < 0 or last >= size:
+            raise KernelError(f"axis {axis}: index expression {i.start} + {i.step} * "
+                              f"arange({i.size}) outside 0..{size - 1}")
+        return i.start, i.step, i.size, True
     if isinstance(i, slice):
         start, stop, step = i.indices(size)
         if step <= 0:

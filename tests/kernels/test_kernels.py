@@ -96,6 +96,8 @@ def test_static_arguments_and_several_results():
         return a, b
     x = _x(128, 32)
     a, b = kernels.simulate(two, x, k=3, system="trn2").outputs
+    a2, _ = kernels.simulate_kernel(two, x, k=3, system="trn2")      # NKI's name
+    np.testing.assert_array_equal(a, a2)
     np.testing.assert_allclose(a, 3 * x, rtol=1e-6)
     np.testing.assert_allclose(b, x.sum(1, keepdims=True), rtol=1e-5, atol=1e-5)
 
@@ -320,3 +322,25 @@ def test_flash_attention_against_cpu_dot_product_attention(jax, trn, cpu):
                  "bfloat16")
     on_cpu = jax.jit(kernel)(*(jax.device_put(a, cpu) for a in (q, k, v)))
     np.testing.assert_array_equal(np.asarray(on_cpu), np.asarray(got))
+
+
+def test_nki_index_expressions():
+    @kernels.jit
+    def tiled_copy(x):
+        out = nl.ndarray((128, 64), dtype=x.dtype, buffer=nl.shared_hbm)
+        i_p, i_f = nl.arange(128)[:, None], nl.arange(64)[None, :]
+        t = nl.load(x[i_p + 128, 2 * i_f])                  # rows 128.., every other column
+        ip, jf = nl.mgrid[0:128, 0:32]
+        nisa.dma_copy(dst=out[ip, jf], src=t[ip, jf * 2 + 1])
+        nisa.dma_copy(dst=out[ip, jf + 32], src=t[ip, jf * 2])
+        return out
+    x = _x(256, 128)
+    got = kernels.simulate(tiled_copy, x, system="trn2").outputs[0]
+    t = x[128:, 0:128:2]
+    np.testing.assert_array_equal(got, np.concatenate([t[:, 1::2], t[:, 0::2]], 1))
+    with pytest.raises(kernels.KernelError, match="outside 0..255"):
+        @kernels.jit
+        def oob(x):
+            nl.load(x[nl.arange(128)[:, None] + 200, nl.arange(4)[None, :]])
+            return x
+        kernels.simulate(oob, x, system="trn2")
