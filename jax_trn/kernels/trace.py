@@ -96,6 +96,7 @@ class Tracer:
         self.name, self.kb, self.target = name, kb, kb.target
         self._hbm = hbm
         self.inputs = {t.name for t in inputs}
+        self._known = {t.name: t for t in inputs}  # every DRAM tensor the kernel may name
         self.loops: list[_Loop] = []
         self.lines: list[str] = []               # per instruction of kb.instrs
         self.hbm_made: list[DramTensor] = []
@@ -133,10 +134,11 @@ class Tracer:
         return instr
 
     def _note_dram(self, name: str) -> None:
+        """The kernel names DRAM tensor `name`: it goes in `Kernel.dram`, which buffer
+        assignment reads for lifetimes (an input missing there could share its HBM
+        slot with the kernel's own output, jax_trn/lower/buffers.py)."""
         if name not in self.kb.dram:
-            t = next((t for t in self.hbm_made if t.name == name), None)
-            if t is not None:
-                self.kb.dram[name] = t
+            self.kb.dram[name] = self._known[name]
 
     def queue(self, queue: int | None) -> int:
         if queue is None:
@@ -150,6 +152,7 @@ class Tracer:
     def hbm(self, shape, dtype) -> HbmView:
         t = self._hbm(tuple(int(d) for d in shape), normalize_dtype(dtype))
         self.hbm_made.append(t)
+        self._known[t.name] = t
         return HbmView.whole(t)
 
     def alloc(self, shape, dtype, mem: str, label: str = "", bufs: int | None = None

@@ -344,3 +344,18 @@ def test_nki_index_expressions():
             nl.load(x[nl.arange(128)[:, None] + 200, nl.arange(4)[None, :]])
             return x
         kernels.simulate(oob, x, system="trn2")
+
+
+def test_kernel_inputs_keep_their_hbm_alive(jax, trn, cpu):
+    """A temporary the kernel reads must not share its HBM slot with the kernel's own
+    result (buffer assignment reads Kernel.dram for lifetimes)."""
+    a = _x(512, 512, dtype=ml_dtypes.bfloat16)
+    b = _x(512, 512, dtype=ml_dtypes.bfloat16)
+
+    def f(a, b):
+        return matmul_basic(a * 2, b) + 1
+
+    got = jax.jit(f)(jax.device_put(a, trn), jax.device_put(b, trn))
+    want = jax.jit(f)(jax.device_put(a, cpu), jax.device_put(b, cpu))
+    assert_close(np.asarray(got).astype(np.float32), np.asarray(want).astype(np.float32),
+                 "bfloat16", atol=0.5)
