@@ -359,3 +359,19 @@ def test_kernel_inputs_keep_their_hbm_alive(jax, trn, cpu):
     want = jax.jit(f)(jax.device_put(a, cpu), jax.device_put(b, cpu))
     assert_close(np.asarray(got).astype(np.float32), np.asarray(want).astype(np.float32),
                  "bfloat16", atol=0.5)
+
+
+@pytest.mark.parametrize("case", ["splat", "twice", "scan", "fori", "cond"])
+def test_kernel_in_programs(jax, trn, cpu, case):
+    jnp = jax.numpy
+    f = {"splat": lambda x: scale_kernel(jnp.ones((128, 64)), 2.0) + x,
+         "twice": lambda x: scale_kernel(x, 2.0) + scale_kernel(x, 3.0),
+         "scan": lambda x: jax.lax.scan(lambda c, _: (scale_kernel(c, 0.5) + 1, c.sum()),
+                                        x, None, length=5)[0],
+         "fori": lambda x: jax.lax.fori_loop(0, 3, lambda i, c: softmax_kernel(c) * 3, x),
+         "cond": lambda x: jax.lax.cond(x.sum() > 0, lambda x: scale_kernel(x, 2.0),
+                                        lambda x: scale_kernel(x, -1.0), x)}[case]
+    x = RNG.random((128, 64)).astype(np.float32)
+    got = jax.jit(f)(jax.device_put(x, trn))
+    want = jax.jit(f)(jax.device_put(x, cpu))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-7)
