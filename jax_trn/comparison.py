@@ -31,6 +31,8 @@ mesh over 16 chips). A system with fewer than N devices is an error naming both.
 """
 from __future__ import annotations
 
+import contextlib
+
 import io
 from dataclasses import dataclass, field
 
@@ -79,7 +81,7 @@ def compare(f, *args, systems=None, name: str | None = None,
               for s in (systems or DEFAULT_SYSTEMS)]
     jit_kw = {k: v for k, v in (("in_shardings", in_shardings),
                                 ("out_shardings", out_shardings)) if v is not None}
-    code, label, n = _stablehlo(f, args, jit_kw)
+    code, label, n = _stablehlo(f, args, jit_kw, chosen[0] if chosen else None)
     small = [s for s in chosen if s.num_devices < n]
     if small:
         raise ValueError(
@@ -104,13 +106,16 @@ def compare(f, *args, systems=None, name: str | None = None,
     return Comparison(name, rows, executions)
 
 
-def _stablehlo(f, args, jit_kw) -> tuple[bytes, str, int]:
+def _stablehlo(f, args, jit_kw, system=None) -> tuple[bytes, str, int]:
     """MLIR bytecode of `jax.jit(f)` lowered for the trn platform (JAX's default
     lowering rules; lowering needs no backend), its name, and how many devices it runs
-    on (num_partitions x num_replicas)."""
+    on (num_partitions x num_replicas). `system`: what the program is traced for (the
+    target hand-written kernels see when JAX asks their shapes)."""
     import jax
+    from jax_trn import config
     args = jax.tree.map(_abstract, args)
-    lowered = jax.jit(f, **jit_kw).trace(*args).lower(lowering_platforms=("trn",))
+    with (config.tracing_for(system) if system is not None else contextlib.nullcontext()):
+        lowered = jax.jit(f, **jit_kw).trace(*args).lower(lowering_platforms=("trn",))
     module = lowered.compiler_ir("stablehlo")
     buf = io.BytesIO()
     module.operation.write_bytecode(file=buf)

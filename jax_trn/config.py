@@ -23,6 +23,7 @@ Compile-time settings can also be given per program, as JAX compiler options:
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import difflib
 import os
@@ -315,6 +316,26 @@ def live() -> Options | None:
 def current() -> Options:
     """The live options, or the ones the backend would start with now."""
     return _live or resolve()
+
+
+_tracing: contextvars.ContextVar[System | None] = contextvars.ContextVar(
+    "jax_trn_tracing_system", default=None)
+
+
+@contextlib.contextmanager
+def tracing_for(system: System):
+    """While JAX traces a program for `system` (`estimate`, `compare`): the system a
+    hand-written kernel (jax_trn.kernels) is traced for when JAX asks its shapes."""
+    token = _tracing.set(system)
+    try:
+        yield
+    finally:
+        _tracing.reset(token)
+
+
+def tracing_system() -> System:
+    """The system a program being traced is for: `tracing_for`'s, else this process's."""
+    return _tracing.get() or current().system
 
 
 def get_system(name: str | None = None) -> System:

@@ -38,8 +38,8 @@ def estimate(f, *args, system=None, in_shardings=None, out_shardings=None,
             system=config.get_system(system) if isinstance(system, str) else system)
     jit_kw = {k: v for k, v in (("in_shardings", in_shardings),
                                 ("out_shardings", out_shardings)) if v is not None}
-    code, label, n = comparison._stablehlo(f, args, jit_kw)
     s = options.system
+    code, label, n = comparison._stablehlo(f, args, jit_kw, s)
     if s.num_devices < n:
         raise ValueError(f"{label} runs on {n} devices (its mesh), more than {s.name} has "
                          f"({s.num_devices} devices)")

@@ -1,9 +1,10 @@
 """A hand-written kernel as a JAX primitive, `trn_kernel`: one call of a kernel in a
 JAX program.
 
-- **shapes**: the kernel is traced (for NeuronCore-v4, the most capable) to learn what
-  it returns (`kernel.out_types`, cached); the rules of the generation a program is
-  compiled for are checked when it is compiled;
+- **shapes**: the kernel is traced for the system the program is traced for
+  (`config.tracing_system`: an estimate's / comparison's, else this process's) to
+  learn what it returns (`kernel.out_types`, cached); the program's compile traces it
+  again for its own target;
 - **on trn**: one `custom_call @trn.kernel` whose backend_config names the kernel
   ("kernel=<key>", `kernel.Call.key`); the importer makes it a `kernel_call` op and the
   compiler's rule (rule.py) traces the kernel into that op's kernel, for the
@@ -45,10 +46,10 @@ kernel_p.def_impl(partial(dispatch.apply_primitive, kernel_p))
 
 
 def _target() -> Target:
-    """Shapes are traced for the most capable core (NeuronCore-v4): what a kernel
-    breaks on the generation it is compiled for is reported when it is compiled."""
-    from jax_trn.hw.spec import CHIPS
-    return Target.of(CHIPS["trn3"].core)
+    """The core the program is traced for: `jax_trn.estimate` / `compare`'s system,
+    else this process's (what `nl.tile_size` reads while JAX asks for shapes)."""
+    from jax_trn import config
+    return Target.of(config.tracing_system().chip.core)
 
 
 def _types(call: Call, avals):

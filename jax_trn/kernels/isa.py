@@ -53,7 +53,7 @@ class MatmulResult:
         if self._tile is None:
             t = trace.current()
             dst = t.alloc(self.shape, "float32", "psum", "matmul")
-            _matmul(t, dst, self.stationary, self.moving, False, self.kw)
+            _matmul(t, dst, self.stationary, self.moving, False, self.kw, self.line)
             self._tile = dst
         return self._tile
 
@@ -139,8 +139,8 @@ def _dst(t, dst, shape, dtype, mem: str = "sbuf") -> TileView:
     return dst
 
 
-def _emit(t, cls, dst_views: list[TileView], matmul: bool = False, **fields):
-    instr = t.emit(cls, **fields)
+def _emit(t, cls, dst_views: list[TileView], matmul: bool = False, line=None, **fields):
+    instr = t.emit(cls, line=line, **fields)
     for v in dst_views:
         if v is not None:
             t.wrote(v, matmul)
@@ -179,13 +179,14 @@ def nc_matmul(*args, dst=None, stationary=None, moving=None, accumulate=None,
     return dst
 
 
-def _matmul(t, dst: TileView, stationary, moving, accumulate: bool, kw: dict) -> None:
+def _matmul(t, dst: TileView, stationary, moving, accumulate: bool, kw: dict,
+            line: str | None = None) -> None:
     fields = {}
     if kw.get("perf_mode") not in (None, "none"):
         fields["perf_mode"] = getattr(kw["perf_mode"], "value", kw["perf_mode"])
     if kw.get("precision") is not None:
         fields["precision"] = kw["precision"]
-    _emit(t, hw.NcMatmul, [dst], True, dst=dst.tile(),
+    _emit(t, hw.NcMatmul, [dst], True, line=line, dst=dst.tile(),
           stationary=_tile_in(t, stationary, "stationary"),
           moving=_tile_in(t, moving, "moving"), accumulate=accumulate, **fields)
 
@@ -199,7 +200,7 @@ def accumulate_into(dst: TileView, other) -> TileView:
     if other._tile is not None:
         raise t.error("this matmul was already used as a value; write `tile += "
                       "nisa.nc_matmul(...)` directly")
-    _matmul(t, dst, other.stationary, other.moving, t.accumulates(dst), other.kw)
+    _matmul(t, dst, other.stationary, other.moving, t.accumulates(dst), other.kw, other.line)
     return dst
 
 

@@ -235,7 +235,8 @@ class TileView:
     strides: tuple[int, ...]
     dtype: str
     label: str = ""                   # what the kernel called it (for messages)
-    base: int = -1                    # the allocation it views (the tracer's id)
+    base: object = None               # the allocation it views (trace._Alloc): alive
+                                      # while any view of it is
 
     @property
     def shape(self) -> tuple[int, ...]:

@@ -7,11 +7,12 @@ is built. What the tracer adds:
 
 - **the kernel's own source line** for every instruction (`Kernel.lines`, shown by the
   profiler) and in every error: the innermost frame outside this package;
-- **allocation scopes**: a tile allocated inside a loop body belongs to one iteration.
-  Each allocation site (line, and the n-th allocation at that line in the iteration)
-  gets a ring of `bufs` buffers (default `DEFAULT_BUFS`, double buffering), handed out
-  in turn, so iteration i+1's loads can overlap iteration i's compute; the rings are
-  freed when the loop ends. A tile allocated outside loops lives until the kernel ends;
+- **lifetimes**: an on-chip tensor's buffer lives as long as the kernel's Python code
+  holds a view of it (a local variable, a list of tiles kept across iterations), and
+  until `bufs - 1` (default 1) later allocations at the same line, so the tile of loop
+  iteration i+1 never takes iteration i's buffer: its loads overlap i's compute
+  (double buffering). A buffer whose views are all gone is free for the next
+  allocation; the sync pass orders its reuse after the instructions that read it;
 - **checks with the line**: operand rules when an instruction is built (`IsaError`),
   the generation's rules (`instr.check` for the target core), SBUF/PSUM capacity at
   allocation, each reported as a `KernelError` naming the kernel and its line;
@@ -26,13 +27,13 @@ kernel never synchronizes by hand.
 """
 from __future__ import annotations
 
+import collections
 import contextvars
 import dataclasses
-import itertools
 import math
 import os
 import sys
-from collections import Counter
+import weakref
 from typing import Callable
 
 from jax_trn.hw import dtypes as hw_dtypes
@@ -45,7 +46,7 @@ from jax_trn.lower.target import Target
 from .errors import KernelError
 from .tensors import HbmView, TileView, normalize_dtype
 
-DEFAULT_BUFS = 2      # buffers per allocation site in a loop (double buffering)
+DEFAULT_BUFS = 2      # buffers an allocation site keeps in rotation (double buffering)
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _current: contextvars.ContextVar["Tracer | None"] = contextvars.ContextVar(
     "jax_trn_kernel_tracer", default=None)
@@ -73,19 +74,24 @@ def user_line() -> str:
 
 @dataclasses.dataclass
 class _Psum:
-    """What a PSUM allocation holds: `zero` (nl.zeros, not yet written: the memset is
-    emitted only if something reads it before a matmul overwrites it) and the byte
-    ranges matmuls wrote (accumulation groups a later matmul may add to, §2.2)."""
-    view: "TileView"
+    """What a PSUM allocation holds: `zero` (nl.zeros: the memset is emitted only if
+    something reads it before matmuls overwrite it), the byte ranges matmuls wrote
+    (accumulation groups a later matmul may add to, §2.2) and those other instructions
+    wrote."""
+    tile: isa.Tile
     zero: bool = False
+    zero_emitted: bool = False
     matmul: list = dataclasses.field(default_factory=list)     # [(lo, hi)]
+    other: list = dataclasses.field(default_factory=list)
 
 
-@dataclasses.dataclass
-class _Loop:
-    kind: str                                   # "affine" | "sequential" | "static"
-    rings: dict = dataclasses.field(default_factory=dict)   # site -> [tiles, uses]
-    seen: Counter = dataclasses.field(default_factory=Counter)  # site -> this iteration
+class _Alloc:
+    """One on-chip allocation; every view of it holds this token, and the buffer is
+    released when the last view is gone (weakref.finalize)."""
+    __slots__ = ("tile", "psum", "__weakref__")
+
+    def __init__(self, tile: isa.Tile, psum: _Psum | None):
+        self.tile, self.psum = tile, psum
 
 
 class Tracer:
@@ -97,11 +103,10 @@ class Tracer:
         self._hbm = hbm
         self.inputs = {t.name for t in inputs}
         self._known = {t.name: t for t in inputs}  # every DRAM tensor the kernel may name
-        self.loops: list[_Loop] = []
+        self.loops: list[str] = []               # the kinds of the loops being unrolled
+        self._keep: dict = {}                    # (line, memory) -> tokens kept alive
         self.lines: list[str] = []               # per instruction of kb.instrs
         self.hbm_made: list[DramTensor] = []
-        self._ids = itertools.count()
-        self.psum: dict[int, _Psum] = {}         # PSUM allocation id -> its state
 
     # --- errors ---------------------------------------------------------------------
 
@@ -110,9 +115,10 @@ class Tracer:
 
     # --- instructions ---------------------------------------------------------------
 
-    def emit(self, cls: type, **fields) -> isa.Instr:
-        """One instruction of class `cls`, checked for the target core."""
-        line = user_line()
+    def emit(self, cls: type, line: str | None = None, **fields) -> isa.Instr:
+        """One instruction of class `cls`, checked for the target core; `line`: the
+        kernel's line it comes from (default: the caller's)."""
+        line = line or user_line()
         for v in fields.values():
             if isinstance(v, isa.DramAP):
                 self._note_dram(v.tensor)
@@ -157,7 +163,9 @@ class Tracer:
 
     def alloc(self, shape, dtype, mem: str, label: str = "", bufs: int | None = None
               ) -> TileView:
-        """An on-chip tensor [P, *free] in SBUF or PSUM (a ring entry inside a loop)."""
+        """An on-chip tensor [P, *free] in SBUF or PSUM, alive while the kernel's Python
+        code holds a view of it (and, for double buffering, until `bufs - 1` later
+        allocations at the same line)."""
         line = user_line()
         shape = tuple(int(d) for d in shape)
         dtype = normalize_dtype(dtype)
@@ -171,110 +179,101 @@ class Tracer:
         per_part = math.prod(shape[1:]) * hw_dtypes.itemsize(dtype)
         if mem == "psum" and per_part > self.target.psum_bytes:
             raise self.error(f"PSUM tensor {list(shape)} {dtype} needs {per_part} bytes per "
-                             f"partition; PSUM has {self.target.psum_bytes} (§3.2)", line)
-        loop = self.loops[-1] if self.loops else None
-        if loop is None:
-            return self._made(self._tile(shape, dtype, mem, line), shape, label)
-        site = (line, loop.seen[line], shape, dtype, mem)
-        loop.seen[line] += 1
-        ring = loop.rings.get(site)
-        if ring is None:
-            depth = DEFAULT_BUFS if bufs is None else int(bufs)
-            if depth < 1:
-                raise self.error(f"bufs={bufs}: at least one buffer", line)
-            ring = loop.rings[site] = [[self._tile(shape, dtype, mem, line)
-                                        for _ in range(depth)], 0]
-        tile = ring[0][ring[1] % len(ring[0])]
-        ring[1] += 1
-        return self._made(tile, shape, label)
-
-    def _made(self, t: isa.Tile, shape, label: str) -> TileView:
-        view = self._view(t, shape, label, next(self._ids))
-        if view.mem == "psum":
-            self.psum[view.base] = _Psum(view)
-        return view
+                             f"partition; {self.target.name}'s PSUM has "
+                             f"{self.target.psum_bytes} (§3.2)", line)
+        depth = DEFAULT_BUFS if bufs is None else int(bufs)
+        if depth < 1:
+            raise self.error(f"bufs={bufs}: at least one buffer", line)
+        tile = self._tile(shape, dtype, mem, line)
+        token = _Alloc(tile, _Psum(tile) if mem == "psum" else None)
+        weakref.finalize(token, self.kb.release, tile)
+        keep = self._keep.get((line, mem))
+        if keep is None or keep.maxlen != depth - 1:
+            keep = self._keep[(line, mem)] = collections.deque(keep or (), maxlen=depth - 1)
+        if depth > 1:
+            keep.append(token)
+        return self._view(tile, shape, label, token)
 
     def _tile(self, shape, dtype, mem, line) -> isa.Tile:
         try:
             return self.kb.tile(shape[1:], dtype, mem, parts=shape[0])
         except LoweringError as e:
             used = (self.kb.sbuf if mem == "sbuf" else self.kb.psum).live
-            raise self.error(f"{mem.upper()} is full: {list(shape)} {dtype} does not fit "
-                             f"next to {len(used)} live tensors ({e})", line) from None
+            raise self.error(f"{mem.upper()} of {self.target.name} is full: {list(shape)} "
+                             f"{dtype} does not fit next to the {len(used)} tensors still "
+                             f"referenced ({e})", line) from None
 
     @staticmethod
-    def _view(t: isa.Tile, shape, label: str, base: int) -> TileView:
+    def _view(t: isa.Tile, shape, label: str, token) -> TileView:
         free = shape[1:]
         strides, acc = [], 1
         for d in reversed(free):
             strides.append(acc)
             acc *= d
         return TileView(t.mem, t.start_partition, t.num_partitions, t.offset, tuple(free),
-                        tuple(reversed(strides)), t.dtype, label, base)
+                        tuple(reversed(strides)), t.dtype, label, token)
+
+    # --- loops ----------------------------------------------------------------------
+
+    def loop(self, kind: str, n: range):
+        """Iterates `n` (unrolled: each iteration's instructions are emitted in turn)."""
+        self.loops.append(kind)
+        try:
+            yield from n
+        finally:
+            if self.loops:
+                self.loops.pop()
 
     # --- PSUM accumulation state (NKI's `nl.zeros(..., psum)` + `+=` idiom) ------------
 
     def zeroed(self, view: TileView) -> None:
         """`view` (a whole PSUM allocation) reads as zeros until written."""
-        self.psum[view.base].zero = True
+        view.base.psum.zero = True
 
     def read(self, view: TileView) -> None:
         """An instruction reads `view`: a PSUM allocation still pending zero gets its
         memset now (unless matmuls wrote every byte read)."""
-        st = self.psum.get(view.base) if view.mem == "psum" else None
-        if st is None or not st.zero:
+        st = view.base.psum if view.mem == "psum" and view.base is not None else None
+        if st is None or not st.zero or st.zero_emitted:
             return
         lo, hi = view.byte_span
         if not _covered(st.matmul, lo, hi):
-            st.zero = False
-            self.emit(isa.Memset, dst=st.view.tile(), value=0.0, engine="vector")
+            st.zero_emitted = True
+            self.emit(isa.Memset, dst=st.tile, value=0.0, engine="vector")
 
     def wrote(self, view: TileView, by_matmul: bool) -> None:
-        st = self.psum.get(view.base) if view.mem == "psum" else None
+        st = view.base.psum if view.mem == "psum" and view.base is not None else None
         if st is None:
             return
         lo, hi = view.byte_span
         if by_matmul:
             st.matmul.append((lo, hi))
+            st.other = [(a, b) for a, b in st.other if b <= lo or a >= hi]
         else:
+            st.other.append((lo, hi))
             st.matmul = [(a, b) for a, b in st.matmul if b <= lo or a >= hi]
-            if st.zero and lo <= st.view.offset and hi >= st.view.byte_span[1]:
-                st.zero = False
 
     def accumulates(self, view: TileView) -> bool:
         """Whether a matmul into `view` adds to it (its bytes hold a matmul's sums) or
-        starts a new accumulation group (fresh, or pending zero)."""
-        st = self.psum.get(view.base)
+        starts a new accumulation group (a fresh tile, or nl.zeros)."""
+        st = view.base.psum if view.mem == "psum" and view.base is not None else None
         if st is None:
-            raise self.error(f"matmul dst {view!r} is not in PSUM (§2.2)")
+            raise self.error(f"a matmul writes PSUM; its dst {view!r} is not there (§2.2)")
         lo, hi = view.byte_span
         if _covered(st.matmul, lo, hi):
             return True
-        if st.zero and not any(a < hi and b > lo for a, b in st.matmul):
+        touched = [(a, b) for a, b in st.matmul + st.other if a < hi and b > lo]
+        if not touched:
             return False
+        if not any(a < hi and b > lo for a, b in st.other):
+            raise self.error(f"a matmul into {view!r} would add onto sums that cover only "
+                             "part of it: accumulate into the same region each k-step")
         if self.target.psum_accumulate_any:
             return True
-        raise self.error(f"`+=` of a matmul into {view!r}, whose bytes no matmul wrote and "
-                         "which is not nl.zeros: before NeuronCore-v4 a matmul adds only "
-                         "onto a matmul's sums (§2.2); start from nl.zeros(..., "
-                         "buffer=nl.psum)")
-
-    # --- loops ----------------------------------------------------------------------
-
-    def loop(self, kind: str, n: range):
-        """Iterates `n`, one allocation scope per iteration (the module docstring)."""
-        scope = _Loop(kind)
-        self.loops.append(scope)
-        try:
-            for i in n:
-                scope.seen.clear()
-                yield i
-        finally:
-            if self.loops and self.loops[-1] is scope:
-                self.loops.pop()
-            for tiles, _ in scope.rings.values():
-                for t in tiles:
-                    self.kb.release(t)
+        raise self.error(f"a matmul adding into {view!r}, which holds data another "
+                         f"instruction wrote: on {self.target.name} a matmul adds only onto "
+                         "a matmul's sums (§2.2); start from nl.zeros(..., buffer=nl.psum) "
+                         "or pass accumulate=False")
 
     # --- the result -----------------------------------------------------------------
 
