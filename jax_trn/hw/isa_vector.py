@@ -71,7 +71,7 @@ class TensorTensor(Instr):
         for what in ("dst", "data1", "data2"):
             _tile(getattr(self, what), what, self.engine)
         _lanes(self.dst, self.data1, "tensor_tensor data1")
-        _lanes(self.data2, self.data1, "tensor_tensor data2")
+        _lanes(self.data1, self.data2, "tensor_tensor data2")
         _not_both_psum(self.data1, self.data2, "tensor_tensor")
         _op(self.op)
 
@@ -210,7 +210,7 @@ class ScalarTensorTensor(Instr):
         for what in ("dst", "data", "operand1"):
             _tile(getattr(self, what), what, "vector")
         _lanes(self.dst, self.data, "scalar_tensor_tensor")
-        _lanes(self.operand1, self.data, "scalar_tensor_tensor operand1")
+        _lanes(self.data, self.operand1, "scalar_tensor_tensor operand1")
         _not_both_psum(self.data, self.operand1, "scalar_tensor_tensor")
         for op in (self.op0, self.op1):
             _op(op)

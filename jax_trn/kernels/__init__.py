@@ -25,10 +25,10 @@ errors with the kernel's line), `kernel` (the decorator, the standalone run),
 """
 from __future__ import annotations
 
-from . import isa, language  # noqa: F401
+from . import isa, language, typing  # noqa: F401
 from . import call, rule  # noqa: F401  (the JAX primitive; the lowering rule)
 from .errors import KernelError
 from .kernel import KernelFunction, KernelRun, jit, simulate, simulate_kernel
 
 __all__ = ["jit", "simulate", "simulate_kernel", "KernelError", "KernelFunction", "KernelRun",
-           "language", "isa"]
+           "language", "isa", "typing"]

@@ -34,6 +34,27 @@ tensor_engine, vector_engine, scalar_engine, gpsimd_engine = (
 unknown_engine = None
 
 
+class engine:
+    """NKI's engine enum (`engine=nisa.engine.vector`)."""
+    tensor, vector, scalar, gpsimd, unknown = "tensor", "vector", "scalar", "gpsimd", None
+    activation = "scalar"
+
+
+class dge_mode:
+    """Descriptor generation modes (§3.4): accepted; the DMA model prices them alike."""
+    none, swdge, hwdge, unknown = "none", "swdge", "hwdge", None
+
+
+class reduce_cmd:
+    """Accumulator commands of ScalarE's activation (accepted, not modelled)."""
+    idle, reset, reduce, reset_reduce = "idle", "reset", "reduce", "reset_reduce"
+
+
+class matmul_perf_mode:
+    none, double_row = "none", "double_row"
+
+
+
 # --- operands --------------------------------------------------------------------------
 
 class MatmulResult:
@@ -96,8 +117,31 @@ def _kind(v) -> str:
     return type(v).__name__
 
 
+_NUMPY_ALU = {"add": "add", "subtract": "subtract", "multiply": "multiply",
+              "divide": "divide", "true_divide": "divide", "maximum": "max",
+              "minimum": "min", "power": "pow", "equal": "is_equal",
+              "not_equal": "not_equal", "greater": "is_gt", "greater_equal": "is_ge",
+              "less": "is_lt", "less_equal": "is_le", "logical_and": "logical_and",
+              "logical_or": "logical_or", "logical_xor": "logical_xor",
+              "bitwise_and": "bitwise_and", "bitwise_or": "bitwise_or",
+              "bitwise_xor": "bitwise_xor", "left_shift": "shift_left",
+              "right_shift": "shift_right_logical", "mod": "remainder",
+              "remainder": "remainder"}
+_NUMPY_FUNC = {"exp": "exp", "log": "log", "tanh": "tanh", "sqrt": "sqrt",
+               "square": "square", "abs": "abs", "absolute": "abs", "sign": "sign",
+               "sin": "sin", "cos": "cos", "arctan": "arctan", "reciprocal": "reciprocal"}
+
+
+def _numpy_name(op) -> str | None:
+    """numpy ufuncs as ops (`op=np.add`, as older NKI kernels write them)."""
+    import numpy as np
+    return op.__name__ if isinstance(op, np.ufunc) else None
+
+
 def _op(t, op, what: str = "op") -> str:
-    """An ALU op name from an `nl` op or a string."""
+    """An ALU op name from an `nl` op, a numpy ufunc or a string."""
+    if _numpy_name(op) is not None:
+        op = _NUMPY_ALU.get(_numpy_name(op), _numpy_name(op))
     name = getattr(op, "alu", None) if not isinstance(op, str) else op
     if name is None:
         raise t.error(f"{what} {getattr(op, 'name', op)!r} is not an ALU operation "
@@ -106,7 +150,9 @@ def _op(t, op, what: str = "op") -> str:
 
 
 def _func(t, op) -> str:
-    """An activation function name from an `nl` op or a string."""
+    """An activation function name from an `nl` op, a numpy ufunc or a string."""
+    if _numpy_name(op) is not None:
+        op = _NUMPY_FUNC.get(_numpy_name(op), _numpy_name(op))
     name = getattr(op, "func", None) if not isinstance(op, str) else op
     if name is None:
         raise t.error(f"{getattr(op, 'name', op)!r} is not an activation function "
@@ -116,17 +162,17 @@ def _func(t, op) -> str:
 
 def _positional(t, fn: str, args: tuple, new: tuple, old: tuple, given: dict) -> dict:
     """Positional arguments in NKI 2.x order (`new`, dst first) or the older order
-    (`old`, no dst), told apart by their count; keywords win over neither."""
+    (`old`, no dst), after the ones passed by keyword: the order whose remaining
+    names the positional count fills (the older one when both do)."""
     if not args:
         return given
-    names = new if len(args) == len(new) else old if len(args) == len(old) else None
-    if names is None:
+    fits = [names for names in (old, new)
+            if len([n for n in names if given.get(n) is None]) == len(args)]
+    if not fits:
         raise t.error(f"{fn} takes positional ({', '.join(new)}) or ({', '.join(old)}); "
                       "pass the others by keyword")
     out = dict(given)
-    for k, v in zip(names, args):
-        if out.get(k) is not None:
-            raise t.error(f"{fn} got {k} twice")
+    for k, v in zip([n for n in fits[0] if given.get(n) is None], args):
         out[k] = v
     return out
 
@@ -148,11 +194,28 @@ def _emit(t, cls, dst_views: list[TileView], matmul: bool = False, line=None, **
 
 
 def _shape_of(v) -> tuple[int, ...]:
-    return tuple(v.shape)
+    """The [partitions, free...] shape a result of operand `v` takes."""
+    return tuple(getattr(v, "phys_shape", None) or v.shape)
+
+
+def _maskable(fn):
+    """NKI's `mask=` (e.g. `mask=(i_p < n)`, tensors.IndexMask): while the instruction's
+    operands are made, grid axis 0 cuts the partitions (an HBM view's first axis) and
+    axis 1 the last free axis; positions outside an HBM tensor must be masked."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapped(*args, mask=None, **kw):
+        if mask is None:
+            return fn(*args, **kw)
+        with trace.current().masked(mask):
+            return fn(*args, **kw)
+    return wrapped
 
 
 # --- TensorE -----------------------------------------------------------------------------
 
+@_maskable
 def nc_matmul(*args, dst=None, stationary=None, moving=None, accumulate=None,
               perf_mode=None, precision=None, is_stationary_onezero=False,
               is_moving_onezero=False, is_transpose=False, tile_position=(), tile_size=(),
@@ -239,6 +302,7 @@ def nc_transpose(*args, dst=None, data=None, engine=None, name=None):
 
 # --- ScalarE / VectorE / GpSimd -----------------------------------------------------------
 
+@_maskable
 def activation(*args, dst=None, op=None, data=None, bias=None, scale=1.0, reduce_op=None,
                reduce_res=None, reduce_cmd=None, dtype=None, name=None):
     """dst = op(data * scale + bias) on ScalarE; with `reduce_res` ([P, 1]) also the
@@ -276,6 +340,7 @@ def _dtype_of(v) -> str:
     return v.dtype
 
 
+@_maskable
 def tensor_tensor(*args, dst=None, data1=None, data2=None, op=None, engine=None,
                   dtype=None, name=None):
     """dst = data1 <op> data2 elementwise on VectorE (or GpSimd), §2.3."""
@@ -290,6 +355,7 @@ def tensor_tensor(*args, dst=None, data1=None, data2=None, op=None, engine=None,
     return out
 
 
+@_maskable
 def tensor_scalar(*args, dst=None, data=None, op0=None, operand0=None, reverse0=False,
                   op1=None, operand1=None, reverse1=False, engine=None, dtype=None,
                   name=None):
@@ -311,6 +377,26 @@ def tensor_scalar(*args, dst=None, data=None, op0=None, operand0=None, reverse0=
     return out
 
 
+@_maskable
+def reciprocal(*args, dst=None, data=None, dtype=None, name=None):
+    """dst = 1 / data (VectorE: tensor_scalar, data divided into 1.0)."""
+    t = trace.current()
+    a = _positional(t, "reciprocal", args, ("dst", "data"), ("data",),
+                    {"dst": dst, "data": data})
+    return tensor_scalar(dst=a["dst"], data=a["data"], op0="divide", operand0=1.0,
+                         reverse0=True, dtype=dtype)
+
+
+def tensor_scalar_reduce(*, dst=None, data, op0, operand0, reduce_op, reduce_res,
+                         reverse0=False, dtype=None, name=None):
+    """dst = data <op0> operand0 and reduce_res = reduce<reduce_op>(dst) along the free
+    axis: here two VectorE instructions (tensor_scalar, then tensor_reduce)."""
+    out = tensor_scalar(dst=dst, data=data, op0=op0, operand0=operand0, reverse0=reverse0,
+                        dtype=dtype)
+    tensor_reduce(dst=reduce_res, op=reduce_op, data=out, axis=len(out.free))
+    return out
+
+
 def scalar_tensor_tensor(*, dst=None, data, op0, operand0, op1, operand1, reverse0=False,
                          reverse1=False, dtype=None, name=None):
     """dst = (data <op0> operand0) <op1> operand1, operand1 a tile (VectorE, §6.2)."""
@@ -323,6 +409,7 @@ def scalar_tensor_tensor(*, dst=None, data, op0, operand0, op1, operand1, revers
     return out
 
 
+@_maskable
 def tensor_reduce(*args, dst=None, op=None, data=None, axis=None, negate=False,
                   keepdims=False, engine=None, dtype=None, name=None):
     """dst = reduce<op>(data) over free axes `axis` (VectorE, §2.3)."""
@@ -357,6 +444,7 @@ def tensor_partition_reduce(*, dst=None, op, data, dtype=None, name=None):
     return out
 
 
+@_maskable
 def tensor_copy(*args, dst=None, src=None, engine=None, dtype=None, name=None):
     """dst = src, cast to dst's type (VectorE default, ScalarE or GpSimd)."""
     t = trace.current()
@@ -405,13 +493,21 @@ def select(*, dst, pred, on_true, on_false, engine=None, name=None):
     return dst
 
 
-def tensor_tensor_scan(*, dst, data0, data1, initial, op0, op1, engine=None, name=None):
+def tensor_tensor_scan(*args, dst=None, data0=None, data1=None, initial=None, op0=None,
+                       op1=None, engine=None, dtype=None, name=None):
     """dst[:, i] = (data0[:, i] <op0> dst[:, i-1]) <op1> data1[:, i] (VectorE)."""
     t = trace.current()
-    _emit(t, hw.TensorTensorScan, [dst], dst=dst.tile(), data0=_tile_in(t, data0, "data0"),
-          data1=_tile_in(t, data1, "data1"), initial=_scalar_in(t, initial, "initial"),
-          op0=_op(t, op0, "op0"), op1=_op(t, op1, "op1"), engine=engine or "vector")
-    return dst
+    a = _positional(t, "tensor_tensor_scan", args,
+                    ("dst", "data0", "data1", "initial", "op0", "op1"),
+                    ("data0", "data1", "initial", "op0", "op1"),
+                    {"dst": dst, "data0": data0, "data1": data1, "initial": initial,
+                     "op0": op0, "op1": op1})
+    out = _dst(t, a["dst"], _shape_of(a["data1"]), dtype or _dtype_of(a["data1"]))
+    _emit(t, hw.TensorTensorScan, [out], dst=out.tile(),
+          data0=_tile_in(t, a["data0"], "data0"), data1=_tile_in(t, a["data1"], "data1"),
+          initial=_scalar_in(t, a["initial"], "initial"), op0=_op(t, a["op0"], "op0"),
+          op1=_op(t, a["op1"], "op1"), engine=engine or "vector")
+    return out
 
 
 def max8(*, dst, src, name=None):
@@ -457,6 +553,7 @@ def quantize_mx(*, dst, src, dst_scale, name=None):
 
 # --- DMA ---------------------------------------------------------------------------------
 
+@_maskable
 def dma_copy(*args, dst=None, src=None, queue=None, oob_mode="error", dge_mode=None,
              name=None):
     """dst = src between HBM and SBUF (or HBM<->HBM, SBUF<->SBUF), cast through FP32
@@ -474,6 +571,9 @@ def dma_copy(*args, dst=None, src=None, queue=None, oob_mode="error", dge_mode=N
         _emit(t, hw.DmaScatter, [], dst=dst.ap(), src=_side(t, src, "src"),
               indices=_tile_in(t, dst.indices, "indices"), dma_queue=q, oob_mode=oob_mode)
     else:
+        if isinstance(src, TileView) and src.mem == "psum":
+            raise t.error("a DMA cannot read PSUM (§3.4): copy the tile to SBUF first "
+                          "(nl.copy(tile) or nisa.tensor_copy); nl.store does it for you")
         _emit(t, hw.DmaCopy, [dst] if isinstance(dst, TileView) else [],
               dst=_side(t, dst, "dst"), src=_side(t, src, "src", read=True), dma_queue=q)
     return dst

@@ -23,6 +23,7 @@ the kernel or its module's helpers and constants makes a new key.
 """
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import inspect
@@ -75,6 +76,7 @@ class KernelFunction:
         functools.update_wrapper(self, fn)
         self.fn, self.name = fn, name or fn.__name__
         self.vmap_rule = None
+        self.grid: tuple[int, ...] = (1,)
         src = _source(fn)
         self._digest = hashlib.sha256(
             f"{fn.__module__}:{fn.__qualname__}\n{src}".encode()).hexdigest()[:16]
@@ -86,7 +88,21 @@ class KernelFunction:
         return f"<kernel {self.name} ({self.where})>"
 
     def __call__(self, *args, **kwargs):
+        """From JAX (arrays, tracers): the kernel in the program. With numpy arrays
+        only, as NKI runs a kernel called on numpy inputs: simulated on one core of this
+        process's system, the results as numpy arrays (`simulate` gives the profile)."""
+        arrays = [a for a in args if is_array(a)]
+        if arrays and all(isinstance(a, np.ndarray) for a in arrays):
+            return simulate_kernel(self, *args, **kwargs)
         return _BIND(self, args, kwargs)
+
+    def __getitem__(self, grid):
+        """`kernel[gx, gy](...)`: the body runs once per instance of the launch grid,
+        in turn, each reading its `nl.program_id(axis)` (NKI's SPMD launch; here the
+        instances run on one core, one after another)."""
+        launch = copy.copy(self)
+        launch.grid = tuple(grid) if isinstance(grid, (tuple, list)) else (grid,)
+        return launch
 
     def def_vmap(self, rule):
         """Registers `rule(axis_size, in_dims, *args) -> (outputs, out_dims)` for `vmap`
@@ -98,6 +114,10 @@ class KernelFunction:
         """The kernel with its static arguments bound: arrays become input slots."""
         slots = tuple(None if is_array(a) else a for a in args)
         return Call.make(self, slots, tuple(sorted(kwargs.items())))
+
+    @property
+    def key_extra(self) -> str:
+        return "" if self.grid == (1,) else f"grid={self.grid}"
 
 
 @dataclass(frozen=True)
@@ -111,7 +131,7 @@ class Call:
     @staticmethod
     def make(kernel: KernelFunction, slots: tuple, kwargs: tuple) -> "Call":
         try:
-            static = repr((slots, kwargs))
+            static = repr((slots, kwargs)) + kernel.key_extra
             hash((slots, kwargs))
         except TypeError as e:
             raise KernelError(f"kernel {kernel.name}: static arguments must be hashable "
@@ -159,7 +179,7 @@ def trace_into(call: Call, kb: KernelBuilder, inputs: list[DramTensor], hbm,
     if n_in != len(inputs):
         raise KernelError(f"kernel {call.name} takes {n_in} tensors, got {len(inputs)}")
     tracer, outs = trace.run(call.kernel.fn, call.name, kb, hbm, inputs, call.slots,
-                             dict(call.kwargs))
+                             dict(call.kwargs), call.kernel.grid)
     renames = {}
     if callable(outputs):
         outputs = outputs(outs)

@@ -29,7 +29,7 @@ import ml_dtypes
 import numpy as np
 
 from . import isa as nisa
-from . import trace
+from . import tensors, trace
 from .tensors import AffineIndex, HbmView, TileView, normalize_dtype
 
 # --- element types (§4) -------------------------------------------------------------------
@@ -125,9 +125,26 @@ def _buffer(x) -> str:
     return "hbm" if isinstance(x, HbmView) else x.mem
 
 
+class _ParDim(int):
+    par_dim = True
+
+
 def par_dim(n: int) -> int:
-    """NKI's partition-dimension marker: the first axis is always the partition axis."""
-    return n
+    """NKI's partition-axis marker: `nl.ndarray((2, nl.par_dim(128), 64), ...)` is two
+    [128, 64] tiles side by side (index it `t[i]`); without it the first axis is the
+    partition axis."""
+    return _ParDim(n)
+
+
+def ds(start: int, size: int) -> slice:
+    """NKI's dynamic slice: `t[nl.ds(i * 128, 128), :]`."""
+    return slice(start, start + size)
+
+
+class fp32:
+    """FP32 constants NKI names."""
+    min = float(np.finfo(np.float32).min)
+    max = float(np.finfo(np.float32).max)
 
 
 # --- index expressions ----------------------------------------------------------------------------
@@ -171,9 +188,22 @@ def static_range(*args):
     return trace.current().loop("static", range(*args))
 
 
+def program_id(axis: int = 0) -> int:
+    """This instance's index along `axis` of the launch grid (`kernel[gx, gy](...)`)."""
+    return trace.current().program_id(axis)
+
+
+def num_programs(axis: int = 0) -> int:
+    return trace.current().num_programs(axis)
+
+
+def device_print(prefix: str, x) -> None:
+    """Not modelled (the simulator has no device printf): a no-op, as on a host trace."""
+
+
 # --- data movement -------------------------------------------------------------------------------
 
-def load(src: HbmView, dtype=None, name: str = ""):
+def load(src: HbmView, dtype=None, mask=None, name: str = ""):
     """A new SBUF tile holding `src` (an HBM view whose first axis goes on partitions),
     cast to `dtype`."""
     t = trace.current()
@@ -181,12 +211,16 @@ def load(src: HbmView, dtype=None, name: str = ""):
         raise t.error(f"nl.load takes an HBM tensor view, got {type(src).__name__}")
     shape = src.shape if len(src.shape) >= 2 else (src.shape[0] if src.shape else 1, 1)
     out = t.alloc(shape, normalize_dtype(dtype or src.dtype), sbuf, name)
-    return nisa.dma_copy(dst=out, src=src)
+    return nisa.dma_copy(dst=out, src=src, mask=mask)
 
 
-def store(dst: HbmView, value):
-    """Writes tile `value` to HBM view `dst`."""
-    return nisa.dma_copy(dst=dst, src=value)
+def store(dst: HbmView, value, mask=None):
+    """Writes tile `value` to HBM view `dst` (a PSUM tile or a matmul goes through an
+    SBUF copy first: DMA does not read PSUM, §3.4)."""
+    if isinstance(value, nisa.MatmulResult) or (isinstance(value, TileView)
+                                                 and value.mem == psum):
+        value = nisa.tensor_copy(src=value, dtype=dst.dtype, mask=mask)
+    return nisa.dma_copy(dst=dst, src=value, mask=mask)
 
 
 def load_transpose2d(src: HbmView, dtype=None):
@@ -196,20 +230,20 @@ def load_transpose2d(src: HbmView, dtype=None):
     return nisa.dma_transpose(dst=out, src=src)
 
 
-def copy(x, dtype=None, name: str = ""):
+def _copy(x, dtype=None, mask=None, name: str = ""):
     """A new SBUF copy of tile `x` (PSUM evacuation), cast to `dtype`."""
-    return nisa.tensor_copy(src=x, dtype=normalize_dtype(dtype) if dtype else None)
+    return nisa.tensor_copy(src=x, dtype=normalize_dtype(dtype) if dtype else None,
+                            mask=mask)
 
 
 def matmul(x, y, transpose_x: bool = False):
     """x @ y on TensorE into a new PSUM tile: `x` [K, M] when `transpose_x` (the
     contraction on partitions, as TensorE reads it), else [M, K] (transposed first on
     TensorE, an extra instruction and PSUM evacuation)."""
-    t = trace.current()
     if not transpose_x:
         xt = nisa.nc_transpose(data=x, engine="tensor")
         x = nisa.tensor_copy(src=xt, dtype=normalize_dtype(x.dtype))
-    return nisa.nc_matmul(x, y).materialize()
+    return nisa.nc_matmul(x, y)       # emitted where used: `acc += ...` or as a value
 
 
 def transpose(x, dtype=None):
@@ -232,19 +266,102 @@ class _Op:
     def __repr__(self) -> str:
         return f"nl.{self.name}"
 
-    def __call__(self, x, y=None, dtype=None, **kw):
+    def __call__(self, x, y=None, dtype=None, mask=None, **kw):
         dtype = normalize_dtype(dtype) if dtype is not None else None
         if y is None and self.func is not None:
-            return nisa.activation(op=self, data=x, dtype=dtype, **kw)
+            return nisa.activation(op=self, data=x, dtype=dtype, mask=mask, **kw)
         if self.alu is None:
             raise trace.current().error(f"nl.{self.name} takes one operand")
-        if isinstance(y, numbers.Number):
-            return nisa.tensor_scalar(data=x, op0=self, operand0=y, dtype=dtype)
-        if isinstance(x, numbers.Number):
-            return nisa.tensor_scalar(data=y, op0=self, operand0=x, reverse0=True, dtype=dtype)
-        if isinstance(y, TileView) and y.free_size == 1 and x.free_size != 1:
-            return nisa.tensor_scalar(data=x, op0=self, operand0=y, dtype=dtype)
-        return nisa.tensor_tensor(data1=x, data2=y, op=self, dtype=dtype)
+        return _arith(self.alu, x, y, dtype=dtype, mask=mask)
+
+
+def _arith(op: str, x, y, into=None, dtype=None, mask=None):
+    """x <op> y elementwise into a new SBUF tile (or `into`): VectorE tensor_tensor, or
+    tensor_scalar when one side is a number or a per-partition [P, 1] column."""
+    if isinstance(into, TileView) and isinstance(y, nisa.MatmulResult) and op == "add":
+        return nisa.accumulate_into(into, y)          # psum_tile += nc_matmul(...)
+    x, y = _operand(x), _operand(y)
+    if isinstance(y, numbers.Number) or _column(y, x):
+        return nisa.tensor_scalar(dst=into, data=x, op0=op, operand0=_col(y), dtype=dtype,
+                                  mask=mask)
+    if isinstance(x, numbers.Number) or _column(x, y):
+        return nisa.tensor_scalar(dst=into, data=y, op0=op, operand0=_col(x), reverse0=True,
+                                  dtype=dtype, mask=mask)
+    return nisa.tensor_tensor(dst=into, data1=x, data2=y, op=op, dtype=dtype, mask=mask)
+
+
+class _Column:
+    """A [P, 1] tile broadcast along the free axis (`t.broadcast_to((P, F))`): read as
+    a per-partition operand (tensor_scalar)."""
+
+    def __init__(self, view: TileView, shape):
+        self.view, self.shape = view, tuple(shape)
+        self.free_size = int(np.prod(self.shape[1:]))
+
+
+def _operand(v):
+    return v.materialize() if isinstance(v, nisa.MatmulResult) else v
+
+
+def _column(c, other) -> bool:
+    if isinstance(c, _Column):
+        return True
+    return (isinstance(c, TileView) and isinstance(other, TileView) and c.free_size == 1
+            and other.free_size != 1)
+
+
+def _col(v):
+    return v.view if isinstance(v, _Column) else v
+
+
+def _assign(dst: TileView, value) -> None:
+    """`dst[...] = value` (tensors.TileView.__setitem__)."""
+    t = trace.current()
+    if isinstance(value, numbers.Number):
+        nisa.memset(dst, value)
+    elif isinstance(value, HbmView):
+        nisa.dma_copy(dst=dst, src=value)
+    elif isinstance(value, nisa.MatmulResult) and value._tile is None:
+        nisa.nc_matmul(dst=dst, stationary=value.stationary, moving=value.moving,
+                       accumulate=False)
+    elif isinstance(value, (TileView, nisa.MatmulResult, _Column)):
+        nisa.tensor_copy(dst=dst, src=_col(_operand(value)))
+    else:
+        raise t.error(f"tile[...] = {type(value).__name__}: assign a tile, an HBM view, a "
+                      "matmul or a number")
+
+
+def _broadcast(view: TileView, shape):
+    """`tile.broadcast_to(shape)` (tensors.TileView.broadcast_to)."""
+    t = trace.current()
+    shape = tuple(int(d) for d in shape)
+    p, free = view.num_partitions, view.free_size
+    if len(shape) < 2 or shape[0] not in (p, t.target.partitions) or \
+            (free != 1 and int(np.prod(shape[1:])) != free):
+        raise t.error(f"cannot broadcast tile {view.shape} to {shape}: [P, 1] -> [P, F] and "
+                      "[1, F] -> [P, F]")
+    if shape[0] != p:                   # [1, F] -> [P, F]: ones[1, P].T @ row[1, F]
+        if p != 1:
+            raise t.error(f"cannot broadcast {p} partitions to {shape[0]}")
+        ones = t.alloc((1, shape[0]), view.dtype if view.dtype != "float32" else "float32",
+                       sbuf)
+        nisa.memset(ones, 1.0)
+        out = t.alloc((shape[0], free), view.dtype, sbuf)
+        for c0 in range(0, free, 512):
+            c1 = c0 + 512 if c0 + 512 < free else free     # (nl.min shadows min)
+            ps = t.alloc((shape[0], c1 - c0), "float32", psum)
+            nisa.nc_matmul(dst=ps, stationary=ones, moving=view.reshape(
+                (1, free))[:, c0:c1], accumulate=False)
+            nisa.tensor_copy(dst=out[:, c0:c1], src=ps)
+        view = out
+    if int(np.prod(shape[1:])) != view.free_size:
+        return _Column(view, shape)
+    return view.reshape(shape) if view.shape != shape else view
+
+
+tensors._ARITH = _arith
+tensors._ASSIGN = _assign
+tensors._BROADCAST = _broadcast
 
 
 def _ops(names: dict) -> dict:
@@ -275,7 +392,14 @@ _ALL = _ops({
     "abs": ("abs_max", "abs"),
 })
 globals().update(_ALL)
-copy_op = _Op("copy", None, "copy")       # `op=nl.copy` in activation calls
+class _CopyOp(_Op):
+    """`nl.copy(x)` makes an SBUF copy; `op=nl.copy` names the identity activation."""
+
+    def __call__(self, x, dtype=None, mask=None, name: str = ""):
+        return _copy(x, dtype, mask, name)
+
+
+copy = _CopyOp("copy", None, "copy")
 
 
 class _Reduce:

@@ -23,9 +23,31 @@ from jax_trn.hw import dtypes as hw_dtypes
 from jax_trn.hw import isa
 from jax_trn.hw.program import DramTensor
 
-from .errors import KernelError
+from . import errors
 
-__all__ = ["HbmView", "TileView", "normalize_dtype"]
+
+def KernelError(msg: str):              # noqa: N802 (raised like the class)
+    """A KernelError naming the kernel and its line when one is being traced."""
+    return errors.located(msg)
+
+__all__ = ["HbmView", "TileView", "AffineIndex", "normalize_dtype"]
+
+# Set by language.py (which imports this module): `tile + x`, `tile[...] = x`, ... emit
+# instructions through the kernel language, which this module cannot import.
+_ARITH = None        # (op, a, b, into=None) -> TileView
+_ASSIGN = None       # (dst view, value) -> None
+_BROADCAST = None    # (view, shape) -> a broadcast operand
+_current_mask = lambda: None     # noqa: E731 (set by trace.py: the call's mask=)
+
+
+def _cut(count: int, axis_mask) -> tuple[int, int]:
+    """[lo, hi) of an axis of `count` positions under a mask's bounds for it."""
+    if axis_mask is None:
+        return 0, count
+    lo, hi = axis_mask
+    if count < hi:                  # an operand shorter than the masked grid: kept
+        return 0, count
+    return lo, hi
 
 
 def normalize_dtype(dtype) -> str:
@@ -70,11 +92,14 @@ class AffineIndex:
     dim: int = 0
 
     def __getitem__(self, index) -> "AffineIndex":
+        """`[:, None]`, `[None, :]`, `[None, :, None]`, ...: the grid axis of the `:`."""
         index = index if isinstance(index, tuple) else (index,)
-        if self.ndim != 1 or sorted(map(repr, index)) != sorted(["None", repr(slice(None))]):
-            raise KernelError(f"index expression [{index}]: use [:, None] or [None, :]")
-        return AffineIndex(self.start, self.step, self.size, 2,
-                           0 if index[1] is None else 1)
+        colons = [k for k, i in enumerate(index) if i == slice(None)]
+        if self.ndim != 1 or len(colons) != 1 or \
+                any(i is not None for k, i in enumerate(index) if k != colons[0]):
+            raise KernelError(f"index expression {index}: one ':' and None elsewhere "
+                              "(e.g. [:, None])")
+        return AffineIndex(self.start, self.step, self.size, len(index), colons[0])
 
     def _num(self, c) -> int:
         if not hasattr(c, "__index__"):
@@ -95,14 +120,49 @@ class AffineIndex:
 
     __rmul__ = __mul__
 
+    # Comparisons make masks (NKI's `mask=(i_p < n)`): the grid positions kept.
+    def _positions(self, keep) -> "IndexMask":
+        ok = [j for j in range(self.size) if keep(self.start + self.step * j)]
+        lo, hi = (ok[0], ok[-1] + 1) if ok else (0, 0)
+        if ok and len(ok) != hi - lo:
+            raise KernelError("a mask must keep a contiguous range of positions")
+        return IndexMask({self.dim: (lo, hi)})
+
+    def __lt__(self, c):
+        return self._positions(lambda v: v < c)
+
+    def __le__(self, c):
+        return self._positions(lambda v: v <= c)
+
+    def __gt__(self, c):
+        return self._positions(lambda v: v > c)
+
+    def __ge__(self, c):
+        return self._positions(lambda v: v >= c)
+
+
+@dataclass(frozen=True)
+class IndexMask:
+    """Grid positions an instruction acts on (`mask=`): axis -> [lo, hi)."""
+    bounds: dict
+
+    def __and__(self, other: "IndexMask") -> "IndexMask":
+        out = dict(self.bounds)
+        for k, (lo, hi) in other.bounds.items():
+            a, b = out.get(k, (lo, hi))
+            out[k] = (max(a, lo), min(b, hi))
+        return IndexMask(out)
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self.bounds.items())))
+
 
 def _axis(i, size: int, axis: int):
     """(start, step, count, keep) of index `i` on an axis of `size`."""
     if isinstance(i, AffineIndex):
-        last = i.start + i.step * (i.size - 1)
-        if i.step <= 0 or i.start < 0 or last >= size:
+        if i.step <= 0 or i.start < 0:
             raise KernelError(f"axis {axis}: index expression {i.start} + {i.step} * "
-                              f"arange({i.size}) outside 0..{size - 1}")
+                              f"arange({i.size}) must start >= 0 and increase")
         return i.start, i.step, i.size, True
     if isinstance(i, slice):
         start, stop, step = i.indices(size)
@@ -131,6 +191,8 @@ class HbmView:
     strides: tuple[int, ...]
     indices: "TileView | None" = None
     rows: int = 0                     # indirect: the table's rows (axis 0)
+    valid: tuple | None = None        # per axis, the positions inside the tensor (an
+                                      # index expression may run past its end: masked)
 
     @staticmethod
     def whole(t: DramTensor) -> "HbmView":
@@ -159,14 +221,24 @@ class HbmView:
         if index and isinstance(index[0], TileView):
             return self._indirect(index[0], index[1:])
         index = _index_tuple(index, len(self.shape))
-        offset, shape, strides = self.offset, [], []
+        offset, shape, strides, valid = self.offset, [], [], []
+        old_valid = self.valid or self.shape
         for k, (i, n, s) in enumerate(zip(index, self.shape, self.strides)):
             start, step, count, keep = _axis(i, n, k)
+            inside = max(0, min(count, -(-(old_valid[k] - start) // step)))
+            if inside == 0:
+                raise KernelError(f"axis {k}: index {start}.. is outside the tensor's "
+                                  f"{old_valid[k]} positions")
+            if not keep and start >= old_valid[k]:
+                raise KernelError(f"axis {k}: index {start} out of range for size {n}")
             offset += start * s
             if keep:
                 shape.append(count)
                 strides.append(step * s)
-        return HbmView(self.tensor, offset, tuple(shape), tuple(strides))
+                valid.append(inside)
+        full = tuple(valid) == tuple(shape)
+        return HbmView(self.tensor, offset, tuple(shape), tuple(strides),
+                       valid=None if full else tuple(valid))
 
     def _indirect(self, idx: "TileView", rest: tuple) -> "HbmView":
         if idx.dtype not in ("int32", "uint32") or idx.free_size != 1:
@@ -206,13 +278,33 @@ class HbmView:
         return self.indices is None and self.strides == _row_major(self.shape)
 
     def ap(self) -> isa.DramAP:
-        """The access pattern: (stride, count) pairs, outermost first (§3.1)."""
-        shape = (self.rows,) + self.shape[1:] if self.indices is not None else self.shape
+        """The access pattern: (stride, count) pairs, outermost first (§3.1); cut to the
+        call's `mask=` (axis 0 and the last axis), which must leave no position outside
+        the tensor."""
+        shape = list((self.rows,) + self.shape[1:] if self.indices is not None
+                     else self.shape)
+        valid = list(self.valid or shape)
+        offset, mask = self.offset, _current_mask()
+        if mask is not None and shape and self.indices is None:
+            for dim, k in ((0, 0), (1, len(shape) - 1)):
+                if dim in mask.bounds and (k or dim == 0) and shape[k] > 1:
+                    lo, hi = _cut(shape[k], mask.bounds[dim])
+                    offset += lo * self.strides[k]
+                    shape[k], valid[k] = hi - lo, max(0, min(valid[k], hi) - lo)
+        for k, (n, ok) in enumerate(zip(shape, valid)):
+            if n > ok:
+                raise KernelError(f"{self.tensor.name}{list(self.tensor.shape)}: axis {k} "
+                                  f"takes {n} positions, {n - ok} past the tensor's end: "
+                                  "mask them (mask=(i_p < n), ...)")
         pattern = tuple((s, n) for s, n in zip(self.strides, shape)) or ((1, 1),)
-        return isa.DramAP(self.tensor.name, self.offset, pattern, self.tensor.dtype)
+        return isa.DramAP(self.tensor.name, offset, pattern, self.tensor.dtype)
 
     def __repr__(self) -> str:
         return f"HbmView({self.tensor.name}{list(self.shape)} {self.dtype})"
+
+
+def _is_int(i) -> bool:
+    return not isinstance(i, (slice, AffineIndex)) and hasattr(i, "__index__")
 
 
 def _row_major(shape) -> tuple[int, ...]:
@@ -237,9 +329,17 @@ class TileView:
     label: str = ""                   # what the kernel called it (for messages)
     base: object = None               # the allocation it views (trace._Alloc): alive
                                       # while any view of it is
+    pdim: int = 0                     # where the partition axis is in `shape` (NKI's
+                                      # par_dim after block axes: (2, par_dim(128), 64))
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """The logical shape (block axes before the partition axis when `pdim` > 0)."""
+        return (*self.free[:self.pdim], self.num_partitions, *self.free[self.pdim:])
+
+    @property
+    def phys_shape(self) -> tuple[int, ...]:
+        """[partitions, free...]: the layout in memory."""
         return (self.num_partitions, *self.free)
 
     @property
@@ -250,12 +350,62 @@ class TileView:
                                                             zip(self.free, self.strides))))
 
     def __setitem__(self, index, value) -> None:
-        """Only as the end of `tile[...] += nisa.nc_matmul(...)` (the matmul's
-        `__radd__` accumulates into the view and returns it); copies are instructions
-        (`nisa.tensor_copy`)."""
-        if value != self[index]:
-            raise KernelError("tile[...] = value: write tiles with an instruction "
-                              "(nisa.tensor_copy(dst=tile[...], src=value), ...)")
+        """`tile[...] = value` (NKI): `value` lands in the view: a tile is copied
+        (VectorE tensor_copy: one instruction more than writing with `dst=`), an HBM
+        view loaded (DMA), a number set (memset), a matmul computed into it.
+        (`tile[...] += x` ends here with the view itself: nothing to do.)"""
+        dst = self[index]
+        if value is dst or value == dst:
+            return
+        _ASSIGN(dst, value)
+
+    # Elementwise arithmetic (VectorE tensor_tensor / tensor_scalar into a new SBUF tile;
+    # `+=` and friends write the tile in place), as NKI's tiles have it.
+    def __add__(self, o):
+        return _ARITH("add", self, o)
+
+    def __radd__(self, o):
+        return _ARITH("add", o, self)
+
+    def __sub__(self, o):
+        return _ARITH("subtract", self, o)
+
+    def __rsub__(self, o):
+        return _ARITH("subtract", o, self)
+
+    def __mul__(self, o):
+        return _ARITH("multiply", self, o)
+
+    def __rmul__(self, o):
+        return _ARITH("multiply", o, self)
+
+    def __truediv__(self, o):
+        return _ARITH("divide", self, o)
+
+    def __rtruediv__(self, o):
+        return _ARITH("divide", o, self)
+
+    def __neg__(self):
+        return _ARITH("multiply", self, -1.0)
+
+    def __iadd__(self, o):
+        return _ARITH("add", self, o, into=self)
+
+    def __isub__(self, o):
+        return _ARITH("subtract", self, o, into=self)
+
+    def __imul__(self, o):
+        return _ARITH("multiply", self, o, into=self)
+
+    def __itruediv__(self, o):
+        return _ARITH("divide", self, o, into=self)
+
+    def broadcast_to(self, *shape):
+        """[P, 1] -> [P, F] (an operand read per partition, as tensor_scalar does) and
+        [1, F] -> [P, F] (copied to every partition by a TensorE matmul with ones)."""
+        shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) \
+            else tuple(shape)
+        return _BROADCAST(self, shape)
 
     @property
     def free_size(self) -> int:
@@ -267,6 +417,12 @@ class TileView:
 
     def __getitem__(self, index) -> "TileView":
         index = _index_tuple(index, 1 + len(self.free))
+        pdim = self.pdim
+        if pdim:        # logical (blocks..., P, free...) -> physical (P, blocks..., free...)
+            kept = sum(not _is_int(i) for i in index[:pdim])
+            index = (index[pdim],) + index[:pdim] + index[pdim + 1:]
+        else:
+            kept = 0
         start, step, count, _ = _axis(index[0], self.num_partitions, 0)
         if step != 1:
             raise KernelError("the partition axis takes contiguous ranges only (§3.1)")
@@ -281,13 +437,14 @@ class TileView:
         if not free:
             free, strides = [1], [1]
         return TileView(self.mem, self.start_partition + start, count, offset,
-                        tuple(free), tuple(strides), self.dtype, self.label, self.base)
+                        tuple(free), tuple(strides), self.dtype, self.label, self.base,
+                        min(kept, len(free)))
 
     def reshape(self, *shape) -> "TileView":
         shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) \
             else tuple(shape)
-        if shape[0] != self.num_partitions or math.prod(shape[1:]) != self.free_size \
-                or not self.contiguous:
+        if self.pdim or shape[0] != self.num_partitions or \
+                math.prod(shape[1:]) != self.free_size or not self.contiguous:
             raise KernelError(f"cannot reshape tile {self.shape} to {shape}: the partition "
                               "axis stays, and the free axes must be contiguous")
         return TileView(self.mem, self.start_partition, self.num_partitions, self.offset,
@@ -309,10 +466,24 @@ class TileView:
         return self.strides == _row_major(self.free)
 
     def tile(self) -> isa.Tile:
+        """The ISA operand, cut to the call's `mask=` (grid axis 0 on the partitions,
+        axis 1 on the last free axis; an operand shorter than the mask keeps its axis)."""
+        view, mask = self, _current_mask()
+        if mask is not None:
+            p0, p1 = _cut(view.num_partitions, mask.bounds.get(0))
+            view = view[p0:p1] if (p0, p1) != (0, view.num_partitions) else view
+            if 1 in mask.bounds and view.free[-1] > 1:
+                f0, f1 = _cut(view.free[-1], mask.bounds[1])
+                if (f0, f1) != (0, view.free[-1]):
+                    item = hw_dtypes.itemsize(view.dtype)
+                    view = TileView(view.mem, view.start_partition, view.num_partitions,
+                                    view.offset + f0 * view.strides[-1] * item,
+                                    view.free[:-1] + (f1 - f0,), view.strides, view.dtype,
+                                    view.label, view.base)
         try:
-            return isa.Tile(self.mem, self.start_partition, self.num_partitions, self.offset,
-                            self.free, self.dtype,
-                            None if self.contiguous else self.strides)
+            return isa.Tile(view.mem, view.start_partition, view.num_partitions,
+                            view.offset, view.free, view.dtype,
+                            None if view.contiguous else view.strides)
         except isa.IsaError as e:
             raise KernelError(f"tile {self.label or ''}{list(self.shape)}: {e}") from None
 

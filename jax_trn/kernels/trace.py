@@ -28,8 +28,10 @@ kernel never synchronizes by hand.
 from __future__ import annotations
 
 import collections
+import contextlib
 import contextvars
 import dataclasses
+import itertools
 import math
 import os
 import sys
@@ -43,13 +45,31 @@ from jax_trn.lower.builder import KernelBuilder
 from jax_trn.lower.errors import LoweringError
 from jax_trn.lower.target import Target
 
+from . import errors
 from .errors import KernelError
+from . import tensors as tensors_module
 from .tensors import HbmView, TileView, normalize_dtype
 
 DEFAULT_BUFS = 2      # buffers an allocation site keeps in rotation (double buffering)
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _current: contextvars.ContextVar["Tracer | None"] = contextvars.ContextVar(
     "jax_trn_kernel_tracer", default=None)
+
+
+def _where():
+    tracer = _current.get()
+    return (tracer.name, user_line()) if tracer is not None else None
+
+
+errors._where = _where
+
+
+def _mask():
+    tracer = _current.get()
+    return tracer.mask if tracer is not None else None
+
+
+tensors_module._current_mask = _mask
 
 
 def current() -> "Tracer":
@@ -104,6 +124,11 @@ class Tracer:
         self.inputs = {t.name for t in inputs}
         self._known = {t.name: t for t in inputs}  # every DRAM tensor the kernel may name
         self.loops: list[str] = []               # the kinds of the loops being unrolled
+        self.grid: tuple[int, ...] = (1,)        # launch grid (`kernel[gx, gy](...)`)
+        self.pid: tuple[int, ...] = (0,)         # this instance's position in it
+        self.mask = None                         # the `mask=` of the call being made
+        self._hbm_sites: dict = {}               # grid launch: (line, n) -> the tensor
+        self._hbm_seen: collections.Counter = collections.Counter()
         self._keep: dict = {}                    # (line, memory) -> tokens kept alive
         self.lines: list[str] = []               # per instruction of kb.instrs
         self.hbm_made: list[DramTensor] = []
@@ -156,10 +181,43 @@ class Tracer:
     # --- memory ---------------------------------------------------------------------
 
     def hbm(self, shape, dtype) -> HbmView:
+        """An HBM tensor; in a grid launch every instance gets the same tensor from the
+        same line (the n-th allocation there), as NKI's shared_hbm outputs are shared."""
+        site = None
+        if self.grid != (1,):
+            line = user_line()
+            site = (line, self._hbm_seen[line])
+            self._hbm_seen[line] += 1
+            if site in self._hbm_sites:
+                return HbmView.whole(self._hbm_sites[site])
         t = self._hbm(tuple(int(d) for d in shape), normalize_dtype(dtype))
         self.hbm_made.append(t)
         self._known[t.name] = t
+        if site is not None:
+            self._hbm_sites[site] = t
         return HbmView.whole(t)
+
+    @contextlib.contextmanager
+    def masked(self, mask):
+        """Operands made meanwhile are cut to `mask` (tensors.IndexMask)."""
+        if not hasattr(mask, "bounds"):
+            raise self.error(f"mask= takes comparisons of index expressions "
+                             f"(e.g. i_p < n), got {mask!r}")
+        outer, self.mask = self.mask, (mask if self.mask is None else self.mask & mask)
+        try:
+            yield
+        finally:
+            self.mask = outer
+
+    def program_id(self, axis: int) -> int:
+        if not 0 <= axis < len(self.grid):
+            raise self.error(f"program_id({axis}) of a launch grid {self.grid}")
+        return self.pid[axis]
+
+    def num_programs(self, axis: int) -> int:
+        if not 0 <= axis < len(self.grid):
+            raise self.error(f"num_programs({axis}) of a launch grid {self.grid}")
+        return self.grid[axis]
 
     def alloc(self, shape, dtype, mem: str, label: str = "", bufs: int | None = None
               ) -> TileView:
@@ -167,7 +225,10 @@ class Tracer:
         code holds a view of it (and, for double buffering, until `bufs - 1` later
         allocations at the same line)."""
         line = user_line()
+        pdim = next((k for k, d in enumerate(shape) if getattr(d, "par_dim", False)), 0)
         shape = tuple(int(d) for d in shape)
+        if pdim:                       # NKI's block axes before par_dim: stored after it
+            shape = (shape[pdim],) + shape[:pdim] + shape[pdim + 1:]
         dtype = normalize_dtype(dtype)
         if len(shape) < 2:
             shape = shape + (1,) * (2 - len(shape))
@@ -192,7 +253,8 @@ class Tracer:
             keep = self._keep[(line, mem)] = collections.deque(keep or (), maxlen=depth - 1)
         if depth > 1:
             keep.append(token)
-        return self._view(tile, shape, label, token)
+        view = self._view(tile, shape, label, token)
+        return dataclasses.replace(view, pdim=pdim) if pdim else view
 
     def _tile(self, shape, dtype, mem, line) -> isa.Tile:
         try:
@@ -313,15 +375,21 @@ def _renamed(instr: isa.Instr, renames: dict[str, DramTensor]) -> isa.Instr:
 
 
 def run(fn, name: str, kb: KernelBuilder, hbm: Callable[[tuple, str], DramTensor],
-        inputs: list[DramTensor], args: tuple, kwargs: dict) -> tuple[Tracer, list[HbmView]]:
+        inputs: list[DramTensor], args: tuple, kwargs: dict, grid: tuple[int, ...] = (1,)
+        ) -> tuple[Tracer, list[HbmView]]:
     """Traces `fn(*args, **kwargs)` into `kb`: `args` hold `None` where an input tensor
-    goes (in the order of `inputs`). Returns the tracer and the returned HBM views."""
+    goes (in the order of `inputs`); with a launch `grid`, once per instance, in turn
+    (`nl.program_id`). Returns the tracer and the returned HBM views."""
     tracer = Tracer(name, kb, hbm, inputs)
+    tracer.grid = tuple(grid)
     views = iter([HbmView.whole(t) for t in inputs])
     call_args = tuple(next(views) if a is None else a for a in args)
     token = _current.set(tracer)
     try:
-        result = fn(*call_args, **kwargs)
+        for pid in itertools.product(*(range(g) for g in tracer.grid)):
+            tracer.pid = pid
+            tracer._hbm_seen.clear()
+            result = fn(*call_args, **kwargs)
     finally:
         _current.reset(token)
     tracer.single = not isinstance(result, (tuple, list))

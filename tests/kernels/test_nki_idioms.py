@@ -1,0 +1,160 @@
+"""NKI idioms a ported kernel uses (a helper ported 19 public NKI kernels and listed
+what blocked them): tile assignment and arithmetic, nl.ds, broadcasts, masks, numpy
+ufuncs as ops, block tiles (par_dim), grid launches, calling a kernel on numpy arrays."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from jax_trn import kernels
+import jax_trn.kernels.isa as nisa
+import jax_trn.kernels.language as nl
+from jax_trn.kernels import typing as nt
+
+RNG = np.random.default_rng(2)
+
+
+def _x(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def test_assignment_and_operators():
+    @kernels.jit
+    def k(a: nt.tensor, b: nt.tensor):
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        ta = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+        ta[...] = nl.load(a)                         # a loaded tile, copied in
+        tb = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+        tb[...] = b[0:128, 0:64]                     # an HBM view: a DMA
+        y = (ta + tb) * 2.0 - ta / 4.0               # tensor_tensor / tensor_scalar
+        y += 1.0
+        y[:, 0:8] = 5.0                              # memset of a view
+        col = nl.sum(ta, axis=1, keepdims=True)      # [128, 1]
+        z = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+        z[...] = y - col                             # per-partition operand
+        nl.store(out, z)
+        return out
+    a, b = _x(128, 64), _x(128, 64)
+    want = (a + b) * 2 - a / 4 + 1
+    want[:, 0:8] = 5.0
+    want = want - a.sum(1, keepdims=True)
+    np.testing.assert_allclose(k(a, b), want, rtol=1e-5, atol=1e-5)   # numpy in: NKI-style
+
+
+def test_ds_numpy_ops_positional_reciprocal_and_psum_store():
+    @kernels.jit
+    def k(a, b):
+        out = nl.ndarray((128, 32), dtype=nl.float32, buffer=nl.shared_hbm)
+        t = nl.load(a[nl.ds(128, 128), :])
+        u = nisa.tensor_tensor(t, nl.load(b), op=np.multiply)        # positional + keyword
+        r = nisa.reciprocal(data=nisa.activation(op=np.exp, data=u))
+        s = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
+        v = nisa.tensor_scalar_reduce(data=r, op0=np.add, operand0=1.0, reduce_op=np.add,
+                                      reduce_res=s)
+        ps = nl.matmul(nl.load(a[0:128, :]), v, transpose_x=True)     # [32, 32] in PSUM
+        nl.store(out[0:32, :], ps)                                   # through SBUF
+        nl.store(out[32:128, 0:1], s[32:128, :])
+        return out
+    a, b = _x(256, 32), _x(128, 32)
+    v = 1 / np.exp(a[128:] * b) + 1
+    got = kernels.simulate_kernel(k, a, b, system="trn2")
+    np.testing.assert_allclose(got[0:32], a[0:128].T @ v, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(got[32:128, 0], v.sum(1)[32:128], rtol=1e-5)
+
+
+def test_psum_iadd_of_nl_matmul_and_broadcasts():
+    @kernels.jit
+    def k(a, w, c):
+        out = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.shared_hbm)
+        acc = nl.zeros((128, 64), nl.float32, buffer=nl.psum)
+        for i in nl.affine_range(2):
+            acc += nl.matmul(nl.load(a[i * 128:(i + 1) * 128, :]),
+                             nl.load(w[i * 128:(i + 1) * 128, :]), transpose_x=True)
+        row = nl.load(c.reshape((1, 64)))                            # [1, 64]
+        col = nl.load(c[0:128].reshape((128, 1))) if False else None
+        t = nl.copy(acc) + row.broadcast_to((128, 64))               # partition broadcast
+        s = nl.sum(t, axis=1, keepdims=True)
+        t2 = t * s.broadcast_to((128, 64))                           # free broadcast
+        nl.store(out, t2)
+        return out
+    a, w, c = _x(256, 128), _x(256, 64), _x(64)
+    t = a.T @ w + c
+    want = t * t.sum(1, keepdims=True)
+    np.testing.assert_allclose(kernels.simulate_kernel(k, a, w, c, system="trn2"), want,
+                               rtol=1e-4, atol=1e-2)
+
+
+def test_masks_on_a_partial_tile():
+    @kernels.jit
+    def k(x):
+        rows, cols = x.shape
+        out = nl.ndarray((rows, cols), dtype=x.dtype, buffer=nl.shared_hbm)
+        i_p, i_f = nl.arange(128)[:, None], nl.arange(cols)[None, :]
+        for i in nl.affine_range((rows + 127) // 128):
+            m = (i * 128 + i_p < rows)
+            t = nl.load(x[i * 128 + i_p, i_f], mask=m)
+            nl.store(out[i * 128 + i_p, i_f], value=nl.exp(t, mask=m), mask=m)
+        return out
+    x = _x(250, 16)                                   # a last tile of 122 rows
+    np.testing.assert_allclose(k(x), np.exp(x), rtol=1e-6)
+
+
+def test_block_tiles_with_par_dim_and_3d_index_grids():
+    @kernels.jit
+    def k(x):
+        out = nl.ndarray((256, 32), dtype=x.dtype, buffer=nl.shared_hbm)
+        blocks = nl.ndarray((2, nl.par_dim(128), 32), dtype=x.dtype, buffer=nl.sbuf)
+        for b in nl.affine_range(2):
+            nisa.dma_copy(dst=blocks[b], src=x[b * 128:(b + 1) * 128, :])
+        for b in nl.affine_range(2):
+            nl.store(out[b * 128:(b + 1) * 128, :], nl.multiply(blocks[b], float(b + 1)))
+        return out
+    x = _x(256, 32)
+    got = k(x)
+    np.testing.assert_allclose(got[:128], x[:128], rtol=1e-6)
+    np.testing.assert_allclose(got[128:], 2 * x[128:], rtol=1e-6)
+    i = nl.arange(4)[None, :, None]
+    assert (i.ndim, i.dim) == (3, 1)
+
+
+def test_grid_launch_with_program_id():
+    @kernels.jit
+    def add(a, b):
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        i, j = nl.program_id(0), nl.program_id(1)
+        rows, cols = a.shape[0] // nl.num_programs(0), a.shape[1] // nl.num_programs(1)
+        sl = (slice(i * rows, (i + 1) * rows), slice(j * cols, (j + 1) * cols))
+        nl.store(out[sl], nl.add(nl.load(a[sl]), nl.load(b[sl])))
+        return out
+    a, b = _x(256, 64), _x(256, 64)
+    np.testing.assert_allclose(add[2, 2](a, b), a + b, rtol=1e-6)
+
+
+def test_errors_from_indexing_name_the_kernel_line():
+    @kernels.jit
+    def k(x):
+        nl.load(x[nl.arange(128)[:, None] + 300, nl.arange(4)[None, :]])
+        return x
+    with pytest.raises(kernels.KernelError, match=r"kernel k at test_nki_idioms.py:\d+: axis 0"):
+        kernels.simulate(k, _x(256, 8), system="trn2")
+
+    @kernels.jit
+    def bad_shapes(x):
+        out = nl.ndarray((128, 64), dtype=x.dtype, buffer=nl.shared_hbm)
+        a = nl.load(x[0:128, 0:64])
+        b = nl.load(x[0:64, 0:64])
+        nl.store(out, nisa.tensor_tensor(data1=a, data2=b, op=nl.add))
+        return out
+    with pytest.raises(kernels.KernelError, match=r"data2: shape \(64, 64\) does not match "
+                                                   r"\(128, 64\)"):
+        kernels.simulate(bad_shapes, _x(128, 64), system="trn2")
+
+    @kernels.jit
+    def psum_dma(x):
+        out = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.shared_hbm)
+        acc = nl.zeros((128, 64), nl.float32, buffer=nl.psum)
+        acc += nisa.nc_matmul(nl.load(x[0:128, 0:128]), nl.load(x[0:128, 0:64]))
+        nisa.dma_copy(dst=out, src=acc)
+        return out
+    with pytest.raises(kernels.KernelError, match=r"copy the tile to SBUF first"):
+        kernels.simulate(psum_dma, _x(128, 128), system="trn2")
