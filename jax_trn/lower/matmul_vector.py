@@ -93,7 +93,15 @@ WIDE_K, WIDE_M = 2048, 8    # the wide start from this K and M / 128 on: below t
                             # 2048 x 1024 x 2048: 106.6 -> 108.2 us)
 EXTRA = 2                   # row tiles after the wide start whose first group runs
                             # before the second group's pass over all of them
-PRE_AT = (12,)              # rhs k-tiles of the wide start after which the rows of the
+LAST_AFTER = 2              # rhs k-tiles of the wide start before its last tile's rows
+CUT = 10                    # k-tiles of the wide start's last tile in its first load
+                            # (2560 B rows: the full DMA rate, §3.4)
+WIDE_SPLIT = 2              # k-tiles of the wide start's last tile TensorE transposes
+PRE_SPLIT = 2               # k-tiles of the tiles of PRE_AT TensorE transposes
+DRAIN_FIRST = 1
+LATE_AT = 9                 # rhs k-tile before which the rest of its rows load
+LAG = 0                     # rhs k-tiles after that before TensorE's program uses them
+PRE_AT = (15,)              # rhs k-tiles of the wide start after which the rows of the
                             # first EXTRA tiles load (the others' right after the start):
                             # VectorE has transposed them when TensorE needs them, and the
                             # start's rhs k-tiles come first (trn1 2048^3: after k-tile 8
@@ -229,10 +237,31 @@ class VectorSchedule:
             for t in range(min(i + 1, len(bunch)) if i < len(steps) else 0):
                 step(t, i)
         for mtile in pre[len(early):]:
-            early.append(self._fetch_rest(index, mtile))
+            early.append(self._fetch_split(index, mtile))
         for t, (m0, mt) in enumerate(bunch):
             self._drain(accs[t], base, m0, mt, g0, gn)
+            if t != DRAIN_FIRST - 1:
+                continue
+            for e, load in enumerate(early):    # TensorE parts in the spare columns
+                if isinstance(load, _Load) and load.pe_upto is not None:
+                    self.tps = self._spare(accs, load.pe_upto)
+                    if self.tps is not None:
+                        early[e] = self._finish(load)
+                    self.tps = None
         return strips + early
+
+    def _fetch_split(self, index, mtile):
+        """A row tile's rows, staged for TensorE (its first PRE_SPLIT k-tiles, when
+        `_rest` reaches it: TensorE starts on it without waiting for VectorE's first
+        k-tiles) and VectorE (the rest, emitted now: they run as the rows arrive)."""
+        if not PRE_SPLIT:
+            return self._fetch_rest(index, mtile)
+        load, (dma,) = self._fetch_parts(self.lhs, index, *mtile, [])
+        dma()
+        load.pe_upto = PRE_SPLIT
+        self._finish_vector(load, PRE_SPLIT)
+        self.vector_busy = True
+        return load
 
     def _fetch_rest(self, index, mtile):
         """A row tile's load; a VectorE tile's transposes too (they run as its data
@@ -320,7 +349,7 @@ class VectorSchedule:
         start, second = self._wide_sizes(groups)
         bunch, extra, rest = mtiles[:start], mtiles[start:second], mtiles[second:]
         accs = self._packed([mt for _, mt in bunch], groups[0][1])
-        strips = self._start(index, base, bunch, groups[0], accs, extra[:len(PRE_AT)])
+        strips = self._wide_start(index, base, bunch, groups[0], accs, extra[:len(PRE_AT)])
         strips += [self._fetch_rest(index, t) for t in extra[len(PRE_AT):]]
         g0, gn = groups[1]
         r = KMajor(self.slices.next(), gn)
@@ -329,12 +358,93 @@ class VectorSchedule:
             emit()
         loads = [self._fetch_rest(index, rest[0])] if rest else []
         rs = [self.start_rhs, r]
-        self._rest(index, base, extra, groups, rs, strips[start:], [[0]] * len(extra),
+        later = strips[start:]          # `_rest` finishes TensorE parts in place
+        self._rest(index, base, extra, groups, rs, later, [[0]] * len(extra),
                    last=not rest)
+        strips[start:] = later
         both = mtiles[:second]
         self._bunched(strips, r, both, base, g0, gn,
                       self._packed([mt for _, mt in both], gn))
         self._rest(index, base, rest, groups, rs, loads)
+
+    def _wide_start(self, index, base: int, bunch, group, accs, pre=()) -> list:
+        """The wide start's first column group over `bunch`, in the DMA order
+        rows 0..b-2, rhs k-tiles 0..LAST_AFTER-1, the first CUT k-tiles of the last
+        tile's rows, rhs k-tiles up to LATE_AT, the rest of its rows, the other rhs
+        k-tiles (rows of `pre` after rhs k-tiles PRE_AT). TensorE transposes the
+        first tiles (while it waits for rhs k-tile 0) and the last one's first
+        SPLIT_PE k-tiles; VectorE the rest of the last. Each k-step of a tile is
+        emitted once its rhs k-tile and its stationary are (to be) in place; the last
+        tile's late k-tiles LAG rhs k-tiles after their rows (VectorE's latency)."""
+        g0, gn = group
+        r = self.start_rhs = KMajor(self.slices.next(), gn)
+        rbase = self.rhs.batch_offset(index) + g0 * self.rhs.f[0]
+        rdmas = self._plain_dmas(self.rhs, _Load(r), rbase, (0, self.k), gn)
+        steps, last = self._ksteps(self.k), len(bunch) - 1
+        nk = len(steps)
+        cut = min(CUT, nk) // self.kperm * self.kperm
+        strips, ready, done, early = [None] * len(bunch), [0] * len(bunch), [0] * len(bunch), []
+        arrived = 0
+        at = dict(zip(PRE_AT, pre))
+
+        def work() -> None:
+            for t in range(len(bunch)):
+                while done[t] < min(ready[t], arrived):
+                    i = done[t]
+                    j, kt, paired = steps[i]
+                    for c0, ct, acc in accs[t]:
+                        self._mm(acc, strips[t], r, j, kt, paired, bunch[t][1], c0, ct, i > 0)
+                    done[t] += 1
+
+        def rhs(i: int) -> None:
+            nonlocal arrived
+            rdmas[i]()
+            if i in at:
+                early.append(self._fetch_split(index, at[i]))
+            arrived = i + 1
+            if ready[last] == cut and i + 1 == late + LAG:
+                ready[last] = nk
+            work()
+
+        for t in range(last):           # whole rows, transposed while rhs k-tile 0 loads
+            load = self._fetch(self.lhs, index, (0, self.k), *bunch[t], self.strips)
+            self.tps = self._free_banks(accs, t)
+            strips[t], self.tps = self._finish(load), None
+            ready[t] = nk
+        for i in range(min(LAST_AFTER, nk)):
+            rhs(i)
+        load, parts = self._fetch_parts(self.lhs, index, *bunch[last], [cut])
+        parts[0]()
+        split = max(self.kperm, min(WIDE_SPLIT, cut) // self.kperm * self.kperm)
+        self.tps = self._spare(accs, split) or self._free_banks(accs, last)
+        strips[last] = self._finish_split(load, split, cut)
+        self.tps = None
+        ready[last] = cut
+        late = min(max(LATE_AT, LAST_AFTER), nk)
+        work()
+        for i in range(min(LAST_AFTER, nk), nk):
+            if i == late:
+                parts[1]()
+                self._finish_vector(load, cut)
+            rhs(i)
+        if late == nk:
+            parts[1]()
+            self._finish_vector(load, cut)
+        ready[last] = nk
+        work()
+        for mtile in pre[len(early):]:
+            early.append(self._fetch_split(index, mtile))
+        for t, (m0, mt) in enumerate(bunch):
+            self._drain(accs[t], base, m0, mt, g0, gn)
+            if t != DRAIN_FIRST - 1:
+                continue
+            for e, load in enumerate(early):    # TensorE parts in the spare columns
+                if isinstance(load, _Load) and load.pe_upto is not None:
+                    self.tps = self._spare(accs, load.pe_upto)
+                    if self.tps is not None:
+                        early[e] = self._finish(load)
+                    self.tps = None
+        return strips + early
 
     def _wide_sizes(self, groups) -> tuple[int, int]:
         """Row tiles of the wide start (as many as PSUM holds of the first group) and
@@ -387,6 +497,21 @@ class VectorSchedule:
                     banks.setdefault(a.offset // size, a)
         return Ring([a.with_(num_partitions=self.kt, free=(self.bank,), offset=b * size)
                      for b, a in banks.items()])
+
+    def _spare(self, accs, ktiles: int) -> Ring | None:
+        """The columns of the last PSUM bank `accs` use that no accumulator takes (the
+        last tile's narrow piece alone in its bank, `_packed`), if they hold `ktiles`
+        transposed k-tiles: TensorE transposes there need not wait for the copies out
+        of a bank its next matmuls write."""
+        size = self.bank * 4                            # bytes of a bank of FP32
+        _, ct, acc = accs[-1][-1]
+        bank = acc.offset // size
+        used = sum(a.free_size for tile in accs for _, _, a in tile
+                   if a.offset // size == bank)
+        if self.bank - used < ktiles * self.mt:
+            return None
+        return Ring([acc.with_(num_partitions=self.kt, free=(self.bank - used,),
+                               offset=bank * size + used * 4)])
 
     def _bank_ring(self, accs) -> Ring:
         """The PSUM banks of accumulators `accs`, whole, for TensorE transposes."""
