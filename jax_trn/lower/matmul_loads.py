@@ -216,14 +216,15 @@ class Loads:
         self._finish_vector(load, first, stop)
         return split
 
-    def _pe_part(self, load: _Load, first: int) -> quarters.Split:
+    def _pe_part(self, load: _Load, first: int, engine: str | None = None
+                 ) -> quarters.Split:
         """TensorE transposes of a staged row tile's k-tiles before `first` (one copy
-        each, the first arrives sooner); the tile as a Split (VectorE's k-tiles from
-        `first` on)."""
+        each, the first arrives sooner; on `engine`, else alternating); the tile as a
+        Split (VectorE's k-tiles from `first` on)."""
         (rows, c0, fc), = load.staged
         pe = load.dst
         for group in _runs(tiles(rows.free_size, self.kt)[:first], self.bank // fc):
-            self._transpose(rows, group, fc, c0, pe, each=True)
+            self._transpose(rows, group, fc, c0, pe, each=True, engine=engine)
         return quarters.Split(pe, quarters.WordStrip(pe.base, self.mt, self.kperm), first)
 
     def _finish_vector(self, load: _Load, first: int, stop: int | None = None) -> None:
@@ -243,7 +244,7 @@ class Loads:
             self._transpose(rows, group, fc, c0, dst)
 
     def _transpose(self, rows: isa.Tile, group, fc: int, c0: int, dst: KMajor,
-                   each: bool = False) -> None:
+                   each: bool = False, engine: str | None = None) -> None:
         """Transposes k-tiles of `rows` [fc, K] into one PSUM bank, then copies them to
         `dst`: with one copy when they are adjacent there (a full-width strip) unless
         `each` (one copy per k-tile, alternating engines: the first arrives sooner)."""
@@ -259,7 +260,8 @@ class Loads:
             return
         for g, (j, _) in enumerate(group):
             self.kb.emit(isa.TensorCopy, dst=dst.tile(j, kt, fc, at=c0),
-                         src=sub(bank, kt, fc, at=g * fc), engine=self._evac_engine())
+                         src=sub(bank, kt, fc, at=g * fc),
+                         engine=engine or self._evac_engine())
 
 
 def _runs(ktiles: list[tuple[int, int]], size: int) -> list[list]:

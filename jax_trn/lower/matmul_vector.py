@@ -98,7 +98,6 @@ CUT = 10                    # k-tiles of the wide start's last tile in its first
                             # (2560 B rows: the full DMA rate, §3.4)
 WIDE_SPLIT = 2              # k-tiles of the wide start's last tile TensorE transposes
 PRE_SPLIT = 2               # k-tiles of the tiles of PRE_AT TensorE transposes
-DRAIN_FIRST = 1
 LATE_AT = 9                 # rhs k-tile before which the rest of its rows load
 LAG = 0                     # rhs k-tiles after that before TensorE's program uses them
 PRE_AT = (15,)              # rhs k-tiles of the wide start after which the rows of the
@@ -195,18 +194,15 @@ class VectorSchedule:
             self._bunched(strips, r, bunch, base, g0, gn)
         self._rest(index, base, rest, groups, rs, loads)
 
-    def _start(self, index, base: int, bunch, group, accs=None, pre=()) -> list:
-        """The first column group over `bunch`, its tiles joining one per k-step; the
-        rows of row tiles `pre` load after rhs k-tiles PRE_AT (VectorE transposes them
-        while TensorE works on the start; their strips are appended to the result)."""
+    def _start(self, index, base: int, bunch, group) -> list:
+        """The first column group over `bunch`, its tiles joining one per k-step."""
         g0, gn = group
         r = self.start_rhs = KMajor(self.slices.next(), gn)
         rbase = self.rhs.batch_offset(index) + g0 * self.rhs.f[0]
         rdmas = self._plain_dmas(self.rhs, _Load(r), rbase, (0, self.k), gn)
         steps = self._ksteps(self.k)
-        accs = accs or [self._accs(mt, gn) for _, mt in bunch]
-        strips, early = [], []
-        at = dict(zip(PRE_AT, pre))
+        accs = [self._accs(mt, gn) for _, mt in bunch]
+        strips = []
 
         def step(t: int, i: int) -> None:
             j, kt, paired = steps[i]
@@ -230,25 +226,13 @@ class VectorSchedule:
                 load = self._fetch(self.lhs, index, (0, self.k), *bunch[i], self.strips)
             if i < len(steps):
                 rdmas[i]()
-            if i in at:
-                early.append(self._fetch_rest(index, at[i]))
             if load is not None:
                 join(i, load, min(i, len(steps)))
             for t in range(min(i + 1, len(bunch)) if i < len(steps) else 0):
                 step(t, i)
-        for mtile in pre[len(early):]:
-            early.append(self._fetch_split(index, mtile))
         for t, (m0, mt) in enumerate(bunch):
             self._drain(accs[t], base, m0, mt, g0, gn)
-            if t != DRAIN_FIRST - 1:
-                continue
-            for e, load in enumerate(early):    # TensorE parts in the spare columns
-                if isinstance(load, _Load) and load.pe_upto is not None:
-                    self.tps = self._spare(accs, load.pe_upto)
-                    if self.tps is not None:
-                        early[e] = self._finish(load)
-                    self.tps = None
-        return strips + early
+        return strips
 
     def _fetch_split(self, index, mtile):
         """A row tile's rows, staged for TensorE (its first PRE_SPLIT k-tiles, when
@@ -259,8 +243,6 @@ class VectorSchedule:
         load, (dma,) = self._fetch_parts(self.lhs, index, *mtile, [])
         dma()
         load.pe_upto = PRE_SPLIT
-        self._finish_vector(load, PRE_SPLIT)
-        self.vector_busy = True
         return load
 
     def _fetch_rest(self, index, mtile):
@@ -391,10 +373,27 @@ class VectorSchedule:
             for t in range(len(bunch)):
                 while done[t] < min(ready[t], arrived):
                     i = done[t]
+                    if t == last and i == nk - 1:
+                        split_early()
                     j, kt, paired = steps[i]
                     for c0, ct, acc in accs[t]:
                         self._mm(acc, strips[t], r, j, kt, paired, bunch[t][1], c0, ct, i > 0)
                     done[t] += 1
+
+        def split_early() -> None:
+            """The transposes of the rows of `pre` loaded so far: TensorE's (in the
+            spare PSUM columns, copied by VectorE) before the start's last matmuls
+            (TensorE need not wait for them after), then VectorE's."""
+            for e, load in enumerate(early):
+                if isinstance(load, _Load) and load.pe_upto is not None:
+                    self.tps = self._spare(accs, load.pe_upto)
+                    if self.tps is None:
+                        self._finish_vector(load, load.pe_upto)
+                    else:
+                        early[e] = self._pe_part(load, load.pe_upto, engine="vector")
+                        self._finish_vector(load, load.pe_upto)
+                        load.staged.clear()
+                    self.tps, self.vector_busy = None, True
 
         def rhs(i: int) -> None:
             nonlocal arrived
@@ -434,16 +433,9 @@ class VectorSchedule:
         work()
         for mtile in pre[len(early):]:
             early.append(self._fetch_split(index, mtile))
+        split_early()
         for t, (m0, mt) in enumerate(bunch):
             self._drain(accs[t], base, m0, mt, g0, gn)
-            if t != DRAIN_FIRST - 1:
-                continue
-            for e, load in enumerate(early):    # TensorE parts in the spare columns
-                if isinstance(load, _Load) and load.pe_upto is not None:
-                    self.tps = self._spare(accs, load.pe_upto)
-                    if self.tps is not None:
-                        early[e] = self._finish(load)
-                    self.tps = None
         return strips + early
 
     def _wide_sizes(self, groups) -> tuple[int, int]:
