@@ -99,7 +99,6 @@ CUT = 10                    # k-tiles of the wide start's last tile in its first
 WIDE_SPLIT = 2              # k-tiles of the wide start's last tile TensorE transposes
 PRE_SPLIT = 2               # k-tiles of the tiles of PRE_AT TensorE transposes
 LATE_AT = 9                 # rhs k-tile before which the rest of its rows load
-LAG = 0                     # rhs k-tiles after that before TensorE's program uses them
 PRE_AT = (15,)              # rhs k-tiles of the wide start after which the rows of the
                             # first EXTRA tiles load (the others' right after the start):
                             # VectorE has transposed them when TensorE needs them, and the
@@ -315,11 +314,30 @@ class VectorSchedule:
                 self._matmuls([(0, hct, hacc)], hs, hr.shifted(hc0), self.k, hmt, True, None)
                 self._drain([(0, hct, hacc)], base, hm0, hmt, hg0 + hc0, hct)
             self._matmuls([(0, ct, acc)], s, rs[gi].shifted(c0), self.k, mt, True, None)
-            parts = [(0, ct, acc)]
-            if i == len(pieces) - 1 and ct > 1:
-                h = ct // 2
-                parts = [(0, h, sub(acc, mt, h)), (h, ct - h, sub(acc, mt, ct - h, at=h))]
-            self._drain(parts, base, m0, mt, groups[gi][0] + c0, ct)
+            if i == len(pieces) - 1 and 1 < ct <= self.bank:
+                self._split_drain(acc, base, m0, mt, groups[gi][0] + c0, ct)
+            else:
+                self._drain([(0, ct, acc)], base, m0, mt, groups[gi][0] + c0, ct)
+
+    def _split_drain(self, acc, base: int, m0: int, mt: int, g0: int, ct: int) -> None:
+        """The kernel's last accumulator evacuated by VectorE and ScalarE at once, split
+        so both finish together (each starts a static overhead after the matmul, §2.6,
+        and copies at its clock, §6.3), then stored."""
+        spec = self.kb.target.core
+        otile = sub(self.obuf.next(), mt, ct)
+
+        def copy(engine: str, c0: int, n: int):
+            return dict(dst=sub(otile, mt, n, at=c0), src=sub(acc, mt, n, at=c0),
+                        engine=engine)
+
+        def done(engine: str, n: int) -> float:
+            clock = spec.clock(engine)
+            return (spec.static_overhead
+                    + isa.TensorCopy(name="pace", **copy(engine, 0, n)).cycles(spec)) / clock
+        h = min(range(1, ct), key=lambda h: (max(done("vector", h), done("scalar", ct - h)), h))
+        for engine, c0, n in (("vector", 0, h), ("scalar", h, ct - h)):
+            self.kb.emit(isa.TensorCopy, **copy(engine, c0, n))
+        self._store(otile, base, m0, mt, g0, ct)
 
     def _wide_kernel(self, index, base: int) -> None:
         """The first column group WIDE columns wide: 3 row tiles fill PSUM; then the
@@ -350,14 +368,14 @@ class VectorSchedule:
         self._rest(index, base, rest, groups, rs, loads)
 
     def _wide_start(self, index, base: int, bunch, group, accs, pre=()) -> list:
-        """The wide start's first column group over `bunch`, in the DMA order
-        rows 0..b-2, rhs k-tiles 0..LAST_AFTER-1, the first CUT k-tiles of the last
-        tile's rows, rhs k-tiles up to LATE_AT, the rest of its rows, the other rhs
-        k-tiles (rows of `pre` after rhs k-tiles PRE_AT). TensorE transposes the
-        first tiles (while it waits for rhs k-tile 0) and the last one's first
-        SPLIT_PE k-tiles; VectorE the rest of the last. Each k-step of a tile is
-        emitted once its rhs k-tile and its stationary are (to be) in place; the last
-        tile's late k-tiles LAG rhs k-tiles after their rows (VectorE's latency)."""
+        """The wide start's first column group over `bunch` (see the module
+        docstring), its loads in the order: the rows of all tiles but the last, rhs
+        k-tiles 0..LAST_AFTER-1, the last tile's first CUT k-tiles, rhs k-tiles up to
+        LATE_AT, the rest of its rows, the other rhs k-tiles; the rows of `pre` after
+        rhs k-tiles PRE_AT (`_fetch_split`). TensorE transposes the first tiles (while
+        it waits for rhs k-tile 0) and the last one's first WIDE_SPLIT k-tiles,
+        VectorE the rest of the last. A tile's k-step is emitted once its rhs k-tile
+        is loaded and its stationary's rows are."""
         g0, gn = group
         r = self.start_rhs = KMajor(self.slices.next(), gn)
         rbase = self.rhs.batch_offset(index) + g0 * self.rhs.f[0]
@@ -401,8 +419,6 @@ class VectorSchedule:
             if i in at:
                 early.append(self._fetch_split(index, at[i]))
             arrived = i + 1
-            if ready[last] == cut and i + 1 == late + LAG:
-                ready[last] = nk
             work()
 
         for t in range(last):           # whole rows, transposed while rhs k-tile 0 loads
@@ -412,7 +428,8 @@ class VectorSchedule:
             ready[t] = nk
         for i in range(min(LAST_AFTER, nk)):
             rhs(i)
-        load, parts = self._fetch_parts(self.lhs, index, *bunch[last], [cut])
+        load, parts = self._fetch_parts(self.lhs, index, *bunch[last],
+                                         [cut] if cut < nk else [])
         parts[0]()
         split = max(self.kperm, min(WIDE_SPLIT, cut) // self.kperm * self.kperm)
         self.tps = self._spare(accs, split) or self._free_banks(accs, last)
@@ -421,15 +438,14 @@ class VectorSchedule:
         ready[last] = cut
         late = min(max(LATE_AT, LAST_AFTER), nk)
         work()
-        for i in range(min(LAST_AFTER, nk), nk):
+        for i in range(min(LAST_AFTER, nk), nk + 1):
             if i == late:
-                parts[1]()
+                for emit in parts[1:]:
+                    emit()
                 self._finish_vector(load, cut)
-            rhs(i)
-        if late == nk:
-            parts[1]()
-            self._finish_vector(load, cut)
-        ready[last] = nk
+                ready[last] = nk
+            if i < nk:
+                rhs(i)
         work()
         for mtile in pre[len(early):]:
             early.append(self._fetch_split(index, mtile))

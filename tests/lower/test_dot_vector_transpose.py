@@ -162,9 +162,10 @@ def test_lhs_rows_load_whole():
 
 
 def test_last_evacuation_split_over_both_engines():
-    """The kernel's last accumulator (one PSUM bank) is evacuated in two halves, one on
+    """The kernel's last accumulator (one PSUM bank) is evacuated in two parts, one on
     VectorE and one on ScalarE, before the final store: ~0.37 -> ~0.23 us less on
-    trn1's critical path (matmul_vector `_last`)."""
+    trn1's critical path (matmul_vector `_last`); the parts sized so both end
+    together (1.12 vs 1.4 GHz, §1.2: VectorE's the smaller)."""
     from jax_trn.hw import isa
     program = lower_module(dot_module((640, 2048), (2048, 2048), dtype="bfloat16"), TRN1)
     instrs = program.kernels[-1].instructions
@@ -172,4 +173,6 @@ def test_last_evacuation_split_over_both_engines():
     copies = [i for i in instrs if isinstance(i, isa.TensorCopy) and i.src.mem == "psum"]
     last = copies[-2:]
     assert {i.engine for i in last} == {"vector", "scalar"}
-    assert [i.src.free_size for i in last] == [256, 256]
+    assert [i.engine for i in last] == ["vector", "scalar"]
+    assert sum(i.src.free_size for i in last) == 512
+    assert 0 < last[0].src.free_size < 256
