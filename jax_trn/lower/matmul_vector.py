@@ -40,11 +40,17 @@ Wide start (`_wide_kernel`, N in (1280, 2560], M >= 1024, K >= 2048): the first
 column group is WIDE = 1280 columns, so 3 row tiles fill PSUM (2.5 banks each, the
 256-column pieces of two tiles sharing a bank: `_packed`) and a k-step of the start is
 1.37 us of matmuls against 1.2 us for its rhs k-tile (rows of 2560 B: the full DMA
-rate). TensorE keeps up with the rhs once 3 row tiles are in, not 4 (trn1 2048^3:
-from 9.9 us instead of 12.8; 6.4 us idle before, against 7.2):
+rate). TensorE keeps up with the rhs once 3 row tiles are in, not 4:
 
-    start:  tiles 0..2 join the first group as above; the rows of tile 3 load after rhs
-            k-tile PRE_AT (VectorE transposes them: it is idle after the split tile)
+    start:  (`_wide_start`) the rows of tiles 0..1, rhs k-tiles 0..1, the first CUT
+            k-tiles of tile 2's rows (2560 B: the full rate), rhs k-tiles up to LATE_AT,
+            the rest of tile 2's rows, the other rhs k-tiles, then tile 3's rows
+            (PRE_AT). TensorE transposes tiles 0..1 while it waits for rhs k-tile 0,
+            and WIDE_SPLIT k-tiles of tile 2 (into the PSUM columns no accumulator
+            uses, `_spare`); VectorE the rest of tile 2. Before the start's last
+            matmuls TensorE transposes tile 3's first PRE_SPLIT k-tiles there too
+            (VectorE copies them, then transposes the rest), so it goes on with tile 3
+            without waiting for VectorE (`_fetch_split`)
     then:   the first group of tiles 3..4 (tile 4's rows load after the start), while
             the second group's rhs slice streams in behind them
     second: the second group (768 columns) over tiles 0..4, k outer (5 x 1.5 banks)
@@ -52,20 +58,40 @@ from 9.9 us instead of 12.8; 6.4 us idle before, against 7.2):
 
 The second group's pass waits for no rhs k-tile: its slice (18.9 us of DMA) streams in
 behind the first while TensorE finishes the start and runs the first group of tiles
-3..4 (14.6 us).
-trn1 2048^3 bf16: 199.7 -> 198.0 us (93.5% -> 94.3% MFU); 4096 x 2048^2 387.0 -> 385.3
-us; N = 2304: 246.0 -> 221.5 us (three 1024-column groups did not take this path).
+3..4 (14.6 us). With a 1280-column second group no tile follows the start in the first
+group, the pass after it is DMA-bound, and tile 2's rows load whole.
+trn1 2048^3 bf16: 199.7 -> 198.0 us with the wide start (tiles joining one per rhs
+k-tile as in `_start`), 198.0 -> 197.3 us (94.3% -> 94.6% MFU) with the load order
+above and tile 3's split; 4096 x 2048^2 385.3 -> 384.5 us; N = 2304 221.5 -> 220.8 us.
 
-Where the time goes then (trn1 2048^3, 198.0 us): 187.3 us of matmuls, ~6.4 us idle
-before TensorE keeps up (the first rows: 1.3 us fixed cost + 1.93 us; 3 row tiles,
-5.8 us of DMA, before the rhs k-tiles feed whole k-steps), 1.7 us of TensorE transposes
-(the start's tiles, during waits for DMA), 2.7 us after the last matmul (the last store:
-1.3 us fixed cost and 128 descriptors, 1.18 us, §3.4). With the 8 PSUM banks, any set
-of accumulators fed by an rhs k-tile as it arrives does at most 1.46 us of matmuls per
-k-tile, and the rhs k-tile takes >= 1.18 us (128 descriptors) at any width up to 1250
-columns, 1.93 us at 2048: at least 3 row tiles of lhs (1.93 us each) must arrive before
-TensorE keeps up, whatever the order (trn1 has no dma_transpose: lhs rows load whole and
-are transposed on chip).
+Where the time goes (trn1 2048^3, 197.3 us): 187.25 us of matmuls; TensorE busy without
+a break from 9.1 us on, having done 1.83 us of matmuls before (7.27 us lost at the
+start), 0.09 us on tile 3's two transposes, 2.66 us after the last matmul.
+
+The best span this model allows (trn1 2048^3 bf16; §1.2, §2.6, §3.2, §3.4, §6.3):
+
+- matmuls: 16 row tiles x 16 k-tiles x 2048 columns at one column per cycle, 2.8 GHz:
+  187.25 us (MFU counts the 92 TFLOPS peak: 186.74 us; 95% is 196.57 us);
+- tail: the last store waits for its accumulator's evacuation (a static overhead of
+  100 cycles plus the copy: >= ~0.15 us, split over VectorE and ScalarE), then costs
+  the 1.3 us DMA fixed cost and 128 descriptors, each >= 2500 B of the 272 B/ns line:
+  1.18 us at any width up to 1250 columns. Fewer rows need 64-row stationaries, which
+  cost TensorE as much as 128-row ones (§6.3), and the store before it holds the line
+  for another 1.18 us: the tail is >= ~2.6 us;
+- start: nothing is computed before rows and rhs k-tiles both arrive, and the DMA line
+  is one FIFO (§3.4; every 128-row load costs >= 1.18 us). The loss X is the largest
+  (arrival time - matmul work enabled by the loads before it) over the loads; a k-step
+  of the 3 start tiles gains only 0.17 us on its rhs k-tile (1.37 vs 1.2 us), so the
+  worst point is early: in the order above the rhs k-tile 2 arrives at 1.3 + 2 x 1.93
+  (rows) + 1.2 (tile 2's first part) + 3 x 1.2 = 9.97 us with 6 x 0.457 = 2.74 us of
+  matmuls enabled: X >= 7.23 us. Enumerating the orders of the 3 tiles' rows (whole or
+  in two column ranges, any interleaving with the rhs k-tiles, tile 3 after) finds no X
+  below 7.20 us; 4 tiles x 1024 columns: 7.77 us. (The continuous relaxation, loads
+  of any size, gives 6.4 us, but no single order meets its bound at every arrival.)
+
+So >= 187.25 + 7.2 + 2.6 ~= 197.05 us (94.8% MFU) with these loads: 95% would need ~0.5
+us less, i.e. a start below ~6.7 us or a tail below ~2.1 us, neither of which the DMA
+line's fixed cost and descriptor rate allow here.
 """
 from __future__ import annotations
 
@@ -94,16 +120,19 @@ WIDE_K, WIDE_M = 2048, 8    # the wide start from this K and M / 128 on: below t
 EXTRA = 2                   # row tiles after the wide start whose first group runs
                             # before the second group's pass over all of them
 LAST_AFTER = 2              # rhs k-tiles of the wide start before its last tile's rows
+                            # (trn1 2048^3: 1 197.44, 2 197.30, 3 197.57 us)
 CUT = 10                    # k-tiles of the wide start's last tile in its first load
-                            # (2560 B rows: the full DMA rate, §3.4)
+                            # (2560 B rows: the full DMA rate, §3.4; 8 197.71, 12 197.54)
 WIDE_SPLIT = 2              # k-tiles of the wide start's last tile TensorE transposes
-PRE_SPLIT = 2               # k-tiles of the tiles of PRE_AT TensorE transposes
-LATE_AT = 9                 # rhs k-tile before which the rest of its rows load
+                            # (4: 197.39 us)
+PRE_SPLIT = 2               # k-tiles of the tile of PRE_AT TensorE transposes before the
+                            # start's last matmuls (0: 197.75 us; 4 do not fit `_spare`)
+LATE_AT = 9                 # rhs k-tile before which the rest of its rows load (8
+                            # 197.45, 9..10 197.30, 11 197.41 us)
 PRE_AT = (15,)              # rhs k-tiles of the wide start after which the rows of the
                             # first EXTRA tiles load (the others' right after the start):
-                            # VectorE has transposed them when TensorE needs them, and the
-                            # start's rhs k-tiles come first (trn1 2048^3: after k-tile 8
-                            # 198.8 us, after 12..15 198.0 us)
+                            # the start's rhs k-tiles come first (trn1 2048^3: after
+                            # k-tile 13 198.38, 14 198.21, 15 197.30 us)
 
 
 class VectorSchedule:
@@ -234,9 +263,10 @@ class VectorSchedule:
         return strips
 
     def _fetch_split(self, index, mtile):
-        """A row tile's rows, staged for TensorE (its first PRE_SPLIT k-tiles, when
-        `_rest` reaches it: TensorE starts on it without waiting for VectorE's first
-        k-tiles) and VectorE (the rest, emitted now: they run as the rows arrive)."""
+        """A row tile's rows loaded (DMA only), staged for TensorE's transposes of its
+        first PRE_SPLIT k-tiles (`pe_upto`) and VectorE's of the rest, which
+        `_wide_start` emits before the start's last matmuls (or `_finish`, if the
+        spare PSUM columns do not hold them); without PRE_SPLIT, a VectorE tile."""
         if not PRE_SPLIT:
             return self._fetch_rest(index, mtile)
         load, (dma,) = self._fetch_parts(self.lhs, index, *mtile, [])
@@ -331,20 +361,22 @@ class VectorSchedule:
                         engine=engine)
 
         def done(engine: str, n: int) -> float:
-            clock = spec.clock(engine)
-            return (spec.static_overhead
-                    + isa.TensorCopy(name="pace", **copy(engine, 0, n)).cycles(spec)) / clock
-        h = min(range(1, ct), key=lambda h: (max(done("vector", h), done("scalar", ct - h)), h))
+            cycles = isa.TensorCopy(name="pace", **copy(engine, 0, n)).cycles(spec)
+            return (spec.static_overhead + cycles) / spec.clock(engine)
+
+        def end(h: int) -> float:
+            return max(done("vector", h), done("scalar", ct - h))
+        h = min(range(1, ct), key=lambda h: (end(h), h))
         for engine, c0, n in (("vector", 0, h), ("scalar", h, ct - h)):
             self.kb.emit(isa.TensorCopy, **copy(engine, c0, n))
         self._store(otile, base, m0, mt, g0, ct)
 
     def _wide_kernel(self, index, base: int) -> None:
         """The first column group WIDE columns wide: 3 row tiles fill PSUM; then the
-        first group of the next tiles (VectorE-transposed: rows of the first loaded
-        during the start, `PRE_AT`, of the others after it) while the second group's
-        rhs slice streams in; then the second group over all those tiles, k outer; then
-        the other tiles as in `_rest`."""
+        first group of the next tiles (VectorE-transposed: rows of the first loaded at
+        the start's end, `PRE_AT`, `_fetch_split`; of the others after it) while the
+        second group's rhs slice streams in; then the second group over all those
+        tiles, k outer; then the other tiles as in `_rest`."""
         mtiles, groups = tiles(self.m, self.mt), tiles(self.n, self.plan.group)
         start, second = self._wide_sizes(groups)
         bunch, extra, rest = mtiles[:start], mtiles[start:second], mtiles[second:]
@@ -386,7 +418,8 @@ class VectorSchedule:
         # second group's pass after the start is DMA-bound and pays for the extra
         # descriptors (§3.4; 1024 x 2048 x 2560: 128.35 -> 128.78 us split)
         cut = min(CUT if pre else nk, nk) // self.kperm * self.kperm
-        strips, ready, done, early = [None] * len(bunch), [0] * len(bunch), [0] * len(bunch), []
+        strips, early = [None] * len(bunch), []
+        ready, done = [0] * len(bunch), [0] * len(bunch)   # k-steps loaded, emitted
         arrived = 0
         at = dict(zip(PRE_AT, pre))
 
@@ -398,7 +431,8 @@ class VectorSchedule:
                         split_early()
                     j, kt, paired = steps[i]
                     for c0, ct, acc in accs[t]:
-                        self._mm(acc, strips[t], r, j, kt, paired, bunch[t][1], c0, ct, i > 0)
+                        self._mm(acc, strips[t], r, j, kt, paired, bunch[t][1], c0, ct,
+                                 i > 0)
                     done[t] += 1
 
         def split_early() -> None:

@@ -136,11 +136,13 @@ def test_wide_start_batched():
 
 def test_wide_start_gemm_2048_time():
     """The 2048^3 bf16 GEMM (issue 15's gemm row) on trn1: 199.7 us with the 1024-column
-    start (4 row tiles), 198.0 us with the wide one; TensorE's matmuls take 187.3 us."""
+    start (4 row tiles), 198.0 us with the wide one, 197.3 us with its loads reordered
+    (`_wide_start`); TensorE's matmuls take 187.3 us, and this model allows no less
+    than ~197.05 us (matmul_vector's docstring)."""
     res = run(dot_module((2048, 2048), (2048, 2048), dtype="bfloat16"),
               rand((2048, 2048), "bfloat16", 1), rand((2048, 2048), "bfloat16", 2),
               spec=TRN1)
-    assert res.ns < 198.2e3, res.ns
+    assert res.ns < 197.4e3, res.ns
 
 
 def test_lhs_rows_load_whole():
