@@ -85,13 +85,14 @@ The best span this model allows (trn1 2048^3 bf16; §1.2, §2.6, §3.2, §3.4, �
   worst point is early: in the order above the rhs k-tile 2 arrives at 1.3 + 2 x 1.93
   (rows) + 1.2 (tile 2's first part) + 3 x 1.2 = 9.97 us with 6 x 0.457 = 2.74 us of
   matmuls enabled: X >= 7.23 us. Enumerating the orders of the 3 tiles' rows (whole or
-  in two column ranges, any interleaving with the rhs k-tiles, tile 3 after) finds no X
-  below 7.20 us; 4 tiles x 1024 columns: 7.77 us. (The continuous relaxation, loads
-  of any size, gives 6.4 us, but no single order meets its bound at every arrival.)
+  in two column ranges of 6..12 k-tiles, any interleaving with the rhs k-tiles) finds
+  no X below 7.07 us, 7.20 us with tile 3's rows and the second group's rhs after
+  them; 4 tiles x 1024 columns: 7.77 us. (The continuous relaxation, loads of any
+  size, gives 6.4 us, but no single order meets its bound at every arrival.)
 
-So >= 187.25 + 7.2 + 2.6 ~= 197.05 us (94.8% MFU) with these loads: 95% would need ~0.5
-us less, i.e. a start below ~6.7 us or a tail below ~2.1 us, neither of which the DMA
-line's fixed cost and descriptor rate allow here.
+So >= 187.25 + 7.2 + 2.6 ~= 197.05 us (94.8% MFU) with these loads (196.9 us with the
+looser 7.07): 95% would need a start below ~6.7 us or a tail below ~2.1 us, neither of
+which the DMA line's fixed cost and descriptor rate allow here.
 """
 from __future__ import annotations
 
