@@ -85,7 +85,7 @@ The best span this model allows (trn1 2048^3 bf16; §1.2, §2.6, §3.2, §3.4, �
   worst point is early: in the order above the rhs k-tile 2 arrives at 1.3 + 2 x 1.93
   (rows) + 1.2 (tile 2's first part) + 3 x 1.2 = 9.97 us with 6 x 0.457 = 2.74 us of
   matmuls enabled: X >= 7.23 us. Enumerating the orders of the 3 tiles' rows (whole or
-  in two column ranges of 6..12 k-tiles, any interleaving with the rhs k-tiles) finds
+  in two column ranges of 8..12 k-tiles, any interleaving with the rhs k-tiles) finds
   no X below 7.07 us, 7.20 us with tile 3's rows and the second group's rhs after
   them; 4 tiles x 1024 columns: 7.77 us. (The continuous relaxation, loads of any
   size, gives 6.4 us, but no single order meets its bound at every arrival.)
