@@ -72,6 +72,9 @@ class _Load:
     dst: KMajor | quarters.WordStrip
     staged: list[tuple[isa.Tile, int, int]] = field(default_factory=list)  # rows, c0, fc
     vector_stage: isa.Tile | None = None    # natural rows VectorE transposes
+    pe_upto: int | None = None              # staged rows whose k-tiles from here on
+                                            # VectorE transposes (emitted): `_finish`
+                                            # transposes the others on TensorE
 
 
 class Loads:
@@ -177,27 +180,63 @@ class Loads:
                                                        self.kb.target):
                 self.kb.emit(isa.NcTranspose, engine="vector", **operands)
             load.vector_stage, self.vector_busy = None, True
+        if load.pe_upto is not None:
+            split = self._pe_part(load, load.pe_upto)
+            load.staged.clear()
+            return split
         for staged in load.staged:
             self._transpose_staged(staged, load.dst)
         load.staged.clear()
         return load.dst
 
-    def _finish_split(self, load: _Load, first: int) -> quarters.Split:
-        """A staged row tile's k-tiles before `first` transposed on TensorE, the rest
-        on VectorE (matmul_quarters.Split): for a tile TensorE needs at once while
-        VectorE is idle, with too few free PSUM banks for all its transposes. Leaves
-        `vector_busy` alone: the next evacuations (the start's drains) come after
-        VectorE is done with these."""
+    def _fetch_parts(self, op: Operand, index, f0: int, fsize: int, cuts) -> tuple:
+        """A TensorE-staged row tile (`fsize` <= 128 rows) whose rows load in column
+        ranges split at k-tiles `cuts` (multiples of w: a k-tile's columns are one
+        range, matmul_quarters.py): the `_Load` and one DMA closure per range, in K
+        order, so the first k-tiles can be transposed before the rest arrive."""
+        base = op.batch_offset(index) + f0 * op.f[0]
+        rows = sub(self.stage[id(op)].next(), fsize, self.k)
+        load = _Load(KMajor(self.strips.next(), fsize), staged=[(rows, 0, fsize)])
+        bounds = [0, *(c * self.kt for c in cuts), self.k]
+
+        def dma(a: int, b: int):
+            src = self.kb.ap(op.t, base + a * op.k[0], ((op.f[0], fsize), (op.k[0], b - a)))
+            return lambda: self._dma(sub(rows, fsize, b - a, at=a), src)
+        return load, [dma(a, b) for a, b in zip(bounds, bounds[1:])]
+
+    def _finish_split(self, load: _Load, first: int, stop: int | None = None
+                      ) -> quarters.Split:
+        """A staged row tile's k-tiles before `first` transposed on TensorE, those from
+        `first` to `stop` (None: all) on VectorE (matmul_quarters.Split): for a tile
+        TensorE needs at once while VectorE is idle, with too few free PSUM banks for
+        all its transposes. With `stop`, the load stays staged for `_finish_vector`.
+        Leaves `vector_busy` alone: the next evacuations (the start's drains) come
+        after VectorE is done with these."""
+        split = self._pe_part(load, first)
+        self._finish_vector(load, first, stop)
+        return split
+
+    def _pe_part(self, load: _Load, first: int, engine: str | None = None
+                 ) -> quarters.Split:
+        """TensorE transposes of a staged row tile's k-tiles before `first` (one copy
+        each, the first arrives sooner; on `engine`, else alternating); the tile as a
+        Split (VectorE's k-tiles from `first` on)."""
         (rows, c0, fc), = load.staged
         pe = load.dst
-        vector = quarters.WordStrip(pe.base, self.mt, self.kperm)
         for group in _runs(tiles(rows.free_size, self.kt)[:first], self.bank // fc):
-            self._transpose(rows, group, fc, c0, pe, each=True)
+            self._transpose(rows, group, fc, c0, pe, each=True, engine=engine)
+        return quarters.Split(pe, quarters.WordStrip(pe.base, self.mt, self.kperm), first)
+
+    def _finish_vector(self, load: _Load, first: int, stop: int | None = None) -> None:
+        """VectorE transposes of a staged row tile's k-tiles from `first` to `stop`
+        (None: all; then the load is done but for a TensorE part, `pe_upto`)."""
+        (rows, _, _), = load.staged
+        vector = quarters.WordStrip(load.dst.base, self.mt, self.kperm)
         for operands in quarters.vector_transposes(rows, vector, self.k, self.kb.target,
-                                                   first):
+                                                   first, stop):
             self.kb.emit(isa.NcTranspose, engine="vector", **operands)
-        load.staged.clear()
-        return quarters.Split(pe, vector, first)
+        if stop is None and load.pe_upto is None:
+            load.staged.clear()
 
     def _transpose_staged(self, staged: tuple[isa.Tile, int, int], dst: KMajor) -> None:
         rows, c0, fc = staged
@@ -205,7 +244,7 @@ class Loads:
             self._transpose(rows, group, fc, c0, dst)
 
     def _transpose(self, rows: isa.Tile, group, fc: int, c0: int, dst: KMajor,
-                   each: bool = False) -> None:
+                   each: bool = False, engine: str | None = None) -> None:
         """Transposes k-tiles of `rows` [fc, K] into one PSUM bank, then copies them to
         `dst`: with one copy when they are adjacent there (a full-width strip) unless
         `each` (one copy per k-tile, alternating engines: the first arrives sooner)."""
@@ -221,7 +260,8 @@ class Loads:
             return
         for g, (j, _) in enumerate(group):
             self.kb.emit(isa.TensorCopy, dst=dst.tile(j, kt, fc, at=c0),
-                         src=sub(bank, kt, fc, at=g * fc), engine=self._evac_engine())
+                         src=sub(bank, kt, fc, at=g * fc),
+                         engine=engine or self._evac_engine())
 
 
 def _runs(ktiles: list[tuple[int, int]], size: int) -> list[list]:

@@ -126,16 +126,17 @@ def staging_src(op: Operand, base: int, k: int, target: Target) -> tuple[int, Ax
 
 
 def vector_transposes(stage: isa.Tile, dst: WordStrip, k: int, target: Target,
-                      first: int = 0) -> list[dict]:
+                      first: int = 0, stop: int | None = None) -> list[dict]:
     """The NcTranspose operands (engine="vector") turning a staged row tile into `dst`,
     k-tile pair by k-tile pair: word block b = quads u + q of row quadrant c moves to
     quadrant q at block u, column block c (a <= 32-partition transpose may write any
-    quadrant, §2.3). From k-tile `first` (a multiple of w) on."""
+    quadrant, §2.3). K-tiles from `first` to `stop` (multiples of w; None: all)."""
     lanes, w = target.vector_transpose_max, dst.word
     quads, blocks = target.partitions // lanes, target.stationary_max // lanes
     block = lanes * w                           # elements per word block
+    end = k // (quads * block) if stop is None else stop // w
     out = []
-    for u in range(first // w, k // (quads * block)):
+    for u in range(first // w, end):
         for q in range(quads):
             b = quads * u + q
             for c in range(blocks):

@@ -40,11 +40,17 @@ Wide start (`_wide_kernel`, N in (1280, 2560], M >= 1024, K >= 2048): the first
 column group is WIDE = 1280 columns, so 3 row tiles fill PSUM (2.5 banks each, the
 256-column pieces of two tiles sharing a bank: `_packed`) and a k-step of the start is
 1.37 us of matmuls against 1.2 us for its rhs k-tile (rows of 2560 B: the full DMA
-rate). TensorE keeps up with the rhs once 3 row tiles are in, not 4 (trn1 2048^3:
-from 9.9 us instead of 12.8; 6.4 us idle before, against 7.2):
+rate). TensorE keeps up with the rhs once 3 row tiles are in, not 4:
 
-    start:  tiles 0..2 join the first group as above; the rows of tile 3 load after rhs
-            k-tile PRE_AT (VectorE transposes them: it is idle after the split tile)
+    start:  (`_wide_start`) the rows of tiles 0..1, rhs k-tiles 0..1, the first CUT
+            k-tiles of tile 2's rows (2560 B: the full rate), rhs k-tiles up to LATE_AT,
+            the rest of tile 2's rows, the other rhs k-tiles, then tile 3's rows
+            (PRE_AT). TensorE transposes tiles 0..1 while it waits for rhs k-tile 0,
+            and WIDE_SPLIT k-tiles of tile 2 (into the PSUM columns no accumulator
+            uses, `_spare`); VectorE the rest of tile 2. Before the start's last
+            matmuls TensorE transposes tile 3's first PRE_SPLIT k-tiles there too
+            (VectorE copies them, then transposes the rest), so it goes on with tile 3
+            without waiting for VectorE (`_fetch_split`)
     then:   the first group of tiles 3..4 (tile 4's rows load after the start), while
             the second group's rhs slice streams in behind them
     second: the second group (768 columns) over tiles 0..4, k outer (5 x 1.5 banks)
@@ -52,20 +58,41 @@ from 9.9 us instead of 12.8; 6.4 us idle before, against 7.2):
 
 The second group's pass waits for no rhs k-tile: its slice (18.9 us of DMA) streams in
 behind the first while TensorE finishes the start and runs the first group of tiles
-3..4 (14.6 us).
-trn1 2048^3 bf16: 199.7 -> 198.0 us (93.5% -> 94.3% MFU); 4096 x 2048^2 387.0 -> 385.3
-us; N = 2304: 246.0 -> 221.5 us (three 1024-column groups did not take this path).
+3..4 (14.6 us). With a 1280-column second group no tile follows the start in the first
+group, the pass after it is DMA-bound, and tile 2's rows load whole.
+trn1 2048^3 bf16: 199.7 -> 198.0 us with the wide start (tiles joining one per rhs
+k-tile as in `_start`), 198.0 -> 197.3 us (94.3% -> 94.6% MFU) with the load order
+above and tile 3's split; 4096 x 2048^2 385.3 -> 384.5 us; N = 2304 221.5 -> 220.8 us.
 
-Where the time goes then (trn1 2048^3, 198.0 us): 187.3 us of matmuls, ~6.4 us idle
-before TensorE keeps up (the first rows: 1.3 us fixed cost + 1.93 us; 3 row tiles,
-5.8 us of DMA, before the rhs k-tiles feed whole k-steps), 1.7 us of TensorE transposes
-(the start's tiles, during waits for DMA), 2.7 us after the last matmul (the last store:
-1.3 us fixed cost and 128 descriptors, 1.18 us, §3.4). With the 8 PSUM banks, any set
-of accumulators fed by an rhs k-tile as it arrives does at most 1.46 us of matmuls per
-k-tile, and the rhs k-tile takes >= 1.18 us (128 descriptors) at any width up to 1250
-columns, 1.93 us at 2048: at least 3 row tiles of lhs (1.93 us each) must arrive before
-TensorE keeps up, whatever the order (trn1 has no dma_transpose: lhs rows load whole and
-are transposed on chip).
+Where the time goes (trn1 2048^3, 197.3 us): 187.25 us of matmuls; TensorE busy without
+a break from 9.1 us on, having done 1.83 us of matmuls before (7.27 us lost at the
+start), 0.09 us on tile 3's two transposes, 2.66 us after the last matmul.
+
+The best span this model allows (trn1 2048^3 bf16; §1.2, §2.6, §3.2, §3.4, §6.3):
+
+- matmuls: 16 row tiles x 16 k-tiles x 2048 columns at one column per cycle, 2.8 GHz:
+  187.25 us (MFU counts the 92 TFLOPS peak: 186.74 us; 95% is 196.57 us);
+- tail: the last store waits for its accumulator's evacuation (a static overhead of
+  100 cycles plus the copy: >= ~0.15 us, split over VectorE and ScalarE), then costs
+  the 1.3 us DMA fixed cost and 128 descriptors, each >= 2500 B of the 272 B/ns line:
+  1.18 us at any width up to 1250 columns. Fewer rows need 64-row stationaries, which
+  cost TensorE as much as 128-row ones (§6.3), and the store before it holds the line
+  for another 1.18 us: the tail is >= ~2.6 us;
+- start: nothing is computed before rows and rhs k-tiles both arrive, and the DMA line
+  is one FIFO (§3.4; every 128-row load costs >= 1.18 us). The loss X is the largest
+  (arrival time - matmul work enabled by the loads before it) over the loads; a k-step
+  of the 3 start tiles gains only 0.17 us on its rhs k-tile (1.37 vs 1.2 us), so the
+  worst point is early: in the order above the rhs k-tile 2 arrives at 1.3 + 2 x 1.93
+  (rows) + 1.2 (tile 2's first part) + 3 x 1.2 = 9.97 us with 6 x 0.457 = 2.74 us of
+  matmuls enabled: X >= 7.23 us. Enumerating the orders of the 3 tiles' rows (whole or
+  in two column ranges of 8..12 k-tiles, any interleaving with the rhs k-tiles) finds
+  no X below 7.07 us, 7.20 us with tile 3's rows and the second group's rhs after
+  them; 4 tiles x 1024 columns: 7.77 us. (The continuous relaxation, loads of any
+  size, gives 6.4 us, but no single order meets its bound at every arrival.)
+
+So >= 187.25 + 7.2 + 2.6 ~= 197.05 us (94.8% MFU) with these loads (196.9 us with the
+looser 7.07): 95% would need a start below ~6.7 us or a tail below ~2.1 us, neither of
+which the DMA line's fixed cost and descriptor rate allow here.
 """
 from __future__ import annotations
 
@@ -93,11 +120,20 @@ WIDE_K, WIDE_M = 2048, 8    # the wide start from this K and M / 128 on: below t
                             # 2048 x 1024 x 2048: 106.6 -> 108.2 us)
 EXTRA = 2                   # row tiles after the wide start whose first group runs
                             # before the second group's pass over all of them
-PRE_AT = (12,)              # rhs k-tiles of the wide start after which the rows of the
+LAST_AFTER = 2              # rhs k-tiles of the wide start before its last tile's rows
+                            # (trn1 2048^3: 1 197.44, 2 197.30, 3 197.57 us)
+CUT = 10                    # k-tiles of the wide start's last tile in its first load
+                            # (2560 B rows: the full DMA rate, §3.4; 8 197.71, 12 197.54)
+WIDE_SPLIT = 2              # k-tiles of the wide start's last tile TensorE transposes
+                            # (4: 197.39 us)
+PRE_SPLIT = 2               # k-tiles of the tile of PRE_AT TensorE transposes before the
+                            # start's last matmuls (0: 197.75 us; 4 do not fit `_spare`)
+LATE_AT = 9                 # rhs k-tile before which the rest of its rows load (8
+                            # 197.45, 9..10 197.30, 11 197.41 us)
+PRE_AT = (15,)              # rhs k-tiles of the wide start after which the rows of the
                             # first EXTRA tiles load (the others' right after the start):
-                            # VectorE has transposed them when TensorE needs them, and the
-                            # start's rhs k-tiles come first (trn1 2048^3: after k-tile 8
-                            # 198.8 us, after 12..15 198.0 us)
+                            # the start's rhs k-tiles come first (trn1 2048^3: after
+                            # k-tile 13 198.38, 14 198.21, 15 197.30 us)
 
 
 class VectorSchedule:
@@ -187,18 +223,15 @@ class VectorSchedule:
             self._bunched(strips, r, bunch, base, g0, gn)
         self._rest(index, base, rest, groups, rs, loads)
 
-    def _start(self, index, base: int, bunch, group, accs=None, pre=()) -> list:
-        """The first column group over `bunch`, its tiles joining one per k-step; the
-        rows of row tiles `pre` load after rhs k-tiles PRE_AT (VectorE transposes them
-        while TensorE works on the start; their strips are appended to the result)."""
+    def _start(self, index, base: int, bunch, group) -> list:
+        """The first column group over `bunch`, its tiles joining one per k-step."""
         g0, gn = group
         r = self.start_rhs = KMajor(self.slices.next(), gn)
         rbase = self.rhs.batch_offset(index) + g0 * self.rhs.f[0]
         rdmas = self._plain_dmas(self.rhs, _Load(r), rbase, (0, self.k), gn)
         steps = self._ksteps(self.k)
-        accs = accs or [self._accs(mt, gn) for _, mt in bunch]
-        strips, early = [], []
-        at = dict(zip(PRE_AT, pre))
+        accs = [self._accs(mt, gn) for _, mt in bunch]
+        strips = []
 
         def step(t: int, i: int) -> None:
             j, kt, paired = steps[i]
@@ -222,17 +255,25 @@ class VectorSchedule:
                 load = self._fetch(self.lhs, index, (0, self.k), *bunch[i], self.strips)
             if i < len(steps):
                 rdmas[i]()
-            if i in at:
-                early.append(self._fetch_rest(index, at[i]))
             if load is not None:
                 join(i, load, min(i, len(steps)))
             for t in range(min(i + 1, len(bunch)) if i < len(steps) else 0):
                 step(t, i)
-        for mtile in pre[len(early):]:
-            early.append(self._fetch_rest(index, mtile))
         for t, (m0, mt) in enumerate(bunch):
             self._drain(accs[t], base, m0, mt, g0, gn)
-        return strips + early
+        return strips
+
+    def _fetch_split(self, index, mtile):
+        """A row tile's rows loaded (DMA only), staged for TensorE's transposes of its
+        first PRE_SPLIT k-tiles (`pe_upto`) and VectorE's of the rest, which
+        `_wide_start` emits before the start's last matmuls (or `_finish`, if the
+        spare PSUM columns do not hold them); without PRE_SPLIT, a VectorE tile."""
+        if not PRE_SPLIT:
+            return self._fetch_rest(index, mtile)
+        load, (dma,) = self._fetch_parts(self.lhs, index, *mtile, [])
+        dma()
+        load.pe_upto = PRE_SPLIT
+        return load
 
     def _fetch_rest(self, index, mtile):
         """A row tile's load; a VectorE tile's transposes too (they run as its data
@@ -304,23 +345,44 @@ class VectorSchedule:
                 self._matmuls([(0, hct, hacc)], hs, hr.shifted(hc0), self.k, hmt, True, None)
                 self._drain([(0, hct, hacc)], base, hm0, hmt, hg0 + hc0, hct)
             self._matmuls([(0, ct, acc)], s, rs[gi].shifted(c0), self.k, mt, True, None)
-            parts = [(0, ct, acc)]
-            if i == len(pieces) - 1 and ct > 1:
-                h = ct // 2
-                parts = [(0, h, sub(acc, mt, h)), (h, ct - h, sub(acc, mt, ct - h, at=h))]
-            self._drain(parts, base, m0, mt, groups[gi][0] + c0, ct)
+            if i == len(pieces) - 1 and 1 < ct <= self.bank:
+                self._split_drain(acc, base, m0, mt, groups[gi][0] + c0, ct)
+            else:
+                self._drain([(0, ct, acc)], base, m0, mt, groups[gi][0] + c0, ct)
+
+    def _split_drain(self, acc, base: int, m0: int, mt: int, g0: int, ct: int) -> None:
+        """The kernel's last accumulator evacuated by VectorE and ScalarE at once, split
+        so both finish together (each starts a static overhead after the matmul, §2.6,
+        and copies at its clock, §6.3), then stored."""
+        spec = self.kb.target.core
+        otile = sub(self.obuf.next(), mt, ct)
+
+        def copy(engine: str, c0: int, n: int):
+            return dict(dst=sub(otile, mt, n, at=c0), src=sub(acc, mt, n, at=c0),
+                        engine=engine)
+
+        def done(engine: str, n: int) -> float:
+            cycles = isa.TensorCopy(name="pace", **copy(engine, 0, n)).cycles(spec)
+            return (spec.static_overhead + cycles) / spec.clock(engine)
+
+        def end(h: int) -> float:
+            return max(done("vector", h), done("scalar", ct - h))
+        h = min(range(1, ct), key=lambda h: (end(h), h))
+        for engine, c0, n in (("vector", 0, h), ("scalar", h, ct - h)):
+            self.kb.emit(isa.TensorCopy, **copy(engine, c0, n))
+        self._store(otile, base, m0, mt, g0, ct)
 
     def _wide_kernel(self, index, base: int) -> None:
         """The first column group WIDE columns wide: 3 row tiles fill PSUM; then the
-        first group of the next tiles (VectorE-transposed: rows of the first loaded
-        during the start, `PRE_AT`, of the others after it) while the second group's
-        rhs slice streams in; then the second group over all those tiles, k outer; then
-        the other tiles as in `_rest`."""
+        first group of the next tiles (VectorE-transposed: rows of the first loaded at
+        the start's end, `PRE_AT`, `_fetch_split`; of the others after it) while the
+        second group's rhs slice streams in; then the second group over all those
+        tiles, k outer; then the other tiles as in `_rest`."""
         mtiles, groups = tiles(self.m, self.mt), tiles(self.n, self.plan.group)
         start, second = self._wide_sizes(groups)
         bunch, extra, rest = mtiles[:start], mtiles[start:second], mtiles[second:]
         accs = self._packed([mt for _, mt in bunch], groups[0][1])
-        strips = self._start(index, base, bunch, groups[0], accs, extra[:len(PRE_AT)])
+        strips = self._wide_start(index, base, bunch, groups[0], accs, extra[:len(PRE_AT)])
         strips += [self._fetch_rest(index, t) for t in extra[len(PRE_AT):]]
         g0, gn = groups[1]
         r = KMajor(self.slices.next(), gn)
@@ -329,12 +391,106 @@ class VectorSchedule:
             emit()
         loads = [self._fetch_rest(index, rest[0])] if rest else []
         rs = [self.start_rhs, r]
-        self._rest(index, base, extra, groups, rs, strips[start:], [[0]] * len(extra),
+        later = strips[start:]          # `_rest` finishes TensorE parts in place
+        self._rest(index, base, extra, groups, rs, later, [[0]] * len(extra),
                    last=not rest)
+        strips[start:] = later
         both = mtiles[:second]
         self._bunched(strips, r, both, base, g0, gn,
                       self._packed([mt for _, mt in both], gn))
         self._rest(index, base, rest, groups, rs, loads)
+
+    def _wide_start(self, index, base: int, bunch, group, accs, pre=()) -> list:
+        """The wide start's first column group over `bunch` (see the module
+        docstring), its loads in the order: the rows of all tiles but the last, rhs
+        k-tiles 0..LAST_AFTER-1, the last tile's first CUT k-tiles, rhs k-tiles up to
+        LATE_AT, the rest of its rows, the other rhs k-tiles; the rows of `pre` after
+        rhs k-tiles PRE_AT (`_fetch_split`). TensorE transposes the first tiles (while
+        it waits for rhs k-tile 0) and the last one's first WIDE_SPLIT k-tiles,
+        VectorE the rest of the last. A tile's k-step is emitted once its rhs k-tile
+        is loaded and its stationary's rows are."""
+        g0, gn = group
+        r = self.start_rhs = KMajor(self.slices.next(), gn)
+        rbase = self.rhs.batch_offset(index) + g0 * self.rhs.f[0]
+        rdmas = self._plain_dmas(self.rhs, _Load(r), rbase, (0, self.k), gn)
+        steps, last = self._ksteps(self.k), len(bunch) - 1
+        nk = len(steps)
+        # the last tile's rows in two parts only if tiles `pre` follow: with none, the
+        # second group's pass after the start is DMA-bound and pays for the extra
+        # descriptors (§3.4; 1024 x 2048 x 2560: 128.35 -> 128.78 us split)
+        cut = min(CUT if pre else nk, nk) // self.kperm * self.kperm
+        strips, early = [None] * len(bunch), []
+        ready, done = [0] * len(bunch), [0] * len(bunch)   # k-steps loaded, emitted
+        arrived = 0
+        at = dict(zip(PRE_AT, pre))
+
+        def work() -> None:
+            for t in range(len(bunch)):
+                while done[t] < min(ready[t], arrived):
+                    i = done[t]
+                    if t == last and i == nk - 1:
+                        split_early()
+                    j, kt, paired = steps[i]
+                    for c0, ct, acc in accs[t]:
+                        self._mm(acc, strips[t], r, j, kt, paired, bunch[t][1], c0, ct,
+                                 i > 0)
+                    done[t] += 1
+
+        def split_early() -> None:
+            """The transposes of the rows of `pre` loaded so far: TensorE's (in the
+            spare PSUM columns, copied by VectorE) before the start's last matmuls
+            (TensorE need not wait for them after), then VectorE's."""
+            for e, load in enumerate(early):
+                if isinstance(load, _Load) and load.pe_upto is not None:
+                    self.tps = self._spare(accs, load.pe_upto)
+                    if self.tps is None:
+                        self._finish_vector(load, load.pe_upto)
+                    else:
+                        early[e] = self._pe_part(load, load.pe_upto, engine="vector")
+                        self._finish_vector(load, load.pe_upto)
+                        load.staged.clear()
+                    self.tps, self.vector_busy = None, True
+
+        def rhs(i: int) -> None:
+            nonlocal arrived
+            rdmas[i]()
+            if i in at:
+                early.append(self._fetch_split(index, at[i]))
+            arrived = i + 1
+            work()
+
+        for t in range(last):           # whole rows, transposed while rhs k-tile 0 loads
+            load = self._fetch(self.lhs, index, (0, self.k), *bunch[t], self.strips)
+            self.tps = self._free_banks(accs, t)
+            strips[t], self.tps = self._finish(load), None
+            ready[t] = nk
+        for i in range(min(LAST_AFTER, nk)):
+            rhs(i)
+        load, parts = self._fetch_parts(self.lhs, index, *bunch[last],
+                                         [cut] if cut < nk else [])
+        parts[0]()
+        split = max(self.kperm, min(WIDE_SPLIT, cut) // self.kperm * self.kperm)
+        self.tps = self._spare(accs, split) or self._free_banks(accs, last)
+        strips[last] = self._finish_split(load, split, cut)
+        self.tps = None
+        ready[last] = cut
+        late = min(max(LATE_AT, LAST_AFTER), nk)
+        work()
+        for i in range(min(LAST_AFTER, nk), nk + 1):
+            if i == late:
+                for emit in parts[1:]:
+                    emit()
+                self._finish_vector(load, cut)
+                ready[last] = nk
+            if i < nk:
+                rhs(i)
+        work()
+        for mtile in pre[len(early):]:
+            early.append(self._fetch_split(index, mtile))
+        split_early()
+        for t, (m0, mt) in enumerate(bunch):
+            self._drain(accs[t], base, m0, mt, g0, gn)
+        return strips + early
 
     def _wide_sizes(self, groups) -> tuple[int, int]:
         """Row tiles of the wide start (as many as PSUM holds of the first group) and
@@ -387,6 +543,21 @@ class VectorSchedule:
                     banks.setdefault(a.offset // size, a)
         return Ring([a.with_(num_partitions=self.kt, free=(self.bank,), offset=b * size)
                      for b, a in banks.items()])
+
+    def _spare(self, accs, ktiles: int) -> Ring | None:
+        """The columns of the last PSUM bank `accs` use that no accumulator takes (the
+        last tile's narrow piece alone in its bank, `_packed`), if they hold `ktiles`
+        transposed k-tiles: TensorE transposes there need not wait for the copies out
+        of a bank its next matmuls write."""
+        size = self.bank * 4                            # bytes of a bank of FP32
+        _, ct, acc = accs[-1][-1]
+        bank = acc.offset // size
+        used = sum(a.free_size for tile in accs for _, _, a in tile
+                   if a.offset // size == bank)
+        if self.bank - used < ktiles * self.mt:
+            return None
+        return Ring([acc.with_(num_partitions=self.kt, free=(self.bank - used,),
+                               offset=bank * size + used * 4)])
 
     def _bank_ring(self, accs) -> Ring:
         """The PSUM banks of accumulators `accs`, whole, for TensorE transposes."""

@@ -37,5 +37,6 @@ def test_trn1_gemm_2048_matches_cpu_and_keeps_its_time():
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["excess"] <= 0, out     # within bf16 tolerances (conftest.assert_close)
     assert out["rel"] < 2 ** -7, out    # about one bf16 rounding of the FP32 sum
-    # 199.7 us (93.5% MFU) before the wide start; 187.3 us of matmuls at best
-    assert out["us"] < 198.2, out["us"]
+    # 199.7 us (93.5% MFU) before the wide start, 198.0 with it, 197.3 with its loads
+    # reordered; 187.3 us of matmuls at best
+    assert out["us"] < 197.4, out["us"]
