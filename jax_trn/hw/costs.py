@@ -207,6 +207,16 @@ def tensor_reduce(ins, spec: CoreSpec) -> float:
     return float(n / 2 if bf16 else n)
 
 
+def bn_stats(ins, spec: CoreSpec) -> float:
+    """max(MIN_II, N), §6.3 [NKI-ISA]."""
+    return float(max(spec.min_ii, _n(ins.data)))
+
+
+def bn_aggr(ins, spec: CoreSpec) -> float:
+    """max(MIN_II, 13 N / 3), §6.3 [NKI-ISA]."""
+    return float(max(spec.min_ii, 13 * _n(ins.data) / 3))
+
+
 def memset(ins, spec: CoreSpec) -> float:
     """max(MIN_II, N/2) for zero in BF16/FP16, else max(MIN_II, N), §6.3."""
     n = _n(ins.dst)

@@ -30,6 +30,8 @@ semantics, costs -> isa_base -> isa_* -> isa.
 | TensorScalar         | vector/scalar/gpsimd | dst = (data <op0> operand0) <op1> operand1         |
 | ScalarTensorTensor   | vector               | dst = (data <op0> operand0) <op1> operand1 (tile)  |
 | TensorReduce         | vector               | dst = reduce<op>(data) over free axes `axis`       |
+| BnStats              | vector               | dst[P, 6] = (count, mean, var*count) of even/odd   |
+| BnAggr               | vector               | dst[P, 2] = (mean, var) of bn_stats triples        |
 | TensorPartitionReduce| gpsimd               | dst[1, F] = reduce<op>(data[P, F]) over partitions |
 | TensorCopy           | vector/scalar/gpsimd | dst = cast(src)                                    |
 | Memset               | vector / gpsimd      | dst = value                                        |
@@ -75,7 +77,7 @@ from .isa_base import ENGINES, Instr
 from .isa_dma import DmaCopy, DmaGather, DmaScatter, DmaTranspose
 from .isa_gpsimd import AffineSelect, Iota, TensorPartitionReduce
 from .isa_tensor import NcMatmul, NcMatmulMx, NcTranspose
-from .isa_vector import (Activation, Exponential, FindIndex8, MatchReplace8, Max8, Memset,
+from .isa_vector import (Activation, BnAggr, BnStats, Exponential, FindIndex8, MatchReplace8, Max8, Memset,
                          QuantizeMx, ScalarTensorTensor, Select, TensorCopy, TensorReduce,
                          TensorScalar, TensorTensor, TensorTensorScan)
 from .operands import DramAP, IsaError, Operand, Scalar, Tile
@@ -86,4 +88,4 @@ __all__ = ["IsaError", "Tile", "DramAP", "Operand", "Scalar", "Instr", "PMAX", "
            "NcTranspose", "Activation", "TensorTensor", "TensorScalar",
            "ScalarTensorTensor", "TensorReduce", "TensorPartitionReduce", "TensorCopy",
            "Memset", "Iota", "Select", "AffineSelect", "Exponential", "QuantizeMx",
-           "TensorTensorScan", "Max8", "FindIndex8", "MatchReplace8"]
+           "TensorTensorScan", "Max8", "FindIndex8", "MatchReplace8", "BnStats", "BnAggr"]

@@ -106,6 +106,49 @@ class TensorScalar(Instr):
             _scalar(self.operand1, self.data, "operand1", self.engine)
 
 
+BN_STATS_FMAX = 512     # bn_stats free size limit, §2.3 / §3.x `bn_stats_fmax` [NKI-ISA]
+
+
+@dataclass(frozen=True, kw_only=True)
+class BnStats(Instr):
+    """`bn_stats` (§6.2): per partition, (count, mean, variance * count) of the even and
+    of the odd elements of `data` (F <= 512): 6 values, FP32 inside."""
+    dst: Tile
+    data: Tile
+    engine = "vector"
+    semantics = _sem.bn_stats
+    cycles = _costs.bn_stats
+
+    def __post_init__(self):
+        _tile(self.data, "data", "vector")
+        _tile(self.dst, "dst", "vector")
+        _check(self.data.free_size <= BN_STATS_FMAX, f"bn_stats data has "
+               f"{self.data.free_size} elements per partition, at most {BN_STATS_FMAX}, §6.2")
+        _check(self.dst.num_partitions == self.data.num_partitions
+               and self.dst.free_size == 6, f"bn_stats dst must be [{self.data.num_partitions},"
+               f" 6], got {self.dst.shape}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BnAggr(Instr):
+    """`bn_aggr` (§6.2): (mean, variance) per partition from one or more bn_stats
+    outputs, (count, mean, variance * count) triples."""
+    dst: Tile
+    data: Tile
+    engine = "vector"
+    semantics = _sem.bn_aggr
+    cycles = _costs.bn_aggr
+
+    def __post_init__(self):
+        _tile(self.data, "data", "vector")
+        _tile(self.dst, "dst", "vector")
+        _check(self.data.free_size % 3 == 0, f"bn_aggr data holds (count, mean, var*count) "
+               f"triples: {self.data.free_size} elements per partition is no multiple of 3")
+        _check(self.dst.num_partitions == self.data.num_partitions
+               and self.dst.free_size == 2, f"bn_aggr dst must be [{self.data.num_partitions},"
+               f" 2], got {self.dst.shape}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class TensorReduce(Instr):
     dst: Tile

@@ -257,6 +257,32 @@ def tensor_reduce(ins, core) -> None:
     _store(core, ins.dst, -r if ins.negate else r)
 
 
+def bn_stats(ins, core) -> None:
+    """Per partition, of the even and the odd elements of `data` (FP32): (count, mean,
+    variance * count) each, §6.2 [NKI-ISA]."""
+    x = to_fp32(_read(core, ins.data)).reshape(ins.data.num_partitions, -1)
+    out = []
+    for part in (x[:, 0::2], x[:, 1::2]):
+        n = part.shape[1]
+        mean = part.mean(axis=1, dtype=np.float32) if n else np.zeros(len(x), np.float32)
+        m2 = ((part - mean[:, None]) ** 2).sum(axis=1, dtype=np.float32) if n else mean * 0
+        out += [np.full(len(x), n, np.float32), mean, m2]
+    _store(core, ins.dst, np.stack(out, axis=1))
+
+
+def bn_aggr(ins, core) -> None:
+    """(mean, variance) per partition from bn_stats' (count, mean, variance * count)
+    triples (Chan's parallel combination, FP32), §6.2 [NKI-ISA]."""
+    x = to_fp32(_read(core, ins.data)).reshape(ins.data.num_partitions, -1, 3)
+    count, mean, m2 = x[:, :, 0], x[:, :, 1], x[:, :, 2]
+    total = count.sum(axis=1, dtype=np.float32)
+    with np.errstate(all="ignore"):
+        mu = np.where(total > 0, (count * mean).sum(axis=1, dtype=np.float32) / total, 0)
+        ss = (m2 + count * (mean - mu[:, None]) ** 2).sum(axis=1, dtype=np.float32)
+        var = np.where(total > 0, ss / total, 0)
+    _store(core, ins.dst, np.stack([mu, var], axis=1).astype(np.float32))
+
+
 def tensor_copy(ins, core) -> None:
     view = _read(core, ins.dst)
     view[...] = _convert(core, _read(core, ins.src), ins.dst.dtype).reshape(view.shape)

@@ -28,7 +28,8 @@ from __future__ import annotations
 from . import isa, language, typing  # noqa: F401
 from . import call, rule  # noqa: F401  (the JAX primitive; the lowering rule)
 from .errors import KernelError
-from .kernel import KernelFunction, KernelRun, jit, simulate, simulate_kernel
+from . import compiler  # noqa: F401  (NKI's nki.compiler names)
+from .kernel import KernelFunction, KernelRun, baremetal, benchmark, jit, simulate, simulate_kernel
 
-__all__ = ["jit", "simulate", "simulate_kernel", "KernelError", "KernelFunction", "KernelRun",
-           "language", "isa", "typing"]
+__all__ = ["jit", "baremetal", "benchmark", "simulate", "simulate_kernel", "KernelError",
+           "KernelFunction", "KernelRun", "language", "isa", "typing", "compiler"]

@@ -228,8 +228,14 @@ def nc_matmul(*args, dst=None, stationary=None, moving=None, accumulate=None,
         stationary, moving = args
     elif args:
         raise t.error("nc_matmul takes (stationary, moving) or (dst, stationary, moving)")
-    if is_transpose:
-        raise t.error("is_transpose: use nisa.nc_transpose (TensorE transposes there)")
+    if is_transpose:                # v3+: stationary passes through the PE array transposed
+        if not t.target.transpose_mode:
+            raise t.error(f"is_transpose needs NeuronCore-v3+, not {t.target.name} (§2.2)")
+        src = _operand_view(t, stationary, "stationary")
+        out = _dst(t, dst, (src.free_size, src.num_partitions), "float32", "psum")
+        _emit(t, hw.NcTranspose, [out], True, dst=out.tile(), data=_tile_in(t, src, "data"),
+              engine="tensor")
+        return out
     if tile_position or tile_size:
         raise t.error("TensorE row/column tiling (tile_position) is not modelled")
     kw = {"perf_mode": perf_mode, "precision": precision}
@@ -267,6 +273,7 @@ def accumulate_into(dst: TileView, other) -> TileView:
     return dst
 
 
+@_maskable
 def nc_matmul_mx(dst, stationary, moving, stationary_scale, moving_scale, accumulate=None,
                  name=None):
     """MXFP8/MXFP4 matmul with E8M0 block scales on TensorE (NeuronCore-v4, §2.2)."""
@@ -280,6 +287,7 @@ def nc_matmul_mx(dst, stationary, moving, stationary_scale, moving_scale, accumu
     return dst
 
 
+@_maskable
 def nc_transpose(*args, dst=None, data=None, engine=None, name=None):
     """dst[F, P] = data[P, F]: on TensorE (<= 128 x 128, SBUF -> PSUM) or VectorE
     (<= 32 x 32), §6.2. Default engine: VectorE for blocks of at most 32 x 32."""
@@ -324,6 +332,7 @@ def activation(*args, dst=None, op=None, data=None, bias=None, scale=1.0, reduce
     return out
 
 
+@_maskable
 def activation_reduce(*args, dst=None, op=None, data=None, reduce_op=None, reduce_res=None,
                       bias=None, scale=1.0, dtype=None, name=None):
     """`activation` with the add-reduction of its result into `reduce_res` ([P, 1])."""
@@ -387,6 +396,7 @@ def reciprocal(*args, dst=None, data=None, dtype=None, name=None):
                          reverse0=True, dtype=dtype)
 
 
+@_maskable
 def tensor_scalar_reduce(*, dst=None, data, op0, operand0, reduce_op, reduce_res,
                          reverse0=False, dtype=None, name=None):
     """dst = data <op0> operand0 and reduce_res = reduce<reduce_op>(dst) along the free
@@ -397,6 +407,39 @@ def tensor_scalar_reduce(*, dst=None, data, op0, operand0, reduce_op, reduce_res
     return out
 
 
+@_maskable
+def bn_stats(*args, dst=None, data=None, dtype=None, name=None):
+    """dst[P, 6] = (count, mean, variance * count) of the even and of the odd elements of
+    each partition of data (F <= 512), VectorE (§6.2)."""
+    t = trace.current()
+    a = _positional(t, "bn_stats", args, ("dst", "data"), ("data",),
+                    {"dst": dst, "data": data})
+    src = _operand_view(t, a["data"], "data")
+    out = _dst(t, a["dst"], (src.num_partitions, 6), dtype or "float32")
+    _emit(t, hw.BnStats, [out], dst=out.tile(), data=_tile_in(t, src, "data"))
+    return out
+
+
+@_maskable
+def bn_aggr(*args, dst=None, data=None, dtype=None, name=None):
+    """dst[P, 2] = (mean, variance) of one or more bn_stats outputs, VectorE (§6.2)."""
+    t = trace.current()
+    a = _positional(t, "bn_aggr", args, ("dst", "data"), ("data",),
+                    {"dst": dst, "data": data})
+    src = _operand_view(t, a["data"], "data")
+    out = _dst(t, a["dst"], (src.num_partitions, 2), dtype or "float32")
+    _emit(t, hw.BnAggr, [out], dst=out.tile(), data=_tile_in(t, src, "data"))
+    return out
+
+
+def _operand_view(t, v, what: str) -> TileView:
+    v = v.materialize() if isinstance(v, MatmulResult) else v
+    if not isinstance(v, TileView):
+        raise t.error(f"{what} must be a tile, got {_kind(v)}")
+    return v
+
+
+@_maskable
 def scalar_tensor_tensor(*, dst=None, data, op0, operand0, op1, operand1, reverse0=False,
                          reverse1=False, dtype=None, name=None):
     """dst = (data <op0> operand0) <op1> operand1, operand1 a tile (VectorE, §6.2)."""
@@ -435,6 +478,7 @@ def tensor_reduce(*args, dst=None, op=None, data=None, axis=None, negate=False,
     return out
 
 
+@_maskable
 def tensor_partition_reduce(*, dst=None, op, data, dtype=None, name=None):
     """dst[1, F] = reduce<op>(data[P, F]) across partitions (GpSimd, §6.2)."""
     t = trace.current()
@@ -457,12 +501,14 @@ def tensor_copy(*args, dst=None, src=None, engine=None, dtype=None, name=None):
     return out
 
 
+@_maskable
 def memset(dst, value, engine=None, name=None):
     t = trace.current()
     _emit(t, hw.Memset, [dst], dst=dst.tile(), value=value, engine=engine or "vector")
     return dst
 
 
+@_maskable
 def iota(dst, pattern, offset=0, channel_multiplier=0, name=None):
     """dst[p, i...] = offset + p * channel_multiplier + sum(step_k * i_k), `pattern` the
     (step, num) pairs of the free axes, outermost first (GpSimd, §6.2)."""
@@ -472,6 +518,7 @@ def iota(dst, pattern, offset=0, channel_multiplier=0, name=None):
     return dst
 
 
+@_maskable
 def affine_select(*, dst, pattern, on_true_tile, on_false_value, offset=0,
                   channel_multiplier=0, cmp_op="is_equal", name=None):
     """dst = on_true_tile where cmp_op(offset + p * channel_multiplier + sum(step_k *
@@ -485,6 +532,7 @@ def affine_select(*, dst, pattern, on_true_tile, on_false_value, offset=0,
     return dst
 
 
+@_maskable
 def select(*, dst, pred, on_true, on_false, engine=None, name=None):
     t = trace.current()
     _emit(t, hw.Select, [dst], dst=dst.tile(), pred=_tile_in(t, pred, "pred"),
@@ -493,6 +541,7 @@ def select(*, dst, pred, on_true, on_false, engine=None, name=None):
     return dst
 
 
+@_maskable
 def tensor_tensor_scan(*args, dst=None, data0=None, data1=None, initial=None, op0=None,
                        op1=None, engine=None, dtype=None, name=None):
     """dst[:, i] = (data0[:, i] <op0> dst[:, i-1]) <op1> data1[:, i] (VectorE)."""
@@ -510,6 +559,7 @@ def tensor_tensor_scan(*args, dst=None, data0=None, data1=None, initial=None, op
     return out
 
 
+@_maskable
 def max8(*, dst, src, name=None):
     """The 8 largest values of each partition, descending (VectorE)."""
     t = trace.current()
@@ -517,6 +567,7 @@ def max8(*, dst, src, name=None):
     return dst
 
 
+@_maskable
 def nc_find_index8(*, dst, data, vals, name=None):
     """The positions of 8 given values in each partition (VectorE)."""
     t = trace.current()
@@ -525,6 +576,7 @@ def nc_find_index8(*, dst, data, vals, name=None):
     return dst
 
 
+@_maskable
 def nc_match_replace8(*, dst, data, vals, imm, dst_idx=None, name=None):
     t = trace.current()
     _emit(t, hw.MatchReplace8, [dst, dst_idx], dst=dst.tile(), data=_tile_in(t, data, "data"),
@@ -533,6 +585,7 @@ def nc_match_replace8(*, dst, data, vals, imm, dst_idx=None, name=None):
     return dst
 
 
+@_maskable
 def exponential(*, dst, src, max_value=0.0, reduce_res=None, reduce_init=0.0, name=None):
     """dst = exp(src - max_value), reduce_res = its sum (VectorE, NeuronCore-v4)."""
     t = trace.current()
@@ -543,6 +596,7 @@ def exponential(*, dst, src, max_value=0.0, reduce_res=None, reduce_init=0.0, na
     return dst
 
 
+@_maskable
 def quantize_mx(*, dst, src, dst_scale, name=None):
     """MXFP8 x4 data and E8M0 scales of src (VectorE, NeuronCore-v4, §6.2)."""
     t = trace.current()
@@ -579,6 +633,7 @@ def dma_copy(*args, dst=None, src=None, queue=None, oob_mode="error", dge_mode=N
     return dst
 
 
+@_maskable
 def dma_transpose(*args, dst=None, src=None, queue=None, name=None):
     """dst[B, A] = src[A, B] by the DMA engines, 2- and 4-byte types (NeuronCore-v3+,
     §3.4)."""

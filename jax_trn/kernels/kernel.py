@@ -47,11 +47,26 @@ _BIND = None                            # call.bind, set when call.py is importe
 _REGISTRY: dict[str, "Call"] = {}       # key -> the kernel and its static arguments
 
 
-def jit(fn=None, *, name: str | None = None):
-    """Makes `fn` a kernel (NKI's `@nki.jit`): callable from JAX, and by `simulate`."""
+def jit(fn=None, *, name: str | None = None, **options):
+    """Makes `fn` a kernel (NKI's `@nki.jit`): callable from JAX, and by `simulate`.
+    NKI's compiler options (`mode=`, `additional_compile_opt=`, `platform_target=`,
+    ...) are accepted and kept on the kernel (`.options`); none changes the result."""
     if fn is None:
-        return functools.partial(jit, name=name)
-    return KernelFunction(fn, name)
+        return functools.partial(jit, name=name, **options)
+    k = KernelFunction(fn, name)
+    k.options = dict(options)
+    return k
+
+
+def baremetal(fn=None, **options):
+    """NKI's `@nki.baremetal`: the same as `jit` here (the kernel runs on the model)."""
+    return jit(fn, **options)
+
+
+def benchmark(fn=None, **options):
+    """NKI's `@nki.benchmark(warmup=, iters=)`: a `jit` kernel; its cycles and profile
+    come from `simulate` (simulated time is deterministic: no warm-up, no iterations)."""
+    return jit(fn, **{k: v for k, v in options.items() if k not in ("warmup", "iters")})
 
 
 def is_array(v) -> bool:
@@ -171,7 +186,7 @@ class Traced:
 
 
 def trace_into(call: Call, kb: KernelBuilder, inputs: list[DramTensor], hbm,
-               outputs=None) -> Traced:
+               outputs=None, constant=None) -> Traced:
     """Traces `call` into `kb` reading `inputs`; with `outputs` (tensors, or a function
     of the returned views making them), the returned tensors are renamed to them
     (shapes and dtypes must match)."""
@@ -179,7 +194,7 @@ def trace_into(call: Call, kb: KernelBuilder, inputs: list[DramTensor], hbm,
     if n_in != len(inputs):
         raise KernelError(f"kernel {call.name} takes {n_in} tensors, got {len(inputs)}")
     tracer, outs = trace.run(call.kernel.fn, call.name, kb, hbm, inputs, call.slots,
-                             dict(call.kwargs), call.kernel.grid)
+                             dict(call.kwargs), call.kernel.grid, constant)
     renames = {}
     if callable(outputs):
         outputs = outputs(outs)
@@ -210,7 +225,9 @@ def _out_types(call, avals, target):
               enumerate(avals)]
     counter = itertools.count()
     traced = trace_into(call, KernelBuilder(call.name, target), inputs,
-                        lambda s, d: DramTensor(f"hbm{next(counter)}", s, d))
+                        lambda s, d: DramTensor(f"hbm{next(counter)}", s, d),
+                        constant=lambda a, d: DramTensor(f"const{next(counter)}",
+                                                         tuple(a.shape), d))
     return [(tuple(o.shape), o.dtype) for o in traced.outputs], traced.tracer.single
 
 
@@ -262,11 +279,18 @@ def build_program(call: Call, arrays: list[np.ndarray], target: Target) -> Progr
                        for i, o in enumerate(views))
         return outputs
 
-    traced = trace_into(call, kb, params, hbm, name_outputs)
+    constants: dict[str, np.ndarray] = {}
+
+    def constant(array, dtype):
+        t = DramTensor(f"{call.name}.const{len(constants)}", tuple(array.shape), dtype)
+        constants[t.name] = array
+        return t
+
+    traced = trace_into(call, kb, params, hbm, name_outputs, constant)
     returned = {o.tensor.name for o in traced.outputs}
     scratch = [t for t in temps if t.name not in returned]
     kernel = kb.finish([f"{call.name} at {call.kernel.where}"])
-    return Program(params, outputs, scratch, [kernel])
+    return Program(params, outputs, scratch, [kernel], constants=constants)
 
 
 def simulate(kernel: KernelFunction, *args, system=None, **kwargs) -> KernelRun:

@@ -57,6 +57,7 @@ class _TileSize:
     pmax = 128                        # partitions
     psum_fmax = 512                   # FP32 elements of one PSUM bank per partition
     gemm_stationary_fmax = 128        # stationary free size (PE columns)
+    bn_stats_fmax = 512               # bn_stats free size (§2.3, [NKI-ISA])
 
     @property
     def gemm_moving_fmax(self) -> int:
@@ -82,9 +83,17 @@ def ndarray(shape, dtype, buffer=sbuf, name: str = "", bufs: int | None = None):
     t = trace.current()
     if buffer == "hbm":
         return t.hbm(shape, dtype)
+    if hasattr(buffer, "mem") and hasattr(buffer, "offset"):      # compiler.mod_alloc
+        return t.place(shape, dtype, buffer, name)
     if buffer not in (sbuf, psum):
         raise t.error(f"unknown buffer {buffer!r} (nl.sbuf, nl.psum, nl.shared_hbm)")
     return t.alloc(shape, dtype, buffer, name, bufs)
+
+
+def shared_constant(value, dtype=None):
+    """An HBM tensor holding `value` (a numpy array) from the start of every call: a
+    constant of the program the kernel is in."""
+    return trace.current().constant(value, dtype)
 
 
 def zeros(shape, dtype, buffer=sbuf, name: str = "", bufs: int | None = None):
@@ -173,17 +182,17 @@ mgrid = _MGrid()
 
 # --- loops -------------------------------------------------------------------------------------
 
-def affine_range(*args):
+def affine_range(*args, directives=None):
     """range(*args) whose iterations are independent (no loop-carried dependency)."""
     return trace.current().loop("affine", range(*args))
 
 
-def sequential_range(*args):
+def sequential_range(*args, directives=None):
     """range(*args) whose iterations depend on each other (e.g. an accumulation)."""
     return trace.current().loop("sequential", range(*args))
 
 
-def static_range(*args):
+def static_range(*args, directives=None):
     """range(*args), unrolled (as every loop here is)."""
     return trace.current().loop("static", range(*args))
 

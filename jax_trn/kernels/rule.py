@@ -14,4 +14,4 @@ from .kernel import lookup, trace_into
 def _kernel_call(ctx: LowerCtx, *ins, kernel: str, **_):
     call = lookup(kernel)
     ctx.kb.name = f"{call.name}.{ctx.kb.name.rpartition('.')[2]}"
-    trace_into(call, ctx.kb, list(ins), ctx.temp, list(ctx.outs))
+    trace_into(call, ctx.kb, list(ins), ctx.temp, list(ctx.outs), ctx.constant_tensor)

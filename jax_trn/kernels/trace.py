@@ -7,12 +7,14 @@ is built. What the tracer adds:
 
 - **the kernel's own source line** for every instruction (`Kernel.lines`, shown by the
   profiler) and in every error: the innermost frame outside this package;
-- **lifetimes**: an on-chip tensor's buffer lives as long as the kernel's Python code
-  holds a view of it (a local variable, a list of tiles kept across iterations), and
-  until `bufs - 1` (default 1) later allocations at the same line, so the tile of loop
-  iteration i+1 never takes iteration i's buffer: its loads overlap i's compute
-  (double buffering). A buffer whose views are all gone is free for the next
-  allocation; the sync pass orders its reuse after the instructions that read it;
+- **lifetimes**: outside loops an on-chip tensor's buffer lives as long as the
+  kernel's Python code holds a view of it. Inside loops each allocation site (line,
+  shape, type, memory) has a pool of buffers that rotate like a ring of `bufs`
+  (default 2): iteration i+1 never takes iteration i's buffer, so its loads overlap
+  i's compute (double buffering), and a buffer whose tensor is still referenced (a
+  tile kept in a list across iterations) is skipped, the pool growing instead. A
+  pool is released when the loop where its site was first used ends; the sync pass
+  orders each reuse after the instructions that read the buffer before;
 - **checks with the line**: operand rules when an instruction is built (`IsaError`),
   the generation's rules (`instr.check` for the target core), SBUF/PSUM capacity at
   allocation, each reported as a `KernelError` naming the kernel and its line;
@@ -105,6 +107,15 @@ class _Psum:
     other: list = dataclasses.field(default_factory=list)
 
 
+@dataclasses.dataclass
+class _Pool:
+    """The buffers of one allocation site inside loops: [tile, weakref to the token of
+    its current tensor] each, and the order they were last handed out."""
+    level: int
+    entries: list = dataclasses.field(default_factory=list)
+    order: list = dataclasses.field(default_factory=list)
+
+
 class _Alloc:
     """One on-chip allocation; every view of it holds this token, and the buffer is
     released when the last view is gone (weakref.finalize)."""
@@ -121,6 +132,7 @@ class Tracer:
                  inputs: list[DramTensor]):
         self.name, self.kb, self.target = name, kb, kb.target
         self._hbm = hbm
+        self._constant = None                    # (array, dtype) -> DramTensor
         self.inputs = {t.name for t in inputs}
         self._known = {t.name: t for t in inputs}  # every DRAM tensor the kernel may name
         self.loops: list[str] = []               # the kinds of the loops being unrolled
@@ -129,7 +141,8 @@ class Tracer:
         self.mask = None                         # the `mask=` of the call being made
         self._hbm_sites: dict = {}               # grid launch: (line, n) -> the tensor
         self._hbm_seen: collections.Counter = collections.Counter()
-        self._keep: dict = {}                    # (line, memory) -> tokens kept alive
+        self._pools: dict = {}                   # allocation site in a loop -> _Pool
+        self._loop_pools: list[list] = []        # per loop being unrolled: its sites
         self.lines: list[str] = []               # per instruction of kb.instrs
         self.hbm_made: list[DramTensor] = []
 
@@ -209,6 +222,18 @@ class Tracer:
         finally:
             self.mask = outer
 
+    def constant(self, value, dtype) -> HbmView:
+        """An HBM tensor holding `value` (NKI's `nl.shared_constant`): a constant of the
+        program, there from the start of every call."""
+        import numpy as np
+        dtype = normalize_dtype(dtype or np.asarray(value).dtype)
+        array = np.asarray(value).astype(hw_dtypes.np_dtype(dtype))
+        if self._constant is None:
+            raise self.error("nl.shared_constant needs a program to hold the constant")
+        t = self._constant(array, dtype)
+        self._known[t.name] = t
+        return HbmView.whole(t)
+
     def program_id(self, axis: int) -> int:
         if not 0 <= axis < len(self.grid):
             raise self.error(f"program_id({axis}) of a launch grid {self.grid}")
@@ -245,20 +270,83 @@ class Tracer:
         depth = DEFAULT_BUFS if bufs is None else int(bufs)
         if depth < 1:
             raise self.error(f"bufs={bufs}: at least one buffer", line)
-        tile = self._tile(shape, dtype, mem, line)
-        token = _Alloc(tile, _Psum(tile) if mem == "psum" else None)
-        weakref.finalize(token, self.kb.release, tile)
-        keep = self._keep.get((line, mem))
-        if keep is None or keep.maxlen != depth - 1:
-            keep = self._keep[(line, mem)] = collections.deque(keep or (), maxlen=depth - 1)
-        if depth > 1:
-            keep.append(token)
+        if not self.loops:                           # lives while referenced
+            tile = self._tile(shape, dtype, mem, line)
+            token = _Alloc(tile, _Psum(tile) if mem == "psum" else None)
+            weakref.finalize(token, self.kb.release, tile)
+        else:
+            tile, token = self._from_pool((line, shape, dtype, mem), depth, line)
         view = self._view(tile, shape, label, token)
         return dataclasses.replace(view, pdim=pdim) if pdim else view
 
+    def _from_pool(self, site, depth: int, line: str):
+        """Inside a loop: the site's buffers rotate like a ring of `depth` (iteration
+        i+1 never takes iteration i's), and one still referenced (a tile kept in a list)
+        is skipped: the pool grows instead. The pool is released when the outermost
+        loop of its first use ends (buffers still referenced, when they are dropped)."""
+        pool = self._pools.get(site)
+        if pool is None:
+            pool = self._pools[site] = _Pool(len(self.loops))
+            self._loop_pools[-1].append(site)
+        recent = pool.order[-(depth - 1):] if depth > 1 else []
+        entry = next((e for e in pool.entries if e[1]() is None and e not in recent), None)
+        if entry is None:
+            shape, dtype, mem = site[1:]
+            entry = [self._tile(shape, dtype, mem, line), lambda: None]
+            pool.entries.append(entry)
+        tile = entry[0]
+        token = _Alloc(tile, _Psum(tile) if tile.mem == "psum" else None)
+        entry[1] = weakref.ref(token)
+        pool.order = [e for e in pool.order if e is not entry] + [entry]
+        return tile, token
+
+    def place(self, shape, dtype, where, label: str = "") -> TileView:
+        """A tensor at an explicit place (`compiler.sbuf.mod_alloc` / `psum.mod_alloc`):
+        reserved there; block axes (before `par_dim`) `where.block_bytes` apart when set
+        (PSUM bank tiles)."""
+        line = user_line()
+        pdim = next((k for k, d in enumerate(shape) if getattr(d, "par_dim", False)), 0)
+        shape = tuple(int(d) for d in shape)
+        dtype = normalize_dtype(dtype)
+        parts, blocks, inner = shape[pdim], shape[:pdim], shape[pdim + 1:] or (1,)
+        item = hw_dtypes.itemsize(dtype)
+        inner_bytes = math.prod(inner) * item
+        step = where.block_bytes or inner_bytes
+        if step < inner_bytes:
+            raise self.error(f"a block of {list(inner)} {dtype} ({inner_bytes} bytes) does not "
+                             f"fit the {step} bytes between placed blocks", line)
+        nbytes = step * (math.prod(blocks) - 1) + inner_bytes if blocks else inner_bytes
+        alloc = self.kb.sbuf if where.mem == "sbuf" else self.kb.psum
+        try:
+            alloc.reserve(where.offset, nbytes, self.name)
+        except LoweringError as e:
+            raise self.error(str(e).split(": ", 1)[-1], line) from None
+        tile = isa.Tile(where.mem, where.partition, parts, where.offset,
+                        (max(1, nbytes // item),), dtype)
+        token = _Alloc(tile, _Psum(tile) if where.mem == "psum" else None)
+        weakref.finalize(token, alloc.unreserve, where.offset, nbytes)
+        free = tuple(blocks) + tuple(inner)
+        strides, acc = [], 1
+        for d in reversed(inner):
+            strides.append(acc)
+            acc *= d
+        block_strides, acc = [], step // item
+        for d in reversed(blocks):
+            block_strides.append(acc)
+            acc *= d
+        strides = tuple(reversed(block_strides)) + tuple(reversed(strides))
+        try:
+            view = TileView(where.mem, where.partition, parts, where.offset, free, strides,
+                            dtype, label, token, pdim)
+            view.tile()
+        except (KernelError, isa.IsaError) as e:
+            raise self.error(f"placed tensor {list(shape)}: {e}", line) from None
+        return view
+
     def _tile(self, shape, dtype, mem, line) -> isa.Tile:
         try:
-            return self.kb.tile(shape[1:], dtype, mem, parts=shape[0])
+            # from the top: the bottom is where kernels place tensors by hand (mod_alloc)
+            return self.kb.tile(shape[1:], dtype, mem, parts=shape[0], top_down=True)
         except LoweringError as e:
             used = (self.kb.sbuf if mem == "sbuf" else self.kb.psum).live
             raise self.error(f"{mem.upper()} of {self.target.name} is full: {list(shape)} "
@@ -278,13 +366,22 @@ class Tracer:
     # --- loops ----------------------------------------------------------------------
 
     def loop(self, kind: str, n: range):
-        """Iterates `n` (unrolled: each iteration's instructions are emitted in turn)."""
+        """Iterates `n` (unrolled: each iteration's instructions are emitted in turn);
+        at the end, the pools of the sites first used in it are released."""
         self.loops.append(kind)
+        self._loop_pools.append([])
         try:
             yield from n
         finally:
             if self.loops:
                 self.loops.pop()
+            for site in self._loop_pools.pop() if self._loop_pools else ():
+                for tile, ref in self._pools.pop(site).entries:
+                    token = ref()
+                    if token is None:
+                        self.kb.release(tile)
+                    else:                    # still referenced: freed when dropped
+                        weakref.finalize(token, self.kb.release, tile)
 
     # --- PSUM accumulation state (NKI's `nl.zeros(..., psum)` + `+=` idiom) ------------
 
@@ -375,13 +472,14 @@ def _renamed(instr: isa.Instr, renames: dict[str, DramTensor]) -> isa.Instr:
 
 
 def run(fn, name: str, kb: KernelBuilder, hbm: Callable[[tuple, str], DramTensor],
-        inputs: list[DramTensor], args: tuple, kwargs: dict, grid: tuple[int, ...] = (1,)
-        ) -> tuple[Tracer, list[HbmView]]:
+        inputs: list[DramTensor], args: tuple, kwargs: dict, grid: tuple[int, ...] = (1,),
+        constant=None) -> tuple[Tracer, list[HbmView]]:
     """Traces `fn(*args, **kwargs)` into `kb`: `args` hold `None` where an input tensor
     goes (in the order of `inputs`); with a launch `grid`, once per instance, in turn
     (`nl.program_id`). Returns the tracer and the returned HBM views."""
     tracer = Tracer(name, kb, hbm, inputs)
     tracer.grid = tuple(grid)
+    tracer._constant = constant
     views = iter([HbmView.whole(t) for t in inputs])
     call_args = tuple(next(views) if a is None else a for a in args)
     token = _current.set(tracer)

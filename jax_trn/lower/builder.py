@@ -31,22 +31,57 @@ class Allocator:
     def __init__(self, mem: str, capacity: int, align: int):
         self.mem, self.capacity, self.align = mem, capacity, align
         self.live: dict[int, int] = {}          # offset -> size
+        self.reserved: list[tuple[int, int]] = []   # placed by hand: (offset, size), may
+                                                     # overlap each other, not `live`
         self.peak = 0
 
-    def alloc(self, nbytes: int, who: str) -> int:
+    def alloc(self, nbytes: int, who: str, top_down: bool = False) -> int:
+        """First fit from the bottom (or from the top: hand-written kernels, whose
+        authors may place tensors explicitly, `reserve`), around live and placed ranges."""
         nbytes = -(-max(nbytes, 1) // self.align) * self.align
-        at = 0
-        for off in sorted(self.live):
-            if off - at >= nbytes:
-                break
-            at = max(at, off + self.live[off])
-        if at + nbytes > self.capacity:
+        taken = sorted(list(self.live.items()) + self.reserved)
+        if top_down:
+            end = self.capacity // self.align * self.align
+            for off, size in reversed(taken):
+                if end - (off + size) >= nbytes:
+                    break
+                end = min(end, off)
+            at = (end - nbytes) // self.align * self.align
+            ok = at >= 0
+        else:
+            at = 0
+            for off, size in taken:
+                if off - at >= nbytes:
+                    break
+                at = max(at, off + size)
+            ok = at + nbytes <= self.capacity
+        if not ok:
             raise LoweringError(
                 f"kernel {who} needs more {self.mem.upper()} than the core has: "
-                f"{at + nbytes} > {self.capacity} bytes per partition")
+                f"{at + nbytes if not top_down else sum(n for _, n in taken) + nbytes} > "
+                f"{self.capacity} bytes per partition")
         self.live[at] = nbytes
-        self.peak = max(self.peak, at + nbytes)
+        self.peak = max(self.peak, self.capacity if top_down else at + nbytes)
         return at
+
+    def reserve(self, offset: int, nbytes: int, who: str) -> int:
+        """Bytes [offset, offset + nbytes) of each partition, placed by the kernel's
+        author (jax_trn.kernels' mod_alloc). Placed ranges may overlap each other (the
+        author decides what is dead); one overlapping a range `alloc` handed out is an
+        error."""
+        end = offset + nbytes
+        clash = [(o, o + n) for o, n in self.live.items() if o < end and o + n > offset]
+        if offset < 0 or end > self.capacity or clash:
+            raise LoweringError(
+                f"kernel {who}: {self.mem.upper()} bytes [{offset}, {end}) "
+                + (f"overlap tensors allocated automatically at {clash}" if clash else
+                   f"outside the {self.capacity} bytes per partition"))
+        self.reserved.append((offset, nbytes))
+        self.peak = max(self.peak, end)
+        return offset
+
+    def unreserve(self, offset: int, nbytes: int) -> None:
+        self.reserved.remove((offset, nbytes))
 
     def free(self, offset: int) -> None:
         del self.live[offset]
@@ -99,12 +134,12 @@ class KernelBuilder:
     # --- memory ---------------------------------------------------------------
 
     def tile(self, free: int | tuple[int, ...], dtype: str, mem: str = "sbuf",
-             parts: int | None = None) -> isa.Tile:
+             parts: int | None = None, top_down: bool = False) -> isa.Tile:
         """A [parts, free] tile (all partitions by default) in SBUF or PSUM."""
         free = (free,) if isinstance(free, int) else tuple(free)
         parts = self.target.partitions if parts is None else parts
         t = isa.Tile(mem, 0, parts, 0, free, dtype)
-        offset = self._alloc(mem).alloc(t.bytes_per_partition, self.name)
+        offset = self._alloc(mem).alloc(t.bytes_per_partition, self.name, top_down)
         return t.with_(offset=offset)
 
     def ring(self, depth: int, free: int | tuple[int, ...], dtype: str,

@@ -336,6 +336,14 @@ class StepCtx:
 
     # --- constants ------------------------------------------------------------------------
 
+    def constant_tensor(self, value: np.ndarray, dtype: str) -> DramTensor:
+        """A DRAM tensor holding `value` from the start of every call (a program
+        constant): what a hand-written kernel's `nl.shared_constant` reads."""
+        t = DramTensor(f"const:{len(self._constants)}", tuple(value.shape), dtype)
+        self._constants[t.name] = value
+        self._consts[t.name] = value
+        return t
+
     def _constant(self, op: ir.Op, claims: dict[int, DramTensor]) -> None:
         v = op.result
         value = np.asarray(op.attrs["value"]).astype(ir.np_dtype(v.dtype)).reshape(v.shape)
@@ -371,7 +379,7 @@ class StepCtx:
         label = ops or [_label(op)]
         ctx = LowerCtx(self._target, self._builder(name, notes), op, outs, self._consts,
                        self._precision, self.temp, None,
-                       lambda v: self._where.get(id(v)))
+                       lambda v: self._where.get(id(v)), self.constant_tensor)
         ctx.split = lambda suffix: self._split(ctx, name, suffix, label, notes)
         try:
             emit(ctx)

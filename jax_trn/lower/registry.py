@@ -129,6 +129,9 @@ class LowerCtx:
     # where a value of the enclosing function lives (a region may read one: CSE shares
     # a region's constants with the function's)
     tensor_of: Callable[[ir.Value], DramTensor | None] = lambda v: None
+    # a program constant holding an array (DramTensor), for kernels that bring their own
+    # data (jax_trn.kernels' nl.shared_constant)
+    constant_tensor: Callable[[np.ndarray, str], DramTensor] | None = None
 
     def constant(self, t: DramTensor) -> np.ndarray | None:
         """The value of operand `t` if it is a compile-time constant."""

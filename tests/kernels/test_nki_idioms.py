@@ -158,3 +158,52 @@ def test_errors_from_indexing_name_the_kernel_line():
         return out
     with pytest.raises(kernels.KernelError, match=r"copy the tile to SBUF first"):
         kernels.simulate(psum_dma, _x(128, 128), system="trn2")
+
+
+def test_bn_stats_bn_aggr_layernorm_statistics():
+    @kernels.jit
+    def stats(x):
+        out = nl.ndarray((128, 2), dtype=nl.float32, buffer=nl.shared_hbm)
+        t = nl.load(x)
+        parts = nl.ndarray((128, 2 * 6), dtype=nl.float32, buffer=nl.sbuf)
+        for c in nl.affine_range(2):                 # two 512-element chunks
+            nisa.bn_stats(dst=parts[:, c * 6:(c + 1) * 6], data=t[:, c * 512:(c + 1) * 512])
+        mv = nisa.bn_aggr(data=parts)
+        nl.store(out, mv)
+        return out
+    x = _x(128, 1024) * 3 + 1
+    got = kernels.simulate_kernel(stats, x, system="trn2")
+    np.testing.assert_allclose(got[:, 0], x.mean(1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got[:, 1], x.var(1), rtol=1e-4)
+
+    @kernels.jit
+    def too_long(x):
+        nisa.bn_stats(data=nl.load(x))
+        return x
+    with pytest.raises(kernels.KernelError, match="at most 512"):
+        kernels.simulate(too_long, _x(128, 1024), system="trn2")
+
+
+def test_is_transpose_shared_constant_placement_and_jit_options():
+    import jax_trn.kernels as nki
+
+    @nki.compiler.skip_middle_end_transformations
+    @nki.jit(additional_compile_opt="--anything", mode="simulation")
+    def k(x):
+        out = nl.ndarray((64, 128), dtype=nl.float32, buffer=nl.shared_hbm)
+        ident = nl.load(nl.shared_constant(np.identity(128, dtype=np.int8), dtype=nl.float32))
+        xs = nl.ndarray((128, 64), dtype=nl.float32,
+                        buffer=nki.compiler.sbuf.mod_alloc(base_addr=0))
+        xs[...] = nl.load(x)
+        ps = nl.ndarray((2, nl.par_dim(64), 128), dtype=nl.float32,
+                        buffer=nki.compiler.psum.mod_alloc(base_bank=1, num_bank_tiles=(2,)))
+        ps[0] = nisa.nc_matmul(xs, ident, is_transpose=True)       # x^T, bit-exact (v3+)
+        ps[1] = nisa.nc_matmul(xs, ident)                          # x^T via the PE array
+        for i in nl.sequential_range(1, directives=nki.compiler.no_reorder()):
+            nl.store(out, nl.copy(ps[0]) + nl.copy(ps[1]))
+        return out
+    x = _x(128, 64)
+    assert k.options == {"additional_compile_opt": "--anything", "mode": "simulation"}
+    np.testing.assert_allclose(k(x), 2 * x.T, rtol=1e-6)
+    with pytest.raises(kernels.KernelError, match="is_transpose needs NeuronCore-v3"):
+        kernels.simulate(k, x, system="trn1")
