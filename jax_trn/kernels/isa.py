@@ -411,24 +411,21 @@ def tensor_scalar_reduce(*, dst=None, data, op0, operand0, reduce_op, reduce_res
 def bn_stats(*args, dst=None, data=None, dtype=None, name=None):
     """dst[P, 6] = (count, mean, variance * count) of the even and of the odd elements of
     each partition of data (F <= 512), VectorE (§6.2)."""
-    t = trace.current()
-    a = _positional(t, "bn_stats", args, ("dst", "data"), ("data",),
-                    {"dst": dst, "data": data})
-    src = _operand_view(t, a["data"], "data")
-    out = _dst(t, a["dst"], (src.num_partitions, 6), dtype or "float32")
-    _emit(t, hw.BnStats, [out], dst=out.tile(), data=_tile_in(t, src, "data"))
-    return out
+    return _statistics(hw.BnStats, "bn_stats", 6, args, dst, data, dtype)
 
 
 @_maskable
 def bn_aggr(*args, dst=None, data=None, dtype=None, name=None):
     """dst[P, 2] = (mean, variance) of one or more bn_stats outputs, VectorE (§6.2)."""
+    return _statistics(hw.BnAggr, "bn_aggr", 2, args, dst, data, dtype)
+
+
+def _statistics(cls, fn: str, width: int, args, dst, data, dtype):
     t = trace.current()
-    a = _positional(t, "bn_aggr", args, ("dst", "data"), ("data",),
-                    {"dst": dst, "data": data})
+    a = _positional(t, fn, args, ("dst", "data"), ("data",), {"dst": dst, "data": data})
     src = _operand_view(t, a["data"], "data")
-    out = _dst(t, a["dst"], (src.num_partitions, 2), dtype or "float32")
-    _emit(t, hw.BnAggr, [out], dst=out.tile(), data=_tile_in(t, src, "data"))
+    out = _dst(t, a["dst"], (src.num_partitions, width), dtype or "float32")
+    _emit(t, cls, [out], dst=out.tile(), data=_tile_in(t, src, "data"))
     return out
 
 
