@@ -288,7 +288,7 @@ def build_program(call: Call, arrays: list[np.ndarray], target: Target) -> Progr
 
     traced = trace_into(call, kb, params, hbm, name_outputs, constant)
     returned = {o.tensor.name for o in traced.outputs}
-    scratch = [t for t in temps if t.name not in returned]
+    scratch = [t for t in temps if t.name not in returned and t.name in kb.dram]
     kernel = kb.finish([f"{call.name} at {call.kernel.where}"])
     return Program(params, outputs, scratch, [kernel], constants=constants)
 

@@ -334,7 +334,9 @@ def _assign(dst: TileView, value) -> None:
         nisa.nc_matmul(dst=dst, stationary=value.stationary, moving=value.moving,
                        accumulate=False)
     elif isinstance(value, (TileView, nisa.MatmulResult, _Column)):
-        nisa.tensor_copy(dst=dst, src=_col(_operand(value)))
+        src = _col(_operand(value))
+        if not t.retarget(src, dst):
+            nisa.tensor_copy(dst=dst, src=src)
     else:
         raise t.error(f"tile[...] = {type(value).__name__}: assign a tile, an HBM view, a "
                       "matmul or a number")

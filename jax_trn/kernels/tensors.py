@@ -350,10 +350,11 @@ class TileView:
                                                             zip(self.free, self.strides))))
 
     def __setitem__(self, index, value) -> None:
-        """`tile[...] = value` (NKI): `value` lands in the view: a tile is copied
-        (VectorE tensor_copy: one instruction more than writing with `dst=`), an HBM
-        view loaded (DMA), a number set (memset), a matmul computed into it.
-        (`tile[...] += x` ends here with the view itself: nothing to do.)"""
+        """`tile[...] = value` (NKI): `value` lands in the view: the result of the
+        instruction just emitted (`t[...] = nl.exp(x)`) is written there directly when
+        nothing reads it afterwards (trace.Tracer.retarget), another tile is copied
+        (VectorE), an HBM view loaded (DMA), a number set (memset), a matmul computed
+        into it. (`tile[...] += x` ends here with the view itself: nothing to do.)"""
         dst = self[index]
         if value is dst or value == dst:
             return

@@ -119,10 +119,10 @@ class _Pool:
 class _Alloc:
     """One on-chip allocation; every view of it holds this token, and the buffer is
     released when the last view is gone (weakref.finalize)."""
-    __slots__ = ("tile", "psum", "__weakref__")
+    __slots__ = ("tile", "psum", "seq", "__weakref__")
 
-    def __init__(self, tile: isa.Tile, psum: _Psum | None):
-        self.tile, self.psum = tile, psum
+    def __init__(self, tile: isa.Tile, psum: _Psum | None, seq: int = -1):
+        self.tile, self.psum, self.seq = tile, psum, seq
 
 
 class Tracer:
@@ -142,6 +142,10 @@ class Tracer:
         self._hbm_sites: dict = {}               # grid launch: (line, n) -> the tensor
         self._hbm_seen: collections.Counter = collections.Counter()
         self._pools: dict = {}                   # allocation site in a loop -> _Pool
+        self._seq = itertools.count()            # allocations, in order (both passes)
+        self.last_read: dict[int, int] = {}      # allocation -> last instruction reading it
+        self.assigned: list[tuple[int, int]] = []   # (allocation, instructions then)
+        self.elide: set[int] = set()             # allocations whose `[...] =` copy goes
         self._loop_pools: list[list] = []        # per loop being unrolled: its sites
         self.lines: list[str] = []               # per instruction of kb.instrs
         self.hbm_made: list[DramTensor] = []
@@ -234,6 +238,37 @@ class Tracer:
         self._known[t.name] = t
         return HbmView.whole(t)
 
+    def retarget(self, value: TileView, dst: TileView) -> bool:
+        """`dst[...] = value` where the instruction just emitted wrote all of `value`
+        (a fresh result, e.g. `t[...] = nl.exp(x)`): when the first trace pass saw
+        nothing read `value` afterwards (`elide`), that instruction writes `dst`
+        instead and no copy is emitted. Returns whether it did."""
+        token = value.base
+        if token is None:
+            return False
+        self.assigned.append((token.seq, len(self.kb.instrs)))
+        if token.seq not in self.elide or not self.kb.instrs:
+            return False
+        last = self.kb.instrs[-1]
+        whole = token.tile
+        if getattr(last, "dst", None) != value.tile() or value.tile() != whole.with_(
+                free=value.free, strides=None) or dst.num_partitions != value.num_partitions \
+                or dst.free_size != value.free_size:
+            return False
+        try:
+            new = dataclasses.replace(last, dst=dst.tile())
+            new.check(self.target.core)
+        except (isa.IsaError, TypeError, KernelError):
+            return False
+        self.kb.instrs[-1] = new
+        self.wrote(dst, type(last).matmul_output)
+        return True
+
+    def elidable(self) -> set[int]:
+        """After a pass: the assigned values nothing read after their assignment (the
+        copy at index `at` is the assignment's own read)."""
+        return {seq for seq, at in self.assigned if self.last_read.get(seq, -1) <= at}
+
     def program_id(self, axis: int) -> int:
         if not 0 <= axis < len(self.grid):
             raise self.error(f"program_id({axis}) of a launch grid {self.grid}")
@@ -272,7 +307,7 @@ class Tracer:
             raise self.error(f"bufs={bufs}: at least one buffer", line)
         if not self.loops:                           # lives while referenced
             tile = self._tile(shape, dtype, mem, line)
-            token = _Alloc(tile, _Psum(tile) if mem == "psum" else None)
+            token = _Alloc(tile, _Psum(tile) if mem == "psum" else None, next(self._seq))
             weakref.finalize(token, self.kb.release, tile)
         else:
             tile, token = self._from_pool((line, shape, dtype, mem), depth, line)
@@ -295,7 +330,7 @@ class Tracer:
             entry = [self._tile(shape, dtype, mem, line), lambda: None]
             pool.entries.append(entry)
         tile = entry[0]
-        token = _Alloc(tile, _Psum(tile) if tile.mem == "psum" else None)
+        token = _Alloc(tile, _Psum(tile) if tile.mem == "psum" else None, next(self._seq))
         entry[1] = weakref.ref(token)
         pool.order = [e for e in pool.order if e is not entry] + [entry]
         return tile, token
@@ -323,7 +358,7 @@ class Tracer:
             raise self.error(str(e).split(": ", 1)[-1], line) from None
         tile = isa.Tile(where.mem, where.partition, parts, where.offset,
                         (max(1, nbytes // item),), dtype)
-        token = _Alloc(tile, _Psum(tile) if where.mem == "psum" else None)
+        token = _Alloc(tile, _Psum(tile) if where.mem == "psum" else None, next(self._seq))
         weakref.finalize(token, alloc.unreserve, where.offset, nbytes)
         free = tuple(blocks) + tuple(inner)
         strides, acc = [], 1
@@ -392,6 +427,8 @@ class Tracer:
     def read(self, view: TileView) -> None:
         """An instruction reads `view`: a PSUM allocation still pending zero gets its
         memset now (unless matmuls wrote every byte read)."""
+        if view.base is not None:
+            self.last_read[view.base.seq] = len(self.kb.instrs)
         st = view.base.psum if view.mem == "psum" and view.base is not None else None
         if st is None or not st.zero or st.zero_emitted:
             return
@@ -477,19 +514,32 @@ def run(fn, name: str, kb: KernelBuilder, hbm: Callable[[tuple, str], DramTensor
     """Traces `fn(*args, **kwargs)` into `kb`: `args` hold `None` where an input tensor
     goes (in the order of `inputs`); with a launch `grid`, once per instance, in turn
     (`nl.program_id`). Returns the tracer and the returned HBM views."""
-    tracer = Tracer(name, kb, hbm, inputs)
-    tracer.grid = tuple(grid)
-    tracer._constant = constant
-    views = iter([HbmView.whole(t) for t in inputs])
-    call_args = tuple(next(views) if a is None else a for a in args)
-    token = _current.set(tracer)
-    try:
-        for pid in itertools.product(*(range(g) for g in tracer.grid)):
-            tracer.pid = pid
-            tracer._hbm_seen.clear()
-            result = fn(*call_args, **kwargs)
-    finally:
-        _current.reset(token)
+    elide: set[int] = set()
+    made: dict = {}                  # constants by content: the same tensor in both passes
+    while True:
+        # If the trace had `tile[...] = value` copies that can go (nothing reads the
+        # value after), it is traced once more without them into the reset builder
+        # (tracing is deterministic: allocations come in the same order).
+        tracer = Tracer(name, kb, hbm, inputs)
+        tracer.grid = tuple(grid)
+        tracer._constant = None if constant is None else (
+            lambda a, d: made.setdefault((a.tobytes(), a.shape, d), constant(a, d)))
+        tracer.elide = elide
+        views = iter([HbmView.whole(t) for t in inputs])
+        call_args = tuple(next(views) if a is None else a for a in args)
+        token = _current.set(tracer)
+        try:
+            for pid in itertools.product(*(range(g) for g in tracer.grid)):
+                tracer.pid = pid
+                tracer._hbm_seen.clear()
+                result = fn(*call_args, **kwargs)
+        finally:
+            _current.reset(token)
+        more = tracer.elidable() - elide
+        if elide or not more:
+            break
+        elide = more
+        kb.reset()
     tracer.single = not isinstance(result, (tuple, list))
     outs = list(result) if not tracer.single else [result]
     for k, o in enumerate(outs):

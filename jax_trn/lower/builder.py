@@ -131,6 +131,15 @@ class KernelBuilder:
         self._queues = itertools.cycle(range(target.dma_queues))
         self._evac = itertools.cycle(("vector", "scalar"))
 
+    def reset(self) -> None:
+        """Back to an empty kernel (instructions, allocations, DMA queue rotation), for a
+        second trace of a hand-written kernel (jax_trn.kernels.trace)."""
+        self.instrs, self.lines, self.dram, self.flops = [], [], {}, 0
+        self.sbuf = Allocator("sbuf", self.target.sbuf_bytes, SBUF_ALIGN)
+        self.psum = Allocator("psum", self.target.psum_bytes, self.target.psum_bank_bytes)
+        self._queues = itertools.cycle(range(self.target.dma_queues))
+        self._evac = itertools.cycle(("vector", "scalar"))
+
     # --- memory ---------------------------------------------------------------
 
     def tile(self, free: int | tuple[int, ...], dtype: str, mem: str = "sbuf",

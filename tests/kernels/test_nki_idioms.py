@@ -207,3 +207,32 @@ def test_is_transpose_shared_constant_placement_and_jit_options():
     np.testing.assert_allclose(k(x), 2 * x.T, rtol=1e-6)
     with pytest.raises(kernels.KernelError, match="is_transpose needs NeuronCore-v3"):
         kernels.simulate(k, x, system="trn1")
+
+
+def test_assigning_a_fresh_result_writes_it_in_place():
+    """`t[...] = nl.exp(x)` makes the exp write t (no copy), unless the result is read
+    again afterwards (then it is computed, and copied)."""
+    @kernels.jit
+    def once(x):
+        out = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.shared_hbm)
+        t = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+        t[...] = nl.exp(nl.load(x))
+        nl.store(out, t)
+        return out
+
+    @kernels.jit
+    def reused(x):
+        out = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.shared_hbm)
+        t = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+        e = nl.exp(nl.load(x))
+        t[...] = e
+        nl.store(out, nl.add(t, e))
+        return out
+    x = _x(128, 64)
+    run = kernels.simulate(once, x, system="trn2")
+    np.testing.assert_allclose(run.outputs[0], np.exp(x), rtol=1e-6)
+    assert [k.opcode for k in run.execution.instructions].count("TensorCopy") == 0
+    assert [k.opcode for k in run.execution.instructions].count("DmaCopy") == 2
+    run = kernels.simulate(reused, x, system="trn2")
+    np.testing.assert_allclose(run.outputs[0], 2 * np.exp(x), rtol=1e-6)
+    assert [k.opcode for k in run.execution.instructions].count("TensorCopy") == 1
