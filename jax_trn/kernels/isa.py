@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import numbers
 
+import numpy as np
+
 from jax_trn.hw import isa as hw
 
 from . import trace
@@ -206,9 +208,15 @@ def _maskable(fn):
 
     @functools.wraps(fn)
     def wrapped(*args, mask=None, **kw):
-        if mask is None:
-            return fn(*args, **kw)
-        with trace.current().masked(mask):
+        if mask is None or (isinstance(mask, (bool, np.bool_)) and mask):
+            return fn(*args, **kw)            # no mask, or one that keeps everything
+        t = trace.current()
+        if isinstance(mask, (bool, np.bool_)):          # keeps nothing: not issued
+            return kw.get("dst", args[0] if args and isinstance(args[0], TileView) else None)
+        if not hasattr(mask, "bounds"):
+            raise t.error(f"mask= takes comparisons of index expressions (e.g. i_p < n) "
+                          f"or a bool, got {mask!r}")
+        with t.masked(mask):
             return fn(*args, **kw)
     return wrapped
 

@@ -162,7 +162,7 @@ def arange(*args) -> AffineIndex:
     """`nl.arange(n)` (or start, stop[, step]): an index expression over one axis;
     `nl.arange(128)[:, None]` on a grid's first axis, `[None, :]` its second."""
     r = range(*args)
-    return AffineIndex(r.start, r.step, len(r))
+    return AffineIndex(r.start, ((0, r.step, len(r)),), 1)
 
 
 class _MGrid:
@@ -173,7 +173,7 @@ class _MGrid:
         out = []
         for k, sl in enumerate(index):
             r = range(sl.start or 0, sl.stop, sl.step or 1)
-            out.append(AffineIndex(r.start, r.step, len(r), len(index), k))
+            out.append(AffineIndex(r.start, ((k, r.step, len(r)),), len(index)))
         return tuple(out) if len(out) > 1 else out[0]
 
 

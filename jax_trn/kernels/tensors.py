@@ -16,6 +16,7 @@ and `ap()`; the instruction checks its own constraints when it is built.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -81,33 +82,59 @@ def _index_tuple(index, ndim: int) -> tuple:
 
 @dataclass(frozen=True)
 class AffineIndex:
-    """NKI's index expressions: `nl.arange(n)` (`[:, None]` / `[None, :]` put it on the
-    first / second axis of a grid), `nl.mgrid[0:128, 0:512]`, and `start + step * them`:
-    the values start, start + step, ..., `size` of them. Indexing a tensor with them
-    takes those elements of that axis (a strided slice)."""
+    """NKI's index expressions: `nl.arange(n)` (`[:, None]` / `[None, :]` put it on an
+    axis of a grid), `nl.mgrid[0:128, 0:512]`, and `start + sum(step * them)`: `terms`
+    are (grid axis, step, size). Indexing a tensor axis with one takes those elements
+    (a strided slice); with a sum over several grid axes (`2 * i1 + i2`), the axis
+    becomes one axis per grid axis, in grid order."""
     start: int
-    step: int
-    size: int
-    ndim: int = 1
-    dim: int = 0
+    terms: tuple            # ((grid axis, step, size), ...), grid axes distinct, sorted
+    ndim: int = 1           # the grid's rank
+
+    @property
+    def step(self) -> int:
+        return self._one()[1]
+
+    @property
+    def size(self) -> int:
+        return self._one()[2]
+
+    @property
+    def dim(self) -> int:
+        return self._one()[0]
+
+    def _one(self):
+        if len(self.terms) != 1:
+            raise KernelError(f"index expression over grid axes "
+                              f"{[t[0] for t in self.terms]}: one axis expected here")
+        return self.terms[0]
 
     def __getitem__(self, index) -> "AffineIndex":
         """`[:, None]`, `[None, :]`, `[None, :, None]`, ...: the grid axis of the `:`."""
         index = index if isinstance(index, tuple) else (index,)
         colons = [k for k, i in enumerate(index) if i == slice(None)]
-        if self.ndim != 1 or len(colons) != 1 or \
+        if self.ndim != 1 or len(self.terms) != 1 or len(colons) != 1 or \
                 any(i is not None for k, i in enumerate(index) if k != colons[0]):
             raise KernelError(f"index expression {index}: one ':' and None elsewhere "
                               "(e.g. [:, None])")
-        return AffineIndex(self.start, self.step, self.size, len(index), colons[0])
+        _, step, size = self.terms[0]
+        return AffineIndex(self.start, ((colons[0], step, size),), len(index))
 
     def _num(self, c) -> int:
         if not hasattr(c, "__index__"):
-            raise KernelError(f"index expressions combine with ints, not {c!r}")
+            raise KernelError(f"index expressions combine with ints and each other, not "
+                              f"{c!r}")
         return c.__index__()
 
     def __add__(self, c):
-        return AffineIndex(self.start + self._num(c), self.step, self.size, self.ndim, self.dim)
+        if isinstance(c, AffineIndex):
+            dims = [t[0] for t in self.terms + c.terms]
+            if len(set(dims)) != len(dims) or self.ndim != c.ndim:
+                raise KernelError("adding index expressions of the same grid axis (or of "
+                                  "grids of different rank) is not an affine index")
+            return AffineIndex(self.start + c.start, tuple(sorted(self.terms + c.terms)),
+                               self.ndim)
+        return AffineIndex(self.start + self._num(c), self.terms, self.ndim)
 
     __radd__ = __add__
 
@@ -116,17 +143,19 @@ class AffineIndex:
 
     def __mul__(self, c):
         c = self._num(c)
-        return AffineIndex(self.start * c, self.step * c, self.size, self.ndim, self.dim)
+        return AffineIndex(self.start * c, tuple((d, s * c, n) for d, s, n in self.terms),
+                           self.ndim)
 
     __rmul__ = __mul__
 
     # Comparisons make masks (NKI's `mask=(i_p < n)`): the grid positions kept.
     def _positions(self, keep) -> "IndexMask":
-        ok = [j for j in range(self.size) if keep(self.start + self.step * j)]
+        d, step, size = self._one()
+        ok = [j for j in range(size) if keep(self.start + step * j)]
         lo, hi = (ok[0], ok[-1] + 1) if ok else (0, 0)
         if ok and len(ok) != hi - lo:
             raise KernelError("a mask must keep a contiguous range of positions")
-        return IndexMask({self.dim: (lo, hi)})
+        return IndexMask({d: (lo, hi)}, self.ndim)
 
     def __lt__(self, c):
         return self._positions(lambda v: v < c)
@@ -143,27 +172,45 @@ class AffineIndex:
 
 @dataclass(frozen=True)
 class IndexMask:
-    """Grid positions an instruction acts on (`mask=`): axis -> [lo, hi)."""
+    """Grid positions an instruction acts on (`mask=`): grid axis -> [lo, hi), of a grid
+    of rank `ndim`. An operand indexed by the grid's expressions is cut on the axes
+    they made; another operand (a tile) lines up with the grid's last axes, as numpy
+    broadcasts: a [P, F] tile under a 4-D grid takes grid axes 2 and 3."""
     bounds: dict
+    ndim: int = 2
 
     def __and__(self, other: "IndexMask") -> "IndexMask":
         out = dict(self.bounds)
         for k, (lo, hi) in other.bounds.items():
             a, b = out.get(k, (lo, hi))
             out[k] = (max(a, lo), min(b, hi))
-        return IndexMask(out)
+        return IndexMask(out, max(self.ndim, other.ndim))
 
     def __hash__(self) -> int:
-        return hash(tuple(sorted(self.bounds.items())))
+        return hash((tuple(sorted(self.bounds.items())), self.ndim))
+
+    def axes(self, gdims, rank: int) -> dict[int, tuple[int, int]]:
+        """Operand axis -> [lo, hi): by the grid axes its axes came from (`gdims`), else
+        aligned with the grid's last `rank` axes."""
+        out = {}
+        for d, b in self.bounds.items():
+            if gdims is not None and any(g is not None for g in gdims):
+                out.update({k: b for k, g in enumerate(gdims) if g == d})
+            else:
+                k = d - (self.ndim - rank)
+                if 0 <= k < rank:
+                    out[k] = b
+        return out
 
 
 def _axis(i, size: int, axis: int):
-    """(start, step, count, keep) of index `i` on an axis of `size`."""
+    """(start, parts, keep) of index `i` on an axis of `size`: `parts` the (step, count,
+    grid axis or None) of the view axes it makes (several for a sum of grid axes)."""
     if isinstance(i, AffineIndex):
-        if i.step <= 0 or i.start < 0:
-            raise KernelError(f"axis {axis}: index expression {i.start} + {i.step} * "
-                              f"arange({i.size}) must start >= 0 and increase")
-        return i.start, i.step, i.size, True
+        if i.start < 0 or any(step <= 0 for _, step, _ in i.terms):
+            raise KernelError(f"axis {axis}: index expression {i.start} + ... must start "
+                              ">= 0 and increase along each grid axis")
+        return i.start, [(step, n, d) for d, step, n in i.terms], True
     if isinstance(i, slice):
         start, stop, step = i.indices(size)
         if step <= 0:
@@ -171,12 +218,12 @@ def _axis(i, size: int, axis: int):
         count = max(0, -(-(stop - start) // step))
         if count == 0:
             raise KernelError(f"axis {axis}: empty slice {i} of size {size}")
-        return start, step, count, True
+        return start, [(step, count, None)], True
     if hasattr(i, "__index__"):
         k = i.__index__()
         if not -size <= k < size:
             raise KernelError(f"axis {axis}: index {k} out of range for size {size}")
-        return k % size, 1, 1, False
+        return k % size, [], False
     raise KernelError(f"axis {axis}: unsupported index {i!r} (ints and slices; a [P, 1] "
                       "int32 tile on an HBM tensor's first axis for an indirect access)")
 
@@ -193,6 +240,8 @@ class HbmView:
     rows: int = 0                     # indirect: the table's rows (axis 0)
     valid: tuple | None = None        # per axis, the positions inside the tensor (an
                                       # index expression may run past its end: masked)
+    gdims: tuple | None = None        # per axis, the grid axis of the index expression
+                                      # that made it (None: a slice), for masks
 
     @staticmethod
     def whole(t: DramTensor) -> "HbmView":
@@ -221,24 +270,35 @@ class HbmView:
         if index and isinstance(index[0], TileView):
             return self._indirect(index[0], index[1:])
         index = _index_tuple(index, len(self.shape))
-        offset, shape, strides, valid = self.offset, [], [], []
+        offset, shape, strides, valid, gdims = self.offset, [], [], [], []
         old_valid = self.valid or self.shape
+        old_g = self.gdims or (None,) * len(self.shape)
         for k, (i, n, s) in enumerate(zip(index, self.shape, self.strides)):
-            start, step, count, keep = _axis(i, n, k)
-            inside = max(0, min(count, -(-(old_valid[k] - start) // step)))
-            if inside == 0:
-                raise KernelError(f"axis {k}: index {start}.. is outside the tensor's "
-                                  f"{old_valid[k]} positions")
+            start, parts, keep = _axis(i, n, k)
             if not keep and start >= old_valid[k]:
                 raise KernelError(f"axis {k}: index {start} out of range for size {n}")
             offset += start * s
-            if keep:
+            if len(parts) > 1:          # a sum over grid axes: every position inside
+                last = start + sum(step * (c - 1) for step, c, _ in parts)
+                if last >= old_valid[k]:
+                    raise KernelError(f"axis {k}: index expression reaches {last}, past the "
+                                      f"tensor's {old_valid[k]} positions")
+            for step, count, g in parts:
+                inside = count if len(parts) > 1 else \
+                    max(0, min(count, -(-(old_valid[k] - start) // step)))
+                if inside == 0:
+                    raise KernelError(f"axis {k}: index {start}.. is outside the tensor's "
+                                      f"{old_valid[k]} positions")
                 shape.append(count)
                 strides.append(step * s)
                 valid.append(inside)
+                gdims.append(g if g is not None else (old_g[k] if len(parts) == 1 and
+                                                      isinstance(i, slice) and i == slice(None)
+                                                      else None))
         full = tuple(valid) == tuple(shape)
         return HbmView(self.tensor, offset, tuple(shape), tuple(strides),
-                       valid=None if full else tuple(valid))
+                       valid=None if full else tuple(valid),
+                       gdims=tuple(gdims) if any(g is not None for g in gdims) else None)
 
     def _indirect(self, idx: "TileView", rest: tuple) -> "HbmView":
         if idx.dtype not in ("int32", "uint32") or idx.free_size != 1:
@@ -286,9 +346,9 @@ class HbmView:
         valid = list(self.valid or shape)
         offset, mask = self.offset, _current_mask()
         if mask is not None and shape and self.indices is None:
-            for dim, k in ((0, 0), (1, len(shape) - 1)):
-                if dim in mask.bounds and (k or dim == 0) and shape[k] > 1:
-                    lo, hi = _cut(shape[k], mask.bounds[dim])
+            for k, bounds in mask.axes(self.gdims, len(shape)).items():
+                if shape[k] > 1:
+                    lo, hi = _cut(shape[k], bounds)
                     offset += lo * self.strides[k]
                     shape[k], valid[k] = hi - lo, max(0, min(valid[k], hi) - lo)
         for k, (n, ok) in enumerate(zip(shape, valid)):
@@ -331,6 +391,8 @@ class TileView:
                                       # while any view of it is
     pdim: int = 0                     # where the partition axis is in `shape` (NKI's
                                       # par_dim after block axes: (2, par_dim(128), 64))
+    gdims: tuple | None = None        # per physical axis, the grid axis of the index
+                                      # expression that made it (masks)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -424,22 +486,33 @@ class TileView:
             index = (index[pdim],) + index[:pdim] + index[pdim + 1:]
         else:
             kept = 0
-        start, step, count, _ = _axis(index[0], self.num_partitions, 0)
-        if step != 1:
+        start, parts, _ = _axis(index[0], self.num_partitions, 0)
+        if len(parts) != 1 or parts[0][0] != 1:
             raise KernelError("the partition axis takes contiguous ranges only (§3.1)")
-        offset, free, strides = self.offset, [], []
+        count, pg = parts[0][1], parts[0][2]
+        if start + count > self.num_partitions:
+            raise KernelError(f"partitions {start}..{start + count - 1} of a "
+                              f"{self.num_partitions}-partition tile")
+        offset, free, strides, gdims = self.offset, [], [], [pg]
         item = hw_dtypes.itemsize(self.dtype)
         for k, (i, n, s) in enumerate(zip(index[1:], self.free, self.strides), 1):
-            first, st, cnt, keep = _axis(i, n, k)
+            first, fparts, keep = _axis(i, n, k)
+            if len(fparts) > 1 and first + sum(st * (c - 1) for st, c, _ in fparts) >= n:
+                raise KernelError(f"axis {k}: index expression past the tile's {n} elements")
+            if len(fparts) == 1 and first + fparts[0][0] * (fparts[0][1] - 1) >= n:
+                raise KernelError(f"axis {k}: index {first}.. past the tile's {n} elements")
             offset += first * s * item
-            if keep:
-                free.append(cnt)
+            for st, c, g in fparts:
+                free.append(c)
                 strides.append(st * s)
+                gdims.append(g)
         if not free:
             free, strides = [1], [1]
+            gdims.append(None)
         return TileView(self.mem, self.start_partition + start, count, offset,
                         tuple(free), tuple(strides), self.dtype, self.label, self.base,
-                        min(kept, len(free)))
+                        min(kept, len(free)),
+                        tuple(gdims) if any(g is not None for g in gdims) else None)
 
     def reshape(self, *shape) -> "TileView":
         shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) \
@@ -471,16 +544,20 @@ class TileView:
         axis 1 on the last free axis; an operand shorter than the mask keeps its axis)."""
         view, mask = self, _current_mask()
         if mask is not None:
-            p0, p1 = _cut(view.num_partitions, mask.bounds.get(0))
-            view = view[p0:p1] if (p0, p1) != (0, view.num_partitions) else view
-            if 1 in mask.bounds and view.free[-1] > 1:
-                f0, f1 = _cut(view.free[-1], mask.bounds[1])
-                if (f0, f1) != (0, view.free[-1]):
-                    item = hw_dtypes.itemsize(view.dtype)
-                    view = TileView(view.mem, view.start_partition, view.num_partitions,
-                                    view.offset + f0 * view.strides[-1] * item,
-                                    view.free[:-1] + (f1 - f0,), view.strides, view.dtype,
-                                    view.label, view.base)
+            cuts = mask.axes(self.gdims, 1 + len(self.free))
+            if 0 in cuts:
+                p0, p1 = _cut(view.num_partitions, cuts[0])
+                if (p0, p1) != (0, view.num_partitions):
+                    view = dataclasses.replace(view, start_partition=view.start_partition + p0,
+                                               num_partitions=p1 - p0)
+            free, offset = list(view.free), view.offset
+            item = hw_dtypes.itemsize(view.dtype)
+            for k, bounds in cuts.items():
+                if k and free[k - 1] > 1:
+                    f0, f1 = _cut(free[k - 1], bounds)
+                    offset += f0 * view.strides[k - 1] * item
+                    free[k - 1] = f1 - f0
+            view = dataclasses.replace(view, free=tuple(free), offset=offset)
         try:
             return isa.Tile(view.mem, view.start_partition, view.num_partitions,
                             view.offset, view.free, view.dtype,

@@ -217,9 +217,6 @@ class Tracer:
     @contextlib.contextmanager
     def masked(self, mask):
         """Operands made meanwhile are cut to `mask` (tensors.IndexMask)."""
-        if not hasattr(mask, "bounds"):
-            raise self.error(f"mask= takes comparisons of index expressions "
-                             f"(e.g. i_p < n), got {mask!r}")
         outer, self.mask = self.mask, (mask if self.mask is None else self.mask & mask)
         try:
             yield

@@ -236,3 +236,38 @@ def test_assigning_a_fresh_result_writes_it_in_place():
     run = kernels.simulate(reused, x, system="trn2")
     np.testing.assert_allclose(run.outputs[0], 2 * np.exp(x), rtol=1e-6)
     assert [k.opcode for k in run.execution.instructions].count("TensorCopy") == 1
+
+
+def test_index_sums_over_grid_axes_and_masks_of_higher_rank_grids():
+    """`t[i_p, i_f1 * n2 + i_f2]` makes one view axis per grid axis (a transpose by two
+    views iterated alike); a mask of a 4-D grid cuts the axes a [P, F] tile lines up
+    with; a bool mask keeps all or nothing."""
+    @kernels.jit
+    def transpose_blocks(x):                    # rows of [4 x 8] -> rows of [8 x 4]
+        out = nl.ndarray((128, 32), dtype=x.dtype, buffer=nl.shared_hbm)
+        t = nl.load(x)
+        r = nl.ndarray((128, 32), dtype=x.dtype, buffer=nl.sbuf)
+        i_p = nl.arange(128)[:, None, None]
+        i_a = nl.arange(4)[None, :, None]
+        i_b = nl.arange(8)[None, None, :]
+        r[i_p, i_b * 4 + i_a] = nl.copy(t[i_p, i_a * 8 + i_b])
+        nl.store(out, r)
+        return out
+    x = _x(128, 32)
+    want = x.reshape(128, 4, 8).transpose(0, 2, 1).reshape(128, 32)
+    np.testing.assert_array_equal(transpose_blocks(x), want)
+
+    @kernels.jit
+    def rows4d(x):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        i_q = nl.arange(x.shape[2])[None, None, :, None]
+        for i in range(2):
+            t = nl.zeros((128, x.shape[3]), x.dtype)
+            t[...] = nl.load(x[0, 0, i * 128:(i + 1) * 128, :],
+                             mask=(i * 128 + i_q < x.shape[2]))
+            nl.store(out[0, 0, i * 128:(i + 1) * 128, :], value=nl.exp(t),
+                     mask=(i * 128 < x.shape[2]))
+            nl.store(out[0, 0, 0:1, :], value=t[0:1, :], mask=False)   # never issued
+        return out
+    x = _x(1, 1, 256, 16)
+    np.testing.assert_allclose(rows4d(x), np.exp(x), rtol=1e-6)
