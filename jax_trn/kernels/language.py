@@ -347,15 +347,12 @@ def _broadcast(view: TileView, shape):
     t = trace.current()
     shape = tuple(int(d) for d in shape)
     p, free = view.num_partitions, view.free_size
-    if len(shape) < 2 or shape[0] not in (p, t.target.partitions) or \
-            (free != 1 and int(np.prod(shape[1:])) != free):
+    if len(shape) < 2 or not (shape[0] == p or (p == 1 and shape[0] <= t.target.partitions)) \
+            or (free != 1 and int(np.prod(shape[1:])) != free):
         raise t.error(f"cannot broadcast tile {view.shape} to {shape}: [P, 1] -> [P, F] and "
                       "[1, F] -> [P, F]")
     if shape[0] != p:                   # [1, F] -> [P, F]: ones[1, P].T @ row[1, F]
-        if p != 1:
-            raise t.error(f"cannot broadcast {p} partitions to {shape[0]}")
-        ones = t.alloc((1, shape[0]), view.dtype if view.dtype != "float32" else "float32",
-                       sbuf)
+        ones = t.alloc((1, shape[0]), view.dtype, sbuf)
         nisa.memset(ones, 1.0)
         out = t.alloc((shape[0], free), view.dtype, sbuf)
         for c0 in range(0, free, 512):

@@ -71,7 +71,6 @@ def test_psum_iadd_of_nl_matmul_and_broadcasts():
             acc += nl.matmul(nl.load(a[i * 128:(i + 1) * 128, :]),
                              nl.load(w[i * 128:(i + 1) * 128, :]), transpose_x=True)
         row = nl.load(c.reshape((1, 64)))                            # [1, 64]
-        col = nl.load(c[0:128].reshape((128, 1))) if False else None
         t = nl.copy(acc) + row.broadcast_to((128, 64))               # partition broadcast
         s = nl.sum(t, axis=1, keepdims=True)
         t2 = t * s.broadcast_to((128, 64))                           # free broadcast
