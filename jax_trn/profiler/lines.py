@@ -6,14 +6,17 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from jax_trn.hw.trace import merged
+
 from .trace import engine_of
 
 
 @dataclass(frozen=True)
 class LineStats:
-    """One source line of a hand-written kernel on one engine (a DMA queue counts as
-    "dma"): instructions issued, their busy time, and the time they waited at the head of
-    their queue for a semaphore, with the engine they waited on most."""
+    """One source line of a hand-written kernel on one engine (DMA queues together as
+    "dma"): instructions issued, the time the engine was busy with them (DMA: the union
+    over queues, so it never exceeds the kernel's time), and the time they waited at
+    the head of their queue for a semaphore, with the engine they waited on most."""
     kernel: str
     line: str
     engine: str
@@ -30,18 +33,26 @@ class LineStats:
 
 def kernel_lines(executions) -> list[LineStats]:
     """Per (kernel, line, engine), the slowest first; empty without hand-written kernels."""
-    acc: dict = defaultdict(lambda: [0, 0.0, 0.0, defaultdict(float)])
+    acc: dict = defaultdict(lambda: [0, [], 0.0, defaultdict(float)])
     for ex in executions:
         for i in ex.instructions:
             if not i.line:
                 continue
             a = acc[(i.kernel.rpartition(".")[0] or i.kernel, i.line, i.engine)]
             a[0] += 1
-            a[1] += i.duration_ns
+            a[1].append((ex.name, i.device, i.start_ns, i.end_ns))
             if i.idle_ns > 0 and i.waited_on:
                 a[2] += i.idle_ns
                 a[3][engine_of(i.waited_on)] += i.idle_ns
-    rows = [LineStats(k, line, e, n, busy, wait,
+    rows = [LineStats(k, line, e, n, _busy(spans), wait,
                       max(on, key=on.get) if on else "")
-            for (k, line, e), (n, busy, wait, on) in acc.items()]
+            for (k, line, e), (n, spans, wait, on) in acc.items()]
     return sorted(rows, key=lambda r: -r.busy_ns)
+
+
+def _busy(spans) -> float:
+    """The union of the intervals, per execution and device, summed."""
+    groups: dict = defaultdict(list)
+    for name, device, lo, hi in spans:
+        groups[(name, device)].append((lo, hi))
+    return sum(hi - lo for g in groups.values() for lo, hi in merged(g))
