@@ -40,7 +40,7 @@ def kernel_lines(executions) -> list[LineStats]:
                 continue
             a = acc[(i.kernel.rpartition(".")[0] or i.kernel, i.line, i.engine)]
             a[0] += 1
-            a[1].append((ex.name, i.device, i.start_ns, i.end_ns))
+            a[1].append((id(ex), i.device, i.start_ns, i.end_ns))
             if i.idle_ns > 0 and i.waited_on:
                 a[2] += i.idle_ns
                 a[3][engine_of(i.waited_on)] += i.idle_ns
@@ -53,6 +53,6 @@ def kernel_lines(executions) -> list[LineStats]:
 def _busy(spans) -> float:
     """The union of the intervals, per execution and device, summed."""
     groups: dict = defaultdict(list)
-    for name, device, lo, hi in spans:
-        groups[(name, device)].append((lo, hi))
+    for run, device, lo, hi in spans:
+        groups[(run, device)].append((lo, hi))
     return sum(hi - lo for g in groups.values() for lo, hi in merged(g))
