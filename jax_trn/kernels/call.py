@@ -16,7 +16,9 @@ JAX program.
   element (`lax.map`);
 - **grad**: a kernel has no derivative of its own; pair a forward and a backward kernel
   with `jax.custom_vjp`;
-- **shard_map**: each device runs the kernel on its own shard (the op is per-device).
+- **shard_map**: each device runs the kernel on its own shard (the op is per-device);
+  under automatic sharding (jit over a mesh), the kernel sees whole arrays: its Shardy
+  rule makes every dimension need replication (`_replicated_rule`).
 """
 from __future__ import annotations
 
@@ -78,8 +80,30 @@ def _lower_trn(ctx, *args, call):
     types = [mlir.aval_to_ir_type(ctx.module_context, a) for a in ctx.avals_out]
     op = mlir.custom_call(KERNEL_TARGET, result_types=types, operands=list(args),
                           backend_config=f"kernel={call.key}", has_side_effect=False,
-                          api_version=1)
+                          api_version=1,
+                          extra_attributes={"sdy.sharding_rule": _replicated_rule(ctx)})
     return list(op.results)
+
+
+def _replicated_rule(ctx):
+    """A kernel sees whole arrays: every dimension of every operand and result its own
+    factor, each needing replication, so that under automatic sharding Shardy gathers
+    the operands before the call (each device runs the kernel on the whole array) and
+    the results come out replicated. In shard_map the kernel runs on each device's
+    shard, as written (manual axes are not partitioned)."""
+    from jax._src.custom_partitioning_sharding_rule import (
+        sdy_sharding_rule_to_mlir, str_to_sdy_sharding_rule)
+    from jax_trn.jax_mx import _not_custom
+    avals = list(ctx.avals_in) + list(ctx.avals_out)
+    names = iter(f"f{n}" for n in range(sum(len(a.shape) for a in avals)))
+    sides = [" ".join(next(names) for _ in a.shape) for a in avals]
+    ins, outs = sides[:len(ctx.avals_in)], sides[len(ctx.avals_in):]
+    used = " ".join(sides).split()
+    rule = str_to_sdy_sharding_rule(", ".join(ins) + " -> " + ", ".join(outs),
+                                    need_replication_factors=tuple(used))
+    types_in = [mlir.aval_to_ir_type(ctx.module_context, a) for a in ctx.avals_in]
+    types_out = [mlir.aval_to_ir_type(ctx.module_context, a) for a in ctx.avals_out]
+    return _not_custom(sdy_sharding_rule_to_mlir(rule, types_in, types_out))
 
 
 def _reference(call: Call, *arrays):

@@ -414,3 +414,13 @@ def test_kernel_in_programs(jax, trn, cpu, case):
     got = jax.jit(f)(jax.device_put(x, trn))
     want = jax.jit(f)(jax.device_put(x, cpu))
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-7)
+
+
+def test_kernel_under_automatic_sharding_sees_whole_arrays(jax, trn_devices):
+    """jit over a mesh (no shard_map): Shardy gathers a kernel's operands and the kernel
+    runs on the whole array; its result comes out replicated."""
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    mesh = Mesh(np.array(trn_devices[:2]), ("d",))
+    x = _x(512, 64)
+    y = jax.jit(lambda a: softmax_kernel(a) * 2)(jax.device_put(x, NamedSharding(mesh, P("d"))))
+    np.testing.assert_allclose(np.asarray(y), 2 * _softmax(x), rtol=1e-5, atol=1e-7)
