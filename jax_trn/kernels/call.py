@@ -37,7 +37,7 @@ from jax_trn.lower.target import Target
 
 from .errors import KernelError
 from . import kernel as _kernel
-from .kernel import Call, KernelFunction, is_array, out_types, resolve_system, simulate
+from .kernel import Call, KernelFunction, is_array, out_types, simulate
 
 # A kernel call's source location is the user's line that called the kernel, not ours.
 source_info_util.register_exclusion(os.path.dirname(os.path.abspath(__file__)))

@@ -1,5 +1,6 @@
-"""Tracing a kernel: running the user's Python function once, with every `nisa` call
-emitting one instruction into a `KernelBuilder` (jax_trn/lower/builder.py).
+"""Tracing a kernel: running the user's Python function, with every `nisa` call
+emitting one instruction into a `KernelBuilder` (jax_trn/lower/builder.py); a second
+time when `tile[...] = value` copies can be dropped (`run`).
 
 The kernel's Python runs as ordinary Python: loops (`nl.affine_range`, ...) unroll,
 shapes and loop indices are ints, so every instruction's operands are known when it
@@ -45,7 +46,6 @@ from jax_trn.hw import isa
 from jax_trn.hw.program import DramTensor
 from jax_trn.lower.builder import KernelBuilder
 from jax_trn.lower.errors import LoweringError
-from jax_trn.lower.target import Target
 
 from . import errors
 from .errors import KernelError
@@ -111,7 +111,6 @@ class _Psum:
 class _Pool:
     """The buffers of one allocation site inside loops: [tile, weakref to the token of
     its current tensor] each, and the order they were last handed out."""
-    level: int
     entries: list = dataclasses.field(default_factory=list)
     order: list = dataclasses.field(default_factory=list)
 
@@ -318,7 +317,7 @@ class Tracer:
         loop of its first use ends (buffers still referenced, when they are dropped)."""
         pool = self._pools.get(site)
         if pool is None:
-            pool = self._pools[site] = _Pool(len(self.loops))
+            pool = self._pools[site] = _Pool()
             self._loop_pools[-1].append(site)
         recent = pool.order[-(depth - 1):] if depth > 1 else []
         entry = next((e for e in pool.entries if e[1]() is None and e not in recent), None)
