@@ -18,10 +18,12 @@ simulated with cycles on Trn1 / Trn2 / Trn3.
     run = kernels.simulate(scale, np.ones((256, 512), np.float32), 2.0, system="trn2")
     print(run.execution.summary())                           # cycles, engines, MFU
 
-Modules: `language` (nl: types, buffers, tensors, loops, operators), `isa` (nisa: the
-instructions), `tensors` (views and indexing), `trace` (tracing, allocation scopes,
-errors with the kernel's line), `kernel` (the decorator, the standalone run),
-`call` (the JAX primitive), `rule` (the compiler's lowering rule for it).
+Modules: `language` (nl: types, buffers, tensors, loops, operators, index expressions),
+`isa` (nisa: the instructions), `tensors` (views, indexing, masks), `trace` (tracing,
+buffer lifetimes, PSUM accumulation state, errors with the kernel's line), `kernel`
+(the decorator, the standalone run), `call` (the JAX primitive), `rule` (the
+compiler's lowering rule for it), `compiler` (placement, directives) and `typing`
+(annotations), as NKI names them: `import jax_trn.kernels as nki` ports a kernel.
 """
 from __future__ import annotations
 
