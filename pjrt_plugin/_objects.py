@@ -115,7 +115,9 @@ class CClient:
         for d in self.devices:
             d.memory.devices = (d.memory.keep.pointers([d.handle]), 1)
         self.device_array = (self.keep.pointers(d.handle for d in self.devices), len(self.devices))
-        mems = [m.handle for m in self.memory_of.values()]
+        local = [d for d in self.devices if d.rt.addressable]
+        self.local_device_array = (self.keep.pointers(d.handle for d in local), len(local))
+        mems = [d.memory.handle for d in local]
         self.memory_array = (self.keep.pointers(mems), len(mems))
         self.handle = HANDLES.new(self)
 
@@ -256,7 +258,7 @@ class CLoadedExecutable:
         self.rt = executable
         self.client = client
         self.keep = Keep()
-        devs = [client.cdevice(d) for d in executable.devices]
+        devs = [client.cdevice(d) for d in executable.local_devices]
         self.devices = (self.keep.pointers(d.handle for d in devs), len(devs))
         from jax_trn.runtime.compile_options import serialize_device_assignment
         rows = tuple(tuple(d.id for d in executable.devices[r * executable.num_partitions:

@@ -44,15 +44,21 @@ class Executable:
     """One compiled program, loaded for `devices` (one per replica × partition)."""
 
     def __init__(self, name: str, program, signature, devices: list[Device], options,
-                 mlir_text: str = "", settings: Options | None = None):
+                 mlir_text: str = "", settings: Options | None = None, kv=None):
         """`signature`: the IR's (`compiler.Signature`); `options`: JAX's compile options
         (replicas, partitions, device assignment); `settings`: the jax-trn options the
-        program was compiled and runs with."""
+        program was compiled and runs with; `kv`: the store of a multi-controller run
+        (`kvstore`), through which collectives reach devices of other processes."""
         self.name = name
         self.program = program
         self.signature = signature
         self._mlir_text = mlir_text or None
         self.devices = devices
+        # The devices this process runs (all of them unless the program spans the
+        # processes of a multi-controller run: `spmd_remote`).
+        self.local_devices = [d for d in devices if d.addressable]
+        self.kv = kv
+        self._calls = 0                      # calls so far (a multi-process call's key)
         self.options = options
         self.settings = settings or Options(system=devices[0].system)
         # What JAX sees (`Signature`): complex parameters and results stay complex;
@@ -93,11 +99,11 @@ class Executable:
         _check_signature(name, program, self.param_types, self.output_types)
         # Constants live in each device's HBM for as long as the executable is loaded.
         self.constant_bytes = sum(int(np.asarray(v).nbytes) for v in program.constants.values())
-        for i, d in enumerate(devices):
+        for i, d in enumerate(self.local_devices):
             try:
                 d.allocate(self.constant_bytes, f"the constants of {name}")
             except MemoryError:
-                for loaded in devices[:i]:
+                for loaded in self.local_devices[:i]:
                     loaded.free(self.constant_bytes)
                 raise
 
@@ -106,7 +112,7 @@ class Executable:
         with self._lock:
             if not self.deleted:
                 self.deleted = True
-                for d in self.devices:
+                for d in self.local_devices:
                     d.free(self.constant_bytes)
 
     @property
@@ -187,10 +193,11 @@ class Executable:
         parameter indices) are donated: deleted, their HBM reused by the outputs. A
         call that fails in any way (an error, a runaway loop, Ctrl-C, out of HBM or host
         memory on any device) leaves nothing allocated and donates nothing."""
-        devices = [device] if device is not None else self.devices
+        devices = [device] if device is not None else self.local_devices
         if len(arg_lists) != len(devices):
             raise ExecutionError(
-                f"{self.name} was compiled for {len(self.devices)} devices, "
+                f"{self.name} was compiled for {len(self.devices)} devices "
+                f"({len(self.local_devices)} of this process), "
                 f"called with {len(arg_lists)} argument lists")
         if timing_only.active():
             return self._timing_only(devices, arg_lists, keep)
@@ -224,7 +231,7 @@ class Executable:
                        ) -> list[list[Buffer]]:
         """Stand-ins for the outputs of a call that did not complete (`Buffer.failed`:
         they charge nothing and raise `error` when read), one list per device."""
-        devices = [device] if device is not None else self.devices
+        devices = [device] if device is not None else self.local_devices
         return [[Buffer.failed(d, t.shape, t.dtype, error) for t in self.output_types]
                 for d in devices]
 
