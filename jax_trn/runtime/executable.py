@@ -251,7 +251,7 @@ class Executable:
         path (`replay`): only their numerics run."""
         key = (devices[0].id,) if len(devices) == 1 else tuple(d.id for d in devices)
         prepared = [self._prepare(dev, args, p, alloc)
-                    for p, (dev, args) in enumerate(zip(devices, arg_lists))]
+                    for p, dev, args in zip(self._partitions(devices), devices, arg_lists)]
         results = [outs for outs, _ in prepared]
         cached = self._timelines.get(key) if self.replayable else None
         if cached is not None:
@@ -307,16 +307,46 @@ class Executable:
         which runs when all have reached it (`spmd.drive`); one timeline per class of
         equivalent chips (`spmd_batch`)."""
         prepared = [self._prepare(dev, args, p, alloc)
-                    for p, (dev, args) in enumerate(zip(devices, arg_lists))]
+                    for p, dev, args in zip(self._partitions(devices), devices, arg_lists)]
+        exchange = self._exchange() if devices == self.local_devices else None
         with contextlib.ExitStack() as locks:
             for dev in sorted(set(devices), key=lambda d: d.id):
                 locks.enter_context(dev.execution_lock)
-            records, collectives = spmd_batch.run(
-                    self.program, devices, [dram for _, dram in prepared],
-                    lambda: self._hbms(devices), self.settings)
+            try:
+                records, collectives = spmd_batch.run(
+                        self.program, devices, [dram for _, dram in prepared],
+                        lambda: self._hbms(devices), self.settings, exchange=exchange)
+            except BaseException as exc:
+                if exchange is not None:
+                    exchange.abort(exc)
+                raise
         outputs = [outs for outs, _ in prepared]
         spmd_batch.adopt(self.program, outputs, [dram for _, dram in prepared])
         return outputs, records, collectives
+
+    def _partitions(self, devices) -> list[int]:
+        """The partition each of a call's devices runs: its place among the program's
+        devices (a call on this process's share of a multi-process program), or 0.. for
+        a call on one chosen device."""
+        if devices is self.local_devices and len(devices) < len(self.devices):
+            return [p for p, d in enumerate(self.devices) if d.addressable]
+        return list(range(len(devices)))
+
+    def _exchange(self):
+        """The cross-process side of this call (`spmd_remote`), or None if every
+        device of the program is this process's."""
+        if len(self.local_devices) == len(self.devices):
+            return None
+        if self.kv is None:
+            raise ExecutionError(f"{self.name} runs on devices of several processes, and "
+                                 "this client has no key-value store to reach them")
+        from .spmd_remote import Exchange, program_key
+        with self._lock:
+            self._calls += 1
+            call = self._calls
+        return Exchange(self.kv, self.devices, self.local_devices[0].process_index,
+                        program_key(self.program, [d.id for d in self.devices]), call,
+                        self.settings.process_timeout)
 
     def _execution(self, kernels, devices, collectives=()) -> profiler.Execution:
         key = (devices[0].id,) if len(devices) == 1 else tuple(d.id for d in devices)

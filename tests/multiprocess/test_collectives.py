@@ -1,0 +1,120 @@
+"""Issue 17, step 3-5: collectives over devices of several processes give the bits and
+the simulated timeline of the same program in one process; a peer that diverges, fails
+or hangs makes the others fail with a clear error, never hang."""
+from __future__ import annotations
+
+import functools
+import pathlib
+
+import numpy as np
+import pytest
+
+from . import launch
+
+_DP_STEP = (pathlib.Path(__file__).parent / "dp_step.py").read_text()
+
+
+@functools.lru_cache(maxsize=None)
+def _run(n: int) -> tuple:
+    return tuple(launch.run(_DP_STEP, n))
+
+
+def _reference_loss() -> float:
+    """dp_step.py's second loss, in float64 numpy."""
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((128, 64)).astype(np.float32).astype(np.float64)
+    Y = rng.standard_normal((128, 32)).astype(np.float32).astype(np.float64)
+    W = (rng.standard_normal((64, 32)) * 0.1).astype(np.float32).astype(np.float64)
+    grad = 2 * X.T @ (X @ W - Y) / Y.size
+    W1 = W - 0.5 * grad
+    return float(np.mean((X @ W1 - Y) ** 2))
+
+
+def _same_as_one_process(n: int) -> None:
+    (one,) = _run(1)
+    np.testing.assert_allclose(one["loss"], _reference_loss(), rtol=2e-2)
+    reports = _run(n)
+    local_sets = []
+    for p, r in enumerate(reports):
+        assert r["digests"] == one["digests"], f"process {p} of {n}: other result bits"
+        assert [t["name"] for t in r["timelines"]] == [t["name"] for t in one["timelines"]]
+        for t, t1 in zip(r["timelines"], one["timelines"]):
+            # Every process records every collective, as the single process does.
+            assert t["collectives"] == t1["collectives"], (p, t["name"])
+            mine = {k[0] for k in t["kernels"]}
+            assert t["kernels"] == [k for k in t1["kernels"] if k[0] in mine], (p, t["name"])
+        local_sets.append({k[0] for t in r["timelines"] for k in t["kernels"]})
+    # The processes' kernels are the single-process run's, split by device.
+    assert set().union(*local_sets) == {k[0] for t in one["timelines"] for k in t["kernels"]}
+    assert all(not a & b for i, a in enumerate(local_sets) for b in local_sets[i + 1:])
+    # The uneven program's devices reach its psum at different times, and agree on it.
+    arrivals = one["timelines"][-1]["collectives"][-1][5]
+    assert len(set(arrivals)) > 1
+
+
+def test_two_processes_match_one_process_bit_for_bit():
+    _same_as_one_process(2)
+
+
+@pytest.mark.slow
+def test_four_processes_match_one_process_bit_for_bit():
+    _same_as_one_process(4)
+
+
+_DIVERGE = """
+import numpy as np, jax, jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+devs = {d.id: d for d in jax.devices()}
+mesh = Mesh(np.array([devs[0], devs[1], devs[64], devs[65]]), ("d",))
+# Process p's devices hold p + 1: the loop runs twice on process 1's, once on process 0's,
+# with a psum in every trip.
+x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("d")),
+                                           np.full((2, 4), PROCESS_ID + 1, np.float32))
+
+def body(a):
+    return jax.lax.fori_loop(0, a[0, 0].astype(jnp.int32), lambda i, v: jax.lax.psum(v, "d") * 0.5, a)
+
+f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("d"), out_specs=P("d"), check_vma=False))
+try:
+    jax.block_until_ready(f(x))
+    report({"error": None})
+except Exception as exc:
+    report({"error": str(exc)})
+"""
+
+
+def test_processes_on_different_paths_fail_at_once():
+    reports = launch.run(_DIVERGE, 2, env={"JAX_TRN_PROCESS_TIMEOUT": "60"}, timeout=120)
+    assert "process 1 waits in collective" in reports[0]["error"]
+    assert "different paths" in reports[0]["error"]
+    assert "process 0 finished the program" in reports[1]["error"]
+
+
+_STUCK = """
+import time
+import numpy as np, jax, jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+devs = {d.id: d for d in jax.devices()}
+mesh = Mesh(np.array([devs[0], devs[64]]), ("d",))
+x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("d")),
+                                           np.ones((1, 4), np.float32))
+f = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, "d"), mesh=mesh, in_specs=P("d"),
+                          out_specs=P("d"), check_vma=False))
+if PROCESS_ID == 1:
+    time.sleep(4)
+start = time.monotonic()
+try:
+    jax.block_until_ready(f(x))
+    report({"error": None, "waited": time.monotonic() - start})
+except Exception as exc:
+    report({"error": str(exc), "waited": time.monotonic() - start})
+"""
+
+
+def test_a_peer_that_does_not_arrive_fails_the_others_after_the_timeout():
+    reports = launch.run(_STUCK, 2, env={"JAX_TRN_PROCESS_TIMEOUT": "1.5"}, timeout=120)
+    r0, r1 = reports
+    assert "process 1 did not get there within 1.5 s" in r0["error"]
+    assert r0["waited"] < 30
+    # Process 1 arrives late, finds process 0's operands, then misses its end.
+    assert r1["error"] is not None and "process 0" in r1["error"]
