@@ -16,10 +16,10 @@ import textwrap
 
 _PRELUDE = """
 import json, os, sys
-PROCESS_ID, NUM_PROCESSES, PORT = (int(v) for v in sys.argv[1:4])
+PROCESS_ID, NUM_PROCESSES, PORT, HEARTBEAT = (int(v) for v in sys.argv[1:5])
 import jax
 jax.distributed.initialize(f"localhost:{PORT}", NUM_PROCESSES, PROCESS_ID,
-                           initialization_timeout=60)
+                           initialization_timeout=60, heartbeat_timeout_seconds=HEARTBEAT)
 
 def report(obj):
     print("REPORT " + json.dumps(obj), flush=True)
@@ -37,15 +37,18 @@ class ProcessFailed(AssertionError):
 
 
 def run(script: str, n: int = 2, system: str = "trn2.48xlarge", timeout: float = 240,
-        env: dict | None = None, expect_ok: bool = True) -> list:
+        env: dict | None = None, expect_ok: bool = True, heartbeat_s: int = 100) -> list:
     """Each process's reported object (None if it reported nothing); with `expect_ok`,
-    a process that fails raises ProcessFailed with its output."""
+    a process that fails raises ProcessFailed with its output, else (exit code,
+    report, stderr) of each. `heartbeat_s`: after how long JAX's coordination service
+    declares a silent process dead (and ends the others)."""
     port = free_port()
     code = _PRELUDE + textwrap.dedent(script)
     full_env = {**os.environ, "JAX_PLATFORMS": "trn,cpu", "JAX_TRN_SYSTEM": system,
                 **(env or {})}
     full_env.pop("XLA_FLAGS", None)          # no forced host device count in the children
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(i), str(n), str(port)],
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(i), str(n), str(port),
+                               str(heartbeat_s)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=full_env) for i in range(n)]
     outs = []

@@ -118,3 +118,16 @@ def test_a_peer_that_does_not_arrive_fails_the_others_after_the_timeout():
     assert r0["waited"] < 30
     # Process 1 arrives late, finds process 0's operands, then misses its end.
     assert r1["error"] is not None and "process 0" in r1["error"]
+
+
+@pytest.mark.slow
+def test_a_peer_that_died_fails_the_others_with_a_clear_error():
+    """Process 1 exits before the collective: process 0 reports DEADLINE_EXCEEDED naming
+    it after JAX_TRN_PROCESS_TIMEOUT; JAX's coordination service then ends process 0
+    too, once its heartbeat timeout declares process 1 dead (nothing hangs)."""
+    script = _STUCK.replace("    time.sleep(4)", "    os._exit(3)")
+    (rc0, r0, _), (rc1, _, _) = launch.run(script, 2, env={"JAX_TRN_PROCESS_TIMEOUT": "3"},
+                                           expect_ok=False, heartbeat_s=10, timeout=120)
+    assert rc1 == 3
+    assert r0["error"].startswith("DEADLINE_EXCEEDED: all_reduce.0: process 1 did not get")
+    assert r0["waited"] < 20
