@@ -217,7 +217,10 @@ class Executable:
         all (`timing_only.run`), outputs without values, donated arguments deleted."""
         for dev, args in zip(devices, arg_lists):
             self._check_args(dev, args, values=False)
-        ex = timing_only.run(self.name, self.program, self.settings, [d.id for d in devices])
+        # Every device of the program (a multi-process program's too: the timing needs
+        # no data, so each process times the whole program alike).
+        every = self.devices if devices is self.local_devices else devices
+        ex = timing_only.run(self.name, self.program, self.settings, [d.id for d in every])
         profiler.record(ex)
         why = (f"this array is a result of {self.name} called under jax_trn.timing_only(): "
                f"it has a shape and a simulated time, but no values")

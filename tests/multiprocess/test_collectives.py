@@ -37,6 +37,7 @@ def _same_as_one_process(n: int) -> None:
     local_sets = []
     for p, r in enumerate(reports):
         assert r["digests"] == one["digests"], f"process {p} of {n}: other result bits"
+        assert r["timing_only"] == one["timing_only"]
         assert [t["name"] for t in r["timelines"]] == [t["name"] for t in one["timelines"]]
         for t, t1 in zip(r["timelines"], one["timelines"]):
             # Every process records every collective, as the single process does.
