@@ -40,6 +40,9 @@ class Client:
         self.system = system = options.system
         self.processes = processes = processes or Processes()
         self.kv = kv
+        if processes.multi and kv is not None:
+            from .channel import announce
+            announce(kv, processes.index)
         self.devices: list[Device] = make_devices(system, core_numerics(options), processes)
         self.local_devices: list[Device] = [d for d in self.devices if d.addressable]
         self.memories: list[Memory] = [d.memory for d in self.devices]

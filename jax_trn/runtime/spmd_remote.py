@@ -34,7 +34,8 @@ that fails publishes a failure marker there, so the peers fail at once with its 
 A peer that publishes nothing (dead, stuck) fails the others after
 `Options.process_timeout` seconds (JAX_TRN_PROCESS_TIMEOUT; JAX's coordination service
 also ends a run whose process died, after its heartbeat timeout). Values: a JSON header line (step name, arrivals, arrays: partition, tensor, dtype,
-byte count) and the arrays' raw bytes.
+byte count) and the arrays' raw bytes, carried by `channel` (shared memory when every
+process is on this host; the store carries the file's name).
 
 Not yet: host callbacks one device makes for all devices across processes; deleting old
 keys (the coordination service keeps them until the run ends).
@@ -51,6 +52,8 @@ from jax_trn.hw import dtypes as _dt
 from .kvstore import DEFAULT_TIMEOUT_S, PREFIX, KVError, KVTimeout
 
 
+# Bytes this process published for collectives (benchmarks/multiprocess.py).
+STATS = {"bytes_put": 0}
 _END = b"END\n"
 _FAILED = b"FAILED\n"
 
@@ -87,6 +90,21 @@ class Exchange:
         self.timeout_s = timeout_s
         self.index = 0
         self._published: set[int] = set()
+        self._channel = None
+
+    @property
+    def channel(self):
+        """How values travel (`channel`): shared memory if every process is on this
+        host, else the store; decided at the call's first rendezvous."""
+        if self._channel is None:
+            from .channel import Channel, all_on_this_host
+            try:
+                shared = all_on_this_host(self.kv, self.me, self.peers, self.timeout_s)
+            except KVError as exc:
+                raise RemoteTimeout(f"the processes {self.peers} did not all announce "
+                                    f"their host within {self.timeout_s:g} s: {exc}") from None
+            self._channel = Channel(self.kv, shared)
+        return self._channel
 
     def restart(self) -> None:
         """The call runs again from its start (`spmd_batch`: a diverged batched run):
@@ -103,7 +121,9 @@ class Exchange:
         index = self.index
         self.index += 1
         if index not in self._published:
-            self.kv.put(self._key(index, self.me), _encode(step, self.local, pending, drams))
+            blob = _encode(step, self.local, pending, drams)
+            self.channel.put(self._key(index, self.me), blob)
+            STATS["bytes_put"] += len(blob)
             self._published.add(index)
         arrivals: list = [None] * len(self.devices)
         full: list = [None] * len(self.devices)
@@ -112,6 +132,11 @@ class Exchange:
         scratch: dict = {}
         for q in self.peers:
             got = self._get(index, q, step.name)
+            try:
+                got = self.channel.read(got)
+            except OSError as exc:
+                raise RemoteCollectiveError(f"{step.name}: cannot read process {q}'s data "
+                                            f"(did it fail?): {exc}") from None
             name, remote = _decode(got, step, scratch)
             if name != step.name:
                 raise RemoteCollectiveError(
@@ -138,15 +163,19 @@ class Exchange:
         for q in self.peers:
             got = self._get(self.index, q, "the end of the program", end_ok=True)
             if got != _END:
-                name = json.loads(got[:got.index(b"\n")])["step"]
+                blob = self.channel.read(got)
+                name = json.loads(bytes(blob[:blob.find(b"\n")]))["step"]
                 raise RemoteCollectiveError(
                     f"process {q} waits in collective {name} where process {self.me} "
                     f"finished the program: the processes took different paths through "
                     f"the program")
+        self.channel.release()
 
     def abort(self, exc: BaseException) -> None:
         """This process's call failed (`exc`): said at the next rendezvous index, so
         the peers fail at once instead of waiting out the timeout."""
+        if self._channel is not None:
+            self._channel.release()
         if self.index in self._published:
             return
         try:
@@ -195,8 +224,8 @@ def _decode(blob: bytes, step, scratch: dict):
     the operands; the collective's results for it go to `scratch` (one array per
     tensor, shared by every remote partition: their bits are not kept)."""
     from .spmd import Arrival
-    end = blob.index(b"\n")
-    header = json.loads(blob[:end])
+    end = blob.find(b"\n")
+    header = json.loads(bytes(blob[:end]))
     if header["step"] != step.name:
         return header["step"], {}
     out = {}
