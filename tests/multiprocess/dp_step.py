@@ -73,6 +73,38 @@ uneven = jax.jit(jax.shard_map(_uneven, mesh=mesh2, in_specs=(P("d"), P()), out_
                                check_vma=False))
 
 
+# Tensor parallel: a 2-layer MLP, the hidden dimension split over "model" (column- then
+# row-parallel, an all-reduce in the forward pass and in the gradient of x), the batch
+# over "data"; once with "model" inside each chip, once across the chips (and processes).
+H = (rng.standard_normal((64, 128)) * 0.1).astype(np.float32)
+O = (rng.standard_normal((128, 32)) * 0.1).astype(np.float32)
+
+
+def tp_loss(h, o, x, y):
+    return jnp.mean((jax.nn.relu(x @ h) @ o - y) ** 2)
+
+
+def tp_program(grid):
+    tmesh = Mesh(grid, ("data", "model"))
+    col, row = NamedSharding(tmesh, P(None, "model")), NamedSharding(tmesh, P("model", None))
+    batch = NamedSharding(tmesh, P("data"))
+    h = jax.device_put(H, col)                 # every process holds the same host value
+    o = jax.device_put(O, row)
+    xs = jax.device_put(X, batch)
+    ys = jax.device_put(Y, batch)
+
+    @jax.jit
+    def tp_step(h, o, x, y):
+        l, (gh, go) = jax.value_and_grad(tp_loss, argnums=(0, 1))(h, o, x, y)
+        return h - 0.5 * gh, o - 0.5 * go, l
+    return tp_step, (h, o, xs, ys)
+
+
+grid = np.array([devs[i] for i in IDS]).reshape(4, 4)     # rows: chips 0, 4, 8, 12
+tp_inside, tp_inside_args = tp_program(grid)
+tp_across, tp_across_args = tp_program(grid.T)
+
+
 def digest(a) -> str:
     return hashlib.sha256(np.ascontiguousarray(np.asarray(a)).tobytes()).hexdigest()[:16]
 
@@ -92,13 +124,18 @@ with jax_trn.profile() as prof:
     w2, l2 = step(w1, x, y)
     outs = cc(z)
     u = uneven(a, b)
-    jax.block_until_ready((w2, l2, outs, u))
+    tp1 = tp_inside(*tp_inside_args)
+    tp2 = tp_across(*tp_across_args)
+    jax.block_until_ready((w2, l2, outs, u, tp1, tp2))
 with jax_trn.profile() as timed, jax_trn.timing_only():
     jax.block_until_ready(step(w, x, y))
-results = {"w2": w2, "loss": l2, "psum": outs[0], "gather": outs[1], "uneven": u}
+results = {"w2": w2, "loss": l2, "psum": outs[0], "gather": outs[1], "uneven": u,
+           "tp_inside_h": tp1[0], "tp_inside_o": tp1[1], "tp_inside_loss": tp1[2],
+           "tp_across_h": tp2[0], "tp_across_o": tp2[1], "tp_across_loss": tp2[2]}
 got = {k: digest(multihost_utils.process_allgather(v, tiled=True)) for k, v in results.items()}
 got["scatter"] = digest(multihost_utils.process_allgather(outs[2], tiled=True))
 multihost_utils.sync_global_devices("dp_step done")
 report({"digests": got, "loss": float(np.asarray(l2.addressable_data(0))),
+        "tp_loss": [float(np.asarray(t[2].addressable_data(0))) for t in (tp1, tp2)],
         "timelines": [timeline(ex) for ex in prof.executions],
         "timing_only": [ex.span_ns for ex in timed.executions]})

@@ -1,5 +1,7 @@
-"""Issue 17, step 3-5: collectives over devices of several processes give the bits and
-the simulated timeline of the same program in one process; a peer that diverges, fails
+"""Issue 17, step 3-5: collectives over devices of several processes (data- and
+tensor-parallel steps, the collectives alone, a program whose devices arrive at
+different times) give the bits and the simulated timeline of the same program in one
+process; a peer that diverges, fails
 or hangs makes the others fail with a clear error, never hang."""
 from __future__ import annotations
 
@@ -19,20 +21,27 @@ def _run(n: int) -> tuple:
     return tuple(launch.run(_DP_STEP, n))
 
 
-def _reference_loss() -> float:
-    """dp_step.py's second loss, in float64 numpy."""
+def _reference_losses() -> tuple[float, float]:
+    """dp_step.py's second data-parallel loss and its tensor-parallel loss, in float64
+    numpy (the same draws from the same generator)."""
     rng = np.random.default_rng(0)
-    X = rng.standard_normal((128, 64)).astype(np.float32).astype(np.float64)
-    Y = rng.standard_normal((128, 32)).astype(np.float32).astype(np.float64)
-    W = (rng.standard_normal((64, 32)) * 0.1).astype(np.float32).astype(np.float64)
+
+    def draw(shape, scale=1.0):
+        return (rng.standard_normal(shape) * scale).astype(np.float32).astype(np.float64)
+    X, Y, W = draw((128, 64)), draw((128, 32)), draw((64, 32), 0.1)
+    draw((256, 16)), draw((8 * 128, 256)), draw((256, 256), 0.1)      # Z, A, B
+    H, O = draw((64, 128), 0.1), draw((128, 32), 0.1)
     grad = 2 * X.T @ (X @ W - Y) / Y.size
     W1 = W - 0.5 * grad
-    return float(np.mean((X @ W1 - Y) ** 2))
+    return (float(np.mean((X @ W1 - Y) ** 2)),
+            float(np.mean((np.maximum(X @ H, 0) @ O - Y) ** 2)))
 
 
 def _same_as_one_process(n: int) -> None:
     (one,) = _run(1)
-    np.testing.assert_allclose(one["loss"], _reference_loss(), rtol=2e-2)
+    dp_loss, tp_loss = _reference_losses()
+    np.testing.assert_allclose(one["loss"], dp_loss, rtol=2e-2)
+    np.testing.assert_allclose(one["tp_loss"], [tp_loss, tp_loss], rtol=2e-2)
     reports = _run(n)
     local_sets = []
     for p, r in enumerate(reports):
@@ -49,7 +58,8 @@ def _same_as_one_process(n: int) -> None:
     assert set().union(*local_sets) == {k[0] for t in one["timelines"] for k in t["kernels"]}
     assert all(not a & b for i, a in enumerate(local_sets) for b in local_sets[i + 1:])
     # The uneven program's devices reach its psum at different times, and agree on it.
-    arrivals = one["timelines"][-1]["collectives"][-1][5]
+    (uneven,) = [t for t in one["timelines"] if t["name"] == "jit__uneven"]
+    arrivals = uneven["collectives"][-1][5]
     assert len(set(arrivals)) > 1
 
 
