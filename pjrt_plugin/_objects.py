@@ -266,8 +266,9 @@ class CLoadedExecutable:
                      for r in range(executable.num_replicas))
         self.device_assignment = self.keep.bytes(serialize_device_assignment(rows))
         self.fingerprint = self.keep.bytes(executable.fingerprint)
-        ids = [(r, p) for r in range(executable.num_replicas)
-               for p in range(executable.num_partitions)]
+        # (replica, partition) of each addressable device, in AddressableDevices' order.
+        ids = [divmod(i, executable.num_partitions)
+               for i, d in enumerate(executable.devices) if d.addressable]
         flat = [x for pair in ids for x in pair]
         self.logical_ids = (self.keep.array(ctypes.c_int, flat), len(ids))
         self.executable = CExecutable(executable, client)

@@ -59,6 +59,7 @@ class Executable:
         self.local_devices = [d for d in devices if d.addressable]
         self.kv = kv
         self._calls = 0                      # calls so far (a multi-process call's key)
+        self._program_key: str | None = None
         self.options = options
         self.settings = settings or Options(system=devices[0].system)
         # What JAX sees (`Signature`): complex parameters and results stay complex;
@@ -347,9 +348,10 @@ class Executable:
         with self._lock:
             self._calls += 1
             call = self._calls
+        if self._program_key is None:
+            self._program_key = program_key(self.program, [d.id for d in self.devices])
         return Exchange(self.kv, self.devices, self.local_devices[0].process_index,
-                        program_key(self.program, [d.id for d in self.devices]), call,
-                        self.settings.process_timeout)
+                        self._program_key, call, self.settings.process_timeout)
 
     def _execution(self, kernels, devices, collectives=()) -> profiler.Execution:
         key = (devices[0].id,) if len(devices) == 1 else tuple(d.id for d in devices)
