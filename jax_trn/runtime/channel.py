@@ -68,7 +68,9 @@ class Channel:
         self.shared = shared
         self._files: list[str] = []
 
-    def put(self, key: str, blob: bytes) -> None:
+    def put(self, key: str, blob: bytes, label: str = "") -> None:
+        """`blob` under `key`; `label` (a line of text) readable without the data
+        (`label`), also once the writer has deleted its file."""
         if not self.shared:
             self.kv.put(key, blob)
             return
@@ -76,14 +78,21 @@ class Channel:
         with open(path, "wb") as f:
             f.write(blob)
         self._files.append(path)
-        self.kv.put(key, _TAG + path.encode())
+        self.kv.put(key, _TAG + path.encode() + b"\n" + label.encode())
+
+    @staticmethod
+    def label(value: bytes) -> str | None:
+        """The label of a value published through shared memory (None: inline)."""
+        if not value.startswith(_TAG):
+            return None
+        return value[len(_TAG):].split(b"\n", 1)[-1].decode()
 
     @staticmethod
     def read(value: bytes):
         """A value as published: its bytes (or a read-only map of its file)."""
         if not value.startswith(_TAG):
             return value
-        path = value[len(_TAG):].decode()
+        path = value[len(_TAG):].split(b"\n", 1)[0].decode()
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size == 0:

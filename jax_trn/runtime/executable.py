@@ -58,8 +58,7 @@ class Executable:
         # processes of a multi-controller run: `spmd_remote`).
         self.local_devices = [d for d in devices if d.addressable]
         self.kv = kv
-        self._calls = 0                      # calls so far (a multi-process call's key)
-        self._program_key: str | None = None
+        self._program_key: str | None = None  # its calls' keys across processes
         self.options = options
         self.settings = settings or Options(system=devices[0].system)
         # What JAX sees (`Signature`): complex parameters and results stay complex;
@@ -344,14 +343,12 @@ class Executable:
         if self.kv is None:
             raise ExecutionError(f"{self.name} runs on devices of several processes, and "
                                  "this client has no key-value store to reach them")
-        from .spmd_remote import Exchange, program_key
-        with self._lock:
-            self._calls += 1
-            call = self._calls
+        from .spmd_remote import Exchange, next_call, program_key
         if self._program_key is None:
             self._program_key = program_key(self.program, [d.id for d in self.devices])
         return Exchange(self.kv, self.devices, self.local_devices[0].process_index,
-                        self._program_key, call, self.settings.process_timeout)
+                        self._program_key, next_call(self.kv, self._program_key),
+                        self.settings.process_timeout)
 
     def _execution(self, kernels, devices, collectives=()) -> profiler.Execution:
         key = (devices[0].id,) if len(devices) == 1 else tuple(d.id for d in devices)

@@ -24,8 +24,8 @@ collectives give back, which every process computes alike.
 
 Keys: `jax_trn/cc/<program>/<call>/<rendezvous>/<process>`, one value per process per
 rendezvous (all its devices at once: one store round trip per process, not per device):
-<program> a digest of the program text and its device ids, <call> the executable's call
-count in this process (every process calls a multi-process program in the same order,
+<program> a digest of the program text and its device ids, <call> the count of calls of
+that program in this process (`next_call`; every process calls a multi-process program in the same order,
 as JAX's multi-controller model requires), <rendezvous> the collective's index within the
 call. At the end of a call each process publishes an end marker at the next index and
 reads the peers' (a barrier: a peer still waiting in a collective learns that this
@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 
 import numpy as np
 
@@ -73,6 +74,20 @@ def program_key(program, device_ids) -> str:
     h = hashlib.sha256(program.text.encode())
     h.update(",".join(map(str, device_ids)).encode())
     return h.hexdigest()[:24]
+
+
+_calls: dict[tuple[int, str], int] = {}
+_calls_lock = threading.Lock()
+
+
+def next_call(kv, program: str) -> int:
+    """The number of this call of `program` (a `program_key`) in this process, counted
+    over every executable of that program (one compiled twice shares the count, so its
+    keys never collide with the first's)."""
+    with _calls_lock:
+        n = _calls.get((id(kv), program), 0) + 1
+        _calls[(id(kv), program)] = n
+        return n
 
 
 class Exchange:
@@ -122,7 +137,7 @@ class Exchange:
         self.index += 1
         if index not in self._published:
             blob = _encode(step, self.local, pending, drams)
-            self.channel.put(self._key(index, self.me), blob)
+            self.channel.put(self._key(index, self.me), blob, step.name)
             STATS["bytes_put"] += len(blob)
             self._published.add(index)
         arrivals: list = [None] * len(self.devices)
@@ -163,8 +178,9 @@ class Exchange:
         for q in self.peers:
             got = self._get(self.index, q, "the end of the program", end_ok=True)
             if got != _END:
-                blob = self.channel.read(got)
-                name = json.loads(bytes(blob[:blob.find(b"\n")]))["step"]
+                name = self.channel.label(got)
+                if name is None:
+                    name = json.loads(bytes(got[:got.find(b"\n")]))["step"]
                 raise RemoteCollectiveError(
                     f"process {q} waits in collective {name} where process {self.me} "
                     f"finished the program: the processes took different paths through "

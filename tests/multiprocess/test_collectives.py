@@ -142,3 +142,25 @@ def test_a_peer_that_died_fails_the_others_with_a_clear_error():
     assert rc1 == 3
     assert r0["error"].startswith("DEADLINE_EXCEEDED: all_reduce.0: process 1 did not get")
     assert r0["waited"] < 20
+
+
+_TWICE = """
+import numpy as np, jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+devs = {d.id: d for d in jax.devices()}
+mesh = Mesh(np.array([devs[0], devs[64]]), ("d",))
+x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("d")),
+                                           np.full((1, 4), PROCESS_ID + 1, np.float32))
+got = []
+for _ in range(2):      # two executables of one program (the cache cleared in between)
+    f = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, "d"), mesh=mesh, in_specs=P("d"),
+                              out_specs=P("d"), check_vma=False))
+    got += [np.asarray(f(x).addressable_data(0)).tolist() for _ in range(2)]
+    jax.clear_caches()
+report(got)
+"""
+
+
+def test_one_program_compiled_twice_keeps_its_calls_apart():
+    for r in launch.run(_TWICE, 2):
+        assert r == [[[3.0] * 4]] * 4
