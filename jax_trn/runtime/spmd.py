@@ -127,10 +127,9 @@ def drive(runners, devices, topology, *, algorithm: str | None = None,
         step = pending[0].step
         if isinstance(step, HostCallback):
             if exchange is not None:
-                raise CollectiveError(
-                    f"{step.name}: a host callback made for devices of several processes "
-                    "is not supported yet (issue 17)")
-            spans = _host_callback(step, runners, [p.t for p in pending])
+                spans = exchange.host_callback(step, pending, runners)
+            else:
+                spans = _host_callback(step, runners, [p.t for p in pending])
             for i in order:
                 pending[i] = _advance(gens[i], spans[i])
             continue

@@ -37,8 +37,12 @@ also ends a run whose process died, after its heartbeat timeout). Values: a JSON
 byte count) and the arrays' raw bytes, carried by `channel` (shared memory when every
 process is on this host; the store carries the file's name).
 
-Not yet: host callbacks one device makes for all devices across processes; deleting old
-keys (the coordination service keeps them until the run ends).
+A host callback one device makes for all (`step.device`, e.g. jax.debug.print under
+automatic sharding) is two rendezvous: every process publishes its arrivals (for the
+spans), then the caller's process runs the function and publishes the results.
+
+Not yet: deleting old keys (the coordination service keeps the small values of the
+store, markers and file names, until the run ends).
 """
 from __future__ import annotations
 
@@ -130,13 +134,14 @@ class Exchange:
     def _key(self, index: int, process: int) -> str:
         return f"{self.base}/{index}/{process}"
 
-    def gather(self, step, pending: list, drams: list[dict]):
+    def gather(self, step, pending: list, drams: list[dict], operands: bool = True):
         """This process's arrivals (`pending`, local runner order) and DRAMs published,
-        the peers' read: (arrivals, drams) of every partition."""
+        the peers' read: (arrivals, drams) of every partition. `operands=False`: the
+        arrivals only (the DRAMs are empty)."""
         index = self.index
         self.index += 1
         if index not in self._published:
-            blob = _encode(step, self.local, pending, drams)
+            blob = _encode(step, self.local, pending, drams, operands)
             self.channel.put(self._key(index, self.me), blob, step.name)
             STATS["bytes_put"] += len(blob)
             self._published.add(index)
@@ -187,6 +192,42 @@ class Exchange:
                     f"the program")
         self.channel.release()
 
+    def host_callback(self, step, pending: list, runners) -> list:
+        """A host callback partition `step.device` makes for every device: the
+        arrivals go round (for the spans), the caller's process calls the host and
+        publishes the results, the others write them into their devices' DRAMs. Each
+        local device's `callbacks.Span`, as one process computes them."""
+        from . import callbacks
+        arrived, _ = self.gather(step, pending, [r.dram for r in runners], operands=False)
+        k = step.device
+        if not 0 <= k < len(self.devices):
+            raise RemoteCollectiveError(f"{step.name} is called by partition {k}; the "
+                                        f"program runs on {len(self.devices)} devices")
+        owner = self.devices[k].process_index
+        index = self.index
+        self.index += 1
+        if owner == self.me:
+            caller = runners[self.local.index(k)]
+            outs = (callbacks.call(step, callbacks.read(caller.dram, step.operands))
+                    if caller.execute and caller.call_host else callbacks.zeros(step.results))
+            if index not in self._published:
+                self.channel.put(self._key(index, self.me),
+                                 _encode_arrays(step.name, step.results, outs), step.name)
+                self._published.add(index)
+        else:
+            got = self._get(index, owner, step.name)
+            try:
+                got = self.channel.read(got)
+            except OSError as exc:
+                raise RemoteCollectiveError(f"{step.name}: cannot read process {owner}'s "
+                                            f"results (did it fail?): {exc}") from None
+            outs = _decode_arrays(got, step)
+        for r in runners:
+            if r.execute:
+                callbacks.write(r.dram, step.results, outs)
+        spans = callbacks.shared_spans(step, runners[0].chip_spec, [a.t for a in arrived], k)
+        return [spans[p] for p in self.local]
+
     def abort(self, exc: BaseException) -> None:
         """This process's call failed (`exc`): said at the next rendezvous index, so
         the peers fail at once instead of waiting out the timeout."""
@@ -222,12 +263,14 @@ class Exchange:
         return got
 
 
-def _encode(step, partitions: list[int], pending: list, drams: list[dict]) -> bytes:
+def _encode(step, partitions: list[int], pending: list, drams: list[dict],
+            operands: bool = True) -> bytes:
     """Partition p = partitions[k]'s arrival (pending[k]) and operands (drams[k])."""
     arrivals, arrays, chunks = [], [], []
     for p, a, dram in zip(partitions, pending, drams):
-        arrivals.append([p, a.t, a.ready, bool(a.overlaps), a.context])
-        for t in step.operands:
+        arrivals.append([p, a.t, getattr(a, "ready", None), bool(getattr(a, "overlaps", False)),
+                         a.context])
+        for t in step.operands if operands else ():
             data = np.ascontiguousarray(np.asarray(dram[t.name]).reshape(-1))
             arrays.append([p, t.name, data.dtype.name, data.nbytes])
             chunks.append(data.tobytes())
@@ -253,6 +296,29 @@ def _decode(blob: bytes, step, scratch: dict):
         out[p][1][name] = np.frombuffer(view[at:at + nbytes], _dt.np_dtype(dtype))
         at += nbytes
     return header["step"], out
+
+
+def _encode_arrays(name: str, tensors, values) -> bytes:
+    arrays, chunks = [], []
+    for t, v in zip(tensors, values):
+        data = np.ascontiguousarray(np.asarray(v).reshape(-1))
+        arrays.append([t.name, data.dtype.name, data.nbytes])
+        chunks.append(data.tobytes())
+    return json.dumps({"step": name, "arrays": arrays}).encode() + b"\n" + b"".join(chunks)
+
+
+def _decode_arrays(blob, step) -> list[np.ndarray]:
+    """The results `_encode_arrays` wrote for `step`, in their shapes."""
+    end = blob.find(b"\n")
+    header = json.loads(bytes(blob[:end]))
+    if header["step"] != step.name:
+        raise RemoteCollectiveError(f"expected the results of {step.name}, got "
+                                    f"{header['step']}'s: the processes took different paths")
+    view, at, out = memoryview(blob), end + 1, []
+    for t, (_, dtype, nbytes) in zip(step.results, header["arrays"]):
+        out.append(np.frombuffer(view[at:at + nbytes], _dt.np_dtype(dtype)).reshape(t.shape))
+        at += nbytes
+    return out
 
 
 class _RemoteDram(dict):

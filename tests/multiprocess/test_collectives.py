@@ -164,3 +164,41 @@ report(got)
 def test_one_program_compiled_twice_keeps_its_calls_apart():
     for r in launch.run(_TWICE, 2):
         assert r == [[[3.0] * 4]] * 4
+
+
+_CALLBACKS = """
+import numpy as np, jax, jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+devs = {d.id: d for d in jax.devices()}
+ids = [0, 1, 64, 65]
+mesh = Mesh(np.array([devs[i] for i in ids]), ("d",))
+rows = np.arange(16, dtype=np.float32).reshape(4, 4)
+mine = [k for k, i in enumerate(ids) if devs[i].process_index == PROCESS_ID]
+x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("d")),
+                                           rows[mine[0]:mine[-1] + 1], rows.shape)
+calls = []
+
+def host(v):
+    calls.append(float(v))
+    return np.asarray(v * 3 + 1, np.float32)
+
+@jax.jit
+def f(x):
+    s = jnp.sum(x)                     # a psum across the processes
+    jax.debug.print("sum {s}", s=s)
+    t = jax.pure_callback(host, jax.ShapeDtypeStruct((), jnp.float32), s)
+    return x * t
+
+out = f(x)
+report({"out": [np.asarray(s.data).tolist() for s in out.addressable_shards],
+        "calls": calls})
+"""
+
+
+def test_host_callbacks_made_for_devices_of_several_processes():
+    (one,) = launch.run(_CALLBACKS, 1)
+    two = launch.run(_CALLBACKS, 2)
+    assert one["calls"] == [120.0]
+    # The process of the calling device calls the host once; every device gets its result.
+    assert sorted(len(r["calls"]) for r in two) == [0, 1]
+    assert [row for r in two for row in r["out"]] == one["out"]
