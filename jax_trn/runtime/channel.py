@@ -20,6 +20,7 @@ import mmap
 import os
 import socket
 import threading
+import weakref
 
 from .kvstore import PREFIX
 
@@ -27,7 +28,7 @@ _SHM_DIR = "/dev/shm"
 _TAG = b"SHM\n"
 _counter = itertools.count()
 _lock = threading.Lock()
-_same_host: dict[int, bool] = {}        # id(kv) -> every process on this host
+_same_host: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # kv -> all here
 
 
 def host_id() -> str:
@@ -48,14 +49,14 @@ def all_on_this_host(kv, me: int, processes: list[int], timeout_s: float) -> boo
     """Whether processes `processes` run on this host as `me` does (`announce`d): read
     once per store."""
     with _lock:
-        known = _same_host.get(id(kv))
+        known = _same_host.get(kv)
         if known is not None:
             return known
         mine = host_id()
         same = os.path.isdir(_SHM_DIR) and all(
             kv.get(f"{PREFIX}host/{q}", timeout_s).decode() == mine
             for q in processes if q != me)
-        _same_host[id(kv)] = same
+        _same_host[kv] = same
         return same
 
 

@@ -49,6 +49,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import weakref
 
 import numpy as np
 
@@ -80,7 +81,7 @@ def program_key(program, device_ids) -> str:
     return h.hexdigest()[:24]
 
 
-_calls: dict[tuple[int, str], int] = {}
+_calls: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # kv -> {program: n}
 _calls_lock = threading.Lock()
 
 
@@ -89,8 +90,8 @@ def next_call(kv, program: str) -> int:
     over every executable of that program (one compiled twice shares the count, so its
     keys never collide with the first's)."""
     with _calls_lock:
-        n = _calls.get((id(kv), program), 0) + 1
-        _calls[(id(kv), program)] = n
+        counts = _calls.setdefault(kv, {})
+        counts[program] = n = counts.get(program, 0) + 1
         return n
 
 
