@@ -311,7 +311,7 @@ class Executable:
         equivalent chips (`spmd_batch`)."""
         prepared = [self._prepare(dev, args, p, alloc)
                     for p, dev, args in zip(self._partitions(devices), devices, arg_lists)]
-        exchange = self._exchange() if devices == self.local_devices else None
+        exchange = self._exchange() if devices is self.local_devices else None
         with contextlib.ExitStack() as locks:
             for dev in sorted(set(devices), key=lambda d: d.id):
                 locks.enter_context(dev.execution_lock)
