@@ -25,16 +25,19 @@ collectives give back, which every process computes alike.
 Keys: `jax_trn/cc/<program>/<call>/<rendezvous>/<process>`, one value per process per
 rendezvous (all its devices at once: one store round trip per process, not per device):
 <program> a digest of the program text and its device ids, <call> the count of calls of
-that program in this process (`next_call`; every process calls a multi-process program in the same order,
-as JAX's multi-controller model requires), <rendezvous> the collective's index within the
-call. At the end of a call each process publishes an end marker at the next index and
-reads the peers' (a barrier: a peer still waiting in a collective learns that this
-process finished instead of timing out, and this process that the peer did not); a call
-that fails publishes a failure marker there, so the peers fail at once with its message.
+that program in this process (`next_call`; every process calls a multi-process program
+in the same order, as JAX's multi-controller model requires), <rendezvous> the
+collective's index within the call. At the end of a call each process publishes an end
+marker at the next index and reads the peers' (a barrier: a peer still waiting in a
+collective learns that this process finished instead of timing out, and this process
+that the peer did not); a call that fails publishes a failure marker there, so the peers
+fail at once with its message.
 A peer that publishes nothing (dead, stuck) fails the others after
 `Options.process_timeout` seconds (JAX_TRN_PROCESS_TIMEOUT; JAX's coordination service
-also ends a run whose process died, after its heartbeat timeout). Values: a JSON header line (step name, arrivals, arrays: partition, tensor, dtype,
-byte count) and the arrays' raw bytes, carried by `channel` (shared memory when every
+also ends a run whose process died, after its heartbeat timeout).
+
+Values: a JSON header line (step name, arrivals, arrays: partition, tensor, dtype, byte
+count) and the arrays' raw bytes, carried by `channel` (shared memory when every
 process is on this host; the store carries the file's name).
 
 A host callback one device makes for all (`step.device`, e.g. jax.debug.print under
@@ -269,8 +272,7 @@ def _encode(step, partitions: list[int], pending: list, drams: list[dict],
     """Partition p = partitions[k]'s arrival (pending[k]) and operands (drams[k])."""
     arrivals, arrays, chunks = [], [], []
     for p, a, dram in zip(partitions, pending, drams):
-        arrivals.append([p, a.t, getattr(a, "ready", None), bool(getattr(a, "overlaps", False)),
-                         a.context])
+        arrivals.append([p, a.t, a.ready, bool(a.overlaps), a.context])
         for t in step.operands if operands else ():
             data = np.ascontiguousarray(np.asarray(dram[t.name]).reshape(-1))
             arrays.append([p, t.name, data.dtype.name, data.nbytes])
