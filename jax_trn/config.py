@@ -73,6 +73,16 @@ def _integer(minimum: int) -> Callable[[Any], int]:
     return parse
 
 
+def _seconds(value: Any) -> float:
+    try:
+        x = float(str(value).strip()) if not isinstance(value, (int, float)) else float(value)
+    except ValueError:
+        raise ValueError("expected a number of seconds > 0") from None
+    if isinstance(value, bool) or not x > 0 or x != x or x == float("inf"):
+        raise ValueError("expected a number of seconds > 0")
+    return x
+
+
 # What precision=DEFAULT means for float32 dot_general (README "Settings"): the canonical
 # names and the spellings JAX's own `jax_default_matmul_precision` accepts.
 PRECISIONS = {"default": "default", "bfloat16": "default", "high": "high",
@@ -192,6 +202,10 @@ SETTINGS: tuple[Setting, ...] = (
             "OpenBLAS kernel of the simulator's FP32 products (jax_trn/hw/sgemm.py): "
             "auto (AVX-512 where the CPU has it) or a core name such as Haswell; read "
             "once, when the process's first product runs"),
+    Setting("process_timeout", _seconds,
+            "seconds a process of a multi-process run (jax.distributed) waits for the "
+            "others' data at a collective before it fails (a peer that died, hangs or "
+            "took another path through the program)"),
 )
 _BY_FIELD = {s.field: s for s in SETTINGS}
 
@@ -211,6 +225,7 @@ class Options:
     max_while_iterations: int = 10000
     simulator_threads: int = 2
     blas_coretype: str = "auto"
+    process_timeout: float = 300.0
 
     def replace(self, **changes) -> "Options":
         """A copy with `changes` (field name -> value, validated like configure())."""

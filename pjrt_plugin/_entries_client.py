@@ -23,8 +23,10 @@ def client_of(a) -> CClient:
 @entry("PJRT_Client_Create")
 def client_create(a):
     from jax_trn.runtime.client import create_client
+    from ._kvstore import CallbackKVStore
     options = read_named_values(get_ptr(a, "create_options"), a.num_options)
-    set_ptr(a, "client", CClient(create_client(options)).handle)
+    kv = CallbackKVStore.from_create_args(a)
+    set_ptr(a, "client", CClient(create_client(options, kv)).handle)
 
 
 @entry("PJRT_Client_Destroy", never_fails=True)
@@ -39,7 +41,7 @@ def client_platform_name(a):
 
 @entry("PJRT_Client_ProcessIndex", never_fails=True)
 def client_process_index(a):
-    a.process_index = 0
+    a.process_index = client_of(a).rt.process_index
 
 
 @entry("PJRT_Client_PlatformVersion", never_fails=True)
@@ -54,7 +56,8 @@ def client_devices(a):
 
 @entry("PJRT_Client_AddressableDevices", never_fails=True)
 def client_addressable_devices(a):
-    set_array(a, "addressable_devices", "num_addressable_devices", client_of(a).device_array)
+    set_array(a, "addressable_devices", "num_addressable_devices",
+              client_of(a).local_device_array)
 
 
 @entry("PJRT_Client_LookupDevice")
@@ -66,7 +69,15 @@ def client_lookup_device(a):
 @entry("PJRT_Client_LookupAddressableDevice")
 def client_lookup_addressable_device(a):
     c = client_of(a)
-    set_ptr(a, "addressable_device", c.cdevice(c.rt.device(a.local_hardware_id)).handle)
+    set_ptr(a, "addressable_device", c.cdevice(c.rt.local_device(a.local_hardware_id)).handle)
+
+
+@entry("PJRT_Client_UpdateGlobalProcessInfo", never_fails=True)
+def client_update_global_process_info(a):
+    """The coordination service's view of the run's processes (JAX calls this from a
+    thread of its own as it changes, also while the interpreter shuts down, and aborts
+    the process on an error: infallible). Nothing uses it yet: a dead peer shows as a
+    key-value get that times out (`jax_trn.runtime.kvstore`)."""
 
 
 @entry("PJRT_Client_AddressableMemories", never_fails=True)

@@ -28,7 +28,7 @@ def description_id(a):
 
 @entry("PJRT_DeviceDescription_ProcessIndex", never_fails=True)
 def description_process_index(a):
-    a.process_index = 0
+    a.process_index = _desc(a).rt.process_index
 
 
 @entry("PJRT_DeviceDescription_Attributes", never_fails=True)
@@ -58,7 +58,7 @@ def device_get_description(a):
 
 @entry("PJRT_Device_IsAddressable", never_fails=True)
 def device_is_addressable(a):
-    a.is_addressable = True
+    a.is_addressable = _dev(a).rt.addressable
 
 
 @entry("PJRT_Device_LocalHardwareId", never_fails=True)

@@ -115,7 +115,9 @@ class CClient:
         for d in self.devices:
             d.memory.devices = (d.memory.keep.pointers([d.handle]), 1)
         self.device_array = (self.keep.pointers(d.handle for d in self.devices), len(self.devices))
-        mems = [m.handle for m in self.memory_of.values()]
+        local = [d for d in self.devices if d.rt.addressable]
+        self.local_device_array = (self.keep.pointers(d.handle for d in local), len(local))
+        mems = [d.memory.handle for d in local]
         self.memory_array = (self.keep.pointers(mems), len(mems))
         self.handle = HANDLES.new(self)
 
@@ -256,7 +258,7 @@ class CLoadedExecutable:
         self.rt = executable
         self.client = client
         self.keep = Keep()
-        devs = [client.cdevice(d) for d in executable.devices]
+        devs = [client.cdevice(d) for d in executable.local_devices]
         self.devices = (self.keep.pointers(d.handle for d in devs), len(devs))
         from jax_trn.runtime.compile_options import serialize_device_assignment
         rows = tuple(tuple(d.id for d in executable.devices[r * executable.num_partitions:
@@ -264,8 +266,9 @@ class CLoadedExecutable:
                      for r in range(executable.num_replicas))
         self.device_assignment = self.keep.bytes(serialize_device_assignment(rows))
         self.fingerprint = self.keep.bytes(executable.fingerprint)
-        ids = [(r, p) for r in range(executable.num_replicas)
-               for p in range(executable.num_partitions)]
+        # (replica, partition) of each addressable device, in AddressableDevices' order.
+        ids = [divmod(i, executable.num_partitions)
+               for i, d in enumerate(executable.devices) if d.addressable]
         flat = [x for pair in ids for x in pair]
         self.logical_ids = (self.keep.array(ctypes.c_int, flat), len(ids))
         self.executable = CExecutable(executable, client)

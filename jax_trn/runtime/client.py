@@ -19,6 +19,8 @@ from . import compile_cache, compile_options, compiler
 from .buffer import Buffer
 from .device import Device, Memory, OutOfMemory, core_numerics, make_devices
 from .executable import Executable
+from .kvstore import KVStore
+from .processes import Processes, split
 
 PLATFORM_NAME = "trn"
 
@@ -28,12 +30,23 @@ class CompileError(Exception):
 
 
 class Client:
-    def __init__(self, options: Options):
+    def __init__(self, options: Options, processes: Processes | None = None,
+                 kv: KVStore | None = None):
+        """`processes`: this process's share of a multi-controller run (default: the
+        only process); `kv`: the store the run's processes share (JAX's coordination
+        service; needed by programs whose devices span processes)."""
         from jax_trn import __version__
         self.options = options
         self.system = system = options.system
-        self.devices: list[Device] = make_devices(system, core_numerics(options))
+        self.processes = processes = processes or Processes()
+        self.kv = kv
+        if processes.multi and kv is not None:
+            from .channel import announce
+            announce(kv, processes.index)
+        self.devices: list[Device] = make_devices(system, core_numerics(options), processes)
+        self.local_devices: list[Device] = [d for d in self.devices if d.addressable]
         self.memories: list[Memory] = [d.memory for d in self.devices]
+        self.local_memories: list[Memory] = [d.memory for d in self.local_devices]
         # The build (a digest of the plugin's sources) is part of the version: JAX's own
         # persistent cache, where it engages for trn (when a CPU program compiled first
         # in the process), keys its entries by it, so an entry of an older jax-trn is
@@ -49,16 +62,31 @@ class Client:
     def platform_name(self) -> str:
         return PLATFORM_NAME
 
+    @property
+    def process_index(self) -> int:
+        return self.processes.index
+
     def device(self, device_id: int) -> Device:
         if not 0 <= device_id < len(self.devices):
             raise LookupError(f"no trn device with id {device_id} "
                               f"({self.system.name} has {len(self.devices)})")
         return self.devices[device_id]
 
+    def local_device(self, device_id: int) -> Device:
+        d = self.device(device_id)
+        if not d.addressable:
+            raise LookupError(f"trn device {device_id} belongs to process {d.process_index}; "
+                              f"this is process {self.process_index}")
+        return d
+
     def default_device_assignment(self, num_replicas: int, num_partitions: int) -> list[int]:
+        """This process's first devices (all of them in a single-process run); a
+        program larger than that takes the global devices from id 0."""
         n = num_replicas * num_partitions
         if n > len(self.devices):
             raise ValueError(f"{n} devices requested, {self.system.name} has {len(self.devices)}")
+        if n <= len(self.local_devices):
+            return [d.id for d in self.local_devices[:n]]
         return list(range(n))
 
     def buffer_from_host(self, array: np.ndarray, device: Device) -> Buffer:
@@ -103,7 +131,7 @@ class Client:
     def _load(self, compiled: compiler.Compiled, devices: list[Device], opts,
               settings: Options) -> Executable:
         return Executable(compiled.name, compiled.program, compiled.signature, devices, opts,
-                          compiled.mlir_text or "", settings)
+                          compiled.mlir_text or "", settings, kv=self.kv)
 
     def serialize(self, executable: Executable) -> bytes:
         """The executable as bytes `deserialize` loads again (in this process or
@@ -154,7 +182,27 @@ def _check_fits(name: str, module, devices: list[Device]) -> None:
                 f"results, more than the {d.hbm_limit} bytes of {d.to_string} ({d.kind})")
 
 
-def create_client(create_options: dict | None = None) -> Client:
+def create_client(create_options: dict | None = None, kv: KVStore | None = None) -> Client:
     """The process's client, with the options `config.start` resolves (and records as
-    the live ones: `configure()` refuses changes from now on)."""
-    return Client(config.start(create_options))
+    the live ones: `configure()` refuses changes from now on). JAX's create options
+    `node_id` / `num_nodes` (after `jax.distributed.initialize`) place it in a
+    multi-controller run (`processes.split`); `kv` is that run's store."""
+    create_options = dict(create_options or {})
+    options = config.resolve(create_options)
+    processes = split(options.system, int(create_options.get("node_id", 0)),
+                      int(create_options.get("num_nodes", 1)))
+    if processes.multi and kv is None:
+        raise ValueError(f"process {processes.index} of {processes.count}: a multi-process "
+                         f"trn client needs the coordination service's key-value store "
+                         f"(jax.distributed.initialize before the first use of trn)")
+    global _latest
+    _latest = Client(config.start(create_options), processes, kv)
+    return _latest
+
+
+_latest: Client | None = None
+
+
+def latest_client() -> Client | None:
+    """The client `create_client` made last (the process's `trn` backend), or None."""
+    return _latest

@@ -57,6 +57,10 @@ class Device:
     num_allocs: int = 0
     largest_alloc_size: int = 0
     numerics: Numerics = field(default_factory=Numerics)   # its core's rounding context
+    # The process of a multi-controller run that owns it (`processes`), and whether
+    # that is this process (only addressable devices run, hold buffers and take HBM).
+    process_index: int = 0
+    addressable: bool = True
 
     def __post_init__(self):
         self.memory = Memory(self.id, self)
@@ -134,13 +138,18 @@ class Device:
         }
 
 
-def make_devices(system: System, numerics: Numerics | None = None) -> list[Device]:
+def make_devices(system: System, numerics: Numerics | None = None,
+                 processes=None) -> list[Device]:
     """The devices of `system`, their cores rounding as `numerics` says (default: the
-    hardware's round-to-nearest-even, strict activation ranges)."""
+    hardware's round-to-nearest-even, strict activation ranges); with `processes`
+    (`processes.Processes`), each owned by the process of its chip."""
     cores = system.cores_per_chip
     share = system.chip.hbm_bytes // cores
     numerics = numerics or Numerics()
-    return [Device(c * cores + k, c, k, system, share, numerics=numerics)
+    owner = processes.owner_of_chip if processes is not None else (lambda c: 0)
+    me = processes.index if processes is not None else 0
+    return [Device(c * cores + k, c, k, system, share, numerics=numerics,
+                   process_index=owner(c), addressable=owner(c) == me)
             for c in range(system.num_chips) for k in range(cores)]
 
 

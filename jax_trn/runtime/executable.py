@@ -44,15 +44,21 @@ class Executable:
     """One compiled program, loaded for `devices` (one per replica × partition)."""
 
     def __init__(self, name: str, program, signature, devices: list[Device], options,
-                 mlir_text: str = "", settings: Options | None = None):
+                 mlir_text: str = "", settings: Options | None = None, kv=None):
         """`signature`: the IR's (`compiler.Signature`); `options`: JAX's compile options
         (replicas, partitions, device assignment); `settings`: the jax-trn options the
-        program was compiled and runs with."""
+        program was compiled and runs with; `kv`: the store of a multi-controller run
+        (`kvstore`), through which collectives reach devices of other processes."""
         self.name = name
         self.program = program
         self.signature = signature
         self._mlir_text = mlir_text or None
         self.devices = devices
+        # The devices this process runs (all of them unless the program spans the
+        # processes of a multi-controller run: `spmd_remote`).
+        self.local_devices = [d for d in devices if d.addressable]
+        self.kv = kv
+        self._program_key: str | None = None  # its calls' keys across processes
         self.options = options
         self.settings = settings or Options(system=devices[0].system)
         # What JAX sees (`Signature`): complex parameters and results stay complex;
@@ -93,11 +99,11 @@ class Executable:
         _check_signature(name, program, self.param_types, self.output_types)
         # Constants live in each device's HBM for as long as the executable is loaded.
         self.constant_bytes = sum(int(np.asarray(v).nbytes) for v in program.constants.values())
-        for i, d in enumerate(devices):
+        for i, d in enumerate(self.local_devices):
             try:
                 d.allocate(self.constant_bytes, f"the constants of {name}")
             except MemoryError:
-                for loaded in devices[:i]:
+                for loaded in self.local_devices[:i]:
                     loaded.free(self.constant_bytes)
                 raise
 
@@ -106,7 +112,7 @@ class Executable:
         with self._lock:
             if not self.deleted:
                 self.deleted = True
-                for d in self.devices:
+                for d in self.local_devices:
                     d.free(self.constant_bytes)
 
     @property
@@ -187,10 +193,11 @@ class Executable:
         parameter indices) are donated: deleted, their HBM reused by the outputs. A
         call that fails in any way (an error, a runaway loop, Ctrl-C, out of HBM or host
         memory on any device) leaves nothing allocated and donates nothing."""
-        devices = [device] if device is not None else self.devices
+        devices = [device] if device is not None else self.local_devices
         if len(arg_lists) != len(devices):
             raise ExecutionError(
-                f"{self.name} was compiled for {len(self.devices)} devices, "
+                f"{self.name} was compiled for {len(self.devices)} devices "
+                f"({len(self.local_devices)} of this process), "
                 f"called with {len(arg_lists)} argument lists")
         if timing_only.active():
             return self._timing_only(devices, arg_lists, keep)
@@ -210,7 +217,10 @@ class Executable:
         all (`timing_only.run`), outputs without values, donated arguments deleted."""
         for dev, args in zip(devices, arg_lists):
             self._check_args(dev, args, values=False)
-        ex = timing_only.run(self.name, self.program, self.settings, [d.id for d in devices])
+        # Every device of the program (a multi-process program's too: the timing needs
+        # no data, so each process times the whole program alike).
+        every = self.devices if devices is self.local_devices else devices
+        ex = timing_only.run(self.name, self.program, self.settings, [d.id for d in every])
         profiler.record(ex)
         why = (f"this array is a result of {self.name} called under jax_trn.timing_only(): "
                f"it has a shape and a simulated time, but no values")
@@ -224,7 +234,7 @@ class Executable:
                        ) -> list[list[Buffer]]:
         """Stand-ins for the outputs of a call that did not complete (`Buffer.failed`:
         they charge nothing and raise `error` when read), one list per device."""
-        devices = [device] if device is not None else self.devices
+        devices = [device] if device is not None else self.local_devices
         return [[Buffer.failed(d, t.shape, t.dtype, error) for t in self.output_types]
                 for d in devices]
 
@@ -244,7 +254,7 @@ class Executable:
         path (`replay`): only their numerics run."""
         key = (devices[0].id,) if len(devices) == 1 else tuple(d.id for d in devices)
         prepared = [self._prepare(dev, args, p, alloc)
-                    for p, (dev, args) in enumerate(zip(devices, arg_lists))]
+                    for p, dev, args in zip(self._partitions(devices), devices, arg_lists)]
         results = [outs for outs, _ in prepared]
         cached = self._timelines.get(key) if self.replayable else None
         if cached is not None:
@@ -300,16 +310,45 @@ class Executable:
         which runs when all have reached it (`spmd.drive`); one timeline per class of
         equivalent chips (`spmd_batch`)."""
         prepared = [self._prepare(dev, args, p, alloc)
-                    for p, (dev, args) in enumerate(zip(devices, arg_lists))]
+                    for p, dev, args in zip(self._partitions(devices), devices, arg_lists)]
+        exchange = self._exchange() if devices is self.local_devices else None
         with contextlib.ExitStack() as locks:
             for dev in sorted(set(devices), key=lambda d: d.id):
                 locks.enter_context(dev.execution_lock)
-            records, collectives = spmd_batch.run(
-                    self.program, devices, [dram for _, dram in prepared],
-                    lambda: self._hbms(devices), self.settings)
+            try:
+                records, collectives = spmd_batch.run(
+                        self.program, devices, [dram for _, dram in prepared],
+                        lambda: self._hbms(devices), self.settings, exchange=exchange)
+            except BaseException as exc:
+                if exchange is not None:
+                    exchange.abort(exc)
+                raise
         outputs = [outs for outs, _ in prepared]
         spmd_batch.adopt(self.program, outputs, [dram for _, dram in prepared])
         return outputs, records, collectives
+
+    def _partitions(self, devices) -> list[int]:
+        """The partition each of a call's devices runs: its place among the program's
+        devices (a call on this process's share of a multi-process program), or 0.. for
+        a call on one chosen device."""
+        if devices is self.local_devices and len(devices) < len(self.devices):
+            return [p for p, d in enumerate(self.devices) if d.addressable]
+        return list(range(len(devices)))
+
+    def _exchange(self):
+        """The cross-process side of this call (`spmd_remote`), or None if every
+        device of the program is this process's."""
+        if len(self.local_devices) == len(self.devices):
+            return None
+        if self.kv is None:
+            raise ExecutionError(f"{self.name} runs on devices of several processes, and "
+                                 "this client has no key-value store to reach them")
+        from .spmd_remote import Exchange, next_call, program_key
+        if self._program_key is None:
+            self._program_key = program_key(self.program, [d.id for d in self.devices])
+        return Exchange(self.kv, self.devices, self.local_devices[0].process_index,
+                        self._program_key, next_call(self.kv, self._program_key),
+                        self.settings.process_timeout)
 
     def _execution(self, kernels, devices, collectives=()) -> profiler.Execution:
         key = (devices[0].id,) if len(devices) == 1 else tuple(d.id for d in devices)

@@ -93,14 +93,17 @@ class Issued:
 
 def drive(runners, devices, topology, *, algorithm: str | None = None,
           order: list[int] | None = None, share: frozenset[str] = frozenset(),
-          settle=None) -> list[profiler.CollectiveRecord]:
+          settle=None, exchange=None) -> list[profiler.CollectiveRecord]:
     """Runs the runners' generators to completion, executing each collective when
     every device has reached it. Returns the collectives' records. `order`: the
     partitions in the order their runners advance to each rendezvous (default
     0..n-1; `spmd_batch` advances leaders before their followers); `share`: see
     `execute`; `settle()`, if given, is called when every device has arrived, before
     the collective reads their DRAM, and once at the end (`spmd_batch` runs its
-    followers' deferred kernels then)."""
+    followers' deferred kernels then). `exchange` (`spmd_remote.Exchange`): the
+    program's other devices run in other processes; `runners` and `devices` are this
+    process's, and each collective runs over every device with the others' operands
+    and arrivals from the exchange."""
     gens = [r.run() for r in runners]
     order = list(range(len(gens))) if order is None else order
     pending: list[Arrival | None] = [None] * len(gens)
@@ -123,20 +126,31 @@ def drive(runners, devices, topology, *, algorithm: str | None = None,
                                   "devices took different paths through the program")
         step = pending[0].step
         if isinstance(step, HostCallback):
-            spans = _host_callback(step, runners, [p.t for p in pending])
+            if exchange is not None:
+                spans = exchange.host_callback(step, pending, runners)
+            else:
+                spans = _host_callback(step, runners, [p.t for p in pending])
             for i in order:
                 pending[i] = _advance(gens[i], spans[i])
             continue
-        issued, record = execute(step, [r.dram for r in runners], devices,
-                                 [p.t for p in pending], topology, pending[0].context,
-                                 ready=[p.t if p.ready is None else p.ready for p in pending],
-                                 overlaps=any(p.overlaps for p in pending),
+        drams, everyone, arrived = [r.dram for r in runners], devices, pending
+        if exchange is not None:
+            arrived, drams = exchange.gather(step, pending, drams)
+            everyone = exchange.devices
+        issued, record = execute(step, drams, everyone,
+                                 [p.t for p in arrived], topology, arrived[0].context,
+                                 ready=[p.t if p.ready is None else p.ready for p in arrived],
+                                 overlaps=any(p.overlaps for p in arrived),
                                  algorithm=algorithm, share=share)
+        if exchange is not None:
+            issued = [issued[p] for p in exchange.local]
         records.append(record)
         for i in order:
             pending[i] = _advance(gens[i], issued[i])
     if settle is not None:
         settle()
+    if exchange is not None:
+        exchange.finish()
     return records
 
 

@@ -65,18 +65,20 @@ COUNTS: Counter = Counter()
 MEMO = True
 
 
-def run(prog, devices, drams: list[dict], hbms, settings, temps: bool = True):
+def run(prog, devices, drams: list[dict], hbms, settings, temps: bool = True,
+        exchange=None):
     """Runs `prog` on `devices` (partition p on devices[p], DRAM drams[p]) from
     simulated time 0; `hbms()` gives a fresh {chip: Hbm}. Returns (kernel records in
-    device order, collective records)."""
+    device order, collective records). `exchange`: `spmd.drive`'s (devices of other
+    processes take part in the collectives)."""
     lead = leaders(devices)
     if (not ENABLED or host_callbacks(prog.steps)
             or all(lead[p] == p for p in range(len(devices)))):
         COUNTS["full"] += 1
-        return run_full(prog, devices, drams, hbms(), settings)
+        return run_full(prog, devices, drams, hbms(), settings, exchange)
     memo = Memo(prog, _Toucher()) if MEMO else None
     try:
-        got = _run_batched(prog, devices, drams, hbms(), settings, lead, memo)
+        got = _run_batched(prog, devices, drams, hbms(), settings, lead, memo, exchange)
         COUNTS["batched"] += 1
         return got
     except replay.Diverged:
@@ -84,7 +86,9 @@ def run(prog, devices, drams: list[dict], hbms, settings, temps: bool = True):
         if memo is not None:
             memo.restore()
         _reset(prog, drams)
-        return run_full(prog, devices, drams, hbms(), settings)
+        if exchange is not None:
+            exchange.restart()
+        return run_full(prog, devices, drams, hbms(), settings, exchange)
 
 
 def adopt(prog, outputs, drams) -> None:
@@ -115,7 +119,7 @@ def leaders(devices) -> list[int]:
     return lead
 
 
-def run_full(prog, devices, drams, hbms, settings):
+def run_full(prog, devices, drams, hbms, settings, exchange=None):
     """Every device timed on its own core (the reference path)."""
     runners = []
     for dev, dram in zip(devices, drams):
@@ -123,13 +127,14 @@ def run_full(prog, devices, drams, hbms, settings):
         core.begin(hbms[dev.chip])
         runners.append(StepRunner(core, dram, dev.id, dev.chip, True, prog.steps,
                                   settings.max_while_iterations, chip_spec=dev.system.chip))
-        runners[-1].shared = len(devices) > 1
+        runners[-1].shared = len(devices) > 1 or exchange is not None
     collectives = spmd.drive(runners, devices, devices[0].system.interconnect(),
-                             algorithm=settings.collective_algorithm, share=shareable(prog))
+                             algorithm=settings.collective_algorithm, share=shareable(prog),
+                             exchange=exchange)
     return [r for run in runners for r in run.records], collectives
 
 
-def _run_batched(prog, devices, drams, hbms, settings, lead, memo):
+def _run_batched(prog, devices, drams, hbms, settings, lead, memo, exchange=None):
     frees = _frees(prog)
     runners: list[StepRunner] = []
     for p, (dev, dram) in enumerate(zip(devices, drams)):
@@ -153,7 +158,7 @@ def _run_batched(prog, devices, drams, hbms, settings, lead, memo):
         settle = spmd_vector.Deferred(followers, memo, COUNTS, _Toucher()._touches).settle
     collectives = spmd.drive(runners, devices, devices[0].system.interconnect(),
                              algorithm=settings.collective_algorithm, order=order,
-                             share=shareable(prog), settle=settle)
+                             share=shareable(prog), settle=settle, exchange=exchange)
     return [r for run in runners for r in run.records], collectives
 
 

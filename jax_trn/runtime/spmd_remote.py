@@ -1,0 +1,343 @@
+"""Collectives whose devices span the processes of a multi-controller run (issue 17).
+
+Each process runs its own devices of an SPMD program (`spmd.drive` over its local
+runners, `spmd_batch` as in one process). At every rendezvous (a `Collective` step),
+once its local devices have arrived, a process publishes through the run's key-value
+store (`kvstore`) what the others need of its devices, and reads what they published:
+
+  - for the numerics: each local device's operands of the collective (its DRAM tensors
+    `step.operands`, as the collective reads them);
+  - for the timeline: each local device's arrival (`spmd.Arrival`: its clock, when its
+    CC cores are free, whether it overlaps compute) and the collective's name (a process
+    on another path through the program is an error, not a hang).
+
+Then every process calls `spmd.execute` with the operands and arrivals of *all* the
+program's devices, in partition order: the same call the single-process runtime makes,
+so every process computes the same result bits (the algorithm's reduction order is the
+single-process one) and the same span for each device (start at the slowest member's
+arrival, end after the algorithm's time), and records the same `CollectiveRecord`. A
+process keeps its own devices' results and spans; the others' go to scratch arrays.
+
+Why the arrivals agree with one process: a device's timeline depends only on its own
+kernels, its chip's HBM (a process owns whole chips, `processes`) and the spans its
+collectives give back, which every process computes alike.
+
+Keys: `jax_trn/cc/<program>/<call>/<rendezvous>/<process>`, one value per process per
+rendezvous (all its devices at once: one store round trip per process, not per device):
+<program> a digest of the program text and its device ids, <call> the count of calls of
+that program in this process (`next_call`; every process calls a multi-process program
+in the same order, as JAX's multi-controller model requires), <rendezvous> the
+collective's index within the call. At the end of a call each process publishes an end
+marker at the next index and reads the peers' (a barrier: a peer still waiting in a
+collective learns that this process finished instead of timing out, and this process
+that the peer did not); a call that fails publishes a failure marker there, so the peers
+fail at once with its message.
+A peer that publishes nothing (dead, stuck) fails the others after
+`Options.process_timeout` seconds (JAX_TRN_PROCESS_TIMEOUT; JAX's coordination service
+also ends a run whose process died, after its heartbeat timeout).
+
+Values: a JSON header line (step name, arrivals, arrays: partition, tensor, dtype, byte
+count) and the arrays' raw bytes, carried by `channel` (shared memory when every
+process is on this host; the store carries the file's name).
+
+A host callback one device makes for all (`step.device`, e.g. jax.debug.print under
+automatic sharding) is two rendezvous: every process publishes its arrivals (for the
+spans), then the caller's process runs the function and publishes the results.
+
+Not yet: deleting old keys (the coordination service keeps the small values of the
+store, markers and file names, until the run ends).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import weakref
+
+import numpy as np
+
+from jax_trn.hw import dtypes as _dt
+
+from .kvstore import DEFAULT_TIMEOUT_S, PREFIX, KVError, KVTimeout
+
+
+# Bytes this process published for collectives (benchmarks/multiprocess.py).
+STATS = {"bytes_put": 0}
+_END = b"END\n"
+_FAILED = b"FAILED\n"
+
+
+class RemoteCollectiveError(RuntimeError):
+    """A collective across processes that cannot complete: a peer took another path,
+    finished early or failed (the call is ABORTED, the message told as it is)."""
+    pjrt_code = "ABORTED"
+
+
+class RemoteTimeout(RemoteCollectiveError):
+    """A peer did not publish its data in time (dead or stuck)."""
+    pjrt_code = "DEADLINE_EXCEEDED"
+
+
+def program_key(program, device_ids) -> str:
+    h = hashlib.sha256(program.text.encode())
+    h.update(",".join(map(str, device_ids)).encode())
+    return h.hexdigest()[:24]
+
+
+_calls: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # kv -> {program: n}
+_calls_lock = threading.Lock()
+
+
+def next_call(kv, program: str) -> int:
+    """The number of this call of `program` (a `program_key`) in this process, counted
+    over every executable of that program (one compiled twice shares the count, so its
+    keys never collide with the first's)."""
+    with _calls_lock:
+        counts = _calls.setdefault(kv, {})
+        counts[program] = n = counts.get(program, 0) + 1
+        return n
+
+
+class Exchange:
+    """The cross-process side of one call of a program over `devices` (all of them,
+    partition order) of which this process runs those with `addressable` set."""
+
+    def __init__(self, kv, devices, process_index: int, program: str, call: int,
+                 timeout_s: float = DEFAULT_TIMEOUT_S):
+        self.kv = kv
+        self.devices = list(devices)
+        self.me = process_index
+        self.local = [p for p, d in enumerate(self.devices) if d.addressable]
+        self.peers = sorted({d.process_index for d in self.devices} - {process_index})
+        self.base = f"{PREFIX}cc/{program}/{call}"
+        self.timeout_s = timeout_s
+        self.index = 0
+        self._published: set[int] = set()
+        self._channel = None
+
+    @property
+    def channel(self):
+        """How values travel (`channel`): shared memory if every process is on this
+        host, else the store; decided at the call's first rendezvous."""
+        if self._channel is None:
+            from .channel import Channel, all_on_this_host
+            try:
+                shared = all_on_this_host(self.kv, self.me, self.peers, self.timeout_s)
+            except KVError as exc:
+                raise RemoteTimeout(f"the processes {self.peers} did not all announce "
+                                    f"their host within {self.timeout_s:g} s: {exc}") from None
+            self._channel = Channel(self.kv, shared)
+        return self._channel
+
+    def restart(self) -> None:
+        """The call runs again from its start (`spmd_batch`: a diverged batched run):
+        what was published is still right (a device's arrivals and operands are those a
+        full run gives), so it is not published twice."""
+        self.index = 0
+
+    def _key(self, index: int, process: int) -> str:
+        return f"{self.base}/{index}/{process}"
+
+    def gather(self, step, pending: list, drams: list[dict], operands: bool = True):
+        """This process's arrivals (`pending`, local runner order) and DRAMs published,
+        the peers' read: (arrivals, drams) of every partition. `operands=False`: the
+        arrivals only (the DRAMs are empty)."""
+        index = self.index
+        self.index += 1
+        if index not in self._published:
+            blob = _encode(step, self.local, pending, drams, operands)
+            self.channel.put(self._key(index, self.me), blob, step.name)
+            STATS["bytes_put"] += len(blob)
+            self._published.add(index)
+        arrivals: list = [None] * len(self.devices)
+        full: list = [None] * len(self.devices)
+        for p, a, dram in zip(self.local, pending, drams):
+            arrivals[p], full[p] = a, dram
+        scratch: dict = {}
+        for q in self.peers:
+            got = self._get(index, q, step.name)
+            try:
+                got = self.channel.read(got)
+            except OSError as exc:
+                raise RemoteCollectiveError(f"{step.name}: cannot read process {q}'s data "
+                                            f"(did it fail?): {exc}") from None
+            name, remote = _decode(got, step, scratch)
+            if name != step.name:
+                raise RemoteCollectiveError(
+                    f"process {q} reached collective {name} where process {self.me} is at "
+                    f"{step.name}: the processes took different paths through the program")
+            for p, (a, dram) in remote.items():
+                if self.devices[p].process_index != q:
+                    raise RemoteCollectiveError(f"process {q} sent data of partition {p}, "
+                                                f"a device of process "
+                                                f"{self.devices[p].process_index}")
+                arrivals[p], full[p] = a, dram
+        missing = [p for p in range(len(self.devices)) if arrivals[p] is None]
+        if missing:
+            raise RemoteCollectiveError(f"{step.name}: no data of partitions {missing}")
+        return arrivals, full
+
+    def finish(self) -> None:
+        """This process's end of the call, published at the next rendezvous index; then
+        the peers' ends read there (a barrier: a peer that is in a collective instead
+        took another path, and this call fails too)."""
+        if self.index not in self._published:
+            self.kv.put(self._key(self.index, self.me), _END)
+            self._published.add(self.index)
+        for q in self.peers:
+            got = self._get(self.index, q, "the end of the program", end_ok=True)
+            if got != _END:
+                name = self.channel.label(got)
+                if name is None:
+                    name = json.loads(bytes(got[:got.find(b"\n")]))["step"]
+                raise RemoteCollectiveError(
+                    f"process {q} waits in collective {name} where process {self.me} "
+                    f"finished the program: the processes took different paths through "
+                    f"the program")
+        self.channel.release()
+
+    def host_callback(self, step, pending: list, runners) -> list:
+        """A host callback partition `step.device` makes for every device: the
+        arrivals go round (for the spans), the caller's process calls the host and
+        publishes the results, the others write them into their devices' DRAMs. Each
+        local device's `callbacks.Span`, as one process computes them."""
+        from . import callbacks
+        arrived, _ = self.gather(step, pending, [r.dram for r in runners], operands=False)
+        k = step.device
+        if not 0 <= k < len(self.devices):
+            raise RemoteCollectiveError(f"{step.name} is called by partition {k}; the "
+                                        f"program runs on {len(self.devices)} devices")
+        owner = self.devices[k].process_index
+        index = self.index
+        self.index += 1
+        if owner == self.me:
+            caller = runners[self.local.index(k)]
+            outs = (callbacks.call(step, callbacks.read(caller.dram, step.operands))
+                    if caller.execute and caller.call_host else callbacks.zeros(step.results))
+            if index not in self._published:
+                self.channel.put(self._key(index, self.me),
+                                 _encode_arrays(step.name, step.results, outs), step.name)
+                self._published.add(index)
+        else:
+            got = self._get(index, owner, step.name)
+            try:
+                got = self.channel.read(got)
+            except OSError as exc:
+                raise RemoteCollectiveError(f"{step.name}: cannot read process {owner}'s "
+                                            f"results (did it fail?): {exc}") from None
+            outs = _decode_arrays(got, step)
+        for r in runners:
+            if r.execute:
+                callbacks.write(r.dram, step.results, outs)
+        spans = callbacks.shared_spans(step, runners[0].chip_spec, [a.t for a in arrived], k)
+        return [spans[p] for p in self.local]
+
+    def abort(self, exc: BaseException) -> None:
+        """This process's call failed (`exc`): said at the next rendezvous index, so
+        the peers fail at once instead of waiting out the timeout."""
+        if self._channel is not None:
+            self._channel.release()
+        if self.index in self._published:
+            return
+        try:
+            text = f"{type(exc).__name__}: {exc}"[:2000]
+            self.kv.put(self._key(self.index, self.me), _FAILED + text.encode())
+            self._published.add(self.index)
+        except Exception:        # noqa: BLE001 - the store is gone too: the peers time out
+            pass
+
+    def _get(self, index: int, q: int, name: str, end_ok: bool = False) -> bytes:
+        try:
+            got = self.kv.get(self._key(index, q), self.timeout_s)
+        except KVTimeout as exc:
+            raise RemoteTimeout(
+                f"{name}: process {q} did not get there within "
+                f"{self.timeout_s:g} s (it died, is stuck, or took another path): "
+                f"{exc}") from None
+        except KVError as exc:
+            raise RemoteCollectiveError(f"{name}: cannot read process {q}'s data from the "
+                                        f"coordination service: {exc}") from None
+        if got.startswith(_FAILED):
+            raise RemoteCollectiveError(
+                f"{name}: process {q} failed: {got[len(_FAILED):].decode(errors='replace')}")
+        if got == _END and not end_ok:
+            raise RemoteCollectiveError(
+                f"process {q} finished the program while process {self.me} waits in "
+                f"{name}: the processes took different paths through the program")
+        return got
+
+
+def _encode(step, partitions: list[int], pending: list, drams: list[dict],
+            operands: bool = True) -> bytes:
+    """Partition p = partitions[k]'s arrival (pending[k]) and operands (drams[k])."""
+    arrivals, arrays, chunks = [], [], []
+    for p, a, dram in zip(partitions, pending, drams):
+        arrivals.append([p, a.t, a.ready, bool(a.overlaps), a.context])
+        for t in step.operands if operands else ():
+            data = np.ascontiguousarray(np.asarray(dram[t.name]).reshape(-1))
+            arrays.append([p, t.name, data.dtype.name, data.nbytes])
+            chunks.append(data.tobytes())
+    header = {"step": step.name, "arrivals": arrivals, "arrays": arrays}
+    return json.dumps(header).encode() + b"\n" + b"".join(chunks)
+
+
+def _decode(blob: bytes, step, scratch: dict):
+    """(step name, {partition: (Arrival, DRAM)}) of a peer's value. A remote DRAM holds
+    the operands; the collective's results for it go to `scratch` (one array per
+    tensor, shared by every remote partition: their bits are not kept)."""
+    from .spmd import Arrival
+    end = blob.find(b"\n")
+    header = json.loads(bytes(blob[:end]))
+    if header["step"] != step.name:
+        return header["step"], {}
+    out = {}
+    for p, t, ready, overlaps, context in header["arrivals"]:
+        out[p] = (Arrival(step, t, context, ready, overlaps), _RemoteDram(scratch, step))
+    at = end + 1
+    view = memoryview(blob)
+    for p, name, dtype, nbytes in header["arrays"]:
+        out[p][1][name] = np.frombuffer(view[at:at + nbytes], _dt.np_dtype(dtype))
+        at += nbytes
+    return header["step"], out
+
+
+def _encode_arrays(name: str, tensors, values) -> bytes:
+    arrays, chunks = [], []
+    for t, v in zip(tensors, values):
+        data = np.ascontiguousarray(np.asarray(v).reshape(-1))
+        arrays.append([t.name, data.dtype.name, data.nbytes])
+        chunks.append(data.tobytes())
+    return json.dumps({"step": name, "arrays": arrays}).encode() + b"\n" + b"".join(chunks)
+
+
+def _decode_arrays(blob, step) -> list[np.ndarray]:
+    """The results `_encode_arrays` wrote for `step`, in their shapes."""
+    end = blob.find(b"\n")
+    header = json.loads(bytes(blob[:end]))
+    if header["step"] != step.name:
+        raise RemoteCollectiveError(f"expected the results of {step.name}, got "
+                                    f"{header['step']}'s: the processes took different paths")
+    view, at, out = memoryview(blob), end + 1, []
+    for t, (_, dtype, nbytes) in zip(step.results, header["arrays"]):
+        out.append(np.frombuffer(view[at:at + nbytes], _dt.np_dtype(dtype)).reshape(t.shape))
+        at += nbytes
+    return out
+
+
+class _RemoteDram(dict):
+    """Another process's device's DRAM as a collective sees it: its operands; any
+    other tensor (a result) a scratch array."""
+
+    def __init__(self, scratch: dict, step):
+        super().__init__()
+        self._scratch = scratch
+        self._step = step
+
+    def __missing__(self, name: str):
+        got = self._scratch.get(name)
+        if got is None:
+            t = next((t for t in self._step.results if t.name == name), None)
+            if t is None:
+                raise KeyError(name)
+            got = self._scratch[name] = np.zeros(t.size, _dt.np_dtype(t.dtype))
+        return got

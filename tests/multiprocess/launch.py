@@ -1,0 +1,72 @@
+"""Starting the processes of a multi-controller run on this machine (as JAX's own
+multi-process tests do): `run(script, n)` runs `script` (Python source) in `n` fresh
+interpreters, process i after `jax.distributed.initialize("localhost:<port>", n, i)`,
+and returns what each printed as its last line of JSON (`report(obj)` in the script).
+
+The script sees `PROCESS_ID`, `NUM_PROCESSES` and `report`; JAX_PLATFORMS=trn,cpu and
+JAX_TRN_SYSTEM (default trn2.48xlarge) are set."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+_PRELUDE = """
+import json, os, sys
+PROCESS_ID, NUM_PROCESSES, PORT, HEARTBEAT = (int(v) for v in sys.argv[1:5])
+import jax
+jax.distributed.initialize(f"localhost:{PORT}", NUM_PROCESSES, PROCESS_ID,
+                           initialization_timeout=60, heartbeat_timeout_seconds=HEARTBEAT)
+
+def report(obj):
+    print("REPORT " + json.dumps(obj), flush=True)
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+class ProcessFailed(AssertionError):
+    pass
+
+
+def run(script: str, n: int = 2, system: str = "trn2.48xlarge", timeout: float = 240,
+        env: dict | None = None, expect_ok: bool = True, heartbeat_s: int = 100) -> list:
+    """Each process's reported object (None if it reported nothing); with `expect_ok`,
+    a process that fails raises ProcessFailed with its output, else (exit code,
+    report, stderr) of each. `heartbeat_s`: after how long JAX's coordination service
+    declares a silent process dead (and ends the others)."""
+    port = free_port()
+    code = _PRELUDE + textwrap.dedent(script)
+    full_env = {**os.environ, "JAX_PLATFORMS": "trn,cpu", "JAX_TRN_SYSTEM": system,
+                **(env or {})}
+    full_env.pop("XLA_FLAGS", None)          # no forced host device count in the children
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(i), str(n), str(port),
+                               str(heartbeat_s)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=full_env) for i in range(n)]
+    outs = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=timeout)
+            outs.append((p.returncode, out, err))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    reports = []
+    for i, (rc, out, err) in enumerate(outs):
+        lines = [ln[7:] for ln in out.splitlines() if ln.startswith("REPORT ")]
+        if expect_ok and rc != 0:
+            raise ProcessFailed(f"process {i} exited with {rc}:\n{out[-3000:]}\n{err[-6000:]}")
+        reports.append(json.loads(lines[-1]) if lines else None)
+    if not expect_ok:
+        return [(rc, r, err) for (rc, _, err), r in zip(outs, reports)]
+    return reports
