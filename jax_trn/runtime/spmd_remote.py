@@ -269,16 +269,25 @@ class Exchange:
 
 def _encode(step, partitions: list[int], pending: list, drams: list[dict],
             operands: bool = True) -> bytes:
-    """Partition p = partitions[k]'s arrival (pending[k]) and operands (drams[k])."""
-    arrivals, arrays, chunks = [], [], []
-    for p, a, dram in zip(partitions, pending, drams):
-        arrivals.append([p, a.t, a.ready, bool(a.overlaps), a.context])
-        for t in step.operands if operands else ():
-            data = np.ascontiguousarray(np.asarray(dram[t.name]).reshape(-1))
-            arrays.append([p, t.name, data.dtype.name, data.nbytes])
-            chunks.append(data.tobytes())
-    header = {"step": step.name, "arrivals": arrivals, "arrays": arrays}
-    return json.dumps(header).encode() + b"\n" + b"".join(chunks)
+    """Partition p = partitions[k]'s arrival (pending[k]) and operands (drams[k]). The
+    header names each operand's type and size once (every partition runs the same
+    program); the data follows partition by partition, copied once into the value."""
+    arrivals = [[p, a.t, a.ready, bool(a.overlaps), a.context]
+                for p, a in zip(partitions, pending)]
+    tensors = list(step.operands) if operands and drams else []
+    first = [np.asarray(drams[0][t.name]) for t in tensors]
+    layout = [[t.name, a.dtype.name, a.nbytes] for t, a in zip(tensors, first)]
+    header = json.dumps({"step": step.name, "arrivals": arrivals,
+                         "layout": layout}).encode() + b"\n"
+    out = bytearray(len(header) + sum(n for *_, n in layout) * len(drams if tensors else ()))
+    out[:len(header)] = header
+    flat, at = np.frombuffer(out, np.uint8), len(header)
+    for dram in drams if tensors else ():
+        for t, (_, _, nbytes) in zip(tensors, layout):
+            data = np.ascontiguousarray(np.asarray(dram[t.name])).reshape(-1)
+            flat[at:at + nbytes] = data.view(np.uint8)
+            at += nbytes
+    return bytes(out)
 
 
 def _decode(blob: bytes, step, scratch: dict):
@@ -295,9 +304,11 @@ def _decode(blob: bytes, step, scratch: dict):
         out[p] = (Arrival(step, t, context, ready, overlaps), _RemoteDram(scratch, step))
     at = end + 1
     view = memoryview(blob)
-    for p, name, dtype, nbytes in header["arrays"]:
-        out[p][1][name] = np.frombuffer(view[at:at + nbytes], _dt.np_dtype(dtype))
-        at += nbytes
+    if header["layout"]:
+        for p, *_ in header["arrivals"]:
+            for name, dtype, nbytes in header["layout"]:
+                out[p][1][name] = np.frombuffer(view[at:at + nbytes], _dt.np_dtype(dtype))
+                at += nbytes
     return header["step"], out
 
 
