@@ -27,7 +27,7 @@ import sys
 from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from text_table import print_table  # noqa: E402
+from text_table import measures_table  # noqa: E402
 
 SYSTEMS = ("trn1.32xlarge", "trn2.3xlarge", "trn3-ultraserver")
 ROWS = ("matmul_basic", "matmul_fast", "flash", "softmax", "rmsnorm", "error")
@@ -120,24 +120,9 @@ def main() -> None:
     parser.add_argument("--systems", nargs="+", default=list(SYSTEMS))
     args = parser.parse_args()
     import jax
-    table = [["kernel"] + args.systems + ["target", "verdict"]]
-    for name in args.rows:
-        cells, verdicts = [name], []
-        for system in args.systems:
-            try:
-                m = row(name, jax, system)
-            except Exception as e:     # noqa: BLE001 (a row that cannot run says why)
-                m = Measure(f"cannot run: {type(e).__name__}: {str(e).splitlines()[0][:70]}",
-                            None if not system.startswith("trn2") else False)
-            cells.append(m.text)
-            if m.met is not None:
-                verdicts.append(m.met)
-        verdict = "-" if not verdicts else "met" if all(verdicts) else "NOT met"
-        table.append(cells + [TARGETS[name], verdict])
-        print(f"  measured {name}", file=sys.stderr, flush=True)
-    print_table("hand-written kernels called from JAX: simulated (jax_trn.estimate), "
-                "deterministic", table)
-
+    measures_table("hand-written kernels called from JAX: simulated (jax_trn.estimate), "
+                   "deterministic", "kernel", args.rows, args.systems,
+                   lambda name, system: row(name, jax, system), TARGETS, failed_met=lambda system: False if system.startswith("trn2") else None, width=70)
 
 if __name__ == "__main__":
     main()

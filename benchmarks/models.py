@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from text_table import print_table  # noqa: E402
+from text_table import measures_table  # noqa: E402
 SYSTEMS = ("trn1.32xlarge", "trn2.3xlarge", "trn3-ultraserver")
 ROWS = ("dpa", "dpa_bwd", "linen_attn", "attn_drop", "block", "lm", "gqa", "loop", "gemm",
         "dp")
@@ -203,24 +203,8 @@ def main() -> None:
     parser.add_argument("--systems", nargs="+", default=list(SYSTEMS))
     args = parser.parse_args()
     import jax
-    table = [["program"] + args.systems + ["target", "verdict"]]
-    for name in args.rows:
-        cells, verdicts = [name], []
-        for system in args.systems:
-            try:
-                m = row(name, jax, system)
-            except Exception as e:     # noqa: BLE001 (a row that cannot run says why)
-                m = Measure(f"cannot run: {type(e).__name__}: {str(e).splitlines()[0][:60]}",
-                            False)
-            cells.append(m.text)
-            if m.met is not None:
-                verdicts.append(m.met)
-        verdict = "-" if not verdicts else "met" if all(verdicts) else "NOT met"
-        table.append(cells + [TARGETS[name], verdict])
-        print(f"  measured {name}", file=sys.stderr, flush=True)
-    print_table("programs as users write them: simulated (jax_trn.estimate), deterministic",
-                table)
-
+    measures_table("programs as users write them: simulated (jax_trn.estimate), deterministic", "program", args.rows, args.systems,
+                   lambda name, system: row(name, jax, system), TARGETS, width=60)
 
 if __name__ == "__main__":
     main()
