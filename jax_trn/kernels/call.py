@@ -108,12 +108,9 @@ def _replicated_rule(ctx):
 
 def _reference(call: Call, *arrays):
     """The kernel's numerics on the host: its instructions on the hardware model."""
-    kernel = call.kernel
     it = iter(arrays)
-    args = tuple(next(it) if s is None else s for s in call.slots)
-    run = simulate(kernel, *[np.asarray(a) if s is None else a for a, s in
-                             zip(args, call.slots)], **dict(call.kwargs))
-    return tuple(run.outputs)
+    args = [np.asarray(next(it)) if s is None else s for s in call.slots]
+    return tuple(simulate(call.kernel, *args, **dict(call.kwargs)).outputs)
 
 
 def _lower_reference(ctx, *args, call):

@@ -142,23 +142,24 @@ def _numpy_name(op) -> str | None:
 
 def _op(t, op, what: str = "op") -> str:
     """An ALU op name from an `nl` op, a numpy ufunc or a string."""
-    if _numpy_name(op) is not None:
-        op = _NUMPY_ALU.get(_numpy_name(op), _numpy_name(op))
-    name = getattr(op, "alu", None) if not isinstance(op, str) else op
-    if name is None:
-        raise t.error(f"{what} {getattr(op, 'name', op)!r} is not an ALU operation "
-                      "(nl.add, nl.multiply, nl.maximum, ...)")
-    return name
+    return _named(t, op, "alu", _NUMPY_ALU, f"{what} ", "an ALU operation (nl.add, "
+                  "nl.multiply, nl.maximum, ...)")
 
 
 def _func(t, op) -> str:
     """An activation function name from an `nl` op, a numpy ufunc or a string."""
+    return _named(t, op, "func", _NUMPY_FUNC, "", "an activation function (nl.exp, "
+                  "nl.tanh, nl.gelu, nl.copy, ...)")
+
+
+def _named(t, op, attr: str, numpy_names: dict, what: str, kind: str) -> str:
+    """`op`'s name for the ISA: a string as it is, an `nl` op's `attr`, a numpy ufunc's
+    entry in `numpy_names`."""
     if _numpy_name(op) is not None:
-        op = _NUMPY_FUNC.get(_numpy_name(op), _numpy_name(op))
-    name = getattr(op, "func", None) if not isinstance(op, str) else op
+        op = numpy_names.get(_numpy_name(op), _numpy_name(op))
+    name = getattr(op, attr, None) if not isinstance(op, str) else op
     if name is None:
-        raise t.error(f"{getattr(op, 'name', op)!r} is not an activation function "
-                      "(nl.exp, nl.tanh, nl.gelu, nl.copy, ...)")
+        raise t.error(f"{what}{getattr(op, 'name', op)!r} is not {kind}")
     return name
 
 

@@ -147,7 +147,6 @@ class Tracer:
         self.elide: set[int] = set()             # allocations whose `[...] =` copy goes
         self._loop_pools: list[list] = []        # per loop being unrolled: its sites
         self.lines: list[str] = []               # per instruction of kb.instrs
-        self.hbm_made: list[DramTensor] = []
 
     # --- errors ---------------------------------------------------------------------
 
@@ -207,7 +206,6 @@ class Tracer:
             if site in self._hbm_sites:
                 return HbmView.whole(self._hbm_sites[site])
         t = self._hbm(tuple(int(d) for d in shape), normalize_dtype(dtype))
-        self.hbm_made.append(t)
         self._known[t.name] = t
         if site is not None:
             self._hbm_sites[site] = t
