@@ -57,29 +57,31 @@ def collective_time(kind, shape, dtype, groups, topology: Topology, algorithm=No
 
 
 def all_reduce_parts(parts_by_device, groups, topology: Topology, algorithm=None, op="sum", *,
-                     dma_available: float = 1.0):
+                     dma_available: float = 1.0, split=None):
     """`run_collective("all_reduce", ...)` of messages given as lists of flat arrays of
     one dtype (dict device -> parts; the message is their concatenation, read in place:
     a combined all_reduce's operands); results are flat. Same plan, bits and timing as
-    the concatenated message."""
+    the concatenated message. `split`: see `run_collective`."""
     groups = _validate("all_reduce", groups, topology, op)
     g, n = groups.shape
     devs = groups.ravel()
-    xs = [list(parts_by_device[int(d)]) for d in devs]
-    x0 = xs[0][0]
-    size = sum(p.size for p in xs[0])
+    xs = [list(parts_by_device[int(d)]) if split is None or int(d) in parts_by_device
+          else None for d in devs]
+    x0 = next(x for x in xs if x is not None)[0]
+    size = sum(p.size for p in next(x for x in xs if x is not None))
     nbytes = buffers.message_bytes("all_reduce", (size,), x0.dtype.itemsize, n)
     plan = _plan("all_reduce", groups, topology, algorithm, nbytes)
     chunk = buffers.chunk_elems("all_reduce", (size,), plan, n)
-    outs = blocked.all_reduce(plan, xs, op, topology.spec.dma_compute_sources, chunk, g)
-    return ({int(d): outs[r] for r, d in enumerate(devs)},
+    outs = blocked.all_reduce(plan, xs, op, topology.spec.dma_compute_sources, chunk, g,
+                              split(devs) if split is not None else None)
+    return ({int(d): outs[r] for r, d in enumerate(devs) if outs[r] is not None},
             timing(plan, topology, devs, chunk * x0.dtype.itemsize, dma_available, "all_reduce",
                    nbytes, n))
 
 
 def run_collective(kind, arrays_by_device, groups, topology: Topology, algorithm=None, op="sum", *,
                    axis: int = 0, pairs=None, dma_available: float = 1.0, split_axis: int = 0,
-                   concat_axis: int = 0):
+                   concat_axis: int = 0, split=None):
     """Run collective `kind` on `arrays_by_device` (dict device -> array, or a sequence
     indexed by device id) over `groups` (lists of device ids, all of one size, as XLA
     emits them; any devices, not necessarily contiguous). Returns ({device: result},
@@ -90,15 +92,20 @@ def run_collective(kind, arrays_by_device, groups, topology: Topology, algorithm
     splits `split_axis` and concatenates along `concat_axis`; collective_permute takes
     `pairs` of (source device, target device) and gives zeros to devices that receive
     nothing (XLA semantics). `algorithm`: a name of `ALGORITHMS`, None for the choice
-    rule. `dma_available`: see timing.py."""
+    rule. `dma_available`: see timing.py. `split` (an all_reduce whose devices belong to
+    several processes): a function of the ranks' device ids giving a `blocked.Split`;
+    `arrays_by_device` then holds this process's devices only, and so do the results."""
+    if split is not None and kind != "all_reduce":
+        raise ValueError(f"a {kind} does not split across processes (all_reduce does)")
     if kind == "collective_permute":
         groups = [sorted({d for p in pairs for d in p})]
     groups = _validate(kind, groups, topology, op)
     g, n = groups.shape
     devs = groups.ravel()
-    xs = [np.asarray(arrays_by_device[int(d)]) for d in devs]
-    x0 = xs[0]
-    if any(x.shape != x0.shape or x.dtype != x0.dtype for x in xs):
+    xs = [None if split is not None and int(d) not in arrays_by_device
+          else np.asarray(arrays_by_device[int(d)]) for d in devs]
+    x0 = next(x for x in xs if x is not None)
+    if any(x is not None and (x.shape != x0.shape or x.dtype != x0.dtype) for x in xs):
         raise ValueError("all arrays of a collective must have one shape and dtype")
     if kind == "collective_permute":
         return permute.run(pairs, arrays_by_device, topology, dma_available, x0)
@@ -106,8 +113,9 @@ def run_collective(kind, arrays_by_device, groups, topology: Topology, algorithm
     plan = _plan(kind, groups, topology, algorithm, nbytes)
     if kind == "all_reduce":               # in column blocks (blocked.py): same bits
         chunk = buffers.chunk_elems(kind, x0.shape, plan, n)
-        outs = blocked.all_reduce(plan, xs, op, topology.spec.dma_compute_sources, chunk, g)
-        return ({int(d): outs[r] for r, d in enumerate(devs)},
+        outs = blocked.all_reduce(plan, xs, op, topology.spec.dma_compute_sources, chunk, g,
+                                  split(devs) if split is not None else None)
+        return ({int(d): outs[r] for r, d in enumerate(devs) if outs[r] is not None},
                 timing(plan, topology, devs, chunk * x0.dtype.itemsize, dma_available, kind,
                        nbytes, n))
     move = {"all_gather": axis, "reduce_scatter": axis, "all_to_all": split_axis}.get(kind, 0)

@@ -29,20 +29,27 @@ BLOCK_BYTES = 64 * 2 ** 20
 
 
 def all_reduce(plan: Plan, xs: list, op: str, sources: int, chunk: int,
-               groups: int) -> list[np.ndarray]:
+               groups: int, split=None) -> list[np.ndarray]:
     """Each rank's all_reduce result (ranks group-major, in `xs` order; a group's
     ranks share one array while their results agree); `chunk`: elements per slot
     (`buffers.chunk_elems`); `groups`: how many groups the ranks form. A rank's input
     is an array, or a list of flat arrays whose concatenation is the message (a
     combined all_reduce's operands, read in place: no concatenated copy); its result
-    then is flat."""
-    parts = isinstance(xs[0], (list, tuple))
-    flats = [list(x) if parts else [np.asarray(x).reshape(-1)] for x in xs]
-    rows, dtype = len(xs), flats[0][0].dtype
-    size = sum(f.size for f in flats[0])
-    shape = (size,) if parts else np.shape(xs[0])
+    then is flat. `split` (a `Split`): the ranks belong to several processes; `xs`
+    holds this process's ranks' inputs (None for the others'), and the result only
+    their results (None for the others)."""
+    mine = [r for r, x in enumerate(xs) if x is not None]
+    x0 = xs[mine[0]]
+    parts = isinstance(x0, (list, tuple))
+    flats = [(list(x) if parts else [np.asarray(x).reshape(-1)]) if x is not None else None
+             for x in xs]
+    rows, dtype = len(xs), flats[mine[0]][0].dtype
+    size = sum(f.size for f in flats[mine[0]])
+    shape = (size,) if parts else np.shape(x0)
     n = rows // groups
     comp = indirect.compile_plan(plan, rows, groups)
+    if split is not None:
+        return _split(comp, plan, flats, op, sources, chunk, groups, split, size, shape)
     width = max(1, min(chunk, BLOCK_BYTES // max(1, comp.cells * dtype.itemsize)))
     one = np.zeros((groups, plan.slots, chunk), dtype)    # per group, while rows agree
     each: np.ndarray | None = None                          # (rows, slots, chunk) once not
@@ -67,17 +74,94 @@ def all_reduce(plan: Plan, xs: list, op: str, sources: int, chunk: int,
     return [row.reshape(-1)[:size].reshape(shape) for row in each]
 
 
-def _load(buf: np.ndarray, flats: list[list[np.ndarray]], chunk: int, c0: int) -> None:
+class Split:
+    """How an all_reduce's ranks are spread over processes: `owners[r]`, the position
+    (0..count-1) of rank r's process among the call's processes, this one at `me`;
+    `swap(sends)` gives each peer k its array sends[k] (None at `me`) and returns what
+    each peer sent this process (None at `me`), in the same shapes as sent."""
+
+    def __init__(self, owners, me: int, count: int, swap):
+        self.owners = np.asarray(owners)
+        self.me, self.count, self.swap = me, count, swap
+
+
+def _split(comp, plan: Plan, flats: list, op: str, sources: int, chunk: int, groups: int,
+           split: Split, size: int, shape) -> list:
+    """`all_reduce` with the columns shared out over processes (module doc): process k
+    reduces columns [bounds[k], bounds[k + 1]) for every rank."""
+    rows, k_me, count = len(flats), split.me, split.count
+    dtype = next(f for f in flats if f is not None)[0].dtype
+    n = rows // groups
+    bounds = [chunk * k // count for k in range(count + 1)]
+    of = [np.flatnonzero(split.owners == k) for k in range(count)]
+    mine = of[k_me]
+    local = [flats[r] for r in mine]
+    sends = [None] * count
+    for k in range(count):
+        if k != k_me:
+            sends[k] = np.zeros((len(mine), plan.slots, bounds[k + 1] - bounds[k]), dtype)
+            if sends[k].size:
+                _load(sends[k], local, chunk, bounds[k])
+    got = split.swap(sends)
+    c0, c1 = bounds[k_me], bounds[k_me + 1]
+    width = max(1, min(max(1, c1 - c0), BLOCK_BYTES // max(1, comp.cells * dtype.itemsize)))
+    one = np.zeros((groups, plan.slots, c1 - c0), dtype)
+    each: np.ndarray | None = None
+    for b0 in range(c0, c1, width):
+        b1 = min(c1, b0 + width)
+        store = np.zeros((comp.cells, b1 - b0), dtype)
+        inputs = store[:rows * plan.slots].reshape(rows, plan.slots, b1 - b0)
+        _load(inputs, local, chunk, b0, mine)
+        for k in range(count):
+            if k != k_me and len(of[k]):
+                inputs[of[k]] = got[k][:, :, b0 - c0:b1 - c0]
+        indirect.run(comp, store, op, sources)
+        if each is None and comp.shared:
+            one[:, :, b0 - c0:b1 - c0] = np.take(store, comp.final[::n], axis=0)
+            continue
+        result = np.take(store, comp.final, axis=0)
+        if each is None and _same_rows(result.reshape((groups, n) + result.shape[1:])):
+            one[:, :, b0 - c0:b1 - c0] = result[::n]
+            continue
+        if each is None:
+            each = np.repeat(one, n, axis=0)
+        each[:, :, b0 - c0:b1 - c0] = result
+    # The results: peer k gets this share's columns of its ranks' rows, or (an extra
+    # leading axis) the groups' rows while this share's ranks agree within each group.
+    sends = [None] * count
+    for k in range(count):
+        if k != k_me:
+            sends[k] = one[None] if each is None else each[of[k]]
+    got = split.swap(sends)
+    got[k_me] = one[None] if each is None else each[mine]
+    out: list = [None] * rows
+    if all(g.ndim == 4 for g in got):
+        full = np.concatenate([g[0] for g in got], axis=2)
+        shared = [g.reshape(-1)[:size].reshape(shape) for g in full]
+        for r in mine:
+            out[r] = shared[r // n]
+        return out
+    full = np.zeros((len(mine), plan.slots, chunk), dtype)
+    for k, g in enumerate(got):
+        full[:, :, bounds[k]:bounds[k + 1]] = g[0][mine // n] if g.ndim == 4 else g
+    for i, r in enumerate(mine):
+        out[r] = full[i].reshape(-1)[:size].reshape(shape)
+    return out
+
+
+def _load(buf: np.ndarray, flats: list[list[np.ndarray]], chunk: int, c0: int,
+          rows=None) -> None:
     """Columns [c0, c0 + buf.shape[2]) of every rank's main slots into `buf` (ranks x
     slots x width, zeroed): element e of the message (its parts concatenated) is in
     slot e // chunk, column e % chunk (buffers.load's layout). Each part's elements in
-    these columns are a few rectangular pieces, the same for every rank."""
+    these columns are a few rectangular pieces, the same for every rank. `rows`: the
+    row of `buf` each of `flats` goes to (default: the i-th)."""
     moves, at = [], 0
     for part in flats[0]:
         moves.append(_pieces(at, part.size, chunk, c0, c0 + buf.shape[2]))
         at += part.size
     c1 = c0 + buf.shape[2]
-    for r, prts in enumerate(flats):
+    for r, prts in zip(range(len(flats)) if rows is None else rows, flats):
         row = buf[r]
         for part, pieces in zip(prts, moves):
             for whole, lo, hi, q0, q1, k0, k1 in pieces:

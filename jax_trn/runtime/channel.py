@@ -69,15 +69,18 @@ class Channel:
         self.shared = shared
         self._files: list[str] = []
 
-    def put(self, key: str, blob: bytes, label: str = "") -> None:
-        """`blob` under `key`; `label` (a line of text) readable without the data
-        (`label`), also once the writer has deleted its file."""
+    def put(self, key: str, blob, label: str = "") -> None:
+        """`blob` (bytes, or a list of bytes-like pieces: their concatenation) under
+        `key`; `label` (a line of text) readable without the data (`label`), also once
+        the writer has deleted its file."""
+        pieces = blob if isinstance(blob, list) else [blob]
         if not self.shared:
-            self.kv.put(key, blob)
+            self.kv.put(key, b"".join(pieces))
             return
         path = os.path.join(_SHM_DIR, f"jax_trn-{os.getpid()}-{next(_counter)}")
         with open(path, "wb") as f:
-            f.write(blob)
+            for piece in pieces:
+                f.write(piece)
         self._files.append(path)
         self.kv.put(key, _TAG + path.encode() + b"\n" + label.encode())
 

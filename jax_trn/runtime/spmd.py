@@ -133,15 +133,18 @@ def drive(runners, devices, topology, *, algorithm: str | None = None,
             for i in order:
                 pending[i] = _advance(gens[i], spans[i])
             continue
-        drams, everyone, arrived = [r.dram for r in runners], devices, pending
+        drams, everyone, arrived, split = [r.dram for r in runners], devices, pending, None
         if exchange is not None:
-            arrived, drams = exchange.gather(step, pending, drams)
+            split = exchange.split(step)
+            arrived, drams = exchange.gather(step, pending, drams, operands=split is None)
             everyone = exchange.devices
+            if split is not None:        # the other processes' DRAMs are not needed
+                drams = [d if p in exchange.mine else None for p, d in enumerate(drams)]
         issued, record = execute(step, drams, everyone,
                                  [p.t for p in arrived], topology, arrived[0].context,
                                  ready=[p.t if p.ready is None else p.ready for p in arrived],
                                  overlaps=any(p.overlaps for p in arrived),
-                                 algorithm=algorithm, share=share)
+                                 algorithm=algorithm, share=share, split=split)
         if exchange is not None:
             issued = [issued[p] for p in exchange.local]
         records.append(record)
@@ -176,7 +179,7 @@ def _advance(gen, value) -> Arrival | None:
 
 def execute(step: Collective, drams: list[dict], devices, arrivals: list[float], topology,
             context: str = "", *, ready: list[float] | None = None, overlaps: bool = False,
-            algorithm: str | None = None, share: frozenset[str] = frozenset()
+            algorithm: str | None = None, share: frozenset[str] = frozenset(), split=None
             ) -> tuple[list[Issued], profiler.CollectiveRecord]:
     """Runs `step` for all devices (partition p = devices[p]); returns each device's
     span and DMA rate, and the record. `ready[p]`: when p's CC cores are free (default:
@@ -184,7 +187,10 @@ def execute(step: Collective, drams: list[dict], devices, arrivals: list[float],
     `algorithm`: the algorithm to force (JAX_TRN_COLLECTIVE_ALGORITHM), None to choose;
     `share`: result tensors no other step writes: where a group's members get one
     result array (an all_gather's), their DRAMs bind one read-only copy of it instead
-    of a copy each (memory: one per group, not one per device)."""
+    of a copy each (memory: one per group, not one per device). `split` (an all_reduce
+    over devices of several processes, `spmd_remote.Exchange.split`): `drams` holds this
+    process's devices' DRAMs (None for the others'), the processes share the reduction
+    (`collectives.blocked`), and only this process's DRAMs get results."""
     n = len(devices)
     gid = [d.id for d in devices]
     ready = list(arrivals) if ready is None else [max(a, r) for a, r in zip(arrivals, ready)]
@@ -198,15 +204,16 @@ def execute(step: Collective, drams: list[dict], devices, arrivals: list[float],
     total_ns, nbytes, step_times = 0.0, 0, []
     sent: dict[str, float] = {}
     for srcs, dsts in messages(step):
+        held = [p for p in range(n) if drams[p] is not None]
         if len(srcs) > 1:              # one flat message, its parts read in place
             arrays = {gid[p]: [np.asarray(drams[p][t.name]).reshape(-1) for t in srcs]
-                      for p in range(n)}
+                      for p in held}
         else:
-            arrays = {gid[p]: _read(drams[p], srcs[0]) for p in range(n)}
+            arrays = {gid[p]: _read(drams[p], srcs[0]) for p in held}
         results, timing_i = _run(step, arrays, groups, gid, topology, dma_available,
-                                 forced)
+                                 forced, split)
         bound: dict[int, np.ndarray] = {}
-        for p in range(n):
+        for p in held:
             if gid[p] in results and all(t.name in share for t in dsts):
                 _bind_all(bound, drams[p], dsts, results[gid[p]])
             elif gid[p] in results:
@@ -269,11 +276,14 @@ def _bind_all(bound: dict, dram: dict, dsts: list, value: np.ndarray) -> None:
         dram[t.name] = part
 
 
-def _run(step, arrays, groups, gid, topology, dma_available=1.0, algorithm=None):
+def _run(step, arrays, groups, gid, topology, dma_available=1.0, algorithm=None, split=None):
     from jax_trn.collectives import run_collective
     groups_g = [[gid[p] for p in g] for g in groups]
     kw = {"dma_available": dma_available, "algorithm": algorithm}
-    if step.kind == "all_gather" and np.ndim(arrays[gid[0]]):
+    if split is not None:
+        kw["split"] = split
+    first = next(iter(arrays.values()))
+    if step.kind == "all_gather" and np.ndim(first):
         return _gathered(arrays, groups_g, step.dim, topology, **kw)
     if step.kind in ("all_reduce", "reduce_scatter"):
         op = KIND_OPS.get(step.op)
@@ -281,7 +291,7 @@ def _run(step, arrays, groups, gid, topology, dma_available=1.0, algorithm=None)
             raise CollectiveError(f"{step.name}: a {step.kind} combining with {step.op!r} is "
                                   "not supported by the collective engine (sum, max, min)")
         kw["op"] = op
-    if isinstance(arrays[gid[0]], list):           # messages(): a combined all_reduce
+    if isinstance(first, list):                    # messages(): a combined all_reduce
         from jax_trn.collectives import all_reduce_parts
         return all_reduce_parts(arrays, groups_g, topology, **kw)
     if step.kind in ("all_gather", "reduce_scatter"):

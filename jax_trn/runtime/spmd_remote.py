@@ -108,7 +108,9 @@ class Exchange:
         self.devices = list(devices)
         self.me = process_index
         self.local = [p for p, d in enumerate(self.devices) if d.addressable]
-        self.peers = sorted({d.process_index for d in self.devices} - {process_index})
+        self.mine = frozenset(self.local)
+        self.processes = sorted({d.process_index for d in self.devices})
+        self.peers = [q for q in self.processes if q != process_index]
         self.base = f"{PREFIX}cc/{program}/{call}"
         self.timeout_s = timeout_s
         self.index = 0
@@ -176,6 +178,48 @@ class Exchange:
         if missing:
             raise RemoteCollectiveError(f"{step.name}: no data of partitions {missing}")
         return arrivals, full
+
+    def split(self, step):
+        """For an all_reduce: the function `collectives` calls with its ranks' device
+        ids to get their `blocked.Split` (the processes share the reduction column-wise
+        and swap inputs and results through `swap`); None for any other collective
+        (every process runs it whole on every device's operands, `gather`)."""
+        from jax_trn.collectives.blocked import Split
+        from .spmd import KIND_OPS
+        if step.kind != "all_reduce" or step.op not in KIND_OPS:
+            return None
+        position = {q: k for k, q in enumerate(self.processes)}
+        owner = {d.id: position[d.process_index] for d in self.devices}
+        me, count = position[self.me], len(self.processes)
+
+        def swap(sends):
+            return self.swap(step, sends)
+        return lambda devs: Split([owner[int(d)] for d in devs], me, count, swap)
+
+    def swap(self, step, sends: list) -> list:
+        """One rendezvous at which process `processes[k]` gets array sends[k] from this
+        one (None at this process's place); returns the arrays each peer sent this one
+        (read-only views of the published value), None at this process's place."""
+        index = self.index
+        self.index += 1
+        me = self.processes.index(self.me)
+        if index not in self._published:
+            pieces = _encode_swap(step.name, sends)
+            self.channel.put(self._key(index, self.me), pieces, step.name)
+            STATS["bytes_put"] += sum(len(memoryview(b).cast("B")) for b in pieces)
+            self._published.add(index)
+        out: list = [None] * len(self.processes)
+        for k, q in enumerate(self.processes):
+            if q == self.me:
+                continue
+            got = self._get(index, q, step.name)
+            try:
+                got = self.channel.read(got)
+            except OSError as exc:
+                raise RemoteCollectiveError(f"{step.name}: cannot read process {q}'s data "
+                                            f"(did it fail?): {exc}") from None
+            out[k] = _decode_swap(got, step.name, me, q)
+        return out
 
     def finish(self) -> None:
         """This process's end of the call, published at the next rendezvous index; then
@@ -290,6 +334,36 @@ def _encode(step, partitions: list[int], pending: list, drams: list[dict],
     return bytes(out)
 
 
+def _encode_swap(name: str, sends: list) -> list:
+    """A `swap` value: a JSON header line (step name; for each receiver k its array's
+    shape, dtype and byte count) and the arrays' bytes, as pieces written one after the
+    other (no joined copy)."""
+    arrays = [None if a is None else np.ascontiguousarray(a) for a in sends]
+    layout = [None if a is None else [list(a.shape), a.dtype.name, a.nbytes] for a in arrays]
+    header = json.dumps({"step": name, "swap": layout}).encode() + b"\n"
+    return [header] + [a.reshape(-1).view(np.uint8) for a in arrays if a is not None and a.size]
+
+
+def _decode_swap(blob, name: str, me: int, q: int) -> np.ndarray:
+    """The array a peer (process q) sent this process (at place `me`) in a `swap`."""
+    end = blob.find(b"\n")
+    header = json.loads(bytes(blob[:end]))
+    if header.get("step") != name or "swap" not in header:
+        raise RemoteCollectiveError(
+            f"process {q} reached {header.get('step')} where this process is at {name}: "
+            f"the processes took different paths through the program")
+    at = end + 1
+    for k, entry in enumerate(header["swap"]):
+        if entry is None:
+            continue
+        shape, dtype, nbytes = entry
+        if k == me:
+            return np.frombuffer(memoryview(blob)[at:at + nbytes],
+                                 _dt.np_dtype(dtype)).reshape(shape)
+        at += nbytes
+    raise RemoteCollectiveError(f"{name}: process {q} sent nothing for this process")
+
+
 def _decode(blob: bytes, step, scratch: dict):
     """(step name, {partition: (Arrival, DRAM)}) of a peer's value. A remote DRAM holds
     the operands; the collective's results for it go to `scratch` (one array per
@@ -297,7 +371,7 @@ def _decode(blob: bytes, step, scratch: dict):
     from .spmd import Arrival
     end = blob.find(b"\n")
     header = json.loads(bytes(blob[:end]))
-    if header["step"] != step.name:
+    if header["step"] != step.name or "arrivals" not in header:
         return header["step"], {}
     out = {}
     for p, t, ready, overlaps, context in header["arrivals"]:

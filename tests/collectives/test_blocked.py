@@ -117,3 +117,105 @@ def test_copies_are_ids_and_results_are_shared_only_when_the_plan_says_so():
     comp = indirect.compile_plan(Plan(gather, 2, 3, np.zeros(2, int), 1, "t"), 2, 1)
     assert comp.cells == 2 * 2 + 1 + 2 and not comp.shared      # rows [a0, a1], [a1, a0]
     assert comp.final.tolist() == [[5, 6], [6, 5]]
+
+
+class _Swaps:
+    """`blocked.Split.swap` between threads standing in for processes: round i of
+    process k returns what every peer sent k in its round i."""
+
+    def __init__(self, count):
+        import threading
+        self.count, self.barrier = count, threading.Barrier(count)
+        self.boxes: dict = {}
+
+    def split(self, owner_of, me):
+        rounds = iter(range(1 << 30))
+
+        def swap(sends):
+            i = next(rounds)
+            for k, a in enumerate(sends):
+                if k != me:
+                    self.boxes[i, me, k] = np.array(a)      # a copy, as bytes travel
+            self.barrier.wait()
+            return [None if k == me else self.boxes[i, k, me] for k in range(self.count)]
+        return lambda devs: blocked.Split([owner_of[int(d)] for d in devs], me, self.count, swap)
+
+
+def _split_run(kind, arrays, groups, topo, algorithm, op, owner_of, count, parts=False):
+    """Every process's results of one all_reduce, split over `count` thread-processes."""
+    from concurrent.futures import ThreadPoolExecutor
+    from jax_trn.collectives import all_reduce_parts
+    swaps = _Swaps(count)
+
+    def one(me):
+        local = {d: a for d, a in arrays.items() if owner_of[d] == me}
+        if parts:
+            return all_reduce_parts(local, groups, topo, algorithm, op,
+                                    split=swaps.split(owner_of, me))[0]
+        return run_collective(kind, local, groups, topo, algorithm, op=op,
+                              split=swaps.split(owner_of, me))[0]
+    with ThreadPoolExecutor(count) as pool:
+        return list(pool.map(one, range(count)))
+
+
+@pytest.mark.parametrize("algorithm", [None, "ring", "mesh", "hierarchical", "rdh"])
+@pytest.mark.parametrize("shape,dtype,op", [((3001,), np.float32, "sum"),
+                                            ((7, 33), ml_dtypes.bfloat16, "sum"),
+                                            ((), np.float32, "max"), ((5,), np.int32, "sum")])
+@pytest.mark.parametrize("count", [2, 3, 4])
+def test_split_over_processes_gives_one_process_bits(algorithm, shape, dtype, op, count,
+                                                     monkeypatch):
+    """An all_reduce whose ranks are spread over processes (each reducing a share of
+    the columns, `blocked.Split`) gives each process's ranks the bits one process
+    computes, whatever the owners' layout, also when a share has no columns."""
+    monkeypatch.setattr(blocked, "BLOCK_BYTES", 4096)
+    rng = np.random.default_rng(11)
+    topo = TOPOS["trn2.48xlarge"]
+    for groups in ([list(range(64))], [list(range(0, 32, 2)), list(range(1, 32, 2))],
+                   [[0, 5, 9, 14], [1, 2, 3, 4]]):
+        devs = sorted(d for g in groups for d in g)
+        owner_of = {d: min(count - 1, i * count // len(devs)) for i, d in enumerate(devs)}
+        arrays = {d: (rng.standard_normal(shape) * 100).astype(dtype) for d in devs}
+        try:
+            want, _ = run_collective("all_reduce", arrays, groups, topo, algorithm, op=op)
+        except ValueError:
+            continue
+        got = _split_run("all_reduce", arrays, groups, topo, algorithm, op, owner_of, count)
+        for me, results in enumerate(got):
+            assert sorted(results) == [d for d in devs if owner_of[d] == me]
+            for d, r in results.items():
+                assert r.shape == want[d].shape and r.tobytes() == want[d].tobytes()
+
+
+def test_split_rows_that_differ_and_parts():
+    """Split with per-rank results (a plan that leaves ranks different) and with a
+    message of parts: each process gets its ranks' own rows."""
+    from jax_trn.collectives.plan import Plan
+    plan = Plan(steps=[], slots=2, total_slots=2, leaf=np.zeros(4, int), leaf_span=1, name="none")
+    xs = [np.arange(4, dtype=np.float32) + r for r in range(4)]
+    swaps = _Swaps(2)
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(me):
+        mine = [x if r // 2 == me else None for r, x in enumerate(xs)]
+        return blocked.all_reduce(plan, mine, "sum", 16, 2, 2,
+                                  swaps.split({r: r // 2 for r in range(4)}, me)(range(4)))
+    with ThreadPoolExecutor(2) as pool:
+        outs = list(pool.map(one, range(2)))
+    for me, out in enumerate(outs):
+        for r in range(4):
+            assert (out[r] is None) == (r // 2 != me)
+            if out[r] is not None:
+                assert out[r].tolist() == xs[r].tolist()
+    rng = np.random.default_rng(5)
+    topo = TOPOS["trn2.48xlarge"]
+    groups = [list(range(16))]
+    arrays = {d: [rng.standard_normal(n).astype(np.float32) for n in (7, 300, 1)]
+              for d in range(16)}
+    from jax_trn.collectives import all_reduce_parts
+    want, _ = all_reduce_parts(arrays, groups, topo)
+    got = _split_run("all_reduce", arrays, groups, topo, None, "sum",
+                     {d: d * 3 // 16 for d in range(16)}, 3, parts=True)
+    for results in got:
+        for d, r in results.items():
+            assert r.tobytes() == want[d].tobytes()
