@@ -17,14 +17,44 @@ from . import blocked, buffers, numerics, permute
 from .choice import choose_algorithm
 from .plan import KINDS, Plan
 from .table import plan_for
-from .timing import Timing, timing
+from .timing import Timing
+from .timing import timing as _timing
 
 __all__ = ["run_collective", "collective_time", "all_reduce_parts"]
 
 
+# Plans and timings depend on the shapes and devices only, and a program runs the same
+# collectives at every step: both are kept (bounded), keyed by their arguments (the
+# topology object itself, so its id cannot be reused while an entry lives).
+_PLANS: dict = {}
+_TIMINGS: dict = {}
+_KEEP = 256
+
+
 def _plan(kind, groups, topo, algorithm, nbytes) -> Plan:
-    name = algorithm or choose_algorithm(kind, nbytes, groups, topo)
-    return plan_for(kind, groups, topo, name, nbytes)
+    groups = np.asarray(groups)
+    key = (kind, groups.shape, groups.tobytes(), topo, algorithm, nbytes)
+    got = _PLANS.get(key)
+    if got is None:
+        name = algorithm or choose_algorithm(kind, nbytes, groups, topo)
+        got = plan_for(kind, groups, topo, name, nbytes)
+        if len(_PLANS) >= _KEEP:
+            _PLANS.clear()
+        _PLANS[key] = got
+    return got
+
+
+def timing(plan: Plan, topo, devs, chunk_bytes, dma_available, kind, nbytes, n) -> Timing:
+    """`timing.timing`, kept per plan and arguments (it reads no data)."""
+    devs = np.asarray(devs)
+    key = (plan, topo, devs.tobytes(), chunk_bytes, dma_available, kind, nbytes, n)
+    got = _TIMINGS.get(key)
+    if got is None:
+        got = _timing(plan, topo, devs, chunk_bytes, dma_available, kind, nbytes, n)
+        if len(_TIMINGS) >= _KEEP:
+            _TIMINGS.clear()
+        _TIMINGS[key] = got
+    return got
 
 
 def _validate(kind, groups, topo, op) -> np.ndarray:
