@@ -12,6 +12,10 @@ Processes on several hosts fall back to the store itself.
 Whether all processes share this host is decided once per store: each process publishes
 its host id (host name and boot id) under `jax_trn/host/<process>` when its client is
 made (`announce`).
+
+Files are named `jax_trn-<host name>-<pid>-<n>`. A process killed outright (SIGKILL, the
+OOM killer) cannot delete its own, so a new client deletes those of this host name whose
+process is gone (`sweep`).
 """
 from __future__ import annotations
 
@@ -41,8 +45,46 @@ def host_id() -> str:
 
 
 def announce(kv, me: int) -> None:
-    """Publishes this process's host id (when its client is made)."""
+    """Publishes this process's host id (when its client is made), after deleting the
+    files dead processes left (`sweep`)."""
+    sweep()
     kv.put(f"{PREFIX}host/{me}", host_id().encode())
+
+
+def _prefix() -> str:
+    return f"jax_trn-{socket.gethostname().replace('/', '_')}-"
+
+
+def sweep() -> list[str]:
+    """Deletes the shared-memory files of this host's processes that no longer exist;
+    returns their paths."""
+    prefix, gone = _prefix(), []
+    try:
+        names = os.listdir(_SHM_DIR)
+    except OSError:
+        return gone
+    for name in names:
+        if not name.startswith(prefix):
+            continue
+        pid = name[len(prefix):].split("-", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        try:
+            os.unlink(os.path.join(_SHM_DIR, name))
+            gone.append(os.path.join(_SHM_DIR, name))
+        except OSError:
+            pass
+    return gone
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:                 # another user's process: alive
+        return True
+    return True
 
 
 def all_on_this_host(kv, me: int, processes: list[int], timeout_s: float) -> bool:
@@ -77,7 +119,7 @@ class Channel:
         if not self.shared:
             self.kv.put(key, b"".join(pieces))
             return
-        path = os.path.join(_SHM_DIR, f"jax_trn-{os.getpid()}-{next(_counter)}")
+        path = os.path.join(_SHM_DIR, f"{_prefix()}{os.getpid()}-{next(_counter)}")
         with open(path, "wb") as f:
             for piece in pieces:
                 f.write(piece)

@@ -194,6 +194,10 @@ class Executable:
         call that fails in any way (an error, a runaway loop, Ctrl-C, out of HBM or host
         memory on any device) leaves nothing allocated and donates nothing."""
         devices = [device] if device is not None else self.local_devices
+        if not devices and not arg_lists:
+            # A multi-process program none of whose devices is this process's (JAX
+            # calls it everywhere): the processes that own its devices run it.
+            return []
         if len(arg_lists) != len(devices):
             raise ExecutionError(
                 f"{self.name} was compiled for {len(self.devices)} devices "

@@ -72,3 +72,44 @@ def test_calls_are_counted_per_program_and_store():
     assert [spmd_remote.next_call(kv1, "p") for _ in range(3)] == [1, 2, 3]
     assert spmd_remote.next_call(kv1, "q") == 1
     assert spmd_remote.next_call(kv2, "p") == 1
+
+
+def test_files_of_dead_processes_are_swept_and_live_ones_kept():
+    """A process killed outright leaves its shared-memory files; the next client made on
+    this host deletes them (`channel.sweep`), and not those of live processes."""
+    import subprocess
+    import sys
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    prefix = os.path.join(channel._SHM_DIR, channel._prefix())
+    paths = [f"{prefix}{dead.pid}-0", f"{prefix}{os.getpid()}-999999", f"{prefix}x-1"]
+    for path in paths:
+        with open(path, "wb") as f:
+            f.write(b"data")
+    try:
+        gone = channel.sweep()
+        assert paths[0] in gone and not os.path.exists(paths[0])
+        assert os.path.exists(paths[1]) and os.path.exists(paths[2])
+    finally:
+        for path in paths:
+            if os.path.exists(path):
+                os.unlink(path)
+
+
+def test_a_swap_value_gives_each_peer_its_array_and_refuses_another_path():
+    """`Exchange.swap`'s values: each receiver reads its own array, in its shape and
+    dtype; a value of another collective is an error naming both."""
+    import ml_dtypes
+    sends = [np.arange(6, dtype=np.float32).reshape(2, 3), None,
+             np.ones((1, 2, 2, 1), ml_dtypes.bfloat16), np.zeros((0, 4), np.int32)]
+    blob = b"".join(bytes(p) for p in spmd_remote._encode_swap("all_reduce.7", sends))
+    for k, want in enumerate(sends):
+        if want is None:
+            continue
+        got = spmd_remote._decode_swap(blob, "all_reduce.7", k, 1)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        assert got.tobytes() == want.tobytes()
+    with pytest.raises(spmd_remote.RemoteCollectiveError, match="all_reduce.8.*different paths"):
+        spmd_remote._decode_swap(blob, "all_reduce.8", 0, 1)
+    with pytest.raises(spmd_remote.RemoteCollectiveError, match="sent nothing"):
+        spmd_remote._decode_swap(blob, "all_reduce.7", 1, 1)

@@ -64,10 +64,20 @@ try:
     timeout = None
 except Exception as exc:
     timeout = type(exc).__name__
+# A program on process 0's devices only, called in both (as JAX's multi-controller
+# code does): process 1 owns none of them, runs nothing and gets an array without local
+# shards; process 0 runs it alone.
+import numpy as np
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+mesh0 = Mesh(np.array([d for d in devs if d.process_index == 0]), ("x",))
+out0 = jax.jit(lambda a: a * 3, out_shardings=NamedSharding(mesh0, P()))(jnp.ones(4))
+shards = [np.asarray(s.data).tolist() for s in out0.addressable_shards]
 report({"count": jax.process_count(), "index": jax.process_index(),
         "global": [(d.id, d.process_index) for d in devs],
         "local": [d.id for d in local], "other": list(other),
-        "missing": kv.try_get("jax_trn/test/none"), "timeout": timeout})
+        "missing": kv.try_get("jax_trn/test/none"), "timeout": timeout,
+        "shards0": shards})
 """
 
 
@@ -79,6 +89,7 @@ def test_two_processes_see_global_and_local_devices_and_share_the_store():
         assert r["local"] == list(range(64 * p, 64 * (p + 1)))
         assert r["other"] == [1 - p, 0, 255]
         assert r["missing"] is None and r["timeout"] == "KVTimeout"
+        assert r["shards0"] == ([[3.0] * 4] * 64 if p == 0 else [])
 
 
 def test_a_process_count_that_does_not_divide_the_chips_fails_clearly():
