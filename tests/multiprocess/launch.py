@@ -12,7 +12,9 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
+import time
 
 _PRELUDE = """
 import json, os, sys
@@ -47,20 +49,31 @@ def run(script: str, n: int = 2, system: str = "trn2.48xlarge", timeout: float =
     full_env = {**os.environ, "JAX_PLATFORMS": "trn,cpu", "JAX_TRN_SYSTEM": system,
                 **(env or {})}
     full_env.pop("XLA_FLAGS", None)          # no forced host device count in the children
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(i), str(n), str(port),
-                               str(heartbeat_s)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=full_env) for i in range(n)]
-    outs = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=timeout)
-            outs.append((p.returncode, out, err))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    # Output goes to files, not pipes: a process blocked writing to a full pipe that
+    # nobody reads yet (the launcher waits on process 0, which waits for it at JAX's
+    # shutdown barrier) would hang the run.
+    with tempfile.TemporaryDirectory() as tmp:
+        files = [(open(os.path.join(tmp, f"{i}.out"), "w+"),
+                  open(os.path.join(tmp, f"{i}.err"), "w+")) for i in range(n)]
+        procs = [subprocess.Popen([sys.executable, "-c", code, str(i), str(n), str(port),
+                                   str(heartbeat_s)], stdout=out, stderr=err, text=True,
+                                  env=full_env) for i, (out, err) in enumerate(files)]
+        outs = []
+        try:
+            deadline = time.monotonic() + timeout
+            for p, (out, err) in zip(procs, files):
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+                out.seek(0)
+                err.seek(0)
+                outs.append((p.returncode, out.read(), err.read()))
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            for out, err in files:
+                out.close()
+                err.close()
     reports = []
     for i, (rc, out, err) in enumerate(outs):
         lines = [ln[7:] for ln in out.splitlines() if ln.startswith("REPORT ")]
