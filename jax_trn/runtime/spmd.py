@@ -144,7 +144,8 @@ def drive(runners, devices, topology, *, algorithm: str | None = None,
                                  [p.t for p in arrived], topology, arrived[0].context,
                                  ready=[p.t if p.ready is None else p.ready for p in arrived],
                                  overlaps=any(p.overlaps for p in arrived),
-                                 algorithm=algorithm, share=share, split=split)
+                                 algorithm=algorithm, share=share, split=split,
+                                 keep=exchange.mine if exchange is not None else None)
         if exchange is not None:
             issued = [issued[p] for p in exchange.local]
         records.append(record)
@@ -179,7 +180,8 @@ def _advance(gen, value) -> Arrival | None:
 
 def execute(step: Collective, drams: list[dict], devices, arrivals: list[float], topology,
             context: str = "", *, ready: list[float] | None = None, overlaps: bool = False,
-            algorithm: str | None = None, share: frozenset[str] = frozenset(), split=None
+            algorithm: str | None = None, share: frozenset[str] = frozenset(), split=None,
+            keep: frozenset[int] | None = None
             ) -> tuple[list[Issued], profiler.CollectiveRecord]:
     """Runs `step` for all devices (partition p = devices[p]); returns each device's
     span and DMA rate, and the record. `ready[p]`: when p's CC cores are free (default:
@@ -190,7 +192,9 @@ def execute(step: Collective, drams: list[dict], devices, arrivals: list[float],
     of a copy each (memory: one per group, not one per device). `split` (an all_reduce
     over devices of several processes, `spmd_remote.Exchange.split`): `drams` holds this
     process's devices' DRAMs (None for the others'), the processes share the reduction
-    (`collectives.blocked`), and only this process's DRAMs get results."""
+    (`collectives.blocked`), and only this process's DRAMs get results. `keep`: the
+    partitions whose results are wanted (this process's; default all): an all_gather
+    concatenates only their groups' inputs, and no other DRAM is written."""
     n = len(devices)
     gid = [d.id for d in devices]
     ready = list(arrivals) if ready is None else [max(a, r) for a, r in zip(arrivals, ready)]
@@ -211,9 +215,9 @@ def execute(step: Collective, drams: list[dict], devices, arrivals: list[float],
         else:
             arrays = {gid[p]: _read(drams[p], srcs[0]) for p in held}
         results, timing_i = _run(step, arrays, groups, gid, topology, dma_available,
-                                 forced, split)
+                                 forced, split, None if keep is None else {gid[p] for p in keep})
         bound: dict[int, np.ndarray] = {}
-        for p in held:
+        for p in held if keep is None else [p for p in held if p in keep]:
             if gid[p] in results and all(t.name in share for t in dsts):
                 _bind_all(bound, drams[p], dsts, results[gid[p]])
             elif gid[p] in results:
@@ -276,7 +280,8 @@ def _bind_all(bound: dict, dram: dict, dsts: list, value: np.ndarray) -> None:
         dram[t.name] = part
 
 
-def _run(step, arrays, groups, gid, topology, dma_available=1.0, algorithm=None, split=None):
+def _run(step, arrays, groups, gid, topology, dma_available=1.0, algorithm=None, split=None,
+         wanted=None):
     from jax_trn.collectives import run_collective
     groups_g = [[gid[p] for p in g] for g in groups]
     kw = {"dma_available": dma_available, "algorithm": algorithm}
@@ -284,7 +289,7 @@ def _run(step, arrays, groups, gid, topology, dma_available=1.0, algorithm=None,
         kw["split"] = split
     first = next(iter(arrays.values()))
     if step.kind == "all_gather" and np.ndim(first):
-        return _gathered(arrays, groups_g, step.dim, topology, **kw)
+        return _gathered(arrays, groups_g, step.dim, topology, wanted=wanted, **kw)
     if step.kind in ("all_reduce", "reduce_scatter"):
         op = KIND_OPS.get(step.op)
         if op is None:
@@ -303,18 +308,22 @@ def _run(step, arrays, groups, gid, topology, dma_available=1.0, algorithm=None,
     return run_collective(step.kind, arrays, groups_g, topology, **kw)
 
 
-def _gathered(arrays, groups, axis: int, topology, dma_available=1.0, algorithm=None):
+def _gathered(arrays, groups, axis: int, topology, dma_available=1.0, algorithm=None,
+              wanted=None):
     """An all_gather's results and timing. It moves data without arithmetic, so every
     member's result is the concatenation of its group's inputs in group order, whatever
     the algorithm: one array per group, shared by its members (no working buffer of
     every rank's slots, which is ranks x group size x input). Its timing is the plan's,
-    as `run_collective` prices it (`collective_time`: the same plan)."""
+    as `run_collective` prices it (`collective_time`: the same plan). `wanted`: the
+    devices whose results are needed (None: all); other groups are not concatenated."""
     from jax_trn.collectives import collective_time
     x0 = np.asarray(arrays[groups[0][0]])
     timing = collective_time("all_gather", x0.shape, x0.dtype, groups, topology, algorithm,
                              dma_available=dma_available)
     results = {}
     for g in groups:
+        if wanted is not None and not wanted.intersection(g):
+            continue
         got = np.concatenate([np.asarray(arrays[d]) for d in g], axis=axis)
         results.update(dict.fromkeys(g, got))
     return results, timing
