@@ -13,6 +13,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+import jax_trn.cluster  # noqa: E402,F401  (jax.distributed.initialize() under jax_trn.launch)
 from jax_trn.comparison import compare  # noqa: E402
 from jax_trn.config import configure, get_system  # noqa: E402
 from jax_trn.estimation import estimate, timing_only  # noqa: E402

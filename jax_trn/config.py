@@ -250,6 +250,9 @@ def _parse(field: str, value: Any, source: str) -> Any:
         raise ConfigError(f"{source}={value!r}: {e}") from None
 
 
+_LAUNCH_VARIABLES = ("JAX_TRN_COORDINATOR", "JAX_TRN_NUM_PROCESSES", "JAX_TRN_PROCESS_ID")
+
+
 def from_environment(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The settings given by `JAX_TRN_*` variables (validated), by field. Unknown
     `JAX_TRN_*` variables are reported with a warning (a typo would otherwise be silent)."""
@@ -259,6 +262,8 @@ def from_environment(environ: Mapping[str, str] | None = None) -> dict[str, Any]
         if not var.startswith(PREFIX):
             continue
         field = var[len(PREFIX):].lower()
+        if var in _LAUNCH_VARIABLES:        # jax_trn.launch's, read by jax_trn.cluster
+            continue
         if field not in _BY_FIELD:
             close = difflib.get_close_matches(var, [s.variable for s in SETTINGS], n=1)
             hint = f"; did you mean {close[0]}?" if close else ""

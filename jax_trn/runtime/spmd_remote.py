@@ -34,7 +34,11 @@ that the peer did not); a call that fails publishes a failure marker there, so t
 fail at once with its message.
 A peer that publishes nothing (dead, stuck) fails the others after
 `Options.process_timeout` seconds (JAX_TRN_PROCESS_TIMEOUT; JAX's coordination service
-also ends a run whose process died, after its heartbeat timeout).
+also ends a run whose process died, after its heartbeat timeout). A peer whose program
+ended, or raised, while the others wait for it says so as its interpreter exits
+(`watch_exit`: `jax_trn/exit/<process>`, published before JAX's own exit handler, which
+waits at the coordination service's shutdown barrier); a waiting process polls for that
+marker and fails at once with the peer's reason.
 
 Values: a JSON header line (step name, arrivals, arrays: partition, tensor, dtype, byte
 count) and the arrays' raw bytes, carried by `channel` (shared memory when every
@@ -52,6 +56,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 import weakref
 
 import numpy as np
@@ -65,6 +70,34 @@ from .kvstore import DEFAULT_TIMEOUT_S, PREFIX, KVError, KVTimeout
 STATS = {"bytes_put": 0}
 _END = b"END\n"
 _FAILED = b"FAILED\n"
+
+
+# How often a process waiting for a peer's value checks whether the peer is exiting.
+POLL_S = 1.0
+_exit_reason: list[str] = []
+
+
+def watch_exit(kv, me: int) -> None:
+    """At interpreter exit, publishes that process `me` is exiting and why (its uncaught
+    exception, if any), so peers waiting for it fail at once (`Exchange._get`). The
+    handler is registered after JAX's (`jax.distributed.initialize` registers its
+    shutdown first), so it runs before JAX's shutdown barrier blocks."""
+    import atexit
+    import sys
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        _exit_reason[:] = [f"it raised {kind.__name__}: {value}"[:1000]]
+        previous(kind, value, tb)
+    sys.excepthook = hook
+
+    def exiting() -> None:
+        reason = _exit_reason[0] if _exit_reason else "its program ended or called sys.exit"
+        try:
+            kv.put(f"{PREFIX}exit/{me}", reason.encode())
+        except Exception:       # noqa: BLE001 - the store is gone: nobody is waiting
+            pass
+    atexit.register(exiting)
 
 
 class RemoteCollectiveError(RuntimeError):
@@ -276,6 +309,14 @@ class Exchange:
         spans = callbacks.shared_spans(step, runners[0].chip_spec, [a.t for a in arrived], k)
         return [spans[p] for p in self.local]
 
+    def _exiting(self, q: int) -> str | None:
+        """Process q's exit reason if it is exiting (`watch_exit`), else None."""
+        try:
+            got = self.kv.try_get(f"{PREFIX}exit/{q}")
+        except KVError:
+            return None
+        return None if got is None else got.decode(errors="replace")
+
     def abort(self, exc: BaseException) -> None:
         """This process's call failed (`exc`): said at the next rendezvous index, so
         the peers fail at once instead of waiting out the timeout."""
@@ -291,16 +332,29 @@ class Exchange:
             pass
 
     def _get(self, index: int, q: int, name: str, end_ok: bool = False) -> bytes:
-        try:
-            got = self.kv.get(self._key(index, q), self.timeout_s)
-        except KVTimeout as exc:
-            raise RemoteTimeout(
-                f"{name}: process {q} did not get there within "
-                f"{self.timeout_s:g} s (it died, is stuck, or took another path): "
-                f"{exc}") from None
-        except KVError as exc:
-            raise RemoteCollectiveError(f"{name}: cannot read process {q}'s data from the "
-                                        f"coordination service: {exc}") from None
+        key = self._key(index, q)
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                got = self.kv.get(key, max(0.001, min(POLL_S, deadline - time.monotonic())))
+                break
+            except KVTimeout as exc:
+                exiting = self._exiting(q)
+                if exiting is not None:
+                    got = self.kv.try_get(key)        # published just before it exited?
+                    if got is not None:
+                        break
+                    raise RemoteCollectiveError(
+                        f"{name}: process {q} exited ({exiting}) while process {self.me} "
+                        f"waits for it here") from None
+                if time.monotonic() >= deadline:
+                    raise RemoteTimeout(
+                        f"{name}: process {q} did not get there within "
+                        f"{self.timeout_s:g} s (it died, is stuck, or took another path): "
+                        f"{exc}") from None
+            except KVError as exc:
+                raise RemoteCollectiveError(f"{name}: cannot read process {q}'s data from "
+                                            f"the coordination service: {exc}") from None
         if got.startswith(_FAILED):
             raise RemoteCollectiveError(
                 f"{name}: process {q} failed: {got[len(_FAILED):].decode(errors='replace')}")

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import textwrap
 import time
+
+from jax_trn.launch import free_port
 
 _PRELUDE = """
 import json, os, sys
@@ -28,10 +29,6 @@ def report(obj):
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
 
 
 class ProcessFailed(AssertionError):
