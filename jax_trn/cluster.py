@@ -16,14 +16,11 @@ imported (`import jax_trn` does, and so does the launcher before it runs the scr
 """
 from __future__ import annotations
 
-import os
-
 from jax._src.clusters import ClusterEnv
 
-COORDINATOR = "JAX_TRN_COORDINATOR"
-NUM_PROCESSES = "JAX_TRN_NUM_PROCESSES"
-PROCESS_ID = "JAX_TRN_PROCESS_ID"
-VARIABLES = (COORDINATOR, NUM_PROCESSES, PROCESS_ID)
+from jax_trn.config import LAUNCH_VARIABLES, launch_variables
+
+COORDINATOR, NUM_PROCESSES, PROCESS_ID = LAUNCH_VARIABLES
 
 
 class TrnLaunch(ClusterEnv):
@@ -33,22 +30,22 @@ class TrnLaunch(ClusterEnv):
 
     @classmethod
     def is_env_present(cls) -> bool:
-        return all(os.environ.get(v) for v in VARIABLES)
+        return len(launch_variables()) == len(LAUNCH_VARIABLES)
 
     @classmethod
     def get_coordinator_address(cls, timeout_secs, override_coordinator_port=None) -> str:
-        address = os.environ[COORDINATOR]
+        address = launch_variables()[COORDINATOR]
         if override_coordinator_port:
             address = f"{address.rsplit(':', 1)[0]}:{override_coordinator_port}"
         return address
 
     @classmethod
     def get_process_count(cls) -> int:
-        return int(os.environ[NUM_PROCESSES])
+        return int(launch_variables()[NUM_PROCESSES])
 
     @classmethod
     def get_process_id(cls) -> int:
-        return int(os.environ[PROCESS_ID])
+        return int(launch_variables()[PROCESS_ID])
 
     @classmethod
     def get_local_process_id(cls) -> int | None:

@@ -250,7 +250,18 @@ def _parse(field: str, value: Any, source: str) -> Any:
         raise ConfigError(f"{source}={value!r}: {e}") from None
 
 
-_LAUNCH_VARIABLES = ("JAX_TRN_COORDINATOR", "JAX_TRN_NUM_PROCESSES", "JAX_TRN_PROCESS_ID")
+LAUNCH_VARIABLES = ("JAX_TRN_COORDINATOR", "JAX_TRN_NUM_PROCESSES", "JAX_TRN_PROCESS_ID")
+
+
+def launch_variables() -> dict[str, str]:
+    """The variables `jax_trn.launch` gave this process (`jax_trn.cluster` reads them):
+    those of `LAUNCH_VARIABLES` that are set and not empty."""
+    return {v: os.environ[v] for v in LAUNCH_VARIABLES if os.environ.get(v)}
+
+
+def environment_with(extra: Mapping[str, str]) -> dict[str, str]:
+    """This process's environment with `extra` added: for the processes it starts."""
+    return {**os.environ, **extra}
 
 
 def from_environment(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -262,7 +273,7 @@ def from_environment(environ: Mapping[str, str] | None = None) -> dict[str, Any]
         if not var.startswith(PREFIX):
             continue
         field = var[len(PREFIX):].lower()
-        if var in _LAUNCH_VARIABLES:        # jax_trn.launch's, read by jax_trn.cluster
+        if var in LAUNCH_VARIABLES:        # jax_trn.launch's, read by jax_trn.cluster
             continue
         if field not in _BY_FIELD:
             close = difflib.get_close_matches(var, [s.variable for s in SETTINGS], n=1)

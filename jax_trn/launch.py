@@ -26,6 +26,7 @@ import threading
 import time
 
 from jax_trn.cluster import COORDINATOR, NUM_PROCESSES, PROCESS_ID
+from jax_trn.config import environment_with
 
 # The child: registers jax_trn's cluster environment, then runs the program as
 # `python script.py args` / `python -m module args` would.
@@ -75,8 +76,8 @@ def launch(target: str, args: list[str], processes: int, module: bool = False,
         raise ValueError(f"--processes {processes}: need at least 1")
     out = sys.stdout if out is None else out
     address = f"localhost:{port or free_port()}"
-    base = {**os.environ, **(env or {}), COORDINATOR: address,
-            NUM_PROCESSES: str(processes)}
+    base = environment_with({**(env or {}), COORDINATOR: address,
+                             NUM_PROCESSES: str(processes)})
     procs = [subprocess.Popen(
         [sys.executable, "-u", "-c", _CHILD, "module" if module else "script", target, *args],
         env={**base, PROCESS_ID: str(p)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
