@@ -27,6 +27,7 @@ timing (timing.py: the steps over the links), so both are the algorithm's. The m
   orders.py        ring / hypercube orders of devices; buffers.py: data <-> slots
   api.py           run_collective, collective_time, all_reduce_parts
   blocked.py       all_reduce numerics in column blocks (bounded working memory)
+  split.py         a collective's columns shared out over processes (multi-process runs)
   indirect.py      a plan's copies as cell ids, only its reductions on data
 
 `ALGORITHMS` (its keys) is what `algorithm=` and JAX_TRN_COLLECTIVE_ALGORITHM accept.

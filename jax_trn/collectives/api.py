@@ -16,11 +16,15 @@ from jax_trn.hw.topology import Topology
 from . import blocked, buffers, numerics, permute
 from .choice import choose_algorithm
 from .plan import KINDS, Plan
+from .split import whole
 from .table import plan_for
 from .timing import Timing
 from .timing import timing as _timing
 
-__all__ = ["run_collective", "collective_time", "all_reduce_parts"]
+__all__ = ["run_collective", "collective_time", "all_reduce_parts", "SPLITS"]
+
+# The kinds whose work processes share (split.py); the others every process runs whole.
+SPLITS = ("all_reduce", "reduce_scatter", "all_to_all")
 
 
 # Plans and timings depend on the shapes and devices only, and a program runs the same
@@ -122,11 +126,12 @@ def run_collective(kind, arrays_by_device, groups, topology: Topology, algorithm
     splits `split_axis` and concatenates along `concat_axis`; collective_permute takes
     `pairs` of (source device, target device) and gives zeros to devices that receive
     nothing (XLA semantics). `algorithm`: a name of `ALGORITHMS`, None for the choice
-    rule. `dma_available`: see timing.py. `split` (an all_reduce whose devices belong to
-    several processes): a function of the ranks' device ids giving a `blocked.Split`;
-    `arrays_by_device` then holds this process's devices only, and so do the results."""
-    if split is not None and kind != "all_reduce":
-        raise ValueError(f"a {kind} does not split across processes (all_reduce does)")
+    rule. `dma_available`: see timing.py. `split` (a collective whose devices belong to
+    several processes; all_reduce, reduce_scatter, all_to_all): a function of the ranks'
+    device ids giving a `split.Split`; `arrays_by_device` then holds this process's
+    devices only, and so do the results."""
+    if split is not None and kind not in SPLITS:
+        raise ValueError(f"a {kind} does not split across processes ({', '.join(SPLITS)} do)")
     if kind == "collective_permute":
         groups = [sorted({d for p in pairs for d in p})]
     groups = _validate(kind, groups, topology, op)
@@ -149,15 +154,23 @@ def run_collective(kind, arrays_by_device, groups, topology: Topology, algorithm
                 timing(plan, topology, devs, chunk * x0.dtype.itemsize, dma_available, kind,
                        nbytes, n))
     move = {"all_gather": axis, "reduce_scatter": axis, "all_to_all": split_axis}.get(kind, 0)
-    blocks = np.stack([np.moveaxis(x, move, 0) for x in xs]) if x0.ndim else np.stack(xs)[:, None]
+    held = [x for x in xs if x is not None]
+    blocks = np.stack([np.moveaxis(x, move, 0) for x in held]) if x0.ndim else np.stack(held)[:, None]
     if kind in ("reduce_scatter", "all_to_all") and blocks.shape[1] % n:
         raise ValueError(f"{kind}: axis of size {blocks.shape[1]} does not split into {n} blocks")
     chunk = buffers.chunk_elems(kind, x0.shape, plan, n)
-    buf = buffers.load(kind, blocks, plan, n, chunk)
-    numerics.execute(plan, buf, op, topology.spec.dma_compute_sources)
-    out = buffers.unload(kind, buf, plan, blocks, g, n, chunk)
-    results = {int(d): buffers.restore(kind, out[r], x0, n, axis, split_axis, concat_axis)
-               for r, d in enumerate(devs)}
+    mine = None if split is not None else range(len(devs))
+    if split is not None:            # this process's ranks only; the columns shared out
+        parts = split(devs)
+        mine = parts.rows_of(parts.me)
+        buf = buffers.load(kind, blocks, plan, n, chunk, mine)
+        buf = whole(plan, buf, op, topology.spec.dma_compute_sources, parts)
+    else:
+        buf = buffers.load(kind, blocks, plan, n, chunk)
+        numerics.execute(plan, buf, op, topology.spec.dma_compute_sources)
+    out = buffers.unload(kind, buf, plan, blocks, g, n, chunk, None if split is None else mine)
+    results = {int(devs[r]): buffers.restore(kind, out[i], x0, n, axis, split_axis, concat_axis)
+               for i, r in enumerate(mine)}
     result_timing = timing(plan, topology, devs, chunk * x0.dtype.itemsize, dma_available, kind,
                            nbytes, n)
     return results, result_timing

@@ -22,8 +22,9 @@ import numpy as np
 
 from . import indirect
 from .plan import Plan
+from .split import Split, bounds as _bounds
 
-__all__ = ["BLOCK_BYTES", "all_reduce"]
+__all__ = ["BLOCK_BYTES", "Split", "all_reduce"]
 
 BLOCK_BYTES = 64 * 2 ** 20
 
@@ -74,17 +75,6 @@ def all_reduce(plan: Plan, xs: list, op: str, sources: int, chunk: int,
     return [row.reshape(-1)[:size].reshape(shape) for row in each]
 
 
-class Split:
-    """How an all_reduce's ranks are spread over processes: `owners[r]`, the position
-    (0..count-1) of rank r's process among the call's processes, this one at `me`;
-    `swap(sends)` gives each peer k its array sends[k] (None at `me`) and returns what
-    each peer sent this process (None at `me`), in the same shapes as sent."""
-
-    def __init__(self, owners, me: int, count: int, swap):
-        self.owners = np.asarray(owners)
-        self.me, self.count, self.swap = me, count, swap
-
-
 def _split(comp, plan: Plan, flats: list, op: str, sources: int, chunk: int, groups: int,
            split: Split, size: int, shape) -> list:
     """`all_reduce` with the columns shared out over processes (module doc): process k
@@ -92,8 +82,8 @@ def _split(comp, plan: Plan, flats: list, op: str, sources: int, chunk: int, gro
     rows, k_me, count = len(flats), split.me, split.count
     dtype = next(f for f in flats if f is not None)[0].dtype
     n = rows // groups
-    bounds = [chunk * k // count for k in range(count + 1)]
-    of = [np.flatnonzero(split.owners == k) for k in range(count)]
+    bounds = _bounds(chunk, count)
+    of = [split.rows_of(k) for k in range(count)]
     mine = of[k_me]
     local = [flats[r] for r in mine]
     sends = [None] * count

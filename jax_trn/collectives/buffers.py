@@ -30,10 +30,12 @@ def chunk_elems(kind, shape, plan, n) -> int:
     return -(-block // plan.leaf_span)
 
 
-def load(kind, blocks, plan, n, chunk) -> np.ndarray:
+def load(kind, blocks, plan, n, chunk, ranks=None) -> np.ndarray:
     """The ranks' buffers (ranks x total slots x chunk) holding `blocks` (one row per rank,
-    the moved axis first)."""
+    the moved axis first). `ranks`: which of the plan's ranks the blocks are (default
+    all, in order)."""
     rows = blocks.shape[0]
+    pick = slice(None) if ranks is None else np.asarray(ranks)
     if kind == "all_reduce":                          # main slots first, scratch after
         flat = blocks.reshape(rows, -1)
         buf = np.zeros((rows, plan.total_slots * chunk), blocks.dtype)
@@ -51,16 +53,18 @@ def load(kind, blocks, plan, n, chunk) -> np.ndarray:
         pad = np.zeros((rows, span * chunk), blocks.dtype)
         pad[:, :per.shape[2]] = per[:, q]
         if kind == "reduce_scatter":                  # block q -> leaf of group position q
-            cols = np.repeat(leaf[:, q], n)
+            cols = np.repeat(leaf[:, q], n)[pick]
         else:                                         # own block -> own leaf
-            cols = plan.leaf
+            cols = plan.leaf[pick]
         buf[np.arange(rows)[:, None], cols[:, None] + np.arange(span)[None, :]] = pad.reshape(rows, span, chunk)
     return buf
 
 
-def unload(kind, buf, plan, blocks, g, n, chunk) -> np.ndarray:
-    """Each rank's result from its buffer, one row per rank (moved axis first)."""
+def unload(kind, buf, plan, blocks, g, n, chunk, ranks=None) -> np.ndarray:
+    """Each rank's result from its buffer, one row per rank (moved axis first).
+    `ranks`: which of the plan's ranks the buffers are (default all, in order)."""
     rows = buf.shape[0]
+    pick = slice(None) if ranks is None else np.asarray(ranks)
     if kind == "all_reduce":
         size = int(np.prod(blocks.shape[1:]))
         return buf[:, :plan.slots].reshape(rows, -1)[:, :size].reshape(blocks.shape)
@@ -71,13 +75,13 @@ def unload(kind, buf, plan, blocks, g, n, chunk) -> np.ndarray:
     size = int(np.prod(blocks.shape[1:]))
     if kind == "reduce_scatter":
         per = size // n
-        cols = plan.leaf[:, None] + np.arange(span)[None, :]
+        cols = plan.leaf[pick][:, None] + np.arange(span)[None, :]
         got = buf[np.arange(rows)[:, None], cols].reshape(rows, -1)[:, :per]
         return got.reshape((rows, blocks.shape[1] // n) + blocks.shape[2:])
     leaf = plan.leaf.reshape(g, n)
     outs = []
     for q in range(n):
-        cols = np.repeat(leaf[:, q], n)[:, None] + np.arange(span)[None, :]
+        cols = np.repeat(leaf[:, q], n)[pick][:, None] + np.arange(span)[None, :]
         outs.append(buf[np.arange(rows)[:, None], cols].reshape(rows, -1)[:, :size].reshape(blocks.shape))
     return np.concatenate(outs, axis=1)
 

@@ -189,10 +189,11 @@ def execute(step: Collective, drams: list[dict], devices, arrivals: list[float],
     `algorithm`: the algorithm to force (JAX_TRN_COLLECTIVE_ALGORITHM), None to choose;
     `share`: result tensors no other step writes: where a group's members get one
     result array (an all_gather's), their DRAMs bind one read-only copy of it instead
-    of a copy each (memory: one per group, not one per device). `split` (an all_reduce
-    over devices of several processes, `spmd_remote.Exchange.split`): `drams` holds this
-    process's devices' DRAMs (None for the others'), the processes share the reduction
-    (`collectives.blocked`), and only this process's DRAMs get results. `keep`: the
+    of a copy each (memory: one per group, not one per device). `split` (an all_reduce,
+    reduce_scatter or all_to_all over devices of several processes,
+    `spmd_remote.Exchange.split`): `drams` holds this
+    process's devices' DRAMs (None for the others'), the processes share the work
+    (`collectives.split`), and only this process's DRAMs get results. `keep`: the
     partitions whose results are wanted (this process's; default all): an all_gather
     concatenates only their groups' inputs, and no other DRAM is written."""
     n = len(devices)

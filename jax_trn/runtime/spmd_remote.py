@@ -213,13 +213,15 @@ class Exchange:
         return arrivals, full
 
     def split(self, step):
-        """For an all_reduce: the function `collectives` calls with its ranks' device
-        ids to get their `blocked.Split` (the processes share the reduction column-wise
-        and swap inputs and results through `swap`); None for any other collective
-        (every process runs it whole on every device's operands, `gather`)."""
-        from jax_trn.collectives.blocked import Split
+        """For an all_reduce, reduce_scatter or all_to_all: the function `collectives`
+        calls with its ranks' device ids to get their `collectives.split.Split` (the
+        processes share the work column-wise and swap inputs and results through
+        `swap`); None for any other collective (every process runs it on every device's
+        operands, `gather`)."""
+        from jax_trn.collectives.api import SPLITS
+        from jax_trn.collectives.split import Split
         from .spmd import KIND_OPS
-        if step.kind != "all_reduce" or step.op not in KIND_OPS:
+        if step.kind not in SPLITS or (step.kind != "all_to_all" and step.op not in KIND_OPS):
             return None
         position = {q: k for k, q in enumerate(self.processes)}
         owner = {d.id: position[d.process_index] for d in self.devices}

@@ -219,3 +219,37 @@ def test_split_rows_that_differ_and_parts():
     for results in got:
         for d, r in results.items():
             assert r.tobytes() == want[d].tobytes()
+
+
+@pytest.mark.parametrize("kind,algorithm", [("reduce_scatter", None), ("reduce_scatter", "ring"),
+                                            ("reduce_scatter", "rdh"), ("reduce_scatter", "mesh"),
+                                            ("reduce_scatter", "hierarchical"),
+                                            ("all_to_all", None), ("all_to_all", "pairwise")])
+@pytest.mark.parametrize("dtype,op", [(np.float32, "sum"), (ml_dtypes.bfloat16, "sum"),
+                                      (np.float32, "max")])
+@pytest.mark.parametrize("count", [2, 3])
+def test_whole_buffer_kinds_split_over_processes_give_one_process_bits(kind, algorithm, dtype,
+                                                                       op, count):
+    """reduce_scatter and all_to_all with their ranks spread over processes (split.whole:
+    each process runs the plan on a share of the buffer's columns) give each process's
+    ranks the bits one process computes."""
+    rng = np.random.default_rng(13)
+    topo = TOPOS["trn2.48xlarge"]
+    ran = 0
+    for groups in ([list(range(32))], [list(range(0, 32, 2)), list(range(1, 32, 2))],
+                   [[0, 5, 9, 14], [1, 2, 3, 4]]):
+        n = len(groups[0])
+        devs = sorted(d for g in groups for d in g)
+        owner_of = {d: min(count - 1, i * count // len(devs)) for i, d in enumerate(devs)}
+        arrays = {d: (rng.standard_normal((n * 3, 5)) * 100).astype(dtype) for d in devs}
+        try:
+            want, _ = run_collective(kind, arrays, groups, topo, algorithm, op=op)
+        except ValueError:
+            continue
+        got = _split_run(kind, arrays, groups, topo, algorithm, op, owner_of, count)
+        ran += 1
+        for me, results in enumerate(got):
+            assert sorted(results) == [d for d in devs if owner_of[d] == me]
+            for d, r in results.items():
+                assert r.shape == want[d].shape and r.tobytes() == want[d].tobytes()
+    assert ran

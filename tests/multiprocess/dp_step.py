@@ -43,11 +43,12 @@ def step(w, x, y):
 
 def collectives(a):
     return (jax.lax.psum(a, "data"), jax.lax.all_gather(a, "data", tiled=True),
-            jax.lax.psum_scatter(a, "data", tiled=True))
+            jax.lax.psum_scatter(a, "data", tiled=True),
+            jax.lax.all_to_all(a, "data", 0, 0, tiled=True))
 
 
 cc = jax.jit(jax.shard_map(collectives, mesh=mesh, in_specs=P("data"),
-                           out_specs=(P(), P(), P("data")), check_vma=False))
+                           out_specs=(P(), P(), P("data"), P("data")), check_vma=False))
 
 
 # Uneven: 3, 1, 2 and 2 devices on chips 0, 4, 8 and 12 (a process may own 1 to 4).
@@ -134,6 +135,7 @@ results = {"w2": w2, "loss": l2, "psum": outs[0], "gather": outs[1], "uneven": u
            "tp_across_h": tp2[0], "tp_across_o": tp2[1], "tp_across_loss": tp2[2]}
 got = {k: digest(multihost_utils.process_allgather(v, tiled=True)) for k, v in results.items()}
 got["scatter"] = digest(multihost_utils.process_allgather(outs[2], tiled=True))
+got["all_to_all"] = digest(multihost_utils.process_allgather(outs[3], tiled=True))
 multihost_utils.sync_global_devices("dp_step done")
 report({"digests": got, "loss": float(np.asarray(l2.addressable_data(0))),
         "tp_loss": [float(np.asarray(t[2].addressable_data(0))) for t in (tp1, tp2)],
