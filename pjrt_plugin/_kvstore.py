@@ -79,6 +79,7 @@ class CallbackKVStore(KVStore):
         self._get, self._get_arg = get, get_arg
         self._put, self._put_arg = put, put_arg
         self._try_get, self._try_get_arg = try_get, try_get_arg
+        self._delete = None            # found on first use (delete_dir)
 
     @classmethod
     def from_create_args(cls, a) -> "CallbackKVStore | None":
@@ -124,6 +125,20 @@ class CallbackKVStore(KVStore):
                                      f"(waited up to {timeout_s:g} s)")
         return _value(args)
 
+    def delete_dir(self, directory: str) -> bool:
+        """Through JAX's own client of the coordination service (the callbacks have no
+        delete), under the prefix JAX puts before the plugin's keys: found once by
+        writing a probe key through the callbacks and reading it back there."""
+        if self._delete is None:
+            self._delete = _jax_delete(self) or False
+        if not self._delete:
+            return False
+        try:
+            self._delete(directory)
+        except Exception:        # noqa: BLE001 - the service is gone: nothing to keep
+            return False
+        return True
+
     def try_get(self, key: str) -> bytes | None:
         if self._try_get is None:        # an older caller: a get that barely waits
             try:
@@ -142,3 +157,29 @@ class CallbackKVStore(KVStore):
                 return None
             raise exc
         return _value(args)
+
+
+def _jax_delete(store: CallbackKVStore):
+    """A function deleting a directory of `store`'s keys through JAX's distributed
+    client, or None if there is none or its keys are not `store`'s under a known
+    prefix."""
+    try:
+        from jax._src.distributed import global_state
+        client = global_state.client
+    except Exception:            # noqa: BLE001 - another JAX: no delete
+        return None
+    if client is None:
+        return None
+    probe = f"jax_trn/probe/{id(store)}-{threading.get_ident()}-{next(_TOKENS)}"
+    try:
+        store.put(probe, b"probe")
+    except KVError:
+        return None
+    for prefix in ("trn:", ""):
+        try:
+            if client.key_value_try_get(prefix + probe) == "probe":
+                client.key_value_delete(prefix + probe)
+                return lambda directory, p=prefix: client.key_value_delete(p + directory)
+        except Exception:        # noqa: BLE001 - not found under this prefix
+            continue
+    return None

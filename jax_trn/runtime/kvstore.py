@@ -52,6 +52,11 @@ class KVStore:
         """The value of `key`, or None if nobody has put it yet."""
         raise NotImplementedError
 
+    def delete_dir(self, directory: str) -> bool:
+        """Deletes `directory` and every key under it (`directory/...`), if this store
+        can; returns whether it did (the PJRT callbacks have no delete)."""
+        return False
+
 
 class LocalKVStore(KVStore):
     """A store within one process (threads may share it)."""
@@ -81,3 +86,10 @@ class LocalKVStore(KVStore):
     def try_get(self, key: str) -> bytes | None:
         with self._changed:
             return self._values.get(key)
+
+    def delete_dir(self, directory: str) -> bool:
+        with self._changed:
+            for key in [k for k in self._values
+                        if k == directory or k.startswith(directory + "/")]:
+                del self._values[key]
+        return True

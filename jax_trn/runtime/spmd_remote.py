@@ -22,7 +22,7 @@ Why the arrivals agree with one process: a device's timeline depends only on its
 kernels, its chip's HBM (a process owns whole chips, `processes`) and the spans its
 collectives give back, which every process computes alike.
 
-Keys: `jax_trn/cc/<program>/<call>/<rendezvous>/<process>`, one value per process per
+Keys: `jax_trn/cc/<program>/<call>/<process>/<rendezvous>`, one value per process per
 rendezvous (all its devices at once: one store round trip per process, not per device):
 <program> a digest of the program text and its device ids, <call> the count of calls of
 that program in this process (`next_call`; every process calls a multi-process program
@@ -48,8 +48,10 @@ A host callback one device makes for all (`step.device`, e.g. jax.debug.print un
 automatic sharding) is two rendezvous: every process publishes its arrivals (for the
 spans), then the caller's process runs the function and publishes the results.
 
-Not yet: deleting old keys (the coordination service keeps the small values of the
-store, markers and file names, until the run ends).
+Keys are `.../<call>/<process>/<rendezvous>`: at the end of call c each process deletes
+its keys of call c - 1 (every peer has read them: it finished call c - 1 before it could
+reach call c's end), through JAX's own client of the coordination service
+(`KVStore.delete_dir`), so a long run keeps at most two calls' keys per program.
 """
 from __future__ import annotations
 
@@ -145,6 +147,7 @@ class Exchange:
         self.processes = sorted({d.process_index for d in self.devices})
         self.peers = [q for q in self.processes if q != process_index]
         self.base = f"{PREFIX}cc/{program}/{call}"
+        self.program, self.call = program, call
         self.timeout_s = timeout_s
         self.index = 0
         self._published: set[int] = set()
@@ -171,7 +174,7 @@ class Exchange:
         self.index = 0
 
     def _key(self, index: int, process: int) -> str:
-        return f"{self.base}/{index}/{process}"
+        return f"{self.base}/{process}/{index}"
 
     def gather(self, step, pending: list, drams: list[dict], operands: bool = True):
         """This process's arrivals (`pending`, local runner order) and DRAMs published,
@@ -274,6 +277,10 @@ class Exchange:
                     f"finished the program: the processes took different paths through "
                     f"the program")
         self.channel.release()
+        # Every peer is past this call's end, so past the previous call's reads: this
+        # process's keys of that call go (the store would otherwise grow every step).
+        if self.call > 1:
+            self.kv.delete_dir(f"{PREFIX}cc/{self.program}/{self.call - 1}/{self.me}")
 
     def host_callback(self, step, pending: list, runners) -> list:
         """A host callback partition `step.device` makes for every device: the

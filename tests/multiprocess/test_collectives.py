@@ -202,3 +202,35 @@ def test_host_callbacks_made_for_devices_of_several_processes():
     # The process of the calling device calls the host once; every device gets its result.
     assert sorted(len(r["calls"]) for r in two) == [0, 1]
     assert [row for r in two for row in r["out"]] == one["out"]
+
+
+_KEYS = """
+import numpy as np, jax, jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax._src.distributed import global_state
+devs = {d.id: d for d in jax.devices()}
+mesh = Mesh(np.array([devs[0], devs[64]]), ("d",))
+x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("d")),
+                                           np.ones((1, 4), np.float32))
+f = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, "d"), mesh=mesh, in_specs=P("d"),
+                          out_specs=P(), check_vma=False))
+for _ in range(5):
+    jax.block_until_ready(f(x))
+from jax.experimental import multihost_utils
+multihost_utils.sync_global_devices("calls done")
+keys = sorted(k for k, _ in global_state.client.key_value_dir_get("trn:jax_trn/cc/"))
+report({"keys": keys})
+"""
+
+
+def test_a_process_deletes_its_keys_of_the_calls_every_peer_is_past():
+    """Five calls of one program: each process keeps its keys of the last two calls
+    only (the coordination service would otherwise hold every call's)."""
+    reports = launch.run(_KEYS, 2)
+    calls: dict = {}                     # program -> its calls with keys left
+    for key in reports[0]["keys"]:       # trn:jax_trn/cc/<program>/<call>/<process>/<i>
+        program, call = key.split("/")[2:4]
+        calls.setdefault(program, set()).add(int(call))
+    assert any(max(c) == 5 for c in calls.values()), calls       # f, called 5 times
+    for program, left in calls.items():
+        assert left <= {max(left) - 1, max(left)}, (program, sorted(left))
