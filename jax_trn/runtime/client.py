@@ -42,8 +42,9 @@ class Client:
         self.kv = kv
         if processes.multi and kv is not None:
             from .channel import announce
-            from .spmd_remote import watch_exit
+            from .spmd_remote import publish_settings, watch_exit
             announce(kv, processes.index)
+            publish_settings(kv, processes.index, options)
             watch_exit(kv, processes.index)
         self.devices: list[Device] = make_devices(system, core_numerics(options), processes)
         self.local_devices: list[Device] = [d for d in self.devices if d.addressable]

@@ -347,9 +347,13 @@ class Executable:
         if self.kv is None:
             raise ExecutionError(f"{self.name} runs on devices of several processes, and "
                                  "this client has no key-value store to reach them")
-        from .spmd_remote import Exchange, next_call, program_key
+        from .spmd_remote import Exchange, check_settings, next_call, program_key
         if self._program_key is None:
             self._program_key = program_key(self.program, [d.id for d in self.devices])
+        check_settings(self.kv, self.local_devices[0].process_index,
+                       sorted({d.process_index for d in self.devices}
+                              - {self.local_devices[0].process_index}),
+                       self.settings.process_timeout)
         return Exchange(self.kv, self.devices, self.local_devices[0].process_index,
                         self._program_key, next_call(self.kv, self._program_key),
                         self.settings.process_timeout)

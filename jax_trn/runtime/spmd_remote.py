@@ -74,6 +74,59 @@ _END = b"END\n"
 _FAILED = b"FAILED\n"
 
 
+# The settings every process of a run must share: they decide the programs, their
+# numerics or their timeline (per-process ones, e.g. dump or threads, may differ).
+SHARED_SETTINGS = ("system", "matmul_precision", "disable_passes", "stochastic_rounding",
+                   "stochastic_rounding_seed", "strict_activation_ranges",
+                   "collective_algorithm", "max_while_iterations", "blas_coretype")
+_checked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # kv -> True
+
+
+def shared_settings(options) -> dict:
+    """`options`' values of SHARED_SETTINGS, as text (a system by its name and a digest
+    of its whole description: a custom system of the same name differs)."""
+    out = {}
+    for name in SHARED_SETTINGS:
+        value = getattr(options, name)
+        if name == "system":
+            value = f"{value.name} ({hashlib.sha256(repr(value).encode()).hexdigest()[:8]})"
+        elif isinstance(value, frozenset):
+            value = ",".join(sorted(value))
+        out[name] = str(value)
+    return out
+
+
+def publish_settings(kv, me: int, options) -> None:
+    """This process's shared settings (when its client is made), for `check_settings`."""
+    kv.put(f"{PREFIX}settings/{me}", json.dumps(shared_settings(options)).encode())
+
+
+def check_settings(kv, me: int, peers: list[int], timeout_s: float) -> None:
+    """Fails (RemoteCollectiveError) if a peer's client runs with other shared settings
+    than this process's (as both published them, `publish_settings`): its programs, bits
+    or times would differ, and the run would hang or diverge. Once per store and peer
+    set, at the first program that spans processes."""
+    key = tuple(peers)
+    done = _checked.setdefault(kv, set())
+    if key in done:
+        return
+    mine = json.loads(kv.get(f"{PREFIX}settings/{me}", timeout_s))
+    for q in peers:
+        try:
+            theirs = json.loads(kv.get(f"{PREFIX}settings/{q}", timeout_s))
+        except KVError as exc:
+            raise RemoteTimeout(f"process {q} did not publish its settings within "
+                                f"{timeout_s:g} s: {exc}") from None
+        differ = [f"{k}: {theirs.get(k)!r} in process {q}, {v!r} in process {me}"
+                  for k, v in mine.items() if theirs.get(k) != v]
+        if differ:
+            raise RemoteCollectiveError(
+                "the processes of this run have different jax-trn settings (JAX_TRN_* / "
+                "jax_trn.configure), so their programs or results would differ: "
+                + "; ".join(differ))
+    done.add(key)
+
+
 # How often a process waiting for a peer's value checks whether the peer is exiting.
 POLL_S = 1.0
 _exit_reason: list[str] = []

@@ -36,10 +36,11 @@ class ProcessFailed(AssertionError):
 
 
 def run(script: str, n: int = 2, system: str = "trn2.48xlarge", timeout: float = 240,
-        env: dict | None = None, expect_ok: bool = True, heartbeat_s: int = 100) -> list:
+        env: dict | None = None, expect_ok: bool = True, heartbeat_s: int = 100,
+        env_per_process: dict | None = None) -> list:
     """Each process's reported object (None if it reported nothing); with `expect_ok`,
     a process that fails raises ProcessFailed with its output, else (exit code,
-    report, stderr) of each. `heartbeat_s`: after how long JAX's coordination service
+    report, stderr) of each. `env_per_process`: {process: extra variables}. `heartbeat_s`: after how long JAX's coordination service
     declares a silent process dead (and ends the others)."""
     port = free_port()
     code = _PRELUDE + textwrap.dedent(script)
@@ -54,7 +55,8 @@ def run(script: str, n: int = 2, system: str = "trn2.48xlarge", timeout: float =
                   open(os.path.join(tmp, f"{i}.err"), "w+")) for i in range(n)]
         procs = [subprocess.Popen([sys.executable, "-c", code, str(i), str(n), str(port),
                                    str(heartbeat_s)], stdout=out, stderr=err, text=True,
-                                  env=full_env) for i, (out, err) in enumerate(files)]
+                                  env={**full_env, **(env_per_process or {}).get(i, {})})
+                 for i, (out, err) in enumerate(files)]
         outs = []
         try:
             deadline = time.monotonic() + timeout

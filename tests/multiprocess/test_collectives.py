@@ -234,3 +234,30 @@ def test_a_process_deletes_its_keys_of_the_calls_every_peer_is_past():
     assert any(max(c) == 5 for c in calls.values()), calls       # f, called 5 times
     for program, left in calls.items():
         assert left <= {max(left) - 1, max(left)}, (program, sorted(left))
+
+
+def test_processes_with_different_settings_fail_at_their_first_shared_program():
+    """Process 1 runs with another matmul precision: the first program spanning both
+    fails in each with an error naming the setting and both values, not a hang or
+    silently different bits."""
+    script = """
+import numpy as np, jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+devs = {d.id: d for d in jax.devices()}
+mesh = Mesh(np.array([devs[0], devs[64]]), ("d",))
+x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("d")),
+                                           np.ones((1, 4), np.float32))
+try:
+    jax.block_until_ready(jax.jit(lambda a: a.sum())(x))
+    report({"error": None})
+except Exception as exc:
+    report({"error": str(exc)})
+"""
+    reports = launch.run(script, 2, expect_ok=False,
+                         env_per_process={1: {"JAX_TRN_MATMUL_PRECISION": "highest"}})
+    for rc, r, err in reports:
+        assert r is not None, err[-2000:]
+        assert "different jax-trn settings" in r["error"]
+        assert ("matmul_precision: 'highest' in process 1, 'default' in process 0" in r["error"]
+                or "matmul_precision: 'default' in process 0, 'highest' in process 1"
+                in r["error"]), r["error"]
