@@ -101,8 +101,8 @@ def all_reduce_parts(parts_by_device, groups, topology: Topology, algorithm=None
     devs = groups.ravel()
     xs = [list(parts_by_device[int(d)]) if split is None or int(d) in parts_by_device
           else None for d in devs]
-    x0 = next(x for x in xs if x is not None)[0]
-    size = sum(p.size for p in next(x for x in xs if x is not None))
+    first = next(x for x in xs if x is not None)
+    x0, size = first[0], sum(p.size for p in first)
     nbytes = buffers.message_bytes("all_reduce", (size,), x0.dtype.itemsize, n)
     plan = _plan("all_reduce", groups, topology, algorithm, nbytes)
     chunk = buffers.chunk_elems("all_reduce", (size,), plan, n)
@@ -159,15 +159,15 @@ def run_collective(kind, arrays_by_device, groups, topology: Topology, algorithm
     if kind in ("reduce_scatter", "all_to_all") and blocks.shape[1] % n:
         raise ValueError(f"{kind}: axis of size {blocks.shape[1]} does not split into {n} blocks")
     chunk = buffers.chunk_elems(kind, x0.shape, plan, n)
-    mine = None if split is not None else range(len(devs))
-    if split is not None:            # this process's ranks only; the columns shared out
+    sources = topology.spec.dma_compute_sources
+    if split is None:
+        mine = range(len(devs))
+        buf = buffers.load(kind, blocks, plan, n, chunk)
+        numerics.execute(plan, buf, op, sources)
+    else:                            # this process's ranks only; the columns shared out
         parts = split(devs)
         mine = parts.rows_of(parts.me)
-        buf = buffers.load(kind, blocks, plan, n, chunk, mine)
-        buf = whole(plan, buf, op, topology.spec.dma_compute_sources, parts)
-    else:
-        buf = buffers.load(kind, blocks, plan, n, chunk)
-        numerics.execute(plan, buf, op, topology.spec.dma_compute_sources)
+        buf = whole(plan, buffers.load(kind, blocks, plan, n, chunk, mine), op, sources, parts)
     out = buffers.unload(kind, buf, plan, blocks, g, n, chunk, None if split is None else mine)
     results = {int(devs[r]): buffers.restore(kind, out[i], x0, n, axis, split_axis, concat_axis)
                for i, r in enumerate(mine)}

@@ -44,41 +44,18 @@ def all_reduce(plan: Plan, xs: list, op: str, sources: int, chunk: int,
     parts = isinstance(x0, (list, tuple))
     flats = [(list(x) if parts else [np.asarray(x).reshape(-1)]) if x is not None else None
              for x in xs]
-    rows, dtype = len(xs), flats[mine[0]][0].dtype
-    size = sum(f.size for f in flats[mine[0]])
+    rows, size = len(xs), sum(f.size for f in flats[mine[0]])
     shape = (size,) if parts else np.shape(x0)
-    n = rows // groups
     comp = indirect.compile_plan(plan, rows, groups)
-    if split is not None:
-        return _split(comp, plan, flats, op, sources, chunk, groups, split, size, shape)
-    width = max(1, min(chunk, BLOCK_BYTES // max(1, comp.cells * dtype.itemsize)))
-    one = np.zeros((groups, plan.slots, chunk), dtype)    # per group, while rows agree
-    each: np.ndarray | None = None                          # (rows, slots, chunk) once not
-    for c0 in range(0, chunk, width):
-        c1 = min(chunk, c0 + width)
-        store = np.zeros((comp.cells, c1 - c0), dtype)
-        _load(store[:rows * plan.slots].reshape(rows, plan.slots, c1 - c0), flats, chunk, c0)
-        indirect.run(comp, store, op, sources)
-        if each is None and comp.shared:
-            one[:, :, c0:c1] = np.take(store, comp.final[::n], axis=0)
-            continue
-        got = np.take(store, comp.final, axis=0)
-        if each is None and _same_rows(got.reshape((groups, n) + got.shape[1:])):
-            one[:, :, c0:c1] = got[::n]
-            continue
-        if each is None:
-            each = np.repeat(one, n, axis=0)
-        each[:, :, c0:c1] = got
-    if each is None:
-        shared = [g.reshape(-1)[:size].reshape(shape) for g in one]
-        return [shared[r // n] for r in range(rows)]
-    return [row.reshape(-1)[:size].reshape(shape) for row in each]
+    return _reduce(comp, plan, flats, op, sources, chunk, groups,
+                   Split.alone(rows) if split is None else split, size, shape)
 
 
-def _split(comp, plan: Plan, flats: list, op: str, sources: int, chunk: int, groups: int,
-           split: Split, size: int, shape) -> list:
-    """`all_reduce` with the columns shared out over processes (module doc): process k
-    reduces columns [bounds[k], bounds[k + 1]) for every rank."""
+def _reduce(comp, plan: Plan, flats: list, op: str, sources: int, chunk: int, groups: int,
+            split: Split, size: int, shape) -> list:
+    """`all_reduce`'s work, with the columns shared out over processes (module doc):
+    process k reduces columns [bounds[k], bounds[k + 1]) for every rank (one process:
+    all of them)."""
     rows, k_me, count = len(flats), split.me, split.count
     dtype = next(f for f in flats if f is not None)[0].dtype
     n = rows // groups
@@ -123,7 +100,7 @@ def _split(comp, plan: Plan, flats: list, op: str, sources: int, chunk: int, gro
         if k != k_me:
             sends[k] = one[None] if each is None else each[of[k]]
     got = split.swap(sends)
-    got[k_me] = one[None] if each is None else each[mine]
+    got[k_me] = one[None] if each is None else each if count == 1 else each[mine]
     out: list = [None] * rows
     if all(g.ndim == 4 for g in got):
         full = np.concatenate([g[0] for g in got], axis=2)
@@ -131,9 +108,12 @@ def _split(comp, plan: Plan, flats: list, op: str, sources: int, chunk: int, gro
         for r in mine:
             out[r] = shared[r // n]
         return out
-    full = np.zeros((len(mine), plan.slots, chunk), dtype)
-    for k, g in enumerate(got):
-        full[:, :, bounds[k]:bounds[k + 1]] = g[0][mine // n] if g.ndim == 4 else g
+    if count == 1:
+        full = got[0]
+    else:
+        full = np.zeros((len(mine), plan.slots, chunk), dtype)
+        for k, g in enumerate(got):
+            full[:, :, bounds[k]:bounds[k + 1]] = g[0][mine // n] if g.ndim == 4 else g
     for i, r in enumerate(mine):
         out[r] = full[i].reshape(-1)[:size].reshape(shape)
     return out

@@ -32,6 +32,11 @@ class Split:
         self.owners = np.asarray(owners)
         self.me, self.count, self.swap = me, count, swap
 
+    @classmethod
+    def alone(cls, ranks: int) -> "Split":
+        """Every rank in this one process (nothing to swap)."""
+        return cls(np.zeros(ranks, np.int64), 0, 1, lambda sends: [None])
+
     def rows_of(self, k: int) -> np.ndarray:
         """The ranks of the process at position k, in rank order."""
         return np.flatnonzero(self.owners == k)

@@ -191,9 +191,9 @@ def execute(step: Collective, drams: list[dict], devices, arrivals: list[float],
     result array (an all_gather's), their DRAMs bind one read-only copy of it instead
     of a copy each (memory: one per group, not one per device). `split` (an all_reduce,
     reduce_scatter or all_to_all over devices of several processes,
-    `spmd_remote.Exchange.split`): `drams` holds this
-    process's devices' DRAMs (None for the others'), the processes share the work
-    (`collectives.split`), and only this process's DRAMs get results. `keep`: the
+    `spmd_remote.Exchange.split`): `drams` holds this process's devices' DRAMs (None
+    for the others'), the processes share the work (`collectives.split`), and only this
+    process's DRAMs get results. `keep`: the
     partitions whose results are wanted (this process's; default all): an all_gather
     concatenates only their groups' inputs, and no other DRAM is written."""
     n = len(devices)
