@@ -79,7 +79,7 @@ _FAILED = b"FAILED\n"
 SHARED_SETTINGS = ("system", "matmul_precision", "disable_passes", "stochastic_rounding",
                    "stochastic_rounding_seed", "strict_activation_ranges",
                    "collective_algorithm", "max_while_iterations", "blas_coretype")
-_checked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # kv -> True
+_checked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # kv -> {peer tuples}
 
 
 def shared_settings(options) -> dict:
