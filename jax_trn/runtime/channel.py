@@ -1,11 +1,12 @@
 """Bulk data between the processes of a multi-controller run (issue 17).
 
 The coordination service's key-value store (`kvstore`) carries every value through one
-gRPC server, at ~100 MB/s, and keeps it until the run ends. A collective's operands are
-larger than that can bear (a data-parallel step on 1152 NeuronCores publishes ~300 MB
-per process per step), so when every process of the run is on this host the data goes
-through shared memory instead: the writer puts it in a file under /dev/shm and the store
-only carries the file's name; readers map it. The writer deletes its files once every
+gRPC server, at ~100 MB/s. A collective's operands are larger than that can bear (a
+data-parallel step on 1152 NeuronCores publishes ~150 MB per process per step with two
+processes), so when every process of the run is on this host the data goes through
+shared memory instead: the writer puts it in a file under /dev/shm (the temporary
+directory where there is none) and the store only carries the file's name; readers map
+it. The writer deletes its files once every
 reader is past them (`release`, after the call's end barrier: `spmd_remote.Exchange`).
 Processes on several hosts fall back to the store itself.
 
@@ -23,12 +24,15 @@ import itertools
 import mmap
 import os
 import socket
+import tempfile
 import threading
 import weakref
 
 from .kvstore import PREFIX
 
-_SHM_DIR = "/dev/shm"
+# Memory-backed on Linux; elsewhere (macOS) the temporary directory, whose fresh files
+# stay in the page cache for as long as a collective reads them.
+_SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 _TAG = b"SHM\n"
 _counter = itertools.count()
 _lock = threading.Lock()
