@@ -236,23 +236,15 @@ class Exchange:
         index = self.index
         self.index += 1
         if index not in self._published:
-            blob = _encode(step, self.local, pending, drams, operands)
-            self.channel.put(self._key(index, self.me), blob, step.name)
-            STATS["bytes_put"] += len(blob)
-            self._published.add(index)
+            self._publish(index, _encode(step, self.local, pending, drams, operands),
+                          step.name)
         arrivals: list = [None] * len(self.devices)
         full: list = [None] * len(self.devices)
         for p, a, dram in zip(self.local, pending, drams):
             arrivals[p], full[p] = a, dram
         scratch: dict = {}
         for q in self.peers:
-            got = self._get(index, q, step.name)
-            try:
-                got = self.channel.read(got)
-            except OSError as exc:
-                raise RemoteCollectiveError(f"{step.name}: cannot read process {q}'s data "
-                                            f"(did it fail?): {exc}") from None
-            name, remote = _decode(got, step, scratch)
+            name, remote = _decode(self._read(index, q, step.name), step, scratch)
             if name != step.name:
                 raise RemoteCollectiveError(
                     f"process {q} reached collective {name} where process {self.me} is at "
@@ -295,21 +287,11 @@ class Exchange:
         self.index += 1
         me = self.processes.index(self.me)
         if index not in self._published:
-            pieces = _encode_swap(step.name, sends)
-            self.channel.put(self._key(index, self.me), pieces, step.name)
-            STATS["bytes_put"] += sum(len(memoryview(b).cast("B")) for b in pieces)
-            self._published.add(index)
+            self._publish(index, _encode_swap(step.name, sends), step.name)
         out: list = [None] * len(self.processes)
         for k, q in enumerate(self.processes):
-            if q == self.me:
-                continue
-            got = self._get(index, q, step.name)
-            try:
-                got = self.channel.read(got)
-            except OSError as exc:
-                raise RemoteCollectiveError(f"{step.name}: cannot read process {q}'s data "
-                                            f"(did it fail?): {exc}") from None
-            out[k] = _decode_swap(got, step.name, me, q)
+            if q != self.me:
+                out[k] = _decode_swap(self._read(index, q, step.name), step.name, me, q)
         return out
 
     def finish(self) -> None:
@@ -354,22 +336,33 @@ class Exchange:
             outs = (callbacks.call(step, callbacks.read(caller.dram, step.operands))
                     if caller.execute and caller.call_host else callbacks.zeros(step.results))
             if index not in self._published:
-                self.channel.put(self._key(index, self.me),
-                                 _encode_arrays(step.name, step.results, outs), step.name)
-                self._published.add(index)
+                self._publish(index, _encode_arrays(step.name, step.results, outs),
+                              step.name)
         else:
-            got = self._get(index, owner, step.name)
-            try:
-                got = self.channel.read(got)
-            except OSError as exc:
-                raise RemoteCollectiveError(f"{step.name}: cannot read process {owner}'s "
-                                            f"results (did it fail?): {exc}") from None
-            outs = _decode_arrays(got, step)
+            outs = _decode_arrays(self._read(index, owner, step.name, "results"), step)
         for r in runners:
             if r.execute:
                 callbacks.write(r.dram, step.results, outs)
         spans = callbacks.shared_spans(step, runners[0].chip_spec, [a.t for a in arrived], k)
         return [spans[p] for p in self.local]
+
+    def _publish(self, index: int, blob, label: str) -> None:
+        """`blob` (bytes, or pieces: `Channel.put`) as this process's value at
+        rendezvous `index` (a restarted call does not publish it again: its callers
+        check `_published`)."""
+        self.channel.put(self._key(index, self.me), blob, label)
+        STATS["bytes_put"] += sum(memoryview(b).nbytes
+                                  for b in (blob if isinstance(blob, list) else [blob]))
+        self._published.add(index)
+
+    def _read(self, index: int, q: int, name: str, what: str = "data"):
+        """Process q's value at rendezvous `index`, as published (`Channel.read`)."""
+        got = self._get(index, q, name)
+        try:
+            return self.channel.read(got)
+        except OSError as exc:
+            raise RemoteCollectiveError(f"{name}: cannot read process {q}'s {what} "
+                                        f"(did it fail?): {exc}") from None
 
     def _exiting(self, q: int) -> str | None:
         """Process q's exit reason if it is exiting (`watch_exit`), else None."""
