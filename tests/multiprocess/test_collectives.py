@@ -101,14 +101,18 @@ def test_processes_on_different_paths_fail_at_once():
     assert "process 0 finished the program" in reports[1]["error"]
 
 
-_STUCK = """
-import time
+_PAIR = """
 import numpy as np, jax, jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 devs = {d.id: d for d in jax.devices()}
-mesh = Mesh(np.array([devs[0], devs[64]]), ("d",))
+mesh = Mesh(np.array([devs[0], devs[64]]), ("d",))          # one device of each process
 x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("d")),
                                            np.ones((1, 4), np.float32))
+"""
+
+
+_STUCK = _PAIR + """
+import time
 f = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, "d"), mesh=mesh, in_specs=P("d"),
                           out_specs=P("d"), check_vma=False))
 if PROCESS_ID == 1:
@@ -204,14 +208,8 @@ def test_host_callbacks_made_for_devices_of_several_processes():
     assert [row for r in two for row in r["out"]] == one["out"]
 
 
-_KEYS = """
-import numpy as np, jax, jax.numpy as jnp
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+_KEYS = _PAIR + """
 from jax._src.distributed import global_state
-devs = {d.id: d for d in jax.devices()}
-mesh = Mesh(np.array([devs[0], devs[64]]), ("d",))
-x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("d")),
-                                           np.ones((1, 4), np.float32))
 f = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, "d"), mesh=mesh, in_specs=P("d"),
                           out_specs=P(), check_vma=False))
 for _ in range(5):
@@ -240,13 +238,7 @@ def test_processes_with_different_settings_fail_at_their_first_shared_program():
     """Process 1 runs with another matmul precision: the first program spanning both
     fails in each with an error naming the setting and both values, not a hang or
     silently different bits."""
-    script = """
-import numpy as np, jax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-devs = {d.id: d for d in jax.devices()}
-mesh = Mesh(np.array([devs[0], devs[64]]), ("d",))
-x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("d")),
-                                           np.ones((1, 4), np.float32))
+    script = _PAIR + """
 try:
     jax.block_until_ready(jax.jit(lambda a: a.sum())(x))
     report({"error": None})
